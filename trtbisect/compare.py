@@ -1,0 +1,183 @@
+"""Numeric comparison of a candidate run against the FP32 reference (numpy only).
+
+The tolerance defaults live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+FP16_MAX = 65504.0
+FP16_TINY = 2.0**-24  # smallest positive subnormal
+DEFAULT_RTOL = 1e-2
+DEFAULT_ATOL = 0.0
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Per-output criterion: finite where FP32 is finite and max|d| <= rtol*max|ref| + atol."""
+
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+    per_output: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    def for_output(self, name: str) -> tuple[float, float]:
+        return self.per_output.get(name, (self.rtol, self.atol))
+
+    def to_json(self) -> dict:
+        return {"rtol": self.rtol, "atol": self.atol,
+                "per_output": {k: list(v) for k, v in self.per_output.items()}}
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """How far one output of a candidate run is from the reference."""
+
+    max_abs: float
+    bound: float
+    rel: float  # max|d| / max|ref|
+    mean_abs: float
+    p99_abs: float
+    cosine: float
+    nonfinite: int  # candidate non-finite where the reference is finite
+    passed: bool
+
+    def to_json(self) -> dict:
+        return {k: _json_float(v) for k, v in asdict(self).items()}
+
+
+def _json_float(v):
+    if isinstance(v, float) and not np.isfinite(v):
+        return str(v)
+    return v
+
+
+def round_fp16(x: np.ndarray) -> np.ndarray:
+    """What an FP16 store does to a float32 array (RNE, overflow to inf)."""
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16).astype(np.float32)
+
+
+def compare_output(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputError:
+    ref64 = np.asarray(ref, dtype=np.float64)
+    got64 = np.asarray(got, dtype=np.float64)
+    if ref64.shape != got64.shape:
+        raise ValueError(f"shape mismatch {got64.shape} vs reference {ref64.shape}")
+    ref_finite = np.isfinite(ref64)
+    bad = int(np.count_nonzero(ref_finite & ~np.isfinite(got64)))
+    ref_max = float(np.max(np.abs(ref64[ref_finite]), initial=0.0))
+    bound = rtol * ref_max + atol
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(got64 - ref64)[ref_finite]
+    diff = np.where(np.isfinite(diff), diff, np.inf)
+    max_abs = float(diff.max(initial=0.0))
+    mean_abs = float(diff.mean()) if diff.size else 0.0
+    with np.errstate(invalid="ignore"):
+        p99 = float(np.percentile(diff, 99)) if diff.size else 0.0
+    rel = max_abs / ref_max if ref_max > 0 else (0.0 if max_abs == 0 else float("inf"))
+    passed = bad == 0 and max_abs <= bound
+    return OutputError(max_abs, bound, rel, mean_abs, p99, cosine(ref64, got64), bad, passed)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    mask = np.isfinite(a) & np.isfinite(b)
+    a, b = a[mask].ravel(), b[mask].ravel()
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def compare_outputs(
+    ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tol: Tolerance
+) -> dict[str, OutputError]:
+    result = {}
+    for name, r in ref.items():
+        rtol, atol = tol.for_output(name)
+        result[name] = compare_output(r, got[name], rtol, atol)
+    return result
+
+
+def worst(errors: list[dict[str, OutputError]]) -> dict[str, OutputError]:
+    """Per output, the worst error over several samples (failures first, then largest rel)."""
+    out: dict[str, OutputError] = {}
+    for sample in errors:
+        for name, e in sample.items():
+            cur = out.get(name)
+            if cur is None or (cur.passed, -cur.rel) > (e.passed, -e.rel):
+                out[name] = e
+    return out
+
+
+@dataclass
+class TensorStats:
+    """Statistics of one intermediate tensor, FP32 vs all-FP16; no tensor data is kept."""
+
+    name: str
+    producer: str | None
+    fp32_absmax: float
+    fp16_absmax: float
+    max_abs_err: float
+    rel_err: float
+    mean_abs_err: float
+    cosine: float
+    fp32_nonfinite: int
+    fp16_nonfinite: int
+    overflow: int  # finite FP32 values whose FP16 rounding is inf
+    flushed: int  # nonzero FP32 values whose FP16 rounding is zero
+    size: int
+
+    @property
+    def new_nonfinite(self) -> bool:
+        return self.fp16_nonfinite > self.fp32_nonfinite
+
+    def to_json(self) -> dict:
+        return {k: _json_float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TensorStats":
+        return cls(**{k: (float(v) if isinstance(v, str) else v) for k, v in d.items()})
+
+
+def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray) -> TensorStats:
+    ref = np.asarray(ref, dtype=np.float32)
+    got = np.asarray(got, dtype=np.float32)
+    finite_ref = np.isfinite(ref)
+    r16 = round_fp16(ref)
+    e = compare_output(ref, got, 0.0, 0.0)
+    return TensorStats(
+        name=name,
+        producer=producer,
+        fp32_absmax=float(np.max(np.abs(ref[finite_ref]), initial=0.0)),
+        fp16_absmax=float(np.max(np.abs(got[np.isfinite(got)]), initial=0.0)),
+        max_abs_err=e.max_abs,
+        rel_err=e.rel,
+        mean_abs_err=e.mean_abs,
+        cosine=e.cosine,
+        fp32_nonfinite=int(ref.size - np.count_nonzero(finite_ref)),
+        fp16_nonfinite=int(got.size - np.count_nonzero(np.isfinite(got))),
+        overflow=int(np.count_nonzero(finite_ref & np.isinf(r16))),
+        flushed=int(np.count_nonzero((ref != 0) & (r16 == 0))),
+        size=int(ref.size),
+    )
+
+
+def merge_stats(a: TensorStats, b: TensorStats) -> TensorStats:
+    """Combine the statistics of one tensor over two samples (worst case of each field)."""
+    return TensorStats(
+        name=a.name, producer=a.producer,
+        fp32_absmax=max(a.fp32_absmax, b.fp32_absmax),
+        fp16_absmax=max(a.fp16_absmax, b.fp16_absmax),
+        max_abs_err=max(a.max_abs_err, b.max_abs_err),
+        rel_err=max(a.rel_err, b.rel_err),
+        mean_abs_err=max(a.mean_abs_err, b.mean_abs_err),
+        cosine=min(a.cosine, b.cosine),
+        fp32_nonfinite=max(a.fp32_nonfinite, b.fp32_nonfinite),
+        fp16_nonfinite=max(a.fp16_nonfinite, b.fp16_nonfinite),
+        overflow=max(a.overflow, b.overflow),
+        flushed=max(a.flushed, b.flushed),
+        size=a.size,
+    )

@@ -1,0 +1,29 @@
+"""One user-facing error type; the CLI turns it into a one-line message and an exit code."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# Exit codes, documented in `trtbisect --help` and the README.
+EXIT_OK = 0
+EXIT_INTERNAL = 1  # a bug: the traceback is shown
+EXIT_USAGE = 2  # bad arguments or bad input (missing file, malformed model, mismatched inputs)
+EXIT_REFERENCE_INVALID = 3  # the FP32 reference itself is non-finite
+EXIT_NO_PLAN = 4  # no precision plan meets the tolerance
+
+
+class TrtBisectError(Exception):
+    """A problem the user can fix; the message says what to do next."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def require(module: str, hint: str) -> ModuleType:
+    """Import an optional dependency or fail with an install hint."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise TrtBisectError(f"{module} is not installed ({exc}); {hint}") from exc

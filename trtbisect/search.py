@@ -1,0 +1,275 @@
+"""Find a 1-minimal set of nodes to keep in FP32, given a check function.
+
+Pure: no runtime, no files. The caller hands in `check(fp32_nodes) -> bool` (True when the
+plan "these nodes FP32, every other candidate FP16" meets the tolerance). Checks are memoized
+and counted; the count is what a user pays for (one inference, or one engine build, each).
+
+Two searches live here:
+
+* `find_minimal_fp32`: the product. A prior from the layer-wise comparison (nodes whose
+  FP16 values leave the FP16 range, ranked suspects) gives a first plan; it is grown along the
+  ranking if it fails and then minimised. The result is certified 1-minimal: for every node x in
+  the final set S, `check(S - {x})` was run and failed.
+* `ddmin`: plain delta debugging over all candidates with no prior, the reference we measure
+  against (Zeller and Hildebrandt, 2002).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+Check = Callable[[frozenset[str]], bool]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One evaluated plan."""
+
+    index: int
+    fp32: tuple[str, ...]
+    passed: bool
+    phase: str
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "size": len(self.fp32), "passed": self.passed,
+                "phase": self.phase, "fp32": list(self.fp32)}
+
+
+@dataclass
+class SearchResult:
+    fp32: list[str]  # the plan, in candidate order; empty when FP16 already passes
+    found: bool  # a passing plan exists (False: even the fallback plan failed)
+    one_minimal: bool  # certified: every single removal was evaluated and failed
+    evaluations: int
+    trials: list[Trial] = field(default_factory=list)
+    stopped_early: bool = False  # the evaluation budget ran out
+
+    def to_json(self) -> dict:
+        return {"fp32": self.fp32, "found": self.found, "one_minimal": self.one_minimal,
+                "evaluations": self.evaluations, "stopped_early": self.stopped_early,
+                "trials": [t.to_json() for t in self.trials]}
+
+
+class BudgetExhausted(Exception):
+    pass
+
+
+Progress = Callable[[Trial, int], None]
+
+
+class _Oracle:
+    """Memoizes and counts checks, and records the trace."""
+
+    def __init__(self, check: Check, order: Sequence[str], max_evaluations: int | None,
+                 progress: Progress | None) -> None:
+        self._check = check
+        self._position = {name: i for i, name in enumerate(order)}
+        self._memo: dict[frozenset[str], bool] = {}
+        self.trials: list[Trial] = []
+        self.max_evaluations = max_evaluations
+        self.progress = progress
+        self.phase = ""
+        self.remaining = 0
+
+    def __call__(self, fp32: Iterable[str]) -> bool:
+        key = frozenset(fp32)
+        if key in self._memo:
+            return self._memo[key]
+        if self.max_evaluations is not None and len(self.trials) >= self.max_evaluations:
+            raise BudgetExhausted
+        passed = bool(self._check(key))
+        self._memo[key] = passed
+        trial = Trial(len(self.trials) + 1, self.sorted(key), passed, self.phase)
+        self.trials.append(trial)
+        log.debug("evaluation %d (%s): %d nodes FP32 -> %s", trial.index, self.phase,
+                  len(key), "pass" if passed else "fail")
+        if self.progress is not None:
+            self.progress(trial, self.remaining)
+        return passed
+
+    def known(self, fp32: Iterable[str]) -> bool | None:
+        return self._memo.get(frozenset(fp32))
+
+    def smallest_pass(self) -> frozenset[str] | None:
+        passing = [k for k, ok in self._memo.items() if ok]
+        return min(passing, key=len) if passing else None
+
+    def sorted(self, names: Iterable[str]) -> tuple[str, ...]:
+        return tuple(sorted(names, key=lambda n: self._position.get(n, len(self._position))))
+
+
+def find_minimal_fp32(
+    candidates: Sequence[str],
+    check: Check,
+    seeds: Iterable[str] = (),
+    ranking: Sequence[str] = (),
+    max_evaluations: int | None = None,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """Prior-guided search for a certified 1-minimal FP32 set.
+
+    `seeds` are the nodes the layer-wise comparison says must stay FP32 (they read or write
+    values outside the FP16 range); `ranking` orders every candidate from most to least
+    suspicious. Neither needs to be right: a wrong prior costs evaluations, not correctness.
+    """
+    cand = list(dict.fromkeys(candidates))
+    cand_set = set(cand)
+    seed_list = [n for n in dict.fromkeys(seeds) if n in cand_set]
+    rank = [n for n in dict.fromkeys([*seed_list, *ranking, *cand]) if n in cand_set]
+    oracle = _Oracle(check, cand, max_evaluations, progress)
+    try:
+        oracle.phase, oracle.remaining = "all-fp16", 1 + len(seed_list)
+        if oracle(()):
+            return _result(oracle, frozenset(), found=True, minimal=True)
+        current: frozenset[str] | None = frozenset(seed_list)
+        oracle.phase = "prior"
+        if not (current and oracle(current)):
+            current = _grow(oracle, rank, len(seed_list))
+            if current is None:
+                return _result(oracle, frozenset(cand), found=False, minimal=False)
+            current = _shrink_chunks(oracle, current, rank)
+        return _result(oracle, _certify(oracle, current, rank), found=True, minimal=True)
+    except BudgetExhausted:
+        return _stopped(oracle, cand)
+
+
+def _stopped(oracle: _Oracle, cand: list[str]) -> SearchResult:
+    best = oracle.smallest_pass()
+    log.warning("evaluation budget of %s reached; the plan is not certified minimal",
+                oracle.max_evaluations)
+    if best is None:
+        return _result(oracle, frozenset(cand), found=False, minimal=False, stopped=True)
+    return _result(oracle, best, found=True, minimal=False, stopped=True)
+
+
+def _grow(oracle: _Oracle, rank: list[str], start: int) -> frozenset[str] | None:
+    """Take ever longer prefixes of the ranking until one passes, then bisect the length."""
+    n = len(rank)
+    lo = start  # prefix lengths <= lo are known (or assumed) to fail
+    size = max(2 * start, 4)
+    oracle.phase = "grow"
+    while True:
+        size = min(size, n)
+        oracle.remaining = max(1, math.ceil(math.log2(max(2, n / max(size, 1))))) + 1
+        if oracle(rank[:size]):
+            break
+        if size == n:
+            return None
+        lo, size = size, size * 2
+    hi = size
+    oracle.phase = "bisect"
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        oracle.remaining = math.ceil(math.log2(hi - lo))
+        if oracle(rank[:mid]):
+            hi = mid
+        else:
+            lo = mid
+    return frozenset(rank[:hi])
+
+
+def _removal_order(plan: Iterable[str], rank: list[str]) -> list[str]:
+    """Least suspicious first: those are the likeliest to be removable."""
+    pos = {name: i for i, name in enumerate(rank)}
+    return sorted(plan, key=lambda x: -pos.get(x, len(pos)))
+
+
+def _shrink_chunks(oracle: _Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[str]:
+    """ddmin-style complement removal, for plans too large to certify one node at a time."""
+    oracle.phase = "shrink"
+    n = 2
+    while len(plan) > 8:
+        order = _removal_order(plan, rank)
+        chunks = _split(order, n)
+        oracle.remaining = len(chunks)
+        for chunk in chunks:
+            trial = plan - set(chunk)
+            if trial and oracle(trial):
+                plan, n = trial, max(n - 1, 2)
+                break
+        else:
+            if n >= len(plan):
+                break
+            n = min(len(plan), 2 * n)
+    return plan
+
+
+def _certify(oracle: _Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[str]:
+    """Try removing each node until a full pass removes none: the result is 1-minimal."""
+    oracle.phase = "minimize"
+    changed = True
+    while changed:
+        changed = False
+        for x in _removal_order(plan, rank):
+            oracle.remaining = sum(1 for y in plan if oracle.known(plan - {y}) is None)
+            if oracle(plan - {x}):
+                plan = plan - {x}
+                changed = True
+    return plan
+
+
+def _split(items: list[str], n: int) -> list[list[str]]:
+    n = max(1, min(n, len(items)))
+    size, extra = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def _result(oracle: _Oracle, plan: frozenset[str], *, found: bool, minimal: bool,
+            stopped: bool = False) -> SearchResult:
+    return SearchResult(list(oracle.sorted(plan)), found, minimal, len(oracle.trials),
+                        list(oracle.trials), stopped)
+
+
+def ddmin(
+    candidates: Sequence[str],
+    check: Check,
+    max_evaluations: int | None = None,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """Plain ddmin over all candidates (subsets and complements), no prior.
+
+    Starts from "everything FP32" and keeps the passing property while shrinking; the result
+    is 1-minimal by construction (at full granularity every complement failed).
+    """
+    cand = list(dict.fromkeys(candidates))
+    oracle = _Oracle(check, cand, max_evaluations, progress)
+    try:
+        oracle.phase = "all-fp16"
+        if oracle(()):
+            return _result(oracle, frozenset(), found=True, minimal=True)
+        oracle.phase = "all-fp32"
+        if not oracle(cand):
+            return _result(oracle, frozenset(cand), found=False, minimal=False)
+        current, n = list(cand), 2
+        oracle.phase = "ddmin"
+        while len(current) >= 2:
+            chunks = _split(current, n)
+            oracle.remaining = 2 * len(chunks)
+            reduced = False
+            for chunk in chunks:  # reduce to a subset
+                if oracle(chunk):
+                    current, n, reduced = chunk, 2, True
+                    break
+            if not reduced:
+                for chunk in chunks:  # reduce to a complement
+                    rest = [x for x in current if x not in set(chunk)]
+                    if rest and oracle(rest):
+                        current, n, reduced = rest, max(n - 1, 2), True
+                        break
+            if not reduced:
+                if n >= len(current):
+                    break
+                n = min(len(current), 2 * n)
+        return _result(oracle, frozenset(current), found=True, minimal=True)
+    except BudgetExhausted:
+        return _stopped(oracle, cand)

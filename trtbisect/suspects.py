@@ -1,0 +1,111 @@
+"""The search prior: which nodes the layer-wise comparison already points at.
+
+Seeds are nodes that read or write a value outside the FP16 range in the FP32 run (an overflow
+chain runs from the node that first exceeds 65504 to the first node that brings values back;
+every one of them rounds that value to inf in FP16), plus nodes that read an initializer or
+Constant that FP16 cannot hold. The ranking orders every candidate from most to least
+suspicious, so that a search that has to grow beyond the seeds grows in the right direction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+from onnx import numpy_helper
+
+from .compare import FP16_MAX, TensorStats, round_fp16
+from .graph import Graph
+
+
+@dataclass(frozen=True)
+class ConstantStats:
+    """Range facts of an initializer or Constant output."""
+
+    name: str
+    absmax: float
+    overflow: int  # finite values FP16 turns into inf
+    flushed: int  # nonzero values FP16 turns into zero
+    rel_err: float  # max relative rounding error
+
+
+def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
+    out: dict[str, ConstantStats] = {}
+    arrays = {name: numpy_helper.to_array(t) for name, t in graph.initializers.items()}
+    for node in graph.model.graph.node:
+        if node.op_type == "Constant" and node.output and graph.is_float(node.output[0]):
+            for a in node.attribute:
+                if a.name == "value":
+                    arrays[node.output[0]] = numpy_helper.to_array(a.t)
+    for name, arr in arrays.items():
+        if arr.dtype != np.float32:
+            continue
+        r = round_fp16(arr)
+        finite = np.isfinite(arr)
+        absmax = float(np.max(np.abs(arr[finite]), initial=0.0))
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            rel = np.abs(r.astype(np.float64) - arr) / max(absmax, 1e-30)
+        out[name] = ConstantStats(
+            name, absmax,
+            overflow=int(np.count_nonzero(finite & np.isinf(r))),
+            flushed=int(np.count_nonzero((arr != 0) & (r == 0))),
+            rel_err=float(np.nan_to_num(rel, nan=0.0, posinf=math.inf).max(initial=0.0)),
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Prior:
+    seeds: list[str]
+    ranking: list[str]
+    scores: dict[str, float]
+
+
+def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
+    return stats is not None and (stats.overflow > 0 or
+                                  (isinstance(stats, TensorStats) and stats.fp32_absmax > FP16_MAX))
+
+
+def build_prior(graph: Graph, stats: Mapping[str, TensorStats],
+                constants: Mapping[str, ConstantStats]) -> Prior:
+    cands = graph.candidates()
+    scores: dict[str, float] = {}
+    seeds: list[str] = []
+    for name in cands:
+        ins, outs = graph.float_inputs(name), graph.float_outputs(name)
+        touched = [stats.get(t) or constants.get(t) for t in [*ins, *outs]]
+        range_hit = any(out_of_range(s) for s in touched)
+        if range_hit:
+            seeds.append(name)
+        scores[name] = _score(ins, outs, stats, constants, range_hit)
+    ranking = sorted(cands, key=lambda n: -scores[n])
+    return Prior(seeds, ranking, scores)
+
+
+def _rel(s: TensorStats | ConstantStats | None) -> float:
+    if s is None:
+        return 0.0
+    if isinstance(s, TensorStats) and s.new_nonfinite:
+        return math.inf
+    return s.rel_err
+
+
+def _score(ins: list[str], outs: list[str], stats: Mapping[str, TensorStats],
+           constants: Mapping[str, ConstantStats], range_hit: bool) -> float:
+    """Higher is more suspicious: range violations, then non-finite origins, then error jumps."""
+    in_stats = [stats.get(t) or constants.get(t) for t in ins]
+    out_stats = [stats.get(t) for t in outs]
+    in_err = max((_rel(s) for s in in_stats), default=0.0)
+    out_err = max((_rel(s) for s in out_stats), default=0.0)
+    score = 0.0
+    if range_hit:
+        score += 1e6
+    if math.isinf(out_err) and not math.isinf(in_err):
+        score += 1e5  # first non-finite tensor on its path
+    if any(s is not None and s.flushed > 0 for s in [*in_stats, *out_stats]):
+        score += 1e4  # values or constants that FP16 flushes to zero
+    if math.isfinite(out_err):
+        score += min(out_err / max(in_err, 1e-3), 1e3)
+    return score
