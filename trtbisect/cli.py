@@ -12,11 +12,12 @@ from typing import Callable
 import click
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
 from .compare import OutputError, Tolerance
-from .errors import EXIT_INTERNAL, EXIT_USAGE, TrtBisectError
+from .errors import TrtBisectError
 from .inputs import parse_shapes
 
 log = logging.getLogger("trtbisect")
@@ -118,10 +119,16 @@ def make_options(kw: dict):
               help="Ignore the journal of an earlier, interrupted run in --out.")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
               help="ort: the CPU FP16 emulator. trt: TensorRT engines on a CUDA GPU.")
-@click.option("--report", is_flag=True, help="Also write report.html and report.md.")
+@click.option("--report", is_flag=True,
+              help="Also write report.html (self-contained) and report.md to --out. "
+                   "Needs matplotlib: pip install 'trtbisect[report]'.")
+@click.option("--stability", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Rerun the plan and all-FP16 on N copies of each sample jittered at FP16 "
+                   "rounding level; report the error's noise floor and flag plans within it. "
+                   "E.g. --stability 8. Default: off.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
-        no_resume: bool, **kw) -> None:
+        no_resume: bool, stability: int, **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -138,6 +145,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
 
     opts = make_options(kw)
     opts.resume = not no_resume
+    opts.report, opts.stability = report, stability
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
     if backend == "trt":
         raise TrtBisectError("the TensorRT backend is not available in this build")
@@ -211,8 +219,9 @@ def emit_run(result, as_json: bool) -> None:
             t.add_column("module", overflow="fold")
         t.add_column("why")
         for c in result.culprits:
-            t.add_row(c.node, c.op, *([c.module or ""] if modules else []), c.why)
+            t.add_row(c.node, c.op, *([c.module or ""] if modules else []), escape(c.why))
         out.print(t)
+    emit_diagnosis(result)
     if result.errors_before:
         t = Table(title="Outputs", title_justify="left")
         t.add_column("output")
@@ -231,6 +240,22 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"mixed ONNX (TensorRT 11): {result.files['mixed_model']}")
         if "commands" in result.files:
             out.print(f"commands: {result.files['commands']}")
+        if "annotated_model" in result.files:
+            out.print(f"annotated ONNX (open in Netron): {result.files['annotated_model']}")
+        if "report_html" in result.files:
+            out.print(f"report: {result.files['report_html']}")
+
+
+def emit_diagnosis(result) -> None:
+    """One sentence per culprit group (cause, numbers, fix), then any stability flags."""
+    for k, g in enumerate(result.extra.get("culprit_groups") or [], 1):
+        pattern = f", {g['pattern']}" if g.get("pattern") else ""
+        out.print(f"[bold]{k}. {g['cause']}{escape(pattern)}[/]: {escape(g['summary'])}")
+    stab = result.extra.get("stability")
+    if stab:
+        flags = stab["flags"] or ["no plan flips or sits within the noise"]
+        out.print(f"stability ({stab['runs']} runs x {stab['samples']} sample(s)): "
+                  + escape("; ".join(flags)))
 
 
 @main.command(epilog=EXIT_CODES_HELP)

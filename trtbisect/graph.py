@@ -41,7 +41,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if _uses_external_data(model):
         try:
             onnx.load_external_data_for_model(model, str(p.parent))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise TrtBisectError(
                 f"{p} keeps weights in external data that could not be read ({exc}); "
                 "keep the data files beside the model") from exc

@@ -17,6 +17,7 @@ from . import __version__
 from .backends.ort import Emulator, Reference, make_session, run_session
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, worst)
+from .diagnose import annotate, attach as attach_diagnosis
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, load_model, model_hash, node_names, with_node_names
 from .inputs import Sample, load_samples
@@ -24,7 +25,7 @@ from .journal import Journal, plan_key
 from .plan import PrecisionPlan, atomic_write_json, atomic_write_text, save_model
 from .mixed import emulate_mixed, write_mixed_onnx
 from .search import Progress, SearchResult, find_minimal_fp32
-from .suspects import ConstantStats, Prior, build_prior, constant_stats, out_of_range
+from .suspects import ConstantStats, build_prior, constant_stats, out_of_range
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class Options:
     threads: int | None = None
     memory_budget: int = 1 << 30  # bytes of intermediate tensors held at once (layer-wise)
     resume: bool = True
+    stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
+    report: bool = False  # also write report.html / report.md (needs matplotlib)
 
 
 @dataclass
@@ -305,6 +308,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     """The whole job: find the minimal FP32 set and write every rendering of it to `out_dir`."""
     started = time.perf_counter()
     stage = on_stage or (lambda msg: log.info(msg))
+    if opts.report:
+        from .report import require_matplotlib
+        require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
     ctx = prepare(model_path, opts)
     g = ctx.graph
@@ -315,7 +321,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if problems:
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                            errors_before={}, errors_after={}, reference_problems=problems, **base)
-        return _finish(result, ctx, out_dir, started)
+        return _finish(result, ctx, out_dir, started, opts.report)
     stage("layer-wise comparison, FP32 vs FP16")
     stats = layerwise(ctx, opts)
     constants = constant_stats(g)
@@ -349,9 +355,13 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                        one_minimal=search.one_minimal and verdict in ("fixed", "fp16_ok"),
                        search=search, stats=stats, prior_seeds=prior.seeds, **base)
     result.culprits = explain(g, result.fp32_nodes, stats, constants)
+    attach_diagnosis(result, g, constants)
     if verdict in ("fixed", "fp16_ok"):
         result.mixed_check = _verify_mixed(ctx, result.fp32_nodes, opts)
-    return _finish(result, ctx, out_dir, started)
+        if opts.stability >= 2:
+            stage(f"stability: {opts.stability} runs per sample")
+            result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
+    return _finish(result, ctx, out_dir, started, opts.report)
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
@@ -362,6 +372,15 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
             sample_hash.update(np.ascontiguousarray(s[k]).tobytes())
     return {"model": ctx.sha256, "samples": sample_hash.hexdigest(),
             "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "version": __version__}
+
+
+def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
+    """The noise floor of the error around the final and the all-FP16 plan (stability.py)."""
+    from .stability import measure_stability
+
+    plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
+    return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
+                             ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1)
 
 
 def _verify_mixed(ctx: Context, fp32_nodes: list[str], opts: Options) -> dict[str, OutputError]:
@@ -414,14 +433,15 @@ def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
     return "needed by the tolerance"
 
 
-def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float) -> RunResult:
+def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float,
+            report: bool = False) -> RunResult:
     result.seconds = time.perf_counter() - started
     if out_dir is not None:
-        write_outputs(result, ctx, out_dir)
+        write_outputs(result, ctx, out_dir, report)
     return result
 
 
-def write_outputs(result: RunResult, ctx: Context, out_dir: Path) -> None:
+def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
     """Every file atomically; the input model is only read."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = ctx.path.stem
@@ -455,6 +475,16 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path) -> None:
         result.files["journal"] = str(out_dir / "journal.jsonl")
         atomic_write_json(out_dir / "trace.json", result.search.to_json())
         result.files["trace"] = str(out_dir / "trace.json")
+    if result.extra.get("culprit_groups"):
+        path = out_dir / f"{stem}.annotated.onnx"
+        meta = {"trtbisect.verdict": result.verdict, "trtbisect.version": __version__,
+                "trtbisect.fp32_nodes": ",".join(result.fp32_nodes)}
+        save_model(path, annotate(ctx.model, result.extra["culprit_groups"],  # type: ignore[arg-type]
+                                  {c.node: c.why for c in result.culprits}, meta))
+        result.files["annotated_model"] = str(path)
+    if report:
+        from .report import write_report
+        result.files.update(write_report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
     atomic_write_json(out_dir / "precision.json", result.to_json())
 

@@ -16,6 +16,7 @@ costs about one inference, not a graph rewrite and a new session.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -85,24 +86,35 @@ class Emulator:
         self._candidates = graph.candidates()
         self.expose = list(expose)
         self.watch = list(watch)
-        self.model = build_emulated_model(graph, self._candidates, self.expose, self.watch)
+        self.model, self.edges = build_emulated_model(graph, self._candidates, self.expose,
+                                                      self.watch)
         self.session = make_session(self.model, threads)
         self.outputs = graph.output_names()
-        self._switch = {n: f"{SWITCH_PREFIX}{k}" for k, n in enumerate(self._candidates)}
         self._on, self._off = np.array(True), np.array(False)
+        # edge k is on when node _edge_nodes[k, 0] or [k, 1] runs in FP16 (index -1: never)
+        index = {n: i for i, n in enumerate(self._candidates)}
+        self._edge_nodes = np.array([[index[n] if n is not None else -1 for n in (*e.nodes, None)][:2]
+                                     for e in self.edges], dtype=np.int64).reshape(-1, 2)
+        self._edge_names = [e.switch for e in self.edges]
 
     def candidates(self) -> list[str]:
         return list(self._candidates)
 
     def switches(self, fp32_nodes: Iterable[str] | None) -> dict[str, np.ndarray]:
-        """Feeds for a plan; `None` means everything FP32."""
+        """Feeds for a plan; `None` means everything FP32.
+
+        A switch guards one read (or one store) and is on when the value read there is FP16:
+        the reading node runs in FP16, or the node that stored the value did.
+        """
         if fp32_nodes is None:
-            return {s: self._off for s in self._switch.values()}
+            return {e.switch: self._off for e in self.edges}
         keep = frozenset(fp32_nodes)
-        unknown = keep - self._switch.keys()
+        unknown = keep - set(self._candidates)
         if unknown:
             raise TrtBisectError(f"not switchable nodes in plan: {', '.join(sorted(unknown))}")
-        return {s: (self._off if n in keep else self._on) for n, s in self._switch.items()}
+        half = np.array([n not in keep for n in self._candidates] + [False])  # [-1]: "never"
+        on = half[self._edge_nodes].any(axis=1)
+        return {name: self._on if v else self._off for name, v in zip(self._edge_names, on)}
 
     def run(self, fp32_nodes: frozenset[str], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = run_session(self.session, {**feeds, **self.switches(fp32_nodes)}, self.outputs)
@@ -127,13 +139,27 @@ class Emulator:
         self.session = None
 
 
+@dataclass(frozen=True)
+class Edge:
+    """A switch input and the nodes whose FP16-ness turns it on (None: never)."""
+
+    switch: str
+    nodes: tuple[str | None, ...]
+
+
 class _Builder:
     """Accumulates the rewritten node list of the emulated graph."""
 
     def __init__(self) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.rounded: dict[str, str] = {}
-        self.reads: dict[tuple[str, str], str] = {}
+        self.reads: dict[tuple[str, str | None, str | None], str] = {}
+        self.edges: list[Edge] = []
+
+    def switch(self, *nodes: str | None) -> str:
+        name = f"{SWITCH_PREFIX}{len(self.edges)}"
+        self.edges.append(Edge(name, nodes))
+        return name
 
     def rounded_of(self, tensor: str) -> str:
         if tensor not in self.rounded:
@@ -145,57 +171,75 @@ class _Builder:
             self.rounded[tensor] = back
         return self.rounded[tensor]
 
-    def read(self, tensor: str, switch: str) -> str:
-        key = (tensor, switch)
+    def select(self, raw: str, out: str, *nodes: str | None) -> None:
+        self.nodes.append(helper.make_node("Where", [self.switch(*nodes), self.rounded_of(raw), raw],
+                                           [out], name=f"{out}::where"))
+
+    def read(self, raw: str, reader: str, writer: str | None) -> str:
+        """What `reader` sees of a value `writer` produced (raw, before any store rounding)."""
+        key = (raw, reader, writer)
         if key not in self.reads:
-            name = f"{tensor}::in::{switch}"
-            self.nodes.append(helper.make_node("Where", [switch, self.rounded_of(tensor), tensor],
-                                               [name], name=f"{name}::where"))
+            name = f"{raw}::in::{len(self.reads)}"
+            self.select(raw, name, reader, writer)
             self.reads[key] = name
         return self.reads[key]
 
 
 def build_emulated_model(graph: Graph, candidates: Sequence[str], expose: Sequence[str] = (),
-                         watch: Sequence[str] = ()) -> onnx.ModelProto:
-    """A copy of the model whose candidate nodes round their I/O when their switch is on."""
+                         watch: Sequence[str] = ()) -> tuple[onnx.ModelProto, list[Edge]]:
+    """A copy of the model whose candidate nodes round their I/O when their switches are on.
+
+    A candidate's float outputs stay raw (FP32) in the graph; a reader gets
+    `Where(switch, round(raw), raw)` whose switch is on when the reader or the writer is FP16,
+    which is exactly what the reader would see of the stored value. A stored value is
+    materialised (under the tensor's own name) only where something observes it directly: a
+    graph output, a non-candidate consumer, or an exposed or watched tensor.
+    """
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     g = model.graph
-    switch = {n: f"{SWITCH_PREFIX}{k}" for k, n in enumerate(candidates)}
+    cand = set(candidates)
+    observed = {*graph.output_names(), *expose, *watch}
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in graph.model.graph.node for a in n.attribute):
+        observed |= set(graph.types)  # subgraphs may read any outer value by name
+    for i, node in enumerate(graph.model.graph.node):
+        if graph.names[i] not in cand:
+            observed.update(node.input)
     b = _Builder()
+    raw_of: dict[str, str] = {}  # stored tensor name -> the raw name readers round from
+    writer: dict[str, str] = {}
     for name, node in zip(graph.names, graph.model.graph.node):
         new = onnx.NodeProto()
         new.CopyFrom(node)
-        s = switch.get(name)
-        if s is None:
+        if name not in cand:
             b.nodes.append(new)
             continue
         halves = set(graph.fp16_inputs(name))
         for k, t in enumerate(new.input):
             if t in halves:
-                new.input[k] = b.read(t, s)
+                new.input[k] = b.read(raw_of.get(t, t), name, writer.get(t))
         stores = []
         for k, t in enumerate(new.output):
             if graph.is_float(t):
-                new.output[k] = f"{t}::raw"
-                stores.append(t)
+                writer[t] = name
+                if t in observed:
+                    new.output[k] = raw_of[t] = f"{t}::raw"
+                    stores.append(t)
         b.nodes.append(new)
         for t in stores:
-            # round(stored) == round(raw) whatever the switch, so readers share one rounding
-            b.nodes.append(helper.make_node("Where", [s, b.rounded_of(f"{t}::raw"), f"{t}::raw"],
-                                            [t], name=f"{t}::store"))
-            b.rounded[t] = b.rounded[f"{t}::raw"]
+            b.select(raw_of[t], t, name)
     if watch:
         b.nodes.extend(_nonfinite_flags(watch))
     del g.node[:]
     g.node.extend(b.nodes)
-    g.input.extend(helper.make_tensor_value_info(s, TensorProto.BOOL, []) for s in switch.values())
+    g.input.extend(helper.make_tensor_value_info(e.switch, TensorProto.BOOL, []) for e in b.edges)
     known = {v.name for v in g.output}
     g.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
                     for t in expose if t not in known)
     if watch:
         g.output.append(helper.make_tensor_value_info(NONFINITE_OUTPUT, TensorProto.BOOL, [len(watch)]))
-    return model
+    return model, b.edges
 
 
 def _nonfinite_flags(watch: Sequence[str]) -> list[onnx.NodeProto]:

@@ -1,0 +1,22 @@
+.PHONY: install demo test lint bench bench-search typecheck
+
+install:
+	python3 -m pip install -e ".[dev,report]"
+
+demo:
+	trtbisect run models/demo.onnx --inputs models/demo_inputs.npz --out runs/demo
+
+test:
+	python3 -m pytest -q
+
+lint:
+	ruff check trtbisect tests scripts
+
+typecheck:
+	bash scripts/check_trt_types.sh
+
+bench-search:
+	python3 scripts/bench_search.py
+
+bench:
+	python3 scripts/bench.py

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.models.make_models import zoo as build_zoo
+
+
+@pytest.fixture(scope="session")
+def zoo():
+    return build_zoo()
+
+
+def save_zoo_model(z, folder: Path) -> tuple[Path, Path]:
+    """The model and its inputs as files, the way a user hands them to the CLI."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model, inputs = folder / f"{z.name}.onnx", folder / f"{z.name}_inputs.npz"
+    onnx.save(z.model, model)
+    np.savez(inputs, **z.inputs)
+    return model, inputs

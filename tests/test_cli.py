@@ -1,0 +1,161 @@
+"""The command line through click's runner: exit codes, one-line errors, JSON, help."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import save_zoo_model
+from trtbisect.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def assert_one_line_error(result, code, *fragments):
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    for f in fragments:
+        assert f in result.output
+
+
+@pytest.mark.parametrize("name,code", [("layernorm_overflow", 0), ("healthy", 0),
+                                       ("fp32_broken", 3)])
+def test_run_exit_codes_and_json(zoo, tmp_path, name, code):
+    model, inputs = save_zoo_model(zoo[name], tmp_path)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out", "--json")
+    assert r.exit_code == code, r.output
+    data = json.loads(r.output)
+    assert data["verdict"] == zoo[name].expected_verdict
+    assert set(data["fp32_nodes"]) == set(zoo[name].expected_fp32)
+    assert isinstance(data["evaluations"], int)
+
+
+def test_run_table_names_the_culprits(zoo, tmp_path):
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out")
+    assert r.exit_code == 0
+    for node in zoo["layernorm_overflow"].expected_fp32:
+        assert node in r.output
+    assert "65504" in r.output
+
+
+def test_no_plan_exits_4(zoo, tmp_path):
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "o", "--max-evals", "1")
+    assert r.exit_code == 4, r.output  # only all-FP16 was evaluated: no passing plan known
+
+
+def test_missing_model(tmp_path):
+    assert_one_line_error(invoke("run", tmp_path / "nope.onnx"), 2, "not found")
+
+
+def test_truncated_model(zoo, tmp_path):
+    model, _ = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    data = model.read_bytes()
+    model.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(invoke("run", model, "--out", tmp_path / "o"), 2, "ONNX")
+
+
+def test_not_onnx_at_all(tmp_path):
+    p = tmp_path / "x.onnx"
+    p.write_text("hello, I am not a model")
+    assert_one_line_error(invoke("run", p), 2)
+
+
+def test_wrong_input_name_dtype_and_shape(zoo, tmp_path):
+    model, _ = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    name, value = next(iter(zoo["layernorm_overflow"].inputs.items()))
+    np.savez(tmp_path / "a.npz", wrong=value)
+    assert_one_line_error(invoke("run", model, "--inputs", tmp_path / "a.npz"), 2, name)
+    np.savez(tmp_path / "b.npz", **{name: value.astype(np.float64)})
+    assert_one_line_error(invoke("run", model, "--inputs", tmp_path / "b.npz"), 2, "float64")
+    np.savez(tmp_path / "c.npz", **{name: value[..., :1]})
+    assert_one_line_error(invoke("run", model, "--inputs", tmp_path / "c.npz"), 2, "shape")
+
+
+def test_dynamic_shape_needs_a_shape(zoo, tmp_path):
+    z = zoo["layernorm_overflow"]
+    m = onnx.ModelProto()
+    m.CopyFrom(z.model)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "dyn.onnx"
+    onnx.save(m, path)
+    name = m.graph.input[0].name
+    assert_one_line_error(invoke("run", path, "--out", tmp_path / "o"), 2, name, "--shape")
+    dims = [d.dim_value or 2 for d in m.graph.input[0].type.tensor_type.shape.dim]
+    r = invoke("-q", "run", path, "--out", tmp_path / "o", "--shape",
+               f"{name}:{'x'.join(map(str, dims))}", "--json")
+    assert r.exit_code in (0, 4), r.output
+
+
+def test_model_newer_than_the_runtime(zoo, tmp_path):
+    m = onnx.ModelProto()
+    m.CopyFrom(zoo["healthy"].model)
+    m.ir_version = 99
+    path = tmp_path / "new.onnx"
+    onnx.save(m, path)
+    r = invoke("run", path, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "IR version" in r.output or "ir_version" in r.output
+
+
+def test_missing_external_data(zoo, tmp_path):
+    m = onnx.ModelProto()
+    m.CopyFrom(zoo["layernorm_overflow"].model)
+    path = tmp_path / "ext.onnx"
+    onnx.save(m, path, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights.bin", size_threshold=0)
+    ok = invoke("-q", "run", path, "--out", tmp_path / "o1", "--json")
+    assert ok.exit_code == 0, ok.output
+    (tmp_path / "weights.bin").unlink()
+    assert_one_line_error(invoke("run", path, "--out", tmp_path / "o2"), 2, "external data")
+
+
+def test_unsupported_op(tmp_path):
+    from onnx import TensorProto as TP, helper as h
+    g = h.make_graph([h.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="f")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [2])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13), h.make_opsetid("com.example", 1)])
+    m.ir_version = 10
+    path = tmp_path / "custom.onnx"
+    onnx.save(m, path)
+    assert_one_line_error(invoke("run", path, "--out", tmp_path / "o"), 2, "onnxruntime")
+
+
+def test_compare_and_check_commands(zoo, tmp_path):
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    r = invoke("compare", model, "--inputs", inputs)
+    assert r.exit_code == 0 and "first value beyond 65504" in r.output
+    data = json.loads(invoke("compare", model, "--inputs", inputs, "--json").output)
+    assert data["summary"]["first_overflow"]
+    invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out")
+    mixed = tmp_path / "out" / f"{model.stem}.mixed.onnx"
+    ok = invoke("check", mixed, "--reference", model, "--inputs", inputs)
+    assert ok.exit_code == 0, ok.output
+    bad = invoke("check", model, "--reference", model, "--inputs", inputs)  # the FP32 model itself
+    assert bad.exit_code == 0
+
+
+def test_every_command_has_help():
+    for cmd in [[], *[[name] for name in main.commands]]:
+        r = invoke(*cmd, "--help")
+        assert r.exit_code == 0 and "Usage" in r.output
+        assert len(r.output.splitlines()) > 5
+
+
+def test_import_does_not_pull_heavy_optional_dependencies():
+    import subprocess
+    import sys
+    code = ("import sys, trtbisect, trtbisect.cli, trtbisect.pipeline; "
+            "print([m for m in ('torch', 'tensorrt', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,103 @@
+"""The emulator's semantics, exactly: FP16 nodes round what they read and what they store."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP, helper as h
+
+from trtbisect.backends.base import Backend
+from trtbisect.backends.ort import Emulator, Reference
+from trtbisect.graph import Graph
+
+
+def chain(*ops, shape=(4,)):
+    """x -> op0 -> t0 -> op1 -> t1 ... ; each op is (op_type, extra_inputs)."""
+    nodes, prev, inits = [], "x", []
+    for k, (op, extra) in enumerate(ops):
+        ins = [prev, *extra] if extra is not None else [prev, prev]
+        nodes.append(h.make_node(op, ins, [f"t{k}"], name=f"n{k}"))
+        prev = f"t{k}"
+    nodes[-1].output[0] = "y"
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", TP.FLOAT, list(shape))], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 10
+    return m
+
+
+def test_fp16_node_overflows_where_ort_fp16_kernels_would_not():
+    emu = Emulator(Graph(chain(("Mul", None))))
+    x = {"x": np.array([300, 1, 2, 255.9], np.float32)}
+    y16 = emu.run(frozenset(), x)["y"]
+    assert np.isinf(y16[0]) and y16[1] == 1
+    assert emu.run(frozenset({"n0"}), x)["y"][0] == 90000
+
+
+def test_fp32_node_reads_what_an_fp16_producer_stored():
+    m = chain(("Mul", None), ("Sqrt", []))  # y = sqrt(x*x)
+    emu = Emulator(Graph(m))
+    x = {"x": np.array([300, 3, 0.5, 2], np.float32)}
+    # producer n0 in FP16 stores inf; n1 in FP32 reads that inf
+    assert np.isinf(emu.run(frozenset({"n1"}), x)["y"][0])
+    # producer in FP32 stores 90000; consumer in FP16 reads it rounded to inf
+    assert np.isinf(emu.run(frozenset({"n0"}), x)["y"][0])
+    assert emu.run(frozenset({"n0", "n1"}), x)["y"][0] == 300
+
+
+def test_rounding_is_round_to_nearest_even_and_flushes_tiny_values():
+    emu = Emulator(Graph(chain(("Identity", []))))
+    x = np.array([2049, 2051, 1e-8, 65519], np.float32)
+    got = emu.run(frozenset(), {"x": x})["y"]
+    np.testing.assert_array_equal(got, x.astype(np.float16).astype(np.float32))
+    assert got[0] == 2048 and got[1] == 2052 and got[2] == 0 and got[3] == 65504
+
+
+def test_weights_are_read_rounded_by_fp16_nodes_only():
+    w = np.array([1e5, 1.0, 1e-9, 3.0], np.float32)
+    nodes = [h.make_node("Mul", ["x", "w"], ["y"], name="scale")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4])],
+                     [onnx.numpy_helper.from_array(w, "w")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 10
+    emu = Emulator(Graph(m))
+    x = {"x": np.full(4, 1e-3, np.float32)}
+    assert np.isinf(emu.run(frozenset(), x)["y"][0])
+    np.testing.assert_allclose(emu.run(frozenset({"scale"}), x)["y"], w * 1e-3, rtol=1e-6)
+
+
+def test_all_fp32_plan_matches_the_reference(zoo):
+    z = zoo["attention_logits"]
+    g = Graph(z.model)
+    emu, ref = Emulator(g), Reference(g)
+    got = emu.run(frozenset(g.candidates()), z.inputs)
+    for name, value in ref.run(z.inputs).items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6)
+
+
+def test_one_session_serves_every_plan(zoo):
+    z = zoo["layernorm_overflow"]
+    emu = Emulator(Graph(z.model))
+    session = emu.session
+    for plan in (frozenset(), frozenset(emu.candidates()), frozenset(emu.candidates()[:2])):
+        emu.run(plan, z.inputs)
+    assert emu.session is session
+
+
+def test_backend_contract():
+    emu = Emulator(Graph(chain(("Mul", None))))
+    assert isinstance(emu, Backend)
+    assert emu.candidates() == ["n0"]
+
+
+def test_casts_and_shape_ops_are_not_candidates():
+    nodes = [h.make_node("Cast", ["x"], ["xd"], to=TP.DOUBLE, name="c1"),
+             h.make_node("Cast", ["xd"], ["xf"], to=TP.FLOAT, name="c2"),
+             h.make_node("Shape", ["xf"], ["s"], name="shape"),
+             h.make_node("Reshape", ["xf", "s"], ["y"], name="reshape")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 10
+    assert Graph(m).candidates() == ["reshape"]

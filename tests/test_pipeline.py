@@ -1,0 +1,147 @@
+"""`run` end to end on the planted-fault zoo: verdicts, exact minimal sets, evaluation bounds,
+and that every written file says what the plan predicted."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.conftest import save_zoo_model
+from tests.models.make_models import deep_model
+from trtbisect.graph import Graph
+from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.search import ddmin
+
+ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
+       "constant_out_of_range", "healthy", "fp32_broken", "two_outputs", "precision_loss"]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_verdict_and_exact_minimal_set(zoo, tmp_path, name):
+    z = zoo[name]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    assert r.verdict == z.expected_verdict
+    assert set(r.fp32_nodes) == set(z.expected_fp32)
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert plan["verdict"] == z.expected_verdict
+    assert set(plan["fp32_nodes"]) == set(z.expected_fp32)
+    if z.expected_verdict == "fixed":
+        assert r.one_minimal and plan["one_minimal"]
+        # all-FP16, the prior, one removal per node, a few for growth, the final check
+        assert r.evaluations <= 2 * len(z.expected_fp32) + 10
+        assert all(e.passed for e in r.errors_after.values())
+        assert not all(e.passed for e in r.errors_before.values())
+
+
+@pytest.mark.parametrize("name", ["layernorm_overflow", "two_outputs", "constant_out_of_range"])
+def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
+    z = zoo[name]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    mixed_path = tmp_path / "out" / f"{name}.mixed.onnx"
+    mixed = onnx.load(mixed_path)
+    onnx.checker.check_model(mixed, full_check=True)
+    assert [o.type.tensor_type.elem_type for o in mixed.graph.output] == \
+           [o.type.tensor_type.elem_type for o in z.model.graph.output]
+    halves = [t for t in mixed.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
+    assert halves, "FP16 nodes should read FP16 weights"
+    result = check_mixed(mixed_path, model, Options(inputs=[str(inputs)]))
+    assert result.passed
+    # the file behaves exactly as the plan predicted on the emulator
+    for name_out, e in r.errors_after.items():
+        assert result.errors[name_out].max_abs == pytest.approx(e.max_abs, rel=1e-6, abs=1e-6)
+
+
+def test_all_fp16_mixed_model_fails_check(zoo, tmp_path):
+    from trtbisect.mixed import write_mixed_onnx
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    path = tmp_path / "all16.onnx"
+    onnx.save(write_mixed_onnx(z.model, []), path)
+    assert not check_mixed(path, model, Options(inputs=[str(inputs)])).passed
+
+
+def test_input_model_is_never_modified(zoo, tmp_path):
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    before = model.read_bytes()
+    run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    assert model.read_bytes() == before
+
+
+def test_resume_replays_the_journal(zoo, tmp_path):
+    z = zoo["two_outputs"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    journal = (tmp_path / "out" / "journal.jsonl").read_text().splitlines()
+    # kill mid-search: keep the header and the first three finished evaluations, plus one
+    # evaluation that started but never finished (a crash)
+    done = [line for line in journal if '"done"' in line][:3]
+    crashed_key = json.loads([line for line in journal if '"done"' in line][3])["done"]
+    (tmp_path / "out" / "journal.jsonl").write_text(
+        "\n".join([journal[0], *done, json.dumps({"start": crashed_key})]) + "\n")
+    calls = []
+    from trtbisect import pipeline
+    orig = pipeline.Evaluator.measure
+
+    def counting(self, plan, stop_early=False):
+        calls.append(plan)
+        return orig(self, plan, stop_early)
+    pipeline.Evaluator.measure = counting
+    try:
+        second = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    finally:
+        pipeline.Evaluator.measure = orig
+    assert second.fp32_nodes == first.fp32_nodes or set(second.fp32_nodes) == set(z.expected_fp32)
+    # 1 measurement of the all-FP16 errors and 1 final check are always run; the search ran
+    # everything except the replayed and the crashed plans
+    assert len(calls) == 2 + first.search.evaluations - 4
+
+
+def test_strict_rejects_internal_overflow_hidden_by_the_outputs(tmp_path):
+    from onnx import TensorProto as TP, helper as h
+    # y = Min(x*x, 1): x*x overflows to inf in FP16 but the clamp hides it from the output
+    nodes = [h.make_node("Mul", ["x", "x"], ["sq"], name="sq"),
+             h.make_node("Min", ["sq", "one"], ["y"], name="clamp")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [8])],
+                     [h.make_tensor("one", TP.FLOAT, [], [1.0])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 10
+    path = tmp_path / "clamp.onnx"
+    onnx.save(m, path)
+    np.savez(tmp_path / "x.npz", x=np.full(8, 300.0, np.float32))
+    loose = run(path, Options(inputs=[str(tmp_path / "x.npz")]), tmp_path / "a")
+    strict = run(path, Options(inputs=[str(tmp_path / "x.npz")], strict=True), tmp_path / "b")
+    assert loose.verdict == "fp16_ok"
+    assert strict.verdict == "fixed" and strict.fp32_nodes == ["sq"]  # its stored value is finite
+
+
+def test_plan_must_pass_on_every_sample(zoo, tmp_path):
+    z = zoo["layernorm_overflow"]
+    model, _ = save_zoo_model(z, tmp_path)
+    # a second sample scaled down to stay in range on its own does not change the plan;
+    # the plan found on both must pass both
+    x = {k: np.stack([v, v * 0.01]) for k, v in z.inputs.items()}
+    np.savez(tmp_path / "two.npz", **x)
+    r = run(model, Options(inputs=[str(tmp_path / "two.npz")]), tmp_path / "out")
+    assert r.samples == 2 and set(r.fp32_nodes) == set(z.expected_fp32)
+
+
+def test_deep_model_two_sites_far_fewer_evaluations_than_ddmin(tmp_path):
+    z = deep_model()
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    assert set(r.fp32_nodes) == set(z.expected_fp32)
+    g = Graph(z.model)
+    assert len(g.names) >= 600
+    from trtbisect.backends.ort import Emulator, Reference
+    from trtbisect.compare import Tolerance, compare_outputs
+    emu, ref = Emulator(g), Reference(g).run(z.inputs)
+    plain = ddmin(g.candidates(), lambda s: all(
+        e.passed for e in compare_outputs(ref, emu.run(s, z.inputs), Tolerance()).values()))
+    assert len(r.fp32_nodes) <= len(plain.fp32)
+    assert 3 * r.evaluations <= plain.evaluations
