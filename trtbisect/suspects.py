@@ -2,8 +2,8 @@
 
 Seeds are nodes that read or write a value outside the FP16 range in the FP32 run (an overflow
 chain runs from the node that first exceeds 65504 to the first node that brings values back;
-every one of them rounds that value to inf in FP16), plus nodes that read an initializer or
-Constant that FP16 cannot hold. The ranking orders every candidate from most to least
+every one of them rounds that value to inf in FP16; likewise a tensor that FP16 mostly flushes
+to zero), plus nodes that read an initializer or Constant that FP16 cannot hold. The ranking orders every candidate from most to least
 suspicious, so that a search that has to grow beyond the seeds grows in the right direction.
 """
 
@@ -64,8 +64,14 @@ class Prior:
 
 
 def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
-    return stats is not None and (stats.overflow > 0 or
-                                  (isinstance(stats, TensorStats) and stats.fp32_absmax > FP16_MAX))
+    """Beyond FP16's range above (anything rounds to inf) or below (most of it flushes to 0)."""
+    if stats is None:
+        return False
+    if stats.overflow > 0:
+        return True
+    if isinstance(stats, TensorStats):
+        return stats.fp32_absmax > FP16_MAX or 2 * stats.flushed >= max(stats.size, 1)
+    return stats.flushed > 0
 
 
 def build_prior(graph: Graph, stats: Mapping[str, TensorStats],
