@@ -40,7 +40,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except TrtBisectError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(exc.exit_code)
 
 
@@ -109,6 +109,9 @@ def make_options(kw: dict):
 @main.command(epilog=EXIT_CODES_HELP)
 @click.argument("model")
 @input_options
+@click.option("--input", "torch_inputs", multiple=True, metavar="NAME:DIMS[:DTYPE]",
+              help="For a PyTorch MODEL given as FILE.py:FACTORY (exported to --out first): "
+                   "a forward input, e.g. x:1x3x224x224. See `trtbisect export --help`.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the plan and its renderings. Default: runs/<model name>.")
 @click.option("--strict", is_flag=True,
@@ -124,8 +127,9 @@ def make_options(kw: dict):
                    "Needs matplotlib: pip install 'trtbisect[report]'.")
 @click.option("--stability", type=click.IntRange(min=0), default=0, metavar="N",
               help="Rerun the plan and all-FP16 on N copies of each sample jittered at FP16 "
-                   "rounding level; report the error's noise floor and flag plans within it. "
-                   "E.g. --stability 8. Default: off.")
+                   "rounding level (N >= 2; the sample itself counts as one); report the "
+                   "error's noise floor and flag plans within it. E.g. --stability 8. "
+                   "Default: off.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, **kw) -> None:
@@ -142,16 +146,28 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
       trtbisect run model.onnx --shape x:1x3x224x224 --samples 4 --strict --json
     """
     from . import pipeline
+    from .export import resolve_model_arg
 
+    out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
+    onnx_path, saved = resolve_model_arg(model, kw.pop("torch_inputs"), out)  # FILE.py:FACTORY
+    kw["inputs"] = kw["inputs"] or ((str(saved),) if saved else ())
+    model = str(onnx_path)
     opts = make_options(kw)
     opts.resume = not no_resume
     opts.report, opts.stability = report, stability
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
     if backend == "trt":
-        raise TrtBisectError("the TensorRT backend is not available in this build")
+        from .backends.trt import trt_available
+        usable, why = trt_available()
+        if not usable:
+            raise TrtBisectError(f"--backend trt needs TensorRT and a CUDA GPU: {why} "
+                                 "(see `trtbisect env`)")
     quiet = click.get_current_context().find_root().meta.get("quiet", 0)
     with Progress(quiet) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage)
+        if backend == "trt" and result.verdict in ("fixed", "fp16_ok"):
+            progress.stage("verifying the emulator's plan with TensorRT engines")
+            pipeline.verify_on_tensorrt(result, opts, out)
     emit_run(result, as_json)
     sys.exit(result.exit_code)
 
@@ -333,9 +349,36 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     sys.exit(0 if result.passed else 4)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def env(as_json: bool) -> None:
+    """List which backends are usable on this machine, and why not.
+
+    \b
+    Example:
+      trtbisect env
+    """
+    from .backends.trt import backend_status
+
+    rows = backend_status()
+    if as_json:
+        click.echo(json.dumps([{"component": c, "usable": u, "detail": d} for c, u, d in rows],
+                              indent=2))
+        return
+    t = Table(title="Backends and components", title_justify="left")
+    for col in ("component", "usable", "detail"):
+        t.add_column(col)
+    for component, usable, detail in rows:
+        t.add_row(component, "[green]yes[/]" if usable else "[red]no[/]", escape(detail))
+    out.print(t)
+
+
 def entry() -> None:  # pragma: no cover - console script shim
     main()
 
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+from . import cli_torch  # noqa: E402,F401  (registers export and torch)

@@ -24,8 +24,9 @@ from .inputs import Sample, load_samples
 from .journal import Journal, plan_key
 from .plan import PrecisionPlan, atomic_write_json, atomic_write_text, save_model
 from .mixed import emulate_mixed, write_mixed_onnx
+from .modules import module_label
 from .search import Progress, SearchResult, find_minimal_fp32
-from .suspects import ConstantStats, build_prior, constant_stats, out_of_range
+from .suspects import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
 
@@ -401,7 +402,8 @@ def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats
     out = []
     for name in fp32_nodes:
         node = g.node(name)
-        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants)))
+        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants),
+                           module_label(node.name, g.model)))  # PyTorch's name, when known
     return out
 
 
@@ -413,7 +415,7 @@ def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
             return f"output max {s.fp32_absmax:.3g} > 65504"
     for t in g.float_inputs(name):
         c = constants.get(t)
-        if c is not None and out_of_range(c):
+        if c is not None and c.overflow:
             return f"constant {t!r} holds {c.absmax:.3g}, beyond FP16's 65504"
         s = stats.get(t)
         if s is not None and (s.fp32_absmax > FP16_MAX or s.overflow):
@@ -487,6 +489,27 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
         result.files.update(write_report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
     atomic_write_json(out_dir / "precision.json", result.to_json())
+
+
+def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
+    """Build the emulator's plan as TensorRT engines; refine only where TensorRT disagrees.
+
+    The TensorRT report lands in precision.json under "tensorrt"; when TensorRT needs more
+    FP32 nodes than the emulator did, its plan becomes the plan.
+    """
+    from .backends.trt import run_trt_search
+
+    ctx = prepare(result.model_path, opts)
+    report = run_trt_search(ctx.model, ctx.samples, out_dir / "trt", tolerance=opts.tolerance,
+                            shapes=opts.shapes, emulator_plan=result.fp32_nodes,
+                            seeds=result.prior_seeds)
+    result.extra["tensorrt"] = report.to_json()
+    if not report.result.found:
+        result.verdict = "no_plan"
+    elif set(report.result.fp32) != set(result.fp32_nodes):
+        result.fp32_nodes = list(report.result.fp32)
+        result.verdict = "fixed" if result.fp32_nodes else "fp16_ok"
+    write_outputs(result, ctx, out_dir)
 
 
 # ---------------------------------------------------------------- check

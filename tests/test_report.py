@@ -1,0 +1,131 @@
+"""report.html / report.md: self-contained, complete, escaped; drawn by a real browser; and a
+one-line hint when matplotlib is missing."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import save_zoo_model
+from trtbisect.cli import main
+from trtbisect.errors import TrtBisectError
+from trtbisect.pipeline import Options, run
+from trtbisect.report import render_html
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def reported(zoo, tmp_path_factory):
+    """The layernorm fault run with --report and --stability, once for the module."""
+    folder = tmp_path_factory.mktemp("report")
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], folder)
+    r = run(model, Options(inputs=[str(inputs)], report=True, stability=3), folder / "out")
+    return r, folder / "out"
+
+
+def test_html_is_self_contained_and_complete(reported):
+    r, out = reported
+    page = (out / "report.html").read_text()
+    assert r.files["report_html"] == str(out / "report.html")
+    assert not re.search(r"""(src|href)=['"]?(https?:|//|file:)""", page)  # nothing fetched
+    png = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+    assert png and base64.b64decode(png.group(1)).startswith(b"\x89PNG")
+    for must in ("fixed by keeping 4 of", "overflow", "layernorm_decomposed", "65504",
+                 "applied by the plan", "opset &gt;= 17", "Search trace", "Error per output",
+                 "trtexec --onnx=", "--stronglyTyped", "polygraphy run", "modelopt.onnx.autocast",
+                 "Stability", "ln/Pow"):
+        assert must in page, must
+    assert page.count("<tr class='fail'>") + page.count("<tr class='pass'>") == \
+        len(r.search.trials)
+
+
+def test_markdown_report(reported):
+    r, out = reported
+    md = (out / "report.md").read_text()
+    assert "![per-tensor plot](report_plot.png)" in md
+    assert (out / "report_plot.png").read_bytes().startswith(b"\x89PNG")
+    assert "| ln/Pow | Pow | overflow |" in md
+    assert "### Group 1: `overflow`, pattern `layernorm_decomposed`" in md
+    assert "```sh\ntrtexec" in md and "## Search trace" in md
+
+
+def test_plot_marks_the_limit(reported):
+    """Decode the plot: the red dashed FP16-limit line and red culprit markers are drawn."""
+    from matplotlib import image
+
+    img = image.imread(str(reported[1] / "report_plot.png"))
+    rgb = img[..., :3]
+    red = (rgb[..., 0] > 0.75) & (rgb[..., 1] < 0.3) & (rgb[..., 2] < 0.3)
+    assert red.sum() > 500
+
+
+def test_html_escapes_names(reported):
+    r, _ = reported
+    group = dict(r.extra["culprit_groups"][0], summary="<script>alert(1)</script>")
+    r2 = type(r)(**{**r.__dict__, "extra": {**r.extra, "culprit_groups": [group]}})
+    page = render_html(r2, None)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+@pytest.mark.parametrize("name", ["healthy", "fp32_broken", "two_outputs"])
+def test_report_for_every_verdict(zoo, tmp_path, name):
+    model, inputs = save_zoo_model(zoo[name], tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], report=True), tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert r.verdict in page.replace("FP16 already meets", "fp16_ok").replace(
+        "reference is already non-finite", "reference_invalid").replace("fixed by", "fixed")
+    assert ("report_plot" in r.files) == (name != "fp32_broken")  # no stats, no plot
+
+
+def test_missing_matplotlib_is_a_one_line_hint(zoo, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    with pytest.raises(TrtBisectError, match=r"pip install 'trtbisect\[report\]'"):
+        run(model, Options(inputs=[str(inputs)], report=True), tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # failed before any work
+    res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), "--report",
+                                    "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert "trtbisect[report]" in res.output and "Traceback" not in res.output
+
+
+def test_cli_report_flag(zoo, tmp_path):
+    model, inputs = save_zoo_model(zoo["attention_logits"], tmp_path)
+    res = CliRunner().invoke(main, ["-q", "run", str(model), "--inputs", str(inputs), "--report",
+                                    "--stability", "2", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / "report.html").exists() and "report:" in res.output
+    assert "stability (2 runs" in " ".join(res.output.split())
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(chromium() is None, reason="headless Chromium not installed "
+                    "(apt-get install -y chromium)")
+def test_report_renders_in_headless_chromium(reported, tmp_path):
+    """A real browser draws the page, and what it draws is not blank."""
+    from PIL import Image
+
+    shot = tmp_path / "out.png"
+    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                    f"--screenshot={shot}", "--window-size=1200,1600",
+                    (reported[1] / "report.html").resolve().as_uri()],
+                   check=True, timeout=120, capture_output=True)
+    pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64)
+    assert pixels.shape[:2] == (1600, 1200)
+    assert pixels.std() > 20  # text, tables and the plot, not a blank page
+    band = pixels[1000:1500]  # the plot sits below the diagnosis: not one flat colour
+    assert len(np.unique(band.reshape(-1, 3), axis=0)) > 50

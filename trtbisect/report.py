@@ -1,0 +1,429 @@
+"""report.html and report.md: the answer a deployment engineer reads, not just node names.
+
+Both are views of one RunResult (and of what diagnosis put in `result.extra`): the verdict,
+each culprit group with its cause, evidence and fixes, a plot of every tensor's magnitude and
+FP16 error along the graph, the search trace, the error per output before and after, and the
+commands that apply the plan. The HTML is self-contained (inline CSS, the plot as a base64
+PNG) so it can be mailed or attached to a bug. matplotlib is imported only here, lazily.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+from .compare import FP16_MAX, FP16_TINY, OutputError
+from .diagnose import num, pct
+from .errors import require
+from .plan import atomic_write, atomic_write_text
+
+if TYPE_CHECKING:
+    from .pipeline import RunResult
+
+MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
+TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.json has it all)
+VERDICTS = {"fp16_ok": "FP16 already meets the tolerance: nothing needs FP32",
+            "fixed": "fixed by keeping {n} of {c} nodes in FP32",
+            "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
+            "no_plan": "no precision plan meets the tolerance"}
+
+
+def require_matplotlib() -> None:
+    """Fail before a long search, not after it, when the report cannot be drawn."""
+    require("matplotlib", MATPLOTLIB_HINT)
+
+
+def write_report(result: "RunResult", out_dir: Path) -> dict[str, str]:
+    """Write report.html, report.md and the plot beside them; returns {kind: path}."""
+    png = plot_png(result) if result.stats else None  # none when the reference is invalid
+    files = {"report_html": out_dir / "report.html", "report_md": out_dir / "report.md"}
+    if png is not None:
+        files["report_plot"] = out_dir / "report_plot.png"
+        atomic_write(files["report_plot"], lambda tmp: _write_bytes(tmp, png))
+    atomic_write_text(files["report_md"], render_markdown(
+        result, files["report_plot"].name if png is not None else None))
+    atomic_write_text(files["report_html"], render_html(result, png))
+    return {k: str(v) for k, v in files.items()}
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    Path(path).write_bytes(data)
+
+
+def verdict_line(result: "RunResult") -> str:
+    return VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates)
+
+
+def groups_of(result: "RunResult") -> list[dict]:
+    groups = result.extra.get("culprit_groups")
+    return list(groups) if isinstance(groups, list) else []
+
+
+def group_of_node(result: "RunResult") -> dict[str, dict]:
+    return {n: g for g in groups_of(result) for n in g["nodes"]}
+
+
+# ---------------------------------------------------------------- plot
+
+def plot_png(result: "RunResult") -> bytes:
+    """Max |x| and FP16 error of every stored tensor in graph order, culprits marked."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 6.2), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    stats = list(result.stats.values())
+    culprits = {c.node for c in result.culprits}
+    marked = [i for i, s in enumerate(stats) if s.producer in culprits]
+    fig.suptitle("Every stored tensor in graph order: FP32 magnitude, and the all-FP16 error",
+                 x=0.01, ha="left", fontsize=11)
+    _plot_magnitude(top, stats, marked)
+    _plot_error(bottom, stats, marked, result.tolerance.rtol)
+    _label_x(bottom, stats, marked, _group_starts(result, stats))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _positive(values: Iterable[float]) -> list[float]:
+    """Log axes cannot show 0: leave a gap instead."""
+    return [v if v > 0 and math.isfinite(v) else math.nan for v in values]
+
+
+def _plot_magnitude(ax, stats: Sequence, marked: list[int]) -> None:
+    x = range(len(stats))
+    ax.semilogy(x, _positive(s.fp32_absmax for s in stats), ".-", color="#1f77b4",
+                lw=1, ms=4, label="FP32 max |x|")
+    ax.axhline(FP16_MAX, color="#d62728", ls="--", lw=1.2, label="FP16 max 65504")
+    smallest = min((s.fp32_absmax for s in stats if s.fp32_absmax > 0), default=1.0)
+    if smallest < 1e-2:  # only near underflow: the line would squash the axis otherwise
+        ax.axhline(FP16_TINY, color="#9467bd", ls=":", lw=1, label="FP16 smallest subnormal 6e-8")
+    if marked:
+        ax.semilogy(marked, _positive(stats[i].fp32_absmax for i in marked), "o",
+                    mfc="none", mec="#d62728", ms=9, mew=1.5, label="written by an FP32 node")
+    _shade(ax, marked)
+    ax.set_ylabel("max |value|")
+    _legend(ax)
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _plot_error(ax, stats: Sequence, marked: list[int], rtol: float) -> None:
+    x = list(range(len(stats)))
+    finite = [s.rel_err if math.isfinite(s.rel_err) and s.rel_err > 0 else math.nan for s in stats]
+    top = max([v for v in finite if not math.isnan(v)] + [rtol, 1.0]) * 3
+    ax.semilogy(x, finite, ".-", color="#2ca02c", lw=1, ms=4, label="all-FP16 error / max |ref|")
+    bad = [i for i, s in enumerate(stats) if s.new_nonfinite or not math.isfinite(s.rel_err)]
+    if bad:
+        ax.semilogy(bad, [top] * len(bad), "x", color="#d62728", ms=7, label="NaN / inf in FP16")
+    ax.axhline(rtol, color="#ff7f0e", ls="--", lw=1.2, label=f"rtol {rtol:g}")
+    _shade(ax, marked)
+    ax.set_ylabel("relative error")
+    ax.set_xlabel("tensor (topological order)")
+    _legend(ax)
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _legend(ax) -> None:
+    """Above the axes, so it never hides a culprit's point."""
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncols=4, fontsize=8, frameon=False,
+              borderaxespad=0.2)
+
+
+def _shade(ax, marked: list[int]) -> None:
+    for i in marked:
+        ax.axvspan(i - 0.5, i + 0.5, color="#d62728", alpha=0.08, lw=0)
+
+
+def _group_starts(result: "RunResult", stats: Sequence) -> dict[int, str]:
+    """Tick position -> label for the first tensor each culprit group writes."""
+    index = {s.producer: i for i, s in reversed(list(enumerate(stats))) if s.producer}
+    out = {}
+    for k, g in enumerate(groups_of(result), 1):
+        first = min((index[n] for n in g["nodes"] if n in index), default=None)
+        if first is not None:
+            out[first] = f"{k}: {g.get('scope') or g['nodes'][0]}"
+    return out
+
+
+def _label_x(ax, stats: Sequence, marked: list[int], groups: Mapping[int, str]) -> None:
+    """Every producer on small graphs; one label per culprit group on big ones."""
+    if len(stats) <= 40:
+        labels = {i: s.producer or s.name for i, s in enumerate(stats)}
+    else:
+        labels = dict(groups) or {i: stats[i].producer or stats[i].name for i in marked[:20]}
+    ticks = sorted(labels)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([_short(labels[i]) for i in ticks], rotation=60, ha="right", fontsize=7)
+    for i, label in zip(ticks, ax.get_xticklabels()):
+        if i in marked:
+            label.set_color("#d62728")
+            label.set_fontweight("bold")
+
+
+def _short(name: str, width: int = 28) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+# ---------------------------------------------------------------- shared rows
+
+def output_rows(result: "RunResult") -> list[tuple[str, str, str]]:
+    return [(name, error_text(before), error_text(result.errors_after.get(name)))
+            for name, before in result.errors_before.items()]
+
+
+def error_text(e: OutputError | None) -> str:
+    if e is None:
+        return "-"
+    extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
+    return (f"{'pass' if e.passed else 'FAIL'}: max|d| {num(e.max_abs)} (bound {num(e.bound)}, "
+            f"rel {num(e.rel)}, cosine {e.cosine:.4f}){extra}")
+
+
+def trace_rows(result: "RunResult") -> list[tuple[int, str, int, str, str]]:
+    if result.search is None:
+        return []
+    return [(t.index, t.phase, len(t.fp32), "pass" if t.passed else "fail", _nodes(t.fp32))
+            for t in result.search.trials[:TRACE_ROWS]]
+
+
+def _nodes(names: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", … (+{len(names) - limit})" if len(names) > limit else "")
+
+
+def command_rows(result: "RunResult") -> list[tuple[str, str]]:
+    if result.verdict not in ("fixed", "fp16_ok"):
+        return []
+    r = result.renderings()
+    return [("TensorRT 10, trtexec (weak typing)", str(r["trtexec_trt10"])),
+            ("TensorRT 11, trtexec (strong typing: the mixed model carries the precisions)",
+             str(r["trtexec_trt11"])),
+            ("Polygraphy", str(r["polygraphy"])),
+            ("ModelOpt AutoCast", str(r["autocast"]))]
+
+
+def fix_lines(group: Mapping) -> list[tuple[bool, str]]:
+    """(applied by the plan?, text) for each suggested fix."""
+    return [(f["kind"] == group.get("applied_fix"), f["text"]) for f in group["fixes"]]
+
+
+def evidence_items(group: Mapping) -> list[tuple[str, str]]:
+    out = []
+    for k, v in group["evidence"].items():
+        if v is None or k in ("limit",):
+            continue
+        if isinstance(v, float) and k in ("fraction",):
+            out.append((k, pct(v)))
+        else:
+            out.append((k, num(v) if isinstance(v, float) else str(v)))
+    return out
+
+
+# ---------------------------------------------------------------- markdown
+
+def render_markdown(result: "RunResult", plot_name: str | None) -> str:
+    parts = [f"# trtbisect report: {Path(result.model_path).name}", "",
+             f"**Verdict: {verdict_line(result)}.**", "", *_md_facts(result), ""]
+    parts += _md_groups(result)
+    parts += _md_culprits(result)
+    if plot_name:
+        parts += ["## Magnitude and error along the graph", "", f"![per-tensor plot]({plot_name})",
+                  ""]
+    parts += _md_table("Error per output", ["output", "all FP16", "with the plan"],
+                       output_rows(result))
+    parts += _md_stability(result)
+    parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
+                       trace_rows(result))
+    if command_rows(result):
+        parts += ["## Apply the plan", ""]
+    for title, cmd in command_rows(result):
+        parts += [f"### {title}", "", "```sh", cmd, "```", ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _md_facts(result: "RunResult") -> list[str]:
+    return [f"- model: `{result.model_path}` (sha256 `{result.model_sha256[:16]}…`, "
+            f"{result.nodes} nodes, {result.candidates} candidates)",
+            f"- tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
+            f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
+            f"- search: {result.evaluations} evaluations, {result.inferences} inferences, "
+            f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
+            f"{result.seconds:.1f}s",
+            *[f"- problem: {p}" for p in result.reference_problems]]
+
+
+def _md_groups(result: "RunResult") -> list[str]:
+    out = ["## Diagnosis", ""] if groups_of(result) else []
+    for k, g in enumerate(groups_of(result)):
+        pattern = f", pattern `{g['pattern']}`" if g.get("pattern") else ""
+        out += [f"### Group {k + 1}: `{g['cause']}`{pattern}", "", g["summary"], "",
+                "Evidence: " + ", ".join(f"{a} = {b}" for a, b in evidence_items(g)), "",
+                "Fixes:", ""]
+        out += [f"- {'**applied by the plan:** ' if applied else ''}{text}"
+                for applied, text in fix_lines(g)]
+        out.append("")
+    return out
+
+
+def _md_culprits(result: "RunResult") -> list[str]:
+    by_node = group_of_node(result)
+    rows = [(c.node, c.op, by_node.get(c.node, {}).get("cause", ""), c.why)
+            for c in result.culprits]
+    return _md_table("Nodes to keep in FP32", ["node", "op", "cause", "why"], rows)
+
+
+def _md_stability(result: "RunResult") -> list[str]:
+    st = result.extra.get("stability")
+    if not isinstance(st, dict):
+        return []
+    rows = [(p["plan"], out, str(o["judged_ratio"]), str(o["noise"]), str(o["margin"]),
+             "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
+            for p in st["plans"] for out, o in p["outputs"].items()]
+    head = ["## Stability", "", f"{st['method']}; deterministic reruns: {st['deterministic']}.",
+            "", *([f"- **{f}**" for f in st["flags"]]
+                  or ["- no plan flips or sits within the noise"]), ""]
+    return head + _md_table("", ["plan", "output", "error / bound", "noise", "margin", "flips",
+                                 "fragile"], rows)
+
+
+def _md_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    if not rows:
+        return []
+    esc = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    out = [f"## {title}", ""] if title else []
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in rows]
+    return out + [""]
+
+
+# ---------------------------------------------------------------- html
+
+CSS = """
+body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2330;
+ background:#f4f6f9}
+main{max-width:1120px;margin:0 auto;padding:24px 28px 48px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:32px 0 10px;
+ border-bottom:2px solid #dde3ec;padding-bottom:4px}
+.muted{color:#5b6577;font-size:13px}
+.verdict{padding:14px 18px;border-radius:8px;font-size:18px;font-weight:600;margin:16px 0}
+.ok{background:#e3f5e8;border-left:6px solid #2e9d50}.bad{background:#fde7e7;
+ border-left:6px solid #d13b3b}
+.card{background:#fff;border:1px solid #dde3ec;border-radius:8px;padding:14px 18px;margin:12px 0}
+.tag{display:inline-block;border-radius:4px;padding:1px 8px;font-size:12px;font-weight:600;
+ margin-right:6px;background:#e8edf5;color:#2b3b55}
+.tag.cause{background:#fde2cf;color:#8a3b00}
+table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
+th,td{border:1px solid #dde3ec;padding:5px 8px;text-align:left;vertical-align:top}
+th{background:#eef2f7}tr.fail td.r{color:#c62828;font-weight:600}
+tr.pass td.r{color:#2e7d32;font-weight:600}
+code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+pre{background:#1f2430;color:#e6e9ef;padding:10px 12px;border-radius:6px;overflow-x:auto;
+ white-space:pre-wrap;word-break:break-all}
+ul.fixes{margin:6px 0 0 0;padding-left:20px}li.applied{font-weight:600;color:#2e7d32}
+dl.ev{display:grid;grid-template-columns:repeat(3,max-content minmax(0,1fr));gap:2px 14px;
+ margin:8px 0;font-size:13px}
+dl.ev dt{color:#5b6577}dl.ev dd{margin:0;font-family:ui-monospace,monospace;
+ overflow-wrap:anywhere}
+img.plot{width:100%;border:1px solid #dde3ec;border-radius:8px;background:#fff}
+.flag{color:#b23c17;font-weight:600}
+"""
+
+
+def e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def render_html(result: "RunResult", png: bytes | None) -> str:
+    ok = result.verdict in ("fixed", "fp16_ok")
+    body = [f"<h1>trtbisect report: {e(Path(result.model_path).name)}</h1>",
+            "<div class='muted'>" + "<br>".join(e(f[2:].replace("`", ""))
+                                                for f in _md_facts(result)) + "</div>",
+            f"<div class='verdict {'ok' if ok else 'bad'}'>{e(verdict_line(result))}</div>"]
+    body += _html_groups(result)
+    body += _html_culprits(result)
+    if png is not None:
+        body += ["<h2>Magnitude and error along the graph</h2>",
+                 "<img class='plot' alt='per-tensor magnitude and FP16 error' src='data:image/png;"
+                 f"base64,{base64.b64encode(png).decode()}'>"]
+    body += _html_table("Error per output", ["output", "all FP16", "with the plan"],
+                        output_rows(result))
+    body += _html_stability(result)
+    body += _html_trace(result)
+    body += _html_commands(result)
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>trtbisect: {e(Path(result.model_path).name)}</title><style>{CSS}</style>"
+            "</head><body><main>" + "\n".join(body) + "</main></body></html>\n")
+
+
+def _html_groups(result: "RunResult") -> list[str]:
+    groups = groups_of(result)
+    out = ["<h2>Diagnosis</h2>"] if groups else []
+    for k, g in enumerate(groups):
+        tags = f"<span class='tag cause'>{e(g['cause'])}</span>" + (
+            f"<span class='tag'>{e(g['pattern'])}</span>" if g.get("pattern") else "")
+        ev = "".join(f"<dt>{e(a)}</dt><dd>{e(b)}</dd>" for a, b in evidence_items(g))
+        fixes = "".join(f"<li class='{'applied' if a else ''}'>{'✔ applied by the plan: ' if a else ''}"
+                        f"{e(t)}</li>" for a, t in fix_lines(g))
+        out.append(f"<div class='card'><div>{tags}<b>Group {k + 1}</b> "
+                   f"<span class='muted'>{e(', '.join(g['nodes']))}</span></div>"
+                   f"<p>{e(g['summary'])}</p><dl class='ev'>{ev}</dl>"
+                   f"<b>Fixes</b><ul class='fixes'>{fixes}</ul></div>")
+    return out
+
+
+def _html_culprits(result: "RunResult") -> list[str]:
+    by_node = group_of_node(result)
+    rows = [(c.node, c.op, by_node.get(c.node, {}).get("cause", ""), c.why)
+            for c in result.culprits]
+    return _html_table("Nodes to keep in FP32", ["node", "op", "cause", "why"], rows)
+
+
+def _html_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
+                result_col: int | None = None) -> list[str]:
+    """A table; `result_col` holds "pass"/"fail", which colours its cell."""
+    if not rows:
+        return []
+    ths = "".join(f"<th>{e(h)}</th>" for h in head)
+    trs = "".join(
+        f"<tr class='{e(row[result_col]) if result_col is not None else ''}'>" +
+        "".join(f"<td class='{'r' if j == result_col else ''}'>{e(v)}</td>"
+                for j, v in enumerate(row)) + "</tr>" for row in rows)
+    return ([f"<h2>{e(title)}</h2>"] if title else []) + [f"<table><tr>{ths}</tr>{trs}</table>"]
+
+
+def _html_trace(result: "RunResult") -> list[str]:
+    rows = trace_rows(result)
+    if not rows:
+        return []
+    total = len(result.search.trials) if result.search else 0
+    note = (f"<p class='muted'>First {TRACE_ROWS} of {total} evaluations; trace.json has all."
+            "</p>" if total > TRACE_ROWS else "")
+    return _html_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"], rows,
+                       result_col=3) + [note]
+
+
+def _html_stability(result: "RunResult") -> list[str]:
+    st = result.extra.get("stability")
+    if not isinstance(st, dict):
+        return []
+    rows = [(p["plan"], out, o["judged_ratio"], o["noise"], o["margin"],
+             "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
+            for p in st["plans"] for out, o in p["outputs"].items()]
+    flags = "".join(f"<li class='flag'>{e(f)}</li>" for f in st["flags"]) or \
+        "<li>no plan flips or sits within the noise</li>"
+    return ["<h2>Stability</h2>", f"<p class='muted'>{e(st['method'])}; deterministic reruns: "
+            f"{e(st['deterministic'])}</p><ul>{flags}</ul>"] + _html_table(
+        "", ["plan", "output", "error / bound", "noise", "margin", "flips", "fragile"], rows)
+
+
+def _html_commands(result: "RunResult") -> list[str]:
+    rows = command_rows(result)
+    if not rows:
+        return []
+    return ["<h2>Apply the plan</h2>"] + [f"<h3>{e(t)}</h3><pre>{e(c)}</pre>" for t, c in rows]
