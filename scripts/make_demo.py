@@ -18,8 +18,9 @@ Needs torch==2.13.0 (`pip install -e .[torch]`).
 from __future__ import annotations
 
 import argparse
-import io
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -117,10 +118,11 @@ class DemoNet(nn.Module):
 
 def export(model: nn.Module, example: torch.Tensor) -> onnx.ModelProto:
     """TorchScript export at opset 14: node names keep module scopes (/blocks.1/ln2/Pow)."""
-    buf = io.BytesIO()
-    torch.onnx.export(model, (example,), buf, dynamo=False, opset_version=14,
-                      input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
-    proto = onnx.load_from_string(buf.getvalue())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "demo.onnx")
+        torch.onnx.export(model, (example,), path, dynamo=False, opset_version=14,
+                          input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+        proto = onnx.load(path)
     proto.ir_version = 10  # onnxruntime 1.18+ and TensorRT 10 parsers read IR 10
     onnx.checker.check_model(proto, full_check=True)
     return proto
@@ -138,7 +140,8 @@ def main() -> None:
         proto = export(model, torch.from_numpy(image))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     onnx.save(proto, str(args.out_dir / "demo.onnx"))
-    np.savez(args.out_dir / "demo_inputs.npz", **{INPUT_NAME: image})
+    sample: dict[str, Any] = {INPUT_NAME: image}
+    np.savez(args.out_dir / "demo_inputs.npz", **sample)
     print(f"wrote {args.out_dir / 'demo.onnx'} ({len(proto.graph.node)} nodes) "
           f"and {args.out_dir / 'demo_inputs.npz'}")
 
