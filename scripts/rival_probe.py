@@ -75,22 +75,10 @@ class CountingOracle:
 
 
 def named_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy in which every node has a unique name (``<op_type>_<i>`` for unnamed ones)."""
-    try:
-        from trtbisect.graph import with_node_names  # same scheme, when available
+    """A copy in which every node has trtbisect's unique name (``<op_type>_<i>`` if unnamed)."""
+    from trtbisect.graph import with_node_names
 
-        return with_node_names(model)
-    except ImportError:  # pragma: no cover - fallback mirrors trtbisect.graph.node_names
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-        seen: set[str] = set()
-        for i, node in enumerate(out.graph.node):
-            name = node.name or f"{node.op_type}_{i}"
-            if name in seen:
-                name = f"{name}_{i}"
-            seen.add(name)
-            node.name = name
-        return out
+    return with_node_names(model)
 
 
 def _check_names(model: onnx.ModelProto) -> list[str]:
