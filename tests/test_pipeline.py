@@ -50,7 +50,8 @@ def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
     halves = [t for t in mixed.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
     assert halves, "FP16 nodes should read FP16 weights"
     result = check_mixed(mixed_path, model, Options(inputs=[str(inputs)]))
-    assert result.passed
+    assert result.passed and r.mixed_model_passed is True
+    assert json.loads((tmp_path / "out" / "precision.json").read_text())["mixed_model_passed"]
     # the file behaves exactly as the plan predicted on the emulator
     for name_out, e in r.errors_after.items():
         assert result.errors[name_out].max_abs == pytest.approx(e.max_abs, rel=1e-6, abs=1e-6)
