@@ -141,8 +141,8 @@ def test_compare_and_check_commands(zoo, tmp_path):
     mixed = tmp_path / "out" / f"{model.stem}.mixed.onnx"
     ok = invoke("check", mixed, "--reference", model, "--inputs", inputs)
     assert ok.exit_code == 0, ok.output
-    bad = invoke("check", model, "--reference", model, "--inputs", inputs)  # the FP32 model itself
-    assert bad.exit_code == 0
+    same = invoke("check", model, "--reference", model, "--inputs", inputs)  # the FP32 model itself
+    assert same.exit_code == 0 and "0 float16 tensors" in same.output
 
 
 def test_every_command_has_help():

@@ -155,7 +155,6 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts = make_options(kw)
     opts.resume = not no_resume
     opts.report, opts.stability = report, stability
-    out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
     if backend == "trt":
         from .backends.trt import trt_available
         usable, why = trt_available()

@@ -116,10 +116,6 @@ class Graph:
                 if t:
                     self.consumers[t].append(i)
 
-    @property
-    def nodes(self) -> list[onnx.NodeProto]:
-        return list(self.model.graph.node)
-
     def node(self, name: str) -> onnx.NodeProto:
         return self.model.graph.node[self.index[name]]
 

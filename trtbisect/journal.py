@@ -27,7 +27,6 @@ class Journal:
         self.fingerprint = fingerprint
         self.done: dict[str, dict[str, Any]] = {}
         self.crashed: set[str] = set()
-        self.replayed = 0
         self._load()
         self._fh = open(self.path, "a", encoding="utf-8")
         if self.path.stat().st_size == 0:
@@ -62,7 +61,6 @@ class Journal:
 
     def lookup(self, key: str) -> dict[str, Any] | None:
         if key in self.done:
-            self.replayed += 1
             return self.done[key]
         if key in self.crashed:
             log.warning("plan %s crashed the last run; judging it failed", key)

@@ -3,6 +3,7 @@ comparison, prior, search, verify, write. The CLI only parses, calls and formats
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -252,6 +253,7 @@ class RunResult:
     search: SearchResult | None = None
     reference_problems: list[str] = field(default_factory=list)
     mixed_check: dict[str, OutputError] | None = None
+    mixed_model: onnx.ModelProto | None = field(default=None, repr=False)  # for fp32_nodes
     stats: dict[str, TensorStats] = field(default_factory=dict)
     prior_seeds: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -365,7 +367,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     result.culprits = explain(g, result.fp32_nodes, stats, constants)
     attach_diagnosis(result, g, constants)
     if verdict in ("fixed", "fp16_ok"):
-        result.mixed_check = _verify_mixed(ctx, result.fp32_nodes, opts)
+        result.mixed_model = write_mixed_onnx(ctx.model, result.fp32_nodes)
+        result.mixed_check = _verify_mixed(ctx, result.mixed_model, opts)
         if not result.mixed_model_passed:
             log.warning("the written mixed ONNX model misses the tolerance although the plan met "
                         "it in the search (ORT kernels for constant and run-time weights round "
@@ -378,7 +381,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
-    sample_hash = __import__("hashlib").sha256()
+    sample_hash = hashlib.sha256()
     for s in ctx.samples:
         for k in sorted(s):
             sample_hash.update(k.encode())
@@ -396,9 +399,8 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
                              ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1)
 
 
-def _verify_mixed(ctx: Context, fp32_nodes: list[str], opts: Options) -> dict[str, OutputError]:
+def _verify_mixed(ctx: Context, mixed: onnx.ModelProto, opts: Options) -> dict[str, OutputError]:
     """Judge the written mixed ONNX model itself, so the file is proven, not just the plan."""
-    mixed = write_mixed_onnx(ctx.model, fp32_nodes)
     session = make_session(emulate_mixed(mixed), opts.threads)
     errors = []
     names = ctx.graph.output_names()
@@ -466,7 +468,9 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
             save_model(path, with_node_names(ctx.model))
             result.files["named_model"] = str(path)
         mixed_path = out_dir / f"{stem}.mixed.onnx"
-        save_model(mixed_path, write_mixed_onnx(ctx.model, result.fp32_nodes))
+        if result.mixed_model is None:
+            result.mixed_model = write_mixed_onnx(ctx.model, result.fp32_nodes)
+        save_model(mixed_path, result.mixed_model)
         result.files["mixed_model"] = str(mixed_path)
         p = result.plan
         atomic_write_text(out_dir / "layer_precisions.txt", p.layer_precisions() + "\n")
@@ -520,6 +524,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
         result.verdict = "no_plan"
     elif set(report.result.fp32) != set(result.fp32_nodes):
         result.fp32_nodes = list(report.result.fp32)
+        result.mixed_model = result.mixed_check = None  # they described the emulator's plan
         result.verdict = "fixed" if result.fp32_nodes else "fp16_ok"
     write_outputs(result, ctx, out_dir)
 

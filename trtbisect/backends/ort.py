@@ -93,8 +93,8 @@ class Emulator:
         self._on, self._off = np.array(True), np.array(False)
         # edge k is on when node _edge_nodes[k, 0] or [k, 1] runs in FP16 (index -1: never)
         index = {n: i for i, n in enumerate(self._candidates)}
-        self._edge_nodes = np.array([[index[n] if n is not None else -1 for n in (*e.nodes, None)][:2]
-                                     for e in self.edges], dtype=np.int64).reshape(-1, 2)
+        self._edge_nodes = np.array([[index.get(n, -1) for n in e.nodes] for e in self.edges],
+                                    dtype=np.int64).reshape(-1, 2)
         self._edge_names = [e.switch for e in self.edges]
 
     def candidates(self) -> list[str]:
@@ -141,10 +141,10 @@ class Emulator:
 
 @dataclass(frozen=True)
 class Edge:
-    """A switch input and the nodes whose FP16-ness turns it on (None: never)."""
+    """A switch input and the two nodes (reader, writer) whose FP16-ness turns it on."""
 
     switch: str
-    nodes: tuple[str | None, ...]
+    nodes: tuple[str | None, str | None]
 
 
 class _Builder:
@@ -156,9 +156,9 @@ class _Builder:
         self.reads: dict[tuple[str, str | None, str | None], str] = {}
         self.edges: list[Edge] = []
 
-    def switch(self, *nodes: str | None) -> str:
+    def switch(self, reader: str | None, writer: str | None) -> str:
         name = f"{SWITCH_PREFIX}{len(self.edges)}"
-        self.edges.append(Edge(name, nodes))
+        self.edges.append(Edge(name, (reader, writer)))
         return name
 
     def rounded_of(self, tensor: str) -> str:
@@ -171,8 +171,8 @@ class _Builder:
             self.rounded[tensor] = back
         return self.rounded[tensor]
 
-    def select(self, raw: str, out: str, *nodes: str | None) -> None:
-        self.nodes.append(helper.make_node("Where", [self.switch(*nodes), self.rounded_of(raw), raw],
+    def select(self, raw: str, out: str, reader: str | None, writer: str | None) -> None:
+        self.nodes.append(helper.make_node("Where", [self.switch(reader, writer), self.rounded_of(raw), raw],
                                            [out], name=f"{out}::where"))
 
     def read(self, raw: str, reader: str, writer: str | None) -> str:
@@ -228,7 +228,7 @@ def build_emulated_model(graph: Graph, candidates: Sequence[str], expose: Sequen
                     stores.append(t)
         b.nodes.append(new)
         for t in stores:
-            b.select(raw_of[t], t, name)
+            b.select(raw_of[t], t, None, name)  # the stored value: rounded when its writer is FP16
     if watch:
         b.nodes.extend(_nonfinite_flags(watch))
     del g.node[:]
