@@ -453,6 +453,7 @@ class _Work:
                      for t in folded.values() if t in used]
         self.g.initializer.extend(new_inits)
         self._drop_unused_constants()
+        self._drop_unused_initializers({t for ins in inputs.values() for t in ins})
         self._resolve_carriers(folded, inputs, renamed)
         return [f"constant_folding: computed {', '.join(sorted(folded))} once in FP32 "
                 f"(TensorRT folds constant subgraphs at build time)"]
@@ -795,12 +796,12 @@ class _View:
         names = [self.nodes[i].name for i in region]
         if kind == "pointwise":
             return f"PWN({', '.join(names)})"
-        tail = region[1:]
-        simple = all(self._simple(i, region[0]) for i in tail)
         head = [names[0], *absorbed]
-        if simple:
-            return " + ".join(head + names[1:])
-        return " + ".join(head) + f" + PWN({', '.join(names[1:])})"
+        k = 1  # leading bias / scale / activation nodes are joined with '+', the rest is PWN
+        while k < len(region) and self._simple(region[k], region[0]):
+            k += 1
+        rest = f" + PWN({', '.join(names[k:])})" if k < len(region) else ""
+        return " + ".join(head + names[1:k]) + rest
 
     def _simple(self, i: int, anchor: int) -> bool:
         """An activation, or a bias/scale/residual Add or Mul: TensorRT names these with '+'."""
