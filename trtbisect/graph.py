@@ -294,6 +294,10 @@ class Graph:
         """Graph inputs that must be fed (old IR versions also list initializers as inputs)."""
         return [v for v in self.model.graph.input if v.name not in self.initializers]
 
+    def fed_inputs(self) -> list[onnx.ValueInfoProto]:
+        """The inputs to feed, with the types the model declares (float16 stays float16)."""
+        return [v for v in self.source.graph.input if v.name not in self.initializers]
+
     def output_names(self) -> list[str]:
         return [v.name for v in self.model.graph.output]
 

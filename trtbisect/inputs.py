@@ -70,7 +70,7 @@ def random_sample(graph: Graph, shapes: Mapping[str, tuple[int, ...]], seed: int
     """Seeded data of the right dtype and shape: N(0,1) floats, small non-negative integers."""
     rng = np.random.default_rng(seed)
     sample: Sample = {}
-    for value in graph.inputs():
+    for value in graph.fed_inputs():
         dtype, shape = input_dtype(value), resolve_shape(value, shapes)
         if dtype.kind == "f":
             sample[value.name] = rng.standard_normal(shape).astype(dtype)
@@ -109,7 +109,7 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def _split_samples(graph: Graph, arrays: dict[str, np.ndarray], source: str) -> list[Sample]:
-    wanted = {v.name: v for v in graph.inputs()}
+    wanted = {v.name: v for v in graph.fed_inputs()}
     missing = sorted(set(wanted) - set(arrays))
     extra = sorted(set(arrays) - set(wanted))
     if missing:

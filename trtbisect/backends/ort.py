@@ -503,9 +503,11 @@ class MixedModel:
             if _stored(t) and t.name not in arrays:
                 arrays[t.name] = graph.array(t.name)
         self.session = Session(proto, arrays, threads)
+        self.fed = b.fed  # graph input -> the name its unrounded feed goes in by
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        fed = {k: v for k, v in feeds.items() if k in self.session.inputs}
+        fed = {self.fed.get(k, k): v for k, v in feeds.items()}
+        fed = {k: v for k, v in fed.items() if k in self.session.inputs}
         values = self.session.run(fed, self.outputs)
         return {n: np.asarray(v, np.float32) for n, v in zip(self.outputs, values)}
 
@@ -541,15 +543,17 @@ class _MixedBuilder(_Builder):
         for v in proto.graph.input:
             if v.name in renames:
                 v.name = renames[v.name]
+        self.fed = renames
         return proto
 
 
 def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
                  references: Sequence[Mapping[str, np.ndarray]],
                  threads: int | None = None) -> dict[str, float]:
-    """Per output, how far FP32 itself moves when ORT picks its default, optimizing kernels
-    (fusions, prepacked weights, NCHWc) instead of the judge's: a plan whose margin is below
-    this is fragile, since TensorRT's kernels differ from both."""
+    """Per output, how far FP32 itself moves under changes that mean nothing: ORT's default,
+    optimizing kernels (fusions, prepacked weights, NCHWc) instead of the judge's, and float
+    inputs nudged by one FP32 ulp. TensorRT's kernels differ from both, so a plan whose
+    margin under the bound is below this floor is fragile."""
     import onnxruntime as ort
 
     proto = _Builder(graph, {}, Rounded(graph)).build()
@@ -559,20 +563,26 @@ def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
     if arrays:
         opts.add_external_initializers(list(arrays), values)
     try:
-        session = ort.InferenceSession(proto.SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
+        optimized = ort.InferenceSession(proto.SerializeToString(), opts,
+                                         providers=["CPUExecutionProvider"])
     except Exception as exc:  # the noise floor is a diagnostic: never fail a run over it
         log.info("kernel noise not measured: %s", _first_line(exc))
         return {}
+    judge = Session(proto, arrays, threads)
     names = graph.output_names()
+    rng = np.random.default_rng(0)
     noise: dict[str, float] = {}
     for sample, ref in zip(samples, references):
         fed = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
                for k, v in sample.items()}
-        for name, got in zip(names, session.run(names, fed)):
-            r = np.asarray(ref[name], np.float64)
-            g = np.asarray(got, np.float64)
-            finite = np.isfinite(r) & np.isfinite(g)
-            d = float(np.max(np.abs(g - r)[finite], initial=0.0))
-            noise[name] = max(noise.get(name, 0.0), d)
+        nudged = {k: (np.nextafter(v, np.where(rng.random(v.shape) < 0.5, -np.inf, np.inf)
+                                   .astype(np.float32)) if v.dtype == np.float32 else v)
+                  for k, v in fed.items()}
+        for outs in (optimized.run(names, fed), judge.run(nudged, names)):
+            for name, got in zip(names, outs):
+                r = np.asarray(ref[name], np.float64)
+                g = np.asarray(got, np.float64)
+                finite = np.isfinite(r) & np.isfinite(g)
+                d = float(np.max(np.abs(g - r)[finite], initial=0.0))
+                noise[name] = max(noise.get(name, 0.0), d)
     return noise
