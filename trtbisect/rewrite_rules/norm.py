@@ -67,6 +67,7 @@ def _layernorm(view: View, mean: onnx.NodeProto, sub: onnx.NodeProto,
     if extra or d in view.graph_outputs:
         return Refusal(LN, tuple(chain.where), f"x - mean ({d}) is also used by "
                        f"{', '.join(extra) or 'a graph output'}; fusing would drop that value")
+    chain.drop += [mean.output[0], d]
     return Match(LN, tuple(chain.where),
                  f"decomposed LayerNorm over the last {chain.k} axes, eps={chain.eps:g} -> "
                  "LayerNormalization (statistics in FP32)",

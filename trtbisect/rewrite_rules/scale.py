@@ -147,10 +147,8 @@ def apply_reducesum(model: onnx.ModelProto, match: Match) -> onnx.ModelProto:
         factor = ed.constant(f"{name}.prescale", float(p["factor"]))
         scaled = ed.fresh(f"{rs.input[0]}/prescaled")
         ed.add(rs.input[0], "Mul", [rs.input[0], factor], [scaled], f"{name}/prescale")
-        new = onnx.NodeProto()
-        new.CopyFrom(rs)
         ed.add(p["out"], "ReduceSum", [scaled, *rs.input[1:]], [p["out"]], name,
-               **{a.name: onnx.helper.get_attribute_value(a) for a in new.attribute})
+               **{a.name: onnx.helper.get_attribute_value(a) for a in rs.attribute})
     return ed.finish()
 
 
