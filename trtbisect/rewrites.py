@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from .backends.ort import Reference
-from .compare import OutputError
+from .compare import OutputError, Tolerance
 from .graph import Graph
 from .rewrite_rules import REWRITES, Match, Refusal, Rewrite, RewriteRefused
 
@@ -167,7 +167,10 @@ def find_all(model: onnx.ModelProto, ranges: Callable[[str], float | None] | Non
     refusals: list[Refusal] = []
     for rw in rewrites:
         for item in rw.find(model, ranges):
-            (matches if isinstance(item, Match) else refusals).append(item)
+            if isinstance(item, Match):
+                matches.append(item)
+            else:
+                refusals.append(item)
     return matches, refusals
 
 
@@ -290,14 +293,15 @@ def same_interface(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
 
 # ---------------------------------------------------------------- a judge for tests and scripts
 
-def emulator_judge(model: onnx.ModelProto, samples: Sequence[Sample], tolerance=None) -> Judge:
+def emulator_judge(model: onnx.ModelProto, samples: Sequence[Sample],
+                   tolerance: Tolerance | None = None) -> Judge:
     """Judge the all-FP16 plan on the CPU emulator against `model`'s FP32 reference.
 
     The pipeline supplies its own judge (journaled, strict mode); this one is for tests and
     scripts and uses the same emulator and criterion.
     """
     from .backends.ort import Emulator
-    from .compare import Tolerance, compare_outputs, worst
+    from .compare import compare_outputs, worst
 
     tol = tolerance or Tolerance()
     references = reference_outputs(model, samples)

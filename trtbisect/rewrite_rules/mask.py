@@ -37,7 +37,7 @@ def find(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | R
 
 def _out_of_range_constants(view: View) -> list[tuple[str, str | None]]:
     """(tensor, Constant/ConstantOfShape node name or None) for float constants beyond FP16."""
-    out = []
+    out: list[tuple[str, str | None]] = []
     for name, init in view.inits.items():
         if _beyond(numpy_helper.to_array(init)):
             out.append((name, None))

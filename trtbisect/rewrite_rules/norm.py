@@ -43,7 +43,8 @@ class Chain:
 
 
 def find_layernorm(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view, found = View(model), []
+    view = View(model)
+    found: list[Match | Refusal] = []
     for node in view.nodes:
         d = square_of(view, node)
         sub = view.prod(d) if d else None
@@ -75,7 +76,8 @@ def _layernorm(view: View, mean: onnx.NodeProto, sub: onnx.NodeProto,
 
 
 def find_rmsnorm(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view, found = View(model), []
+    view = View(model)
+    found: list[Match | Refusal] = []
     for node in view.nodes:
         x = square_of(view, node)
         if x is None or _is_centred(view, x):
