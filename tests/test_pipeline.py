@@ -146,3 +146,22 @@ def test_deep_model_two_sites_far_fewer_evaluations_than_ddmin(tmp_path):
         e.passed for e in compare_outputs(ref, emu.run(s, z.inputs), Tolerance()).values()))
     assert len(r.fp32_nodes) <= len(plain.fp32)
     assert 3 * r.evaluations <= plain.evaluations
+
+
+@pytest.mark.parametrize("name", ["constant_out_of_range", "attention_logits", "precision_loss"])
+def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
+    z = zoo[name]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], rewrite=True), tmp_path / "out")
+    applied = r.extra["rewrites"]["applied"]
+    if name == "precision_loss":  # nothing matches: the plain FP32 plan
+        assert not applied and set(r.fp32_nodes) == set(z.expected_fp32)
+        assert not (tmp_path / "out" / f"{name}.rewritten.onnx").exists()
+        return
+    assert applied and r.verdict == "fixed" and r.fp32_nodes == []
+    assert r.extra["one_judge"]["search_equals_check"]
+    rewritten = onnx.load(tmp_path / "out" / f"{name}.rewritten.onnx")
+    assert [v.name for v in rewritten.graph.output] == [v.name for v in z.model.graph.output]
+    assert check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,
+                       Options(inputs=[str(inputs)])).passed
+    assert max(a["fp32_drift"]["rel"] for a in applied) < 1e-4

@@ -130,9 +130,14 @@ def make_options(kw: dict):
                    "rounding level (N >= 2; the sample itself counts as one); report the "
                    "error's noise floor and flag plans within it. E.g. --stability 8. "
                    "Default: off.")
+@click.option("--rewrite", is_flag=True,
+              help="First try verified FP16-safe graph rewrites (clamp an out-of-range mask "
+                   "constant, fuse a decomposed LayerNorm, pre-scale attention, ...), each "
+                   "judged like a plan; then search the FP32 set for what is left. The "
+                   "rewritten model is written as <model>.rewritten.onnx.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
-        no_resume: bool, stability: int, **kw) -> None:
+        no_resume: bool, stability: int, rewrite: bool, **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -154,7 +159,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     model = str(onnx_path)
     opts = make_options(kw)
     opts.resume = not no_resume
-    opts.report, opts.stability = report, stability
+    opts.report, opts.stability, opts.rewrite = report, stability, rewrite
     if backend == "trt":
         from .backends.trt import trt_available
         usable, why = trt_available()
@@ -225,6 +230,7 @@ def emit_run(result, as_json: bool) -> None:
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
         out.print(f"  {p}")
+    emit_rewrites(result)
     if result.culprits:
         t = Table(title="Nodes to keep in FP32", title_justify="left")
         t.add_column("node")
@@ -259,6 +265,18 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"annotated ONNX (open in Netron): {result.files['annotated_model']}")
         if "report_html" in result.files:
             out.print(f"report: {result.files['report_html']}")
+
+
+def emit_rewrites(result) -> None:
+    """The FP16-safe rewrites applied (what, where, FP32 drift), and how many were refused."""
+    rw = result.extra.get("rewrites") or {}
+    for a in rw.get("applied", []):
+        drift = a.get("fp32_drift") or {}
+        where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
+        out.print(f"rewrite [bold]{escape(a['rewrite'])}[/] at {escape(where)}: {escape(a['why'])} "
+                  f"(FP32 drift {drift.get('rel', 0):.2g} of the output range)", soft_wrap=True)
+    if rw.get("refused"):
+        out.print(f"{len(rw['refused'])} rewrite(s) refused: see precision.json \"rewrites\"")
 
 
 def emit_diagnosis(result) -> None:

@@ -50,6 +50,7 @@ class Options:
     resume: bool = True
     stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
     report: bool = False  # also write report.html / report.md (needs matplotlib)
+    rewrite: bool = False  # try verified FP16-safe graph rewrites before any FP32 fallback
 
 
 @dataclass
@@ -267,6 +268,7 @@ class RunResult:
     reference_problems: list[str] = field(default_factory=list)
     mixed_check: dict[str, OutputError] | None = None
     mixed_model: Written | None = field(default=None, repr=False)  # for fp32_nodes
+    rewritten_model: Written | None = field(default=None, repr=False)  # FP32, rewrites applied
     stats: dict[str, TensorStats] = field(default_factory=dict)
     prior_seeds: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -315,7 +317,8 @@ class RunResult:
 
     def renderings(self) -> dict[str, object]:
         p = self.plan
-        onnx_for_trt = self.files.get("named_model", self.model_path)
+        onnx_for_trt = self.files.get("rewritten_model") or self.files.get("named_model",
+                                                                           self.model_path)
         return {
             "trtexec_layer_precisions": p.layer_precisions(),
             "trtexec_trt10": p.trtexec_command(onnx_for_trt),
@@ -364,6 +367,16 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
         stats = layerwise(ctx, opts, on_layerwise)
+    outcome = None
+    if opts.rewrite and not all_half:
+        stage("trying FP16-safe rewrites")
+        outcome = _try_rewrites(ctx, opts, stats)
+        if outcome is not None and outcome.applied:
+            ctx = _rewritten_context(ctx, outcome.model)
+            g = ctx.graph
+            ev = Evaluator(ctx, opts, stats, journal)
+            all_half = outcome.passed
+            ev.known[frozenset()] = all_half
     constants = constant_stats(g)
     prior = build_prior(g, stats, constants)
     if not all_half:
@@ -374,12 +387,18 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if journal is not None:
         journal.close()
     plan = frozenset(search.fp32)
-    result = RunResult("no_plan" if not search.found else ("fixed" if plan else "fp16_ok"),
+    rewritten = outcome is not None and bool(outcome.applied)
+    result = RunResult("no_plan" if not search.found else
+                       ("fixed" if plan or rewritten else "fp16_ok"),
                        fp32_nodes=search.fp32 if search.found else [],
                        evaluations=search.evaluations, inferences=ev.runs,
                        errors_before=worst(before), errors_after=worst(before),
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, **base)
+    if outcome is not None:
+        result.extra["rewrites"] = outcome.to_json()
+        if rewritten:
+            result.rewritten_model = graph_model(ctx.graph)
     if search.found:
         _judge_written_plan(result, ctx, opts, ev, plan, out_dir)
     result.culprits = explain(g, result.fp32_nodes, stats, constants)
@@ -388,6 +407,34 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
     return _finish(result, ctx, out_dir, started, opts.report)
+
+
+REWRITE_WEIGHT_LIMIT = 1 << 30  # rewrites work on one in-memory proto: models up to this size
+
+
+def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats]):
+    """Verified rewrites (rewrites.py), each judged exactly like a plan: all-FP16 on the
+    emulator, every sample, against the original model's FP32 reference."""
+    from .rewrites import try_rewrites
+
+    if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
+        log.warning("--rewrite skipped: the model's weights exceed %d MiB", REWRITE_WEIGHT_LIMIT >> 20)
+        return None
+
+    def judge(candidate: onnx.ModelProto) -> tuple[bool, dict[str, OutputError]]:
+        emu = Emulator(Graph(candidate), opts.threads)
+        errs = worst([compare_outputs(ref, emu.run(frozenset(), s), opts.tolerance)
+                      for s, ref in zip(ctx.samples, ctx.references)])
+        emu.close()
+        return all(e.passed for e in errs.values()), errs
+
+    ranges = {t: s.fp32_absmax for t, s in stats.items()}
+    return try_rewrites(ctx.graph.materialize(), ctx.samples, judge, ranges=ranges)
+
+
+def _rewritten_context(ctx: Context, model: onnx.ModelProto) -> Context:
+    """The same samples and FP32 reference (the original model's: the truth), a new graph."""
+    return Context(ctx.path, model, Graph(model), ctx.samples, ctx.references, ctx.sha256)
 
 
 def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
@@ -458,7 +505,8 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
             sample_hash.update(k.encode())
             sample_hash.update(np.ascontiguousarray(s[k]).tobytes())
     return {"model": ctx.sha256, "samples": sample_hash.hexdigest(),
-            "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "version": __version__}
+            "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
+            "version": __version__}
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
@@ -527,6 +575,10 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
             path = out_dir / f"{stem}.named.onnx"
             graph_model(ctx.graph).save(path)
             result.files["named_model"] = str(path)
+        if result.rewritten_model is not None:
+            path = out_dir / f"{stem}.rewritten.onnx"
+            result.rewritten_model.save(path)
+            result.files["rewritten_model"] = str(path)
         mixed_path = out_dir / f"{stem}.mixed.onnx"
         if result.files.get("mixed_model") != str(mixed_path):  # judged files are already there
             if result.mixed_model is None:
