@@ -27,9 +27,12 @@ from trtbisect.search import BudgetExhausted, Check, find_minimal_fp32
 
 log = logging.getLogger(__name__)
 
-# TensorRT joins the metadata of fused layers with the ASCII unit separator; the ONNX parser
-# writes one "[ONNX Layer: <node> | <caller> (<function>) ...]" entry per source node.
+# The ONNX parser writes one "[ONNX Layer: <node> | <caller> (<function>) ...]" entry per source
+# node; TensorRT joins the entries of fused layers with an ASCII separator: the unit separator
+# (\x1f) or the record separator (\x1e). Both are split on: an entry read whole would be one
+# unknown name and the mapping would fall back to a ForeignNode's whole range.
 METADATA_SEPARATOR = "\x1f"
+METADATA_SEPARATORS = re.compile("[\x1e\x1f]")
 _ONNX_LAYER = "[ONNX Layer: "
 _FOREIGN = re.compile(r"^\{ForeignNode\[(?P<body>.*)\]\}$", re.DOTALL)
 _TOKEN_SPLIT = re.compile(r" \+ | \|\| |PWN\(|\)|, ")
@@ -95,6 +98,11 @@ class EngineLayer:
     def float_dtypes(self) -> set[str]:
         return {t.dtype for t in (*self.inputs, *self.outputs) if t.dtype in _FLOAT}
 
+    @property
+    def output_float_dtypes(self) -> set[str]:
+        """What the layer writes: an FP32 request asks FP32 outputs (`set_output_type`)."""
+        return {t.dtype for t in self.outputs if t.dtype in _FLOAT}
+
     def to_json(self) -> dict:
         return {"name": self.name, "type": self.layer_type, "nodes": list(self.nodes),
                 "source": self.source, "tactic": self.tactic,
@@ -155,7 +163,7 @@ def metadata_nodes(metadata: str, known: Iterable[str] = ()) -> list[str]:
     known_set = _as_set(known)
     text = metadata.replace("][ONNX Layer: ", "]" + METADATA_SEPARATOR + _ONNX_LAYER)
     out = []
-    for piece in text.split(METADATA_SEPARATOR):
+    for piece in METADATA_SEPARATORS.split(text):
         piece = piece.strip()
         if not (piece.startswith(_ONNX_LAYER) and piece.endswith("]")):
             continue
@@ -275,23 +283,27 @@ class PrecisionCheck:
 
 
 def check_precisions(layers: Sequence[EngineLayer], fp32_nodes: Iterable[str]) -> list[PrecisionCheck]:
-    """Compare the plan with each layer's actual tensor types.
+    """Compare the plan with the output types of the layers that compute each node.
 
-    A node is honoured when some layer computing it reads or writes an FP32 tensor, not
-    honoured when every float tensor of every such layer is lower precision (a Myelin fusion
-    that swallowed the request), unknown when no layer or no datatype was reported.
+    trtbisect asks FP32 precision and FP32 outputs, so a node is honoured when every layer
+    computing it writes only FP32 floats, not honoured when one of them writes a lower
+    precision (a Myelin fusion that swallowed the request; an FP32 tensor it merely reads
+    proves nothing), unknown when no layer or no output datatype was reported. The inspector
+    JSON has no per-layer precision field, so output types are the evidence.
     """
     out = []
     for node in fp32_nodes:
         mine = [layer for layer in layers if node in layer.nodes]
-        dtypes = sorted(set().union(*(layer.float_dtypes for layer in mine))) if mine else []
-        status = "unknown" if not dtypes else "honoured" if "fp32" in dtypes else "not-honoured"
+        typed = [layer.output_float_dtypes for layer in mine if layer.output_float_dtypes]
+        dtypes = sorted(set().union(*typed)) if typed else []
+        status = ("unknown" if not typed else
+                  "honoured" if all(t == {"fp32"} for t in typed) else "not-honoured")
         out.append(PrecisionCheck(node, status, tuple(x.name for x in mine), tuple(dtypes)))
     return out
 
 
 def precision_warnings(checks: Iterable[PrecisionCheck]) -> list[str]:
-    return [f"FP32 request for {c.node} not honoured: {', '.join(c.layers)} ran in "
+    return [f"FP32 request for {c.node} not honoured: {', '.join(c.layers)} wrote "
             f"{', '.join(c.dtypes)} (a fusion such as Myelin swallowed it)"
             for c in checks if c.status == "not-honoured"]
 
@@ -442,6 +454,7 @@ class TrtSearchReport:
     trtexec: str
     polygraphy: str
     warnings: list[str] = field(default_factory=list)
+    latency_clock: str = "cuda-events"  # cuda-events (GPU time) or host (enqueue + sync)
 
     def to_json(self) -> dict:
         out = dict(self.__dict__)
