@@ -10,7 +10,7 @@ from pathlib import Path
 
 BLOCKED = ("torch", "tensorrt", "matplotlib", "onnxscript")
 # modules that exist to drive an optional dependency; they may fail to import without it
-NEEDS_TORCH = {"trtbisect.amp", "trtbisect.backends.torch"}
+NEEDS_TORCH = {"trtbisect.amp"}
 
 PROBE = textwrap.dedent("""
     import importlib, json, pkgutil, sys
@@ -25,7 +25,7 @@ PROBE = textwrap.dedent("""
             return None
 
     sys.meta_path.insert(0, Block())
-    import click.testing
+    import click, click.testing
     import trtbisect
     from trtbisect.cli import main
 
@@ -40,8 +40,10 @@ PROBE = textwrap.dedent("""
 
     def commands(group, path=()):
         yield path
-        for name, cmd in getattr(group, "commands", {}).items():
-            yield from commands(cmd, (*path, name))
+        if isinstance(group, click.Group):
+            ctx = click.Context(group)
+            for name in group.list_commands(ctx):
+                yield from commands(group.get_command(ctx, name), (*path, name))
 
     runner = click.testing.CliRunner()
     helps = {}

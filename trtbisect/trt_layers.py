@@ -23,7 +23,7 @@ from typing import Any
 import onnx
 
 from trtbisect.graph import node_names
-from trtbisect.search import BudgetExhausted, Check, find_minimal_fp32
+from trtbisect.search import BudgetExhausted, Check, Oracle, find_minimal_fp32
 
 log = logging.getLogger(__name__)
 
@@ -463,36 +463,6 @@ class TrtSearchReport:
         return out
 
 
-class _TrtOracle:
-    """Memoized, counted TensorRT check; one distinct plan = one engine build."""
-
-    def __init__(self, check: Check, order: Sequence[str], budget: int | None) -> None:
-        self._check, self.budget = check, budget
-        self._position = {n: i for i, n in enumerate(order)}
-        self.memo: dict[frozenset[str], bool] = {}
-        self.trials: list[dict] = []
-        self.phase = ""
-        self.exhausted = False
-
-    def __call__(self, fp32: Iterable[str]) -> bool:
-        key = frozenset(fp32)
-        if key in self.memo:
-            return self.memo[key]
-        if self.budget is not None and len(self.trials) >= self.budget:
-            self.exhausted = True
-            raise BudgetExhausted
-        passed = bool(self._check(key))
-        self.memo[key] = passed
-        self.trials.append({"index": len(self.trials) + 1, "phase": self.phase,
-                            "fp32": self.sorted(key), "passed": passed})
-        log.info("TensorRT check %d (%s): %d nodes FP32 -> %s", len(self.trials), self.phase,
-                 len(key), "pass" if passed else "fail")
-        return passed
-
-    def sorted(self, names: Iterable[str]) -> list[str]:
-        return sorted(names, key=lambda n: self._position.get(n, len(self._position)))
-
-
 def emulator_then_trt(
     candidates: Sequence[str],
     trt_check: Check,
@@ -513,7 +483,7 @@ def emulator_then_trt(
     With `certify`, every node of the final plan is also removed once on TensorRT.
     """
     cand = list(dict.fromkeys(candidates))
-    oracle = _TrtOracle(trt_check, cand, max_trt_checks)
+    oracle = Oracle(trt_check, cand, max_trt_checks, label="TensorRT check", level=logging.INFO)
     rank = [n for n in dict.fromkeys([*ranking, *cand]) if n in set(cand)]
     emu: list[str] | None = None
     result = TrtPlanResult([], False, None, None)
@@ -543,13 +513,12 @@ def emulator_then_trt(
         return _finish(result, oracle, final, emu, minimal=certify or not base)
     except BudgetExhausted:
         result.stopped_early = True
-        passing = [k for k, ok in oracle.memo.items() if ok]
-        best = min(passing, key=len) if passing else None
+        best = oracle.smallest_pass()
         return _finish(result, oracle, best if best is not None else frozenset(cand), emu,
                        minimal=False, found=best is not None)
 
 
-def _refine(oracle: _TrtOracle, cand: list[str], base: frozenset[str],
+def _refine(oracle: Oracle, cand: list[str], base: frozenset[str],
             groups: Mapping[str, Sequence[str]], rank: list[str]
             ) -> tuple[frozenset[str] | None, list[str]]:
     """Extra FP32 nodes TensorRT needs on top of `base`: engine layers first, then nodes."""
@@ -604,7 +573,7 @@ def _insert(check: Callable[[list[str]], bool], items: list[str],
     return needed
 
 
-def _certify(oracle: _TrtOracle, cand: list[str], plan: frozenset[str]) -> frozenset[str]:
+def _certify(oracle: Oracle, cand: list[str], plan: frozenset[str]) -> frozenset[str]:
     oracle.phase = "certify"
     ordered = [n for n in cand if n in plan]
     found = find_minimal_fp32(ordered, oracle, seeds=ordered)
@@ -613,13 +582,13 @@ def _certify(oracle: _TrtOracle, cand: list[str], plan: frozenset[str]) -> froze
     return frozenset(found.fp32)
 
 
-def _finish(result: TrtPlanResult, oracle: _TrtOracle, plan: frozenset[str],
+def _finish(result: TrtPlanResult, oracle: Oracle, plan: frozenset[str],
             emu: list[str] | None, *, minimal: bool, found: bool = True) -> TrtPlanResult:
-    result.fp32 = oracle.sorted(plan)
+    result.fp32 = list(oracle.sorted(plan))
     result.found = found
     result.emulator_fp32 = emu
-    result.trt_only = oracle.sorted(plan - set(emu or ()))
+    result.trt_only = list(oracle.sorted(plan - set(emu or ())))
     result.trt_checks = len(oracle.trials)
     result.one_minimal_on_trt = minimal and found and not result.stopped_early
-    result.trials = list(oracle.trials)
+    result.trials = [t.to_json() for t in oracle.trials]
     return result
