@@ -1,7 +1,7 @@
 .PHONY: install demo test lint bench bench-search typecheck
 
 install:
-	python3 -m pip install -e ".[dev,report]"
+	python3 -m pip install -e ".[torch,dev,report]"
 
 demo:
 	trtbisect run models/demo.onnx --inputs models/demo_inputs.npz --out runs/demo
@@ -13,7 +13,7 @@ lint:
 	ruff check trtbisect tests scripts
 
 typecheck:
-	bash scripts/check_trt_types.sh
+	PYTHON=python3 bash scripts/check_trt_types.sh
 
 bench-search:
 	python3 scripts/bench_search.py

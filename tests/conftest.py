@@ -9,6 +9,12 @@ import pytest
 from tests.models.make_models import zoo as build_zoo
 
 
+@pytest.fixture(autouse=True)
+def private_engine_cache(tmp_path_factory, monkeypatch):
+    """Engines built by tests (fake or real) never land in the user's ~/.cache/trtbisect."""
+    monkeypatch.setenv("TRTBISECT_CACHE_DIR", str(tmp_path_factory.mktemp("engine-cache")))
+
+
 @pytest.fixture(scope="session")
 def zoo():
     return build_zoo()

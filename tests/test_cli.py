@@ -7,6 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import click
 from click.testing import CliRunner
 
 from tests.conftest import save_zoo_model
@@ -146,7 +147,7 @@ def test_compare_and_check_commands(zoo, tmp_path):
 
 
 def test_every_command_has_help():
-    for cmd in [[], *[[name] for name in main.commands]]:
+    for cmd in [[], *[[name] for name in main.list_commands(click.Context(main))]]:
         r = invoke(*cmd, "--help")
         assert r.exit_code == 0 and "Usage" in r.output
         assert len(r.output.splitlines()) > 5

@@ -8,9 +8,12 @@ Those tests skip anywhere else; nothing in this file has been run on TensorRT by
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import inspect
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -70,18 +73,65 @@ def test_backend_trt_without_tensorrt_is_a_usage_error(monkeypatch, zoo, tmp_pat
         trt_backend.run_trt_search(zoo["layernorm_overflow"].model, [], tmp_path / "out")
 
 
-def test_stubs_only_tensorrt_is_not_tensorrt(monkeypatch, tmp_path, zoo):
+@contextlib.contextmanager
+def restored_tensorrt_modules():
+    """sys.modules' tensorrt entries exactly as before, present or absent.
+
+    monkeypatch.delitem(..., raising=False) on an absent key records nothing to undo, so a
+    module imported during a test would stay and hide a real TensorRT from later tests.
+    """
+    def mine(name: str) -> bool:
+        return name.partition(".")[0] in ("tensorrt", "tensorrt_bindings")
+    saved = {k: v for k, v in sys.modules.items() if mine(k)}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        yield
+    finally:
+        for k in [k for k in sys.modules if mine(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+@pytest.fixture
+def no_tensorrt_leak():
+    with restored_tensorrt_modules():
+        yield
+
+
+def test_stubs_only_tensorrt_is_not_tensorrt(no_tensorrt_leak, monkeypatch, tmp_path, zoo):
     """`pip install tensorrt-stubs` leaves a `tensorrt/` holding only .pyi files, which Python
     imports as an empty namespace package: that must read as 'TensorRT missing'."""
     (tmp_path / "tensorrt").mkdir()
     (tmp_path / "tensorrt" / "__init__.pyi").write_text("class Builder: ...\n")
-    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(TrtBisectError) as err:
         trt_backend.TrtBackend(zoo["layernorm_overflow"].model)
     assert err.value.exit_code == EXIT_USAGE and "stubs" in str(err.value)
     ok, why = trt_backend.trt_available()
     assert not ok and "stubs" in why
+
+
+def test_restoring_sys_modules_removes_a_tensorrt_imported_during_the_test(tmp_path):
+    """The fixture above, checked: what a test imported is gone, what was there is back."""
+    before = sys.modules.get("tensorrt", "absent")
+    (tmp_path / "tensorrt").mkdir()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with restored_tensorrt_modules():
+            importlib.import_module("tensorrt")  # the empty namespace package under tmp_path
+            assert sys.modules["tensorrt"].__path__[0].startswith(str(tmp_path))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert sys.modules.get("tensorrt", "absent") is before
+
+
+def test_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRTBISECT_CACHE_DIR", str(tmp_path / "engines"))
+    assert trt_backend.default_cache_dir() == tmp_path / "engines"
+    monkeypatch.delenv("TRTBISECT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert trt_backend.default_cache_dir() == tmp_path / "xdg" / "trtbisect" / "engines"
 
 
 def fake_tensorrt(version: str = "10.13.0.35") -> types.ModuleType:
@@ -301,6 +351,106 @@ def test_fake_dynamic_input_needs_a_shape(monkeypatch, zoo, tmp_path):
         assert blob["profiles"] == [{"x": ((1, 16, 32),) * 3}]
     finally:
         backend.close()
+
+
+# ------------------------------------- TensorRT behaviours the backend once got wrong (fake)
+
+def test_fake_debug_listener_succeeds_and_is_detached_after_the_run(monkeypatch, zoo, tmp_path):
+    """process_debug_tensor must return True (None reads as failure), and the listener must
+    not stay attached to the cached context, where later runs would keep calling it."""
+    fake.install(monkeypatch)
+    z = zoo[LN]
+    backend = trt_backend.TrtBackend(z.model, cache_dir=tmp_path, layerwise="debug")
+    try:
+        got = backend.run_tensors(True, z.inputs, ["ln/Pow_output_0"])
+        assert np.isinf(got["ln/Pow_output_0"]).any()
+        for engine in backend._engines.values():
+            calls = engine.context.debug_calls
+            engine.infer(z.inputs)  # a later plain run on the same cached context
+            assert engine.context.debug_calls == calls
+    finally:
+        backend.close()
+
+
+def test_fake_record_separated_fused_metadata_names_exactly_its_nodes(monkeypatch, zoo, tmp_path):
+    """Fused metadata joined by \\x1e: read whole, the entry is one unknown name and the
+    ForeignNode range ln/Pow...ln/Sqrt would pull in ln/ReduceMean_1 and ln/Add."""
+    fake.install(monkeypatch, fused=[("ln/Pow", "ln/Sqrt")], foreign=True)
+    z = zoo[LN]
+    backend = trt_backend.TrtBackend(z.model, cache_dir=tmp_path)
+    try:
+        layers = {layer.name: layer for layer in backend.engine_layers((), z.inputs)}
+    finally:
+        backend.close()
+    fused = layers["{ForeignNode[ln/Pow...ln/Sqrt]}"]
+    assert fused.nodes == ("ln/Pow", "ln/Sqrt") and fused.source == "metadata"
+
+
+def test_fake_request_read_in_fp32_but_written_in_fp16_is_not_honoured(monkeypatch, zoo, tmp_path):
+    """mlp/Relu reads mlp/fc1/Add's FP32 output but is swallowed into FP16: an FP32 tensor
+    touching the layer is no proof; its own output type is."""
+    fake.install(monkeypatch, swallowed={"mlp/Relu"})
+    z = zoo[LN]
+    backend = trt_backend.TrtBackend(z.model, cache_dir=tmp_path)
+    try:
+        plan = ["mlp/fc1/Add", "mlp/Relu"]
+        checks = {c.node: c.status for c in
+                  trt_backend.tl.check_precisions(backend.engine_layers(plan, z.inputs), plan)}
+    finally:
+        backend.close()
+    assert checks == {"mlp/fc1/Add": "honoured", "mlp/Relu": "not-honoured"}
+
+
+def test_fake_latency_is_gpu_time_from_cuda_events(monkeypatch, zoo, tmp_path):
+    """The fake GPU clock advances EXEC_MS per execution and nothing else: CUDA events measure
+    exactly that; a host timer around enqueue + sync measures the host's work too."""
+    fake.install(monkeypatch)
+    z = zoo[LN]
+    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                                        emulator_plan=sorted(z.expected_fp32),
+                                        cache_dir=tmp_path / "c")
+    assert report.latency_ms == dict.fromkeys(("fp32", "fp16", "final"), fake.EXEC_MS)
+    assert report.latency_clock == "cuda-events" and report.to_json()["latency_clock"]
+
+
+def test_fake_latency_without_cuda_events_is_labelled_host_time(monkeypatch, zoo, tmp_path):
+    fake.install(monkeypatch)
+    monkeypatch.delattr(fake._CudaRuntime, "cudaEventElapsedTime")
+    z = zoo[LN]
+    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                                        emulator_plan=sorted(z.expected_fp32),
+                                        cache_dir=tmp_path / "c")
+    assert report.latency_clock == "host" and all(v > 0 for v in report.latency_ms.values())
+
+
+def test_fake_interrupted_cache_write_leaves_no_partial_file(monkeypatch, zoo, tmp_path):
+    """Engines and the timing cache go through a temp file and os.replace: a run killed while
+    writing leaves nothing that a later run would read as a (truncated) cached engine."""
+    fake.install(monkeypatch)
+    z = zoo[LN]
+    backend = trt_backend.TrtBackend(z.model, cache_dir=tmp_path / "c")
+
+    def killed(src, dst):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "replace", killed)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            backend.run(frozenset(), z.inputs)
+    finally:
+        backend.close()
+    assert list((tmp_path / "c").iterdir()) == []
+
+
+@pytest.mark.parametrize("version", ["10.13.0.35", "11.4.0.106"])
+def test_fake_tensorrt_without_a_tf32_flag_still_builds(monkeypatch, zoo, tmp_path, version):
+    fake.install(monkeypatch, version=version, tf32_flag=False)
+    z = zoo[LN]
+    backend = trt_backend.TrtBackend(z.model, cache_dir=tmp_path)
+    try:
+        out = backend.run(frozenset(z.expected_fp32), z.inputs)
+    finally:
+        backend.close()
+    assert all(np.isfinite(v).all() for v in out.values())
 
 
 # ------------------------------------------------------------------ real TensorRT (opt-in)

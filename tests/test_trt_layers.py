@@ -74,6 +74,7 @@ def test_metadata_nodes():
     assert tl.metadata_nodes(f"[ONNX Layer: a]{US}[ONNX Layer: b]") == ["a", "b"]
     assert tl.metadata_nodes("[ONNX Layer: a][ONNX Layer: b]") == ["a", "b"]  # no separator
     assert tl.metadata_nodes(f"[ONNX Layer: a]{US}[ONNX Layer: a]") == ["a"]
+    assert tl.metadata_nodes("[ONNX Layer: a]\x1e[ONNX Layer: b]") == ["a", "b"]  # record sep
     assert tl.metadata_nodes("") == [] and tl.metadata_nodes("something else") == []
     # a node inside an ONNX local function: the caller in the top-level graph is the one we know
     stacked = "[ONNX Layer: inner/Add | block_0 (MyBlock)]"
@@ -175,7 +176,7 @@ def test_check_precisions_flags_swallowed_requests():
     assert checks["/attn/Softmax"].status == "not-honoured"  # inside a Myelin ForeignNode
     assert checks["/attn/Softmax"].layers == ("{ForeignNode[/attn/MatMul.../attn/MatMul_1]}",)
     assert checks["/ln/Sub"].status == "honoured"
-    assert checks["/ln/Pow"].status == "honoured"  # FP32 in, FP16 out: reads FP32
+    assert checks["/ln/Pow"].status == "not-honoured"  # reads FP32 but writes FP16
     assert checks["/head/Softmax"].status == "honoured"
     assert checks["absent"].status == "unknown"
 
@@ -184,7 +185,7 @@ def test_precision_warnings_name_the_swallowing_layer():
     layers = tl.map_layers(load("layers_trt10.json"), ORDER)
     warnings = tl.precision_warnings(tl.check_precisions(layers, ["/attn/Softmax", "/ln/Sub"]))
     assert warnings == ["FP32 request for /attn/Softmax not honoured: "
-                        "{ForeignNode[/attn/MatMul.../attn/MatMul_1]} ran in fp16 "
+                        "{ForeignNode[/attn/MatMul.../attn/MatMul_1]} wrote fp16 "
                         "(a fusion such as Myelin swallowed it)"]
 
 

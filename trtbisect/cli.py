@@ -3,6 +3,7 @@ codes here and nowhere else."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -34,7 +35,20 @@ Exit codes:
 
 
 class Group(click.Group):
-    """Turns TrtBisectError into one line on stderr and its exit code."""
+    """Turns TrtBisectError into one line on stderr and its exit code, and registers the
+    commands defined in other modules, loaded when first asked for (click's lazy subcommands:
+    those modules import helpers from here, so importing them here would be a cycle)."""
+
+    lazy = {"export": "trtbisect.cli_torch:export_cmd", "torch": "trtbisect.cli_torch:torch_cmd"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            module, _, attr = self.lazy[name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -396,6 +410,3 @@ def entry() -> None:  # pragma: no cover - console script shim
 
 if __name__ == "__main__":  # pragma: no cover
     main()
-
-
-from . import cli_torch  # noqa: E402,F401  (registers export and torch)

@@ -1,6 +1,6 @@
-"""`trtbisect export` and `trtbisect torch`: the PyTorch commands, registered on the main group.
+"""`trtbisect export` and `trtbisect torch`: the PyTorch commands (cli.Group registers them).
 
-Thin, like cli.py: parse, call export.py / backends/torch.py, format. torch is imported only
+Thin, like cli.py: parse, call export.py / amp.py, format. torch is imported only
 when one of these commands runs, so `trtbisect --help` works without it.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .cli import EXIT_CODES_HELP, Progress, error_cell, fmt, log, main, out
+from .cli import EXIT_CODES_HELP, Progress, error_cell, fmt, log, out
 from .compare import Tolerance
 
 INPUT_HELP = ("Input of forward, in argument order: NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or "
@@ -38,7 +38,7 @@ def _default_out(factory: str) -> Path:
     return Path("runs") / Path(factory.rpartition(":")[0]).stem
 
 
-@main.command("export", epilog=EXIT_CODES_HELP)
+@click.command("export", epilog=EXIT_CODES_HELP)
 @torch_input_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="ONNX file to write; the inputs go beside it as <stem>_inputs.npz. "
@@ -86,7 +86,7 @@ def export_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: i
         raise TrtBisectError(export_failure(result))
 
 
-@main.command("torch", epilog=EXIT_CODES_HELP)
+@click.command("torch", epilog=EXIT_CODES_HELP)
 @torch_input_options
 @click.option("--mode", type=click.Choice(["autocast", "half"]), default="autocast",
               show_default=True,
@@ -130,7 +130,7 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
     from .export import import_torch, load_torch_model
 
     import_torch()
-    from .backends.torch import TorchOptions, diagnose, pick_precision
+    from .amp import TorchOptions, diagnose, pick_precision
 
     precision = pick_precision(mode, dtype, device, kernels)
     tm = load_torch_model(factory, input_specs, seed, samples)

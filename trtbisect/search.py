@@ -62,11 +62,15 @@ class BudgetExhausted(Exception):
 Progress = Callable[[Trial, int], None]
 
 
-class _Oracle:
-    """Memoizes and counts checks, and records the trace."""
+class Oracle:
+    """The one check wrapper every search strategy drives (prior-guided, ddmin, the TensorRT
+    verify-then-refine, the PyTorch module search): memoizes and counts checks, enforces the
+    budget, and records the trace. `label` and `level` name a check in the log ("TensorRT
+    check" at INFO, where each one is an engine build)."""
 
-    def __init__(self, check: Check, order: Sequence[str], max_evaluations: int | None,
-                 progress: Progress | None) -> None:
+    def __init__(self, check: Check, order: Sequence[str], max_evaluations: int | None = None,
+                 progress: Progress | None = None, *, label: str = "evaluation",
+                 level: int = logging.DEBUG) -> None:
         self._check = check
         self._position = {name: i for i, name in enumerate(order)}
         self._memo: dict[frozenset[str], bool] = {}
@@ -75,19 +79,22 @@ class _Oracle:
         self.progress = progress
         self.phase = ""
         self.remaining = 0
+        self.exhausted = False  # the budget stopped a check (a nested search may swallow it)
+        self.label, self.level = label, level
 
     def __call__(self, fp32: Iterable[str]) -> bool:
         key = frozenset(fp32)
         if key in self._memo:
             return self._memo[key]
         if self.max_evaluations is not None and len(self.trials) >= self.max_evaluations:
+            self.exhausted = True
             raise BudgetExhausted
         passed = bool(self._check(key))
         self._memo[key] = passed
         trial = Trial(len(self.trials) + 1, self.sorted(key), passed, self.phase)
         self.trials.append(trial)
-        log.debug("evaluation %d (%s): %d nodes FP32 -> %s", trial.index, self.phase,
-                  len(key), "pass" if passed else "fail")
+        log.log(self.level, "%s %d (%s): %d nodes FP32 -> %s", self.label, trial.index,
+                self.phase, len(key), "pass" if passed else "fail")
         if self.progress is not None:
             self.progress(trial, self.remaining)
         return passed
@@ -121,7 +128,7 @@ def find_minimal_fp32(
     cand_set = set(cand)
     seed_list = [n for n in dict.fromkeys(seeds) if n in cand_set]
     rank = [n for n in dict.fromkeys([*seed_list, *ranking, *cand]) if n in cand_set]
-    oracle = _Oracle(check, cand, max_evaluations, progress)
+    oracle = Oracle(check, cand, max_evaluations, progress)
     try:
         oracle.phase, oracle.remaining = "all-fp16", 1 + len(seed_list)
         if oracle(()):
@@ -138,7 +145,7 @@ def find_minimal_fp32(
         return _stopped(oracle, cand)
 
 
-def _stopped(oracle: _Oracle, cand: list[str]) -> SearchResult:
+def _stopped(oracle: Oracle, cand: list[str]) -> SearchResult:
     best = oracle.smallest_pass()
     log.warning("evaluation budget of %s reached; the plan is not certified minimal",
                 oracle.max_evaluations)
@@ -147,7 +154,7 @@ def _stopped(oracle: _Oracle, cand: list[str]) -> SearchResult:
     return _result(oracle, best, found=True, minimal=False, stopped=True)
 
 
-def _grow(oracle: _Oracle, rank: list[str], start: int) -> frozenset[str] | None:
+def _grow(oracle: Oracle, rank: list[str], start: int) -> frozenset[str] | None:
     """Take ever longer prefixes of the ranking until one passes, then bisect the length."""
     n = len(rank)
     lo = start  # prefix lengths <= lo are known (or assumed) to fail
@@ -179,7 +186,7 @@ def _removal_order(plan: Iterable[str], rank: list[str]) -> list[str]:
     return sorted(plan, key=lambda x: -pos.get(x, len(pos)))
 
 
-def _shrink_chunks(oracle: _Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[str]:
+def _shrink_chunks(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[str]:
     """ddmin-style complement removal, for plans too large to certify one node at a time."""
     oracle.phase = "shrink"
     n = 2
@@ -199,7 +206,7 @@ def _shrink_chunks(oracle: _Oracle, plan: frozenset[str], rank: list[str]) -> fr
     return plan
 
 
-def _certify(oracle: _Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[str]:
+def _certify(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[str]:
     """Try removing each node until a full pass removes none: the result is 1-minimal."""
     oracle.phase = "minimize"
     changed = True
@@ -224,7 +231,7 @@ def _split(items: list[str], n: int) -> list[list[str]]:
     return out
 
 
-def _result(oracle: _Oracle, plan: frozenset[str], *, found: bool, minimal: bool,
+def _result(oracle: Oracle, plan: frozenset[str], *, found: bool, minimal: bool,
             stopped: bool = False) -> SearchResult:
     return SearchResult(list(oracle.sorted(plan)), found, minimal, len(oracle.trials),
                         list(oracle.trials), stopped)
@@ -242,7 +249,7 @@ def ddmin(
     is 1-minimal by construction (at full granularity every complement failed).
     """
     cand = list(dict.fromkeys(candidates))
-    oracle = _Oracle(check, cand, max_evaluations, progress)
+    oracle = Oracle(check, cand, max_evaluations, progress)
     try:
         oracle.phase = "all-fp16"
         if oracle(()):

@@ -23,13 +23,16 @@ from typing import Any
 import onnx
 
 from trtbisect.graph import node_names
-from trtbisect.search import BudgetExhausted, Check, find_minimal_fp32
+from trtbisect.search import BudgetExhausted, Check, Oracle, find_minimal_fp32
 
 log = logging.getLogger(__name__)
 
-# TensorRT joins the metadata of fused layers with the ASCII unit separator; the ONNX parser
-# writes one "[ONNX Layer: <node> | <caller> (<function>) ...]" entry per source node.
+# The ONNX parser writes one "[ONNX Layer: <node> | <caller> (<function>) ...]" entry per source
+# node; TensorRT joins the entries of fused layers with an ASCII separator: the unit separator
+# (\x1f) or the record separator (\x1e). Both are split on: an entry read whole would be one
+# unknown name and the mapping would fall back to a ForeignNode's whole range.
 METADATA_SEPARATOR = "\x1f"
+METADATA_SEPARATORS = re.compile("[\x1e\x1f]")
 _ONNX_LAYER = "[ONNX Layer: "
 _FOREIGN = re.compile(r"^\{ForeignNode\[(?P<body>.*)\]\}$", re.DOTALL)
 _TOKEN_SPLIT = re.compile(r" \+ | \|\| |PWN\(|\)|, ")
@@ -95,6 +98,11 @@ class EngineLayer:
     def float_dtypes(self) -> set[str]:
         return {t.dtype for t in (*self.inputs, *self.outputs) if t.dtype in _FLOAT}
 
+    @property
+    def output_float_dtypes(self) -> set[str]:
+        """What the layer writes: an FP32 request asks FP32 outputs (`set_output_type`)."""
+        return {t.dtype for t in self.outputs if t.dtype in _FLOAT}
+
     def to_json(self) -> dict:
         return {"name": self.name, "type": self.layer_type, "nodes": list(self.nodes),
                 "source": self.source, "tactic": self.tactic,
@@ -155,7 +163,7 @@ def metadata_nodes(metadata: str, known: Iterable[str] = ()) -> list[str]:
     known_set = _as_set(known)
     text = metadata.replace("][ONNX Layer: ", "]" + METADATA_SEPARATOR + _ONNX_LAYER)
     out = []
-    for piece in text.split(METADATA_SEPARATOR):
+    for piece in METADATA_SEPARATORS.split(text):
         piece = piece.strip()
         if not (piece.startswith(_ONNX_LAYER) and piece.endswith("]")):
             continue
@@ -275,23 +283,27 @@ class PrecisionCheck:
 
 
 def check_precisions(layers: Sequence[EngineLayer], fp32_nodes: Iterable[str]) -> list[PrecisionCheck]:
-    """Compare the plan with each layer's actual tensor types.
+    """Compare the plan with the output types of the layers that compute each node.
 
-    A node is honoured when some layer computing it reads or writes an FP32 tensor, not
-    honoured when every float tensor of every such layer is lower precision (a Myelin fusion
-    that swallowed the request), unknown when no layer or no datatype was reported.
+    trtbisect asks FP32 precision and FP32 outputs, so a node is honoured when every layer
+    computing it writes only FP32 floats, not honoured when one of them writes a lower
+    precision (a Myelin fusion that swallowed the request; an FP32 tensor it merely reads
+    proves nothing), unknown when no layer or no output datatype was reported. The inspector
+    JSON has no per-layer precision field, so output types are the evidence.
     """
     out = []
     for node in fp32_nodes:
         mine = [layer for layer in layers if node in layer.nodes]
-        dtypes = sorted(set().union(*(layer.float_dtypes for layer in mine))) if mine else []
-        status = "unknown" if not dtypes else "honoured" if "fp32" in dtypes else "not-honoured"
+        typed = [layer.output_float_dtypes for layer in mine if layer.output_float_dtypes]
+        dtypes = sorted(set().union(*typed)) if typed else []
+        status = ("unknown" if not typed else
+                  "honoured" if all(t == {"fp32"} for t in typed) else "not-honoured")
         out.append(PrecisionCheck(node, status, tuple(x.name for x in mine), tuple(dtypes)))
     return out
 
 
 def precision_warnings(checks: Iterable[PrecisionCheck]) -> list[str]:
-    return [f"FP32 request for {c.node} not honoured: {', '.join(c.layers)} ran in "
+    return [f"FP32 request for {c.node} not honoured: {', '.join(c.layers)} wrote "
             f"{', '.join(c.dtypes)} (a fusion such as Myelin swallowed it)"
             for c in checks if c.status == "not-honoured"]
 
@@ -442,42 +454,13 @@ class TrtSearchReport:
     trtexec: str
     polygraphy: str
     warnings: list[str] = field(default_factory=list)
+    latency_clock: str = "cuda-events"  # cuda-events (GPU time) or host (enqueue + sync)
 
     def to_json(self) -> dict:
         out = dict(self.__dict__)
         out["result"] = self.result.to_json()
         out["precision"] = [p.to_json() for p in self.precision]
         return out
-
-
-class _TrtOracle:
-    """Memoized, counted TensorRT check; one distinct plan = one engine build."""
-
-    def __init__(self, check: Check, order: Sequence[str], budget: int | None) -> None:
-        self._check, self.budget = check, budget
-        self._position = {n: i for i, n in enumerate(order)}
-        self.memo: dict[frozenset[str], bool] = {}
-        self.trials: list[dict] = []
-        self.phase = ""
-        self.exhausted = False
-
-    def __call__(self, fp32: Iterable[str]) -> bool:
-        key = frozenset(fp32)
-        if key in self.memo:
-            return self.memo[key]
-        if self.budget is not None and len(self.trials) >= self.budget:
-            self.exhausted = True
-            raise BudgetExhausted
-        passed = bool(self._check(key))
-        self.memo[key] = passed
-        self.trials.append({"index": len(self.trials) + 1, "phase": self.phase,
-                            "fp32": self.sorted(key), "passed": passed})
-        log.info("TensorRT check %d (%s): %d nodes FP32 -> %s", len(self.trials), self.phase,
-                 len(key), "pass" if passed else "fail")
-        return passed
-
-    def sorted(self, names: Iterable[str]) -> list[str]:
-        return sorted(names, key=lambda n: self._position.get(n, len(self._position)))
 
 
 def emulator_then_trt(
@@ -500,7 +483,7 @@ def emulator_then_trt(
     With `certify`, every node of the final plan is also removed once on TensorRT.
     """
     cand = list(dict.fromkeys(candidates))
-    oracle = _TrtOracle(trt_check, cand, max_trt_checks)
+    oracle = Oracle(trt_check, cand, max_trt_checks, label="TensorRT check", level=logging.INFO)
     rank = [n for n in dict.fromkeys([*ranking, *cand]) if n in set(cand)]
     emu: list[str] | None = None
     result = TrtPlanResult([], False, None, None)
@@ -530,13 +513,12 @@ def emulator_then_trt(
         return _finish(result, oracle, final, emu, minimal=certify or not base)
     except BudgetExhausted:
         result.stopped_early = True
-        passing = [k for k, ok in oracle.memo.items() if ok]
-        best = min(passing, key=len) if passing else None
+        best = oracle.smallest_pass()
         return _finish(result, oracle, best if best is not None else frozenset(cand), emu,
                        minimal=False, found=best is not None)
 
 
-def _refine(oracle: _TrtOracle, cand: list[str], base: frozenset[str],
+def _refine(oracle: Oracle, cand: list[str], base: frozenset[str],
             groups: Mapping[str, Sequence[str]], rank: list[str]
             ) -> tuple[frozenset[str] | None, list[str]]:
     """Extra FP32 nodes TensorRT needs on top of `base`: engine layers first, then nodes."""
@@ -591,7 +573,7 @@ def _insert(check: Callable[[list[str]], bool], items: list[str],
     return needed
 
 
-def _certify(oracle: _TrtOracle, cand: list[str], plan: frozenset[str]) -> frozenset[str]:
+def _certify(oracle: Oracle, cand: list[str], plan: frozenset[str]) -> frozenset[str]:
     oracle.phase = "certify"
     ordered = [n for n in cand if n in plan]
     found = find_minimal_fp32(ordered, oracle, seeds=ordered)
@@ -600,13 +582,13 @@ def _certify(oracle: _TrtOracle, cand: list[str], plan: frozenset[str]) -> froze
     return frozenset(found.fp32)
 
 
-def _finish(result: TrtPlanResult, oracle: _TrtOracle, plan: frozenset[str],
+def _finish(result: TrtPlanResult, oracle: Oracle, plan: frozenset[str],
             emu: list[str] | None, *, minimal: bool, found: bool = True) -> TrtPlanResult:
-    result.fp32 = oracle.sorted(plan)
+    result.fp32 = list(oracle.sorted(plan))
     result.found = found
     result.emulator_fp32 = emu
-    result.trt_only = oracle.sorted(plan - set(emu or ()))
+    result.trt_only = list(oracle.sorted(plan - set(emu or ())))
     result.trt_checks = len(oracle.trials)
     result.one_minimal_on_trt = minimal and found and not result.stopped_early
-    result.trials = list(oracle.trials)
+    result.trials = [t.to_json() for t in oracle.trials]
     return result

@@ -16,6 +16,7 @@ import ctypes
 import importlib
 import json
 import logging
+import os
 import statistics
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from trtbisect import trt_layers as tl
 from trtbisect.compare import Tolerance, compare_outputs
 from trtbisect.errors import TrtBisectError, require
 from trtbisect.graph import Graph, load_model, node_names, with_node_names
+from trtbisect.plan import atomic_write, atomic_write_text, save_model
 from trtbisect.search import Check
 
 if TYPE_CHECKING:  # annotations only: mypy checks them against the TensorRT 10.13 stubs
@@ -41,11 +43,27 @@ log = logging.getLogger(__name__)
 Feeds = Mapping[str, np.ndarray]
 INSTALL_HINT = ("install TensorRT and cuda-python on a machine with an NVIDIA GPU: "
                 "pip install 'trtbisect[trt]' cuda-python (see docs/tensorrt.md)")
-DEFAULT_CACHE = Path.home() / ".cache" / "trtbisect" / "engines"
+CACHE_ENV = "TRTBISECT_CACHE_DIR"
 _ENGINES_IN_MEMORY = 4
 
 
 # ------------------------------------------------------------------- availability and CUDA
+
+def default_cache_dir() -> Path:
+    """Where engines and timing caches live: $TRTBISECT_CACHE_DIR, else the XDG cache folder."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "trtbisect" / "engines"
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Temp file + os.replace: a crash or a concurrent run never leaves a truncated engine."""
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+    atomic_write(path, write)
+
 
 def _ensure_tensorrt() -> str:
     """Import TensorRT or fail with exit 2; returns its version."""
@@ -190,28 +208,79 @@ class _Engine:
         times: list[float] = []
         try:
             if listener is not None:
-                self.context.set_debug_listener(listener)
-                self.context.set_all_tensors_debug_state(True)
-                if hasattr(self.context, "unfused_tensors_debug_state"):  # recent 10.x only
-                    self.context.unfused_tensors_debug_state = True
-            for i in range(warmup + max(timed, 1)):
-                start = time.perf_counter()
-                if not self.context.execute_async_v3(int(self.stream)):
-                    raise TrtBisectError("TensorRT execution failed (see the TensorRT log above)")
-                _cuda(rt.cudaStreamSynchronize(self.stream))
-                if i >= warmup:
-                    times.append((time.perf_counter() - start) * 1e3)
+                self._debug(listener)
+            clock = _Clock(rt, self.stream)
+            try:
+                for i in range(warmup + max(timed, 1)):
+                    clock.start()
+                    if not self.context.execute_async_v3(int(self.stream)):
+                        raise TrtBisectError("TensorRT execution failed (see the TensorRT log above)")
+                    ms = clock.stop()
+                    if i >= warmup:
+                        times.append(ms)
+            finally:
+                clock.close()
             for host, ptr in zip(outs.values(), ptrs[len(ptrs) - len(outs):]):
                 _cuda(rt.cudaMemcpy(host.ctypes.data, ptr, host.nbytes,
                                     rt.cudaMemcpyKind.cudaMemcpyDeviceToHost))
         finally:
+            if listener is not None:
+                self._debug(None)
             self._free(ptrs)
         floats = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in outs.items()}
         return floats, times
 
+    def _debug(self, listener: Any) -> None:
+        """Attach a debug listener, or detach it: the context is cached and serves later plain
+        runs, which must not keep calling a listener of a finished layer-wise run."""
+        on = listener is not None
+        self.context.set_all_tensors_debug_state(on)
+        if hasattr(self.context, "unfused_tensors_debug_state"):  # recent 10.x only
+            self.context.unfused_tensors_debug_state = on
+        try:
+            self.context.set_debug_listener(listener)
+        except TypeError:  # a binding that refuses None: debug states are off, nothing is emitted
+            pass
+
     def close(self) -> None:
         _cuda(_cudart().cudaStreamDestroy(self.stream))
         del self.context, self.engine  # the context goes before its engine
+
+
+class _Clock:
+    """Time one enqueue: CUDA events on the stream (GPU time) when the runtime has them, else
+    the host clock around enqueue + synchronize (`kind` says which was used)."""
+
+    def __init__(self, rt: Any, stream: Any) -> None:
+        self.rt, self.stream = rt, stream
+        self.kind = "cuda-events" if hasattr(rt, "cudaEventElapsedTime") else "host"
+        self.events = ([_cuda(rt.cudaEventCreate()) for _ in range(2)]
+                       if self.kind == "cuda-events" else [])
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        if self.events:
+            _cuda(self.rt.cudaEventRecord(self.events[0], self.stream))
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        """Synchronizes the stream; returns milliseconds."""
+        if not self.events:
+            _cuda(self.rt.cudaStreamSynchronize(self.stream))
+            return (time.perf_counter() - self._t0) * 1e3
+        _cuda(self.rt.cudaEventRecord(self.events[1], self.stream))
+        _cuda(self.rt.cudaEventSynchronize(self.events[1]))
+        return float(_cuda(self.rt.cudaEventElapsedTime(*self.events)))
+
+    def close(self) -> None:
+        for event in self.events:
+            _cuda(self.rt.cudaEventDestroy(event))
+        self.events = []
+
+
+def latency_clock() -> str:
+    """What `latency_ms` measures with the installed cuda-python: cuda-events or host."""
+    return "cuda-events" if hasattr(_cudart(), "cudaEventElapsedTime") else "host"
 
 
 def _listener(sink: dict[str, np.ndarray]) -> Any:
@@ -219,8 +288,11 @@ def _listener(sink: dict[str, np.ndarray]) -> Any:
     import tensorrt as trt
 
     class Listener(trt.IDebugListener):
-        def process_debug_tensor(self, addr: Any, location: Any, type: trt.DataType,
-                                 shape: trt.Dims, name: str, stream: int) -> None:
+        # The 10.13 stubs say -> None; TensorRT documents "True on success, False otherwise"
+        # (docs.nvidia.com/deeplearning/tensorrt/api/python_api/infer/Core/DebugListener.html).
+        def process_debug_tensor(  # type: ignore[override]
+                self, addr: Any, location: Any, type: trt.DataType, shape: trt.Dims, name: str,
+                stream: int) -> bool:
             rt = _cudart()
             host = np.empty(_dims(shape), np.dtype(trt.nptype(type)))
             ptr = addr if isinstance(addr, int) else _capsule_pointer(addr)
@@ -231,6 +303,7 @@ def _listener(sink: dict[str, np.ndarray]) -> Any:
                 _cuda(rt.cudaMemcpy(host.ctypes.data, ptr, host.nbytes,
                                     rt.cudaMemcpyKind.cudaMemcpyDeviceToHost))
             sink[name] = host.astype(np.float32) if host.dtype.kind == "f" else host
+            return True  # TensorRT reads a false (or None) return as a failed callback
 
     return Listener()
 
@@ -277,7 +350,7 @@ class TrtBackend:
         self._candidates = Graph(self.model).candidates()
         self.shapes: dict[str, tuple[int, ...]] = {k: tuple(v) for k, v in (shapes or {}).items()}
         self.tolerance = tolerance or Tolerance()
-        self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.layerwise, self.tf32 = layerwise, tf32
         self.builds = self.cache_hits = 0
@@ -326,20 +399,21 @@ class TrtBackend:
 
     def latency_ms(self, fp32_nodes: Iterable[str] | None, feeds: Feeds, iterations: int = 50,
                    warmup: int = 10) -> float:
-        """Median latency of one inference on the GPU (no host copies), in milliseconds, of a
-        plan's engine or, for `None`, of the FP32 reference engine."""
+        """Median latency of one inference (no host copies), in milliseconds, of a plan's engine
+        or, for `None`, of the FP32 reference engine. GPU time from CUDA events; host time
+        around enqueue + synchronize where cuda-python lacks events (`latency_clock()`)."""
         spec = _Spec(frozenset(), True) if fp32_nodes is None else self._spec(fp32_nodes)
         engine = self._engine(spec, feeds)
         return statistics.median(engine.infer(feeds, timed=iterations, warmup=warmup)[1])
 
     def save_engine(self, path: str | Path, fp32_nodes: Iterable[str] = (),
                     feeds: Feeds | None = None) -> Path:
-        Path(path).write_bytes(self._engine(self._spec(fp32_nodes), feeds).blob)
+        _write_bytes(Path(path), self._engine(self._spec(fp32_nodes), feeds).blob)
         return Path(path)
 
     def write_onnx(self, path: str | Path, fp32_nodes: Iterable[str] = ()) -> Path:
         """The ONNX that trtexec reads: ours with node names filled in, or the mixed model."""
-        onnx.save(self._plan_model(frozenset(fp32_nodes)), str(path))
+        save_model(Path(path), self._plan_model(frozenset(fp32_nodes)))
         return Path(path)
 
     def forced_layers(self, fp32_nodes: Iterable[str]) -> dict[str, list[str]]:
@@ -389,7 +463,7 @@ class TrtBackend:
             blob = path.read_bytes()
         else:
             blob = self._build(spec)
-            path.write_bytes(blob)
+            _write_bytes(path, blob)
         engine = self._engines[spec] = _Engine(blob, self._runtime)
         while len(self._engines) > _ENGINES_IN_MEMORY:
             self._engines.popitem(last=False)[1].close()
@@ -447,7 +521,7 @@ class TrtBackend:
         builder, network, _parser, forced = self._network(spec)
         config = builder.create_builder_config()
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-        if not self.tf32:
+        if not self.tf32 and hasattr(trt.BuilderFlag, "TF32"):  # guarded: TensorRT 11 may drop it
             config.clear_flag(trt.BuilderFlag.TF32)  # FP32 means FP32, as on the emulator
         if not self.strong and not spec.reference:
             config.set_flag(trt.BuilderFlag.FP16)
@@ -473,7 +547,7 @@ class TrtBackend:
             raise TrtBisectError("TensorRT failed to build the engine (see its log above); with "
                                  "precision constraints, a fused pattern may lack an FP32 kernel")
         self.builds += 1
-        cache_file.write_bytes(bytes(_buffer(config.get_timing_cache().serialize())))
+        _write_bytes(cache_file, bytes(_buffer(config.get_timing_cache().serialize())))
         return bytes(_buffer(blob))
 
 
@@ -527,7 +601,7 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
         files = {"engine": str(backend.save_engine(out / "final.engine", plan)),
                  "layer_map": str(out / "layer_map.json"),
                  "onnx": str(backend.write_onnx(out / onnx_name, plan))}
-        Path(files["layer_map"]).write_text(json.dumps(tl.layer_map_json(layers), indent=1))
+        atomic_write_text(Path(files["layer_map"]), json.dumps(tl.layer_map_json(layers), indent=1))
         forced = backend.forced_layers(plan)
         common: dict[str, Any] = {"trt_major": backend.major, "shapes": backend.shapes,
                                   "layer_precisions": list(forced), "strongly_typed": backend.strong}
@@ -536,6 +610,6 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
         return tl.TrtSearchReport(result, backend.trt_version, backend.strong, backend.builds,
                                   backend.cache_hits, latency, tl.describe_culprits(plan, layers),
                                   precision, files, tl.command_line(argv), tl.command_line(poly),
-                                  warnings)
+                                  warnings, latency_clock())
     finally:
         backend.close()

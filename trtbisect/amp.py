@@ -1,6 +1,8 @@
-"""PyTorch backend: run an nn.Module in FP32 and in reduced precision with chosen submodules
-kept FP32, compare it module by module through forward hooks, and search for the smallest
-set of submodules to keep FP32 (`trtbisect torch`).
+"""The module-level AMP product (`trtbisect torch`): run an nn.Module in FP32 and in reduced
+precision with chosen submodules kept FP32, compare it module by module through forward hooks,
+and search for the smallest set of submodules to keep FP32 with the same search (and the same
+`search.Oracle`) as `trtbisect run`. Not a backend: it plans modules, not ONNX nodes, so it
+lives outside `backends/`.
 
 A plan is a set of dotted module paths (as `named_modules()` names them). It means what
 `apply_plan` does, and `apply_plan` is also what the user pastes (rendered verbatim into
@@ -38,11 +40,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..compare import OutputError, Tolerance, compare_outputs, worst
-from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
-from ..export import Sample, TorchModel, flatten_outputs, to_numpy
-from ..modules import ancestors, within
-from ..search import Progress, SearchResult, find_minimal_fp32
+from .compare import OutputError, Tolerance, compare_outputs, worst
+from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
+from .export import Sample, TorchModel, flatten_outputs, to_numpy
+from .modules import ancestors, within
+from .search import Progress, SearchResult, find_minimal_fp32
 
 log = logging.getLogger(__name__)
 
@@ -686,7 +688,7 @@ class TorchResult:
         return VERDICT_EXIT.get(self.verdict, EXIT_OK)
 
     def to_json(self) -> dict:
-        from .. import __version__
+        from . import __version__
         return {
             "tool": "trtbisect", "version": __version__, "backend": "torch",
             "source": self.source, "torch": torch.__version__,
@@ -856,7 +858,7 @@ def _finish(result: TorchResult, out_dir: Path | None, started: float) -> TorchR
 
 
 def write_outputs(result: TorchResult, out_dir: Path) -> None:
-    from ..plan import atomic_write_json, atomic_write_text
+    from .plan import atomic_write_json, atomic_write_text
     out_dir.mkdir(parents=True, exist_ok=True)
     if result.stats:
         atomic_write_json(out_dir / "torch_layerwise.json",

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 torch = pytest.importorskip("torch")
 
 from tests.models.torch_models import EXPECTED  # noqa: E402
-from trtbisect.backends.torch import (ReducedStorage, TorchOptions, TorchRunner,  # noqa: E402
+from trtbisect.amp import (ReducedStorage, TorchOptions, TorchRunner,  # noqa: E402
                                       diagnose, layerwise, pick_precision, reduced, summarize)
 from trtbisect.cli import main  # noqa: E402
 from trtbisect.export import load_torch_model  # noqa: E402
