@@ -22,7 +22,9 @@ def assert_one_line_error(result, code, *fragments):
     assert result.exit_code == code, result.output
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    # progress lines may come first (stderr without a terminal); the error is one last line
+    assert lines[-1].startswith("error:"), result.output
+    assert sum(line.startswith("error:") for line in lines) == 1, result.output
     for f in fragments:
         assert f in result.output
 

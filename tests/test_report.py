@@ -129,3 +129,19 @@ def test_report_renders_in_headless_chromium(reported, tmp_path):
     assert pixels.std() > 20  # text, tables and the plot, not a blank page
     band = pixels[1000:1500]  # the plot sits below the diagnosis: not one flat colour
     assert len(np.unique(band.reshape(-1, 3), axis=0)) > 50
+
+
+def test_plan_curve_is_drawn_from_the_pipelines_plan_errors(reported):
+    from trtbisect.report import plan_errors, plot_png
+
+    r, _ = reported
+    stats = list(r.stats.values())
+    assert plan_errors(r, stats) is None  # not measured: only the all-FP16 curve
+    r.extra["layerwise_plan"] = {stats[0].name: 0.5, stats[1].name: {"rel_err": 0.25},
+                                 stats[2].name: stats[2]}
+    try:
+        got = plan_errors(r, stats)
+        assert got[:3] == [0.5, 0.25, stats[2].rel_err] and all(np.isnan(v) for v in got[3:])
+        assert plot_png(r).startswith(b"\x89PNG")
+    finally:
+        del r.extra["layerwise_plan"]

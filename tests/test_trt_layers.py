@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import onnx
@@ -202,7 +201,7 @@ def test_describe_culprits_both_ways():
     assert tl.describe_culprits(["n3"], big)[0].endswith("n7, ... (20 nodes); n3 must stay FP32")
 
 
-# ------------------------------------------------------------------------------ renderings
+# ------------------------------------------------------------------------------ cache key
 
 def test_plan_key():
     key = tl.plan_key(b"model", ["b", "a"], "10.13.0")
@@ -212,44 +211,7 @@ def test_plan_key():
                 tl.plan_key(b"model", ["a", "b"], "10.13.0", shapes={"x": (1, 3)})}) == 5
 
 
-def test_trtexec_command_trt10():
-    argv = tl.trtexec_command("model.onnx", "final.engine", trt_major=10,
-                              shapes={"input": (1, 3, 224, 224)},
-                              layer_precisions=["/ln/Sub", "onnx::Add_5", "/ln/Pow_1"],
-                              layer_output_types={"/ln/Sub": ["fp32"], "/ln/Pow_1": ["fp32", "int32"]},
-                              layer_info_path="layers.json")
-    assert argv == [
-        "trtexec", "--onnx=model.onnx", "--fp16", "--precisionConstraints=obey",
-        "--layerPrecisions=/ln/Sub:fp32,'onnx::Add_5':fp32,/ln/Pow_1:fp32",
-        "--layerOutputTypes=/ln/Sub:fp32,/ln/Pow_1:fp32+int32", "--noTF32",
-        "--minShapes=input:1x3x224x224", "--optShapes=input:1x3x224x224",
-        "--maxShapes=input:1x3x224x224", "--profilingVerbosity=detailed",
-        "--saveEngine=final.engine", "--exportLayerInfo=layers.json"]
-    plain = tl.trtexec_command("m.onnx", "e.plan", trt_major=10)
-    assert plain == ["trtexec", "--onnx=m.onnx", "--fp16", "--noTF32",
-                     "--profilingVerbosity=detailed", "--saveEngine=e.plan"]
-
-
-def test_trtexec_command_trt11_and_unwritable_names(caplog):
-    argv = tl.trtexec_command("mixed.onnx", "final.engine", trt_major=11, layer_precisions=["ignored"])
-    assert argv == ["trtexec", "--onnx=mixed.onnx", "--stronglyTyped", "--noTF32",
-                    "--profilingVerbosity=detailed", "--saveEngine=final.engine"]
-    assert "--stronglyTyped" in tl.trtexec_command("m.onnx", "e", trt_major=10, strongly_typed=True)
-    with caplog.at_level(logging.WARNING):
-        argv = tl.trtexec_command("m.onnx", "e", trt_major=10, layer_precisions=["a,b", "c"])
-    assert "--layerPrecisions=c:fp32" in argv and "cannot be written" in caplog.text
-    assert "a b" in tl.command_line(["echo", "a b"]) and tl.command_line(["x", "a b"]) == "x 'a b'"
-
-
-def test_polygraphy_command():
-    argv = tl.polygraphy_command("model.onnx", "final.engine", trt_major=10,
-                                 shapes={"input": (1, 3, 8, 8)}, layer_precisions=["/ln/Sub"])
-    assert argv == ["polygraphy", "convert", "model.onnx", "--fp16", "--precision-constraints",
-                    "obey", "--layer-precisions", "/ln/Sub:float32",
-                    "--trt-min-shapes", "input:[1,3,8,8]", "--trt-opt-shapes", "input:[1,3,8,8]",
-                    "--trt-max-shapes", "input:[1,3,8,8]", "-o", "final.engine"]
-    assert tl.polygraphy_command("mixed.onnx", "e", trt_major=11) == [
-        "polygraphy", "convert", "mixed.onnx", "--strongly-typed", "-o", "e"]
+# trtexec/Polygraphy command rendering: tests/test_render.py
 
 
 # -------------------------------------------------------------------------------- strategy

@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -25,13 +26,22 @@ log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
 out = Console()
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0  FP16 already passes, or a plan was found and verified
-  2  usage or input error (missing file, malformed ONNX, mismatched inputs)
-  3  the FP32 reference is already non-finite (FP16 is not to blame)
-  4  no precision plan meets the tolerance
-"""
+
+
+def exit_codes(*rows: tuple[int, str]) -> str:
+    """A command's own exit-code table for its --help epilog."""
+    return "\b\nExit codes:\n" + "".join(f"  {code}  {text}\n" for code, text in rows)
+
+
+USAGE = (2, "usage or input error (missing file, malformed ONNX, mismatched inputs)")
+REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
+EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, or a plan was found and verified"), USAGE,
+                             REFERENCE, (4, "no precision plan meets the tolerance"))
+RUN_EXIT_CODES = EXIT_CODES_HELP
+COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
+CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE, REFERENCE,
+                              (4, "the mixed model misses the tolerance"))
+ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
 
 class Group(click.Group):
@@ -75,10 +85,37 @@ def main(verbose: int, quiet: int) -> None:
     Example:
       trtbisect run models/demo.onnx --inputs models/demo_inputs.npz --out runs/demo
     """
+    meta = click.get_current_context().meta
+    meta["verbose"], meta["quiet"] = verbose, quiet
+    configure_logging(verbose, quiet)
+
+
+def configure_logging(verbose: int, quiet: int) -> None:
     level = logging.WARNING + 10 * (quiet - verbose)
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(message)s", force=True,
                         handlers=[RichHandler(console=err, show_time=False, show_path=False)])
-    click.get_current_context().meta["quiet"] = quiet
+
+
+def _more_verbosity(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    """-v/-q given after the subcommand add to those given before it."""
+    if value:
+        meta = ctx.find_root().meta
+        meta[param.name] = meta.get(param.name, 0) + value
+        configure_logging(meta.get("verbose", 0), meta.get("quiet", 0))
+    return value
+
+
+def verbosity_options(f: Callable) -> Callable:
+    """-v/-q accepted after the subcommand too (`trtbisect run m.onnx -v`)."""
+    f = click.option("-q", "--quiet", count=True, expose_value=False, callback=_more_verbosity,
+                     help="Less on stderr (-q: no progress, -qq: errors only).")(f)
+    return click.option("-v", "--verbose", count=True, expose_value=False,
+                        callback=_more_verbosity,
+                        help="More detail on stderr (-vv for every evaluation).")(f)
+
+
+def quiet_level() -> int:
+    return click.get_current_context().find_root().meta.get("quiet", 0)
 
 
 def input_options(f: Callable) -> Callable:
@@ -120,9 +157,10 @@ def make_options(kw: dict):
                    threads=kw.pop("threads"), **kw)
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(epilog=RUN_EXIT_CODES)
 @click.argument("model")
 @input_options
+@verbosity_options
 @click.option("--input", "torch_inputs", multiple=True, metavar="NAME:DIMS[:DTYPE]",
               help="For a PyTorch MODEL given as FILE.py:FACTORY (exported to --out first): "
                    "a forward input, e.g. x:1x3x224x224. See `trtbisect export --help`.")
@@ -180,8 +218,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         if not usable:
             raise TrtBisectError(f"--backend trt needs TensorRT and a CUDA GPU: {why} "
                                  "(see `trtbisect env`)")
-    quiet = click.get_current_context().find_root().meta.get("quiet", 0)
-    with Progress(quiet) as progress:
+    with Progress(quiet_level()) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage)
         if backend == "trt" and result.verdict in ("fixed", "fp16_ok"):
             progress.stage("verifying the emulator's plan with TensorRT engines")
@@ -191,15 +228,19 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
 
 
 class Progress:
-    """Search progress on stderr, in Polygraphy's style: `Evaluation 3 | ... | ~4 remaining`."""
+    """Progress on stderr, in Polygraphy's style (`Evaluation 3 | ... | ~4 remaining`): a live
+    status line on a terminal; without one (CI logs, pipes) plain lines, every stage change and
+    at most one other line per `interval` seconds."""
 
-    def __init__(self, quiet: int) -> None:
-        self.quiet = quiet
+    def __init__(self, quiet: int, console: Console | None = None, interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.quiet, self.console, self.interval, self.clock = quiet, console or err, interval, clock
         self.status = None
+        self.last = float("-inf")
 
     def __enter__(self) -> "Progress":
-        if not self.quiet:
-            self.status = err.status("starting")
+        if not self.quiet and self.console.is_terminal:
+            self.status = self.console.status("starting")
             self.status.__enter__()
         return self
 
@@ -207,17 +248,33 @@ class Progress:
         if self.status is not None:
             self.status.__exit__(*exc)
 
-    def stage(self, msg: str) -> None:
+    def show(self, msg: str, force: bool = False) -> bool:
+        """Update the status line, or print a plain line; True when a line was printed."""
+        if self.quiet:
+            return False
         if self.status is not None:
-            self.status.update(msg)
-        log.info(msg)
+            self.status.update(escape(msg))
+            return False
+        now = self.clock()
+        if force or now - self.last >= self.interval:
+            self.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+            self.last = now
+            return True
+        return False
+
+    def stage(self, msg: str) -> None:
+        if not self.show(msg, force=True):
+            log.info(msg)
+
+    def layerwise(self, done: int, total: int) -> None:
+        """Counted progress of the layer-wise comparison (tensors compared so far)."""
+        self.show(f"layer-wise comparison | {done}/{total} tensors", force=done >= total)
 
     def trial(self, trial, remaining: int) -> None:
         msg = (f"Evaluation {trial.index} | {trial.phase} | {len(trial.fp32)} nodes FP32 | "
                f"{'pass' if trial.passed else 'fail'} | ~{remaining} remaining")
-        if self.status is not None:
-            self.status.update(msg)
-        log.debug(msg)
+        if not self.show(msg):
+            log.debug(msg)
 
 
 def fmt(x: float) -> str:
@@ -247,23 +304,24 @@ def emit_run(result, as_json: bool) -> None:
     emit_rewrites(result)
     if result.culprits:
         t = Table(title="Nodes to keep in FP32", title_justify="left")
-        t.add_column("node")
-        t.add_column("op")
+        t.add_column("node", overflow="fold")
+        t.add_column("op", overflow="fold")
         modules = any(c.module for c in result.culprits)
         if modules:
             t.add_column("module", overflow="fold")
         t.add_column("why")
         for c in result.culprits:
-            t.add_row(c.node, c.op, *([c.module or ""] if modules else []), escape(c.why))
+            t.add_row(escape(c.node), c.op, *([escape(c.module or "")] if modules else []),
+                      escape(c.why))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
         t = Table(title="Outputs", title_justify="left")
-        t.add_column("output")
+        t.add_column("output", overflow="fold")
         t.add_column("all FP16")
         t.add_column("with the plan")
         for name, before in result.errors_before.items():
-            t.add_row(name, error_cell(before), error_cell(result.errors_after.get(name)))
+            t.add_row(escape(name), error_cell(before), error_cell(result.errors_after.get(name)))
         out.print(t)
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
@@ -295,9 +353,10 @@ def emit_rewrites(result) -> None:
 
 def emit_diagnosis(result) -> None:
     """One sentence per culprit group (cause, numbers, fix), then any stability flags."""
-    for k, g in enumerate(result.extra.get("culprit_groups") or [], 1):
+    for k, (g, count) in enumerate(fold_groups(result.extra.get("culprit_groups") or []), 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
-        out.print(f"[bold]{k}. {g['cause']}{escape(pattern)}[/]: {escape(g['summary'])}")
+        times = f" (x{count} identical groups)" if count > 1 else ""
+        out.print(f"[bold]{k}. {g['cause']}{escape(pattern)}{times}[/]: {escape(g['summary'])}")
     stab = result.extra.get("stability")
     if stab:
         flags = stab["flags"] or ["no plan flips or sits within the noise"]
@@ -305,9 +364,19 @@ def emit_diagnosis(result) -> None:
                   + escape("; ".join(flags)))
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+def fold_groups(groups: list) -> list[tuple[dict, int]]:
+    """Culprit groups whose paragraph would read the same, once each with a count."""
+    folded: dict[tuple, list] = {}
+    for g in groups:
+        key = (g.get("cause"), g.get("pattern"), g.get("summary"))
+        folded.setdefault(key, [g, 0])[1] += 1
+    return [(g, n) for g, n in folded.values()]
+
+
+@main.command(epilog=COMPARE_EXIT_CODES)
 @click.argument("model")
 @input_options
+@verbosity_options
 @click.option("--top", default=15, show_default=True, help="Rows to show (sorted by graph order).")
 @click.option("--json", "as_json", is_flag=True, help="Print every tensor's statistics as JSON.")
 def compare(model: str, top: int, as_json: bool, **kw) -> None:
@@ -335,12 +404,13 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         return
     t = Table(title=f"FP32 vs all-FP16: {len(stats)} tensors", title_justify="left")
     for col in ("tensor", "producer", "FP32 max|x|", "rel err", "non-finite", "overflow", "flushed"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     flagged = [s for s in stats.values() if s.overflow or s.new_nonfinite or s.flushed
                or s.fp32_absmax > 65504]
     rows = flagged[:top] if flagged else sorted(stats.values(), key=lambda s: -s.rel_err)[:top]
     for s in rows:
-        t.add_row(s.name, s.producer or "(input)", fmt(s.fp32_absmax), fmt(s.rel_err),
+        t.add_row(escape(s.name), escape(s.producer or "(input)"), fmt(s.fp32_absmax),
+                  rel_cell(s.rel_err, s.new_nonfinite),
                   str(s.fp16_nonfinite), str(s.overflow), str(s.flushed))
     out.print(t)
     for key, label in (("first_nonfinite", "first non-finite in FP16"),
@@ -350,10 +420,11 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
             out.print(f"{label}: {summary[key]}")
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(epilog=CHECK_EXIT_CODES)
 @click.argument("mixed")
 @click.option("--reference", required=True, help="The FP32 ONNX model to compare against.")
 @input_options
+@verbosity_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     """Judge any mixed-precision ONNX model faithfully against its FP32 original.
@@ -373,17 +444,19 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        out.print(f"{'[green]pass[/]' if result.passed else '[red]fail[/]'}: {mixed} "
-                  f"({result.half_tensors} float16 tensors, {result.samples} sample(s))")
+        out.print(f"{'[green]pass[/]' if result.passed else '[red]fail[/]'}: {escape(mixed)} "
+                  f"({result.half_tensors} float16 tensors, {result.samples} sample(s))",
+                  soft_wrap=True)
         for name, e in result.errors.items():
-            out.print(f"  {name}: {error_cell(e)}")
+            out.print(f"  {escape(name)}: {error_cell(e)}", soft_wrap=True)
     sys.exit(0 if result.passed else 4)
 
 
-@main.command()
+@main.command(epilog=ENV_EXIT_CODES)
+@verbosity_options
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def env(as_json: bool) -> None:
-    """List which backends are usable on this machine, and why not.
+    """List which backends and optional components are usable here, and why not.
 
     \b
     Example:
@@ -391,17 +464,52 @@ def env(as_json: bool) -> None:
     """
     from .backends.trt import backend_status
 
-    rows = backend_status()
+    rows = backend_status() + optional_components()
     if as_json:
         click.echo(json.dumps([{"component": c, "usable": u, "detail": d} for c, u, d in rows],
                               indent=2))
         return
     t = Table(title="Backends and components", title_justify="left")
     for col in ("component", "usable", "detail"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for component, usable, detail in rows:
         t.add_row(component, "[green]yes[/]" if usable else "[red]no[/]", escape(detail))
     out.print(t)
+
+
+OPTIONAL = {  # module -> (distribution, what it is for, how to install)
+    "matplotlib": ("matplotlib", "run --report", "pip install 'trtbisect[report]'"),
+    "polygraphy": ("polygraphy", "the rendered Polygraphy commands",
+                   "pip install polygraphy==0.53.6"),
+    "modelopt.onnx.autocast": ("nvidia-modelopt", "the rendered AutoCast commands",
+                               "pip install --no-deps nvidia-modelopt==0.47.0 (see README)"),
+    "onnxscript": ("onnxscript", "export with torch's dynamo exporter",
+                   "pip install onnxscript"),
+}
+
+
+def optional_components() -> list[tuple[str, bool, str]]:
+    """(component, usable, detail) for optional packages torch/tensorrt/cuda rows omit."""
+    import importlib
+    from importlib import metadata
+
+    rows = []
+    for module, (dist, purpose, hint) in OPTIONAL.items():
+        try:
+            importlib.import_module(module)
+            rows.append((dist, True, f"{dist} {metadata.version(dist)}, for {purpose}"))
+        except Exception as exc:  # an optional import may fail in many ways; say which
+            rows.append((dist, False, f"{type(exc).__name__}: {exc}; for {purpose}: {hint}"))
+    return rows
+
+
+def rel_cell(rel: float, nonfinite: int = 0) -> str:
+    """A relative error a person can read: inf/NaN said as such, absurd ratios capped."""
+    if nonfinite:
+        return f"inf/NaN ({nonfinite})"
+    if rel != rel or rel == float("inf"):
+        return "inf"
+    return ">1e3 (FP32 ~0 or blown up)" if rel > 1e3 else fmt(rel)
 
 
 def entry() -> None:  # pragma: no cover - console script shim

@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .cli import EXIT_CODES_HELP, Progress, error_cell, fmt, log, out
+from .cli import (USAGE, Progress, error_cell, escape, exit_codes, fmt, log, out, quiet_level,
+                  rel_cell, verbosity_options)
 from .compare import Tolerance
 
 INPUT_HELP = ("Input of forward, in argument order: NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or "
@@ -38,8 +39,16 @@ def _default_out(factory: str) -> Path:
     return Path("runs") / Path(factory.rpartition(":")[0]).stem
 
 
-@click.command("export", epilog=EXIT_CODES_HELP)
+EXPORT_EXIT_CODES = exit_codes((0, "exported, and ONNX Runtime agrees with PyTorch in FP32"),
+                               (USAGE[0], "usage error, or the export failed or disagrees"))
+TORCH_EXIT_CODES = exit_codes(
+    (0, "reduced precision already passes, a plan was found, or --no-search"), USAGE,
+    (3, "the FP32 forward is already non-finite"), (4, "no set of modules meets the tolerance"))
+
+
+@click.command("export", epilog=EXPORT_EXIT_CODES)
 @torch_input_options
+@verbosity_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="ONNX file to write; the inputs go beside it as <stem>_inputs.npz. "
                    "Default: runs/<file stem>/<file stem>.onnx.")
@@ -86,8 +95,9 @@ def export_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: i
         raise TrtBisectError(export_failure(result))
 
 
-@click.command("torch", epilog=EXIT_CODES_HELP)
+@click.command("torch", epilog=TORCH_EXIT_CODES)
 @torch_input_options
+@verbosity_options
 @click.option("--mode", type=click.Choice(["autocast", "half"]), default="autocast",
               show_default=True,
               help="autocast: torch.autocast (AMP). half: model.half(), the way TensorRT FP16 "
@@ -136,8 +146,7 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
     tm = load_torch_model(factory, input_specs, seed, samples)
     opts = TorchOptions(precision, Tolerance(rtol, atol), max_evaluations, not no_search)
     out_path = Path(out_dir) if out_dir else _default_out(factory)
-    quiet = click.get_current_context().find_root().meta.get("quiet", 0)
-    with ModuleProgress(quiet) as progress:
+    with ModuleProgress(quiet_level()) as progress:
         result = diagnose(tm, opts, out_path, progress.trial, progress.stage)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -150,9 +159,8 @@ class ModuleProgress(Progress):
     def trial(self, trial, remaining: int) -> None:
         msg = (f"Evaluation {trial.index} | {trial.phase} | {len(trial.fp32)} modules FP32 | "
                f"{'pass' if trial.passed else 'fail'} | ~{remaining} remaining")
-        if self.status is not None:
-            self.status.update(msg)
-        log.debug(msg)
+        if not self.show(msg):
+            log.debug(msg)
 
 
 def emit_torch(result, top: int) -> None:
@@ -171,18 +179,18 @@ def emit_torch(result, top: int) -> None:
     if result.culprits:
         t = Table(title="Modules to keep in FP32", title_justify="left")
         for col in ("module", "class", "why"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for c in result.culprits:
-            t.add_row(c.module, c.cls, c.why)
+            t.add_row(escape(c.module), c.cls, escape(c.why))
         out.print(t)
     if result.errors_before:
         t = Table(title="Outputs", title_justify="left")
-        t.add_column("output")
+        t.add_column("output", overflow="fold")
         t.add_column(f"all {p.mode} {p.dtype}")
         t.add_column("with the plan")
         for name, before in result.errors_before.items():
             after = result.errors_after.get(name) if result.verdict == "fixed" else None
-            t.add_row(name, error_cell(before), error_cell(after))
+            t.add_row(escape(name), error_cell(before), error_cell(after))
         out.print(t)
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
@@ -210,8 +218,9 @@ def _layerwise_table(result, top: int) -> None:
     t = Table(title=f"FP32 vs {p.mode} {p.dtype}, by module ({len(stats)} modules)",
               title_justify="left")
     for col in ("module", "class", "FP32 max|x|", "rel err", "inf/NaN", "overflowing ops"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for m in rows:
-        t.add_row(m.module, m.cls, fmt(m.fp32_absmax), fmt(m.rel_err), str(m.new_nonfinite),
+        t.add_row(escape(m.module), m.cls, fmt(m.fp32_absmax), rel_cell(m.rel_err, m.new_nonfinite),
+                  str(m.new_nonfinite),
                   ", ".join(f"{op} ({n})" for op, n in m.overflow_ops.items()))
     out.print(t)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from . import __version__
-from .backends.ort import Emulator, MixedModel, Reference
+from .backends.ort import Emulator, MixedModel, Reference, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, worst)
 from .diagnose import annotate, attach as attach_diagnosis
@@ -24,7 +24,8 @@ from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectErro
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
 from .journal import Journal, plan_key
-from .plan import PrecisionPlan, atomic_write_json, atomic_write_text
+from .plan import PrecisionPlan, atomic_write, atomic_write_json, atomic_write_text
+from .render import RenderContext
 from .mixed import Written, graph_model, mixed_model
 from .modules import module_label
 from .search import Progress, SearchResult, find_minimal_fp32
@@ -274,6 +275,7 @@ class RunResult:
     seconds: float = 0.0
     files: dict[str, str] = field(default_factory=dict)
     extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
+    render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
 
     @property
     def mixed_model_passed(self) -> bool | None:
@@ -316,17 +318,14 @@ class RunResult:
         }
 
     def renderings(self) -> dict[str, object]:
-        p = self.plan
-        onnx_for_trt = self.files.get("rewritten_model") or self.files.get("named_model",
-                                                                           self.model_path)
-        return {
-            "trtexec_layer_precisions": p.layer_precisions(),
-            "trtexec_trt10": p.trtexec_command(onnx_for_trt),
-            "trtexec_trt11": p.trtexec11_command(self.files.get("mixed_model", "<mixed>.onnx")),
-            "polygraphy": p.polygraphy_command(onnx_for_trt),
-            "autocast_nodes_to_exclude": p.autocast_exclude(),
-            "autocast": p.autocast_command(onnx_for_trt),
-        }
+        """Every tool's rendering of the plan (render.py); paths as `render_context` gives them."""
+        from .render import RenderContext, renderings_json
+
+        model = self.files.get("rewritten_model") or self.files.get("named_model", self.model_path)
+        rc = self.render_context or RenderContext(
+            model=model, mixed_model=self.files.get("mixed_model", "<mixed>.onnx"),
+            tolerance=self.tolerance)
+        return renderings_json(self.fp32_nodes, rc)
 
 
 def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
@@ -585,19 +584,16 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
                 result.mixed_model = mixed_model(ctx.graph, result.fp32_nodes)
             result.mixed_model.save(mixed_path)
             result.files["mixed_model"] = str(mixed_path)
-        p = result.plan
-        atomic_write_text(out_dir / "layer_precisions.txt", p.layer_precisions() + "\n")
-        atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", p.autocast_exclude())
-        result.files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
-        result.files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
+        result.render_context = _render_context(result, ctx, out_dir)
         r = result.renderings()
-        atomic_write_text(out_dir / "commands.sh", "\n".join([
-            "# Apply the trtbisect plan with the tool you deploy with.",
-            "# TensorRT 10 (weak typing):", str(r["trtexec_trt10"]),
-            "# TensorRT 11 (strong typing: the mixed model carries the precisions):",
-            str(r["trtexec_trt11"]),
-            "# Polygraphy:", str(r["polygraphy"]),
-            "# ModelOpt AutoCast:", str(r["autocast"]), ""]))
+        if r["trtexec_layer_precisions"] is not None:
+            atomic_write_text(out_dir / "layer_precisions.txt", f"{r['trtexec_layer_precisions']}\n")
+            result.files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
+        atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", r["autocast_nodes_to_exclude"])
+        result.files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
+        from .render import commands_script
+        atomic_write_text(out_dir / "commands.sh",
+                          commands_script(result.fp32_nodes, result.render_context))
         result.files["commands"] = str(out_dir / "commands.sh")
     if result.stats:
         atomic_write_json(out_dir / "layerwise.json", [s.to_json() for s in result.stats.values()])
@@ -619,6 +615,45 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
         result.files.update(write_report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
     atomic_write_json(out_dir / "precision.json", result.to_json())
+
+
+def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
+    """What every rendering needs to reproduce this run; writes the samples (one .npz each)
+    and a Polygraphy data loader beside the plan."""
+    from .inputs import declared_shape
+    from .render import data_loader_script, npz_bytes, output_bounds, relative_to, shape_ranges
+
+    work = out_dir.resolve()
+    samples = []
+    for k, sample in enumerate(ctx.samples):
+        path = out_dir / "inputs" / f"sample_{k:03d}.npz"
+        data = npz_bytes(sample)
+        atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
+        samples.append(relative_to(path, work))
+    atomic_write_text(out_dir / "data_loader.py", data_loader_script(samples))
+    result.files["samples"] = str(out_dir / "inputs")
+    result.files["data_loader"] = str(out_dir / "data_loader.py")
+    emulated = out_dir / f"{ctx.path.stem}.mixed.emulated.onnx"
+    Written(*emulation_of_mixed(Graph.from_path(result.files["mixed_model"]))).save(emulated)
+    result.files["emulated_mixed_model"] = str(emulated)
+    g = ctx.graph
+    names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
+             onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT32: "int32",
+             onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT8: "int8",
+             onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
+    stem = ctx.path.stem
+    return RenderContext(
+        model=relative_to(result.files.get("rewritten_model")
+                          or result.files.get("named_model", ctx.path), work),
+        mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
+        emulated_model=relative_to(emulated, work),
+        tolerance=result.tolerance, outputs=tuple(g.output_names()),
+        output_bounds=output_bounds(ctx.references, result.tolerance),
+        shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()}, ctx.samples),
+        samples=tuple(samples), data_loader="data_loader.py",
+        autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
+        output_types={n: tuple(names.get(g.types.get(t, 0), "other")
+                               for t in g.node(n).output if t) for n in result.fp32_nodes})
 
 
 def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:

@@ -1,16 +1,13 @@
-"""The precision plan (which nodes stay FP32) and every rendering of it.
+"""The precision plan (which nodes stay FP32) and the atomic writes of its files.
 
-One plan, many views: a trtexec `--layerPrecisions` string (TensorRT 10), Polygraphy's
-`--layer-precisions`, a ModelOpt AutoCast `nodes_to_exclude` list, and the strongly typed mixed
-ONNX model that TensorRT 11 builds (`write_mixed_onnx`).
+Every rendering of the plan (trtexec for TensorRT 10 and 11, Polygraphy, ModelOpt AutoCast,
+a TensorRT Python snippet) lives in render.py; the strongly typed mixed ONNX in mixed.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +16,7 @@ from typing import Callable
 import onnx
 
 from .mixed import write_mixed_onnx
+from .render import Rendering, RenderContext, render_all
 
 __all__ = ["PrecisionPlan", "write_mixed_onnx", "atomic_write",
            "atomic_write_text", "save_model"]
@@ -28,38 +26,9 @@ __all__ = ["PrecisionPlan", "write_mixed_onnx", "atomic_write",
 class PrecisionPlan:
     fp32_nodes: tuple[str, ...]
 
-    def layer_precisions(self) -> str:
-        """trtexec `--layerPrecisions` value (TensorRT 10 layer names follow ONNX node names)."""
-        return ",".join(f"{n}:fp32" for n in self.fp32_nodes)
-
-    def trtexec_command(self, onnx_path: str, engine_path: str = "model.plan") -> str:
-        args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", "--fp16"]
-        if self.fp32_nodes:
-            args += ["--precisionConstraints=obey", f"--layerPrecisions={self.layer_precisions()}",
-                     f"--layerOutputTypes={','.join(f'{n}:fp32' for n in self.fp32_nodes)}"]
-        return shlex.join(args)
-
-    def trtexec11_command(self, mixed_path: str, engine_path: str = "model.plan") -> str:
-        return shlex.join(["trtexec", f"--onnx={mixed_path}", "--stronglyTyped",
-                           f"--saveEngine={engine_path}"])
-
-    def polygraphy_command(self, onnx_path: str) -> str:
-        args = ["polygraphy", "run", onnx_path, "--trt", "--onnxrt", "--fp16"]
-        if self.fp32_nodes:
-            args += ["--precision-constraints", "obey", "--layer-precisions",
-                     *[f"{n}:float32" for n in self.fp32_nodes]]
-        return shlex.join(args)
-
-    def autocast_exclude(self) -> list[str]:
-        """ModelOpt AutoCast takes regular expressions over node names."""
-        return [f"^{re.escape(n)}$" for n in self.fp32_nodes]
-
-    def autocast_command(self, onnx_path: str) -> str:
-        args = ["python", "-m", "modelopt.onnx.autocast", f"--onnx_path={onnx_path}",
-                "--low_precision_type=fp16"]
-        if self.fp32_nodes:
-            args += ["--nodes_to_exclude", *self.autocast_exclude()]
-        return shlex.join(args)
+    def renderings(self, ctx: RenderContext | None = None) -> dict[str, Rendering]:
+        """Every tool's rendering of this plan (render.py), keyed by tool."""
+        return render_all(self.fp32_nodes, ctx or RenderContext())
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:

@@ -84,7 +84,7 @@ def plot_png(result: "RunResult") -> bytes:
     fig.suptitle("Every stored tensor in graph order: FP32 magnitude, and the all-FP16 error",
                  x=0.01, ha="left", fontsize=11)
     _plot_magnitude(top, stats, marked)
-    _plot_error(bottom, stats, marked, result.tolerance.rtol)
+    _plot_error(bottom, stats, marked, result.tolerance.rtol, plan_errors(result, stats))
     _label_x(bottom, stats, marked, _group_starts(result, stats))
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -113,11 +113,34 @@ def _plot_magnitude(ax, stats: Sequence, marked: list[int]) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _plot_error(ax, stats: Sequence, marked: list[int], rtol: float) -> None:
+def plan_errors(result: "RunResult", stats: Sequence) -> list[float] | None:
+    """Per-tensor relative error with the plan applied, aligned with `stats`, when the pipeline
+    measured it (`result.extra["layerwise_plan"]`: tensor -> TensorStats, its JSON, or a float)."""
+    plan = result.extra.get("layerwise_plan")
+    if not isinstance(plan, Mapping) or not plan:
+        return None
+
+    def rel(v: object) -> float:
+        if isinstance(v, Mapping):
+            v = v.get("rel_err", math.nan)
+        v = getattr(v, "rel_err", v)
+        try:
+            return float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return math.nan
+
+    return [rel(plan[s.name]) if s.name in plan else math.nan for s in stats]
+
+
+def _plot_error(ax, stats: Sequence, marked: list[int], rtol: float,
+                with_plan: Sequence[float] | None = None) -> None:
     x = list(range(len(stats)))
     finite = [s.rel_err if math.isfinite(s.rel_err) and s.rel_err > 0 else math.nan for s in stats]
     top = max([v for v in finite if not math.isnan(v)] + [rtol, 1.0]) * 3
     ax.semilogy(x, finite, ".-", color="#2ca02c", lw=1, ms=4, label="all-FP16 error / max |ref|")
+    if with_plan is not None:
+        ax.semilogy(x, _positive(with_plan), ".-", color="#1f77b4", lw=1, ms=3,
+                    label="with the plan")
     bad = [i for i, s in enumerate(stats) if s.new_nonfinite or not math.isfinite(s.rel_err)]
     if bad:
         ax.semilogy(bad, [top] * len(bad), "x", color="#d62728", ms=7, label="NaN / inf in FP16")
@@ -200,12 +223,12 @@ def _nodes(names: Sequence[str], limit: int = 6) -> str:
 def command_rows(result: "RunResult") -> list[tuple[str, str]]:
     if result.verdict not in ("fixed", "fp16_ok"):
         return []
-    r = result.renderings()
-    return [("TensorRT 10, trtexec (weak typing)", str(r["trtexec_trt10"])),
-            ("TensorRT 11, trtexec (strong typing: the mixed model carries the precisions)",
-             str(r["trtexec_trt11"])),
-            ("Polygraphy", str(r["polygraphy"])),
-            ("ModelOpt AutoCast", str(r["autocast"]))]
+    from .render import RenderContext, render_all
+
+    ctx = result.render_context or RenderContext(
+        model=result.files.get("named_model", result.model_path),
+        mixed_model=result.files.get("mixed_model", "<mixed>.onnx"), tolerance=result.tolerance)
+    return [(r.title, r.text) for r in render_all(result.fp32_nodes, ctx).values()]
 
 
 def fix_lines(group: Mapping) -> list[tuple[bool, str]]:

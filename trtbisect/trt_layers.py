@@ -3,8 +3,8 @@
 TensorRT fuses ONNX nodes into engine layers ("Conv_0 + Relu_1", "PWN(PWN(A), B)",
 "{ForeignNode[first...last]}", Myelin kernels), so a precision plan written on ONNX node names
 must be read back through the engine inspector. Everything here is pure and tested on JSON
-fixtures: inspector parsing, layer -> node mapping, the verification of the final engine, the
-trtexec/Polygraphy renderings, and the "emulator first, TensorRT to verify" search strategy.
+fixtures: inspector parsing, layer -> node mapping, the verification of the final engine and
+the "emulator first, TensorRT to verify" search strategy (its commands come from render.py).
 `backends/trt.py` is the only module that talks to TensorRT itself.
 """
 
@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import re
-import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -330,7 +329,7 @@ def describe_culprits(fp32_nodes: Sequence[str], layers: Sequence[EngineLayer]) 
     return lines
 
 
-# ------------------------------------------------------------------------------ renderings
+# ------------------------------------------------------------------------------ cache key
 
 def plan_key(model_bytes: bytes, fp32_nodes: Iterable[str], trt_version: str,
              **extra: Any) -> str:
@@ -340,81 +339,6 @@ def plan_key(model_bytes: bytes, fp32_nodes: Iterable[str], trt_version: str,
                          **{k: extra[k] for k in sorted(extra)}}, sort_keys=True,
                         default=str).encode())
     return h.hexdigest()
-
-
-_TRTEXEC_TYPES = {"fp32", "fp16", "bf16", "int8", "fp8", "int32", "int64", "bool", "uint8"}
-
-
-def _spec_name(name: str) -> str | None:
-    """A layer or tensor name as trtexec parses it ("'a:b'" when it holds a colon)."""
-    if "," in name or "'" in name:
-        log.warning("name %r cannot be written in a trtexec spec (comma or quote); left out", name)
-        return None
-    return f"'{name}'" if ":" in name else name
-
-
-def _shapes_spec(shapes: Mapping[str, Sequence[int]]) -> str:
-    return ",".join(f"{_spec_name(k)}:{'x'.join(str(d) for d in v)}"
-                    for k, v in shapes.items() if _spec_name(k))
-
-
-def trtexec_command(onnx_path: str, engine_path: str, *, trt_major: int,
-                    shapes: Mapping[str, Sequence[int]] | None = None,
-                    layer_precisions: Sequence[str] = (),
-                    layer_output_types: Mapping[str, Sequence[str]] | None = None,
-                    layer_info_path: str | None = None, strongly_typed: bool | None = None) -> list[str]:
-    """argv of a trtexec run that rebuilds the final engine.
-
-    Weak typing (TensorRT 10): `--fp16 --precisionConstraints=obey --layerPrecisions=...` on
-    network layer names. Strong typing (TensorRT 11, or 10 when asked): the mixed ONNX with
-    `--stronglyTyped`; `onnx_path` is then the mixed model.
-    """
-    strong = trt_major >= 11 if strongly_typed is None else strongly_typed
-    argv = ["trtexec", f"--onnx={onnx_path}"]
-    if strong:
-        argv.append("--stronglyTyped")
-    else:
-        argv.append("--fp16")
-        names = [s for s in (_spec_name(n) for n in layer_precisions) if s]
-        if names:
-            argv += ["--precisionConstraints=obey",
-                     "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names)]
-        outs = [(s, t) for n, t in (layer_output_types or {}).items()
-                if (s := _spec_name(n)) and t and set(t) <= _TRTEXEC_TYPES]
-        if outs:
-            argv.append("--layerOutputTypes=" + ",".join(f"{n}:{'+'.join(t)}" for n, t in outs))
-    argv.append("--noTF32")
-    if shapes:
-        spec = _shapes_spec(shapes)
-        argv += [f"--minShapes={spec}", f"--optShapes={spec}", f"--maxShapes={spec}"]
-    argv += ["--profilingVerbosity=detailed", f"--saveEngine={engine_path}"]
-    if layer_info_path:
-        argv.append(f"--exportLayerInfo={layer_info_path}")
-    return argv
-
-
-def polygraphy_command(onnx_path: str, engine_path: str, *, trt_major: int,
-                       shapes: Mapping[str, Sequence[int]] | None = None,
-                       layer_precisions: Sequence[str] = (),
-                       strongly_typed: bool | None = None) -> list[str]:
-    """argv of `polygraphy convert` building the same engine (weak or strong typing)."""
-    strong = trt_major >= 11 if strongly_typed is None else strongly_typed
-    argv = ["polygraphy", "convert", onnx_path]
-    if strong:
-        argv.append("--strongly-typed")
-    else:
-        argv.append("--fp16")
-        if layer_precisions:
-            argv += ["--precision-constraints", "obey", "--layer-precisions",
-                     *(f"{n}:float32" for n in layer_precisions)]
-    for flag in ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes"):
-        if shapes:
-            argv += [flag, *(f"{k}:[{','.join(str(d) for d in v)}]" for k, v in shapes.items())]
-    return argv + ["-o", engine_path]
-
-
-def command_line(argv: Sequence[str]) -> str:
-    return shlex.join(argv)
 
 
 # ---------------------------------------------------------------------------------- search

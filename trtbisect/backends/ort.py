@@ -494,33 +494,39 @@ class MixedModel:
     def __init__(self, graph: Graph, threads: int | None = None) -> None:
         self.graph = graph
         self.outputs = graph.output_names()
-        half = {graph.names[graph.producer[t]] for t in graph.half_typed if t in graph.producer}
-        state = {n: HALF for n in graph.candidates() if n in half}
-        b = _MixedBuilder(graph, state, Rounded(graph))
-        proto = b.build()
-        arrays = dict(b.arrays)
-        for t in proto.graph.initializer:
-            if _stored(t) and t.name not in arrays:
-                arrays[t.name] = graph.array(t.name)
-        self.session = Session(proto, arrays, threads)
-        self.fed = b.fed  # graph input -> the name its unrounded feed goes in by
+        self.proto, self.arrays = emulation_of_mixed(graph)
+        self.session = Session(self.proto, self.arrays, threads)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        fed = {self.fed.get(k, k): v for k, v in feeds.items()}
-        fed = {k: v for k, v in fed.items() if k in self.session.inputs}
+        fed = {k: v for k, v in feeds.items() if k in self.session.inputs}
         values = self.session.run(fed, self.outputs)
         return {n: np.asarray(v, np.float32) for n, v in zip(self.outputs, values)}
+
+
+def emulation_of_mixed(graph: Graph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The FP32 model `MixedModel` runs (weights by reference): also what Polygraphy's ONNX
+    Runtime runs to check a plan without a GPU, since ORT's own float16 kernels hide overflow."""
+    b = _MixedBuilder(graph, {}, Rounded(graph))
+    proto = b.build()
+    arrays = dict(b.arrays)
+    for t in proto.graph.initializer:
+        if _stored(t) and t.name not in arrays:
+            arrays[t.name] = graph.array(t.name)
+    return proto, arrays
 
 
 class _MixedBuilder(_Builder):
     """A mixed model's own types decide: a half-typed value is rounded where it is produced
     (graph inputs included); nothing else is."""
 
+    alias: dict[str, str]
+
     def add(self, i: int, node: onnx.NodeProto) -> None:
         name = self.g.names[i]
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.name = name
+        new.input[:] = [self.alias.get(t, t) for t in new.input]
         ins = [t for t in node.input if self.g.is_float(t)]
         exact = node.op_type in EXACT_OPS and all(t in self.g.half_typed for t in ins)
         rounds = []
@@ -534,17 +540,12 @@ class _MixedBuilder(_Builder):
 
     def build(self, expose: Sequence[str] = (), watch: Sequence[str] = (),
               half_outputs: bool = False) -> onnx.ModelProto:
-        renames = {}
+        self.alias = {}
         for v in self.g.inputs():  # fed data is rounded to the input's own type on the way in
             if v.name in self.g.half_typed:
-                renames[v.name] = self.fresh("fed")
-                self.round_pair(renames[v.name], v.name, self.g.half_typed[v.name])
-        proto = super().build(expose, watch, half_outputs=False)
-        for v in proto.graph.input:
-            if v.name in renames:
-                v.name = renames[v.name]
-        self.fed = renames
-        return proto
+                self.alias[v.name] = self.fresh("fed")
+                self.round_pair(v.name, self.alias[v.name], self.g.half_typed[v.name])
+        return super().build(expose, watch, half_outputs=False)
 
 
 def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],

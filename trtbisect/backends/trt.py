@@ -603,13 +603,33 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
                  "onnx": str(backend.write_onnx(out / onnx_name, plan))}
         atomic_write_text(Path(files["layer_map"]), json.dumps(tl.layer_map_json(layers), indent=1))
         forced = backend.forced_layers(plan)
-        common: dict[str, Any] = {"trt_major": backend.major, "shapes": backend.shapes,
-                                  "layer_precisions": list(forced), "strongly_typed": backend.strong}
-        argv = tl.trtexec_command(files["onnx"], files["engine"], layer_output_types=forced, **common)
-        poly = tl.polygraphy_command(files["onnx"], files["engine"], **common)
+        trtexec, poly = _commands(files, list(forced), forced, backend.shapes, backend.strong)
         return tl.TrtSearchReport(result, backend.trt_version, backend.strong, backend.builds,
                                   backend.cache_hits, latency, tl.describe_culprits(plan, layers),
-                                  precision, files, tl.command_line(argv), tl.command_line(poly),
-                                  warnings, latency_clock())
+                                  precision, files, trtexec, poly, warnings, latency_clock())
     finally:
         backend.close()
+
+
+def _commands(files: Mapping[str, str], layers: Sequence[str],
+              output_types: Mapping[str, Sequence[str]],
+              shapes: Mapping[str, Sequence[int]] | None, strong: bool) -> tuple[str, str]:
+    """trtexec and `polygraphy convert` lines rebuilding the final engine (render.py), or a
+    `#` line saying why a layer name cannot be written."""
+    from trtbisect import render
+
+    ranges = {k: (tuple(v), tuple(v), tuple(v)) for k, v in (shapes or {}).items()}
+    out = []
+    for build in (
+            lambda: render.trtexec_argv(files["onnx"], files["engine"], strongly_typed=strong,
+                                        fp32_layers=layers, output_types=output_types,
+                                        shape_ranges=ranges, profiling=True,
+                                        known_names=()),
+            lambda: render.polygraphy_convert_argv(files["onnx"], files["engine"],
+                                                   strongly_typed=strong, fp32_layers=layers,
+                                                   shape_ranges=ranges)):
+        try:
+            out.append(render.command_line(build()))
+        except render.Unrenderable as exc:
+            out.append(f"# cannot be rendered: {exc}")
+    return out[0], out[1]
