@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import pytest
@@ -58,6 +59,7 @@ def test_a_plan_that_crashes_every_attempt_is_skipped(tmp_path):
 
 
 def test_a_forged_record_sets_the_journal_aside(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)  # an earlier CLI test may have quietened the root logger
     path = tmp_path / "journal.jsonl"
     write_some(path)
     lines = path.read_text().splitlines()

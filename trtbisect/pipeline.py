@@ -17,7 +17,7 @@ import onnx
 from . import __version__
 from .backends.ort import Emulator, Reference, make_session, run_session
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
-                      round_fp16, tensor_stats, worst)
+                      round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import annotate, attach as attach_diagnosis
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, load_model, model_hash, node_names, with_node_names
@@ -26,6 +26,7 @@ from .journal import Journal, plan_key
 from .plan import PrecisionPlan, atomic_write_json, atomic_write_text, save_model
 from .mixed import emulate_mixed, write_mixed_onnx
 from .modules import module_label
+from .outdir import OutputDir
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
 
@@ -67,6 +68,7 @@ def prepare(model_path: str | Path, opts: Options) -> Context:
     path = Path(model_path)
     model = load_model(path)
     graph = Graph(model)
+    validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
     ref = Reference(graph, opts.threads)
     references = [ref.run(s) for s in samples]
@@ -458,8 +460,14 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
 
 
 def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
-    """Every file atomically; the input model is only read."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Every file atomically, as one generation that replaces the last (outdir.py): the plan
+    is written last, never beside an earlier run's files. The input model is only read."""
+    with OutputDir(out_dir).generation(keep=[ctx.path]) as gen:
+        _write_files(result, ctx, out_dir, report)
+        gen.commit(result.files, result.to_json())
+
+
+def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
     stem = ctx.path.stem
     if result.verdict in ("fixed", "fp16_ok"):
         if any(not n.name for n in ctx.model.graph.node) or node_names(ctx.model) != [
@@ -504,7 +512,6 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
         from .report import write_report
         result.files.update(write_report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
-    atomic_write_json(out_dir / "precision.json", result.to_json())
 
 
 def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
