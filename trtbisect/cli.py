@@ -62,6 +62,9 @@ class Group(click.Group):
             return super().invoke(ctx)
         except TrtBisectError as exc:
             fail(str(exc), exc.exit_code)
+        except click.UsageError as exc:  # bad option values: one line too, exit 2
+            where = exc.ctx.command_path if exc.ctx else "trtbisect"
+            fail(f"{exc.format_message()} (see `{where} --help`)", exc.exit_code)
         except KeyboardInterrupt as exc:
             how = ctx.meta.get("resume_hint", "")
             fail(f"interrupted{'; ' + how if how else ''}",
@@ -69,6 +72,9 @@ class Group(click.Group):
         except OSError as exc:  # disk full, read-only folder, a folder where a file should be
             where = f": {exc.filename}" if exc.filename else ""
             fail(f"{exc.strerror or exc}{where}", EXIT_USAGE)
+        except UnicodeDecodeError as exc:  # protobuf strings are UTF-8 by spec; a model breaks it
+            fail(f"the input holds a string that is not valid UTF-8 ({exc.reason} at byte "
+                 f"{exc.start}): a damaged or hand-edited file?", EXIT_USAGE)
         except MemoryError:
             fail("out of memory; give smaller inputs or fewer samples", EXIT_USAGE)
 
