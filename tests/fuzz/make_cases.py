@@ -47,7 +47,7 @@ def tiny_model(elem: int = TP.FLOAT, dims: Sequence[int | str] = (2, 4), name: s
     nodes = [h.make_node("MatMul", [inp, "W"], ["h"], name="mm"),
              h.make_node("Relu", ["h"], [out], name=name)]
     g = h.make_graph(nodes, "tiny", [h.make_tensor_value_info(inp, elem, list(dims))],
-                     [h.make_tensor_value_info(out, TP.FLOAT, None)], [w])
+                     [h.make_tensor_value_info(out, TP.FLOAT, ["rows", "cols"])], [w])
     return _model(g)
 
 
