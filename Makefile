@@ -1,4 +1,4 @@
-.PHONY: install demo test lint bench bench-search typecheck
+.PHONY: install demo test test-slow lint bench bench-search typecheck
 
 install:
 	python3 -m pip install -e ".[torch,dev,report]"
@@ -8,6 +8,9 @@ demo:
 
 test:
 	python3 -m pytest -q
+
+test-slow:
+	python3 -m pytest -q --runslow
 
 lint:
 	ruff check trtbisect tests scripts

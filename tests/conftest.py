@@ -15,6 +15,20 @@ def private_engine_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TRTBISECT_CACHE_DIR", str(tmp_path_factory.mktemp("engine-cache")))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true",
+                     help="Also run tests marked slow (the whole fuzz corpus, kill/resume).")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def zoo():
     return build_zoo()

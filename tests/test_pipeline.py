@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import save_zoo_model
 from tests.models.make_models import deep_model
 from trtbisect.graph import Graph
+from trtbisect.journal import Journal
 from trtbisect.pipeline import Options, check_mixed, run
 from trtbisect.search import ddmin
 
@@ -77,13 +78,19 @@ def test_resume_replays_the_journal(zoo, tmp_path):
     z = zoo["two_outputs"]
     model, inputs = save_zoo_model(z, tmp_path)
     first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
-    journal = (tmp_path / "out" / "journal.jsonl").read_text().splitlines()
-    # kill mid-search: keep the header and the first three finished evaluations, plus one
-    # evaluation that started but never finished (a crash)
-    done = [line for line in journal if '"done"' in line][:3]
-    crashed_key = json.loads([line for line in journal if '"done"' in line][3])["done"]
-    (tmp_path / "out" / "journal.jsonl").write_text(
-        "\n".join([journal[0], *done, json.dumps({"start": crashed_key})]) + "\n")
+    path = tmp_path / "out" / "journal.jsonl"
+    header, *records = path.read_text().splitlines()
+    done = [json.loads(line) for line in records if '"done"' in line]
+    fingerprint = json.loads(header)["fingerprint"]
+    # kill mid-search: the journal holds the first three finished evaluations, plus one
+    # evaluation that started but never finished (in flight at the kill: run again)
+    path.unlink()
+    j = Journal(path, fingerprint)
+    for rec in done[:3]:
+        j.start(rec["done"])
+        j.record(rec["done"], rec["passed"], {})
+    j.start(done[3]["done"])
+    j.close()
     calls = []
     from trtbisect import pipeline
     orig = pipeline.Evaluator.measure
@@ -98,8 +105,9 @@ def test_resume_replays_the_journal(zoo, tmp_path):
         pipeline.Evaluator.measure = orig
     assert second.fp32_nodes == first.fp32_nodes or set(second.fp32_nodes) == set(z.expected_fp32)
     # the all-FP16 measurement and the final check are always run; the search ran everything
-    # except all-FP16 (already measured), the replayed and the crashed plans
-    assert len(calls) == 2 + (first.search.evaluations - 1) - 4
+    # except all-FP16 (already measured) and the three replayed plans (the one in flight ran again)
+    assert len(calls) == 2 + (first.search.evaluations - 1) - 3
+    assert done[3]["done"] in {json.dumps(sorted(p)) for p in calls}
 
 
 def test_strict_rejects_internal_overflow_hidden_by_the_outputs(tmp_path):

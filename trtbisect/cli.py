@@ -6,10 +6,15 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
+import os
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, NoReturn
 
 import click
 from rich.console import Console
@@ -19,8 +24,9 @@ from rich.table import Table
 
 from . import __version__
 from .compare import OutputError, Tolerance
-from .errors import TrtBisectError
+from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import parse_shapes
+from .outdir import OutputDir
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -33,21 +39,36 @@ def exit_codes(*rows: tuple[int, str]) -> str:
     return "\b\nExit codes:\n" + "".join(f"  {code}  {text}\n" for code, text in rows)
 
 
-USAGE = (2, "usage or input error (missing file, malformed ONNX, mismatched inputs)")
+USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       an --out that cannot be written or is in use by another run)")
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, or a plan was found and verified"), USAGE,
                              REFERENCE, (4, "no precision plan meets the tolerance"))
-RUN_EXIT_CODES = EXIT_CODES_HELP
+INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
+               "       resumes when started again with the same arguments")
+RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(INTERRUPTED).split("\n", 2)[2]
 COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
 CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE, REFERENCE,
                               (4, "the mixed model misses the tolerance"))
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C but with its own exit code."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
 
 class Group(click.Group):
-    """Turns TrtBisectError into one line on stderr and its exit code, and registers the
-    commands defined in other modules, loaded when first asked for (click's lazy subcommands:
-    those modules import helpers from here, so importing them here would be a cycle)."""
+    """Turns TrtBisectError, an interruption and an environment failure into one line on
+    stderr and a documented exit code (anything else is a bug and keeps its traceback), and
+    registers the commands defined in other modules, loaded when first asked for (click's lazy
+    subcommands: those modules import helpers from here, so importing them here would be a
+    cycle)."""
 
     lazy = {"export": "trtbisect.cli_torch:export_cmd", "torch": "trtbisect.cli_torch:torch_cmd"}
 
@@ -64,8 +85,61 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except TrtBisectError as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            sys.exit(exc.exit_code)
+            fail(str(exc), exc.exit_code)
+        except click.UsageError as exc:  # bad option values: one line too, exit 2
+            where = exc.ctx.command_path if exc.ctx else "trtbisect"
+            fail(f"{exc.format_message()} (see `{where} --help`)", exc.exit_code)
+        except KeyboardInterrupt as exc:
+            how = ctx.meta.get("resume_hint", "")
+            fail(f"interrupted{'; ' + how if how else ''}",
+                 EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
+        except OSError as exc:  # disk full, read-only folder, a folder where a file should be
+            where = f": {exc.filename}" if exc.filename else ""
+            fail(f"{exc.strerror or exc}{where}", EXIT_USAGE)
+        except UnicodeDecodeError as exc:  # protobuf strings are UTF-8 by spec; a model breaks it
+            fail(f"the input holds a string that is not valid UTF-8 ({exc.reason} at byte "
+                 f"{exc.start}): a damaged or hand-edited file?", EXIT_USAGE)
+        except MemoryError:
+            fail("out of memory; give smaller inputs or fewer samples", EXIT_USAGE)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+class NonNegativeFloat(click.ParamType):
+    """A finite float >= 0 (click's FloatRange lets NaN through)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(x) or x < 0:
+            self.fail(f"{value!r} is not a finite, non-negative number", param, ctx)
+        return x
+
+
+def _stability_runs(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value == 1:
+        raise click.BadParameter("N counts the sample itself: give 0 (off) or N >= 2", ctx, param)
+    return value
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated (exit 143) so that `run` stops the way Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @click.group(cls=Group, epilog=EXIT_CODES_HELP,
@@ -126,15 +200,18 @@ def input_options(f: Callable) -> Callable:
                           "samples on a leading axis. Default: seeded random data."),
         click.option("--shape", "shapes", multiple=True, metavar="NAME:DIMS",
                      help="Shape for an input with dynamic dimensions, e.g. x:1x3x224x224."),
-        click.option("--seed", default=0, show_default=True, help="Seed for random inputs."),
-        click.option("--samples", default=1, show_default=True,
+        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Seed for random inputs."),
+        click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Number of random samples when no --inputs are given."),
-        click.option("--rtol", default=Tolerance.rtol, show_default=True,
+        click.option("--rtol", type=NonNegativeFloat(), default=Tolerance.rtol, show_default=True,
                      help="Relative tolerance: max|fp16-fp32| <= rtol*max|fp32| + atol."),
-        click.option("--atol", default=Tolerance.atol, show_default=True, help="Absolute tolerance."),
+        click.option("--atol", type=NonNegativeFloat(), default=Tolerance.atol, show_default=True,
+                     help="Absolute tolerance."),
         click.option("--output-tol", "output_tols", multiple=True, metavar="NAME:RTOL[:ATOL]",
                      help="Tolerance for one output, e.g. logits:0.05:0.001."),
-        click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads."),
+        click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
+                     help=f"ONNX Runtime intra-op threads (1 to {MAX_THREADS})."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -168,7 +245,7 @@ def make_options(kw: dict):
               help="Folder for the plan and its renderings. Default: runs/<model name>.")
 @click.option("--strict", is_flag=True,
               help="Also reject plans that leave an intermediate tensor NaN/inf where FP32 is finite.")
-@click.option("--max-evals", "max_evaluations", type=int, default=None,
+@click.option("--max-evals", "max_evaluations", type=click.IntRange(min=1), default=None,
               help="Stop the search after this many evaluations (the plan is then not certified).")
 @click.option("--no-resume", "no_resume", is_flag=True,
               help="Ignore the journal of an earlier, interrupted run in --out.")
@@ -178,6 +255,7 @@ def make_options(kw: dict):
               help="Also write report.html (self-contained) and report.md to --out. "
                    "Needs matplotlib: pip install 'trtbisect[report]'.")
 @click.option("--stability", type=click.IntRange(min=0), default=0, metavar="N",
+              callback=_stability_runs,
               help="Rerun the plan and all-FP16 on N copies of each sample jittered at FP16 "
                    "rounding level (N >= 2; the sample itself counts as one); report the "
                    "error's noise floor and flag plans within it. E.g. --stability 8. "
@@ -218,7 +296,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         if not usable:
             raise TrtBisectError(f"--backend trt needs TensorRT and a CUDA GPU: {why} "
                                  "(see `trtbisect env`)")
-    with Progress(quiet_level()) as progress:
+    ctx = click.get_current_context()
+    ctx.meta["resume_hint"] = (f"run the same command again to resume from {out / 'journal.jsonl'}"
+                               " (--no-resume starts afresh)")
+    with terminate_as_interrupt(), OutputDir(out).locked(), Progress(quiet_level()) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage)
         if backend == "trt" and result.verdict in ("fixed", "fp16_ok"):
             progress.stage("verifying the emulator's plan with TensorRT engines")
@@ -377,7 +458,8 @@ def fold_groups(groups: list) -> list[tuple[dict, int]]:
 @click.argument("model")
 @input_options
 @verbosity_options
-@click.option("--top", default=15, show_default=True, help="Rows to show (sorted by graph order).")
+@click.option("--top", type=click.IntRange(min=0), default=15, show_default=True,
+              help="Rows to show (sorted by graph order).")
 @click.option("--json", "as_json", is_flag=True, help="Print every tensor's statistics as JSON.")
 def compare(model: str, top: int, as_json: bool, **kw) -> None:
     """Compare FP32 and all-FP16 tensor by tensor, without searching.

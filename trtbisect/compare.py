@@ -5,8 +5,9 @@ The tolerance defaults live here and nowhere else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -30,6 +31,22 @@ class Tolerance:
     def to_json(self) -> dict:
         return {"rtol": self.rtol, "atol": self.atol,
                 "per_output": {k: list(v) for k, v in self.per_output.items()}}
+
+
+def validate_tolerance(tol: Tolerance, output_names: Sequence[str]) -> None:
+    """Refuse what would be silently ignored or meaningless: a per-output tolerance naming no
+    graph output, a negative or NaN bound."""
+    from .errors import TrtBisectError
+
+    bounds = [("--rtol", tol.rtol), ("--atol", tol.atol)] + [
+        (f"--output-tol {name}", v) for name, pair in tol.per_output.items() for v in pair]
+    for what, value in bounds:
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise TrtBisectError(f"{what}: {value} is not a finite, non-negative number")
+    unknown = [name for name in tol.per_output if name not in output_names]
+    if unknown:
+        raise TrtBisectError(f"--output-tol {unknown[0]!r} names no output of the model; its "
+                             f"outputs: {', '.join(output_names)}")
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,20 @@ def model_hash(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def check_names(model: onnx.ModelProto) -> None:
+    """Names that are not valid UTF-8 (protobuf hands them over as bytes) cannot be rendered
+    into a plan, a command line or a mixed model: refuse them up front."""
+    g = model.graph
+    values = [*g.input, *g.output, *g.value_info, *g.initializer]
+    names = [v.name for v in values] + [g.name]
+    for node in g.node:
+        names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+    bad = next((n for n in names if not isinstance(n, str)), None)
+    if bad is not None:
+        raise TrtBisectError(f"the model holds a name that is not valid UTF-8 ({bad!r}); "
+                             "rename it (ONNX requires UTF-8 strings)")
+
+
 def node_names(model: onnx.ModelProto) -> list[str]:
     """The name trtbisect uses for each node of graph.node, in order.
 
@@ -257,6 +271,7 @@ class Graph:
         return cls(load_model(p), base_dir=p.parent, own=True)
 
     def __post_init__(self) -> None:
+        check_names(self.model)
         self.weights = Weights(self.model, self.base_dir, self.own)
         self.source = self.model  # as given (half types kept); `model` is its FP32 view
         self.declared = {v.name: v.type.tensor_type.elem_type

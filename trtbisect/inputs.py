@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from typing import Iterable, Mapping, Sequence
@@ -24,10 +25,41 @@ def parse_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
         if not sep or not name:
             raise TrtBisectError(f"bad --shape {spec!r}: expected NAME:DxDxD, e.g. x:1x3x224x224")
         try:
-            shapes[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
         except ValueError:
-            raise TrtBisectError(f"bad --shape {spec!r}: dimensions must be integers, e.g. 1x3x224x224")
+            shape = (-1,)
+        if any(d < 0 for d in shape):
+            raise TrtBisectError(f"bad --shape {spec!r}: dimensions must be non-negative "
+                                 "integers, e.g. 1x3x224x224")
+        shapes[name] = shape
     return shapes
+
+
+def check_shape_names(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """A --shape naming no graph input would be silently ignored: refuse it."""
+    inputs = [v.name for v in graph.inputs()]
+    for name in shapes:
+        if name in inputs:
+            continue
+        what = "an output" if name in graph.output_names() else "no input"
+        raise TrtBisectError(f"--shape {name!r} names {what} of the model; its inputs: "
+                             f"{', '.join(inputs) or 'none'}")
+
+
+def memory_limit() -> int:
+    """Bytes of input data we allow ourselves: half of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 1 << 33
+
+
+def guard_size(shape: Sequence[int], dtype: np.dtype, what: str) -> None:
+    """Refuse before allocating what cannot fit (a lying header, a dimension of 2**40)."""
+    nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+    if nbytes > memory_limit():
+        raise TrtBisectError(f"{what} would take {nbytes / 2**30:.3g} GiB, more than half of "
+                             "this machine's memory; give smaller shapes")
 
 
 def declared_shape(value: onnx.ValueInfoProto) -> list[int | str | None]:
@@ -38,7 +70,12 @@ def declared_shape(value: onnx.ValueInfoProto) -> list[int | str | None]:
 def input_dtype(value: onnx.ValueInfoProto) -> np.dtype:
     if not value.type.HasField("tensor_type"):
         raise TrtBisectError(f"input {value.name!r} is not a tensor; only tensor inputs are supported")
-    return np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+    elem = value.type.tensor_type.elem_type
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+    except (KeyError, TypeError, ValueError):
+        raise TrtBisectError(f"input {value.name!r} has element type {elem}, which is no ONNX "
+                             "tensor type this tool can feed") from None
 
 
 def resolve_shape(value: onnx.ValueInfoProto, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
@@ -72,6 +109,7 @@ def random_sample(graph: Graph, shapes: Mapping[str, tuple[int, ...]], seed: int
     sample: Sample = {}
     for value in graph.fed_inputs():
         dtype, shape = input_dtype(value), resolve_shape(value, shapes)
+        guard_size(shape, dtype, f"a random sample of input {value.name!r}")
         if dtype.kind == "f":
             sample[value.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
@@ -90,22 +128,70 @@ def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
     Each .npz is keyed by graph input name. An array with one more dimension than the input is
     a stack of samples along its first axis. Without files, `count` seeded random samples.
     """
+    check_shape_names(graph, shapes)
     if not paths:
+        if count < 1:
+            raise TrtBisectError("at least one sample is needed (--samples N, N >= 1)")
         return [random_sample(graph, shapes, seed + k) for k in range(count)]
     samples: list[Sample] = []
     for path in paths:
-        samples.extend(_split_samples(graph, _read_npz(path), str(path)))
+        part = _split_samples(graph, _read_npz(path), str(path))
+        if not part:
+            raise TrtBisectError(f"{path} holds no samples (its leading sample axis is empty)")
+        samples.extend(part)
     return samples
 
 
 def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz, each header checked against its size before anything is allocated."""
     if not os.path.isfile(path):
         raise TrtBisectError(f"inputs file not found: {path}")
+    hint = "--inputs takes an .npz keyed by input name, e.g. np.savez('in.npz', x=array)"
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise TrtBisectError(f"cannot read {path} as .npz: {exc}")
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+        if magic == b"\x93NUMPY":
+            raise TrtBisectError(f"{path} is a single .npy array; {hint}")
+        arrays: dict[str, np.ndarray] = {}
+        with zipfile.ZipFile(path) as zf:
+            members = zf.infolist()
+            budget = memory_limit()
+            for info in members:
+                arrays[_member_name(info, path)] = _read_member(zf, info, path)
+                budget -= arrays[_member_name(info, path)].nbytes
+                if budget < 0:
+                    raise TrtBisectError(f"{path} holds more data than half of this machine's "
+                                         "memory")
+        if not arrays:
+            raise TrtBisectError(f"{path} holds no arrays; {hint}")
+        return arrays
+    except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError,
+            zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
+        raise TrtBisectError(f"cannot read {path} as .npz ({exc}); {hint}") from None
+
+
+def _member_name(info: zipfile.ZipInfo, path: str | os.PathLike) -> str:
+    if not info.filename.endswith(".npy"):
+        raise TrtBisectError(f"{path}: member {info.filename!r} is not a numpy array (.npy)")
+    return info.filename[:-4]
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.PathLike) -> np.ndarray:
+    with zf.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        header = fh.tell()
+    if dtype.hasobject:
+        raise TrtBisectError(f"{path}: {info.filename!r} holds Python objects, not numbers")
+    need = math.prod(shape) * dtype.itemsize
+    if need > info.file_size - header:
+        raise TrtBisectError(f"{path}: {info.filename!r} declares {need} bytes of data but holds "
+                             f"{info.file_size - header} (truncated or corrupt)")
+    with zf.open(info) as fh:
+        return np.lib.format.read_array(fh, allow_pickle=False)
 
 
 def _split_samples(graph: Graph, arrays: dict[str, np.ndarray], source: str) -> list[Sample]:
@@ -132,4 +218,4 @@ def _split_samples(graph: Graph, arrays: dict[str, np.ndarray], source: str) -> 
         raise TrtBisectError(f"{source}: stack every input along a leading sample axis of the "
                              "same length, or none")
     n = counts.pop()
-    return [{name: arrays[name][k] for name in wanted} for k in range(n)]
+    return [{name: arrays[name][k, ...] for name in wanted} for k in range(n)]  # 0-d stays an array

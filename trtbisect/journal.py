@@ -1,85 +1,189 @@
 """An append-only journal of evaluations, so that an interrupted search resumes where it was.
 
-Each line is JSON. A `start` line is written before an evaluation runs and a `done` line after:
-a plan that has a start but no done crashed the process last time and is judged failed on
-rerun instead of crashing it again. A journal whose fingerprint (model, inputs, tolerance,
-options) differs from this run's is set aside, never mixed in.
+Each line is canonical JSON with a `sum`: the sha256 of the run's fingerprint followed by the
+record (without `sum`), both as canonical JSON, so a record is valid only for the run it was written by. A `start` line
+is written before an evaluation runs and a `done` line after. On resume:
+
+- a `done` plan is replayed without running it;
+- a plan with a `start` but no `done` was in flight when the process died (SIGKILL, Ctrl-C,
+  power loss) and is run again: a kill says nothing about the plan;
+- a plan started `MAX_ATTEMPTS` times without ever finishing crashes the process itself (as
+  Polygraphy's `debug` replay files record) and is judged failed instead of crashing it again;
+- a journal whose header, fingerprint or any complete line fails validation is set aside
+  (renamed, with a warning), never trusted; only a last line cut short by a kill is tolerated.
+
+The checksum catches damage, truncation, a foreign or hand-edited journal; it is not a
+signature against someone who recomputes it.
+
+Durability: every line is flushed to the OS at once, which is what survives SIGKILL (the kernel
+keeps written data). fsync only guards against power loss, so it is grouped: at most once per
+`SYNC_SECONDS` (a second), and on close; a power cut loses at most the last second of
+evaluations, which the resumed run simply repeats.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
 log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3  # starts without a done before a plan is judged to crash the process
+SYNC_SECONDS = 1.0  # group commit: at most one fsync per second
+FORMAT = 2
 
 
 def plan_key(fp32: Iterable[str]) -> str:
     return json.dumps(sorted(fp32))
 
 
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+class JournalRejected(Exception):
+    """The journal on disk cannot be trusted; it is set aside."""
+
+
 class Journal:
+    """Records evaluations of one run (identified by `fingerprint`) in `path`."""
+
     def __init__(self, path: Path, fingerprint: dict[str, Any]) -> None:
-        self.path = path
+        self.path = Path(path)
         self.fingerprint = fingerprint
+        self._salted = hashlib.sha256(canonical(fingerprint))  # the checksum's prefix
         self.done: dict[str, dict[str, Any]] = {}
-        self.crashed: set[str] = set()
+        self.starts: Counter[str] = Counter()
+        self._unsynced, self._synced_at = 0, time.monotonic()
         self._load()
         self._fh = open(self.path, "a", encoding="utf-8")
-        if self.path.stat().st_size == 0:
-            self._write({"fingerprint": fingerprint})
+        if self._fh.tell() == 0:
+            self._write({"fingerprint": fingerprint, "format": FORMAT})
+
+    # ------------------------------------------------------------------ reading
 
     def _load(self) -> None:
-        if not self.path.exists():
+        if not self.path.exists() and not self.path.is_symlink():
             return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
         try:
-            header = json.loads(lines[0]) if lines else {}
-        except json.JSONDecodeError:
-            header = {}
-        if header.get("fingerprint") != self.fingerprint:
-            stale = self.path.with_suffix(".stale.jsonl")
-            os.replace(self.path, stale)
-            log.warning("journal %s is from a different run; moved it to %s", self.path, stale)
+            good_bytes = self._parse()
+        except JournalRejected as why:
+            self.done.clear()
+            self.starts.clear()
+            self._set_aside(str(why))
             return
-        started: set[str] = set()
-        for line in lines[1:]:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-            if "start" in rec:
-                started.add(rec["start"])
-            elif "done" in rec:
-                self.done[rec["done"]] = rec
-        self.crashed = started - self.done.keys()
-        if self.done:
+        if good_bytes is not None:  # drop a last line cut short by a kill before appending
+            os.truncate(self.path, good_bytes)
+        if self.done or self.starts:
             log.info("resuming: %d evaluations already in %s", len(self.done), self.path)
 
+    def _parse(self) -> int | None:
+        """Fill done/starts; return the length to truncate to when the last line is partial."""
+        if not self.path.is_file():
+            raise JournalRejected("not a regular file")
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise JournalRejected(f"unreadable ({exc.strerror})")
+        complete, sep, partial = data.rpartition(b"\n")
+        lines = complete.split(b"\n") if sep else []
+        if not lines:
+            if partial:  # a header cut short: nothing was recorded yet
+                return 0
+            return None
+        header = self._decode(lines[0], 1)
+        if header.get("fingerprint") != self.fingerprint or header.get("format") != FORMAT:
+            raise JournalRejected("from a different model, inputs, options or version")
+        for number, line in enumerate(lines[1:], 2):
+            rec = self._decode(line, number)
+            if isinstance(rec.get("start"), str):
+                self.starts[rec["start"]] += 1
+            elif isinstance(rec.get("done"), str) and isinstance(rec.get("passed"), bool):
+                self.done[rec["done"]] = rec
+            else:
+                raise JournalRejected(f"line {number} is no journal record")
+        return len(complete) + 1 if partial else None
+
+    def _decode(self, line: bytes, number: int) -> dict[str, Any]:
+        try:
+            rec = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise JournalRejected(f"line {number} is not JSON") from None
+        if not isinstance(rec, dict) or rec.pop("sum", None) != self._checksum(rec):
+            if number == 1:
+                raise JournalRejected("from a different model, inputs, options or version")
+            raise JournalRejected(f"line {number} fails its checksum")
+        return rec
+
+    def _checksum(self, rec: dict[str, Any]) -> str:
+        return self._seal(canonical(rec))
+
+    def _seal(self, body: bytes) -> str:
+        h = self._salted.copy()
+        h.update(body)
+        return h.hexdigest()
+
+    def _set_aside(self, why: str) -> None:
+        aside = self.path.with_name(f"{self.path.stem}.rejected{self.path.suffix}")
+        try:
+            if aside.is_dir() and not aside.is_symlink():
+                import shutil
+                shutil.rmtree(aside)
+            os.replace(self.path, aside)
+        except OSError:
+            import shutil
+            shutil.rmtree(self.path, ignore_errors=True)
+            aside = Path("(removed)")
+        log.warning("journal %s is not trusted (%s); set it aside as %s and starting afresh",
+                    self.path, why, aside)
+
+    # ------------------------------------------------------------------ the API
+
     def lookup(self, key: str) -> dict[str, Any] | None:
+        """The finished record of a plan, or None when it must be run (again)."""
         if key in self.done:
             return self.done[key]
-        if key in self.crashed:
-            log.warning("plan %s crashed the last run; judging it failed", key)
-            self.record(key, False, {"crashed": True})
+        attempts = self.starts.get(key, 0)
+        if attempts >= MAX_ATTEMPTS:
+            log.warning("plan %s was started %d times and never finished (it crashes the "
+                        "process?); judging it failed", key, attempts)
+            self.record(key, False, {"crashed": True, "attempts": attempts})
             return self.done[key]
+        if attempts:
+            log.info("plan %s was in flight when the last run stopped; running it again", key)
         return None
 
     def start(self, key: str) -> None:
+        self.starts[key] += 1
         self._write({"start": key})
 
     def record(self, key: str, passed: bool, detail: dict[str, Any]) -> None:
-        rec = {"done": key, "passed": passed, **detail}
-        self.done[key] = rec
+        rec = {**detail, "done": key, "passed": bool(passed)}
         self._write(rec)
+        self.done[key] = rec
 
-    def _write(self, rec: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(rec) + "\n")
+    def sync(self) -> None:
+        """Force what was written to stable storage (power-loss safety)."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        self._unsynced, self._synced_at = 0, time.monotonic()
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        body = canonical(rec)  # one serialisation: the checksum is spliced in as the last key
+        sealed = f'{body[:-1].decode()}{"," if len(body) > 2 else ""}"sum":"{self._seal(body)}"}}'
+        self._fh.write(sealed + "\n")
+        self._fh.flush()  # in the kernel now: survives SIGKILL
+        self._unsynced += 1
+        if time.monotonic() - self._synced_at >= SYNC_SECONDS:
+            self.sync()
 
     def close(self) -> None:
-        self._fh.close()
+        if not self._fh.closed:
+            self.sync()
+            self._fh.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import onnx
 from . import __version__
 from .backends.ort import Emulator, MixedModel, Reference, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
-                      round_fp16, tensor_stats, worst)
+                      round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import annotate, attach as attach_diagnosis
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, model_hash, node_names, structure
@@ -28,6 +30,7 @@ from .plan import PrecisionPlan, atomic_write, atomic_write_json, atomic_write_t
 from .render import RenderContext
 from .mixed import Written, graph_model, mixed_model
 from .modules import module_label
+from .outdir import OutputDir
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
 
@@ -69,6 +72,7 @@ class Context:
 def prepare(model_path: str | Path, opts: Options) -> Context:
     path = Path(model_path)
     graph = Graph.from_path(path)
+    validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
     ref = Reference(graph, opts.threads)
     references = [ref.run(s) for s in samples]
@@ -270,6 +274,7 @@ class RunResult:
     mixed_check: dict[str, OutputError] | None = None
     mixed_model: Written | None = field(default=None, repr=False)  # for fp32_nodes
     rewritten_model: Written | None = field(default=None, repr=False)  # FP32, rewrites applied
+    staged: list[str] = field(default_factory=list)  # judged files waiting in --out/.staging
     stats: dict[str, TensorStats] = field(default_factory=dict)
     prior_seeds: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -445,12 +450,16 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     """
     written = mixed_model(ctx.graph, plan)
     result.mixed_model = written
+    # staged beside --out (same file system): write_outputs moves these very files into place
+    staging = out_dir / STAGING if out_dir is not None else None
+    if staging is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = out_dir if out_dir is not None else Path(tmp)
-        path = folder / f"{ctx.path.stem}.mixed.onnx"
-        written.save(path)
-        if out_dir is not None:
-            result.files["mixed_model"] = str(path)
+        path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
+        files = written.save(path)
+        if staging is not None:
+            result.staged = [str(f) for f in files]
         checked = judge_mixed(path, ctx, opts)
     _, searched, _ = ev.measure(plan)
     searched_worst = worst(searched)
@@ -472,6 +481,9 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     if fragile and checked.passed:
         log.warning("the plan passes by less than FP32 kernel noise on %s: fragile",
                     ", ".join(fragile))
+
+
+STAGING = ".staging"
 
 
 def _bits(e: OutputError) -> tuple:
@@ -565,8 +577,14 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
 
 
 def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
-    """Every file atomically; the input model is only read."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Every file atomically, as one generation that replaces the last (outdir.py): the plan
+    is written last, never beside an earlier run's files. The input model is only read."""
+    with OutputDir(out_dir).generation(keep=[ctx.path]) as gen:
+        _write_files(result, ctx, out_dir, report)
+        gen.commit(result.files, result.to_json())
+
+
+def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
     stem = ctx.path.stem
     if result.verdict in ("fixed", "fp16_ok"):
         if any(not n.name for n in ctx.model.graph.node) or node_names(ctx.model) != [
@@ -579,11 +597,16 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
             result.rewritten_model.save(path)
             result.files["rewritten_model"] = str(path)
         mixed_path = out_dir / f"{stem}.mixed.onnx"
-        if result.files.get("mixed_model") != str(mixed_path):  # judged files are already there
+        if result.staged:  # the files judged in the run, moved into place
+            for f in result.staged:
+                os.replace(f, out_dir / Path(f).name)
+            result.staged = []
+            shutil.rmtree(out_dir / STAGING, ignore_errors=True)
+        else:
             if result.mixed_model is None:
                 result.mixed_model = mixed_model(ctx.graph, result.fp32_nodes)
             result.mixed_model.save(mixed_path)
-            result.files["mixed_model"] = str(mixed_path)
+        result.files["mixed_model"] = str(mixed_path)
         result.render_context = _render_context(result, ctx, out_dir)
         r = result.renderings()
         if r["trtexec_layer_precisions"] is not None:
@@ -614,7 +637,6 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
         from .report import write_report
         result.files.update(write_report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
-    atomic_write_json(out_dir / "precision.json", result.to_json())
 
 
 def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
@@ -675,6 +697,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
         result.fp32_nodes = list(report.result.fp32)
         result.mixed_model = result.mixed_check = None  # they described the emulator's plan
         result.files.pop("mixed_model", None)
+        result.staged = []
         result.verdict = "fixed" if result.fp32_nodes else "fp16_ok"
     write_outputs(result, ctx, out_dir)
 

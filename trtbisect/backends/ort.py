@@ -91,8 +91,8 @@ class Session:
         self.float_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(float)"}
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
-        fed = {k: (v.astype(np.float32) if k in self.float_inputs and v.dtype != np.float32
-                   else v) for k, v in feeds.items()}
+        fed = {k: np.asarray(v, np.float32) if k in self.float_inputs else np.asarray(v)
+               for k, v in feeds.items()}
         return run_session(self.session, fed, outputs)
 
 

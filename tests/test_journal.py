@@ -1,0 +1,160 @@
+"""The journal: what resumes, what is re-run, what is skipped, what is never trusted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from trtbisect import journal as journal_mod
+from trtbisect.journal import MAX_ATTEMPTS, Journal, plan_key
+
+FP = {"model": "m" * 64, "samples": "s" * 64, "tolerance": {"rtol": 0.01}, "strict": False}
+A, B, C = plan_key(["a"]), plan_key(["a", "b"]), plan_key([])
+
+
+def write_some(path, fingerprint=FP):
+    j = Journal(path, fingerprint)
+    j.start(A)
+    j.record(A, True, {"rel": {"y": 0.001}})
+    j.start(B)
+    j.record(B, False, {"rel": {"y": float("inf")}})
+    j.close()
+
+
+def test_finished_evaluations_are_replayed(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    write_some(path)
+    j = Journal(path, FP)
+    assert j.lookup(A)["passed"] is True and j.lookup(B)["passed"] is False
+    assert j.lookup(C) is None
+    j.close()
+
+
+def test_an_evaluation_in_flight_at_a_kill_is_run_again(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    write_some(path)
+    j = Journal(path, FP)
+    j.start(C)  # killed here: the start is on disk, the done never comes
+    del j
+    again = Journal(path, FP)
+    assert again.lookup(C) is None  # run again, not judged failed
+    assert C not in again.done
+
+
+def test_a_plan_that_crashes_every_attempt_is_skipped(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    for attempt in range(MAX_ATTEMPTS):
+        j = Journal(path, FP)
+        assert j.lookup(C) is None, f"attempt {attempt + 1} must run the plan"
+        j.start(C)  # ...and crash
+        j._fh.close()
+    j = Journal(path, FP)
+    rec = j.lookup(C)
+    assert rec is not None and rec["passed"] is False and rec["crashed"] is True
+    j.close()
+    assert Journal(path, FP).lookup(C)["passed"] is False  # the verdict is journaled too
+
+
+def test_a_forged_record_sets_the_journal_aside(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)  # an earlier CLI test may have quietened the root logger
+    path = tmp_path / "journal.jsonl"
+    write_some(path)
+    lines = path.read_text().splitlines()
+    forged = json.loads(lines[-1])
+    forged["passed"] = True  # flip a failed verdict, keep the old checksum
+    path.write_text("\n".join([*lines[:-1], json.dumps(forged)]) + "\n")
+    j = Journal(path, FP)
+    assert j.done == {} and j.lookup(B) is None
+    assert (tmp_path / "journal.rejected.jsonl").exists()
+    assert "not trusted" in caplog.text
+
+
+def test_a_record_without_checksum_is_not_trusted(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    write_some(path)
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"done": C, "passed": True}) + "\n")
+    assert Journal(path, FP).lookup(C) is None
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe garbage\n", b"[1, 2]\n", b"{}\n",
+                                     b'{"fingerprint": {}}\n'])
+def test_corrupt_or_foreign_journals_are_set_aside(tmp_path, content):
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(content)
+    j = Journal(path, FP)
+    j.start(A)
+    j.record(A, True, {})
+    j.close()
+    assert Journal(path, FP).lookup(A)["passed"] is True  # the fresh journal works
+
+
+def test_a_journal_of_another_run_is_set_aside(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    write_some(path, {**FP, "strict": True})
+    assert Journal(path, FP).lookup(A) is None
+    assert (tmp_path / "journal.rejected.jsonl").exists()
+
+
+def test_a_folder_in_place_of_the_journal_is_set_aside(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    path.mkdir()
+    Journal(path, FP).close()
+    assert path.is_file()
+
+
+def test_a_last_line_cut_short_is_tolerated_and_dropped(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    write_some(path)
+    with open(path, "ab") as fh:
+        fh.write(b'{"done": "[\\"x')  # a kill in the middle of a write
+    j = Journal(path, FP)
+    assert j.lookup(A)["passed"] is True
+    j.record(C, True, {})
+    j.close()
+    assert Journal(path, FP).lookup(C)["passed"] is True  # appended after the cut, not onto it
+
+
+def test_fsync_is_grouped(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(journal_mod.os, "fsync", lambda fd: calls.append(fd))
+    j = Journal(tmp_path / "journal.jsonl", FP)
+    for k in range(500):
+        j.start(plan_key([str(k)]))
+        j.record(plan_key([str(k)]), True, {})
+    assert len(calls) <= 2  # 1000 lines within a second: no per-line fsync
+    j.close()
+    assert len(calls) >= 1  # close makes everything durable
+
+
+def test_journal_costs_under_a_tenth_of_an_evaluation(tmp_path):
+    from trtbisect.backends.ort import Emulator
+    from trtbisect.graph import Graph, load_model
+    from trtbisect.inputs import load_samples
+    g = Graph(load_model("models/demo.onnx"))
+    sample = load_samples(g, ["models/demo_inputs.npz"], {}, 0)[0]
+    emu, plans = Emulator(g), [frozenset(g.candidates()[:k]) for k in range(20)]
+    emu.run(plans[0], sample)
+
+    def best(fn, reps=3):
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+    evaluate = best(lambda: [emu.run(p, sample) for p in plans]) / len(plans)
+    j = Journal(tmp_path / "journal.jsonl", FP)
+
+    def journal_all():
+        for p in plans:
+            key = plan_key(p)
+            j.lookup(key)
+            j.start(key)
+            j.record(key, True, {"rel": {"y": 0.00123}, "nonfinite_tensors": []})
+    cost = best(journal_all) / len(plans)
+    j.close()
+    assert cost < 0.1 * evaluate, (cost, evaluate)
