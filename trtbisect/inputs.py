@@ -110,8 +110,8 @@ def random_sample(graph: Graph, shapes: Mapping[str, tuple[int, ...]], seed: int
     for value in graph.fed_inputs():
         dtype, shape = input_dtype(value), resolve_shape(value, shapes)
         guard_size(shape, dtype, f"a random sample of input {value.name!r}")
-        if dtype.kind == "f":
-            sample[value.name] = rng.standard_normal(shape).astype(dtype)
+        if dtype.kind == "f" or dtype.name == "bfloat16":
+            sample[value.name] = rng.standard_normal(shape).astype(np.float32).astype(dtype)
         elif dtype.kind in "iu":
             sample[value.name] = rng.integers(0, 2, size=shape).astype(dtype)
         elif dtype.kind == "b":

@@ -96,6 +96,10 @@ class Session:
         return run_session(self.session, fed, outputs)
 
 
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+
+
 def _stored(t: TensorProto) -> bool:
     return t.data_location == TensorProto.EXTERNAL and any(
         e.key == "location" and e.value == STORE_LOCATION for e in t.external_data)
@@ -574,12 +578,12 @@ def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
     rng = np.random.default_rng(0)
     noise: dict[str, float] = {}
     for sample, ref in zip(samples, references):
-        fed = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
+        fed = {k: np.asarray(v, np.float32) if _is_float(np.asarray(v)) else np.asarray(v)
                for k, v in sample.items()}
         nudged = {k: (np.nextafter(v, np.where(rng.random(v.shape) < 0.5, -np.inf, np.inf)
                                    .astype(np.float32)) if v.dtype == np.float32 else v)
                   for k, v in fed.items()}
-        for outs in (optimized.run(names, fed), judge.run(nudged, names)):
+        for outs in (run_session(optimized, fed, names), judge.run(nudged, names)):
             for name, got in zip(names, outs):
                 r = np.asarray(ref[name], np.float64)
                 g = np.asarray(got, np.float64)
