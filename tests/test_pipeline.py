@@ -173,3 +173,18 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     assert check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,
                        Options(inputs=[str(inputs)])).passed
     assert max(a["fp32_drift"]["rel"] for a in applied) < 1e-4
+
+
+def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatch):
+    from trtbisect import pipeline
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    calls = []
+    monkeypatch.setattr(pipeline, "layerwise", lambda *a, **k: calls.append(1) or {})
+    again = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    assert not calls and again.fp32_nodes == first.fp32_nodes
+    assert {k: v.to_json() for k, v in again.stats.items()} == \
+           {k: v.to_json() for k, v in first.stats.items()}
+    fresh = run(model, Options(inputs=[str(inputs)], resume=False), tmp_path / "out")
+    assert calls and fresh.verdict == "fixed"

@@ -136,6 +136,9 @@ def test_plan_curve_is_drawn_from_the_pipelines_plan_errors(reported):
 
     r, _ = reported
     stats = list(r.stats.values())
+    measured = plan_errors(r, stats)  # run --report measured the plan's own curve
+    assert measured is not None and max(measured) < max(s.rel_err for s in stats)
+    saved = r.extra.pop("layerwise_plan")
     assert plan_errors(r, stats) is None  # not measured: only the all-FP16 curve
     r.extra["layerwise_plan"] = {stats[0].name: 0.5, stats[1].name: {"rel_err": 0.25},
                                  stats[2].name: stats[2]}
@@ -144,4 +147,4 @@ def test_plan_curve_is_drawn_from_the_pipelines_plan_errors(reported):
         assert got[:3] == [0.5, 0.25, stats[2].rel_err] and all(np.isnan(v) for v in got[3:])
         assert plot_png(r).startswith(b"\x89PNG")
     finally:
-        del r.extra["layerwise_plan"]
+        r.extra["layerwise_plan"] = saved

@@ -300,7 +300,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     ctx.meta["resume_hint"] = (f"run the same command again to resume from {out / 'journal.jsonl'}"
                                " (--no-resume starts afresh)")
     with terminate_as_interrupt(), OutputDir(out).locked(), Progress(quiet_level()) as progress:
-        result = pipeline.run(model, opts, out, progress.trial, progress.stage)
+        result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
         if backend == "trt" and result.verdict in ("fixed", "fp16_ok"):
             progress.stage("verifying the emulator's plan with TensorRT engines")
             pipeline.verify_on_tensorrt(result, opts, out)
@@ -478,7 +478,9 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
     problems = pipeline.reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}", 3)
-    stats = pipeline.layerwise(ctx, opts)
+    with Progress(quiet_level() + int(as_json)) as progress:  # --json: stdout is for machines
+        progress.stage("layer-wise comparison, FP32 vs FP16")
+        stats = pipeline.layerwise(ctx, opts, progress.layerwise)
     summary = pipeline.summarize_layerwise(ctx.graph, stats)
     if as_json:
         click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()]},

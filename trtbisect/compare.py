@@ -156,7 +156,9 @@ class TensorStats:
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorStats":
-        return cls(**{k: (float(v) if isinstance(v, str) else v) for k, v in d.items()})
+        text = ("name", "producer")  # every other string is a non-finite number ("inf", "nan")
+        return cls(**{k: (float(v) if isinstance(v, str) and k not in text else v)
+                      for k, v in d.items()})
 
 
 def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray) -> TensorStats:

@@ -4,6 +4,7 @@ comparison, prior, search, verify, write. The CLI only parses, calls and formats
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -36,6 +37,7 @@ from .suspects import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
 
+BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN}
 
@@ -94,10 +96,12 @@ def reference_problems(ctx: Context) -> list[str]:
 # ---------------------------------------------------------------- layer-wise comparison
 
 def layerwise(ctx: Context, opts: Options,
-              progress: Callable[[int, int], None] | None = None) -> dict[str, TensorStats]:
-    """Statistics of every stored float tensor, FP32 vs all-FP16, worst over all samples.
+              progress: Callable[[int, int], None] | None = None,
+              plan: frozenset[str] = frozenset()) -> dict[str, TensorStats]:
+    """Statistics of every stored float tensor, FP32 vs FP16 (all-FP16, or `plan` applied),
+    worst over all samples.
 
-    The FP32 side comes from the reference graph, the FP16 side from the static all-FP16 graph,
+    The FP32 side comes from the reference graph, the FP16 side from the plan's static graph,
     both exposing one batch of tensors at a time under the memory budget (ORT keeps every
     exposed output alive for the whole run); only statistics are kept.
     """
@@ -113,10 +117,10 @@ def layerwise(ctx: Context, opts: Options,
     total, done = sum(len(b) for b in batches), 0
     for batch in batches:
         ref = Reference(g, opts.threads)
-        emu = Emulator(g, opts.threads, expose=batch)
+        emu = Emulator(g, opts.threads, expose=batch, active=plan)
         for s in ctx.samples:
             a = ref.run_tensors(s, batch)
-            b = emu.run_tensors(True, s, batch)
+            b = emu.run_tensors_for(plan, s, batch)
             for t in batch:
                 _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
         emu.close()
@@ -124,6 +128,29 @@ def layerwise(ctx: Context, opts: Options,
         done += len(batch)
         if progress is not None:
             progress(done, total)
+    return stats
+
+
+def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerprint: dict,
+                      progress: Callable[[int, int], None] | None) -> dict[str, TensorStats]:
+    """The layer-wise statistics, reused when a resumed run has the same fingerprint."""
+    path = None
+    if out_dir is not None and opts.resume:
+        key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+        path = out_dir / CACHE / f"layerwise-{key}.json"
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+            stats = {r["name"]: TensorStats.from_json(r) for r in rows}
+            log.info("layer-wise statistics reused from %s", path)
+            return stats
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    stats = layerwise(ctx, opts, progress)
+    if path is not None:
+        try:
+            atomic_write_json(path, [s.to_json() for s in stats.values()])
+        except OSError as exc:  # a cache: never fail the run over it
+            log.info("layer-wise statistics not cached: %s", exc)
     return stats
 
 
@@ -319,7 +346,7 @@ class RunResult:
             "renderings": self.renderings(),
             "files": self.files,
             "seconds": round(self.seconds, 3),
-            **self.extra,
+            **{k: v for k, v in self.extra.items() if k not in BULKY_EXTRAS},
         }
 
     def renderings(self) -> dict[str, object]:
@@ -354,23 +381,24 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                            errors_before={}, errors_after={}, reference_problems=problems, **base)
         return _finish(result, ctx, out_dir, started, opts.report)
     stats: dict[str, TensorStats] = {}
+    fingerprint = _fingerprint(ctx, opts)
     if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
         stage("layer-wise comparison, FP32 vs FP16")
-        stats = layerwise(ctx, opts, on_layerwise)
+        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
     journal = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         journal_path = out_dir / "journal.jsonl"
         if not opts.resume and journal_path.exists():
             journal_path.unlink()
-        journal = Journal(journal_path, _fingerprint(ctx, opts))
+        journal = Journal(journal_path, fingerprint)
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
     all_half, before, _ = ev.measure(frozenset())
     ev.known[frozenset()] = all_half
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
-        stats = layerwise(ctx, opts, on_layerwise)
+        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
     outcome = None
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
@@ -407,6 +435,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         _judge_written_plan(result, ctx, opts, ev, plan, out_dir)
     result.culprits = explain(g, result.fp32_nodes, stats, constants)
     attach_diagnosis(result, g, constants)
+    if opts.report and result.verdict == "fixed" and result.fp32_nodes:
+        stage("layer-wise comparison with the plan applied (for the report)")
+        result.extra["layerwise_plan"] = {
+            t: s.to_json() for t, s in layerwise(ctx, opts, on_layerwise, plan).items()}
     if result.verdict in ("fixed", "fp16_ok") and opts.stability >= 2:
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
@@ -484,6 +516,7 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
 
 
 STAGING = ".staging"
+CACHE = ".cache"  # results a resumed run reuses (layer-wise statistics)
 
 
 def _bits(e: OutputError) -> tuple:
