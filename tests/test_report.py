@@ -148,3 +148,16 @@ def test_plan_curve_is_drawn_from_the_pipelines_plan_errors(reported):
         assert plot_png(r).startswith(b"\x89PNG")
     finally:
         r.extra["layerwise_plan"] = saved
+
+
+def test_every_tensor_has_a_hover_title_on_the_plot(reported):
+    from trtbisect.report import plot, render_html
+
+    r, _ = reported
+    png, columns = plot(r)
+    page = render_html(r, png, columns)
+    assert len(columns) == len(r.stats) and page.count("class='col'") == len(r.stats)
+    for s in r.stats.values():
+        assert f"title='{s.name} (by" in page
+    lefts = [c[1] for c in columns]
+    assert lefts == sorted(lefts) and 0 <= lefts[0] and lefts[-1] + columns[-1][3] <= 100.5

@@ -39,14 +39,14 @@ def require_matplotlib() -> None:
 
 def write_report(result: "RunResult", out_dir: Path) -> dict[str, str]:
     """Write report.html, report.md and the plot beside them; returns {kind: path}."""
-    png = plot_png(result) if result.stats else None  # none when the reference is invalid
+    png, columns = plot(result) if result.stats else (None, [])  # none: reference invalid
     files = {"report_html": out_dir / "report.html", "report_md": out_dir / "report.md"}
     if png is not None:
         files["report_plot"] = out_dir / "report_plot.png"
         atomic_write(files["report_plot"], lambda tmp: _write_bytes(tmp, png))
     atomic_write_text(files["report_md"], render_markdown(
         result, files["report_plot"].name if png is not None else None))
-    atomic_write_text(files["report_html"], render_html(result, png))
+    atomic_write_text(files["report_html"], render_html(result, png, columns))
     return {k: str(v) for k, v in files.items()}
 
 
@@ -71,6 +71,14 @@ def group_of_node(result: "RunResult") -> dict[str, dict]:
 
 def plot_png(result: "RunResult") -> bytes:
     """Max |x| and FP16 error of every stored tensor in graph order, culprits marked."""
+    return plot(result)[0]
+
+
+Column = tuple[str, float, float, float, float]  # tensor, left, top, width, height (% of image)
+
+
+def plot(result: "RunResult") -> tuple[bytes, list[Column]]:
+    """The plot, and where each tensor's column lies on it (for hover titles in the HTML)."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -84,11 +92,30 @@ def plot_png(result: "RunResult") -> bytes:
     fig.suptitle("Every stored tensor in graph order: FP32 magnitude, and the all-FP16 error",
                  x=0.01, ha="left", fontsize=11)
     _plot_magnitude(top, stats, marked)
-    _plot_error(bottom, stats, marked, result.tolerance.rtol, plan_errors(result, stats))
+    plan = plan_errors(result, stats)
+    _plot_error(bottom, stats, marked, result.tolerance.rtol, plan)
     _label_x(bottom, stats, marked, _group_starts(result, stats))
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return buf.getvalue(), _columns(fig, top, bottom, stats, plan)
+
+
+def _columns(fig, top, bottom, stats: Sequence, plan: list[float] | None) -> list[Column]:
+    """Each tensor's vertical band over both axes, in percent of the figure (scale-proof)."""
+    width = fig.bbox.width
+    xs = [bottom.transData.transform((i, 1.0))[0] / width * 100 for i in range(len(stats))]
+    y_top = (1 - top.get_position().y1) * 100
+    height = (top.get_position().y1 - bottom.get_position().y0) * 100
+    out = []
+    for i, s in enumerate(stats):
+        left = (xs[i - 1] + xs[i]) / 2 if i else xs[i] - (xs[1] - xs[0] if len(xs) > 1 else 1) / 2
+        right = (xs[i] + xs[i + 1]) / 2 if i + 1 < len(xs) else 2 * xs[i] - left
+        title = (f"{s.name} (by {s.producer or 'input'}): FP32 max|x| {s.fp32_absmax:.3g}, "
+                 f"all-FP16 rel err {s.rel_err:.3g}")
+        if plan is not None and math.isfinite(plan[i]):
+            title += f", with the plan {plan[i]:.3g}"
+        out.append((title, left, y_top, max(right - left, 0.05), height))
+    return out
 
 
 def _positive(values: Iterable[float]) -> list[float]:
@@ -353,7 +380,8 @@ dl.ev{display:grid;grid-template-columns:repeat(3,max-content minmax(0,1fr));gap
  margin:8px 0;font-size:13px}
 dl.ev dt{color:#5b6577}dl.ev dd{margin:0;font-family:ui-monospace,monospace;
  overflow-wrap:anywhere}
-img.plot{width:100%;border:1px solid #dde3ec;border-radius:8px;background:#fff}
+.plotbox{position:relative}.plotbox .col{position:absolute}.plotbox .col:hover{background:rgba(31,119,180,.12)}
+img.plot{display:block;width:100%;border:1px solid #dde3ec;border-radius:8px;background:#fff}
 .flag{color:#b23c17;font-weight:600}
 """
 
@@ -362,7 +390,7 @@ def e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_html(result: "RunResult", png: bytes | None) -> str:
+def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column] = ()) -> str:
     ok = result.verdict in ("fixed", "fp16_ok")
     body = [f"<h1>trtbisect report: {e(Path(result.model_path).name)}</h1>",
             "<div class='muted'>" + "<br>".join(e(f[2:].replace("`", ""))
@@ -371,9 +399,12 @@ def render_html(result: "RunResult", png: bytes | None) -> str:
     body += _html_groups(result)
     body += _html_culprits(result)
     if png is not None:
+        hover = "".join(f"<span class='col' title='{e(t)}' style='left:{x:.3f}%;top:{y:.3f}%;"
+                        f"width:{w:.3f}%;height:{h:.3f}%'></span>" for t, x, y, w, h in columns)
         body += ["<h2>Magnitude and error along the graph</h2>",
-                 "<img class='plot' alt='per-tensor magnitude and FP16 error' src='data:image/png;"
-                 f"base64,{base64.b64encode(png).decode()}'>"]
+                 "<div class='plotbox'><img class='plot' alt='per-tensor magnitude and FP16 error' "
+                 f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>{hover}</div>",
+                 "<div class='muted'>Hover over the plot for each tensor's name and numbers.</div>"]
     body += _html_table("Error per output", ["output", "all FP16", "with the plan"],
                         output_rows(result))
     body += _html_stability(result)
