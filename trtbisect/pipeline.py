@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from . import __version__
-from .backends.ort import Emulator, MixedModel, Reference, emulation_of_mixed
+from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import annotate, attach as attach_diagnosis
@@ -480,8 +480,10 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     The search's own numbers for the plan must be the file's, bit for bit; a file that fails
     makes the verdict `no_plan`, never `fixed`.
     """
+    _, searched, _ = ev.measure(plan)
+    ev.emulator.close()  # memory: the judge below holds the file's weights, not the search's
+    Rounded.release(ctx.graph)
     written = mixed_model(ctx.graph, plan)
-    result.mixed_model = written
     # staged beside --out (same file system): write_outputs moves these very files into place
     staging = out_dir / STAGING if out_dir is not None else None
     if staging is not None:
@@ -492,8 +494,8 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
         files = written.save(path)
         if staging is not None:
             result.staged = [str(f) for f in files]
+        del written  # saved: the file is the model from here on
         checked = judge_mixed(path, ctx, opts)
-    _, searched, _ = ev.measure(plan)
     searched_worst = worst(searched)
     same = all(_bits(searched_worst[o]) == _bits(e) for o, e in checked.errors.items())
     result.mixed_check = checked.errors

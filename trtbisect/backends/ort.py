@@ -129,11 +129,25 @@ def run_session(session, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
 
 
 class Rounded:
-    """FP16-rounded copies of a graph's float initializers, made once and shared."""
+    """FP16-rounded copies of a graph's float initializers, made once and shared by every
+    session over the graph (`Rounded.of`): the weights' FP16 copy exists once."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self._arrays: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def of(cls, graph: Graph) -> "Rounded":
+        shared = getattr(graph, "_rounded", None)
+        if shared is None:
+            shared = cls(graph)
+            graph._rounded = shared  # type: ignore[attr-defined]
+        return shared
+
+    @staticmethod
+    def release(graph: Graph) -> None:
+        """Drop the graph's shared copies (sessions that hold them keep theirs alive)."""
+        graph._rounded = None  # type: ignore[attr-defined]
 
     def array(self, name: str) -> np.ndarray:
         if name not in self._arrays:
@@ -370,7 +384,7 @@ class Reference:
     def __init__(self, graph: Graph, threads: int | None = None) -> None:
         self.graph, self.threads = graph, threads
         self.outputs = graph.output_names()
-        self._rounded = Rounded(graph)
+        self._rounded = Rounded.of(graph)
         self.session, _ = _session(graph, {}, self._rounded, threads)
         self._exposing: dict[tuple[str, ...], Session] = {}
 
@@ -407,7 +421,7 @@ class Emulator:
         self._cand_set = frozenset(self._candidates)
         self.expose, self.watch = list(expose), list(watch)
         self.outputs = graph.output_names()
-        self._rounded = Rounded(graph)
+        self._rounded = Rounded.of(graph)
         self.rebuilds = 0
         self.active: frozenset[str] = frozenset()
         self.session: Session | None = None
@@ -434,7 +448,7 @@ class Emulator:
         unknown = need - self._cand_set
         if unknown:
             raise TrtBisectError(f"not switchable nodes in plan: {', '.join(sorted(unknown))}")
-        if not need <= self.active:
+        if not need <= self.active or self.session is None:  # a closed emulator reopens
             self._build(self.active | need)
 
     def feeds_for(self, fp32_nodes: frozenset[str]) -> dict[str, np.ndarray]:
@@ -510,7 +524,7 @@ class MixedModel:
 def emulation_of_mixed(graph: Graph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The FP32 model `MixedModel` runs (weights by reference): also what Polygraphy's ONNX
     Runtime runs to check a plan without a GPU, since ORT's own float16 kernels hide overflow."""
-    b = _MixedBuilder(graph, {}, Rounded(graph))
+    b = _MixedBuilder(graph, {}, Rounded.of(graph))
     proto = b.build()
     arrays = dict(b.arrays)
     for t in proto.graph.initializer:
@@ -561,7 +575,7 @@ def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
     margin under the bound is below this floor is fragile."""
     import onnxruntime as ort
 
-    proto = _Builder(graph, {}, Rounded(graph)).build()
+    proto = _Builder(graph, {}, Rounded.of(graph)).build()
     arrays = {t.name: graph.array(t.name) for t in proto.graph.initializer if _stored(t)}
     opts = session_options(threads, judge=False)
     values = [ort.OrtValue.ortvalue_from_numpy(_contiguous(arrays[n])) for n in arrays]
