@@ -15,11 +15,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__
+from . import __version__, semantics
 from .backends.ort import Emulator, MixedModel, Reference
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, worst)
-from .diagnose import annotate, attach as attach_diagnosis
+from .diagnose import annotate, attach as attach_diagnosis, note_semantics
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
@@ -50,6 +50,9 @@ class Options:
     resume: bool = True
     stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
     report: bool = False  # also write report.html / report.md (needs matplotlib)
+    semantics: str = "trt"  # trt: round where TensorRT rounds; strict: every node (docs/semantics.md)
+    trt_version: int = 10  # the weight-conversion rule and renderings' target
+    tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
 
 
 @dataclass
@@ -62,16 +65,33 @@ class Context:
     samples: list[Sample]
     references: list[dict[str, np.ndarray]]
     sha256: str
+    # what the search judges: the model after TensorRT's build-time rewrites (trt semantics) or
+    # `graph` itself (strict); the FP32 reference is always `graph`, the model as given
+    search: Graph | None = None
+    prepared: semantics.Prepared | None = None
+    rules: semantics.Rules = semantics.STRICT
+
+    @property
+    def judged(self) -> Graph:
+        return self.search if self.search is not None else self.graph
 
 
-def prepare(model_path: str | Path, opts: Options) -> Context:
+def prepare(model_path: str | Path, opts: Options, search: bool = True) -> Context:
+    """Load, reference outputs, and (`search`) the graph the emulator judges under
+    `opts.semantics`."""
     path = Path(model_path)
     graph = Graph.from_path(path)
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
     ref = Reference(graph, opts.threads)
     references = [ref.run(s) for s in samples]
     ref.close()
-    return Context(path, graph.source, graph, samples, references, model_hash(path))
+    ctx = Context(path, graph.source, graph, samples, references, model_hash(path))
+    semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
+    if search:
+        ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
+                                                           opts.trt_version)
+        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32)
+    return ctx
 
 
 def reference_problems(ctx: Context) -> list[str]:
@@ -95,7 +115,7 @@ def layerwise(ctx: Context, opts: Options,
     both exposing one batch of tensors at a time under the memory budget (ORT keeps every
     exposed output alive for the whole run); only statistics are kept.
     """
-    g = ctx.graph
+    g = ctx.judged
     producer = {t: g.names[g.producer[t]] for t in g.stored_tensors()}
     stats: dict[str, TensorStats] = {}
     for v in g.inputs():
@@ -107,7 +127,7 @@ def layerwise(ctx: Context, opts: Options,
     total, done = sum(len(b) for b in batches), 0
     for batch in batches:
         ref = Reference(g, opts.threads)
-        emu = Emulator(g, opts.threads, expose=batch)
+        emu = Emulator(g, opts.threads, expose=batch, rules=ctx.rules)
         for s in ctx.samples:
             a = ref.run_tensors(s, batch)
             b = emu.run_tensors(True, s, batch)
@@ -186,9 +206,9 @@ class Evaluator:
     def __init__(self, ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
                  journal: Journal | None) -> None:
         self.ctx, self.opts, self.journal = ctx, opts, journal
-        watch = [t for t in ctx.graph.stored_tensors()
+        watch = [t for t in ctx.judged.stored_tensors()
                  if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
-        self.emulator = Emulator(ctx.graph, opts.threads, watch=watch)
+        self.emulator = Emulator(ctx.judged, opts.threads, watch=watch, rules=ctx.rules)
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
 
@@ -238,11 +258,14 @@ class Culprit:
     op: str
     why: str
     module: str | None = None
+    layer: str | None = None  # the fused TensorRT layer it belongs to (trt semantics)
 
     def to_json(self) -> dict:
         d = {"node": self.node, "op": self.op, "why": self.why}
         if self.module:
             d["module"] = self.module
+        if self.layer:
+            d["layer"] = self.layer
         return d
 
 
@@ -337,14 +360,17 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
     ctx = prepare(model_path, opts)
-    g = ctx.graph
+    g = ctx.judged
+    assert ctx.prepared is not None
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
                 strict=opts.strict)
+    record = {"semantics": semantics.record(ctx.prepared, opts.tf32)}
     problems = reference_problems(ctx)
     if problems:
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
-                           errors_before={}, errors_after={}, reference_problems=problems, **base)
+                           errors_before={}, errors_after={}, reference_problems=problems,
+                           extra=dict(record), **base)
         return _finish(result, ctx, out_dir, started, opts.report)
     stats: dict[str, TensorStats] = {}
     if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
@@ -368,26 +394,110 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     prior = build_prior(g, stats, constants)
     if not all_half:
         ev.emulator.ensure(prior.ranking[:max(16, 2 * len(prior.seeds))])
-    stage(f"searching {len(g.candidates())} candidate nodes ({len(prior.seeds)} suspects)")
-    search = find_minimal_fp32(g.candidates(), ev.check, prior.seeds, prior.ranking,
+    units = semantics.units(ctx.prepared, g.candidates())
+    unit_of = {n: u for u, nodes in units.items() for n in nodes}
+
+    def as_units(nodes: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(unit_of[n] for n in nodes if n in unit_of))
+
+    def as_nodes(chosen) -> frozenset[str]:
+        return frozenset(n for u in chosen for n in units[u])
+
+    stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
+          f"({len(prior.seeds)} suspects)")
+    search = find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
+                               as_units(prior.seeds), as_units(prior.ranking),
                                opts.max_evaluations, progress)
     if journal is not None:
         journal.close()
-    plan = frozenset(search.fp32)
+    plan = as_nodes(search.fp32)
     result = RunResult("no_plan" if not search.found else ("fixed" if plan else "fp16_ok"),
-                       fp32_nodes=search.fp32 if search.found else [],
+                       fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
                        evaluations=search.evaluations, inferences=ev.runs,
                        errors_before=worst(before), errors_after=worst(before),
                        one_minimal=search.one_minimal and search.found, search=search,
-                       stats=stats, prior_seeds=prior.seeds, **base)
+                       stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
+    result.extra["fp32_layers"] = list(search.fp32) if search.found else []
     if search.found:
         _judge_written_plan(result, ctx, opts, ev, plan, out_dir)
-    result.culprits = explain(g, result.fp32_nodes, stats, constants)
+    result.culprits = explain(g, result.fp32_nodes, stats, constants,
+                              semantics.fused_layer_names(ctx.prepared))
     attach_diagnosis(result, g, constants)
+    if opts.semantics == "trt":
+        stage("all-FP16 under strict per-node rounding, for comparison")
+        _compare_with_strict(result, ctx, opts)
+    elif result.verdict != "reference_invalid":
+        semantics_notes(result, g)
     if result.verdict in ("fixed", "fp16_ok") and opts.stability >= 2:
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
     return _finish(result, ctx, out_dir, started, opts.report)
+
+
+STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagrees
+
+
+def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
+    """Under trt semantics: all-FP16 judged per node too ("errors_before_strict"), and, when
+    the plan holds under trt but not per node, the BatchNorms / folded constants it takes."""
+    strict = Evaluator(_strict_context(ctx), opts, {}, None)
+    plan = frozenset(result.fp32_nodes)
+    absorbed = _absorbed_nodes(ctx)
+    strict.emulator.ensure(plan | set(absorbed))
+    _, before, _ = strict.measure(frozenset())
+    result.extra["errors_before_strict"] = {k: v.to_json() for k, v in worst(before).items()}
+    if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
+            or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
+        return
+    needed = list(absorbed)
+    if len(needed) <= STRICT_NARROW_LIMIT:
+        for n in list(needed):
+            if strict.measure(plan | (set(needed) - {n}))[0]:
+                needed.remove(n)
+    notes = {n: "fails only under per-node rounding: " + absorbed[n] for n in needed}
+    result.extra["strict_only_culprits"] = needed
+    note_semantics(result, notes, new_group=True)
+
+
+def _strict_context(ctx: Context) -> Context:
+    return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256)
+
+
+def _absorbed_nodes(ctx: Context) -> dict[str, str]:
+    """Candidates of the model as given that TensorRT's build-time rewrites take out of FP16
+    (node -> why): BatchNorms as FP32 scale/shift or folded, constant subgraphs."""
+    assert ctx.prepared is not None
+    g, out = ctx.graph, {}
+    cands = set(g.candidates())
+    for n in g.candidates():
+        op = g.node(n).op_type
+        carrier = ctx.prepared.renamed.get(n)
+        if op == "BatchNormalization" and carrier is not None:
+            out[n] = (f"TensorRT folds this BatchNorm into {carrier}'s weights in FP32 at "
+                      "build time")
+        elif op == "BatchNormalization" and n in ctx.judged.index and any(
+                t.endswith("::scale") for t in ctx.judged.node(n).input):
+            out[n] = "TensorRT precomputes this BatchNorm's scale and shift in FP32"
+        elif carrier is not None:
+            out[n] = "TensorRT folds this constant computation in FP32 at build time"
+    return {n: w for n, w in out.items() if n in cands}
+
+
+def semantics_notes(result: RunResult, g: Graph) -> None:
+    """A strict run whose culprit is something TensorRT computes in FP32 at build time."""
+    notes = {}
+    for n in result.fp32_nodes:
+        node = g.node(n)
+        consts = [t for t in node.input[1:] if t in g.initializers and t not in g.producer]
+        if node.op_type == "BatchNormalization" and len(consts) == len(node.input) - 1 >= 4:
+            notes[n] = ("may fail only under per-node rounding (--semantics strict): TensorRT "
+                        "precomputes this BatchNorm's scale in FP32 or folds it into the Conv; "
+                        "try --semantics trt")
+        elif node.input and all(t in g.initializers and t not in g.producer
+                                for t in node.input if t):
+            notes[n] = ("may fail only under per-node rounding (--semantics strict): TensorRT "
+                        "folds this constant computation in FP32; try --semantics trt")
+    note_semantics(result, notes, new_group=False)
 
 
 def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
@@ -397,7 +507,7 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     The search's own numbers for the plan must be the file's, bit for bit; a file that fails
     makes the verdict `no_plan`, never `fixed`.
     """
-    written = mixed_model(ctx.graph, plan)
+    written = write_plan(ctx, plan)
     result.mixed_model = written
     with tempfile.TemporaryDirectory() as tmp:
         folder = out_dir if out_dir is not None else Path(tmp)
@@ -426,6 +536,11 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     if fragile and checked.passed:
         log.warning("the plan passes by less than FP32 kernel noise on %s: fragile",
                     ", ".join(fragile))
+
+
+def write_plan(ctx: Context, fp32_nodes) -> Written:
+    """The plan's mixed model: the judged graph, FP16 weights under the judge's weight rule."""
+    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule)
 
 
 def _bits(e: OutputError) -> tuple:
@@ -458,7 +573,8 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
             sample_hash.update(k.encode())
             sample_hash.update(np.ascontiguousarray(s[k]).tobytes())
     return {"model": ctx.sha256, "samples": sample_hash.hexdigest(),
-            "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "version": __version__}
+            "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "version": __version__,
+            "semantics": [opts.semantics, opts.trt_version, opts.tf32]}
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
@@ -471,13 +587,17 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
 
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
-            constants: Mapping[str, ConstantStats]) -> list[Culprit]:
-    """A one-line reason per culprit from the layer-wise numbers (diagnose.py goes deeper)."""
+            constants: Mapping[str, ConstantStats],
+            layers: Mapping[str, str] | None = None) -> list[Culprit]:
+    """A one-line reason per culprit from the layer-wise numbers (diagnose.py goes deeper);
+    `layers`: node -> the TensorRT-style fused layer computing it."""
     out = []
     for name in fp32_nodes:
         node = g.node(name)
+        layer = (layers or {}).get(name)
         out.append(Culprit(name, node.op_type, _why(g, name, stats, constants),
-                           module_label(node.name, g.model)))  # PyTorch's name, when known
+                           module_label(node.name, g.model),  # PyTorch's name, when known
+                           layer if layer != name else None))
     return out
 
 
@@ -530,7 +650,7 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
         mixed_path = out_dir / f"{stem}.mixed.onnx"
         if result.files.get("mixed_model") != str(mixed_path):  # judged files are already there
             if result.mixed_model is None:
-                result.mixed_model = mixed_model(ctx.graph, result.fp32_nodes)
+                result.mixed_model = write_plan(ctx, result.fp32_nodes)
             result.mixed_model.save(mixed_path)
             result.files["mixed_model"] = str(mixed_path)
         p = result.plan
@@ -608,7 +728,8 @@ class CheckResult:
 
 def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> CheckResult:
     """Judge any mixed-precision ONNX against the FP32 reference model on the emulator."""
-    ctx = prepare(reference_path, opts)
+    ctx = prepare(reference_path, opts, search=False)
+    ctx.rules = semantics.Rules(tf32=opts.tf32)  # the file's own weights; its layers: judge_mixed
     problems = reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
@@ -629,7 +750,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options) -> CheckRes
     if lacking:
         raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
                              "reference model does not have")
-    judge = MixedModel(graph, opts.threads)
+    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt")
     errors = []
     for sample, ref in zip(ctx.samples, ctx.references):
         outs = judge.run(sample)
