@@ -84,6 +84,18 @@ def input_options(f: Callable) -> Callable:
         click.option("--output-tol", "output_tols", multiple=True, metavar="NAME:RTOL[:ATOL]",
                      help="Tolerance for one output, e.g. logits:0.05:0.001."),
         click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads."),
+        click.option("--semantics", type=click.Choice(["trt", "strict"]), default="trt",
+                     show_default=True,
+                     help="trt: round where TensorRT rounds (constants and BatchNorms folded "
+                          "in FP32, fused layers rounded once); strict: every node rounds its "
+                          "inputs and outputs, the pessimistic bound. See docs/semantics.md."),
+        click.option("--trt-version", "trt_version", type=click.Choice(["10", "11"]),
+                     default="10", show_default=True,
+                     help="TensorRT version the plan targets (weight conversion, renderings)."),
+        click.option("--tf32/--no-tf32", "tf32", default=False, show_default=True,
+                     help="Judge FP32 MatMul/Conv/Gemm with TF32-rounded operands, as TensorRT "
+                          "runs them on Ampere+ unless --noTF32 (off: the renderings carry "
+                          "--noTF32)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -103,7 +115,7 @@ def make_options(kw: dict):
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
     return Options(inputs=kw.pop("inputs"), shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
-                   threads=kw.pop("threads"), **kw)
+                   threads=kw.pop("threads"), trt_version=int(kw.pop("trt_version")), **kw)
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -30,7 +30,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..compare import round_fp16
 from ..errors import TrtBisectError
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
                      structure)
