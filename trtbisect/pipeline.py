@@ -308,7 +308,9 @@ class RunResult:
 
     @property
     def plan(self) -> PrecisionPlan:
-        return PrecisionPlan(tuple(self.fp32_nodes))
+        record = self.extra.get("semantics")
+        return PrecisionPlan(tuple(self.fp32_nodes),
+                             tf32=bool(record.get("tf32")) if isinstance(record, dict) else False)
 
     def to_json(self) -> dict:
         return {

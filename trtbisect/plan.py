@@ -27,13 +27,17 @@ __all__ = ["PrecisionPlan", "write_mixed_onnx", "atomic_write",
 @dataclass(frozen=True)
 class PrecisionPlan:
     fp32_nodes: tuple[str, ...]
+    # the judge's TF32 assumption: off means FP32 layers were judged in true FP32, so TensorRT
+    # must build them so (trtexec --noTF32; Polygraphy leaves TF32 off unless --tf32)
+    tf32: bool = False
 
     def layer_precisions(self) -> str:
         """trtexec `--layerPrecisions` value (TensorRT 10 layer names follow ONNX node names)."""
         return ",".join(f"{n}:fp32" for n in self.fp32_nodes)
 
     def trtexec_command(self, onnx_path: str, engine_path: str = "model.plan") -> str:
-        args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", "--fp16"]
+        args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", "--fp16",
+                *self._tf32_args()]
         if self.fp32_nodes:
             args += ["--precisionConstraints=obey", f"--layerPrecisions={self.layer_precisions()}",
                      f"--layerOutputTypes={','.join(f'{n}:fp32' for n in self.fp32_nodes)}"]
@@ -41,10 +45,15 @@ class PrecisionPlan:
 
     def trtexec11_command(self, mixed_path: str, engine_path: str = "model.plan") -> str:
         return shlex.join(["trtexec", f"--onnx={mixed_path}", "--stronglyTyped",
-                           f"--saveEngine={engine_path}"])
+                           f"--saveEngine={engine_path}", *self._tf32_args()])
+
+    def _tf32_args(self) -> list[str]:
+        """trtexec enables TF32 by default (BuilderFlag::kTF32, see semantics.RULES)."""
+        return [] if self.tf32 else ["--noTF32"]
 
     def polygraphy_command(self, onnx_path: str) -> str:
-        args = ["polygraphy", "run", onnx_path, "--trt", "--onnxrt", "--fp16"]
+        args = ["polygraphy", "run", onnx_path, "--trt", "--onnxrt", "--fp16",
+                *(["--tf32"] if self.tf32 else [])]
         if self.fp32_nodes:
             args += ["--precision-constraints", "obey", "--layer-precisions",
                      *[f"{n}:float32" for n in self.fp32_nodes]]

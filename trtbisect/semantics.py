@@ -726,8 +726,14 @@ class _View:
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
         self.nodes = list(g.node)
-        self.constants = {t.name for t in g.initializer} | {
-            o for n in g.node if n.op_type == "Constant" for o in n.output}
+        # values known at build time: initializers, Constant outputs, and what nodes compute
+        # from them alone (a Cast of a Constant in a mixed file: TensorRT folds it too)
+        self.constants = {t.name for t in g.initializer}
+        for n in g.node:
+            if n.op_type == "Constant" or (n.input and all(
+                    not t or t in self.constants for t in n.input)
+                    and n.op_type not in NOT_FOLDABLE):
+                self.constants.update(o for o in n.output if o)
         self.outputs = {v.name for v in g.output}
         self.producer = {o: i for i, n in enumerate(self.nodes) for o in n.output if o}
         self.consumers: dict[str, list[int]] = defaultdict(list)
@@ -896,15 +902,16 @@ def rules_for(prepared: Prepared, tf32: bool) -> Rules:
 
 
 def units(prepared: Prepared, candidates: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """Search units in graph order: a certain fused layer switches as one (named like the
-    TensorRT layer), every other candidate node alone."""
+    """Search units in graph order: a predicted fused layer switches as one (named like the
+    TensorRT layer; TensorRT gives a layer one precision), every other candidate node alone.
+    Uncertain layers switch as one too, so that a plan never splits a predicted layer and
+    `check` finds in the written file the layers the search assumed."""
     cands = list(candidates)
     known = set(cands)
     layer_of: dict[str, Layer] = {}
     for layer in prepared.layers:
-        if layer.certain:
-            for n in layer.nodes:
-                layer_of[n] = layer
+        for n in layer.nodes:
+            layer_of[n] = layer
     out: dict[str, tuple[str, ...]] = {}
     for n in cands:
         layer = layer_of.get(n)

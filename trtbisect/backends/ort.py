@@ -302,8 +302,9 @@ class _Builder:
                 self.rounded[t] = t
 
     def _exact(self, node: onnx.NodeProto, name: str) -> bool:
-        return node.op_type in EXACT_OPS and set(self.g.float_inputs(name)) <= set(
-            self.g.fp16_inputs(name))
+        ins = self.g.float_inputs(name)  # an internal (raw) input makes the output inexact
+        return (node.op_type in EXACT_OPS and set(ins) <= set(self.g.fp16_inputs(name))
+                and not any(t in self.internal for t in ins))
 
     def build(self, expose: Sequence[str] = (), watch: Sequence[str] = (),
               half_outputs: bool = False) -> onnx.ModelProto:
@@ -562,7 +563,8 @@ class _MixedBuilder(_Builder):
         new.CopyFrom(node)
         new.name = name
         ins = [t for t in node.input if self.g.is_float(t)]
-        exact = node.op_type in EXACT_OPS and all(t in self.g.half_typed for t in ins)
+        exact = node.op_type in EXACT_OPS and all(t in self.g.half_typed and t not in self.internal
+                                                  for t in ins)
         outs = [t for t in node.output if self.g.is_float(t)]
         if name in self.cands and outs and not any(t in self.g.half_typed for t in outs):
             for k in self.rules.tf32_inputs(node.op_type):  # an FP32 inner product
