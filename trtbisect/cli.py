@@ -244,9 +244,13 @@ def emit_run(result, as_json: bool) -> None:
         modules = any(c.module for c in result.culprits)
         if modules:
             t.add_column("module", overflow="fold")
+        layers = any(c.layer for c in result.culprits)
+        if layers:
+            t.add_column("TensorRT layer", overflow="fold")
         t.add_column("why")
         for c in result.culprits:
-            t.add_row(c.node, c.op, *([c.module or ""] if modules else []), escape(c.why))
+            t.add_row(c.node, c.op, *([c.module or ""] if modules else []),
+                      *([escape(c.layer or c.node)] if layers else []), escape(c.why))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
@@ -257,6 +261,10 @@ def emit_run(result, as_json: bool) -> None:
         for name, before in result.errors_before.items():
             t.add_row(name, error_cell(before), error_cell(result.errors_after.get(name)))
         out.print(t)
+        strict = result.extra.get("errors_before_strict") or {}
+        for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
+            out.print(f"  all FP16 per node (--semantics strict), {name}: "
+                      f"{'ok' if e['passed'] else 'FAIL'} max|d| {fmt(float(e['max_abs']))}")
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
