@@ -266,13 +266,17 @@ def _semantics_facts(result: "RunResult") -> list[str]:
         return []
     out = [f"- semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
            f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
-           f"layers kept FP32: {', '.join(result.extra.get('fp32_layers') or []) or 'none'}"]
+           f"layers kept FP32: {', '.join(_names(result.extra.get('fp32_layers'))) or 'none'}"]
     strict = result.extra.get("errors_before_strict")
     if isinstance(strict, dict):
         out += [f"- all FP16 under per-node rounding (strict), {name}: "
                 f"{'pass' if e['passed'] else 'FAIL'}, max|d| {e['max_abs']}, rel {e['rel']}"
                 for name, e in strict.items()]
     return out
+
+
+def _names(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def _md_groups(result: "RunResult") -> list[str]:

@@ -914,12 +914,12 @@ def units(prepared: Prepared, candidates: Iterable[str]) -> dict[str, tuple[str,
             layer_of[n] = layer
     out: dict[str, tuple[str, ...]] = {}
     for n in cands:
-        layer = layer_of.get(n)
-        if layer is None:
+        own = layer_of.get(n)
+        if own is None:
             out[n] = (n,)
-        elif layer.name not in out:
-            nodes = tuple(m for m in layer.nodes if m in known)
-            out[layer.name if len(nodes) > 1 else n] = nodes
+        elif own.name not in out:
+            nodes = tuple(m for m in own.nodes if m in known)
+            out[own.name if len(nodes) > 1 else n] = nodes
     return out
 
 
