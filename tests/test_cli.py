@@ -33,7 +33,7 @@ def assert_one_line_error(result, code, *fragments):
                                        ("fp32_broken", 3)])
 def test_run_exit_codes_and_json(zoo, tmp_path, name, code):
     model, inputs = save_zoo_model(zoo[name], tmp_path)
-    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out", "--json")
+    r = invoke("-q", "run", model, "--semantics", "strict", "--inputs", inputs, "--out", tmp_path / "out", "--json")
     assert r.exit_code == code, r.output
     data = json.loads(r.output)
     assert data["verdict"] == zoo[name].expected_verdict
@@ -43,7 +43,7 @@ def test_run_exit_codes_and_json(zoo, tmp_path, name, code):
 
 def test_run_table_names_the_culprits(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
-    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out")
+    r = invoke("-q", "run", model, "--semantics", "strict", "--inputs", inputs, "--out", tmp_path / "out")
     assert r.exit_code == 0
     for node in zoo["layernorm_overflow"].expected_fp32:
         assert node in r.output
@@ -52,7 +52,7 @@ def test_run_table_names_the_culprits(zoo, tmp_path):
 
 def test_no_plan_exits_4(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
-    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "o", "--max-evals", "1")
+    r = invoke("-q", "run", model, "--semantics", "strict", "--inputs", inputs, "--out", tmp_path / "o", "--max-evals", "1")
     assert r.exit_code == 4, r.output  # only all-FP16 was evaluated: no passing plan known
 
 
@@ -140,7 +140,7 @@ def test_compare_and_check_commands(zoo, tmp_path):
     assert r.exit_code == 0 and "first value beyond 65504" in r.output
     data = json.loads(invoke("compare", model, "--inputs", inputs, "--json").output)
     assert data["summary"]["first_overflow"]
-    invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out")
+    invoke("-q", "run", model, "--semantics", "strict", "--inputs", inputs, "--out", tmp_path / "out")
     mixed = tmp_path / "out" / f"{model.stem}.mixed.onnx"
     ok = invoke("check", mixed, "--reference", model, "--inputs", inputs)
     assert ok.exit_code == 0, ok.output

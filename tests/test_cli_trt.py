@@ -32,7 +32,8 @@ def test_backend_trt_runs_the_emulator_plan_on_engines(monkeypatch, zoo, tmp_pat
     fake.install(monkeypatch)
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = invoke("-q", "run", model, "--inputs", inputs, "--backend", "trt", "--out", tmp_path / "o",
+    r = invoke("-q", "run", model, "--semantics", "strict", "--inputs", inputs, "--backend", "trt",
+               "--out", tmp_path / "o",
                "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)

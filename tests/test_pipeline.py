@@ -24,7 +24,7 @@ ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_unde
 def test_zoo_verdict_and_exact_minimal_set(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     assert r.verdict == z.expected_verdict
     assert set(r.fp32_nodes) == set(z.expected_fp32)
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
@@ -42,7 +42,7 @@ def test_zoo_verdict_and_exact_minimal_set(zoo, tmp_path, name):
 def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     mixed_path = tmp_path / "out" / f"{name}.mixed.onnx"
     mixed = onnx.load(mixed_path)
     onnx.checker.check_model(mixed, full_check=True)
@@ -50,7 +50,7 @@ def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
            [o.type.tensor_type.elem_type for o in z.model.graph.output]
     halves = [t for t in mixed.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
     assert halves, "FP16 nodes should read FP16 weights"
-    result = check_mixed(mixed_path, model, Options(inputs=[str(inputs)]))
+    result = check_mixed(mixed_path, model, Options(semantics="strict", inputs=[str(inputs)]))
     assert result.passed and r.mixed_model_passed is True
     assert json.loads((tmp_path / "out" / "precision.json").read_text())["mixed_model_passed"]
     # the file behaves exactly as the plan predicted on the emulator
@@ -64,20 +64,20 @@ def test_all_fp16_mixed_model_fails_check(zoo, tmp_path):
     model, inputs = save_zoo_model(z, tmp_path)
     path = tmp_path / "all16.onnx"
     onnx.save(write_mixed_onnx(z.model, []), path)
-    assert not check_mixed(path, model, Options(inputs=[str(inputs)])).passed
+    assert not check_mixed(path, model, Options(semantics="strict", inputs=[str(inputs)])).passed
 
 
 def test_input_model_is_never_modified(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
     before = model.read_bytes()
-    run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     assert model.read_bytes() == before
 
 
 def test_resume_replays_the_journal(zoo, tmp_path):
     z = zoo["two_outputs"]
     model, inputs = save_zoo_model(z, tmp_path)
-    first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    first = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     path = tmp_path / "out" / "journal.jsonl"
     header, *records = path.read_text().splitlines()
     done = [json.loads(line) for line in records if '"done"' in line]
@@ -100,7 +100,7 @@ def test_resume_replays_the_journal(zoo, tmp_path):
         return orig(self, plan, stop_early)
     pipeline.Evaluator.measure = counting
     try:
-        second = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+        second = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     finally:
         pipeline.Evaluator.measure = orig
     assert second.fp32_nodes == first.fp32_nodes or set(second.fp32_nodes) == set(z.expected_fp32)
@@ -123,8 +123,8 @@ def test_strict_rejects_internal_overflow_hidden_by_the_outputs(tmp_path):
     path = tmp_path / "clamp.onnx"
     onnx.save(m, path)
     np.savez(tmp_path / "x.npz", x=np.full(8, 300.0, np.float32))
-    loose = run(path, Options(inputs=[str(tmp_path / "x.npz")]), tmp_path / "a")
-    strict = run(path, Options(inputs=[str(tmp_path / "x.npz")], strict=True), tmp_path / "b")
+    loose = run(path, Options(semantics="strict", inputs=[str(tmp_path / "x.npz")]), tmp_path / "a")
+    strict = run(path, Options(semantics="strict", inputs=[str(tmp_path / "x.npz")], strict=True), tmp_path / "b")
     assert loose.verdict == "fp16_ok"
     assert strict.verdict == "fixed" and strict.fp32_nodes == ["sq"]  # its stored value is finite
 
@@ -136,14 +136,14 @@ def test_plan_must_pass_on_every_sample(zoo, tmp_path):
     # the plan found on both must pass both
     x = {k: np.stack([v, v * 0.01]) for k, v in z.inputs.items()}
     np.savez(tmp_path / "two.npz", **x)
-    r = run(model, Options(inputs=[str(tmp_path / "two.npz")]), tmp_path / "out")
+    r = run(model, Options(semantics="strict", inputs=[str(tmp_path / "two.npz")]), tmp_path / "out")
     assert r.samples == 2 and set(r.fp32_nodes) == set(z.expected_fp32)
 
 
 def test_deep_model_two_sites_far_fewer_evaluations_than_ddmin(tmp_path):
     z = deep_model()
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     assert set(r.fp32_nodes) == set(z.expected_fp32)
     g = Graph(z.model)
     assert len(g.names) >= 600
@@ -160,7 +160,7 @@ def test_deep_model_two_sites_far_fewer_evaluations_than_ddmin(tmp_path):
 def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], rewrite=True), tmp_path / "out")
+    r = run(model, Options(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "out")
     applied = r.extra["rewrites"]["applied"]
     if name == "precision_loss":  # nothing matches: the plain FP32 plan
         assert not applied and set(r.fp32_nodes) == set(z.expected_fp32)

@@ -212,6 +212,18 @@ def input_options(f: Callable) -> Callable:
                      help="Tolerance for one output, e.g. logits:0.05:0.001."),
         click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
                      help=f"ONNX Runtime intra-op threads (1 to {MAX_THREADS})."),
+        click.option("--semantics", type=click.Choice(["trt", "strict"]), default="trt",
+                     show_default=True,
+                     help="trt: round where TensorRT rounds (constants and BatchNorms folded "
+                          "in FP32, fused layers rounded once); strict: every node rounds its "
+                          "inputs and outputs, the pessimistic bound. See docs/semantics.md."),
+        click.option("--trt-version", "trt_version", type=click.Choice(["10", "11"]),
+                     default="10", show_default=True,
+                     help="TensorRT version the plan targets (weight conversion, renderings)."),
+        click.option("--tf32/--no-tf32", "tf32", default=False, show_default=True,
+                     help="Judge FP32 MatMul/Conv/Gemm with TF32-rounded operands, as TensorRT "
+                          "runs them on Ampere+ unless --noTF32 (off: the renderings carry "
+                          "--noTF32)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -231,7 +243,7 @@ def make_options(kw: dict):
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
     return Options(inputs=kw.pop("inputs"), shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
-                   threads=kw.pop("threads"), **kw)
+                   threads=kw.pop("threads"), trt_version=int(kw.pop("trt_version")), **kw)
 
 
 @main.command(epilog=RUN_EXIT_CODES)
@@ -390,10 +402,13 @@ def emit_run(result, as_json: bool) -> None:
         modules = any(c.module for c in result.culprits)
         if modules:
             t.add_column("module", overflow="fold")
+        layers = any(c.layer for c in result.culprits)
+        if layers:
+            t.add_column("TensorRT layer", overflow="fold")
         t.add_column("why")
         for c in result.culprits:
             t.add_row(escape(c.node), c.op, *([escape(c.module or "")] if modules else []),
-                      escape(c.why))
+                      *([escape(c.layer or c.node)] if layers else []), escape(c.why))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
@@ -404,6 +419,10 @@ def emit_run(result, as_json: bool) -> None:
         for name, before in result.errors_before.items():
             t.add_row(escape(name), error_cell(before), error_cell(result.errors_after.get(name)))
         out.print(t)
+        strict = result.extra.get("errors_before_strict") or {}
+        for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
+            out.print(f"  all FP16 per node (--semantics strict), {name}: "
+                      f"{'ok' if e['passed'] else 'FAIL'} max|d| {fmt(float(e['max_abs']))}")
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "

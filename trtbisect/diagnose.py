@@ -781,6 +781,28 @@ def attach(result, g: Graph, constants: Mapping[str, ConstantStats]) -> list[Cul
     return groups
 
 
+def note_semantics(result, notes: Mapping[str, str], new_group: bool) -> None:
+    """Say where the two emulation semantics disagree (docs/semantics.md): each noted node's
+    group summary and `why` get the note; `new_group`: the nodes (culprits only per node, not
+    in the plan) form their own group."""
+    if not notes:
+        return
+    groups = result.extra.setdefault("culprit_groups", [])
+    for grp in groups:
+        hits = [n for n in grp["nodes"] if n in notes]
+        if hits:
+            grp["summary"] += " " + "; ".join(f"{n} {notes[n]}" for n in hits) + "."
+    for c in result.culprits:
+        if c.node in notes:
+            c.why = f"{c.why}; {notes[c.node]}"
+    if new_group:
+        nodes = list(notes)
+        groups.append({"nodes": nodes, "scope": None, "cause": "per_node_rounding_only",
+                       "pattern": None, "evidence": {}, "fixes": [], "applied_fix": None,
+                       "summary": "; ".join(f"{n} {w}" for n, w in notes.items())
+                       + ": no FP32 fallback needed for TensorRT."})
+
+
 def annotate(model: onnx.ModelProto, groups: Sequence[Mapping], whys: Mapping[str, str],
              meta: Mapping[str, str] | None = None) -> onnx.ModelProto:
     """A named copy whose culprit nodes carry their diagnosis, so Netron shows it.

@@ -149,8 +149,10 @@ class Weights:
     the graph owns it (`Graph.from_path`), so the weights are held once.
     """
 
-    def __init__(self, model: onnx.ModelProto, base_dir: Path | None, own: bool) -> None:
+    def __init__(self, model: onnx.ModelProto, base_dir: Path | None, own: bool,
+                 parent: "Weights | None" = None) -> None:
         self.base_dir = base_dir
+        self.parent = parent  # holds what this model's store-marked initializers name
         self._protos = {t.name: t for t in model.graph.initializer}
         self._raw: dict[str, np.ndarray] = {}
         self._float: dict[str, np.ndarray] = {}
@@ -167,12 +169,17 @@ class Weights:
         """The initializer's values in its own dtype (memory-mapped when external)."""
         if name not in self._raw:
             t = self._protos[name]
+            if self.parent is not None and _is_stored(t) and name in self.parent:
+                return self.parent.raw(name)  # held once, by the graph this one derives from
             self._raw[name] = self._map(t) if t.data_location == TensorProto.EXTERNAL \
                 else numpy_helper.to_array(t)
         return self._raw[name]
 
     def array(self, name: str) -> np.ndarray:
         """The initializer's values; float16/bfloat16 come back as (exact) float32."""
+        if self.parent is not None and name not in self._raw and _is_stored(self._protos[name]) \
+                and name in self.parent:
+            return self.parent.array(name)
         arr = self.raw(name)
         if arr.dtype == np.float16 or arr.dtype.name == "bfloat16":
             if name not in self._float:
@@ -203,6 +210,11 @@ class Weights:
 
 def _payload_bytes(t: TensorProto) -> int:
     return len(t.raw_data) if t.raw_data else 4 * int(np.prod(tuple(t.dims), dtype=np.int64))
+
+
+def _is_stored(t: TensorProto) -> bool:
+    return t.data_location == TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == STORE_LOCATION for e in t.external_data)
 
 
 def _mark_stored(t: TensorProto) -> None:
@@ -254,6 +266,7 @@ class Graph:
     model: onnx.ModelProto
     base_dir: Path | None = None
     own: bool = False
+    parent: Weights | None = field(default=None, repr=False)  # store-marked names resolve here
     names: list[str] = field(init=False)
     types: dict[str, int] = field(init=False)
     producer: dict[str, int] = field(init=False)
@@ -272,7 +285,7 @@ class Graph:
 
     def __post_init__(self) -> None:
         check_names(self.model)
-        self.weights = Weights(self.model, self.base_dir, self.own)
+        self.weights = Weights(self.model, self.base_dir, self.own, self.parent)
         self.source = self.model  # as given (half types kept); `model` is its FP32 view
         self.declared = {v.name: v.type.tensor_type.elem_type
                          for v in [*self.model.graph.input, *self.model.graph.output]

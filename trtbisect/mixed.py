@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .compare import round_fp16
 from .graph import FLOAT, SMALL_BYTES, Graph, _mark_stored, structure, with_node_names
+from .semantics import round_weight
 
 FLOAT16 = TensorProto.FLOAT16
 EMBED_LIMIT = 1 << 30  # weights up to this size are saved inside the .onnx file
@@ -92,20 +92,24 @@ def graph_model(graph: Graph, proto: onnx.ModelProto | None = None) -> Written:
     return Written(proto, arrays)
 
 
-def mixed_model(graph: Graph, fp32_nodes: Iterable[str]) -> Written:
-    """The model with every candidate node outside `fp32_nodes` computing in FP16."""
-    return _MixedWriter(graph, set(fp32_nodes)).write()
+def mixed_model(graph: Graph, fp32_nodes: Iterable[str], weight_rule: str = "inf") -> Written:
+    """The model with every candidate node outside `fp32_nodes` computing in FP16; FP32
+    weights an FP16 node reads become float16 under `weight_rule` (semantics.round_weight),
+    the rule the judge assumed."""
+    return _MixedWriter(graph, set(fp32_nodes), weight_rule).write()
 
 
-def write_mixed_onnx(model: onnx.ModelProto, fp32_nodes: Iterable[str]) -> onnx.ModelProto:
+def write_mixed_onnx(model: onnx.ModelProto, fp32_nodes: Iterable[str],
+                     weight_rule: str = "inf") -> onnx.ModelProto:
     """`mixed_model` of a small in-memory model, as one proto."""
-    return mixed_model(Graph(model), fp32_nodes).materialize()
+    return mixed_model(Graph(model), fp32_nodes, weight_rule).materialize()
 
 
 class _MixedWriter:
-    def __init__(self, graph: Graph, keep: set[str]) -> None:
+    def __init__(self, graph: Graph, keep: set[str], weight_rule: str = "inf") -> None:
         self.g = graph
         self.keep = keep
+        self.weight_rule = weight_rule
         self.half = {n for n in graph.candidates() if n not in keep}
         self.sep = _readable_separator(graph)
         # home[t]: the element type tensor t has in the mixed graph
@@ -132,8 +136,8 @@ class _MixedWriter:
             name = f"{t}{self.sep}{suffix}"
             if t in self.g.initializers and t not in self.g.producer:
                 arr = np.asarray(self.g.array(t), np.float32)
-                self._constant(name, round_fp16(arr).astype(np.float16) if want == FLOAT16
-                               else arr)
+                self._constant(name, round_weight(arr, self.weight_rule).astype(np.float16)
+                               if want == FLOAT16 else arr)
             else:
                 self.nodes.append(helper.make_node("Cast", [src], [name], to=want,
                                                    name=f"{name}{self.sep}cast"))
@@ -176,6 +180,7 @@ class _MixedWriter:
                     new.input[:] = [self.renamed.get(t, t) for t in new.input]
             new.output[:] = [self.renamed.get(t, t) for t in new.output]
             self.nodes.append(new)
+        self.nodes = _casts_after_producers(self.nodes, set(self.converted.values()))
         for t, internal in self.renamed.items():
             self.nodes.append(helper.make_node("Cast", [internal], [t], to=g.declared.get(t, FLOAT),
                                                name=f"{t}{self.sep}output_cast"))
@@ -211,6 +216,31 @@ class _MixedWriter:
             if a.name == "dtype" and a.type == onnx.AttributeProto.INT and a.i == FLOAT:
                 a.i = want
         return new
+
+
+def _casts_after_producers(nodes: list[onnx.NodeProto], casts: set[str]) -> list[onnx.NodeProto]:
+    """Each precision Cast moved right after the node producing its input (graph inputs' first):
+    a fused layer then reads only values produced before it, so `find_layers` sees in the file
+    the layers it saw in the model."""
+    moved = {n.output[0]: n for n in nodes if n.op_type == "Cast" and n.output
+             and n.output[0] in casts}
+    after: dict[str, list[onnx.NodeProto]] = {}
+    produced = {t for n in nodes if not (n.output and n.output[0] in moved) for t in n.output}
+    first = []
+    for n in moved.values():
+        src = n.input[0]
+        if src in produced:
+            after.setdefault(src, []).append(n)
+        else:
+            first.append(n)
+    out = list(first)
+    for n in nodes:
+        if n.output and n.output[0] in moved:
+            continue
+        out.append(n)
+        for t in n.output:
+            out.extend(after.get(t, []))
+    return out
 
 
 def _readable_separator(graph: Graph) -> str:

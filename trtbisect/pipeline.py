@@ -18,11 +18,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__
+from . import __version__, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
-from .diagnose import annotate, attach as attach_diagnosis
+from .diagnose import annotate, attach as attach_diagnosis, note_semantics
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
@@ -57,6 +57,9 @@ class Options:
     stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
     report: bool = False  # also write report.html / report.md (needs matplotlib)
     rewrite: bool = False  # try verified FP16-safe graph rewrites before any FP32 fallback
+    semantics: str = "trt"  # trt: round where TensorRT rounds; strict: every node (docs/semantics.md)
+    trt_version: int = 10  # the weight-conversion rule and renderings' target
+    tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
 
 
 @dataclass
@@ -69,9 +72,20 @@ class Context:
     samples: list[Sample]
     references: list[dict[str, np.ndarray]]
     sha256: str
+    # what the search judges: the model after TensorRT's build-time rewrites (trt semantics) or
+    # `graph` itself (strict); the FP32 reference is always `graph`, the model as given
+    search: Graph | None = None
+    prepared: semantics.Prepared | None = None
+    rules: semantics.Rules = semantics.STRICT
+
+    @property
+    def judged(self) -> Graph:
+        return self.search if self.search is not None else self.graph
 
 
-def prepare(model_path: str | Path, opts: Options) -> Context:
+def prepare(model_path: str | Path, opts: Options, search: bool = True) -> Context:
+    """Load, reference outputs, and (`search`) the graph the emulator judges under
+    `opts.semantics`."""
     path = Path(model_path)
     graph = Graph.from_path(path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
@@ -79,7 +93,13 @@ def prepare(model_path: str | Path, opts: Options) -> Context:
     ref = Reference(graph, opts.threads)
     references = [ref.run(s) for s in samples]
     ref.close()
-    return Context(path, graph.source, graph, samples, references, model_hash(path))
+    ctx = Context(path, graph.source, graph, samples, references, model_hash(path))
+    semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
+    if search:
+        ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
+                                                           opts.trt_version)
+        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32)
+    return ctx
 
 
 def reference_problems(ctx: Context) -> list[str]:
@@ -105,7 +125,7 @@ def layerwise(ctx: Context, opts: Options,
     both exposing one batch of tensors at a time under the memory budget (ORT keeps every
     exposed output alive for the whole run); only statistics are kept.
     """
-    g = ctx.graph
+    g = ctx.judged
     producer = {t: g.names[g.producer[t]] for t in g.stored_tensors()}
     stats: dict[str, TensorStats] = {}
     for v in g.inputs():
@@ -117,7 +137,7 @@ def layerwise(ctx: Context, opts: Options,
     total, done = sum(len(b) for b in batches), 0
     for batch in batches:
         ref = Reference(g, opts.threads)
-        emu = Emulator(g, opts.threads, expose=batch, active=plan)
+        emu = Emulator(g, opts.threads, expose=batch, active=plan, rules=ctx.rules)
         for s in ctx.samples:
             a = ref.run_tensors(s, batch)
             b = emu.run_tensors_for(plan, s, batch)
@@ -219,9 +239,9 @@ class Evaluator:
     def __init__(self, ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
                  journal: Journal | None) -> None:
         self.ctx, self.opts, self.journal = ctx, opts, journal
-        watch = [t for t in ctx.graph.stored_tensors()
+        watch = [t for t in ctx.judged.stored_tensors()
                  if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
-        self.emulator = Emulator(ctx.graph, opts.threads, watch=watch)
+        self.emulator = Emulator(ctx.judged, opts.threads, watch=watch, rules=ctx.rules)
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
 
@@ -271,11 +291,14 @@ class Culprit:
     op: str
     why: str
     module: str | None = None
+    layer: str | None = None  # the fused TensorRT layer it belongs to (trt semantics)
 
     def to_json(self) -> dict:
         d = {"node": self.node, "op": self.op, "why": self.why}
         if self.module:
             d["module"] = self.module
+        if self.layer:
+            d["layer"] = self.layer
         return d
 
 
@@ -321,7 +344,9 @@ class RunResult:
 
     @property
     def plan(self) -> PrecisionPlan:
-        return PrecisionPlan(tuple(self.fp32_nodes))
+        record = self.extra.get("semantics")
+        return PrecisionPlan(tuple(self.fp32_nodes),
+                             tf32=bool(record.get("tf32")) if isinstance(record, dict) else False)
 
     def to_json(self) -> dict:
         return {
@@ -371,14 +396,17 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
     ctx = prepare(model_path, opts)
-    g = ctx.graph
+    g = ctx.judged
+    assert ctx.prepared is not None
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
                 strict=opts.strict)
+    record = {"semantics": semantics.record(ctx.prepared, opts.tf32)}
     problems = reference_problems(ctx)
     if problems:
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
-                           errors_before={}, errors_after={}, reference_problems=problems, **base)
+                           errors_before={}, errors_after={}, reference_problems=problems,
+                           extra=dict(record), **base)
         return _finish(result, ctx, out_dir, started, opts.report)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)
@@ -404,8 +432,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage("trying FP16-safe rewrites")
         outcome = _try_rewrites(ctx, opts, stats)
         if outcome is not None and outcome.applied:
-            ctx = _rewritten_context(ctx, outcome.model)
-            g = ctx.graph
+            ctx = _rewritten_context(ctx, outcome.model, opts)
+            g = ctx.judged
             ev = Evaluator(ctx, opts, stats, journal)
             all_half = outcome.passed
             ev.known[frozenset()] = all_half
@@ -413,28 +441,46 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     prior = build_prior(g, stats, constants)
     if not all_half:
         ev.emulator.ensure(prior.ranking[:max(16, 2 * len(prior.seeds))])
-    stage(f"searching {len(g.candidates())} candidate nodes ({len(prior.seeds)} suspects)")
-    search = find_minimal_fp32(g.candidates(), ev.check, prior.seeds, prior.ranking,
+    units = semantics.units(ctx.prepared, g.candidates())
+    unit_of = {n: u for u, nodes in units.items() for n in nodes}
+
+    def as_units(nodes: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(unit_of[n] for n in nodes if n in unit_of))
+
+    def as_nodes(chosen) -> frozenset[str]:
+        return frozenset(n for u in chosen for n in units[u])
+
+    stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
+          f"({len(prior.seeds)} suspects)")
+    search = find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
+                               as_units(prior.seeds), as_units(prior.ranking),
                                opts.max_evaluations, progress)
     if journal is not None:
         journal.close()
-    plan = frozenset(search.fp32)
+    plan = as_nodes(search.fp32)
     rewritten = outcome is not None and bool(outcome.applied)
     result = RunResult("no_plan" if not search.found else
                        ("fixed" if plan or rewritten else "fp16_ok"),
-                       fp32_nodes=search.fp32 if search.found else [],
+                       fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
                        evaluations=search.evaluations, inferences=ev.runs,
                        errors_before=worst(before), errors_after=worst(before),
                        one_minimal=search.one_minimal and search.found, search=search,
-                       stats=stats, prior_seeds=prior.seeds, **base)
+                       stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
+    result.extra["fp32_layers"] = list(search.fp32) if search.found else []
     if outcome is not None:
         result.extra["rewrites"] = outcome.to_json()
         if rewritten:
             result.rewritten_model = graph_model(ctx.graph)
     if search.found:
         _judge_written_plan(result, ctx, opts, ev, plan, out_dir)
-    result.culprits = explain(g, result.fp32_nodes, stats, constants)
+    result.culprits = explain(g, result.fp32_nodes, stats, constants,
+                              semantics.fused_layer_names(ctx.prepared))
     attach_diagnosis(result, g, constants)
+    if opts.semantics == "trt":
+        stage("all-FP16 under strict per-node rounding, for comparison")
+        _compare_with_strict(result, ctx, opts)
+    elif result.verdict != "reference_invalid":
+        semantics_notes(result, g)
     if opts.report and result.verdict == "fixed" and result.fp32_nodes:
         stage("layer-wise comparison with the plan applied (for the report)")
         result.extra["layerwise_plan"] = {
@@ -468,9 +514,80 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats])
     return try_rewrites(ctx.graph.materialize(), ctx.samples, judge, ranges=ranges)
 
 
-def _rewritten_context(ctx: Context, model: onnx.ModelProto) -> Context:
-    """The same samples and FP32 reference (the original model's: the truth), a new graph."""
-    return Context(ctx.path, model, Graph(model), ctx.samples, ctx.references, ctx.sha256)
+def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> Context:
+    """The same samples and FP32 reference (the original model's: the truth), a new graph,
+    prepared for the run's semantics like the original was."""
+    graph = Graph(model)
+    new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256)
+    new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
+    new.rules = semantics.rules_for(new.prepared, opts.tf32)
+    return new
+
+
+STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagrees
+
+
+def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
+    """Under trt semantics: all-FP16 judged per node too ("errors_before_strict"), and, when
+    the plan holds under trt but not per node, the BatchNorms / folded constants it takes."""
+    strict = Evaluator(_strict_context(ctx), opts, {}, None)
+    plan = frozenset(result.fp32_nodes)
+    absorbed = _absorbed_nodes(ctx)
+    strict.emulator.ensure(plan | set(absorbed))
+    _, before, _ = strict.measure(frozenset())
+    result.extra["errors_before_strict"] = {k: v.to_json() for k, v in worst(before).items()}
+    if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
+            or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
+        return
+    needed = list(absorbed)
+    if len(needed) <= STRICT_NARROW_LIMIT:
+        for n in list(needed):
+            if strict.measure(plan | (set(needed) - {n}))[0]:
+                needed.remove(n)
+    notes = {n: "fails only under per-node rounding: " + absorbed[n] for n in needed}
+    result.extra["strict_only_culprits"] = needed
+    note_semantics(result, notes, new_group=True)
+
+
+def _strict_context(ctx: Context) -> Context:
+    return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256)
+
+
+def _absorbed_nodes(ctx: Context) -> dict[str, str]:
+    """Candidates of the model as given that TensorRT's build-time rewrites take out of FP16
+    (node -> why): BatchNorms as FP32 scale/shift or folded, constant subgraphs."""
+    assert ctx.prepared is not None
+    g, out = ctx.graph, {}
+    cands = set(g.candidates())
+    for n in g.candidates():
+        op = g.node(n).op_type
+        carrier = ctx.prepared.renamed.get(n)
+        if op == "BatchNormalization" and carrier is not None:
+            out[n] = (f"TensorRT folds this BatchNorm into {carrier}'s weights in FP32 at "
+                      "build time")
+        elif op == "BatchNormalization" and n in ctx.judged.index and any(
+                t.endswith("::scale") for t in ctx.judged.node(n).input):
+            out[n] = "TensorRT precomputes this BatchNorm's scale and shift in FP32"
+        elif carrier is not None:
+            out[n] = "TensorRT folds this constant computation in FP32 at build time"
+    return {n: w for n, w in out.items() if n in cands}
+
+
+def semantics_notes(result: RunResult, g: Graph) -> None:
+    """A strict run whose culprit is something TensorRT computes in FP32 at build time."""
+    notes = {}
+    for n in result.fp32_nodes:
+        node = g.node(n)
+        consts = [t for t in node.input[1:] if t in g.initializers and t not in g.producer]
+        if node.op_type == "BatchNormalization" and len(consts) == len(node.input) - 1 >= 4:
+            notes[n] = ("may fail only under per-node rounding (--semantics strict): TensorRT "
+                        "precomputes this BatchNorm's scale in FP32 or folds it into the Conv; "
+                        "try --semantics trt")
+        elif node.input and all(t in g.initializers and t not in g.producer
+                                for t in node.input if t):
+            notes[n] = ("may fail only under per-node rounding (--semantics strict): TensorRT "
+                        "folds this constant computation in FP32; try --semantics trt")
+    note_semantics(result, notes, new_group=False)
 
 
 def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
@@ -482,8 +599,8 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     """
     _, searched, _ = ev.measure(plan)
     ev.emulator.close()  # memory: the judge below holds the file's weights, not the search's
-    Rounded.release(ctx.graph)
-    written = mixed_model(ctx.graph, plan)
+    Rounded.release(ctx.judged)
+    written = write_plan(ctx, plan)
     # staged beside --out (same file system): write_outputs moves these very files into place
     staging = out_dir / STAGING if out_dir is not None else None
     if staging is not None:
@@ -521,6 +638,11 @@ STAGING = ".staging"
 CACHE = ".cache"  # results a resumed run reuses (layer-wise statistics)
 
 
+def write_plan(ctx: Context, fp32_nodes) -> Written:
+    """The plan's mixed model: the judged graph, FP16 weights under the judge's weight rule."""
+    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule)
+
+
 def _bits(e: OutputError) -> tuple:
     return (e.max_abs, e.mean_abs, e.nonfinite, e.passed)
 
@@ -552,7 +674,7 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
             sample_hash.update(np.ascontiguousarray(s[k]).tobytes())
     return {"model": ctx.sha256, "samples": sample_hash.hexdigest(),
             "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
-            "version": __version__}
+            "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32]}
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
@@ -565,13 +687,17 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
 
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
-            constants: Mapping[str, ConstantStats]) -> list[Culprit]:
-    """A one-line reason per culprit from the layer-wise numbers (diagnose.py goes deeper)."""
+            constants: Mapping[str, ConstantStats],
+            layers: Mapping[str, str] | None = None) -> list[Culprit]:
+    """A one-line reason per culprit from the layer-wise numbers (diagnose.py goes deeper);
+    `layers`: node -> the TensorRT-style fused layer computing it."""
     out = []
     for name in fp32_nodes:
         node = g.node(name)
+        layer = (layers or {}).get(name)
         out.append(Culprit(name, node.op_type, _why(g, name, stats, constants),
-                           module_label(node.name, g.model)))  # PyTorch's name, when known
+                           module_label(node.name, g.model),  # PyTorch's name, when known
+                           layer if layer != name else None))
     return out
 
 
@@ -639,7 +765,7 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
             shutil.rmtree(out_dir / STAGING, ignore_errors=True)
         else:
             if result.mixed_model is None:
-                result.mixed_model = mixed_model(ctx.graph, result.fp32_nodes)
+                result.mixed_model = write_plan(ctx, result.fp32_nodes)
             result.mixed_model.save(mixed_path)
         result.files["mixed_model"] = str(mixed_path)
         result.render_context = _render_context(result, ctx, out_dir)
@@ -691,9 +817,11 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
     result.files["samples"] = str(out_dir / "inputs")
     result.files["data_loader"] = str(out_dir / "data_loader.py")
     emulated = out_dir / f"{ctx.path.stem}.mixed.emulated.onnx"
-    Written(*emulation_of_mixed(Graph.from_path(result.files["mixed_model"]))).save(emulated)
+    fused = ctx.prepared is not None and ctx.prepared.semantics == "trt"
+    Written(*emulation_of_mixed(Graph.from_path(result.files["mixed_model"]), ctx.rules,
+                                fused)).save(emulated)
     result.files["emulated_mixed_model"] = str(emulated)
-    g = ctx.graph
+    g = ctx.judged  # the plan names its nodes
     names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
              onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT32: "int32",
              onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT8: "int8",
@@ -709,8 +837,18 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
         shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()}, ctx.samples),
         samples=tuple(samples), data_loader="data_loader.py",
         autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
+        true_fp32=not ctx.rules.tf32,
+        judge_args=_judge_args(ctx),
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")
                                for t in g.node(n).output if t) for n in result.fp32_nodes})
+
+
+def _judge_args(ctx: Context) -> tuple[str, ...]:
+    """The flags that make `trtbisect check` judge as this run did."""
+    if ctx.prepared is None:
+        return ()
+    return ("--semantics", ctx.prepared.semantics, "--trt-version", str(ctx.prepared.trt_version),
+            "--tf32" if ctx.rules.tf32 else "--no-tf32")
 
 
 def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
@@ -753,7 +891,8 @@ class CheckResult:
 
 def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> CheckResult:
     """Judge any mixed-precision ONNX against the FP32 reference model on the emulator."""
-    ctx = prepare(reference_path, opts)
+    ctx = prepare(reference_path, opts, search=False)
+    ctx.rules = semantics.Rules(tf32=opts.tf32)  # the file's own weights; its layers: judge_mixed
     problems = reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
@@ -774,7 +913,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options) -> CheckRes
     if lacking:
         raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
                              "reference model does not have")
-    judge = MixedModel(graph, opts.threads)
+    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt")
     errors = []
     for sample, ref in zip(ctx.samples, ctx.references):
         outs = judge.run(sample)

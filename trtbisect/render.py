@@ -77,6 +77,7 @@ class RenderContext:
     node_names: tuple[str, ...] = ()  # every node of the model (wildcard collisions)
     output_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # trtexec names
     true_fp32: bool = True  # the judge computed FP32 as IEEE FP32: no TF32 in the engine
+    judge_args: tuple[str, ...] = ()  # `trtbisect check` flags of the run's judge (--semantics ...)
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,8 @@ def _data_args(ctx: RenderContext) -> list[str]:
 def _polygraphy_run(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     key, title = "polygraphy", "Polygraphy: TensorRT 10 FP16 with the plan vs ONNX Runtime FP32"
     try:
-        argv = ["polygraphy", "run", ctx.model, "--trt", "--onnxrt", "--fp16"]
+        argv = ["polygraphy", "run", ctx.model, "--trt", "--onnxrt", "--fp16",
+                *([] if ctx.true_fp32 else ["--tf32"])]
         if plan:
             argv += ["--precision-constraints", "obey", "--layer-precisions",
                      *(polygraphy_word(n, "float32") for n in plan)]
@@ -348,7 +350,7 @@ def _check_line(path: str, ctx: RenderContext) -> str:
     """`trtbisect check` of a converted model with the tolerance the plan was found under."""
     tol = ctx.tolerance
     argv = ["trtbisect", "check", path, "--reference", ctx.model, "--rtol", repr(tol.rtol),
-            "--atol", repr(tol.atol)]
+            "--atol", repr(tol.atol), *ctx.judge_args]
     for name, (r, a) in tol.per_output.items():
         argv += ["--output-tol", f"{name}:{r!r}:{a!r}"]
     for s in ctx.samples:

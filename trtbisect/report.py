@@ -305,7 +305,28 @@ def _md_facts(result: "RunResult") -> list[str]:
             f"- search: {result.evaluations} evaluations, {result.inferences} inferences, "
             f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
             f"{result.seconds:.1f}s",
+            *_semantics_facts(result),
             *[f"- problem: {p}" for p in result.reference_problems]]
+
+
+def _semantics_facts(result: "RunResult") -> list[str]:
+    """Which emulation semantics judged the run, and all-FP16 under the other (strict) one."""
+    rec = result.extra.get("semantics")
+    if not isinstance(rec, dict):
+        return []
+    out = [f"- semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
+           f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
+           f"layers kept FP32: {', '.join(_names(result.extra.get('fp32_layers'))) or 'none'}"]
+    strict = result.extra.get("errors_before_strict")
+    if isinstance(strict, dict):
+        out += [f"- all FP16 under per-node rounding (strict), {name}: "
+                f"{'pass' if e['passed'] else 'FAIL'}, max|d| {e['max_abs']}, rel {e['rel']}"
+                for name, e in strict.items()]
+    return out
+
+
+def _names(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def _md_groups(result: "RunResult") -> list[str]:

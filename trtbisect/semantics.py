@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import TrtBisectError
-from .graph import node_names
+from .graph import Graph, node_names, structure, with_node_names
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,9 @@ RULES: tuple[Rule, ...] = (
          (10,), True),
     Rule("weights_as_typed_v11",
          "TensorRT 11 builds strongly typed networks only: FP16 weights are what the ONNX model "
-         "holds. trtbisect's mixed-ONNX writer converts them with an IEEE cast, so out-of-range "
-         "values become +-inf (weight_rule 'inf').",
+         "holds. trtbisect's mixed-ONNX writer converts them with the judge's rule (under trt: "
+         "'clamp', as TensorRT 10 does), so the file holds exactly the weights the judge "
+         "assumed; under strict it casts (out-of-range values become +-inf).",
          "STRONGLY_TYPED: \"every tensor in the network has a data type defined in the network "
          "following only type inference rules and the inputs/operator annotations\" "
          "(https://docs.nvidia.com/deeplearning/tensorrt/latest/_static/python-api/infer/Core/"
@@ -204,11 +205,14 @@ class Prepared:
 
 
 def weight_rule_for(semantics: str, trt_version: int) -> str:
-    """How out-of-range FP32 weights become FP16 for this target (see RULES)."""
+    """How out-of-range FP32 weights become FP16 for this target (see RULES).
+
+    TensorRT 10 clamps when it converts weights itself; for TensorRT 11 the FP16 weights are
+    the ones trtbisect's mixed-ONNX writer stores, and the writer applies this same rule, so
+    "clamp" holds for both by construction. `strict` keeps the IEEE cast: the pessimistic bound.
+    """
     _check(semantics, trt_version)
-    if semantics == "strict":
-        return "inf"  # per-node rounding: an IEEE cast, today's bound
-    return "clamp" if trt_version == 10 else "inf"
+    return "inf" if semantics == "strict" else "clamp"
 
 
 def _check(semantics: str, trt_version: int) -> None:
@@ -722,8 +726,14 @@ class _View:
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
         self.nodes = list(g.node)
-        self.constants = {t.name for t in g.initializer} | {
-            o for n in g.node if n.op_type == "Constant" for o in n.output}
+        # values known at build time: initializers, Constant outputs, and what nodes compute
+        # from them alone (a Cast of a Constant in a mixed file: TensorRT folds it too)
+        self.constants = {t.name for t in g.initializer}
+        for n in g.node:
+            if n.op_type == "Constant" or (n.input and all(
+                    not t or t in self.constants for t in n.input)
+                    and n.op_type not in NOT_FOLDABLE):
+                self.constants.update(o for o in n.output if o)
         self.outputs = {v.name for v in g.output}
         self.producer = {o: i for i, n in enumerate(self.nodes) for o in n.output if o}
         self.consumers: dict[str, list[int]] = defaultdict(list)
@@ -855,3 +865,118 @@ def _infer(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, tuple | No
             if value is not None:
                 types[n.output[0]] = FLOAT if value.dtype == np.float32 else TensorProto.UNDEFINED
     return types, shapes
+
+
+# ------------------------------------------------------------------- the emulator's rules
+
+TF32_INPUTS: dict[str, tuple[int, ...]] = {  # inner-product operands TF32 rounds (rule `tf32`)
+    "MatMul": (0, 1), "Gemm": (0, 1), "Conv": (0, 1), "ConvTranspose": (0, 1)}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the emulator, the mixed writer and `check` apply on top of per-node rounding.
+
+    The default is `strict`: every FP16 node rounds its reads and stores, weights are cast.
+    """
+
+    internal: frozenset[str] = frozenset()  # tensors inside certain fused layers: never rounded
+    weight_rule: str = "inf"  # round_weight rule for weights an FP16 node reads
+    tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands
+
+    def tf32_inputs(self, op_type: str) -> tuple[int, ...]:
+        return TF32_INPUTS.get(op_type, ()) if self.tf32 else ()
+
+
+STRICT = Rules()
+
+
+def internal_tensors(layers: Iterable[Layer]) -> frozenset[str]:
+    """The tensors fused layers keep inside (certain predictions only: an uncertain layer keeps
+    per-node rounding, the pessimistic side)."""
+    return frozenset(t for layer in layers if layer.certain for t in layer.internal)
+
+
+def rules_for(prepared: Prepared, tf32: bool) -> Rules:
+    return Rules(internal_tensors(prepared.layers), prepared.weight_rule, tf32)
+
+
+def units(prepared: Prepared, candidates: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Search units in graph order: a predicted fused layer switches as one (named like the
+    TensorRT layer; TensorRT gives a layer one precision), every other candidate node alone.
+    Uncertain layers switch as one too, so that a plan never splits a predicted layer and
+    `check` finds in the written file the layers the search assumed."""
+    cands = list(candidates)
+    known = set(cands)
+    layer_of: dict[str, Layer] = {}
+    for layer in prepared.layers:
+        for n in layer.nodes:
+            layer_of[n] = layer
+    out: dict[str, tuple[str, ...]] = {}
+    for n in cands:
+        own = layer_of.get(n)
+        if own is None:
+            out[n] = (n,)
+        elif own.name not in out:
+            nodes = tuple(m for m in own.nodes if m in known)
+            out[own.name if len(nodes) > 1 else n] = nodes
+    return out
+
+
+def applied_rules(semantics: str, trt_version: int, tf32: bool) -> list[str]:
+    """Names of the RULES rows a run applies (for precision.json)."""
+    _check(semantics, trt_version)
+    names = [] if semantics == "strict" else [
+        r.name for r in RULES if r.default and trt_version in r.versions and r.name != "tf32"]
+    return names + (["tf32"] if tf32 else [])
+
+
+def record(prepared: Prepared, tf32: bool) -> dict:
+    """precision.json's "semantics" entry."""
+    return {"semantics": prepared.semantics, "trt_version": prepared.trt_version, "tf32": tf32,
+            "weight_rule": prepared.weight_rule,
+            "rules": applied_rules(prepared.semantics, prepared.trt_version, tf32),
+            "notes": list(prepared.notes)}
+
+
+def prepare_graph(graph: Graph, semantics: str = "trt", trt_version: int = 10
+                  ) -> tuple[Graph, Prepared]:
+    """`prepare` of a Graph whose weights are held by reference, and the Graph to search on.
+
+    Only the weights a rewrite reads (BatchNorm parameters, the weights of a Conv/Gemm that may
+    absorb one, the inputs of constant subgraphs) are embedded for `prepare`; the others stay
+    store-marked and the returned Graph reads them from `graph`'s store. Strict: `graph` itself.
+    """
+    if semantics == "strict":
+        return graph, prepare(graph.model, semantics, trt_version)
+    model = structure(with_node_names(graph.source))
+    need = _needed_weights(model)
+    for k, t in enumerate(model.graph.initializer):
+        if t.name in need and t.data_location == TensorProto.EXTERNAL and t.name in graph.weights:
+            model.graph.initializer[k].CopyFrom(
+                numpy_helper.from_array(np.asarray(graph.weights.raw(t.name)), t.name))
+    prepared = prepare(model, semantics, trt_version)
+    del model
+    return Graph(prepared.model, own=True, parent=graph.weights), prepared
+
+
+def _needed_weights(model: onnx.ModelProto) -> set[str]:
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output if o}
+    need: set[str] = set()
+    constant = set(inits) | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    for n in g.node:
+        if n.op_type == "BatchNormalization":
+            need.update(n.input[1:])
+            p = producer.get(n.input[0]) if n.input else None
+            if p is not None and p.op_type in ("Conv", "ConvTranspose", "Gemm"):
+                need.update(t for t in p.input[1:] if t)
+        elif n.op_type != "Constant" and n.input and all(not t or t in constant for t in n.input):
+            big = [t for t in n.input if t in inits
+                   and int(np.prod(tuple(inits[t].dims), dtype=np.int64)) > FOLD_LIMIT]
+            if n.op_type in LAYOUT_OPS and big:
+                continue  # prepare leaves these alone
+            need.update(t for t in n.input if t in inits)
+            constant.update(o for o in n.output if o)
+    return need

@@ -30,10 +30,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..compare import round_fp16
 from ..errors import TrtBisectError
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
                      structure)
+from ..semantics import STRICT, Rules, find_layers, round_weight, tf32_round, tf32_round_nodes
 
 log = logging.getLogger(__name__)
 
@@ -129,20 +129,22 @@ def run_session(session, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
 
 
 class Rounded:
-    """FP16-rounded copies of a graph's float initializers, made once and shared by every
-    session over the graph (`Rounded.of`): the weights' FP16 copy exists once."""
+    """FP16-rounded copies of a graph's float initializers (under the weight rule), and their
+    TF32-rounded copies, made once and shared by every session over the graph (`Rounded.of`):
+    the weights' FP16 copy exists once."""
 
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
+    def __init__(self, graph: Graph, weight_rule: str = "inf") -> None:
+        self.graph, self.weight_rule = graph, weight_rule
         self._arrays: dict[str, np.ndarray] = {}
+        self._tf32: dict[str, np.ndarray] = {}
 
     @classmethod
-    def of(cls, graph: Graph) -> "Rounded":
-        shared = getattr(graph, "_rounded", None)
-        if shared is None:
-            shared = cls(graph)
+    def of(cls, graph: Graph, weight_rule: str = "inf") -> "Rounded":
+        shared = getattr(graph, "_rounded", None) or {}
+        if weight_rule not in shared:
+            shared[weight_rule] = cls(graph, weight_rule)
             graph._rounded = shared  # type: ignore[attr-defined]
-        return shared
+        return shared[weight_rule]
 
     @staticmethod
     def release(graph: Graph) -> None:
@@ -151,8 +153,14 @@ class Rounded:
 
     def array(self, name: str) -> np.ndarray:
         if name not in self._arrays:
-            self._arrays[name] = round_fp16(np.asarray(self.graph.array(name), np.float32))
+            self._arrays[name] = round_weight(np.asarray(self.graph.array(name), np.float32),
+                                              self.weight_rule)
         return self._arrays[name]
+
+    def tf32(self, name: str) -> np.ndarray:
+        if name not in self._tf32:
+            self._tf32[name] = tf32_round(np.asarray(self.graph.array(name), np.float32))
+        return self._tf32[name]
 
 
 # ---------------------------------------------------------------- the emulation graph
@@ -168,8 +176,11 @@ class _Builder:
     """
 
     def __init__(self, graph: Graph, state: Mapping[str, str], rounded: Rounded,
-                 round_outputs: bool = True) -> None:
+                 round_outputs: bool = True, rules: Rules = STRICT) -> None:
         self.g, self.state, self.rounded_store = graph, state, rounded
+        self.rules = rules
+        self.internal = rules.internal
+        self._tf32: dict[str, str] = {}  # value name -> its TF32-rounded copy
         self.sep = _separator(graph)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
@@ -200,7 +211,10 @@ class _Builder:
         self.nodes.append(helper.make_node("Cast", [half], [dst], to=FLOAT))
 
     def rounded_of(self, t: str) -> str:
-        """The FP16-rounded value of tensor t (made on first use)."""
+        """The FP16-rounded value of tensor t (made on first use); a fused layer's internal
+        tensor is never rounded."""
+        if t in self.internal:
+            return t
         if t not in self.rounded:
             if t in self.g.initializers and t not in self.g.producer:
                 name = self.fresh("w")
@@ -221,12 +235,26 @@ class _Builder:
         self.inits.append(t)
         self.arrays[name] = arr
 
-    def read(self, t: str, reader: str) -> str:
-        """What `reader` (a candidate, FP16 data input t) sees of t under the assignment."""
+    def tf32_of(self, v: str) -> str:
+        """Value `v` rounded to TF32 (what an FP32 inner product reads under --tf32)."""
+        if v not in self._tf32:
+            name = self.fresh("tf32")
+            if v in self.g.initializers and v not in self.g.producer:
+                self._constant(name, self.rounded_store.tf32(v), self.g.initializers[v])
+            else:
+                self.nodes.extend(tf32_round_nodes(v, name, self.fresh("t") + "_"))
+            self._tf32[v] = name
+        return self._tf32[v]
+
+    def read(self, t: str, reader: str, tf32: bool = False) -> str:
+        """What `reader` (a candidate, FP16 data input t) sees of t under the assignment;
+        `tf32`: an inner-product operand, TF32-rounded when the reader runs in FP32."""
         mode = self.state[reader]
         pstate = self.producer_state.get(t, FULL)
-        if mode == FULL:
+        if t in self.internal:
             return t
+        if mode == FULL:
+            return self.tf32_of(t) if tf32 else t
         if mode == HALF or pstate == HALF:
             return self.rounded_of(t)
         # reader ACTIVE: rounded when it runs in FP16 or the producer did
@@ -239,6 +267,8 @@ class _Builder:
                 self._or[key] = self.fresh("or")
                 self.nodes.append(helper.make_node("Or", [cond, self.switch(p)], [self._or[key]]))
             cond = self._or[key]
+        if tf32:
+            unrounded = self.tf32_of(unrounded)
         out = self.fresh("sel")
         self.nodes.append(helper.make_node("Where", [cond, self.rounded_of(t), unrounded], [out]))
         return out
@@ -250,16 +280,23 @@ class _Builder:
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.name = name
+        tf32 = self.rules.tf32_inputs(node.op_type) if name in self.cands else ()
         if mode != FULL:
             halves = set(self.g.fp16_inputs(name))
             for k, t in enumerate(new.input):
                 if t in halves:
-                    new.input[k] = self.read(t, name)
+                    new.input[k] = self.read(t, name, k in tf32)
+        else:
+            for k, t in enumerate(new.input):
+                if k in tf32 and self.g.is_float(t):
+                    new.input[k] = self.tf32_of(t)
         forced = []
         for k, t in enumerate(new.output):
             if not self.g.is_float(t):
                 continue
             self.producer_state[t] = mode
+            if t in self.internal and mode != FULL:
+                continue  # stays inside the fused kernel: read raw, never rounded
             if mode == HALF and self._exact(node, name):
                 self.rounded[t] = t
             elif mode in (HALF, ACTIVE):
@@ -269,7 +306,7 @@ class _Builder:
                 forced.append(t)
         self.nodes.append(new)
         for t in self.g.float_outputs(name) if mode != FULL else []:
-            if t in self.rounded:
+            if t in self.rounded or t in self.internal:
                 continue
             if mode == HALF:
                 self.round_pair(self.raw[t], t)
@@ -283,8 +320,9 @@ class _Builder:
                 self.rounded[t] = t
 
     def _exact(self, node: onnx.NodeProto, name: str) -> bool:
-        return node.op_type in EXACT_OPS and set(self.g.float_inputs(name)) <= set(
-            self.g.fp16_inputs(name))
+        ins = self.g.float_inputs(name)  # an internal (raw) input makes the output inexact
+        return (node.op_type in EXACT_OPS and set(ins) <= set(self.g.fp16_inputs(name))
+                and not any(t in self.internal for t in ins))
 
     def build(self, expose: Sequence[str] = (), watch: Sequence[str] = (),
               half_outputs: bool = False) -> onnx.ModelProto:
@@ -363,8 +401,8 @@ def _nonfinite_flags(watch: Sequence[str], sep: str) -> list[onnx.NodeProto]:
 
 def _session(graph: Graph, state: Mapping[str, str], rounded: Rounded, threads: int | None,
              expose: Sequence[str] = (), watch: Sequence[str] = (),
-             half_outputs: bool = False) -> tuple[Session, _Builder]:
-    b = _Builder(graph, state, rounded)
+             half_outputs: bool = False, rules: Rules = STRICT) -> tuple[Session, _Builder]:
+    b = _Builder(graph, state, rounded, rules=rules)
     proto = b.build(expose, watch, half_outputs)
     arrays = dict(b.arrays)
     for t in proto.graph.initializer:
@@ -415,13 +453,13 @@ class Emulator:
 
     def __init__(self, graph: Graph, threads: int | None = None,
                  expose: Sequence[str] = (), watch: Sequence[str] = (),
-                 active: Iterable[str] = ()) -> None:
-        self.graph, self.threads = graph, threads
+                 active: Iterable[str] = (), rules: Rules = STRICT) -> None:
+        self.graph, self.threads, self.rules = graph, threads, rules
         self._candidates = graph.candidates()
         self._cand_set = frozenset(self._candidates)
         self.expose, self.watch = list(expose), list(watch)
         self.outputs = graph.output_names()
-        self._rounded = Rounded.of(graph)
+        self._rounded = Rounded.of(graph, rules.weight_rule)
         self.rebuilds = 0
         self.active: frozenset[str] = frozenset()
         self.session: Session | None = None
@@ -435,7 +473,7 @@ class Emulator:
     def _build(self, active: frozenset[str]) -> None:
         state = {n: (ACTIVE if n in active else HALF) for n in self._candidates}
         self.session, b = _session(self.graph, state, self._rounded, self.threads, self.expose,
-                                   self.watch, half_outputs=True)
+                                   self.watch, half_outputs=True, rules=self.rules)
         self.active = active
         self._switches = dict(b.switch_of)
         self._nonfinite = f"{b.sep}nonfinite"
@@ -458,7 +496,7 @@ class Emulator:
     def _run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
              names: Sequence[str]) -> list[np.ndarray]:
         if (fp32_nodes is not None and frozenset(fp32_nodes) >= self._cand_set
-                and not self._cand_set <= self.active and not self.watch and not self.expose
+                and not self.rules.tf32 and not self._cand_set <= self.active and not self.watch and not self.expose
                 and not any(t in HALF_TYPES for t in self.graph.declared.values())):
             fp32_nodes = None  # the static all-FP32 graph is the reference's: no rebuild
         if fp32_nodes is None:  # everything FP32: the reference itself, bit for bit
@@ -509,10 +547,13 @@ class MixedModel:
     FP32 with every float16 tensor rounded where it is produced, so each FP16 op computes in
     FP32 on FP16-exact inputs and stores an FP16-rounded output, as the emulator does."""
 
-    def __init__(self, graph: Graph, threads: int | None = None) -> None:
+    def __init__(self, graph: Graph, threads: int | None = None, rules: Rules = STRICT,
+                 fused: bool = False) -> None:
+        """`rules`: its tf32 flag; `fused` (trt semantics): the internal tensors of the
+        certain fused layers that run wholly in FP16 in this file are not rounded."""
         self.graph = graph
         self.outputs = graph.output_names()
-        self.proto, self.arrays = emulation_of_mixed(graph)
+        self.proto, self.arrays = emulation_of_mixed(graph, rules, fused)
         self.session = Session(self.proto, self.arrays, threads)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -521,10 +562,18 @@ class MixedModel:
         return {n: np.asarray(v, np.float32) for n, v in zip(self.outputs, values)}
 
 
-def emulation_of_mixed(graph: Graph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None,
+                       fused: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The FP32 model `MixedModel` runs (weights by reference): also what Polygraphy's ONNX
-    Runtime runs to check a plan without a GPU, since ORT's own float16 kernels hide overflow."""
-    b = _MixedBuilder(graph, {}, Rounded.of(graph))
+    Runtime runs to check a plan without a GPU, since ORT's own float16 kernels hide overflow.
+    `fused` (trt semantics): the internal tensors of the certain fused layers that run wholly
+    in FP16 in this file are not rounded."""
+    rules = rules or STRICT
+    half = {graph.names[graph.producer[t]] for t in graph.half_typed if t in graph.producer}
+    state = {n: HALF for n in graph.candidates() if n in half}
+    internal = half_layer_internals(graph) if fused else frozenset()
+    b = _MixedBuilder(graph, state, Rounded.of(graph),
+                      rules=Rules(internal, rules.weight_rule, rules.tf32))
     proto = b.build()
     arrays = dict(b.arrays)
     for t in proto.graph.initializer:
@@ -546,9 +595,17 @@ class _MixedBuilder(_Builder):
         new.name = name
         new.input[:] = [self.alias.get(t, t) for t in new.input]
         ins = [t for t in node.input if self.g.is_float(t)]
-        exact = node.op_type in EXACT_OPS and all(t in self.g.half_typed for t in ins)
+        exact = node.op_type in EXACT_OPS and all(t in self.g.half_typed and t not in self.internal
+                                                  for t in ins)
+        outs = [t for t in node.output if self.g.is_float(t)]
+        if name in self.cands and outs and not any(t in self.g.half_typed for t in outs):
+            for k in self.rules.tf32_inputs(node.op_type):  # an FP32 inner product
+                if k < len(new.input) and self.g.is_float(node.input[k]):
+                    new.input[k] = self.tf32_of(new.input[k])
         rounds = []
         for k, t in enumerate(new.output):
+            if t in self.internal:
+                continue  # inside an FP16 fused layer: stays in the kernel
             if t in self.g.half_typed and not (exact and self.g.half_typed[t] == TensorProto.FLOAT16):
                 new.output[k] = self.fresh("raw")
                 rounds.append((new.output[k], t))
@@ -564,6 +621,17 @@ class _MixedBuilder(_Builder):
                 self.alias[v.name] = self.fresh("fed")
                 self.round_pair(v.name, self.alias[v.name], self.g.half_typed[v.name])
         return super().build(expose, watch, half_outputs=False)
+
+
+def half_layer_internals(graph: Graph) -> frozenset[str]:
+    """Internal tensors of the certain fused layers (found on the file's FP32 view) whose
+    every node stores float16 in the file: TensorRT runs each as one FP16 kernel."""
+    out: set[str] = set()
+    for layer in find_layers(graph.model):
+        outs = [t for n in layer.nodes if n in graph.index for t in graph.float_outputs(n)]
+        if layer.certain and outs and all(t in graph.half_typed for t in outs):
+            out.update(layer.internal)
+    return frozenset(out)
 
 
 def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
