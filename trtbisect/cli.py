@@ -402,13 +402,19 @@ def emit_run(result, as_json: bool) -> None:
         modules = any(c.module for c in result.culprits)
         if modules:
             t.add_column("module", overflow="fold")
-        layers = any(c.layer for c in result.culprits)
+        # a fused layer is named once; its other nodes say "same layer" (a layer's name lists
+        # every node it fuses, so repeating it would drown the table)
+        layers = any(c.layer and c.layer != c.node for c in result.culprits)
         if layers:
             t.add_column("TensorRT layer", overflow="fold")
-        t.add_column("why")
+        t.add_column("why", overflow="fold")
+        shown: set[str] = set()
         for c in result.culprits:
+            layer = c.layer or c.node
+            cell = "[dim]same layer[/]" if layer in shown else escape(layer)
+            shown.add(layer)
             t.add_row(escape(c.node), c.op, *([escape(c.module or "")] if modules else []),
-                      *([escape(c.layer or c.node)] if layers else []), escape(c.why))
+                      *([cell] if layers else []), escape(c.why))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
