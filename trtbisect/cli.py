@@ -30,7 +30,17 @@ from .outdir import OutputDir
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
-out = Console()
+
+
+class _Stdout(Console):
+    """Results on stdout; a reader that left early (`| head`) ends the run with 141, as a
+    Unix tool killed by SIGPIPE (rich would exit 1, our code for bugs)."""
+
+    def on_broken_pipe(self) -> None:
+        _pipe_closed()
+
+
+out = _Stdout()
 
 
 
@@ -51,7 +61,7 @@ CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE,
                               (4, "the mixed model misses the tolerance"))
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
-EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 
 
@@ -93,6 +103,8 @@ class Group(click.Group):
             how = ctx.meta.get("resume_hint", "")
             fail(f"interrupted{'; ' + how if how else ''}",
                  EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
+        except BrokenPipeError:  # stdout's reader left (`| head`): as a Unix tool killed by SIGPIPE
+            _pipe_closed()
         except OSError as exc:  # disk full, read-only folder, a folder where a file should be
             where = f": {exc.filename}" if exc.filename else ""
             fail(f"{exc.strerror or exc}{where}", EXIT_USAGE)
@@ -101,6 +113,22 @@ class Group(click.Group):
                  f"{exc.start}): a damaged or hand-edited file?", EXIT_USAGE)
         except MemoryError:
             fail("out of memory; give smaller inputs or fewer samples", EXIT_USAGE)
+
+
+def _pipe_closed() -> NoReturn:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(EXIT_SIGPIPE)
+
+
+def finish(code: int) -> NoReturn:
+    """Exit with `code` once stdout is delivered; a reader that left early (`| head`) gives
+    141, as for a Unix tool killed by SIGPIPE, never an unexplained 1."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _pipe_closed()
+    sys.exit(code)
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -317,7 +345,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
             progress.stage("verifying the emulator's plan with TensorRT engines")
             pipeline.verify_on_tensorrt(result, opts, out)
     emit_run(result, as_json)
-    sys.exit(result.exit_code)
+    finish(result.exit_code)
 
 
 class Progress:
@@ -366,8 +394,7 @@ class Progress:
     def trial(self, trial, remaining: int) -> None:
         msg = (f"Evaluation {trial.index} | {trial.phase} | {len(trial.fp32)} nodes FP32 | "
                f"{'pass' if trial.passed else 'fail'} | ~{remaining} remaining")
-        if not self.show(msg):
-            log.debug(msg)
+        self.show(msg)  # the search logs every evaluation itself at -vv
 
 
 def fmt(x: float) -> str:
@@ -511,7 +538,8 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()]},
                               indent=2))
         return
-    t = Table(title=f"FP32 vs all-FP16: {len(stats)} tensors", title_justify="left")
+    t = Table(title=f"FP32 vs all-FP16: {summary['tensors']} stored tensors and "
+                    f"{len(stats) - summary['tensors']} graph input(s)", title_justify="left")
     for col in ("tensor", "producer", "FP32 max|x|", "rel err", "non-finite", "overflow", "flushed"):
         t.add_column(col, overflow="fold")
     flagged = [s for s in stats.values() if s.overflow or s.new_nonfinite or s.flushed
@@ -519,7 +547,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
     rows = flagged[:top] if flagged else sorted(stats.values(), key=lambda s: -s.rel_err)[:top]
     for s in rows:
         t.add_row(escape(s.name), escape(s.producer or "(input)"), fmt(s.fp32_absmax),
-                  rel_cell(s.rel_err, s.new_nonfinite),
+                  rel_cell(s.rel_err, max(s.fp16_nonfinite - s.fp32_nonfinite, 0)),
                   str(s.fp16_nonfinite), str(s.overflow), str(s.flushed))
     out.print(t)
     for key, label in (("first_nonfinite", "first non-finite in FP16"),
@@ -558,7 +586,7 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
                   soft_wrap=True)
         for name, e in result.errors.items():
             out.print(f"  {escape(name)}: {error_cell(e)}", soft_wrap=True)
-    sys.exit(0 if result.passed else 4)
+    finish(0 if result.passed else 4)
 
 
 @main.command(epilog=ENV_EXIT_CODES)

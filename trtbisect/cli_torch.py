@@ -7,13 +7,13 @@ when one of these commands runs, so `trtbisect --help` works without it.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 from rich.table import Table
 
-from .cli import (USAGE, Progress, error_cell, escape, exit_codes, fmt, log, out, quiet_level,
+from .cli import (USAGE, Progress, error_cell, escape, exit_codes, finish, fmt, log, out,
+                  quiet_level,
                   rel_cell, verbosity_options)
 from .compare import Tolerance
 
@@ -152,7 +152,7 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         emit_torch(result, top)
-    sys.exit(result.exit_code)
+    finish(result.exit_code)
 
 
 class ModuleProgress(Progress):

@@ -28,9 +28,9 @@ def parse_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
             shape = tuple(int(d) for d in dims.split("x")) if dims else ()
         except ValueError:
             shape = (-1,)
-        if any(d < 0 for d in shape):
-            raise TrtBisectError(f"bad --shape {spec!r}: dimensions must be non-negative "
-                                 "integers, e.g. 1x3x224x224")
+        if any(d < 1 for d in shape):
+            raise TrtBisectError(f"bad --shape {spec!r}: dimensions must be positive integers "
+                                 "(an empty tensor cannot be judged), e.g. 1x3x224x224")
         shapes[name] = shape
     return shapes
 
@@ -138,8 +138,25 @@ def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
         part = _split_samples(graph, _read_npz(path), str(path))
         if not part:
             raise TrtBisectError(f"{path} holds no samples (its leading sample axis is empty)")
+        for sample in part:
+            _check_given(sample, shapes, str(path))
         samples.extend(part)
     return samples
+
+
+def _check_given(sample: Sample, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
+    """Data that cannot be judged (an empty tensor passes any tolerance) or that contradicts
+    --shape is a usage error, not a silent pass."""
+    for name, arr in sample.items():
+        if arr.size == 0:
+            raise TrtBisectError(f"input {name!r} in {source} is empty (shape "
+                                 f"{'x'.join(map(str, arr.shape))}); give data with at least one "
+                                 "element")
+        if name in shapes and tuple(arr.shape) != tuple(shapes[name]):
+            raise TrtBisectError(f"--shape {name}:{'x'.join(map(str, shapes[name])) or '(scalar)'} "
+                                 f"disagrees with {name!r} in {source} "
+                                 f"({'x'.join(map(str, arr.shape)) or 'scalar'}); drop --shape or "
+                                 "fix the data")
 
 
 def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

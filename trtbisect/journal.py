@@ -81,7 +81,8 @@ class Journal:
         if good_bytes is not None:  # drop a last line cut short by a kill before appending
             os.truncate(self.path, good_bytes)
         if self.done or self.starts:
-            log.info("resuming: %d evaluations already in %s", len(self.done), self.path)
+            log.warning("resuming: %d evaluations already in %s (--no-resume starts afresh)",
+                        len(self.done), self.path)
 
     def _parse(self) -> int | None:
         """Fill done/starts; return the length to truncate to when the last line is partial."""

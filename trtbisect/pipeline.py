@@ -434,6 +434,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         if outcome is not None and outcome.applied:
             ctx = _rewritten_context(ctx, outcome.model, opts)
             g = ctx.judged
+            base.update(candidates=len(g.candidates()), nodes=len(g.names))
             ev = Evaluator(ctx, opts, stats, journal)
             all_half = outcome.passed
             ev.known[frozenset()] = all_half
@@ -459,10 +460,12 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         journal.close()
     plan = as_nodes(search.fp32)
     rewritten = outcome is not None and bool(outcome.applied)
+    judged = outcome.judgements if outcome is not None else 0  # each rewrite judged like a plan
     result = RunResult("no_plan" if not search.found else
                        ("fixed" if plan or rewritten else "fp16_ok"),
                        fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
-                       evaluations=search.evaluations, inferences=ev.runs,
+                       evaluations=search.evaluations + judged,
+                       inferences=ev.runs + judged * len(ctx.samples),
                        errors_before=worst(before), errors_after=worst(before),
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
@@ -839,6 +842,7 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
         autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
         true_fp32=not ctx.rules.tf32,
         judge_args=_judge_args(ctx),
+        reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")
                                for t in g.node(n).output if t) for n in result.fp32_nodes})
 

@@ -78,6 +78,8 @@ class RenderContext:
     output_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # trtexec names
     true_fp32: bool = True  # the judge computed FP32 as IEEE FP32: no TF32 in the engine
     judge_args: tuple[str, ...] = ()  # `trtbisect check` flags of the run's judge (--semantics ...)
+    # the FP32 truth checks compare with, when `model` is not it (a rewritten model)
+    reference_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,7 @@ def _polygraphy_check(plan: Sequence[str], ctx: RenderContext) -> Rendering:
                   "which ONNX Runtime's CPU float16 kernels would not)")
     try:
         data = _data_args(ctx)
-        save = ["polygraphy", "run", ctx.model, "--onnxrt", *data,
+        save = ["polygraphy", "run", ctx.reference_model or ctx.model, "--onnxrt", *data,
                 "--save-outputs", ctx.reference_outputs]
         check = ["polygraphy", "run", ctx.emulated_model or ctx.mixed_model, "--onnxrt", *data,
                  "--load-outputs", ctx.reference_outputs, *polygraphy_tolerances(ctx)]
@@ -349,7 +351,8 @@ def _calibration(ctx: RenderContext) -> str | None:
 def _check_line(path: str, ctx: RenderContext) -> str:
     """`trtbisect check` of a converted model with the tolerance the plan was found under."""
     tol = ctx.tolerance
-    argv = ["trtbisect", "check", path, "--reference", ctx.model, "--rtol", repr(tol.rtol),
+    argv = ["trtbisect", "check", path, "--reference", ctx.reference_model or ctx.model,
+            "--rtol", repr(tol.rtol),
             "--atol", repr(tol.atol), *ctx.judge_args]
     for name, (r, a) in tol.per_output.items():
         argv += ["--output-tol", f"{name}:{r!r}:{a!r}"]

@@ -281,6 +281,7 @@ def render_markdown(result: "RunResult", plot_name: str | None) -> str:
     parts = [f"# trtbisect report: {Path(result.model_path).name}", "",
              f"**Verdict: {verdict_line(result)}.**", "", *_md_facts(result), ""]
     parts += _md_groups(result)
+    parts += _md_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
     parts += _md_culprits(result)
     if plot_name:
         parts += ["## Magnitude and error along the graph", "", f"![per-tensor plot]({plot_name})",
@@ -340,6 +341,29 @@ def _md_groups(result: "RunResult") -> list[str]:
                 for applied, text in fix_lines(g)]
         out.append("")
     return out
+
+
+REWRITE_HEAD = ["rewrite", "where", "why", "FP32 drift (of the output range)",
+                "all-FP16 error before -> after", "in the PyTorch source"]
+
+
+def rewrite_rows(result: "RunResult") -> list[tuple]:
+    """What `run --rewrite` kept (precision.json "rewrites"), one row each."""
+    rows = []
+    for a in (result.extra.get("rewrites") or {}).get("applied", []):
+        where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
+        drift = (a.get("fp32_drift") or {}).get("rel")
+        before, after = a.get("fp16_rel_error_before"), a.get("fp16_rel_error_after")
+        rows.append((a["rewrite"], where, a["why"], "-" if drift is None else f"{float(drift):.2g}",
+                     f"{_g(before)} -> {_g(after)}", a.get("advice", "")))
+    return rows
+
+
+def _g(v: object) -> str:
+    try:
+        return f"{float(v):.3g}"  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "-"
 
 
 def _md_culprits(result: "RunResult") -> list[str]:
@@ -418,6 +442,7 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
                                                 for f in _md_facts(result)) + "</div>",
             f"<div class='verdict {'ok' if ok else 'bad'}'>{e(verdict_line(result))}</div>"]
     body += _html_groups(result)
+    body += _html_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
     body += _html_culprits(result)
     if png is not None:
         hover = "".join(f"<span class='col' title='{e(t)}' style='left:{x:.3f}%;top:{y:.3f}%;"
