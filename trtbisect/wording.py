@@ -1,0 +1,249 @@
+"""Detected causes in words: the summary of a culprit group, each node's `why`, and the fixes.
+
+detect.py finds the cause, the pattern and the numbers; this module only phrases them, in the
+words a deployment engineer uses, with the fix that makes FP32 fallback needless.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .compare import FP16_MAX, FP16_TINY
+from .detect import FP16_MIN_NORMAL, attention_scale, flushed_at, node_numbers
+from .facts import Evidence, Facts
+
+DOMAIN_OPS = {"Sqrt": "Max(x, 0)", "Log": "Max(x, eps)", "Div": "denominator + eps",
+              "Reciprocal": "x + eps", "Pow": "Max(x, eps)"}
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One way out; `kind` is stable (tests, reports), `text` is for people."""
+
+    kind: str
+    text: str
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "text": self.text}
+
+
+def num(x: float | int | None) -> str:
+    """3 significant digits, exponent without padding: 5.54e6, 965, 0.00034."""
+    if x is None:
+        return "?"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    s = f"{x:.3g}"
+    if "e" in s:
+        mant, exp = s.split("e")
+        s = f"{mant}e{int(exp)}"
+    return s
+
+
+# ---------------------------------------------------------------- fixes and words
+
+def fixes_for(f: Facts, group: Sequence[str], cause: str, pattern: str | None,
+              ev: Evidence) -> list[Fix]:
+    """Keeping FP32 first (what the plan does), then the model changes that make it needless."""
+    keep = Fix("keep_fp32", f"keep {_nodes(len(group))} in FP32: {', '.join(group)}")
+    return [keep, *_model_fixes(f, group, cause, pattern, ev)]
+
+
+def _model_fixes(f: Facts, group: Sequence[str], cause: str, pattern: str | None,
+                 ev: Evidence) -> list[Fix]:
+    by_pattern = {
+        "layernorm_decomposed": _layernorm_fix(f.g.opset),
+        "rmsnorm_decomposed": Fix("prescale_norm", f"{'multiply' if cause == 'underflow' else 'divide'}"
+                                  " x by a power of two before squaring (RMSNorm is scale "
+                                  "invariant apart from eps), or fuse it into RMSNormalization "
+                                  "(opset 23) where the runtime keeps its statistics in FP32"),
+        "attention_logits": _attention_fix(f, group),
+        "attention_mask": Fix("clamp_mask_fill", "clamp the mask fill to -1e4 or "
+                              "torch.finfo(torch.float16).min (-65504) instead of "
+                              f"{num(_f(ev.get('value')))}, so FP16 holds it"),
+        "batchnorm_statistics": Fix("fold_batchnorm", "fold BatchNormalization into the "
+                                    "preceding Conv in FP32 before the FP16 build"),
+        "large_reduction": Fix("mean_before_sum", "divide by the element count before summing "
+                               "(ReduceMean, or scale the input by 1/N), so the sum stays in range"),
+        "power_spectrum": Fix("normalize_spectrum", "normalise the frames (divide by n_fft or "
+                              "the window sum) before squaring, so |X|^2 stays below 65504"),
+        "exp": Fix("subtract_max_before_exp", "subtract the running max before Exp (as Softmax "
+                   "does), or use a fused Softmax/LogSoftmax/Softplus"),
+        "cancellation": Fix("reorder_arithmetic", "avoid cancelling large terms in FP16: "
+                            "compute a variance as mean((x - mean)^2), not mean(x^2) - mean^2, "
+                            "and fold constant offsets that are added and removed"),
+    }
+    fixes = [by_pattern[pattern]] if pattern in by_pattern else []
+    fixes += _cause_fixes(f, cause, ev)
+    return fixes
+
+
+def _nodes(n: int) -> str:
+    return "this node" if n == 1 else f"these {n} nodes"
+
+
+def pct(x: float | None) -> str:
+    """A relative error as a percentage of the output's range."""
+    if x is None or not math.isfinite(x):
+        return str(x)
+    return f"{num(100 * x)}%"
+
+
+def _f(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _layernorm_fix(opset: int) -> Fix:
+    if opset < 17:
+        return Fix("reexport_opset17", f"re-export at opset >= 17 (this model is opset {opset}) "
+                   "so LayerNormalization is one op whose statistics TensorRT keeps in FP32")
+    return Fix("fuse_layernorm", "fuse the chain into one LayerNormalization op (opset >= 17) "
+               "so TensorRT keeps its statistics in FP32")
+
+
+def _attention_fix(f: Facts, group: Sequence[str]) -> Fix:
+    scale = attention_scale(f, group)
+    what = f"the {scale[0]} by {num(scale[1])}" if scale else "the 1/sqrt(d) scale"
+    return Fix("scale_before_matmul", f"move {what} before the MatMul (scale Q, or Q and K by "
+               "d^-1/4) so the logits never exceed 65504")
+
+
+def _cause_fixes(f: Facts, cause: str, ev: Evidence) -> list[Fix]:
+    if cause == "underflow":
+        out = [Fix("rescale_input", "rescale the values so they stay above FP16's smallest "
+                   f"normal {num(FP16_MIN_NORMAL)} (subnormals end at {num(FP16_TINY)})")]
+        if ev.get("constant") is not None:
+            out.insert(0, Fix("raise_eps", f"raise eps {ev.get('constant')} = "
+                              f"{num(_f(ev.get('constant_value')))} to at least 1e-5"))
+        return out
+    if cause == "non_finite_origin" and str(ev.get("op")) in DOMAIN_OPS:
+        guard = DOMAIN_OPS[str(ev["op"])]
+        return [Fix("guard_domain", f"guard the argument of {ev['op']} ({guard}) so FP16 "
+                    "rounding cannot leave its domain")]
+    if cause == "constant_out_of_range":
+        return [Fix("clip_constant", f"clip {ev.get('constant')} into FP16's range "
+                    "(|x| <= 65504) before export, if the model tolerates it")]
+    if cause == "precision_loss":
+        return [Fix("loosen_tolerance", f"if an error of {pct(_f(ev.get('rel_err')))} is "
+                    "acceptable, raise --rtol: the plan would need fewer FP32 nodes")]
+    return []
+
+
+def summarize(f: Facts, group: Sequence[str], cause: str, pattern: str | None, ev: Evidence,
+              fixes: Sequence[Fix], scope: str | None) -> str:
+    """One sentence: where, what, the numbers, what to do."""
+    where = f"{scope}: " if scope else ""
+    what = _what(f, cause, pattern, ev)
+    alt = next((fx.text for fx in fixes if fx.kind != "keep_fp32"), None)
+    todo = f"keep {_nodes(len(group))} in FP32" + (f", or {alt}" if alt else "")
+    return f"{where}{what}; {todo}."
+
+
+def _what(f: Facts, cause: str, pattern: str | None, ev: Evidence) -> str:
+    g = lambda k: num(_f(ev.get(k)))  # noqa: E731 - a formatter, local to the sentence
+    if cause == "constant_out_of_range":
+        nan = ev.get("output_nonfinite_fp16") or 0
+        tail = f"; {nan} of {ev.get('output_size')} values turn NaN/inf" if nan else ""
+        zero = " (0 * -inf = NaN)" if ev.get("op") == "Mul" and nan else ""
+        return (f"{ev['op']} {ev['node']} reads constant {ev['constant']} = {g('value')}, which "
+                f"FP16 rounds to {ev['fp16_value']}{zero}{tail}")
+    if cause == "overflow":
+        return _overflow_words(pattern, ev, g)
+    if cause == "underflow":
+        return _underflow_words(ev, g)
+    if cause == "non_finite_origin":
+        fed = "" if ev.get("in_group") else ", fed by these nodes' FP16 outputs"
+        return (f"{ev['op']} {ev['node']} is where FP16 first turns NaN/inf ({ev['nonfinite']} "
+                f"of {ev['size']} values) while FP32 stays finite (max {g('fp32_absmax')}){fed}, "
+                "with no value out of FP16's range")
+    spacing = (f"; values reach {g('magnitude')} where FP16 spacing is {g('fp16_spacing')}, "
+               f"then cancel to {g('result_absmax')}" if pattern == "cancellation" else "")
+    return (f"no value leaves FP16's range, but the FP16 error grows from "
+            f"{pct(_f(ev.get('input_rel_err')))} to {pct(_f(ev.get('rel_err')))} of the "
+            f"output's range over {ev['chain_length']} node(s){spacing}")
+
+
+def _overflow_words(pattern: str | None, ev: Evidence, g) -> str:
+    over = f"overflows FP16 (max 65504, {num(_f(ev.get('factor')))}x over)"
+    peak_over = f"overflows FP16 (max 65504, {num(_f(ev.get('peak_factor')))}x over)"
+    if pattern == "layernorm_decomposed":
+        return f"the decomposed LayerNorm squares values of {g('input_absmax')}: " \
+               f"(x - mean)^2 = {g('fp32_absmax')} {over}"
+    if pattern == "rmsnorm_decomposed":
+        return f"the decomposed RMSNorm squares values of {g('input_absmax')}: " \
+               f"x^2 = {g('fp32_absmax')} {over}"
+    if pattern == "attention_logits":
+        back = f", scaled back to {g('back_in_range')}" if ev.get("back_in_range") else ""
+        return f"attention logits Q.K^T reach {g('peak')} before the scale{back}; that {peak_over}"
+    if pattern == "power_spectrum":
+        return f"the power spectrum squares DFT values of {g('input_absmax')}: |X|^2 = " \
+               f"{g('fp32_absmax')} {over}"
+    if pattern == "exp":
+        return f"Exp {ev['node']} of inputs up to {g('input_absmax')} gives {g('fp32_absmax')}, " \
+               f"which {over}"
+    if pattern == "large_reduction":
+        return f"{ev['op']} {ev['node']} sums values of up to {g('input_absmax')} into " \
+               f"{g('fp32_absmax')}, which {over}"
+    if not ev.get("written_by_group"):
+        return f"{ev['op']} {ev['node']} reads {ev['tensor']} of {g('fp32_absmax')}, which {over}"
+    return f"{ev['op']} {ev['node']} writes {g('fp32_absmax')} from inputs of at most " \
+           f"{g('input_absmax')}, which {over}"
+
+
+def _underflow_words(ev: Evidence, g) -> str:
+    parts = []
+    if ev.get("flushed"):
+        parts.append(f"{ev['flushed']} of {ev['size']} values of {ev['tensor']} (max "
+                     f"{g('fp32_absmax')}) flush to zero in FP16 (smallest subnormal 6e-8)")
+    if ev.get("constant"):
+        parts.append(f"eps {ev['constant']} = {g('constant_value')} flushes to zero too"
+                     if parts else f"constant {ev['constant']} = {g('constant_value')} flushes "
+                     "to zero in FP16")
+    if ev.get("consequence_op"):
+        op = str(ev["consequence_op"])
+        how = {"Div": "divides by zero (x/0 = inf, 0/0 = NaN)", "Log": "takes log(0) = -inf",
+               "Reciprocal": "takes 1/0 = inf"}.get(op, "turns non-finite")
+        parts.append(f"then {op} {ev['consequence_node']} {how} in "
+                     f"{ev['consequence_nonfinite']} values")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- per node
+
+def node_why(f: Facts, node: str, cause: str, ev: Evidence) -> str:
+    """What this one node does wrong, in numbers."""
+    nn = node_numbers(f, node)
+    op, ins, outs = nn.op, nn.input_absmax, nn.output_absmax
+    if cause == "constant_out_of_range" and node == ev.get("node"):
+        return (f"{op} reads constant {ev['constant']} = {num(_f(ev.get('value')))}, which FP16 "
+                f"rounds to {ev['fp16_value']}")
+    if ins > FP16_MAX or outs > FP16_MAX:
+        return _range_role(op, ins, outs)
+    if cause == "underflow":
+        flushed = flushed_at(f, node)
+        if flushed:
+            return _flushed_words(op, flushed)
+    if cause == "non_finite_origin" and node == ev.get("node"):
+        return f"{op}: first NaN/inf in FP16 ({ev['nonfinite']} of {ev['size']} values), FP32 finite"
+    return (f"{op}: FP16 error {pct(nn.input_rel_err)} -> {pct(nn.output_rel_err)} of the range "
+            f"(values up to {num(outs)}, FP16 spacing {num(nn.fp16_spacing)})")
+
+
+def _range_role(op: str, ins: float, outs: float) -> str:
+    if ins <= FP16_MAX:
+        return f"{op} writes {num(outs)} ({num(outs / FP16_MAX)}x FP16's 65504) from inputs " \
+               f"of at most {num(ins)}"
+    if outs > FP16_MAX:
+        return f"{op} reads {num(ins)} and writes {num(outs)}, both beyond 65504"
+    return f"{op} reads {num(ins)} (> 65504) and brings it back to {num(outs)}"
+
+
+def _flushed_words(op: str, fl: Evidence) -> str:
+    if "constant" in fl:
+        return f"{op} reads constant {fl['constant']} = {num(_f(fl['value']))}, which FP16 " \
+               "flushes to zero"
+    verb = "writes" if fl["written"] else "reads"
+    return f"{op} {verb} {fl['tensor']}: {fl['flushed']} of {fl['size']} values (max " \
+           f"{num(_f(fl['fp32_absmax']))}) flush to zero in FP16"
