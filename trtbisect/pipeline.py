@@ -328,6 +328,7 @@ class RunResult:
     mixed_model: Written | None = field(default=None, repr=False)  # for fp32_nodes
     rewritten_model: Written | None = field(default=None, repr=False)  # FP32, rewrites applied
     staged: list[str] = field(default_factory=list)  # judged files waiting in --out/.staging
+    emulated_mixed: Written | None = field(default=None, repr=False)  # the judge's own graph
     stats: dict[str, TensorStats] = field(default_factory=dict)
     prior_seeds: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -623,6 +624,7 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     searched_worst = worst(searched)
     same = all(_bits(searched_worst[o]) == _bits(e) for o, e in checked.errors.items())
     result.mixed_check = checked.errors
+    result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
     result.errors_after = checked.errors
     result.extra["one_judge"] = {"search_equals_check": same,
                                  "search_errors": {k: v.to_json() for k, v in searched_worst.items()}}
@@ -828,9 +830,12 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
     result.files["samples"] = str(out_dir / "inputs")
     result.files["data_loader"] = str(out_dir / "data_loader.py")
     emulated = out_dir / f"{ctx.path.stem}.mixed.emulated.onnx"
-    fused = ctx.prepared is not None and ctx.prepared.semantics == "trt"
-    Written(*emulation_of_mixed(Graph.from_path(result.files["mixed_model"]), ctx.rules,
-                                fused)).save(emulated)
+    if result.emulated_mixed is None:  # the plan changed since it was judged (TensorRT)
+        fused = ctx.prepared is not None and ctx.prepared.semantics == "trt"
+        result.emulated_mixed = Written(*emulation_of_mixed(
+            Graph.from_path(result.files["mixed_model"]), ctx.rules, fused))
+    result.emulated_mixed.save(emulated)
+    result.emulated_mixed = None
     result.files["emulated_mixed_model"] = str(emulated)
     g = ctx.judged  # the plan names its nodes
     names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
@@ -882,7 +887,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
         result.fp32_nodes = list(report.result.fp32)
         result.mixed_model = result.mixed_check = None  # they described the emulator's plan
         result.files.pop("mixed_model", None)
-        result.staged = []
+        result.staged, result.emulated_mixed = [], None
         result.verdict = "fixed" if result.fp32_nodes else "fp16_ok"
     write_outputs(result, ctx, out_dir)
 
@@ -895,6 +900,7 @@ class CheckResult:
     errors: dict[str, OutputError]
     half_tensors: int
     samples: int
+    emulated: Written | None = field(default=None, repr=False)  # the graph the judge ran
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
@@ -932,4 +938,4 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options) -> CheckRes
         errors.append(compare_outputs(ref, {k: outs[k] for k in names}, opts.tolerance))
     merged = worst(errors)
     return CheckResult(all(e.passed for e in merged.values()), merged, len(graph.half_typed),
-                       len(ctx.samples))
+                       len(ctx.samples), Written(judge.proto, judge.arrays))
