@@ -297,7 +297,8 @@ def _yn(x: bool | None) -> str:
     return {True: "yes", False: "**no**", None: "-"}[x]
 
 
-def render(rows: list[Row], notes: list[str], args: argparse.Namespace) -> str:
+def render(rows: list[Row], notes: list[str], args: argparse.Namespace,
+           before: list[Row] | None = None) -> str:
     full = [r for r in rows if r.mode == "full" and r.eval_ms]
     lines = [
         "# Search cost, emulator cost and memory at scale",
@@ -373,9 +374,38 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace) -> str:
                      f"{_s(r.evaluator_s)} | {_s(one)} | "
                      f"{r.run_s / (r.prepare_s + r.evaluator_s + one):.1f}x |")
     lines += _scale_section(rows)
+    if before:
+        lines += _comparison(before, rows)
     if notes:
         lines += ["", "## Not measured", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _ratio(r: Row) -> float | None:
+    return max(r.eval_ms.values()) / r.plain_ms if r.eval_ms and r.plain_ms else None
+
+
+def _comparison(before: list[Row], after: list[Row]) -> list[str]:
+    """Before -> after for the models measured both times (same script, older code)."""
+    old = {(r.case, r.mode): r for r in before}
+    out = ["", "## Before and after", "",
+           "The same script on the code before the change (rows saved with `--rows`, given "
+           "here with `--before`); an error or a timeout counts as no result.", "",
+           "| model | run wall | run evals | evaluation / FP32 | peak RSS |", "|---|---|---|---|---|"]
+
+    def pair(a: str, b: str) -> str:
+        return f"{a} -> {b}"
+
+    for r in after:
+        o = old.get((r.case, r.mode))
+        if o is None or r.mode == "plain":
+            continue
+        fmt = [(lambda x: x.error[:40] if x.error else _s(x.run_s)),
+               (lambda x: "-" if x.error else str(x.run_evals)),
+               (lambda x: f"{_ratio(x):.2f}x" if _ratio(x) else "-"),
+               (lambda x: _size(x.run_rss) if x.run_rss else "-")]
+        out.append(f"| {r.case} | " + " | ".join(pair(f(o), f(r)) for f in fmt) + " |")
+    return out
 
 
 def _scale_section(rows: list[Row]) -> list[str]:
@@ -400,6 +430,12 @@ def _scale_section(rows: list[Row]) -> list[str]:
     return out
 
 
+def _before(args: argparse.Namespace) -> list[Row] | None:
+    if not args.before:
+        return None
+    return [Row(**r) for r in json.loads(Path(args.before).read_text())["rows"]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only: a smoke test")
@@ -414,13 +450,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "docs" / "search_benchmark.md"))
     ap.add_argument("--rows", help="also save the raw rows as JSON here")
     ap.add_argument("--from-rows", help="only render the markdown from rows saved by --rows")
+    ap.add_argument("--before", help="rows saved by --rows on older code: add a before/after table")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child, args.threads, args.repeat, args.ddmin_budget)
     if args.from_rows:
         saved = json.loads(Path(args.from_rows).read_text())
-        text = render([Row(**r) for r in saved["rows"]], saved["notes"], args)
+        text = render([Row(**r) for r in saved["rows"]], saved["notes"], args, _before(args))
         Path(args.out).write_text(text)
         return print(text)
     with tempfile.TemporaryDirectory(prefix="trtbisect-bench-") as tmp:
@@ -440,7 +477,7 @@ def main() -> None:
             if args.rows:  # after every model, so a long run that dies keeps what it measured
                 Path(args.rows).write_text(json.dumps(
                     {"rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
-    text = render(rows, notes, args)
+    text = render(rows, notes, args, _before(args))
     Path(args.out).write_text(text)
     print(text)
 
