@@ -18,7 +18,7 @@ from trtbisect.cli import main
 from trtbisect.compare import FP16_MAX
 from trtbisect.diagnose import CulpritGroup, diagnose, group_culprits
 from trtbisect.backends.ort import Reference
-from trtbisect.graph import Graph, model_hash
+from trtbisect.graph import Graph
 from trtbisect.pipeline import Context, Options, layerwise, run
 from trtbisect.suspects import constant_stats
 
@@ -267,7 +267,7 @@ def test_diagnose_is_pure(zoo):
     snapshot = z.model.SerializeToString()
     samples = [dict(z.inputs)]
     ctx = Context(Path("m.onnx"), z.model, g, samples, [Reference(g).run(samples[0])],
-                  model_hash(z.model))
+                  "0" * 64)
     stats = layerwise(ctx, Options())
     groups = diagnose(g, sorted(z.expected_fp32), stats, constant_stats(g))
     assert [(x.cause, x.pattern) for x in groups] == [("overflow", "attention_logits")]

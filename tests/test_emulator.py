@@ -72,17 +72,38 @@ def test_all_fp32_plan_matches_the_reference(zoo):
     g = Graph(z.model)
     emu, ref = Emulator(g), Reference(g)
     got = emu.run(frozenset(g.candidates()), z.inputs)
-    for name, value in ref.run(z.inputs).items():
-        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6)
+    switched = Emulator(g, active=g.candidates()).run(frozenset(g.candidates()), z.inputs)
+    for name, value in ref.run(z.inputs).items():  # the same bits, whatever the graph
+        np.testing.assert_array_equal(got[name], value)
+        np.testing.assert_array_equal(switched[name], value)
 
 
-def test_one_session_serves_every_plan(zoo):
+def test_plans_inside_the_active_set_share_one_session(zoo):
     z = zoo["layernorm_overflow"]
-    emu = Emulator(Graph(z.model))
+    g = Graph(z.model)
+    cands = g.candidates()
+    emu = Emulator(g, active=cands[:3])
     session = emu.session
-    for plan in (frozenset(), frozenset(emu.candidates()), frozenset(emu.candidates()[:2])):
+    for plan in (frozenset(), frozenset(cands[:3]), frozenset(cands[1:3]), frozenset(cands[:1])):
         emu.run(plan, z.inputs)
-    assert emu.session is session
+    assert emu.session is session and emu.rebuilds == 1
+    emu.run(frozenset(cands[2:5]), z.inputs)  # leaves the set: one rebuild around the union
+    assert emu.rebuilds == 2 and emu.active == frozenset(cands[:5])
+
+
+def test_switched_and_static_graphs_agree_bit_for_bit(zoo):
+    """A plan gives the same bits whether its nodes are switchable or fixed in the graph."""
+    z = zoo["attention_logits"]
+    g = Graph(z.model)
+    cands = g.candidates()
+    rng = np.random.default_rng(0)
+    switched = Emulator(g, active=cands)
+    for _ in range(4):
+        plan = frozenset(c for c in cands if rng.random() < 0.4)
+        static = Emulator(g, active=plan)  # the plan's nodes switchable, all others fixed FP16
+        a, b = switched.run(plan, z.inputs), static.run(plan, z.inputs)
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
 
 
 def test_backend_contract():

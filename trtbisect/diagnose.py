@@ -180,7 +180,7 @@ class Facts:
 
 def _constant_array(g: Graph, name: str) -> np.ndarray | None:
     if name in g.initializers:
-        return numpy_helper.to_array(g.initializers[name])
+        return g.array(name)
     i = g.producer.get(name)
     if i is None:
         return None

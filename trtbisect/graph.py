@@ -5,6 +5,7 @@ The input model is never mutated; everything that rewrites a graph works on a co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -12,9 +13,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 from .errors import TrtBisectError
 
@@ -28,40 +30,71 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load and validate an ONNX file; every failure is a one-line TrtBisectError."""
+    """Load and validate an ONNX file, weights left where they are.
+
+    External data stays on disk (the returned proto points at it; `Graph.from_path` maps it), so
+    a model of any size, beyond protobuf's 2 GiB too, loads in the memory of its graph alone.
+    Every failure is a one-line TrtBisectError.
+    """
     p = Path(path)
     if not p.is_file():
         raise TrtBisectError(f"model file not found: {p}")
     try:
         model = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, RuntimeWarning, ValueError) as exc:
-        raise TrtBisectError(f"{p} is not a readable ONNX model (truncated or corrupt?): {exc}")
+    except (DecodeError, RuntimeWarning, ValueError, UnicodeDecodeError) as exc:
+        raise TrtBisectError(f"{p} is not a readable ONNX model (truncated or corrupt?): "
+                             f"{_first_line(exc)}")
+    except OSError as exc:
+        raise TrtBisectError(f"cannot read {p}: {exc.strerror or exc}")
     if not model.graph.node and not model.graph.output:
         raise TrtBisectError(f"{p} is not a readable ONNX model (empty graph: truncated?)")
-    if _uses_external_data(model):
-        try:
-            onnx.load_external_data_for_model(model, str(p.parent))
-        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
-            raise TrtBisectError(
-                f"{p} keeps weights in external data that could not be read ({exc}); "
-                "keep the data files beside the model") from exc
-        if model.ByteSize() > PROTOBUF_LIMIT:
-            raise TrtBisectError(f"{p} is larger than 2 GiB with its external data; "
-                                 "models this large are not supported yet")
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            _check_external(p, t)
     try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise TrtBisectError(f"{p} is not a valid ONNX model: {first}") from exc
+        # by path: the checker reads the file itself and never needs the weights in one proto
+        onnx.checker.check_model(str(p))
+    except (onnx.checker.ValidationError, ValueError, OSError) as exc:
+        raise TrtBisectError(f"{p} is not a valid ONNX model: {_first_line(exc)}") from exc
     return model
 
 
-def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
-def model_hash(model: onnx.ModelProto) -> str:
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+def _check_external(model_path: Path, t: TensorProto) -> None:
+    info = {e.key: e.value for e in t.external_data}
+    where = info.get("location", "")
+    data = model_path.parent / where
+    need = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+    if not where or Path(where).is_absolute() or ".." in Path(where).parts:
+        raise TrtBisectError(f"{model_path}: initializer {t.name!r} has an unsafe external-data "
+                             f"location {where!r}; keep the data files beside the model")
+    if not data.is_file() or data.stat().st_size < need:
+        raise TrtBisectError(f"{model_path} keeps weights in external data that could not be read "
+                             f"({where!r} for {t.name!r} is missing or too short); keep the data "
+                             "files beside the model")
+
+
+def model_hash(path: str | os.PathLike) -> str:
+    """sha256 of the model file and of its external data files, read in chunks."""
+    p = Path(path)
+    h = hashlib.sha256()
+    files = [p]
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+        files += sorted({p.parent / e.value for t in model.graph.initializer
+                         for e in t.external_data if e.key == "location"})
+    except Exception:  # the file was validated by load_model; hash what is there
+        pass
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def node_names(model: onnx.ModelProto) -> list[str]:
@@ -90,22 +123,153 @@ def with_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+HALF_TYPES = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: None}
+STORE_LOCATION = "trtbisect:store"  # marks an initializer whose data a Weights store holds
+SMALL_BYTES = 1024  # initializers up to this size stay inside session protos
+
+
+class Weights:
+    """Initializer arrays by name: read once, shared by every session, never copied into a proto.
+
+    External data is memory-mapped from its file; embedded data is taken out of the proto when
+    the graph owns it (`Graph.from_path`), so the weights are held once.
+    """
+
+    def __init__(self, model: onnx.ModelProto, base_dir: Path | None, own: bool) -> None:
+        self.base_dir = base_dir
+        self._protos = {t.name: t for t in model.graph.initializer}
+        self._raw: dict[str, np.ndarray] = {}
+        self._float: dict[str, np.ndarray] = {}
+        if own:
+            for t in model.graph.initializer:
+                if t.data_location != TensorProto.EXTERNAL and _payload_bytes(t) > SMALL_BYTES:
+                    self._raw[t.name] = numpy_helper.to_array(t)
+                    _mark_stored(t)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._protos
+
+    def raw(self, name: str) -> np.ndarray:
+        """The initializer's values in its own dtype (memory-mapped when external)."""
+        if name not in self._raw:
+            t = self._protos[name]
+            self._raw[name] = self._map(t) if t.data_location == TensorProto.EXTERNAL \
+                else numpy_helper.to_array(t)
+        return self._raw[name]
+
+    def array(self, name: str) -> np.ndarray:
+        """The initializer's values; float16/bfloat16 come back as (exact) float32."""
+        arr = self.raw(name)
+        if arr.dtype == np.float16 or arr.dtype.name == "bfloat16":
+            if name not in self._float:
+                self._float[name] = arr.astype(np.float32)
+            return self._float[name]
+        return arr
+
+    def _map(self, t: TensorProto) -> np.ndarray:
+        info = {e.key: e.value for e in t.external_data}
+        if info.get("location") == STORE_LOCATION or self.base_dir is None:
+            raise TrtBisectError(f"the data of initializer {t.name!r} is not available")
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        shape = tuple(t.dims)
+        count = int(np.prod(shape, dtype=np.int64))
+        if count == 0:
+            return np.zeros(shape, dtype)
+        return np.memmap(self.base_dir / info["location"], dtype=dtype.newbyteorder("<"),
+                         mode="c", offset=int(info.get("offset", 0) or 0), shape=shape)
+
+    def nbytes(self, name: str) -> int:
+        t = self._protos[name]
+        count = int(np.prod(tuple(t.dims), dtype=np.int64))
+        return count * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+
+    def total_bytes(self) -> int:
+        return sum(self.nbytes(n) for n in self._protos)
+
+
+def _payload_bytes(t: TensorProto) -> int:
+    return len(t.raw_data) if t.raw_data else 4 * int(np.prod(tuple(t.dims), dtype=np.int64))
+
+
+def _mark_stored(t: TensorProto) -> None:
+    """Drop a tensor's data from the proto; the store holds it."""
+    for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+              "uint64_data", "string_data"):
+        t.ClearField(f)
+    del t.external_data[:]
+    t.data_location = TensorProto.EXTERNAL
+    t.external_data.add(key="location", value=STORE_LOCATION)
+
+
+def structure(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model without weight data (for shape inference and session protos)."""
+    out = onnx.ModelProto()
+    g = model.graph
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(out, f, getattr(model, f))
+    out.doc_string = model.doc_string
+    out.opset_import.extend(model.opset_import)
+    out.metadata_props.extend(model.metadata_props)
+    out.functions.extend(model.functions)
+    og = out.graph
+    og.name = g.name
+    og.node.extend(g.node)
+    og.input.extend(g.input)
+    og.output.extend(g.output)
+    og.value_info.extend(g.value_info)
+    for t in g.initializer:
+        if t.data_location == TensorProto.EXTERNAL or _payload_bytes(t) > SMALL_BYTES:
+            light = og.initializer.add()
+            light.name, light.data_type = t.name, t.data_type
+            light.dims.extend(t.dims)
+            _mark_stored(light)
+        else:
+            og.initializer.append(t)
+    return out
+
+
 @dataclass
 class Graph:
-    """Read-only view of a model: names, float typing and data flow."""
+    """Read-only view of a model: names, float typing, data flow and its weights.
+
+    A model with float16/bfloat16 tensors is viewed in FP32 (its upcast): `half_typed` remembers
+    which tensors were half, so the emulator can round them where the model itself rounds, and
+    `declared` keeps the graph inputs' and outputs' own types for the files trtbisect writes.
+    """
 
     model: onnx.ModelProto
+    base_dir: Path | None = None
+    own: bool = False
     names: list[str] = field(init=False)
     types: dict[str, int] = field(init=False)
     producer: dict[str, int] = field(init=False)
     consumers: dict[str, list[int]] = field(init=False)
     initializers: dict[str, TensorProto] = field(init=False)
+    weights: Weights = field(init=False)
+    half_typed: dict[str, int] = field(init=False)
+    declared: dict[str, int] = field(init=False)
+    source: onnx.ModelProto = field(init=False, repr=False)
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike) -> "Graph":
+        """Load a model file; its weights stay on disk or are held once, in the store."""
+        p = Path(path)
+        return cls(load_model(p), base_dir=p.parent, own=True)
 
     def __post_init__(self) -> None:
+        self.weights = Weights(self.model, self.base_dir, self.own)
+        self.source = self.model  # as given (half types kept); `model` is its FP32 view
+        self.declared = {v.name: v.type.tensor_type.elem_type
+                         for v in [*self.model.graph.input, *self.model.graph.output]
+                         if v.type.HasField("tensor_type")}
+        original = infer_types(self.model)
+        self.half_typed = {t: ty for t, ty in original.items() if ty in HALF_TYPES}
+        if self.half_typed:
+            self.model = upcast(self.model)
+        self.types = {t: (FLOAT if ty in HALF_TYPES else ty) for t, ty in original.items()}
         self.names = node_names(self.model)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.initializers = {t.name: t for t in self.model.graph.initializer}
-        self.types = infer_types(self.model)
         self.producer = {}
         self.consumers = defaultdict(list)
         for i, node in enumerate(self.model.graph.node):
@@ -115,6 +279,10 @@ class Graph:
             for t in dict.fromkeys(node.input):
                 if t:
                     self.consumers[t].append(i)
+
+    def array(self, name: str) -> np.ndarray:
+        """An initializer's values (float16 ones as exact float32)."""
+        return self.weights.array(name)
 
     def node(self, name: str) -> onnx.NodeProto:
         return self.model.graph.node[self.index[name]]
@@ -128,6 +296,13 @@ class Graph:
 
     def output_names(self) -> list[str]:
         return [v.name for v in self.model.graph.output]
+
+    def all_names(self) -> set[str]:
+        """Every tensor and node name in the graph (internal names must avoid all of them)."""
+        g = self.model.graph
+        names = {t for n in g.node for t in [*n.input, *n.output]}
+        names.update(v.name for v in [*g.input, *g.output, *g.value_info, *g.initializer])
+        return names | set(self.names)
 
     @property
     def opset(self) -> int:
@@ -150,16 +325,27 @@ class Graph:
         return fp16_signature(node, self.opset) is not None
 
     def fp16_inputs(self, name: str) -> list[str]:
-        """Float inputs that the node reads in FP16 when it runs in FP16 (schema permitting)."""
+        """Float data inputs that the node reads in FP16 when it runs in FP16.
+
+        Schema permitting, and never an input that parametrises the op rather than carrying data
+        (Resize's roi and scales, Range's bounds, ...): TensorRT reads those as shape parameters,
+        and rounding them would change the op, not its precision.
+        """
         node = self.node(name)
         allowed = fp16_signature(node, self.opset)
         if allowed is None:
             return []
+        params = PARAMETER_INPUTS.get(node.op_type, ())
         return [t for k, t in enumerate(node.input)
-                if self.is_float(t) and k in allowed and t not in node.input[:k]]
+                if self.is_float(t) and k in allowed and k not in params
+                and t not in node.input[:k]]
+
+    @functools.cached_property
+    def _candidates(self) -> list[str]:
+        return [n for i, n in enumerate(self.names) if self.is_candidate(i)]
 
     def candidates(self) -> list[str]:
-        return [n for i, n in enumerate(self.names) if self.is_candidate(i)]
+        return list(self._candidates)
 
     def float_outputs(self, name: str) -> list[str]:
         return [t for t in self.node(name).output if self.is_float(t)]
@@ -169,7 +355,49 @@ class Graph:
 
     def stored_tensors(self) -> list[str]:
         """Float tensors written by candidate nodes, in topological order."""
-        return [t for n in self.candidates() for t in self.float_outputs(n)]
+        return [t for n in self._candidates for t in self.float_outputs(n)]
+
+    def materialize(self) -> onnx.ModelProto:
+        """The whole model with its weights in one proto (small models only: TensorRT, tests)."""
+        out = onnx.ModelProto()
+        out.CopyFrom(self.model)
+        for t in out.graph.initializer:
+            if t.data_location == TensorProto.EXTERNAL:
+                t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(self.array(t.name)),
+                                                   t.name))
+        return out
+
+
+# Inputs that parametrise an op (positions), never rounded: they are not FP16 data.
+PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
+    "Resize": (1, 2), "Upsample": (1,), "Range": (0, 1, 2), "Pad": (2,), "Dropout": (1,),
+    "NonMaxSuppression": (3, 4),
+}
+
+
+def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model's structure with every float16/bfloat16 type made float32 (weights untouched:
+    the store upcasts arrays when they are read)."""
+    out = structure(model)
+    g = out.graph
+    for v in [*g.input, *g.output, *g.value_info]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in HALF_TYPES:
+            v.type.tensor_type.elem_type = FLOAT
+    for t in g.initializer:
+        if t.data_type in HALF_TYPES:
+            if t.data_location == TensorProto.EXTERNAL:
+                t.data_type = FLOAT  # the store hands out float32 for it
+            else:
+                t.CopyFrom(numpy_helper.from_array(
+                    numpy_helper.to_array(t).astype(np.float32), t.name))
+    for node in g.node:
+        for a in node.attribute:
+            if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in HALF_TYPES:
+                a.i = FLOAT
+            elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in HALF_TYPES:
+                a.t.CopyFrom(numpy_helper.from_array(
+                    numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+    return out
 
 
 def fp16_signature(node: onnx.NodeProto, opset: int) -> set[int] | None:
@@ -200,7 +428,7 @@ def fp16_signature(node: onnx.NodeProto, opset: int) -> set[int] | None:
 def infer_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor name we can type (inputs, initializers, node outputs)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(structure(model), data_prop=True)
     except Exception as exc:  # inference is best effort: typing falls back to declared infos
         log.warning("ONNX shape inference failed (%s); using declared types only", exc)
         inferred = model

@@ -1,147 +1,221 @@
-"""Strongly typed mixed-precision ONNX: writing one from a plan, and judging any one faithfully.
+"""Strongly typed mixed-precision ONNX: writing one from a plan, and saving models of any size.
 
-`write_mixed_onnx` is what TensorRT 11 builds (it has no weak typing: precision lives in the
-graph). FP16 nodes get float16 inputs, weights and outputs; FP32 nodes are fenced by Cast nodes;
-the model's own Casts keep their types, and graph inputs and outputs keep their declared types.
+`mixed_model` is what TensorRT 11 builds (it has no weak typing: precision lives in the graph).
+FP16 nodes get float16 inputs, weights and outputs; FP32 nodes are fenced by Cast nodes; the
+model's own Casts keep their types, and graph inputs and outputs keep their declared types.
+`check` judges such a file with `backends.ort.MixedModel`, bit for bit what the search measured.
 
-`emulate_mixed` turns any mixed model (ours, AutoCast's, a hand-made FP16 one) into an FP32 model
-that rounds every float16 tensor where it is produced: each FP16 op then computes in FP32 on
-FP16-exact inputs and stores an FP16-rounded output, which is what the CPU emulator does.
+Weights are never gathered into one proto unless the model is small: a `Written` model is a
+weightless proto plus arrays, saved with external data when it is large.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph import FLOAT, Graph, with_node_names
+from .compare import round_fp16
+from .graph import FLOAT, SMALL_BYTES, Graph, _mark_stored, structure, with_node_names
 
 FLOAT16 = TensorProto.FLOAT16
+EMBED_LIMIT = 1 << 30  # weights up to this size are saved inside the .onnx file
+
+
+@dataclass
+class Written:
+    """A model to save: a proto without weight data, and the arrays of its stored initializers."""
+
+    proto: onnx.ModelProto
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def weight_bytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def materialize(self) -> onnx.ModelProto:
+        """One proto with every weight inside (small models only)."""
+        out = onnx.ModelProto()
+        out.CopyFrom(self.proto)
+        for t in out.graph.initializer:
+            if t.name in self.arrays:
+                t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(self.arrays[t.name]),
+                                                   t.name))
+        return out
+
+    def save(self, path: Path) -> list[Path]:
+        """Atomically: a temporary file renamed into place. Returns the files written."""
+        path = Path(path)
+        if self.weight_bytes() <= EMBED_LIMIT:
+            _atomic(path, lambda tmp: onnx.save(self.materialize(), tmp))
+            return [path]
+        data = path.with_name(path.name + ".data")
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.proto)
+        offsets: dict[str, tuple[int, int]] = {}
+
+        def write_data(tmp: str) -> None:
+            with open(tmp, "wb") as fh:
+                for t in proto.graph.initializer:
+                    if t.name in self.arrays:
+                        arr = np.ascontiguousarray(self.arrays[t.name])
+                        pad = (-fh.tell()) % 64
+                        fh.write(b"\0" * pad)
+                        offsets[t.name] = (fh.tell(), arr.nbytes)
+                        fh.write(memoryview(arr.reshape(-1).view(np.uint8)))
+        _atomic(data, write_data)
+        for t in proto.graph.initializer:
+            if t.name in offsets:
+                del t.external_data[:]
+                t.data_location = TensorProto.EXTERNAL
+                off, length = offsets[t.name]
+                for k, v in (("location", data.name), ("offset", str(off)), ("length", str(length))):
+                    t.external_data.add(key=k, value=v)
+        _atomic(path, lambda tmp: onnx.save(proto, tmp))
+        return [path, data]
+
+
+def _atomic(path: Path, write) -> None:
+    from .plan import atomic_write
+    atomic_write(path, write)
+
+
+def graph_model(graph: Graph, proto: onnx.ModelProto | None = None) -> Written:
+    """The graph's own model as given (node names filled in), or `proto` derived from it, with
+    the weights by reference."""
+    proto = structure(proto if proto is not None else with_node_names(graph.source))
+    arrays = {t.name: np.asarray(graph.weights.raw(t.name)) for t in proto.graph.initializer
+              if t.data_location == TensorProto.EXTERNAL and t.name in graph.weights}
+    return Written(proto, arrays)
+
+
+def mixed_model(graph: Graph, fp32_nodes: Iterable[str]) -> Written:
+    """The model with every candidate node outside `fp32_nodes` computing in FP16."""
+    return _MixedWriter(graph, set(fp32_nodes)).write()
 
 
 def write_mixed_onnx(model: onnx.ModelProto, fp32_nodes: Iterable[str]) -> onnx.ModelProto:
-    """The model with every candidate node outside `fp32_nodes` computing in FP16."""
-    named = with_node_names(model)
-    graph = Graph(named)
-    keep = set(fp32_nodes)
-    half_nodes = {n for n in graph.candidates() if n not in keep}
-    out = onnx.ModelProto()
-    out.CopyFrom(named)
-    g = out.graph
-    # home[t]: the element type tensor t has in the mixed graph
-    home = dict(graph.types)
-    for name in half_nodes:
-        for t in graph.float_outputs(name):
-            home[t] = FLOAT16
-    # graph outputs produced in FP16 get an internal name and a final Cast to their declared type
-    renamed = {v.name: f"{v.name}::fp16" for v in g.output if home.get(v.name) == FLOAT16}
-    converted: dict[tuple[str, int], str] = {}
-    new_inits: list[TensorProto] = []
-    nodes: list[onnx.NodeProto] = []
+    """`mixed_model` of a small in-memory model, as one proto."""
+    return mixed_model(Graph(model), fp32_nodes).materialize()
 
-    def as_type(t: str, want: int) -> str:
-        src = renamed.get(t, t)
-        if home.get(t) == want:
+
+class _MixedWriter:
+    def __init__(self, graph: Graph, keep: set[str]) -> None:
+        self.g = graph
+        self.keep = keep
+        self.half = {n for n in graph.candidates() if n not in keep}
+        self.sep = _readable_separator(graph)
+        # home[t]: the element type tensor t has in the mixed graph
+        self.home: dict[str, int] = {t: ty for t, ty in graph.types.items()}
+        self.home.update(graph.half_typed)  # what the model itself keeps half
+        for name in graph.candidates():
+            for t in graph.float_outputs(name):
+                self.home[t] = FLOAT16 if name in self.half else FLOAT
+        for v in graph.inputs():
+            self.home[v.name] = graph.declared.get(v.name, self.home.get(v.name, FLOAT))
+        self.converted: dict[tuple[str, int], str] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.renamed: dict[str, str] = {}
+
+    def as_type(self, t: str, want: int) -> str:
+        src = self.renamed.get(t, t)
+        if self.home.get(t) == want:
             return src
         key = (t, want)
-        if key not in converted:
+        if key not in self.converted:
             suffix = "fp16" if want == FLOAT16 else "fp32"
-            name = f"{t}::{suffix}" if t not in renamed else f"{t}::{suffix}::cast"
-            if t in graph.initializers and want == FLOAT16:
-                arr = numpy_helper.to_array(graph.initializers[t])
-                with np.errstate(over="ignore"):
-                    new_inits.append(numpy_helper.from_array(arr.astype(np.float16), name))
+            name = f"{t}{self.sep}{suffix}"
+            if t in self.g.initializers and t not in self.g.producer:
+                arr = np.asarray(self.g.array(t), np.float32)
+                self._constant(name, round_fp16(arr).astype(np.float16) if want == FLOAT16
+                               else arr)
             else:
-                nodes.append(helper.make_node("Cast", [src], [name], to=want, name=f"{name}::cast"))
-            converted[key] = name
-        return converted[key]
+                self.nodes.append(helper.make_node("Cast", [src], [name], to=want,
+                                                   name=f"{name}{self.sep}cast"))
+            self.converted[key] = name
+        return self.converted[key]
 
-    for name, node in zip(graph.names, graph.model.graph.node):
+    def _constant(self, name: str, arr: np.ndarray) -> None:
+        if arr.nbytes <= SMALL_BYTES:
+            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+            return
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+        t.dims.extend(arr.shape)
+        _mark_stored(t)
+        self.inits.append(t)
+        self.arrays[name] = arr
+
+    def write(self) -> Written:
+        g = self.g
+        out = structure(g.source)
+        og = out.graph
+        for v in og.output:
+            declared = g.declared.get(v.name, FLOAT)
+            if self.home.get(v.name) != declared and v.name in g.producer:
+                self.renamed[v.name] = f"{v.name}{self.sep}{'fp16' if self.home[v.name] == FLOAT16 else 'fp32'}"
+        source_nodes = list(g.source.graph.node)
+        for i, (name, node) in enumerate(zip(g.names, g.model.graph.node)):
+            if name in g._candidates:
+                new = self._candidate(name, node)
+            else:
+                new = onnx.NodeProto()
+                new.CopyFrom(source_nodes[i])  # the model's own types, Casts included
+                new.name = name
+                if node.op_type not in ("Cast", "Shape", "Size"):
+                    for k, t in enumerate(new.input):
+                        if g.is_float(t) and t not in g.half_typed:
+                            new.input[k] = self.as_type(t, FLOAT)
+                        elif t:
+                            new.input[k] = self.renamed.get(t, t)
+                else:
+                    new.input[:] = [self.renamed.get(t, t) for t in new.input]
+            new.output[:] = [self.renamed.get(t, t) for t in new.output]
+            self.nodes.append(new)
+        for t, internal in self.renamed.items():
+            self.nodes.append(helper.make_node("Cast", [internal], [t], to=g.declared.get(t, FLOAT),
+                                               name=f"{t}{self.sep}output_cast"))
+        del og.node[:]
+        og.node.extend(self.nodes)
+        used = {t for n in self.nodes for t in n.input}
+        keep_inits = [t for t in og.initializer if t.name in used]
+        del og.initializer[:]
+        og.initializer.extend(keep_inits)
+        og.initializer.extend(self.inits)
+        arrays = dict(self.arrays)
+        for t in og.initializer:
+            if t.data_location == TensorProto.EXTERNAL and t.name not in arrays:
+                arrays[t.name] = np.asarray(g.weights.raw(t.name))
+        del og.value_info[:]
+        out.metadata_props.append(onnx.StringStringEntryProto(
+            key="trtbisect.fp32_nodes", value=",".join(sorted(self.keep))))
+        return Written(out, arrays)
+
+    def _candidate(self, name: str, node: onnx.NodeProto) -> onnx.NodeProto:
+        g = self.g
         new = onnx.NodeProto()
         new.CopyFrom(node)
-        if name in half_nodes:
-            halves = set(graph.fp16_inputs(name))
-            for k, t in enumerate(new.input):
-                if t in halves:
-                    new.input[k] = as_type(t, FLOAT16)
-                elif graph.is_float(t):
-                    new.input[k] = as_type(t, FLOAT)
-        elif node.op_type in ("Cast", "Shape", "Size"):
-            new.input[:] = [renamed.get(t, t) for t in new.input]  # any input type will do
-        else:
-            for k, t in enumerate(new.input):
-                if graph.is_float(t):
-                    new.input[k] = as_type(t, FLOAT)
-        new.output[:] = [renamed.get(t, t) for t in new.output]
-        nodes.append(new)
-    for t, internal in renamed.items():
-        nodes.append(helper.make_node("Cast", [internal], [t], to=FLOAT, name=f"{t}::output_cast"))
-    del g.node[:]
-    g.node.extend(nodes)
-    used = {t for n in nodes for t in n.input}
-    unused = [i for i in g.initializer if i.name not in used]
-    for i in unused:
-        g.initializer.remove(i)
-    g.initializer.extend(new_inits)
-    del g.value_info[:]
-    out.metadata_props.append(onnx.StringStringEntryProto(
-        key="trtbisect.fp32_nodes", value=",".join(sorted(keep))))
-    return onnx.shape_inference.infer_shapes(out)
+        new.name = name
+        want = FLOAT16 if name in self.half else FLOAT
+        halves = set(g.fp16_inputs(name)) if want == FLOAT16 else set()
+        for k, t in enumerate(new.input):
+            if t in halves:
+                new.input[k] = self.as_type(t, FLOAT16)
+            elif g.is_float(t):
+                new.input[k] = self.as_type(t, FLOAT)
+        for a in new.attribute:  # ops that make floats of a set type (RandomNormal, EyeLike...)
+            if a.name == "dtype" and a.type == onnx.AttributeProto.INT and a.i == FLOAT:
+                a.i = want
+        return new
 
 
-def emulate_mixed(model: onnx.ModelProto) -> onnx.ModelProto:
-    """An FP32 model that rounds every float16 tensor of `model` where it is produced."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = Graph(inferred).types
-    out = onnx.ModelProto()
-    out.CopyFrom(inferred)
-    g = out.graph
-    is_half = {t for t, ty in types.items() if ty == FLOAT16}
-    for init in g.initializer:
-        if init.data_type == FLOAT16:
-            init.CopyFrom(numpy_helper.from_array(
-                numpy_helper.to_array(init).astype(np.float32), init.name))
-    nodes: list[onnx.NodeProto] = []
-
-    def round_into(raw: str, t: str) -> None:
-        nodes.append(helper.make_node("Cast", [raw], [f"{t}::half"], to=FLOAT16))
-        nodes.append(helper.make_node("Cast", [f"{t}::half"], [t], to=FLOAT))
-
-    for v in g.input:
-        if v.name in is_half and v.type.tensor_type.elem_type == FLOAT16:
-            v.type.tensor_type.elem_type = FLOAT
-            raw = f"{v.name}::fed"
-            round_into(raw, v.name)
-            v.name = raw
-    for node in g.node:
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        _retype_attributes(new)
-        rounds = []
-        for k, t in enumerate(new.output):
-            if t in is_half:
-                new.output[k] = f"{t}::raw"
-                rounds.append(t)
-        nodes.append(new)
-        for t in rounds:
-            round_into(f"{t}::raw", t)
-    del g.node[:]
-    g.node.extend(nodes)
-    for v in [*g.output]:
-        if v.type.tensor_type.elem_type == FLOAT16:
-            v.type.tensor_type.elem_type = FLOAT
-    del g.value_info[:]
-    return out
-
-
-def _retype_attributes(node: onnx.NodeProto) -> None:
-    """Make type-setting attributes produce float32 where they said float16."""
-    for a in node.attribute:
-        if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == FLOAT16:
-            a.i = FLOAT
-        elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT16:
-            a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32),
-                                                 a.t.name))
+def _readable_separator(graph: Graph) -> str:
+    names = graph.all_names()
+    sep = "::"
+    while any(sep in n for n in names):
+        sep += ":"
+    return sep

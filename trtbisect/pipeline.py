@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,16 +16,16 @@ import numpy as np
 import onnx
 
 from . import __version__
-from .backends.ort import Emulator, Reference, make_session, run_session
+from .backends.ort import Emulator, MixedModel, Reference
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, worst)
 from .diagnose import annotate, attach as attach_diagnosis
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
-from .graph import Graph, load_model, model_hash, node_names, with_node_names
+from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
 from .journal import Journal, plan_key
-from .plan import PrecisionPlan, atomic_write_json, atomic_write_text, save_model
-from .mixed import emulate_mixed, write_mixed_onnx
+from .plan import PrecisionPlan, atomic_write_json, atomic_write_text
+from .mixed import Written, graph_model, mixed_model
 from .modules import module_label
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
@@ -65,12 +66,12 @@ class Context:
 
 def prepare(model_path: str | Path, opts: Options) -> Context:
     path = Path(model_path)
-    model = load_model(path)
-    graph = Graph(model)
+    graph = Graph.from_path(path)
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
     ref = Reference(graph, opts.threads)
     references = [ref.run(s) for s in samples]
-    return Context(path, model, graph, samples, references, model_hash(model))
+    ref.close()
+    return Context(path, graph.source, graph, samples, references, model_hash(path))
 
 
 def reference_problems(ctx: Context) -> list[str]:
@@ -86,11 +87,13 @@ def reference_problems(ctx: Context) -> list[str]:
 
 # ---------------------------------------------------------------- layer-wise comparison
 
-def layerwise(ctx: Context, opts: Options) -> dict[str, TensorStats]:
+def layerwise(ctx: Context, opts: Options,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, TensorStats]:
     """Statistics of every stored float tensor, FP32 vs all-FP16, worst over all samples.
 
-    Tensors are exposed in batches that fit the memory budget (ORT keeps every exposed output
-    alive for the whole run), and only statistics are kept.
+    The FP32 side comes from the reference graph, the FP16 side from the static all-FP16 graph,
+    both exposing one batch of tensors at a time under the memory budget (ORT keeps every
+    exposed output alive for the whole run); only statistics are kept.
     """
     g = ctx.graph
     producer = {t: g.names[g.producer[t]] for t in g.stored_tensors()}
@@ -98,15 +101,23 @@ def layerwise(ctx: Context, opts: Options) -> dict[str, TensorStats]:
     for v in g.inputs():
         if g.is_float(v.name):
             for s in ctx.samples:
-                _merge(stats, tensor_stats(v.name, None, s[v.name], round_fp16(s[v.name])))
-    for batch in _batches(g, ctx.samples[0], opts.memory_budget // 2):
+                x = np.asarray(s[v.name], np.float32)
+                _merge(stats, tensor_stats(v.name, None, x, round_fp16(x)))
+    batches = _batches(g, ctx.samples[0], opts.memory_budget // 2)
+    total, done = sum(len(b) for b in batches), 0
+    for batch in batches:
+        ref = Reference(g, opts.threads)
         emu = Emulator(g, opts.threads, expose=batch)
         for s in ctx.samples:
-            a = emu.run_tensors(False, s, batch)
+            a = ref.run_tensors(s, batch)
             b = emu.run_tensors(True, s, batch)
             for t in batch:
                 _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
         emu.close()
+        ref.close()
+        done += len(batch)
+        if progress is not None:
+            progress(done, total)
     return stats
 
 
@@ -130,8 +141,7 @@ def _batches(g: Graph, sample: Sample, budget: int) -> list[list[str]]:
 
 def estimate_bytes(g: Graph, sample: Sample) -> dict[str, int]:
     """Bytes of each tensor, from shape inference with the sample's concrete input shapes."""
-    m = onnx.ModelProto()
-    m.CopyFrom(g.model)
+    m = structure(g.model)
     for v in m.graph.input:
         if v.name in sample:
             dims = v.type.tensor_type.shape.dim
@@ -180,6 +190,7 @@ class Evaluator:
                  if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
         self.emulator = Emulator(ctx.graph, opts.threads, watch=watch)
         self.runs = 0  # inferences, for cost accounting
+        self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
 
     def measure(self, plan: frozenset[str], stop_early: bool = False
                 ) -> tuple[bool, list[dict[str, OutputError]], list[str]]:
@@ -199,6 +210,8 @@ class Evaluator:
         return passed, errors, nonfinite
 
     def check(self, plan: frozenset[str]) -> bool:
+        if plan in self.known:
+            return self.known[plan]
         key = plan_key(plan)
         if self.journal is not None:
             rec = self.journal.lookup(key)
@@ -253,7 +266,7 @@ class RunResult:
     search: SearchResult | None = None
     reference_problems: list[str] = field(default_factory=list)
     mixed_check: dict[str, OutputError] | None = None
-    mixed_model: onnx.ModelProto | None = field(default=None, repr=False)  # for fp32_nodes
+    mixed_model: Written | None = field(default=None, repr=False)  # for fp32_nodes
     stats: dict[str, TensorStats] = field(default_factory=dict)
     prior_seeds: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -314,7 +327,8 @@ class RunResult:
 
 
 def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
-        progress: Progress | None = None, on_stage: Callable[[str], None] | None = None) -> RunResult:
+        progress: Progress | None = None, on_stage: Callable[[str], None] | None = None,
+        on_layerwise: Callable[[int, int], None] | None = None) -> RunResult:
     """The whole job: find the minimal FP32 set and write every rendering of it to `out_dir`."""
     started = time.perf_counter()
     stage = on_stage or (lambda msg: log.info(msg))
@@ -332,10 +346,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                            errors_before={}, errors_after={}, reference_problems=problems, **base)
         return _finish(result, ctx, out_dir, started, opts.report)
-    stage("layer-wise comparison, FP32 vs FP16")
-    stats = layerwise(ctx, opts)
-    constants = constant_stats(g)
-    prior = build_prior(g, stats, constants)
+    stats: dict[str, TensorStats] = {}
+    if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
+        stage("layer-wise comparison, FP32 vs FP16")
+        stats = layerwise(ctx, opts, on_layerwise)
     journal = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -344,40 +358,97 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             journal_path.unlink()
         journal = Journal(journal_path, _fingerprint(ctx, opts))
     ev = Evaluator(ctx, opts, stats, journal)
-    _, before, _ = ev.measure(frozenset())
+    stage("all-FP16 evaluation")
+    all_half, before, _ = ev.measure(frozenset())
+    ev.known[frozenset()] = all_half
+    if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
+        stage("layer-wise comparison, FP32 vs FP16")
+        stats = layerwise(ctx, opts, on_layerwise)
+    constants = constant_stats(g)
+    prior = build_prior(g, stats, constants)
+    if not all_half:
+        ev.emulator.ensure(prior.ranking[:max(16, 2 * len(prior.seeds))])
     stage(f"searching {len(g.candidates())} candidate nodes ({len(prior.seeds)} suspects)")
     search = find_minimal_fp32(g.candidates(), ev.check, prior.seeds, prior.ranking,
                                opts.max_evaluations, progress)
     if journal is not None:
         journal.close()
-    if not search.found:
-        verdict, plan, after = "no_plan", frozenset(search.fp32), worst(before)
-        evaluations = search.evaluations
-    elif not search.fp32:
-        verdict, plan, after, evaluations = "fp16_ok", frozenset(), worst(before), search.evaluations
-    else:
-        plan = frozenset(search.fp32)
-        passed, errs, _ = ev.measure(plan)  # the final check, run afresh
-        verdict, after, evaluations = ("fixed" if passed else "no_plan"), worst(errs), search.evaluations + 1
-    result = RunResult(verdict, fp32_nodes=search.fp32 if verdict != "no_plan" else [],
-                       evaluations=evaluations, inferences=ev.runs,
-                       errors_before=worst(before), errors_after=after,
-                       one_minimal=search.one_minimal and verdict in ("fixed", "fp16_ok"),
-                       search=search, stats=stats, prior_seeds=prior.seeds, **base)
+    plan = frozenset(search.fp32)
+    result = RunResult("no_plan" if not search.found else ("fixed" if plan else "fp16_ok"),
+                       fp32_nodes=search.fp32 if search.found else [],
+                       evaluations=search.evaluations, inferences=ev.runs,
+                       errors_before=worst(before), errors_after=worst(before),
+                       one_minimal=search.one_minimal and search.found, search=search,
+                       stats=stats, prior_seeds=prior.seeds, **base)
+    if search.found:
+        _judge_written_plan(result, ctx, opts, ev, plan, out_dir)
     result.culprits = explain(g, result.fp32_nodes, stats, constants)
     attach_diagnosis(result, g, constants)
-    if verdict in ("fixed", "fp16_ok"):
-        result.mixed_model = write_mixed_onnx(ctx.model, result.fp32_nodes)
-        result.mixed_check = _verify_mixed(ctx, result.mixed_model, opts)
-        if not result.mixed_model_passed:
-            log.warning("the written mixed ONNX model misses the tolerance although the plan met "
-                        "it in the search (ORT kernels for constant and run-time weights round "
-                        "differently; the plan is within kernel noise of the bound): tighten "
-                        "--rtol slightly and run again")
-        if opts.stability >= 2:
-            stage(f"stability: {opts.stability} runs per sample")
-            result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
+    if result.verdict in ("fixed", "fp16_ok") and opts.stability >= 2:
+        stage(f"stability: {opts.stability} runs per sample")
+        result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
     return _finish(result, ctx, out_dir, started, opts.report)
+
+
+def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
+                        plan: frozenset[str], out_dir: Path | None) -> None:
+    """One judge: write the plan's mixed model, judge the file as `check` does, report that.
+
+    The search's own numbers for the plan must be the file's, bit for bit; a file that fails
+    makes the verdict `no_plan`, never `fixed`.
+    """
+    written = mixed_model(ctx.graph, plan)
+    result.mixed_model = written
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = out_dir if out_dir is not None else Path(tmp)
+        path = folder / f"{ctx.path.stem}.mixed.onnx"
+        written.save(path)
+        if out_dir is not None:
+            result.files["mixed_model"] = str(path)
+        checked = judge_mixed(path, ctx, opts)
+    _, searched, _ = ev.measure(plan)
+    searched_worst = worst(searched)
+    same = all(_bits(searched_worst[o]) == _bits(e) for o, e in checked.errors.items())
+    result.mixed_check = checked.errors
+    result.errors_after = checked.errors
+    result.extra["one_judge"] = {"search_equals_check": same,
+                                 "search_errors": {k: v.to_json() for k, v in searched_worst.items()}}
+    if not same:
+        log.error("the search measured other numbers than `check` of the written file: "
+                  "trusting the file (please report this)")
+    if not checked.passed:
+        result.verdict, result.one_minimal = "no_plan", False
+        log.error("the written mixed model fails the tolerance: no plan is reported")
+    margins = _margins(ctx, opts, checked.errors)
+    result.extra["margins"] = margins
+    fragile = [o for o, m in margins.items() if m["fragile"]]
+    result.extra["fragile"] = bool(fragile)
+    if fragile and checked.passed:
+        log.warning("the plan passes by less than FP32 kernel noise on %s: fragile",
+                    ", ".join(fragile))
+
+
+def _bits(e: OutputError) -> tuple:
+    return (e.max_abs, e.mean_abs, e.nonfinite, e.passed)
+
+
+NOISE_WEIGHT_LIMIT = 512 << 20  # bytes of weights above which the noise floor is not measured
+
+
+def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> dict[str, dict]:
+    """Per output: how far under its bound the plan lands, against the noise floor of FP32
+    itself (the reference model under ORT's default, optimizing kernels vs the judge's)."""
+    noise: dict[str, float] = {}
+    if ctx.graph.weights.total_bytes() <= NOISE_WEIGHT_LIMIT:
+        from .backends.ort import kernel_noise
+        noise = kernel_noise(ctx.graph, ctx.samples, ctx.references, opts.threads)
+    out = {}
+    for name, e in errors.items():
+        margin = e.bound - e.max_abs
+        n = noise.get(name)
+        out[name] = {"margin": _num(margin), "noise_floor": None if n is None else _num(n),
+                     "fragile": bool(n is not None and e.passed and margin <= n)}
+    return out
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
@@ -397,17 +468,6 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
     return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
                              ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1)
-
-
-def _verify_mixed(ctx: Context, mixed: onnx.ModelProto, opts: Options) -> dict[str, OutputError]:
-    """Judge the written mixed ONNX model itself, so the file is proven, not just the plan."""
-    session = make_session(emulate_mixed(mixed), opts.threads)
-    errors = []
-    names = ctx.graph.output_names()
-    for sample, ref in zip(ctx.samples, ctx.references):
-        outs = dict(zip(names, run_session(session, sample, names)))
-        errors.append(compare_outputs(ref, outs, opts.tolerance))
-    return worst(errors)
 
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
@@ -465,13 +525,14 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
         if any(not n.name for n in ctx.model.graph.node) or node_names(ctx.model) != [
                 n.name for n in ctx.model.graph.node]:
             path = out_dir / f"{stem}.named.onnx"
-            save_model(path, with_node_names(ctx.model))
+            graph_model(ctx.graph).save(path)
             result.files["named_model"] = str(path)
         mixed_path = out_dir / f"{stem}.mixed.onnx"
-        if result.mixed_model is None:
-            result.mixed_model = write_mixed_onnx(ctx.model, result.fp32_nodes)
-        save_model(mixed_path, result.mixed_model)
-        result.files["mixed_model"] = str(mixed_path)
+        if result.files.get("mixed_model") != str(mixed_path):  # judged files are already there
+            if result.mixed_model is None:
+                result.mixed_model = mixed_model(ctx.graph, result.fp32_nodes)
+            result.mixed_model.save(mixed_path)
+            result.files["mixed_model"] = str(mixed_path)
         p = result.plan
         atomic_write_text(out_dir / "layer_precisions.txt", p.layer_precisions() + "\n")
         atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", p.autocast_exclude())
@@ -497,8 +558,9 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
         path = out_dir / f"{stem}.annotated.onnx"
         meta = {"trtbisect.verdict": result.verdict, "trtbisect.version": __version__,
                 "trtbisect.fp32_nodes": ",".join(result.fp32_nodes)}
-        save_model(path, annotate(ctx.model, result.extra["culprit_groups"],  # type: ignore[arg-type]
-                                  {c.node: c.why for c in result.culprits}, meta))
+        annotated = annotate(ctx.model, result.extra["culprit_groups"],  # type: ignore[arg-type]
+                             {c.node: c.why for c in result.culprits}, meta)
+        graph_model(ctx.graph, annotated).save(path)
         result.files["annotated_model"] = str(path)
     if report:
         from .report import write_report
@@ -516,7 +578,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
     from .backends.trt import run_trt_search
 
     ctx = prepare(result.model_path, opts)
-    report = run_trt_search(ctx.model, ctx.samples, out_dir / "trt", tolerance=opts.tolerance,
+    report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt", tolerance=opts.tolerance,
                             shapes=opts.shapes, emulator_plan=result.fp32_nodes,
                             seeds=result.prior_seeds)
     result.extra["tensorrt"] = report.to_json()
@@ -525,6 +587,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
     elif set(report.result.fp32) != set(result.fp32_nodes):
         result.fp32_nodes = list(report.result.fp32)
         result.mixed_model = result.mixed_check = None  # they described the emulator's plan
+        result.files.pop("mixed_model", None)
         result.verdict = "fixed" if result.fp32_nodes else "fp16_ok"
     write_outputs(result, ctx, out_dir)
 
@@ -550,21 +613,27 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
-    mixed = load_model(mixed_path)
-    emulated = emulate_mixed(mixed)
-    session = make_session(emulated, opts.threads)
+    return judge_mixed(mixed_path, ctx, opts)
+
+
+def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options) -> CheckResult:
+    """The one judge of a written file: its float16 tensors rounded where produced."""
+    graph = Graph.from_path(mixed_path)
     names = ctx.graph.output_names()
-    fed = {v.name for v in emulated.graph.input}
-    missing = set(names) - {v.name for v in emulated.graph.output}
+    missing = set(names) - set(graph.output_names())
     if missing:
-        raise TrtBisectError(f"{mixed_path} lacks the reference's output(s) {', '.join(sorted(missing))}")
+        raise TrtBisectError(f"{mixed_path} lacks the reference's output(s) "
+                             f"{', '.join(sorted(missing))}")
+    fed = {v.name for v in graph.inputs()}
+    lacking = fed - {v.name for v in ctx.graph.inputs()}
+    if lacking:
+        raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
+                             "reference model does not have")
+    judge = MixedModel(graph, opts.threads)
     errors = []
     for sample, ref in zip(ctx.samples, ctx.references):
-        feeds = {k: v for k, v in sample.items() if k in fed}
-        outs = dict(zip(names, run_session(session, feeds, names)))
-        errors.append(compare_outputs(ref, {k: np.asarray(v, np.float32) for k, v in outs.items()},
-                                      opts.tolerance))
-    halves = sum(1 for t in Graph(onnx.shape_inference.infer_shapes(mixed)).types.values()
-                 if t == onnx.TensorProto.FLOAT16)
+        outs = judge.run(sample)
+        errors.append(compare_outputs(ref, {k: outs[k] for k in names}, opts.tolerance))
     merged = worst(errors)
-    return CheckResult(all(e.passed for e in merged.values()), merged, halves, len(ctx.samples))
+    return CheckResult(all(e.passed for e in merged.values()), merged, len(graph.half_typed),
+                       len(ctx.samples))

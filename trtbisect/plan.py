@@ -18,9 +18,9 @@ from typing import Callable
 
 import onnx
 
-from .mixed import emulate_mixed, write_mixed_onnx
+from .mixed import write_mixed_onnx
 
-__all__ = ["PrecisionPlan", "write_mixed_onnx", "emulate_mixed", "atomic_write",
+__all__ = ["PrecisionPlan", "write_mixed_onnx", "atomic_write",
            "atomic_write_text", "save_model"]
 
 

@@ -33,7 +33,7 @@ class ConstantStats:
 
 def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
     out: dict[str, ConstantStats] = {}
-    arrays = {name: numpy_helper.to_array(t) for name, t in graph.initializers.items()}
+    arrays = {name: graph.array(name) for name in graph.initializers}
     for node in graph.model.graph.node:
         if node.op_type == "Constant" and node.output and graph.is_float(node.output[0]):
             for a in node.attribute:

@@ -4,260 +4,575 @@ Why not simply run an FP16 model on ORT CPU? Its CPU kernels upcast most FP16 op
 internally, so an x*x of 300 gives 90000 instead of inf and the bug is invisible. We instead
 compute in FP32 and round explicitly with `Cast(float16) -> Cast(float)` pairs, which ORT keeps.
 
-Semantics (exactly): a node in FP16 reads every float input rounded to FP16 and stores every
+Semantics (exactly): a node in FP16 reads every float data input rounded to FP16 and stores every
 float output rounded to FP16 (round to nearest even, overflow to +-inf); a node in FP32 computes
-and stores in FP32, reading whatever its producers stored.
+and stores in FP32, reading whatever its producers stored. Inputs that parametrise an op
+(`graph.PARAMETER_INPUTS`) are never rounded.
 
-Speed: one session serves every plan. Each candidate node k gets a boolean scalar graph input
-`trtbisect_fp16_k`; `Where(switch, rounded, raw)` selects per node at run time, so an evaluation
-costs about one inference, not a graph rewrite and a new session.
+One judge: every session here (the FP32 reference, the search's emulator, `check` of a written
+mixed model) runs with ORT's graph optimizations and weight prepacking off, and every weight is a
+constant initializer handed to ORT by reference (`add_external_initializers`). Then each compute
+node runs the same kernel on the same values in every graph, and the numbers the search measures
+for a plan are, bit for bit, those `check` measures on the file written for it.
+
+Speed: a plan is evaluated on a static graph (Cast pairs only where the plan rounds, weights
+pre-rounded) in which only an *active set* of nodes is switchable: a boolean input per active
+node selects, with `Where`, whether its reads are rounded. Plans inside the active set cost one
+inference; a plan outside it rebuilds the session around a larger set.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
+from ..compare import round_fp16
 from ..errors import TrtBisectError
-from ..graph import Graph
+from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
+                     structure)
 
 log = logging.getLogger(__name__)
 
-SWITCH_PREFIX = "trtbisect_fp16_"
-NONFINITE_OUTPUT = "trtbisect_nonfinite"
 MAX_IR_VERSION_HINT = "re-save it with an older IR version (onnx.save after setting model.ir_version)"
 
+# Ops whose output is FP16-exact when every float input is: they select, move or compare values
+# but create none, so the Cast pair after them is skipped (it would change no bit).
+EXACT_OPS = frozenset({
+    "Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Expand", "Tile",
+    "Slice", "Split", "Concat", "Gather", "GatherElements", "GatherND", "ScatterND",
+    "ScatterElements", "DepthToSpace", "SpaceToDepth", "Relu", "Max", "Min", "Clip", "Neg",
+    "Abs", "Sign", "Floor", "Ceil", "Round", "Where", "MaxPool", "ReduceMax", "ReduceMin",
+})
 
-def make_session(model: onnx.ModelProto, threads: int | None = None):
+
+def session_options(threads: int | None = None, judge: bool = True):
+    """The one configuration every judge runs under (see the module docstring); `judge=False`:
+    ORT's defaults (optimizing kernels), for measuring what that changes."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if judge:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     if threads:
         opts.intra_op_num_threads = threads
-    try:
-        return ort.InferenceSession(model.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises several unrelated types for unloadable models
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "IR version" in first or "ir_version" in first:
-            raise TrtBisectError(
-                f"onnxruntime {ort.__version__} cannot read this model's IR version "
-                f"{model.ir_version}: {first}; {MAX_IR_VERSION_HINT}") from exc
-        raise TrtBisectError(f"onnxruntime cannot load this model: {first}") from exc
+    return opts
+
+
+class Session:
+    """An ORT session over a weightless proto; its big initializers are arrays passed by
+    reference (never serialized, never copied)."""
+
+    def __init__(self, proto: onnx.ModelProto, arrays: Mapping[str, np.ndarray],
+                 threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        opts = session_options(threads)
+        names = [t.name for t in proto.graph.initializer if _stored(t)]
+        self._values = [ort.OrtValue.ortvalue_from_numpy(_contiguous(arrays[n])) for n in names]
+        if names:
+            opts.add_external_initializers(names, self._values)
+        self.inputs = {i.name: i.type for i in proto.graph.input}
+        try:
+            self.session = ort.InferenceSession(proto.SerializeToString(), opts,
+                                                providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises several unrelated types for unloadable models
+            first = _first_line(exc)
+            if "IR version" in first or "ir_version" in first:
+                raise TrtBisectError(
+                    f"onnxruntime {ort.__version__} cannot read this model's IR version "
+                    f"{proto.ir_version}: {first}; {MAX_IR_VERSION_HINT}") from exc
+            raise TrtBisectError(f"onnxruntime cannot load this model: {first}") from exc
+        self.float_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(float)"}
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
+        fed = {k: (v.astype(np.float32) if k in self.float_inputs and v.dtype != np.float32
+                   else v) for k, v in feeds.items()}
+        return run_session(self.session, fed, outputs)
+
+
+def _stored(t: TensorProto) -> bool:
+    return t.data_location == TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == STORE_LOCATION for e in t.external_data)
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def make_session(model: onnx.ModelProto, threads: int | None = None):
+    """A raw ORT session for a whole in-memory model (small models: export checks, tests)."""
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+              if t.data_location != TensorProto.EXTERNAL}
+    return Session(structure(model), arrays, threads).session
 
 
 def run_session(session, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None):
     try:
         return session.run(list(outputs) if outputs is not None else None, dict(feeds))
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise TrtBisectError(f"onnxruntime failed to run the model: {first}") from exc
+        raise TrtBisectError(f"onnxruntime failed to run the model: {_first_line(exc)}") from exc
 
+
+class Rounded:
+    """FP16-rounded copies of a graph's float initializers, made once and shared."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def array(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
+            self._arrays[name] = round_fp16(np.asarray(self.graph.array(name), np.float32))
+        return self._arrays[name]
+
+
+# ---------------------------------------------------------------- the emulation graph
+
+HALF, FULL, ACTIVE = "half", "full", "active"
+
+
+class _Builder:
+    """Writes the emulation graph of one static assignment: every node HALF, FULL or ACTIVE.
+
+    Names it adds all contain `sep`, a string no name of the model contains, so they never
+    collide with the model's own.
+    """
+
+    def __init__(self, graph: Graph, state: Mapping[str, str], rounded: Rounded,
+                 round_outputs: bool = True) -> None:
+        self.g, self.state, self.rounded_store = graph, state, rounded
+        self.sep = _separator(graph)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.switch_of: dict[str, str] = {}  # active node -> its bool input ("runs in FP16")
+        self.cands = frozenset(graph.candidates())
+        # a tensor's own name always holds the value its producer stored; these hold the others
+        self.raw: dict[str, str] = {}  # tensor -> name of its unrounded value
+        self.rounded: dict[str, str] = {}  # tensor -> name of its FP16-rounded value
+        self.producer_state: dict[str, str] = {}
+        self.round_outputs = round_outputs
+        self._or: dict[tuple[str, str], str] = {}
+        self._k = 0
+
+    def fresh(self, tag: str) -> str:
+        self._k += 1
+        return f"{self.sep}{tag}{self._k}"
+
+    def switch(self, node: str) -> str:
+        if node not in self.switch_of:
+            self.switch_of[node] = f"{self.sep}fp16:{node}"
+        return self.switch_of[node]
+
+    # -- values
+    def round_pair(self, src: str, dst: str, to: int = TensorProto.FLOAT16) -> None:
+        half = self.fresh("h")
+        self.nodes.append(helper.make_node("Cast", [src], [half], to=to))
+        self.nodes.append(helper.make_node("Cast", [half], [dst], to=FLOAT))
+
+    def rounded_of(self, t: str) -> str:
+        """The FP16-rounded value of tensor t (made on first use)."""
+        if t not in self.rounded:
+            if t in self.g.initializers and t not in self.g.producer:
+                name = self.fresh("w")
+                self._constant(name, self.rounded_store.array(t), self.g.initializers[t])
+            else:
+                name = self.fresh("r")
+                self.round_pair(self.raw.get(t, t), name)
+            self.rounded[t] = name
+        return self.rounded[t]
+
+    def _constant(self, name: str, arr: np.ndarray, like: TensorProto) -> None:
+        if arr.nbytes <= SMALL_BYTES:
+            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+            return
+        t = TensorProto(name=name, data_type=FLOAT)
+        t.dims.extend(like.dims)
+        _mark_stored(t)
+        self.inits.append(t)
+        self.arrays[name] = arr
+
+    def read(self, t: str, reader: str) -> str:
+        """What `reader` (a candidate, FP16 data input t) sees of t under the assignment."""
+        mode = self.state[reader]
+        pstate = self.producer_state.get(t, FULL)
+        if mode == FULL:
+            return t
+        if mode == HALF or pstate == HALF:
+            return self.rounded_of(t)
+        # reader ACTIVE: rounded when it runs in FP16 or the producer did
+        cond, unrounded = self.switch(reader), t
+        if pstate == ACTIVE:
+            unrounded = self.raw[t]
+            p = self.g.names[self.g.producer[t]]
+            key = (reader, p)
+            if key not in self._or:
+                self._or[key] = self.fresh("or")
+                self.nodes.append(helper.make_node("Or", [cond, self.switch(p)], [self._or[key]]))
+            cond = self._or[key]
+        out = self.fresh("sel")
+        self.nodes.append(helper.make_node("Where", [cond, self.rounded_of(t), unrounded], [out]))
+        return out
+
+    # -- nodes
+    def add(self, i: int, node: onnx.NodeProto) -> None:
+        name = self.g.names[i]
+        mode = self.state.get(name, FULL)
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.name = name
+        if mode != FULL:
+            halves = set(self.g.fp16_inputs(name))
+            for k, t in enumerate(new.input):
+                if t in halves:
+                    new.input[k] = self.read(t, name)
+        forced = []
+        for k, t in enumerate(new.output):
+            if not self.g.is_float(t):
+                continue
+            self.producer_state[t] = mode
+            if mode == HALF and self._exact(node, name):
+                self.rounded[t] = t
+            elif mode in (HALF, ACTIVE):
+                new.output[k] = self.raw[t] = self.fresh("raw")
+            elif t in self.g.half_typed and self.round_outputs and name not in self.cands:
+                new.output[k] = self.raw[t] = self.fresh("raw")
+                forced.append(t)
+        self.nodes.append(new)
+        for t in self.g.float_outputs(name) if mode != FULL else []:
+            if t in self.rounded:
+                continue
+            if mode == HALF:
+                self.round_pair(self.raw[t], t)
+                self.rounded[t] = t
+            else:
+                r = self.rounded_of(t)
+                self.nodes.append(helper.make_node("Where", [self.switch(name), r, self.raw[t]], [t]))
+        for t in forced:  # a half-typed value the model itself rounds (a Cast to float16, ...)
+            self.round_pair(self.raw[t], t, self.g.half_typed[t])
+            if self.g.half_typed[t] == TensorProto.FLOAT16:
+                self.rounded[t] = t
+
+    def _exact(self, node: onnx.NodeProto, name: str) -> bool:
+        return node.op_type in EXACT_OPS and set(self.g.float_inputs(name)) <= set(
+            self.g.fp16_inputs(name))
+
+    def build(self, expose: Sequence[str] = (), watch: Sequence[str] = (),
+              half_outputs: bool = False) -> onnx.ModelProto:
+        """The emulation model. `half_outputs`: graph outputs the model declares float16 are
+        rounded (what a written mixed model stores there)."""
+        base = structure(self.g.model)
+        for i, node in enumerate(self.g.model.graph.node):
+            self.add(i, node)
+        gr = base.graph
+        for v in list(gr.output):
+            if (half_outputs and self.g.declared.get(v.name) in HALF_TYPES
+                    and self.producer_state.get(v.name, FULL) != HALF):
+                src = self.fresh("out")
+                self._rename_value(v.name, src)
+                self.round_pair(src, v.name, self.g.declared[v.name])
+        if watch:
+            self.nodes.extend(_nonfinite_flags(list(watch), self.sep))
+        del gr.node[:]
+        gr.node.extend(self.nodes)
+        gr.initializer.extend(self.inits)
+        used = {t for n in self.nodes for t in n.input}
+        unused = [t for t in gr.initializer if t.name not in used]
+        for t in unused:  # ORT drops unused initializers before it takes ours by reference
+            gr.initializer.remove(t)
+        gr.input.extend(helper.make_tensor_value_info(s, TensorProto.BOOL, [])
+                        for s in self.switch_of.values())
+        known = {v.name for v in gr.output}
+        gr.output.extend(helper.make_tensor_value_info(t, FLOAT, None)
+                         for t in expose if t not in known)
+        if watch:
+            gr.output.append(helper.make_tensor_value_info(f"{self.sep}nonfinite", TensorProto.BOOL,
+                                                           [len(watch)]))
+        del gr.value_info[:]
+        return base
+
+    def _rename_value(self, old: str, new: str) -> None:
+        """Make `new` the name of the value the graph computes as `old` (for a final rounding)."""
+        for n in self.nodes:
+            for k, t in enumerate(n.output):
+                if t == old:
+                    n.output[k] = new
+            for k, t in enumerate(n.input):
+                if t == old:
+                    n.input[k] = new
+
+
+def _separator(graph: Graph) -> str:
+    names = graph.all_names()
+    sep = "~tb"
+    while any(sep in n for n in names):
+        sep += "~"
+    return sep + ":"
+
+
+def _nonfinite_flags(watch: Sequence[str], sep: str) -> list[onnx.NodeProto]:
+    """One bool per watched tensor: does it hold a NaN or an inf? (x - x is NaN exactly there.)"""
+    nodes, flags = [], []
+    shape = f"{sep}watch_shape"
+    for k, t in enumerate(watch):
+        p = f"{sep}watch{k}"
+        nodes += [
+            helper.make_node("Sub", [t, t], [f"{p}_d"]),
+            helper.make_node("IsNaN", [f"{p}_d"], [f"{p}_n"]),
+            helper.make_node("Cast", [f"{p}_n"], [f"{p}_f"], to=TensorProto.FLOAT),
+            helper.make_node("ReduceMax", [f"{p}_f"], [f"{p}_m"], keepdims=0),
+            helper.make_node("Reshape", [f"{p}_m", shape], [f"{p}_r"]),
+        ]
+        flags.append(f"{p}_r")
+    nodes.insert(0, helper.make_node("Constant", [], [shape],
+                                     value=helper.make_tensor("s", TensorProto.INT64, [1], [1])))
+    nodes.append(helper.make_node("Concat", flags, [f"{sep}watch_all"], axis=0))
+    nodes.append(helper.make_node("Cast", [f"{sep}watch_all"], [f"{sep}nonfinite"],
+                                  to=TensorProto.BOOL))
+    return nodes
+
+
+def _session(graph: Graph, state: Mapping[str, str], rounded: Rounded, threads: int | None,
+             expose: Sequence[str] = (), watch: Sequence[str] = (),
+             half_outputs: bool = False) -> tuple[Session, _Builder]:
+    b = _Builder(graph, state, rounded)
+    proto = b.build(expose, watch, half_outputs)
+    arrays = dict(b.arrays)
+    for t in proto.graph.initializer:
+        if _stored(t) and t.name not in arrays:
+            arrays[t.name] = graph.array(t.name)
+    return Session(proto, arrays, threads), b
+
+
+# ---------------------------------------------------------------- backends
 
 class Reference:
-    """The untouched FP32 model on ORT CPU."""
+    """The model in FP32 on ORT CPU: every candidate FP32 (a float16 model computes upcast,
+    rounding only where a non-candidate such as its own Cast to float16 rounds)."""
 
     name = "ort-fp32"
 
     def __init__(self, graph: Graph, threads: int | None = None) -> None:
-        self.graph = graph
-        self.session = make_session(graph.model, threads)
+        self.graph, self.threads = graph, threads
         self.outputs = graph.output_names()
+        self._rounded = Rounded(graph)
+        self.session, _ = _session(graph, {}, self._rounded, threads)
+        self._exposing: dict[tuple[str, ...], Session] = {}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = run_session(self.session, feeds, self.outputs)
+        values = self.session.run(feeds, self.outputs)
         return {n: np.asarray(v) for n, v in zip(self.outputs, values)}
+
+    def run_tensors(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+        key = tuple(names)
+        if key not in self._exposing:
+            self._exposing = {key: _session(self.graph, {}, self._rounded, self.threads, key)[0]}
+        values = self._exposing[key].run(feeds, list(names))
+        return {n: np.asarray(v) for n, v in zip(names, values)}
+
+    def close(self) -> None:
+        self.session = None  # type: ignore[assignment]
+        self._exposing.clear()
 
 
 class Emulator:
-    """Backend: the FP16 emulator. See the module docstring for the exact semantics."""
+    """Backend: the FP16 emulator. See the module docstring for the exact semantics.
+
+    `active`: the nodes switchable without a rebuild (default: none; the first plan that needs
+    more rebuilds around it). `rebuilds` counts sessions built, for cost accounting.
+    """
 
     name = "ort-emulator"
 
     def __init__(self, graph: Graph, threads: int | None = None,
-                 expose: Sequence[str] = (), watch: Sequence[str] = ()) -> None:
-        self.graph = graph
+                 expose: Sequence[str] = (), watch: Sequence[str] = (),
+                 active: Iterable[str] = ()) -> None:
+        self.graph, self.threads = graph, threads
         self._candidates = graph.candidates()
-        self.expose = list(expose)
-        self.watch = list(watch)
-        self.model, self.edges = build_emulated_model(graph, self._candidates, self.expose,
-                                                      self.watch)
-        self.session = make_session(self.model, threads)
+        self._cand_set = frozenset(self._candidates)
+        self.expose, self.watch = list(expose), list(watch)
         self.outputs = graph.output_names()
+        self._rounded = Rounded(graph)
+        self.rebuilds = 0
+        self.active: frozenset[str] = frozenset()
+        self.session: Session | None = None
         self._on, self._off = np.array(True), np.array(False)
-        # edge k is on when node _edge_nodes[k, 0] or [k, 1] runs in FP16 (index -1: never)
-        index = {n: i for i, n in enumerate(self._candidates)}
-        self._edge_nodes = np.array([[index.get(n, -1) for n in e.nodes] for e in self.edges],
-                                    dtype=np.int64).reshape(-1, 2)
-        self._edge_names = [e.switch for e in self.edges]
+        self._reference: Reference | None = None
+        self._build(frozenset(active) & self._cand_set)
 
     def candidates(self) -> list[str]:
         return list(self._candidates)
 
-    def switches(self, fp32_nodes: Iterable[str] | None) -> dict[str, np.ndarray]:
-        """Feeds for a plan; `None` means everything FP32.
+    def _build(self, active: frozenset[str]) -> None:
+        state = {n: (ACTIVE if n in active else HALF) for n in self._candidates}
+        self.session, b = _session(self.graph, state, self._rounded, self.threads, self.expose,
+                                   self.watch, half_outputs=True)
+        self.active = active
+        self._switches = dict(b.switch_of)
+        self._nonfinite = f"{b.sep}nonfinite"
+        self.rebuilds += 1
+        log.debug("emulator session %d: %d switchable nodes", self.rebuilds, len(active))
 
-        A switch guards one read (or one store) and is on when the value read there is FP16:
-        the reading node runs in FP16, or the node that stored the value did.
-        """
-        if fp32_nodes is None:
-            return {e.switch: self._off for e in self.edges}
-        keep = frozenset(fp32_nodes)
-        unknown = keep - set(self._candidates)
+    def ensure(self, fp32_nodes: Iterable[str]) -> None:
+        """Make every plan inside `fp32_nodes` runnable without a rebuild."""
+        need = frozenset(fp32_nodes)
+        unknown = need - self._cand_set
         if unknown:
             raise TrtBisectError(f"not switchable nodes in plan: {', '.join(sorted(unknown))}")
-        half = np.array([n not in keep for n in self._candidates] + [False])  # [-1]: "never"
-        on = half[self._edge_nodes].any(axis=1)
-        return {name: self._on if v else self._off for name, v in zip(self._edge_names, on)}
+        if not need <= self.active:
+            self._build(self.active | need)
 
-    def run(self, fp32_nodes: frozenset[str], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = run_session(self.session, {**feeds, **self.switches(fp32_nodes)}, self.outputs)
+    def feeds_for(self, fp32_nodes: frozenset[str]) -> dict[str, np.ndarray]:
+        self.ensure(fp32_nodes)
+        return {s: (self._off if n in fp32_nodes else self._on) for n, s in self._switches.items()}
+
+    def _run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
+             names: Sequence[str]) -> list[np.ndarray]:
+        if (fp32_nodes is not None and frozenset(fp32_nodes) >= self._cand_set
+                and not self._cand_set <= self.active and not self.watch and not self.expose
+                and not any(t in HALF_TYPES for t in self.graph.declared.values())):
+            fp32_nodes = None  # the static all-FP32 graph is the reference's: no rebuild
+        if fp32_nodes is None:  # everything FP32: the reference itself, bit for bit
+            if self._reference is None:
+                self._reference = Reference(self.graph, self.threads)
+            ref = self._reference.run_tensors(feeds, names) if set(names) - set(self.outputs) \
+                else self._reference.run(feeds)
+            return [ref[n] for n in names]
+        switches = self.feeds_for(frozenset(fp32_nodes))
+        assert self.session is not None
+        return self.session.run({**feeds, **switches}, names)
+
+    def run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self._run(fp32_nodes, feeds, self.outputs)
         return {n: np.asarray(v) for n, v in zip(self.outputs, values)}
 
     def run_tensors(self, fp16: bool, feeds: Mapping[str, np.ndarray],
                     names: Sequence[str]) -> dict[str, np.ndarray]:
-        """Exposed intermediate tensors (pass them as `expose=` at construction)."""
-        plan = frozenset() if fp16 else None
-        values = run_session(self.session, {**feeds, **self.switches(plan)}, names)
+        """Exposed intermediate tensors of an all-FP16 (fp16=True) or all-FP32 run (pass them
+        as `expose=` at construction for FP16)."""
+        return self.run_tensors_for(frozenset() if fp16 else None, feeds, names)
+
+    def run_tensors_for(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
+                        names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Outputs and exposed tensors under a plan (None: everything FP32)."""
+        if fp32_nodes is None:
+            if self._reference is None:
+                self._reference = Reference(self.graph, self.threads)
+            return self._reference.run_tensors(feeds, names)
+        values = self._run(fp32_nodes, feeds, names)
         return {n: np.asarray(v) for n, v in zip(names, values)}
 
     def nonfinite(self, fp32_nodes: frozenset[str], feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
         """Outputs, and the watched tensors that hold a NaN or inf under the plan."""
-        names = [*self.outputs, NONFINITE_OUTPUT]
-        values = run_session(self.session, {**feeds, **self.switches(fp32_nodes)}, names)
+        values = self._run(fp32_nodes, feeds, [*self.outputs, self._nonfinite])
         flags = np.asarray(values[-1]).reshape(-1)
         bad = [t for t, f in zip(self.watch, flags) if f]
         return {n: np.asarray(v) for n, v in zip(self.outputs, values[:-1])}, bad
 
     def close(self) -> None:
         self.session = None
+        if self._reference is not None:
+            self._reference.close()
 
 
-@dataclass(frozen=True)
-class Edge:
-    """A switch input and the two nodes (reader, writer) whose FP16-ness turns it on."""
+class MixedModel:
+    """`check`'s judge: any mixed-precision model (ours, AutoCast's, a hand-made FP16 one) in
+    FP32 with every float16 tensor rounded where it is produced, so each FP16 op computes in
+    FP32 on FP16-exact inputs and stores an FP16-rounded output, as the emulator does."""
 
-    switch: str
-    nodes: tuple[str | None, str | None]
+    def __init__(self, graph: Graph, threads: int | None = None) -> None:
+        self.graph = graph
+        self.outputs = graph.output_names()
+        half = {graph.names[graph.producer[t]] for t in graph.half_typed if t in graph.producer}
+        state = {n: HALF for n in graph.candidates() if n in half}
+        b = _MixedBuilder(graph, state, Rounded(graph))
+        proto = b.build()
+        arrays = dict(b.arrays)
+        for t in proto.graph.initializer:
+            if _stored(t) and t.name not in arrays:
+                arrays[t.name] = graph.array(t.name)
+        self.session = Session(proto, arrays, threads)
 
-
-class _Builder:
-    """Accumulates the rewritten node list of the emulated graph."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.rounded: dict[str, str] = {}
-        self.reads: dict[tuple[str, str | None, str | None], str] = {}
-        self.edges: list[Edge] = []
-
-    def switch(self, reader: str | None, writer: str | None) -> str:
-        name = f"{SWITCH_PREFIX}{len(self.edges)}"
-        self.edges.append(Edge(name, (reader, writer)))
-        return name
-
-    def rounded_of(self, tensor: str) -> str:
-        if tensor not in self.rounded:
-            half, back = f"{tensor}::fp16", f"{tensor}::rounded"
-            self.nodes.append(helper.make_node("Cast", [tensor], [half], to=TensorProto.FLOAT16,
-                                               name=f"{tensor}::cast16"))
-            self.nodes.append(helper.make_node("Cast", [half], [back], to=TensorProto.FLOAT,
-                                               name=f"{tensor}::cast32"))
-            self.rounded[tensor] = back
-        return self.rounded[tensor]
-
-    def select(self, raw: str, out: str, reader: str | None, writer: str | None) -> None:
-        self.nodes.append(helper.make_node("Where", [self.switch(reader, writer), self.rounded_of(raw), raw],
-                                           [out], name=f"{out}::where"))
-
-    def read(self, raw: str, reader: str, writer: str | None) -> str:
-        """What `reader` sees of a value `writer` produced (raw, before any store rounding)."""
-        key = (raw, reader, writer)
-        if key not in self.reads:
-            name = f"{raw}::in::{len(self.reads)}"
-            self.select(raw, name, reader, writer)
-            self.reads[key] = name
-        return self.reads[key]
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        fed = {k: v for k, v in feeds.items() if k in self.session.inputs}
+        values = self.session.run(fed, self.outputs)
+        return {n: np.asarray(v, np.float32) for n, v in zip(self.outputs, values)}
 
 
-def build_emulated_model(graph: Graph, candidates: Sequence[str], expose: Sequence[str] = (),
-                         watch: Sequence[str] = ()) -> tuple[onnx.ModelProto, list[Edge]]:
-    """A copy of the model whose candidate nodes round their I/O when their switches are on.
+class _MixedBuilder(_Builder):
+    """A mixed model's own types decide: a half-typed value is rounded where it is produced
+    (graph inputs included); nothing else is."""
 
-    A candidate's float outputs stay raw (FP32) in the graph; a reader gets
-    `Where(switch, round(raw), raw)` whose switch is on when the reader or the writer is FP16,
-    which is exactly what the reader would see of the stored value. A stored value is
-    materialised (under the tensor's own name) only where something observes it directly: a
-    graph output, a non-candidate consumer, or an exposed or watched tensor.
-    """
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
-    g = model.graph
-    cand = set(candidates)
-    observed = {*graph.output_names(), *expose, *watch}
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for n in graph.model.graph.node for a in n.attribute):
-        observed |= set(graph.types)  # subgraphs may read any outer value by name
-    for i, node in enumerate(graph.model.graph.node):
-        if graph.names[i] not in cand:
-            observed.update(node.input)
-    b = _Builder()
-    raw_of: dict[str, str] = {}  # stored tensor name -> the raw name readers round from
-    writer: dict[str, str] = {}
-    for name, node in zip(graph.names, graph.model.graph.node):
+    def add(self, i: int, node: onnx.NodeProto) -> None:
+        name = self.g.names[i]
         new = onnx.NodeProto()
         new.CopyFrom(node)
-        if name not in cand:
-            b.nodes.append(new)
-            continue
-        halves = set(graph.fp16_inputs(name))
-        for k, t in enumerate(new.input):
-            if t in halves:
-                new.input[k] = b.read(raw_of.get(t, t), name, writer.get(t))
-        stores = []
+        new.name = name
+        ins = [t for t in node.input if self.g.is_float(t)]
+        exact = node.op_type in EXACT_OPS and all(t in self.g.half_typed for t in ins)
+        rounds = []
         for k, t in enumerate(new.output):
-            if graph.is_float(t):
-                writer[t] = name
-                if t in observed:
-                    new.output[k] = raw_of[t] = f"{t}::raw"
-                    stores.append(t)
-        b.nodes.append(new)
-        for t in stores:
-            b.select(raw_of[t], t, None, name)  # the stored value: rounded when its writer is FP16
-    if watch:
-        b.nodes.extend(_nonfinite_flags(watch))
-    del g.node[:]
-    g.node.extend(b.nodes)
-    g.input.extend(helper.make_tensor_value_info(e.switch, TensorProto.BOOL, []) for e in b.edges)
-    known = {v.name for v in g.output}
-    g.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
-                    for t in expose if t not in known)
-    if watch:
-        g.output.append(helper.make_tensor_value_info(NONFINITE_OUTPUT, TensorProto.BOOL, [len(watch)]))
-    return model, b.edges
+            if t in self.g.half_typed and not (exact and self.g.half_typed[t] == TensorProto.FLOAT16):
+                new.output[k] = self.fresh("raw")
+                rounds.append((new.output[k], t))
+        self.nodes.append(new)
+        for raw, t in rounds:
+            self.round_pair(raw, t, self.g.half_typed[t])
+
+    def build(self, expose: Sequence[str] = (), watch: Sequence[str] = (),
+              half_outputs: bool = False) -> onnx.ModelProto:
+        renames = {}
+        for v in self.g.inputs():  # fed data is rounded to the input's own type on the way in
+            if v.name in self.g.half_typed:
+                renames[v.name] = self.fresh("fed")
+                self.round_pair(renames[v.name], v.name, self.g.half_typed[v.name])
+        proto = super().build(expose, watch, half_outputs=False)
+        for v in proto.graph.input:
+            if v.name in renames:
+                v.name = renames[v.name]
+        return proto
 
 
-def _nonfinite_flags(watch: Sequence[str]) -> list[onnx.NodeProto]:
-    """One bool per watched tensor: does it hold a NaN or an inf? (x - x is NaN exactly there.)"""
-    nodes, flags = [], []
-    for k, t in enumerate(watch):
-        p = f"trtbisect_watch_{k}"
-        nodes += [
-            helper.make_node("Sub", [t, t], [f"{p}_d"]),
-            helper.make_node("IsNaN", [f"{p}_d"], [f"{p}_n"]),
-            helper.make_node("Cast", [f"{p}_n"], [f"{p}_f"], to=TensorProto.FLOAT),
-            helper.make_node("ReduceMax", [f"{p}_f"], [f"{p}_m"], keepdims=0),
-            helper.make_node("Reshape", [f"{p}_m", "trtbisect_watch_shape"], [f"{p}_r"]),
-        ]
-        flags.append(f"{p}_r")
-    nodes.insert(0, helper.make_node("Constant", [], ["trtbisect_watch_shape"],
-                                     value=helper.make_tensor("s", TensorProto.INT64, [1], [1])))
-    nodes.append(helper.make_node("Concat", flags, ["trtbisect_watch_all"], axis=0))
-    nodes.append(helper.make_node("Cast", ["trtbisect_watch_all"], [NONFINITE_OUTPUT],
-                                  to=TensorProto.BOOL))
-    return nodes
+def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
+                 references: Sequence[Mapping[str, np.ndarray]],
+                 threads: int | None = None) -> dict[str, float]:
+    """Per output, how far FP32 itself moves when ORT picks its default, optimizing kernels
+    (fusions, prepacked weights, NCHWc) instead of the judge's: a plan whose margin is below
+    this is fragile, since TensorRT's kernels differ from both."""
+    import onnxruntime as ort
+
+    proto = _Builder(graph, {}, Rounded(graph)).build()
+    arrays = {t.name: graph.array(t.name) for t in proto.graph.initializer if _stored(t)}
+    opts = session_options(threads, judge=False)
+    values = [ort.OrtValue.ortvalue_from_numpy(_contiguous(arrays[n])) for n in arrays]
+    if arrays:
+        opts.add_external_initializers(list(arrays), values)
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), opts,
+                                       providers=["CPUExecutionProvider"])
+    except Exception as exc:  # the noise floor is a diagnostic: never fail a run over it
+        log.info("kernel noise not measured: %s", _first_line(exc))
+        return {}
+    names = graph.output_names()
+    noise: dict[str, float] = {}
+    for sample, ref in zip(samples, references):
+        fed = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
+               for k, v in sample.items()}
+        for name, got in zip(names, session.run(names, fed)):
+            r = np.asarray(ref[name], np.float64)
+            g = np.asarray(got, np.float64)
+            finite = np.isfinite(r) & np.isfinite(g)
+            d = float(np.max(np.abs(g - r)[finite], initial=0.0))
+            noise[name] = max(noise.get(name, 0.0), d)
+    return noise
