@@ -455,7 +455,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes only: a smoke test")
     ap.add_argument("--only", action="append", default=[],
                     help="measure only this model (repeatable), e.g. --only demo --only zoo/")
-    ap.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (at most)")
+    ap.add_argument("--repeat", type=int, default=50, help="timed runs per measurement (at most)")
     ap.add_argument("--threads", type=int, default=1,
                     help="ORT intra-op threads for the emulator and the FP32 baseline")
     ap.add_argument("--ddmin-budget", type=int, default=600, help="ddmin's evaluation cap")
