@@ -390,7 +390,7 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace,
     if before:
         lines += _comparison(before, rows)
     if notes:
-        lines += ["", "## Not measured", ""] + [f"- {n}" for n in notes]
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 
@@ -404,7 +404,7 @@ def _comparison(before: list[Row], after: list[Row]) -> list[str]:
     old = {(r.case, r.mode): r for r in before}
     out = ["", "## Before and after", "",
            "The same script on the code before the change (rows saved with `--rows`, given "
-           "here with `--before`); an error or a timeout counts as no result.", "",
+           "here with `--before`); models it did not measure are left out.", "",
            "| model | run wall | run evals | evaluation / FP32 | peak RSS |", "|---|---|---|---|---|"]
 
     def pair(a: str, b: str) -> str:
@@ -465,13 +465,16 @@ def main() -> None:
     ap.add_argument("--rows", help="also save the raw rows as JSON here")
     ap.add_argument("--from-rows", help="only render the markdown from rows saved by --rows")
     ap.add_argument("--before", help="rows saved by --rows on older code: add a before/after table")
+    ap.add_argument("--note", action="append", default=[],
+                    help="a line for the doc's notes (repeatable), e.g. what the --before run skipped")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child, args.threads, args.repeat, args.ddmin_budget)
     if args.from_rows:
         saved = json.loads(Path(args.from_rows).read_text())
-        text = render([Row(**r) for r in saved["rows"]], saved["notes"], args, _before(args))
+        text = render([Row(**r) for r in saved["rows"]], saved["notes"] + args.note, args,
+                      _before(args))
         Path(args.out).write_text(text)
         return print(text)
     with tempfile.TemporaryDirectory(prefix="trtbisect-bench-") as tmp:
@@ -491,7 +494,7 @@ def main() -> None:
             if args.rows:  # after every model, so a long run that dies keeps what it measured
                 Path(args.rows).write_text(json.dumps(
                     {"rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
-    text = render(rows, notes, args, _before(args))
+    text = render(rows, notes + args.note, args, _before(args))
     Path(args.out).write_text(text)
     print(text)
 
