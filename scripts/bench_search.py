@@ -191,6 +191,11 @@ def _evaluator(ctx: pipeline.Context, opts: pipeline.Options) -> pipeline.Evalua
     return pipeline.Evaluator(ctx, opts, {}, None)
 
 
+def emit(row: Row) -> None:
+    """Print the row so far: the parent keeps the last one, even when it times the child out."""
+    print("ROW " + json.dumps(asdict(row)), flush=True)
+
+
 def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     row = Row(case.name, case.mode, weight_bytes=case.weight_bytes)
     with np.load(case.inputs) as d:
@@ -215,7 +220,9 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         row.found_planted = sorted(res.fp32_nodes) == case.expected
     if case.mode == "run" or res.verdict == "reference_invalid":
         return row
+    emit(row)
     _emulator_cost(row, case, opts, feeds, frozenset(res.fp32_nodes), threads, repeat)
+    emit(row)
     t = time.perf_counter()
     ctx = pipeline.prepare(case.path, opts)
     ev = _evaluator(ctx, opts)
@@ -262,7 +269,7 @@ def child(case_json: str, threads: int, repeat: int, ddmin_budget: int) -> None:
         row = Row(case.name, case.mode, weight_bytes=case.weight_bytes,
                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         row.run_rss = peak_rss()
-    print("ROW " + json.dumps(asdict(row)), flush=True)
+    emit(row)
 
 
 # ------------------------------------------------------------------ the parent
@@ -275,9 +282,13 @@ def run_child(case: Case, args: argparse.Namespace) -> Row:
     t = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return Row(case.name, case.mode, weight_bytes=case.weight_bytes,
-                   error=f"timed out after {args.timeout} s")
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        rows = [ln[4:] for ln in out.splitlines() if ln.startswith("ROW ")]
+        row = Row(**json.loads(rows[-1])) if rows else Row(
+            case.name, case.mode, weight_bytes=case.weight_bytes)
+        row.error = f"timed out after {args.timeout} s" + (" (partial)" if rows else "")
+        return row
     rows = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
     if not rows:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -360,10 +371,10 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace,
     for r in rows:
         if r.mode != "full":
             continue
-        if r.error:
+        if r.error and not r.verdict:
             lines.append(f"| {r.case} | error: {r.error} |" + " |" * 10)
             continue
-        dd = "-" if not r.ddmin_evals else (
+        dd = (r.error or "-") if not r.ddmin_evals else (
             f"{r.ddmin_evals}{' (stopped)' if r.ddmin_stopped else ''}")
         ratio = f"{r.run_s / r.ddmin_s:.2f}x" if r.ddmin_s else "-"
         lines.append(
