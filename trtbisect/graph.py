@@ -159,7 +159,8 @@ class Weights:
         if own:
             for t in model.graph.initializer:
                 if t.data_location != TensorProto.EXTERNAL and _payload_bytes(t) > SMALL_BYTES:
-                    self._raw[t.name] = numpy_helper.to_array(t)
+                    from .spill import spill
+                    self._raw[t.name] = spill(numpy_helper.to_array(t))  # on disk, not twice
                     _mark_stored(t)
 
     def __contains__(self, name: str) -> bool:
@@ -183,7 +184,9 @@ class Weights:
         arr = self.raw(name)
         if arr.dtype == np.float16 or arr.dtype.name == "bfloat16":
             if name not in self._float:
-                self._float[name] = arr.astype(np.float32)
+                from .spill import release_pages, spill
+                self._float[name] = spill(arr.astype(np.float32))
+                release_pages([arr])
             return self._float[name]
         return arr
 

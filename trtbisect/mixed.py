@@ -20,10 +20,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .graph import FLOAT, SMALL_BYTES, Graph, _mark_stored, structure, with_node_names
+from .spill import release_pages, spill
 from .semantics import round_weight
 
 FLOAT16 = TensorProto.FLOAT16
-EMBED_LIMIT = 1 << 30  # weights up to this size are saved inside the .onnx file
+EMBED_LIMIT = 1 << 28  # weights up to this size are saved inside the .onnx file (256 MiB):
+# above, a single file would mean gathering every weight into one proto (twice the memory)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Written:
                         fh.write(b"\0" * pad)
                         offsets[t.name] = (fh.tell(), arr.nbytes)
                         fh.write(memoryview(arr.reshape(-1).view(np.uint8)))
+                        release_pages([self.arrays[t.name]])
         _atomic(data, write_data)
         for t in proto.graph.initializer:
             if t.name in offsets:
@@ -136,8 +139,12 @@ class _MixedWriter:
             name = f"{t}{self.sep}{suffix}"
             if t in self.g.initializers and t not in self.g.producer:
                 arr = np.asarray(self.g.array(t), np.float32)
-                self._constant(name, round_weight(arr, self.weight_rule).astype(np.float16)
-                               if want == FLOAT16 else arr)
+                if want == FLOAT16:
+                    self._constant(name, spill(round_weight(arr, self.weight_rule)
+                                               .astype(np.float16)))
+                    release_pages([arr])  # the FP32 weight was only read
+                else:
+                    self._constant(name, arr)
             else:
                 self.nodes.append(helper.make_node("Cast", [src], [name], to=want,
                                                    name=f"{name}{self.sep}cast"))

@@ -133,18 +133,22 @@ def layerwise(ctx: Context, opts: Options,
             for s in ctx.samples:
                 x = np.asarray(s[v.name], np.float32)
                 _merge(stats, tensor_stats(v.name, None, x, round_fp16(x)))
-    batches = _batches(g, ctx.samples[0], opts.memory_budget // 2)
+    # the FP32 side of a batch is held for every sample while the FP16 side runs
+    batches = _batches(g, ctx.samples[0], opts.memory_budget // (len(ctx.samples) + 1))
     total, done = sum(len(b) for b in batches), 0
     for batch in batches:
+        # one session at a time: ONNX Runtime holds its own copy of the weights in each
         ref = Reference(g, opts.threads)
+        fp32 = [ref.run_tensors(s, batch) for s in ctx.samples]
+        ref.close()
+        del ref
         emu = Emulator(g, opts.threads, expose=batch, active=plan, rules=ctx.rules)
-        for s in ctx.samples:
-            a = ref.run_tensors(s, batch)
+        for s, a in zip(ctx.samples, fp32):
             b = emu.run_tensors_for(plan, s, batch)
             for t in batch:
                 _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
         emu.close()
-        ref.close()
+        del emu, fp32
         done += len(batch)
         if progress is not None:
             progress(done, total)
@@ -430,6 +434,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     ev.known[frozenset()] = all_half
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
+        ev.emulator.close()  # memory: reopened for the search, on the active set
         stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
     outcome = None
     if opts.rewrite and not all_half:
@@ -445,7 +450,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     constants = constant_stats(g)
     prior = build_prior(g, stats, constants)
     if not all_half:
-        ev.emulator.ensure(prior.ranking[:max(16, 2 * len(prior.seeds))])
+        ev.emulator.ensure(_prefetch(g, prior.seeds, prior.ranking))
     units = semantics.units(ctx.prepared, g.candidates())
     unit_of = {n: u for u, nodes in units.items() for n in nodes}
 
@@ -498,6 +503,19 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
     return _finish(result, ctx, out_dir, started, opts.report)
+
+
+PREFETCH_WEIGHT_BYTES = 1 << 20  # a switchable node holds its weights twice (FP16 and FP32)
+
+
+def _prefetch(g: Graph, seeds: Sequence[str], ranking: Sequence[str]) -> list[str]:
+    """The first active set: the seeds and the top of the ranking, bar nodes with big weights
+    (switching one keeps both its FP16 and FP32 weights, and materialises the chosen one on
+    every run); a plan that needs such a node rebuilds the session around it."""
+    def light(n: str) -> bool:
+        return all(g.weights.nbytes(t) <= PREFETCH_WEIGHT_BYTES for t in g.node(n).input
+                   if t in g.initializers)
+    return [n for n in ranking[:max(16, 2 * len(seeds))] if n in seeds or light(n)]
 
 
 REWRITE_WEIGHT_LIMIT = 1 << 30  # rewrites work on one in-memory proto: models up to this size

@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from .compare import FP16_MAX, TensorStats, round_fp16
 from .graph import Graph
+from .spill import release_pages
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class ConstantStats:
     overflow: int  # finite values FP16 turns into inf
     flushed: int  # nonzero values FP16 turns into zero
     rel_err: float  # max relative rounding error
+    size: int = 0  # elements
 
 
 def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
@@ -52,7 +54,9 @@ def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
             overflow=int(np.count_nonzero(finite & np.isinf(r))),
             flushed=int(np.count_nonzero((arr != 0) & (r == 0))),
             rel_err=float(np.nan_to_num(rel, nan=0.0, posinf=math.inf).max(initial=0.0)),
+            size=int(arr.size),
         )
+        release_pages([arr])  # a memory-mapped weight: read once, not held
     return out
 
 
@@ -63,6 +67,10 @@ class Prior:
     scores: dict[str, float]
 
 
+SMALL_CONSTANT = 16  # elements: scalars, epsilons, per-head scales
+FLUSH_SHARE = 100  # a weight tensor is suspect when 1 in this many of its values flushes
+
+
 def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
     """Beyond FP16's range above (anything rounds to inf) or below (most of it flushes to 0)."""
     if stats is None:
@@ -71,7 +79,10 @@ def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
         return True
     if isinstance(stats, TensorStats):
         return stats.fp32_absmax > FP16_MAX or 2 * stats.flushed >= max(stats.size, 1)
-    return stats.flushed > 0
+    # a constant: an epsilon or scale that flushes, or a tensor of which a real share does (a
+    # few tiny values in a big weight matrix flush harmlessly in every FP16 model)
+    return stats.flushed > 0 and (stats.size <= SMALL_CONSTANT
+                                  or stats.flushed * FLUSH_SHARE >= stats.size)
 
 
 def build_prior(graph: Graph, stats: Mapping[str, TensorStats],

@@ -31,6 +31,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TrtBisectError
+from ..spill import release_pages, spill
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
                      structure)
 from ..semantics import STRICT, Rules, find_layers, round_weight, tf32_round, tf32_round_nodes
@@ -89,6 +90,7 @@ class Session:
                     f"{proto.ir_version}: {first}; {MAX_IR_VERSION_HINT}") from exc
             raise TrtBisectError(f"onnxruntime cannot load this model: {first}") from exc
         self.float_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(float)"}
+        release_pages(arrays[n] for n in names)  # ORT holds its own copy of every initializer
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
         fed = {k: np.asarray(v, np.float32) if k in self.float_inputs else np.asarray(v)
@@ -153,13 +155,16 @@ class Rounded:
 
     def array(self, name: str) -> np.ndarray:
         if name not in self._arrays:
-            self._arrays[name] = round_weight(np.asarray(self.graph.array(name), np.float32),
-                                              self.weight_rule)
+            src = self.graph.array(name)
+            self._arrays[name] = spill(round_weight(np.asarray(src, np.float32), self.weight_rule))
+            release_pages([src])  # the FP32 weights' pages: read once, not held
         return self._arrays[name]
 
     def tf32(self, name: str) -> np.ndarray:
         if name not in self._tf32:
-            self._tf32[name] = tf32_round(np.asarray(self.graph.array(name), np.float32))
+            src = self.graph.array(name)
+            self._tf32[name] = spill(tf32_round(np.asarray(src, np.float32)))
+            release_pages([src])
         return self._tf32[name]
 
 
@@ -423,23 +428,29 @@ class Reference:
         self.graph, self.threads = graph, threads
         self.outputs = graph.output_names()
         self._rounded = Rounded.of(graph)
-        self.session, _ = _session(graph, {}, self._rounded, threads)
-        self._exposing: dict[tuple[str, ...], Session] = {}
+        self._sessions: dict[tuple[str, ...], Session] = {}  # one at a time: ORT copies weights
+
+    def _session_for(self, names: Sequence[str]) -> Session:
+        key = tuple(n for n in names if n not in self.outputs)
+        if key not in self._sessions:
+            self._sessions.clear()  # the last session's weights go before the next one's come
+            self._sessions[key] = _session(self.graph, {}, self._rounded, self.threads, key)[0]
+        return self._sessions[key]
+
+    @property
+    def session(self) -> Session:
+        return self._session_for(())
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.session.run(feeds, self.outputs)
+        values = self._session_for(()).run(feeds, self.outputs)
         return {n: np.asarray(v) for n, v in zip(self.outputs, values)}
 
     def run_tensors(self, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
-        key = tuple(names)
-        if key not in self._exposing:
-            self._exposing = {key: _session(self.graph, {}, self._rounded, self.threads, key)[0]}
-        values = self._exposing[key].run(feeds, list(names))
+        values = self._session_for(names).run(feeds, list(names))
         return {n: np.asarray(v) for n, v in zip(names, values)}
 
     def close(self) -> None:
-        self.session = None  # type: ignore[assignment]
-        self._exposing.clear()
+        self._sessions.clear()
 
 
 class Emulator:
@@ -472,6 +483,7 @@ class Emulator:
 
     def _build(self, active: frozenset[str]) -> None:
         state = {n: (ACTIVE if n in active else HALF) for n in self._candidates}
+        self.session = None  # the old session's weights go before the new one's come
         self.session, b = _session(self.graph, state, self._rounded, self.threads, self.expose,
                                    self.watch, half_outputs=True, rules=self.rules)
         self.active = active

@@ -1,0 +1,67 @@
+"""Derived weight arrays kept on disk, not in anonymous memory.
+
+ONNX Runtime copies every initializer it is given into its own buffers, so an array the Python
+side also holds counts twice. Arrays trtbisect derives from the weights (FP16-rounded copies,
+float32 views of float16 weights, TF32-rounded copies) are therefore written once to a private
+temporary file and memory-mapped; after each session is built, `release_pages` hands their
+pages (and those of the model's own memory-mapped external data) back to the kernel. The
+mapping stays valid, so a later rebuild simply reads the file again. Peak memory is then about
+the weights ONNX Runtime holds for the sessions alive at the time, not that plus our copies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import mmap
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+SPILL_BYTES = 1 << 20  # smaller arrays stay in memory: not worth a file
+
+_folder: Path | None = None
+_count = 0
+
+
+def _dir() -> Path:
+    global _folder
+    if _folder is None:
+        _folder = Path(tempfile.mkdtemp(prefix="trtbisect-weights-"))
+        atexit.register(shutil.rmtree, _folder, True)
+    return _folder
+
+
+def spill(arr: np.ndarray) -> np.ndarray:
+    """`arr` as a read-only memory map of a private file (small arrays are returned as is)."""
+    global _count
+    if arr.nbytes < SPILL_BYTES:
+        return arr
+    _count += 1
+    path = _dir() / f"{_count}.bin"
+    np.ascontiguousarray(arr).tofile(path)
+    return np.memmap(path, dtype=arr.dtype, mode="c", shape=arr.shape)
+
+
+def release_pages(arrays: Iterable[np.ndarray]) -> None:
+    """Drop the resident pages of memory-mapped arrays (no-op for ordinary arrays)."""
+    seen: set[int] = set()
+    for a in arrays:
+        m = _mapping(a)
+        if m is not None and id(m) not in seen:
+            seen.add(id(m))
+            try:
+                m.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError, AttributeError):  # not supported: keep the pages
+                pass
+
+
+def _mapping(a: np.ndarray) -> mmap.mmap | None:
+    while a is not None:
+        m = getattr(a, "_mmap", None)
+        if isinstance(m, mmap.mmap):
+            return m
+        a = a.base if isinstance(a.base, np.ndarray) else None
+    return None
