@@ -171,7 +171,7 @@ def test_one_judge_with_fp16_accumulation(zoo, tmp_path, semantics):
         folder = tmp_path / str(k)
         folder.mkdir()
         _judge_agrees(model, feeds, semantics, tf32=semantics == "strict", folder=folder,
-                      accumulate=BLOCK)
+                      plans=2, accumulate=BLOCK)
 
 
 def test_one_judge_with_fp16_accumulation_on_the_demo(tmp_path):
