@@ -459,12 +459,14 @@ def _blocking(graph: Graph, node: onnx.NodeProto, name: str, block: int) -> _Blo
         return None
     spec, why = _spec(graph, node)
     if spec is None:
-        return _refuse(name, why)
+        _refuse(name, why)
+        return None
     axis_a, axis_b, k, bias_shape = spec
     blocks = tuple((lo, min(k, lo + block)) for lo in range(0, k, block))
     if len(blocks) > MAX_ACCUMULATE_BLOCKS:
-        return _refuse(name, f"inner dimension {k} needs more than {MAX_ACCUMULATE_BLOCKS} "
-                             f"blocks of {block}")
+        _refuse(name, f"inner dimension {k} needs more than {MAX_ACCUMULATE_BLOCKS} blocks "
+                      f"of {block}")
+        return None
     return _Blocking(axis_a, axis_b, blocks, bias_shape)
 
 
@@ -472,7 +474,6 @@ def _refuse(name: str, why: str) -> None:
     if (name, why) not in _refused:
         _refused.add((name, why))
         log.info("--fp16-accumulate: %s keeps FP32 accumulation (%s)", name, why)
-    return None
 
 
 def _spec(graph: Graph, node: onnx.NodeProto
