@@ -173,12 +173,12 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _judge_agrees(model: onnx.ModelProto, feeds: dict, semantics: str, tf32: bool,
-                  folder: Path, plans: int = 3) -> None:
+                  folder: Path, plans: int = 3, accumulate: int = 0) -> None:
     """Static and switchable emulator, and `check` of the written file, for all-FP16, all-FP32
-    and random unit subsets: the same bits."""
+    and random unit subsets: the same bits (`accumulate`: under --fp16-accumulate)."""
     g = Graph(model)
     sg, prepared = sem.prepare_graph(g, semantics)
-    rules = sem.rules_for(prepared, tf32)
+    rules = sem.rules_for(prepared, tf32, accumulate)
     units = sem.units(prepared, sg.candidates())
     names = list(units)
     rng = np.random.default_rng(0)
@@ -189,12 +189,12 @@ def _judge_agrees(model: onnx.ModelProto, feeds: dict, semantics: str, tf32: boo
         nodes = frozenset(n for u in plan for n in units[u])
         a = static.run(nodes, feeds)
         b = active.run(nodes, feeds)
-        path = folder / f"{semantics}{int(tf32)}_{k}.onnx"
+        path = folder / f"{semantics}{int(tf32)}{accumulate}_{k}.onnx"
         mixed_model(sg, nodes, rules.weight_rule).save(path)
         c = MixedModel(Graph.from_path(path), rules=rules, fused=semantics == "trt").run(feeds)
         for out in a:
-            assert _same_bits(a[out], b[out]), (semantics, tf32, plan, out, "active")
-            assert _same_bits(a[out], c[out]), (semantics, tf32, plan, out, "check")
+            assert _same_bits(a[out], b[out]), (semantics, tf32, accumulate, plan, out, "active")
+            assert _same_bits(a[out], c[out]), (semantics, tf32, accumulate, plan, out, "check")
 
 
 @pytest.mark.parametrize("semantics", ["trt", "strict"])

@@ -252,6 +252,10 @@ def input_options(f: Callable) -> Callable:
                      help="Judge FP32 MatMul/Conv/Gemm with TF32-rounded operands, as TensorRT "
                           "runs them on Ampere+ unless --noTF32 (off: the renderings carry "
                           "--noTF32)."),
+        click.option("--fp16-accumulate", "fp16_accumulate", is_flag=True, default=False,
+                     help="Approximate FP16-accumulating kernels: FP16 MatMul/Gemm/Conv sum "
+                          "blocks of 32 along the inner dimension, rounding each partial and "
+                          "the running sum to FP16 (pessimistic; see docs/semantics.md)."),
     ]
     for o in reversed(opts):
         f = o(f)

@@ -60,6 +60,12 @@ class Options:
     semantics: str = "trt"  # trt: round where TensorRT rounds; strict: every node (docs/semantics.md)
     trt_version: int = 10  # the weight-conversion rule and renderings' target
     tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
+    fp16_accumulate: bool = False  # FP16 MatMul/Gemm/Conv accumulate in FP16 (an approximation)
+
+    @property
+    def accumulate(self) -> int:
+        """The --fp16-accumulate block size (0: off)."""
+        return semantics.FP16_ACCUMULATE_BLOCK if self.fp16_accumulate else 0
 
 
 @dataclass
@@ -98,7 +104,7 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True) -> Conte
     if search:
         ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
                                                            opts.trt_version)
-        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32)
+        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate)
     return ctx
 
 
@@ -409,7 +415,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
                 strict=opts.strict)
-    record = {"semantics": semantics.record(ctx.prepared, opts.tf32)}
+    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate)}
     problems = reference_problems(ctx)
     if problems:
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
@@ -547,7 +553,7 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
     graph = Graph(model)
     new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256)
     new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
-    new.rules = semantics.rules_for(new.prepared, opts.tf32)
+    new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate)
     return new
 
 
@@ -706,7 +712,8 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
             sample_hash.update(np.ascontiguousarray(s[k]).tobytes())
     return {"model": ctx.sha256, "samples": sample_hash.hexdigest(),
             "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
-            "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32]}
+            "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
+                                                       opts.accumulate]}
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
@@ -905,7 +912,8 @@ def _judge_args(ctx: Context) -> tuple[str, ...]:
     if ctx.prepared is None:
         return ()
     return ("--semantics", ctx.prepared.semantics, "--trt-version", str(ctx.prepared.trt_version),
-            "--tf32" if ctx.rules.tf32 else "--no-tf32")
+            "--tf32" if ctx.rules.tf32 else "--no-tf32",
+            *(("--fp16-accumulate",) if ctx.rules.accumulate else ()))
 
 
 def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
@@ -950,7 +958,8 @@ class CheckResult:
 def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> CheckResult:
     """Judge any mixed-precision ONNX against the FP32 reference model on the emulator."""
     ctx = prepare(reference_path, opts, search=False)
-    ctx.rules = semantics.Rules(tf32=opts.tf32)  # the file's own weights; its layers: judge_mixed
+    # the file's own weights; its layers: judge_mixed
+    ctx.rules = semantics.Rules(tf32=opts.tf32, accumulate=opts.accumulate)
     problems = reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",

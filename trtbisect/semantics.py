@@ -34,6 +34,8 @@ FP16_MIN_SUBNORMAL = 2.0**-24
 FOLD_LIMIT = 1 << 20  # elements: layout-only ops on bigger weights are left alone (no copies)
 SKELETON_LIMIT = 1024  # elements: bigger initializers become typed inputs for shape inference
 MAX_LAYER_NODES = 32
+FP16_ACCUMULATE_BLOCK = 32  # --fp16-accumulate: inner-dimension block whose partials round
+MAX_ACCUMULATE_BLOCKS = 256  # more blocks than this: the node keeps FP32 accumulation (size)
 META_KEY = "trtbisect.semantics"  # {"renamed": ..., "absorbed": ...}: keeps prepare idempotent
 
 # ------------------------------------------------------------------------------- the table
@@ -162,10 +164,23 @@ RULES: tuple[Rule, ...] = (
          "https://docs.rs/trtx-sys/0.4.0/trtx_sys/nvinfer1/enum.BuilderFlag.html)",
          (10, 11), True, "option"),
     Rule("fp16_accumulation",
-         "Some FP16 Conv / MatMul tactics may accumulate partial sums in FP16; the emulator's "
-         "FP32 accumulation is optimistic there. Not in the default: no NVIDIA statement on "
-         "which tactics do.",
-         "", (10, 11), False, "option"),
+         "Some FP16 Conv / MatMul / Gemm tactics may accumulate partial sums in FP16; the "
+         "emulator's FP32 accumulation is optimistic there. --fp16-accumulate approximates "
+         "such a kernel: the inner dimension (MatMul/Gemm K, a Conv's input channels) is cut "
+         f"into blocks of {FP16_ACCUMULATE_BLOCK}, each block's partial product is rounded to "
+         "FP16 and the running sum is rounded after every add (bias added last). Real kernels' "
+         "block sizes and summation orders differ: an approximation, off by default, for "
+         "seeing whether a plan survives the pessimistic kernel choice.",
+         "NVIDIA maintainer: \"there are 3 precisions in each kernel: input, accumulator and "
+         "output\" (https://github.com/NVIDIA/TensorRT/issues/1237); a user report attributing "
+         "a TensorRT FP16 accuracy loss to FP16 accumulators in convolution kernels "
+         "(https://github.com/NVIDIA/TensorRT/issues/2942); cuBLAS offers FP16 accumulation "
+         "as the compute type CUBLAS_COMPUTE_16F (https://docs.nvidia.com/cuda/nvmath-python/"
+         "latest/bindings/generated/nvmath.bindings.cublas.ComputeType.html), about twice "
+         "the FP16 GEMM throughput of FP32 accumulation on Ada GPUs "
+         "(https://github.com/pytorch/pytorch/issues/123157). No NVIDIA statement says which "
+         "TensorRT tactics accumulate in FP16, so it is not in the default",
+         (10, 11), False, "option"),
 )
 
 
@@ -883,6 +898,7 @@ class Rules:
     internal: frozenset[str] = frozenset()  # tensors inside certain fused layers: never rounded
     weight_rule: str = "inf"  # round_weight rule for weights an FP16 node reads
     tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands
+    accumulate: int = 0  # FP16 MatMul/Gemm/Conv accumulate in FP16 over blocks of this (0: off)
 
     def tf32_inputs(self, op_type: str) -> tuple[int, ...]:
         return TF32_INPUTS.get(op_type, ()) if self.tf32 else ()
@@ -897,8 +913,8 @@ def internal_tensors(layers: Iterable[Layer]) -> frozenset[str]:
     return frozenset(t for layer in layers if layer.certain for t in layer.internal)
 
 
-def rules_for(prepared: Prepared, tf32: bool) -> Rules:
-    return Rules(internal_tensors(prepared.layers), prepared.weight_rule, tf32)
+def rules_for(prepared: Prepared, tf32: bool, accumulate: int = 0) -> Rules:
+    return Rules(internal_tensors(prepared.layers), prepared.weight_rule, tf32, accumulate)
 
 
 def units(prepared: Prepared, candidates: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -923,19 +939,19 @@ def units(prepared: Prepared, candidates: Iterable[str]) -> dict[str, tuple[str,
     return out
 
 
-def applied_rules(semantics: str, trt_version: int, tf32: bool) -> list[str]:
+def applied_rules(semantics: str, trt_version: int, tf32: bool, accumulate: int = 0) -> list[str]:
     """Names of the RULES rows a run applies (for precision.json)."""
     _check(semantics, trt_version)
     names = [] if semantics == "strict" else [
         r.name for r in RULES if r.default and trt_version in r.versions and r.name != "tf32"]
-    return names + (["tf32"] if tf32 else [])
+    return names + (["tf32"] if tf32 else []) + (["fp16_accumulation"] if accumulate else [])
 
 
-def record(prepared: Prepared, tf32: bool) -> dict:
-    """precision.json's "semantics" entry."""
+def record(prepared: Prepared, tf32: bool, accumulate: int = 0) -> dict:
+    """precision.json's "semantics" entry (`fp16_accumulate`: the block size, 0 when off)."""
     return {"semantics": prepared.semantics, "trt_version": prepared.trt_version, "tf32": tf32,
-            "weight_rule": prepared.weight_rule,
-            "rules": applied_rules(prepared.semantics, prepared.trt_version, tf32),
+            "fp16_accumulate": accumulate, "weight_rule": prepared.weight_rule,
+            "rules": applied_rules(prepared.semantics, prepared.trt_version, tf32, accumulate),
             "notes": list(prepared.notes)}
 
 

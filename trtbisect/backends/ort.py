@@ -24,6 +24,7 @@ inference; a plan outside it rebuilds the session around a larger set.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -34,7 +35,8 @@ from ..errors import TrtBisectError
 from ..spill import release_pages, spill
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
                      structure)
-from ..semantics import STRICT, Rules, find_layers, round_weight, tf32_round, tf32_round_nodes
+from ..semantics import (MAX_ACCUMULATE_BLOCKS, STRICT, Rules, find_layers, round_weight,
+                         tf32_round, tf32_round_nodes)
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +200,7 @@ class _Builder:
         self.producer_state: dict[str, str] = {}
         self.round_outputs = round_outputs
         self._or: dict[tuple[str, str], str] = {}
+        self._slices: dict[tuple[str, int, int, int], str] = {}  # --fp16-accumulate blocks
         self._k = 0
 
     def fresh(self, tag: str) -> str:
@@ -309,7 +312,7 @@ class _Builder:
             elif t in self.g.half_typed and self.round_outputs and name not in self.cands:
                 new.output[k] = self.raw[t] = self.fresh("raw")
                 forced.append(t)
-        self.nodes.append(new)
+        self._emit(node, new, name, mode)
         for t in self.g.float_outputs(name) if mode != FULL else []:
             if t in self.rounded or t in self.internal:
                 continue
@@ -323,6 +326,71 @@ class _Builder:
             self.round_pair(self.raw[t], t, self.g.half_typed[t])
             if self.g.half_typed[t] == TensorProto.FLOAT16:
                 self.rounded[t] = t
+
+    def _emit(self, node: onnx.NodeProto, new: onnx.NodeProto, name: str, mode: str) -> None:
+        """Append `new` (node as rewired); under --fp16-accumulate a MatMul/Gemm/Conv that runs
+        in FP16 computes its output in the blocked FP16-accumulating form instead (HALF), or
+        selects between the two forms on its switch (ACTIVE)."""
+        spec = _blocking(self.g, node, name, self.rules.accumulate) if mode != FULL else None
+        if spec is None:
+            self.nodes.append(new)
+            return
+        out = new.output[0]
+        if mode == HALF:
+            self._blocked(new, spec, out)
+            return
+        normal, blocked = self.fresh("fp32acc"), self.fresh("fp16acc")
+        new.output[0] = normal
+        self.nodes.append(new)
+        self._blocked(new, spec, blocked)
+        self.nodes.append(helper.make_node("Where", [self.switch(name), blocked, normal], [out]))
+
+    def _blocked(self, new: onnx.NodeProto, spec: "_Blocking", out: str) -> None:
+        """The node's output accumulated in FP16: partial products over blocks of the inner
+        dimension, each rounded to FP16, the running sum rounded after every add, the bias
+        added last and rounded."""
+        a, b = new.input[0], new.input[1]
+        bias = new.input[2] if len(new.input) > 2 and new.input[2] else None
+        attrs = [x for x in new.attribute if x.name not in ("alpha", "beta")]
+        acc = ""
+        for j, (lo, hi) in enumerate(spec.blocks):
+            part = self.fresh("part")
+            node = helper.make_node(new.op_type, [self._slice(a, spec.axis_a, lo, hi),
+                                                  self._slice(b, spec.axis_b, lo, hi)], [part])
+            node.attribute.extend(attrs)
+            self.nodes.append(node)
+            rounded = self.fresh("partr")
+            self.round_pair(part, rounded)
+            if acc:
+                total = self.fresh("sum")
+                self.nodes.append(helper.make_node("Add", [acc, rounded], [total]))
+                rounded = self.fresh("sumr")
+                self.round_pair(total, rounded)
+            acc = rounded
+        if bias is not None:
+            if spec.bias_shape is not None:
+                shaped = self.fresh("bias")
+                shape = self.fresh("bshape")
+                self.inits.append(numpy_helper.from_array(np.array(spec.bias_shape, np.int64),
+                                                          shape))
+                self.nodes.append(helper.make_node("Reshape", [bias, shape], [shaped]))
+                bias = shaped
+            total = self.fresh("sum")
+            self.nodes.append(helper.make_node("Add", [acc, bias], [total]))
+            acc = self.fresh("sumr")
+            self.round_pair(total, acc)
+        self.nodes.append(helper.make_node("Identity", [acc], [out]))
+
+    def _slice(self, t: str, axis: int, lo: int, hi: int) -> str:
+        key = (t, axis, lo, hi)
+        cache = self._slices
+        if key not in cache:
+            names = [self.fresh("s") for _ in range(3)]
+            for n, v in zip(names, (lo, hi, axis)):
+                self.inits.append(numpy_helper.from_array(np.array([v], np.int64), n))
+            cache[key] = self.fresh("slice")
+            self.nodes.append(helper.make_node("Slice", [t, *names], [cache[key]]))
+        return cache[key]
 
     def _exact(self, node: onnx.NodeProto, name: str) -> bool:
         ins = self.g.float_inputs(name)  # an internal (raw) input makes the output inexact
@@ -372,6 +440,98 @@ class _Builder:
             for k, t in enumerate(n.input):
                 if t == old:
                     n.input[k] = new
+
+
+@dataclass(frozen=True)
+class _Blocking:
+    """How a node splits its inner dimension for --fp16-accumulate."""
+
+    axis_a: int
+    axis_b: int
+    blocks: tuple[tuple[int, int], ...]
+    bias_shape: tuple[int, ...] | None = None  # Conv: the bias reshaped to broadcast
+
+
+_refused: set[tuple[str, str]] = set()  # (node, why): each refusal logged once per process
+
+
+def _blocking(graph: Graph, node: onnx.NodeProto, name: str, block: int) -> _Blocking | None:
+    """The blocked form of an FP16 MatMul / Gemm / Conv, or None: the node keeps FP32
+    accumulation (flag off, another op, non-default attributes, K unknown or too long).
+    Depends only on the node and static shapes, so the emulator and `check` of a written file
+    decide alike."""
+    if not block or node.op_type not in ("MatMul", "Gemm", "Conv"):
+        return None
+    spec, why = _spec(graph, node)
+    if spec is None:
+        _refuse(name, why)
+        return None
+    axis_a, axis_b, k, bias_shape = spec
+    blocks = tuple((lo, min(k, lo + block)) for lo in range(0, k, block))
+    if len(blocks) > MAX_ACCUMULATE_BLOCKS:
+        _refuse(name, f"inner dimension {k} needs more than {MAX_ACCUMULATE_BLOCKS} blocks "
+                      f"of {block}")
+        return None
+    return _Blocking(axis_a, axis_b, blocks, bias_shape)
+
+
+def _refuse(name: str, why: str) -> None:
+    if (name, why) not in _refused:
+        _refused.add((name, why))
+        log.info("--fp16-accumulate: %s keeps FP32 accumulation (%s)", name, why)
+
+
+def _spec(graph: Graph, node: onnx.NodeProto
+          ) -> tuple[tuple[int, int, int, tuple[int, ...] | None] | None, str]:
+    """(axis of A, axis of B, K, the bias's broadcast shape) of a blockable node, or why not."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    a, b = _dims(graph, node.input[0]), _dims(graph, node.input[1])
+    if node.op_type == "MatMul":
+        if a is None or b is None:
+            return None, "operand ranks unknown"
+        axis_b = -2 if len(b) >= 2 else 0
+        k = _known(a[-1], b[axis_b])
+        return ((-1, axis_b, k, None), "") if k else (None, "inner dimension not static")
+    if node.op_type == "Gemm":
+        if attrs.get("alpha", 1.0) != 1.0 or (attrs.get("beta", 1.0) != 1.0
+                                                and len(node.input) > 2 and node.input[2]):
+            return None, "alpha or beta is not 1"
+        axis_a, axis_b = (0 if attrs.get("transA", 0) else 1), (1 if attrs.get("transB", 0) else 0)
+        k = _known(a[axis_a] if a else None, b[axis_b] if b else None)
+        return ((axis_a, axis_b, k, None), "") if k else (None, "inner dimension not static")
+    if attrs.get("group", 1) != 1:
+        return None, "grouped convolution"
+    if b is None or len(b) < 3:
+        return None, "weight shape unknown"
+    k = _known(a[1] if a and len(a) > 1 else None, b[1])
+    if not k:
+        return None, "input channels not static"
+    return (1, 1, k, (-1,) + (1,) * (len(b) - 2)), ""
+
+
+def _known(*dims: int | None) -> int:
+    return next((d for d in dims if d), 0)
+
+
+def _dims(graph: Graph, t: str) -> tuple[int | None, ...] | None:
+    """Static dims of tensor t (None where unknown), from the initializer or shape inference."""
+    if t in graph.initializers:
+        return tuple(graph.initializers[t].dims)
+    shapes = getattr(graph, "_static_dims", None)
+    if shapes is None:
+        shapes = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(structure(graph.model), data_prop=True)
+        except Exception as exc:  # best effort: unknown shapes keep FP32 accumulation
+            log.info("shape inference failed for --fp16-accumulate: %s", _first_line(exc))
+            inferred = graph.model
+        g = inferred.graph
+        for v in [*g.input, *g.value_info, *g.output]:
+            if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
+                shapes[v.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                       for d in v.type.tensor_type.shape.dim)
+        graph._static_dims = shapes  # type: ignore[attr-defined]
+    return shapes.get(t)
 
 
 def _separator(graph: Graph) -> str:
@@ -585,7 +745,7 @@ def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None,
     state = {n: HALF for n in graph.candidates() if n in half}
     internal = half_layer_internals(graph) if fused else frozenset()
     b = _MixedBuilder(graph, state, Rounded.of(graph),
-                      rules=Rules(internal, rules.weight_rule, rules.tf32))
+                      rules=Rules(internal, rules.weight_rule, rules.tf32, rules.accumulate))
     proto = b.build()
     arrays = dict(b.arrays)
     for t in proto.graph.initializer:
@@ -621,7 +781,7 @@ class _MixedBuilder(_Builder):
             if t in self.g.half_typed and not (exact and self.g.half_typed[t] == TensorProto.FLOAT16):
                 new.output[k] = self.fresh("raw")
                 rounds.append((new.output[k], t))
-        self.nodes.append(new)
+        self._emit(node, new, name, self.state.get(name, FULL))
         for raw, t in rounds:
             self.round_pair(raw, t, self.g.half_typed[t])
 
