@@ -180,10 +180,12 @@ def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatc
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
     first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
-    calls = []
+    calls, references = [], []
     monkeypatch.setattr(pipeline, "layerwise", lambda *a, **k: calls.append(1) or {})
+    real = pipeline.Reference
+    monkeypatch.setattr(pipeline, "Reference", lambda *a, **k: references.append(1) or real(*a, **k))
     again = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
-    assert not calls and again.fp32_nodes == first.fp32_nodes
+    assert not calls and not references and again.fp32_nodes == first.fp32_nodes
     assert {k: v.to_json() for k, v in again.stats.items()} == \
            {k: v.to_json() for k, v in first.stats.items()}
     fresh = run(model, Options(inputs=[str(inputs)], resume=False), tmp_path / "out")

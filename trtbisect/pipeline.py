@@ -89,23 +89,61 @@ class Context:
         return self.search if self.search is not None else self.graph
 
 
-def prepare(model_path: str | Path, opts: Options, search: bool = True) -> Context:
+def prepare(model_path: str | Path, opts: Options, search: bool = True,
+            cache: Path | None = None) -> Context:
     """Load, reference outputs, and (`search`) the graph the emulator judges under
-    `opts.semantics`."""
+    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs."""
     path = Path(model_path)
     graph = Graph.from_path(path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
-    ref = Reference(graph, opts.threads)
-    references = [ref.run(s) for s in samples]
-    ref.close()
-    ctx = Context(path, graph.source, graph, samples, references, model_hash(path))
+    sha = model_hash(path)
+    references = _cached_references(graph, samples, opts, sha, cache)
+    ctx = Context(path, graph.source, graph, samples, references, sha)
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
     if search:
         ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
                                                            opts.trt_version)
         ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate)
     return ctx
+
+
+def _cached_references(graph: Graph, samples: Sequence[Sample], opts: Options, sha: str,
+                       cache: Path | None) -> list[dict[str, np.ndarray]]:
+    """The FP32 reference outputs, reused from `cache` when model and samples are the same."""
+    names = graph.output_names()
+    path = None
+    if cache is not None:
+        key = hashlib.sha256(json.dumps({"model": sha, "samples": _samples_hash(samples),
+                                         "threads": opts.threads}).encode()).hexdigest()[:16]
+        path = cache / f"reference-{key}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return [{n: data[f"s{k}_o{j}"] for j, n in enumerate(names)}
+                        for k in range(len(samples))]
+        except (OSError, ValueError, KeyError):
+            pass
+    ref = Reference(graph, opts.threads)
+    references = [ref.run(s) for s in samples]
+    ref.close()
+    if path is not None:
+        arrays = {f"s{k}_o{j}": r[n] for k, r in enumerate(references) for j, n in enumerate(names)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda tmp: np.savez(open(tmp, "wb"), **arrays))
+        except OSError as exc:  # a cache: never fail the run over it
+            log.info("reference outputs not cached: %s", exc)
+    return references
+
+
+def _samples_hash(samples: Sequence[Sample]) -> str:
+    h = hashlib.sha256()
+    for s in samples:
+        for k in sorted(s):
+            h.update(k.encode())
+            h.update(str(s[k].dtype).encode() + str(s[k].shape).encode())
+            h.update(np.ascontiguousarray(s[k]).tobytes())
+    return h.hexdigest()
 
 
 def reference_problems(ctx: Context) -> list[str]:
@@ -409,7 +447,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         from .report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
-    ctx = prepare(model_path, opts)
+    ctx = prepare(model_path, opts, cache=out_dir / CACHE if out_dir and opts.resume else None)
     g = ctx.judged
     assert ctx.prepared is not None
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
@@ -705,12 +743,7 @@ def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> 
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
-    sample_hash = hashlib.sha256()
-    for s in ctx.samples:
-        for k in sorted(s):
-            sample_hash.update(k.encode())
-            sample_hash.update(np.ascontiguousarray(s[k]).tobytes())
-    return {"model": ctx.sha256, "samples": sample_hash.hexdigest(),
+    return {"model": ctx.sha256, "samples": _samples_hash(ctx.samples),
             "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
             "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
                                                        opts.accumulate]}
