@@ -301,15 +301,7 @@ class Graph:
         self.names = node_names(self.model)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.initializers = {t.name: t for t in self.model.graph.initializer}
-        self.producer = {}
-        self.consumers = defaultdict(list)
-        for i, node in enumerate(self.model.graph.node):
-            for t in node.output:
-                if t:
-                    self.producer[t] = i
-            for t in dict.fromkeys(node.input):
-                if t:
-                    self.consumers[t].append(i)
+        self.producer, self.consumers = data_flow(self.model.graph.node)
 
     def array(self, name: str) -> np.ndarray:
         """An initializer's values (float16 ones as exact float32)."""
@@ -401,6 +393,20 @@ class Graph:
                 t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(self.array(t.name)),
                                                    t.name))
         return out
+
+
+def data_flow(nodes) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """tensor -> index of the node that writes it, and -> indices of the nodes that read it."""
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for t in node.output:
+            if t:
+                producer[t] = i
+        for t in dict.fromkeys(node.input):
+            if t:
+                consumers[t].append(i)
+    return producer, consumers
 
 
 # Inputs that parametrise an op (positions), never rounded: they are not FP16 data.

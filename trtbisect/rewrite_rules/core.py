@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import node_names
+from ..graph import data_flow, node_names
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0**-14
@@ -79,15 +79,7 @@ class View:
         self.names = node_names(model)
         self.inits = {t.name: t for t in model.graph.initializer}
         self.graph_outputs = {v.name for v in model.graph.output}
-        self.producer: dict[str, int] = {}
-        self.consumers: dict[str, list[int]] = defaultdict(list)
-        for i, node in enumerate(self.nodes):
-            for t in node.output:
-                if t:
-                    self.producer[t] = i
-            for t in dict.fromkeys(node.input):
-                if t:
-                    self.consumers[t].append(i)
+        self.producer, self.consumers = data_flow(self.nodes)
         self._shapes: dict[str, list[int | None]] | None = None
 
     @property
