@@ -196,8 +196,8 @@ def _commands(text: str) -> list[list[str]]:
     return [shlex.split(line) for line in text.splitlines() if line and not line.startswith("#")]
 
 
-@pytest.mark.slow
 def test_polygraphy_check_passes_on_the_mixed_model_and_fails_all_fp16(odd_run):
+    """Runs in CI: polygraphy (pure Python) is in the dev extra."""
     pytest.importorskip("polygraphy")
     from trtbisect.backends.ort import emulation_of_mixed
     from trtbisect.graph import Graph
