@@ -177,15 +177,24 @@ def real_case(path: Path) -> Case:
 
 # ---------------------------------------------------------------- measuring
 
-def measure(case: Case, workdir: Path, max_evals: int = MAX_EVALS) -> dict:
-    """Every method on one case: pipeline runs (rewrite off/on) and ddmin, per semantics."""
+def measure(case: Case, workdir: Path, max_evals: int = MAX_EVALS,
+            on_step: Callable[[dict], None] | None = None) -> dict:
+    """Every method on one case: pipeline runs (rewrite off/on) and ddmin, per semantics;
+    `on_step(record)` after each, so a case killed at its time limit keeps what it measured."""
+    step = on_step or (lambda _rec: None)
     workdir.mkdir(parents=True, exist_ok=True)
     path, npz = workdir / "model.onnx", workdir / "inputs.npz"
     onnx.save(case.model, path)
     np.savez(npz, **case.inputs)
     flops = flop_table(case.model, case.inputs)
+    unknown = sorted(n for n, f in flops.items() if f is None)
+    if unknown:  # dims shape inference cannot see: one FP32 inference's (scripts/bench.py)
+        from bench import node_flops
+
+        probed = node_flops(case.model, case.inputs)
+        flops.update({n: int(probed[n]) for n in unknown if n in probed})
     total = sum(f or 0 for f in flops.values())
-    rec: dict = {"model": case.name, "source": case.source, "inputs": case.inputs_note,
+    rec: dict = {"flop_from_inference": len(unknown), "model": case.name, "source": case.source, "inputs": case.inputs_note,
                  "nodes": len(case.model.graph.node), "gflop": total / 1e9,
                  "flop_unknown": sorted(n for n, f in flops.items() if f is None),
                  "rtol": case.tolerance.rtol, "date": datetime.date.today().isoformat(), "runs": {}}
@@ -201,12 +210,14 @@ def measure(case: Case, workdir: Path, max_evals: int = MAX_EVALS) -> dict:
                 rewritten = onnx.load(result.files["rewritten_model"])
                 known = {**flop_table(rewritten, case.inputs), **flops}
             rec["runs"][f"{sem}/{'rewrite' if rewrite else 'plain'}"] = summarize(result, known, total)
+            step(rec)
         opts.rewrite = False
         if rec["runs"][f"{sem}/plain"]["verdict"] == "reference_invalid":
             rec["runs"][f"{sem}/ddmin"] = {**rec["runs"][f"{sem}/plain"], "evaluations": 0,
                                             "seconds": 0.0}
         else:
             rec["runs"][f"{sem}/ddmin"] = run_ddmin(path, opts, flops, total, max_evals)
+        step(rec)
     return rec
 
 
@@ -222,7 +233,7 @@ def summarize(r: RunResult, flops: Mapping[str, int | None], total: int) -> dict
         "stopped": bool(r.search is not None and r.search.stopped_early),
         "rewrites": [a["rewrite"] for a in applied],
         "drift": max(drift, key=lambda x: float(x)) if drift else None,
-        "refused": [{"rewrite": x["rewrite"], "reason": x["reason"]}
+        "refused": [{"rewrite": x["rewrite"], "where": list(x["where"]), "reason": x["reason"]}
                     for x in (rewrites.get("refused", []) if isinstance(rewrites, dict) else [])],
         "patterns": sorted({g.get("pattern") for g in groups if g.get("pattern")}),
     }
@@ -337,13 +348,16 @@ def table(records: Sequence[dict], autocast: Mapping[str, dict]) -> list[str]:
             lines.append(f"| {rec['model']} | – | – | {rec['skipped']} |" + " – |" * (len(head) - 4))
             continue
         for sem in SEMANTICS:
-            p, w, d = (rec["runs"].get(f"{sem}/{k}") for k in ("plain", "rewrite", "ddmin"))
+            p, w, d = (rec["runs"].get(f"{sem}/{k}") or {} for k in ("plain", "rewrite", "ddmin"))
             ac = rec.get("autocast") or autocast.get(rec["model"])
+            cut = f"not reached ({rec['killed']})" if rec.get("killed") else "–"
             lines.append("| " + " | ".join([
-                rec["model"], sem, ", ".join(p["patterns"]) or "–", _cell(p), _cell(w),
-                _rewrite_names(w["rewrites"]), _drift(w["drift"]), _cell(d), _autocast_cell(ac),
-                " / ".join(str(x["evaluations"]) for x in (p, w, d)),
-                " / ".join(f"{x['seconds']:.1f}" for x in (p, w, d))]) + " |")
+                rec["model"], sem, ", ".join(p.get("patterns", ())) or "–", _cell(p) if p else cut,
+                _cell(w) if w else cut, _rewrite_names(w.get("rewrites", ())) if w else "–",
+                _drift(w.get("drift")), _cell(d) if d else cut, _autocast_cell(ac),
+                " / ".join(str(x.get("evaluations", "–")) for x in (p, w, d)),
+                " / ".join(f"{x['seconds']:.1f}" if "seconds" in x else "–" for x in (p, w, d))])
+                + " |")
     return lines
 
 
@@ -353,13 +367,18 @@ def verdicts(records: Sequence[dict]) -> list[str]:
     for rec in records:
         if rec.get("skipped"):
             continue
+        runs = rec["runs"]
         kinds = sorted({GOAL_PATTERNS[p] for sem in SEMANTICS
-                        for p in rec["runs"][f"{sem}/plain"]["patterns"] if p in GOAL_PATTERNS})
+                        for p in (runs.get(f"{sem}/plain") or {}).get("patterns", ())
+                        if p in GOAL_PATTERNS})
         if not kinds:
             continue
         parts = []
         for sem in SEMANTICS:
-            w, p = rec["runs"][f"{sem}/rewrite"], rec["runs"][f"{sem}/plain"]
+            w, p = runs.get(f"{sem}/rewrite"), runs.get(f"{sem}/plain")
+            if w is None or p is None:
+                parts.append(f"{sem}: not measured ({rec.get('killed', 'missing')})")
+                continue
             kept = _rewrite_names(w["rewrites"])
             if p["verdict"] == "fp16_ok":
                 parts.append(f"{sem}: already 0 FP32 nodes without rewrites")
@@ -367,15 +386,33 @@ def verdicts(records: Sequence[dict]) -> list[str]:
                 parts.append(f"{sem}: 0 FP32 nodes ({kept})")
             else:
                 left = ", ".join(w["patterns"]) or "no named pattern"
-                refused = "; ".join(sorted({f"{x['rewrite']}: {x['reason']}" for x in w["refused"]}))
+                refused = "; ".join(_refusals_at(w))
                 parts.append(f"{sem}: {w['fp32_nodes']} FP32 node(s) left after {kept} "
-                             f"(left: {left}{'; refused ' + refused if refused else ''})")
-        reached = all(rec["runs"][f"{sem}/rewrite"]["fp32_nodes"] == 0
-                      and rec["runs"][f"{sem}/rewrite"]["verdict"] in ("fixed", "fp16_ok")
+                             f"(left: {left}{'; refused there: ' + refused if refused else ''})")
+        reached = all(f"{sem}/rewrite" in runs and runs[f"{sem}/rewrite"]["fp32_nodes"] == 0
+                      and runs[f"{sem}/rewrite"]["verdict"] in ("fixed", "fp16_ok")
                       for sem in SEMANTICS)
         head = "reaches zero FP32 nodes" if reached else "does **not** reach zero FP32 nodes"
         out.append(f"- **{rec['model']}** ({', '.join(kinds)}): {head}. " + "; ".join(parts) + ".")
     return out
+
+
+def _refusals_at(run: Mapping, limit: int = 3) -> list[str]:
+    """The refusals of rewrites on the nodes the plan still keeps in FP32: why they stay."""
+    left, seen = set(run["plan"]), {}
+    for x in run["refused"]:
+        if left & set(x.get("where", ())):
+            seen.setdefault(x["rewrite"], f"{x['rewrite']} at {x['where'][0]}: {x['reason']}")
+    return list(seen.values())[:limit]
+
+
+def _probed(records: Sequence[dict]) -> str:
+    probed = [f"{r['model']}: {r['flop_from_inference']}" for r in records
+              if r.get("flop_from_inference")]
+    if not probed:
+        return ""
+    return ("; where inference leaves a shape symbolic, from the shapes of one FP32 inference "
+            f"({', '.join(probed)} nodes)")
 
 
 def section(records: Sequence[dict], autocast: Mapping[str, dict], meta: Mapping) -> str:
@@ -392,7 +429,8 @@ def section(records: Sequence[dict], autocast: Mapping[str, dict], meta: Mapping
         "`rewrite=True`, and plain ddmin (`trtbisect.search.ddmin`, no prior, the pipeline's own "
         "`Evaluator` and units) on the model as given. **FP32 nodes** counts the plan's nodes; "
         "**FLOPs** is their share of the model's MatMul/Gemm/Conv FLOPs (2 per multiply-add, "
-        "from ONNX shape inference at the samples' input shapes). Each search is capped at "
+        "from ONNX shape inference at the samples' input shapes" + _probed(records)
+        + "). Each search is capped at "
         f"{MAX_EVALS} evaluations (\"stopped\" when hit). **FP32 drift** is the worst kept "
         "rewrite's FP32 output change, max|d| / max|ref|. Evaluations count every judged plan, "
         "each rewrite's judgement included; seconds are the whole run (reference, layer-wise "
@@ -463,12 +501,20 @@ def machine() -> str:
 # ---------------------------------------------------------------- driver
 
 def run_case(name: str, build: Callable[[], Case], workdir: Path, timeout: float,
-             max_evals: int) -> dict:
-    """One case in a child process (killed after `timeout` s), or in this one for timeout <= 0."""
+             max_evals: int, part: Path | None = None) -> dict:
+    """One case in a child process (killed after `timeout` s, keeping the methods it finished),
+    or in this one for timeout <= 0 (then `part` receives the record after every method)."""
     if timeout <= 0:
+        def save(rec: dict) -> None:
+            if part is not None:
+                tmp = part.with_suffix(".tmp")
+                tmp.write_text(json.dumps(rec), encoding="utf-8")
+                os.replace(tmp, part)
+
         case = build()
-        rec = measure(case, workdir, max_evals)
+        rec = measure(case, workdir, max_evals, save)
         rec["autocast"] = measure_autocast(case, workdir)
+        save(rec)
         return rec
     part = workdir.with_suffix(".json")
     part.unlink(missing_ok=True)
@@ -478,7 +524,11 @@ def run_case(name: str, build: Callable[[], Case], workdir: Path, timeout: float
     try:
         subprocess.run(cmd, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:  # subprocess.run kills its own child
-        return {"model": name, "skipped": f"skipped after {timeout:.0f} s"}
+        if not part.is_file():
+            return {"model": name, "skipped": f"skipped after {timeout:.0f} s"}
+        rec = json.loads(part.read_text(encoding="utf-8"))
+        rec["killed"] = f"stopped at the {timeout:.0f} s limit"
+        return rec
     if not part.is_file():
         return {"model": name, "skipped": f"failed after {time.perf_counter() - started:.0f} s"}
     return json.loads(part.read_text(encoding="utf-8"))
@@ -507,8 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     builders = case_builders(args.quick and not args.child)
     if args.child:
         build = builders.get(args.child) or case_builders(False)[args.child]
-        rec = run_case(args.child, build, args.child_out.with_suffix(""), 0, args.max_evals)
-        args.child_out.write_text(json.dumps(rec), encoding="utf-8")
+        run_case(args.child, build, args.child_out.with_suffix(""), 0, args.max_evals,
+                 args.child_out)
         return 0
     order = list(builders)
     if args.only:
