@@ -190,3 +190,15 @@ def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatc
            {k: v.to_json() for k, v in first.stats.items()}
     fresh = run(model, Options(inputs=[str(inputs)], resume=False), tmp_path / "out")
     assert calls and fresh.verdict == "fixed"
+
+
+def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):
+    """Each fused LayerNorm alone barely helps while the others still overflow: the driver
+    retries the ones that did not help enough after each kept rewrite."""
+    z = deep_model()
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "o")
+    applied = r.extra["rewrites"]["applied"]
+    assert r.verdict == "fixed" and r.fp32_nodes == [] and len(applied) == 2
+    assert {a["rewrite"] for a in applied} == {"fuse_layernorm"}
+    assert r.extra["rewrites"]["judgements"] <= 12  # the suspects' norms are tried first

@@ -22,7 +22,7 @@ from . import __version__, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
-from .diagnose import annotate, attach as attach_diagnosis, note_semantics
+from .diagnose import annotate, attach as attach_diagnosis, group_culprits, note_semantics
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
@@ -483,7 +483,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     outcome = None
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
-        outcome = _try_rewrites(ctx, opts, stats)
+        suspects = build_prior(ctx.graph, stats, constant_stats(ctx.graph)).seeds
+        outcome = _try_rewrites(ctx, opts, stats, suspects)
         if outcome is not None and outcome.applied:
             ctx = _rewritten_context(ctx, outcome.model, opts)
             g = ctx.judged
@@ -565,7 +566,8 @@ def _prefetch(g: Graph, seeds: Sequence[str], ranking: Sequence[str]) -> list[st
 REWRITE_WEIGHT_LIMIT = 1 << 30  # rewrites work on one in-memory proto: models up to this size
 
 
-def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats]):
+def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
+                  suspects: Sequence[str] = ()):
     """Verified rewrites (rewrites.py), each judged exactly like a plan: all-FP16 on the
     emulator, every sample, against the original model's FP32 reference."""
     from .rewrites import try_rewrites
@@ -582,7 +584,9 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats])
         return all(e.passed for e in errs.values()), errs
 
     ranges = {t: s.fp32_absmax for t, s in stats.items()}
-    return try_rewrites(ctx.graph.materialize(), ctx.samples, judge, ranges=ranges)
+    # matches at the suspects go first, one connected group of them after another
+    groups = [{"nodes": grp} for grp in group_culprits(ctx.graph, list(suspects))]
+    return try_rewrites(ctx.graph.materialize(), ctx.samples, judge, groups=groups, ranges=ranges)
 
 
 def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> Context:

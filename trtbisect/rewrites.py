@@ -174,6 +174,9 @@ def find_all(model: onnx.ModelProto, ranges: Callable[[str], float | None] | Non
     return matches, refusals
 
 
+NOT_ENOUGH = "all-FP16 error did not improve enough"
+
+
 def try_rewrites(model: onnx.ModelProto, samples: Sequence[Sample], judge: Judge,
                  groups: Iterable[Any] | None = None, rewrites: Sequence[Rewrite] = REWRITES,
                  drift_rtol: float = DEFAULT_DRIFT_RTOL,
@@ -202,6 +205,9 @@ def try_rewrites(model: onnx.ModelProto, samples: Sequence[Sample], judge: Judge
         if not any(_try(out, m, by_name[m.rewrite], samples, judge, references, drift_rtol,
                         tried, refused) for m in todo):
             break
+        # a kept rewrite can make one that did not help alone the one that is still needed
+        # (deep models with several overflowing norms): those are tried again
+        tried -= {(r, w) for r, w, why in refused if why.startswith(NOT_ENOUGH)}
     kept = {(a.rewrite, a.where) for a in out.applied}
     out.refusals = [r for r in refused.values() if (r.rewrite, r.where) not in kept]
     return out
@@ -234,7 +240,7 @@ def _try(out: RewriteOutcome, match: Match, rw: Rewrite, samples: Sequence[Sampl
     out.judgements += 1
     before, after = worst_rel(out.errors), worst_rel(errors)
     if not (passed or _better(_score(errors), _score(out.errors))):
-        return refuse(f"all-FP16 error did not improve enough (worst rel {before:.3g} -> "
+        return refuse(f"{NOT_ENOUGH} (worst rel {before:.3g} -> "
                       f"{after:.3g}, {_failing(errors)} output(s) failing)")
     out.applied.append(Applied(match.rewrite, match.where, match.why, drift, rw.advice,
                                before, after))
