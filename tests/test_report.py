@@ -161,3 +161,15 @@ def test_every_tensor_has_a_hover_title_on_the_plot(reported):
         assert f"title='{s.name} (by" in page
     lefts = [c[1] for c in columns]
     assert lefts == sorted(lefts) and 0 <= lefts[0] and lefts[-1] + columns[-1][3] <= 100.5
+
+
+def test_culprit_table_names_the_tensorrt_layer_when_fused(reported):
+    from trtbisect.report import culprit_rows
+
+    r, _ = reported
+    head, rows = culprit_rows(r)
+    fused = [c for c in r.culprits if c.layer and c.layer != c.node]
+    assert ("TensorRT layer" in head) == bool(fused)
+    if fused:
+        col = head.index("TensorRT layer")
+        assert {row[col] for row in rows} >= {c.layer for c in fused}

@@ -366,11 +366,22 @@ def _g(v: object) -> str:
         return "-"
 
 
-def _md_culprits(result: "RunResult") -> list[str]:
+def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
+    """The culprit table (markdown and HTML alike): the PyTorch module and the TensorRT layer
+    columns only when some culprit has one."""
     by_node = group_of_node(result)
-    rows = [(c.node, c.op, by_node.get(c.node, {}).get("cause", ""), c.why)
-            for c in result.culprits]
-    return _md_table("Nodes to keep in FP32", ["node", "op", "cause", "why"], rows)
+    modules = any(c.module for c in result.culprits)
+    layers = any(c.layer and c.layer != c.node for c in result.culprits)
+    head = ["node", "op", *(["module"] if modules else []),
+            *(["TensorRT layer"] if layers else []), "cause", "why"]
+    rows = [(c.node, c.op, *([c.module or ""] if modules else []),
+             *([c.layer or c.node] if layers else []),
+             by_node.get(c.node, {}).get("cause", ""), c.why) for c in result.culprits]
+    return head, rows
+
+
+def _md_culprits(result: "RunResult") -> list[str]:
+    return _md_table("Nodes to keep in FP32", *culprit_rows(result))
 
 
 def _md_stability(result: "RunResult") -> list[str]:
@@ -478,10 +489,7 @@ def _html_groups(result: "RunResult") -> list[str]:
 
 
 def _html_culprits(result: "RunResult") -> list[str]:
-    by_node = group_of_node(result)
-    rows = [(c.node, c.op, by_node.get(c.node, {}).get("cause", ""), c.why)
-            for c in result.culprits]
-    return _html_table("Nodes to keep in FP32", ["node", "op", "cause", "why"], rows)
+    return _html_table("Nodes to keep in FP32", *culprit_rows(result))
 
 
 def _html_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
