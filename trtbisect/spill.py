@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import mmap
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,12 +27,35 @@ _folder: Path | None = None
 _count = 0
 
 
+PREFIX = "trtbisect-weights-"
+
+
 def _dir() -> Path:
     global _folder
     if _folder is None:
-        _folder = Path(tempfile.mkdtemp(prefix="trtbisect-weights-"))
+        _sweep()
+        _folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         atexit.register(shutil.rmtree, _folder, True)
     return _folder
+
+
+def _sweep() -> None:
+    """Remove the folders of runs that were killed before their exit handler ran (SIGKILL):
+    weights of a big model would otherwise stay behind in the temp folder."""
+    for old in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = old.name[len(PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to touch
+        return True
+    return True
 
 
 def spill(arr: np.ndarray) -> np.ndarray:
