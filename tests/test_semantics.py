@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.models.semantics_models import conv_relu_bn
 from trtbisect import semantics as sem
 from trtbisect.errors import TrtBisectError
 
@@ -83,21 +84,6 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
 
 
 # ------------------------------------------------------------------------ planted models
-
-def conv_relu_bn(var: float = 4.97e5) -> onnx.ModelProto:
-    """The pitch CNN pattern: Conv -> Relu -> BatchNorm with a huge running variance."""
-    rng = np.random.default_rng(0)
-    c = 4
-    return _model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["c"], ["r"], name="relu"),
-         helper.make_node("BatchNormalization", ["r", "g", "beta", "mean", "var"], ["y"],
-                          name="bn")],
-        {"w": rng.standard_normal((c, 1, 3, 3)) * 30, "b": rng.standard_normal(c),
-         "g": np.ones(c), "beta": np.zeros(c), "mean": np.full(c, 50.0),
-         "var": np.full(c, var)},
-        [("x", [1, 1, 8, 8])], ["y"])
-
 
 def conv_bn_relu() -> onnx.ModelProto:
     """Conv -> BatchNorm -> Relu: the BatchNorm folds into the Conv's weights."""
