@@ -26,14 +26,6 @@ DEMO = Path(__file__).resolve().parents[1] / "models"
 CASES = [(name, key) for name, p in PLANTED.items() for key in p.expected]
 
 
-def _save(p, folder: Path) -> tuple[Path, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    model, inputs = folder / f"{p.name}.onnx", folder / f"{p.name}_inputs.npz"
-    onnx.save(p.model, model)
-    np.savez(inputs, **p.inputs)
-    return model, inputs
-
-
 def _opts(key: str, inputs: Path, **kw) -> Options:
     return Options(inputs=[str(inputs)], semantics=key.split("+")[0], tf32="tf32" in key, **kw)
 
@@ -41,7 +33,7 @@ def _opts(key: str, inputs: Path, **kw) -> Options:
 @pytest.mark.parametrize("name,key", CASES)
 def test_planted_rule_exact_culprits_per_semantics(tmp_path, name, key):
     p = PLANTED[name]
-    model, inputs = _save(p, tmp_path)
+    model, inputs = save_zoo_model(p, tmp_path)
     r = run(model, _opts(key, inputs), tmp_path / "out")
     verdict, expected = p.expected[key]
     assert (r.verdict, set(r.fp32_nodes)) == (verdict, set(expected))
@@ -58,7 +50,7 @@ def test_planted_rule_exact_culprits_per_semantics(tmp_path, name, key):
 
 
 def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
-    model, inputs = _save(PLANTED["batchnorm_variance"], tmp_path)
+    model, inputs = save_zoo_model(PLANTED["batchnorm_variance"], tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
     assert r.verdict == "fp16_ok"
     strict_before = r.extra["errors_before_strict"]["y"]
@@ -75,7 +67,7 @@ def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
 
 
 def test_folded_constant_culprits_only_per_node_are_explained(tmp_path):
-    model, inputs = _save(PLANTED["constant_subgraph"], tmp_path)
+    model, inputs = save_zoo_model(PLANTED["constant_subgraph"], tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
     assert set(r.extra["strict_only_culprits"]) == {"const_sq", "const_div"}
     group = next(g for g in r.extra["culprit_groups"] if g["cause"] == "per_node_rounding_only")
@@ -85,7 +77,7 @@ def test_folded_constant_culprits_only_per_node_are_explained(tmp_path):
 def test_culprits_are_named_as_fused_layers(tmp_path):
     # under trt the Conv + bias + Relu unit stays FP32 together when strict tolerance demands it
     p = PLANTED["conv_bias_relu"]
-    model, inputs = _save(p, tmp_path)
+    model, inputs = save_zoo_model(p, tmp_path)
     r = run(model, _opts("trt", inputs, tolerance=_tight()), tmp_path / "out")
     assert r.verdict == "fixed" and set(r.fp32_nodes) == {"conv", "bias", "relu"}
     assert r.extra["fp32_layers"] == ["conv + bias + relu"]
@@ -100,19 +92,19 @@ def _tight():
 
 
 def test_renderings_carry_the_judges_tf32_assumption(tmp_path):
-    model, inputs = _save(PLANTED["tf32_offset"], tmp_path)
+    model, inputs = save_zoo_model(PLANTED["tf32_offset"], tmp_path)
     off = run(model, _opts("trt", inputs), tmp_path / "off").renderings()
     assert "--noTF32" in off["trtexec_trt10"] and "--noTF32" in off["trtexec_trt11"]
     assert "--tf32" not in off["polygraphy"]  # Polygraphy leaves TF32 off unless --tf32
     p = PLANTED["batchnorm_variance"]
-    model, inputs = _save(p, tmp_path / "bn")
+    model, inputs = save_zoo_model(p, tmp_path / "bn")
     on = run(model, _opts("trt+tf32", inputs), tmp_path / "on").renderings()
     assert "--noTF32" not in on["trtexec_trt10"] and "--tf32" in on["polygraphy"]
 
 
 def test_check_judges_the_file_under_the_chosen_semantics(tmp_path):
     p = PLANTED["conv_bias_relu"]
-    model, inputs = _save(p, tmp_path)
+    model, inputs = save_zoo_model(p, tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
     mixed = Path(r.files["mixed_model"])
     assert check_mixed(mixed, model, _opts("trt", inputs)).passed
