@@ -20,6 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .graph import FLOAT, SMALL_BYTES, Graph, _mark_stored, structure, with_node_names
+from .plan import atomic_write
 from .spill import release_pages, spill
 from .semantics import round_weight
 
@@ -52,7 +53,7 @@ class Written:
         """Atomically: a temporary file renamed into place. Returns the files written."""
         path = Path(path)
         if self.weight_bytes() <= EMBED_LIMIT:
-            _atomic(path, lambda tmp: onnx.save(self.materialize(), tmp))
+            atomic_write(path, lambda tmp: onnx.save(self.materialize(), tmp))
             return [path]
         data = path.with_name(path.name + ".data")
         proto = onnx.ModelProto()
@@ -69,7 +70,7 @@ class Written:
                         offsets[t.name] = (fh.tell(), arr.nbytes)
                         fh.write(memoryview(arr.reshape(-1).view(np.uint8)))
                         release_pages([self.arrays[t.name]])
-        _atomic(data, write_data)
+        atomic_write(data, write_data)
         for t in proto.graph.initializer:
             if t.name in offsets:
                 del t.external_data[:]
@@ -77,13 +78,8 @@ class Written:
                 off, length = offsets[t.name]
                 for k, v in (("location", data.name), ("offset", str(off)), ("length", str(length))):
                     t.external_data.add(key=k, value=v)
-        _atomic(path, lambda tmp: onnx.save(proto, tmp))
+        atomic_write(path, lambda tmp: onnx.save(proto, tmp))
         return [path, data]
-
-
-def _atomic(path: Path, write) -> None:
-    from .plan import atomic_write
-    atomic_write(path, write)
 
 
 def graph_model(graph: Graph, proto: onnx.ModelProto | None = None) -> Written:

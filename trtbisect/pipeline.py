@@ -27,7 +27,7 @@ from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectErro
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
 from .journal import Journal, plan_key
-from .plan import PrecisionPlan, atomic_write, atomic_write_json, atomic_write_text
+from .plan import atomic_write, atomic_write_json, atomic_write_text
 from .render import RenderContext
 from .mixed import Written, graph_model, mixed_model
 from .modules import module_label
@@ -393,12 +393,6 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return VERDICT_EXIT[self.verdict]
-
-    @property
-    def plan(self) -> PrecisionPlan:
-        record = self.extra.get("semantics")
-        return PrecisionPlan(tuple(self.fp32_nodes),
-                             tf32=bool(record.get("tf32")) if isinstance(record, dict) else False)
 
     def to_json(self) -> dict:
         return {

@@ -1,7 +1,6 @@
-"""The precision plan (which nodes stay FP32) and the atomic writes of its files.
-
-Every rendering of the plan (trtexec for TensorRT 10 and 11, Polygraphy, ModelOpt AutoCast,
-a TensorRT Python snippet) lives in render.py; the strongly typed mixed ONNX in mixed.py.
+"""The plan's files are written atomically: a temporary file in the same folder, renamed into
+place, with the user's umask. (The plan itself is `RunResult.fp32_nodes`; its renderings live
+in render.py, the strongly typed mixed ONNX in mixed.py.)
 """
 
 from __future__ import annotations
@@ -9,26 +8,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import onnx
 
-from .mixed import write_mixed_onnx
-from .render import Rendering, RenderContext, render_all
-
-__all__ = ["PrecisionPlan", "write_mixed_onnx", "atomic_write",
-           "atomic_write_text", "save_model"]
-
-
-@dataclass(frozen=True)
-class PrecisionPlan:
-    fp32_nodes: tuple[str, ...]
-
-    def renderings(self, ctx: RenderContext | None = None) -> dict[str, Rendering]:
-        """Every tool's rendering of this plan (render.py), keyed by tool."""
-        return render_all(self.fp32_nodes, ctx or RenderContext())
+__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text", "save_model"]
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:

@@ -3,7 +3,7 @@
 TensorRT 10 (weak typing): one network per plan, built with BuilderFlag.FP16 and
 OBEY_PRECISION_CONSTRAINTS; every network layer the ONNX parser made for a plan node gets
 `layer.precision = float32` and FP32 outputs. TensorRT 11 removed weak typing: each plan is
-rendered by `trtbisect.plan.write_mixed_onnx` and built strongly typed. The version is read at
+rendered by `trtbisect.mixed.write_mixed_onnx` and built strongly typed. The version is read at
 run time. Engines are cached on disk under a key of model bytes, FP32 nodes and TensorRT version;
 a shared timing cache makes rebuilds cheap. Device memory goes through cuda-python
 (`cuda.bindings.runtime`). Importing this module needs none of TensorRT, CUDA or a GPU; what
@@ -445,7 +445,7 @@ class TrtBackend:
     def _plan_model(self, fp32: frozenset[str], reference: bool = False) -> onnx.ModelProto:
         if not self.strong or reference:
             return self.model
-        from trtbisect.plan import write_mixed_onnx
+        from trtbisect.mixed import write_mixed_onnx
         return write_mixed_onnx(self.model, set(fp32))
 
     def _engine(self, spec: _Spec, feeds: Feeds | None) -> _Engine:
