@@ -103,6 +103,26 @@ def attach(result, g: Graph, constants: Mapping[str, ConstantStats]) -> list[Cul
     return groups
 
 
+RANGE_WORDS = ("65504", "non-finite", "flush")
+
+
+def note_fused(result, units: Mapping[str, Sequence[str]], unit_of: Mapping[str, str]) -> None:
+    """A node kept in FP32 only because TensorRT fuses it with a culprit into one layer says
+    so, instead of its own (small) FP16 error."""
+    by_node = {c.node: c for c in result.culprits}
+
+    def ranged(why: str) -> bool:
+        return any(w in why for w in RANGE_WORDS)
+
+    for c in result.culprits:
+        unit = units.get(unit_of.get(c.node, ""), ())
+        lead = next((n for n in unit if n in by_node and n != c.node
+                     and ranged(by_node[n].why)), None)
+        if len(unit) > 1 and lead is not None and not ranged(c.why):
+            c.why = (f"fused with {lead} into one TensorRT layer, so it runs in that layer's "
+                     "precision")
+
+
 def note_semantics(result, notes: Mapping[str, str], new_group: bool) -> None:
     """Say where the two emulation semantics disagree (docs/semantics.md): each noted node's
     group summary and `why` get the note; `new_group`: the nodes (culprits only per node, not

@@ -22,7 +22,8 @@ from . import __version__, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
-from .diagnose import annotate, attach as attach_diagnosis, group_culprits, note_semantics
+from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
+                       note_semantics)
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
@@ -527,7 +528,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
                               semantics.fused_layer_names(ctx.prepared))
     attach_diagnosis(result, g, constants)
-    _fused_whys(result, units, unit_of)
+    note_fused(result, units, unit_of)
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
     if opts.semantics == "trt" and (result.fp32_nodes or opts.report or _absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
@@ -754,27 +755,6 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
     return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
                              ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1)
-
-
-RANGE_WORDS = ("65504", "non-finite", "flush")
-
-
-def _fused_whys(result: RunResult, units: Mapping[str, Sequence[str]],
-                unit_of: Mapping[str, str]) -> None:
-    """A node kept in FP32 only because TensorRT fuses it with a culprit into one layer says
-    so, instead of its own (small) FP16 error."""
-    by_node = {c.node: c for c in result.culprits}
-
-    def ranged(why: str) -> bool:
-        return any(w in why for w in RANGE_WORDS)
-
-    for c in result.culprits:
-        unit = units.get(unit_of.get(c.node, ""), ())
-        lead = next((n for n in unit if n in by_node and n != c.node
-                     and ranged(by_node[n].why)), None)
-        if len(unit) > 1 and lead is not None and not ranged(c.why):
-            c.why = (f"fused with {lead} into one TensorRT layer, so it runs in that layer's "
-                     "precision")
 
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
