@@ -106,6 +106,54 @@ def test_switched_and_static_graphs_agree_bit_for_bit(zoo):
             np.testing.assert_array_equal(a[k], b[k])
 
 
+def _static(g, plan, feeds):
+    return Emulator(g, active=plan).run(plan, feeds)  # the plan's nodes fixed in their If
+
+
+def test_grouped_switches_agree_with_static_graphs_bit_for_bit(zoo):
+    """Groups (the search's units) switch as one If each: every plan made of whole groups
+    runs on one session and gives the bits of a graph built for that plan alone."""
+    z = zoo["layernorm_overflow"]
+    g = Graph(z.model)
+    cands = g.candidates()
+    groups = [cands[k:k + 3] for k in range(0, len(cands), 3)]
+    emu = Emulator(g, active=cands, groups=groups)
+    assert emu.rebuilds == 1 and len(emu.feeds_for(frozenset())) == len(groups)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        plan = frozenset(n for grp in groups if rng.random() < 0.5 for n in grp)
+        got, want = emu.run(plan, z.inputs), _static(g, plan, z.inputs)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    assert emu.rebuilds == 1
+
+
+def test_a_plan_that_splits_a_group_splits_it_and_stays_exact(zoo):
+    z = zoo["layernorm_overflow"]
+    g = Graph(z.model)
+    cands = g.candidates()
+    emu = Emulator(g, active=cands[:4], groups=[cands[:4]])
+    assert len(emu.feeds_for(frozenset(cands[:4]))) == 1
+    plan = frozenset(cands[:2])
+    got = emu.run(plan, z.inputs)
+    assert emu.rebuilds == 2 and len(emu.feeds_for(plan)) == 2
+    for k, v in _static(g, plan, z.inputs).items():
+        np.testing.assert_array_equal(got[k], v)
+
+
+def test_a_group_a_path_leaves_and_reenters_switches_node_by_node():
+    """n0 and n2 grouped around n1: one If for both would be a cycle."""
+    m = chain(("Mul", None), ("Sqrt", []), ("Mul", None))
+    g = Graph(m)
+    emu = Emulator(g, active=["n0", "n2"], groups=[["n0", "n2"]])
+    x = {"x": np.array([300, 1, 2, 255.9], np.float32)}
+    for plan in (frozenset(), frozenset({"n0", "n2"})):
+        got = emu.run(plan, x)
+        np.testing.assert_array_equal(got["y"], _static(g, plan, x)["y"])
+    assert np.isinf(emu.run(frozenset(), x)["y"][0])
+    assert len(emu.feeds_for(frozenset())) == 2  # two switches, one per node
+
+
 def test_backend_contract():
     emu = Emulator(Graph(chain(("Mul", None))))
     assert isinstance(emu, Backend)

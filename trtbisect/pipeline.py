@@ -290,7 +290,10 @@ class Evaluator:
         self.ctx, self.opts, self.journal = ctx, opts, journal
         watch = [t for t in ctx.judged.stored_tensors()
                  if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
-        self.emulator = Emulator(ctx.judged, opts.threads, watch=watch, rules=ctx.rules)
+        units = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
+                 if ctx.prepared is not None else ())  # what the search switches together
+        self.emulator = Emulator(ctx.judged, opts.threads, watch=watch, rules=ctx.rules,
+                                 groups=units)
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None

@@ -16,14 +16,19 @@ node runs the same kernel on the same values in every graph, and the numbers the
 for a plan are, bit for bit, those `check` measures on the file written for it.
 
 Speed: a plan is evaluated on a static graph (Cast pairs only where the plan rounds, weights
-pre-rounded) in which only an *active set* of nodes is switchable: a boolean input per active
-node selects, with `Where`, whether its reads are rounded. Plans inside the active set cost one
-inference; a plan outside it rebuilds the session around a larger set.
+pre-rounded) in which only an *active set* of nodes is switchable: each group of active nodes
+(a search unit: a predicted TensorRT layer, or one node) is one `If` on a boolean input, whose
+branches hold the group in FP16 and in FP32. Only the chosen branch runs, so a switched group
+costs one dispatch more than a fixed one, where an element-wise `Where` per value costs a full
+pass over it (on PP-OCRv4 det, 422 of them took 44% of an evaluation). Plans inside the active
+set cost one inference; a plan outside it rebuilds the session around a larger set.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
+from collections import ChainMap, defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -178,30 +183,44 @@ HALF, FULL, ACTIVE = "half", "full", "active"
 class _Builder:
     """Writes the emulation graph of one static assignment: every node HALF, FULL or ACTIVE.
 
+    ACTIVE nodes come in groups (`groups`: node -> group key; default, a group each), each group
+    one `If` on its boolean input whose branches hold the group's nodes in FP16 and in FP32.
+    Only the chosen branch runs, and a value leaves a group as its branch stored it, so a
+    reader rounds it exactly when a HALF node would (rounding an FP16-exact value changes no
+    bit). Nothing is selected element by element: an active group costs one dispatch.
+
     Names it adds all contain `sep`, a string no name of the model contains, so they never
     collide with the model's own.
     """
 
     def __init__(self, graph: Graph, state: Mapping[str, str], rounded: Rounded,
-                 round_outputs: bool = True, rules: Rules = STRICT) -> None:
-        self.g, self.state, self.rounded_store = graph, state, rounded
+                 round_outputs: bool = True, rules: Rules = STRICT,
+                 groups: Mapping[str, str] | None = None) -> None:
+        self.g, self.state, self.rounded_store = graph, dict(state), rounded
         self.rules = rules
         self.internal = rules.internal
-        self._tf32: dict[str, str] = {}  # value name -> its TF32-rounded copy
+        self.group_of = dict(groups or {})
         self.sep = _separator(graph)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.switch_of: dict[str, str] = {}  # active node -> its bool input ("runs in FP16")
         self.cands = frozenset(graph.candidates())
-        # a tensor's own name always holds the value its producer stored; these hold the others
-        self.raw: dict[str, str] = {}  # tensor -> name of its unrounded value
-        self.rounded: dict[str, str] = {}  # tensor -> name of its FP16-rounded value
-        self.producer_state: dict[str, str] = {}
+        self._weights: dict[str, str] = {}  # initializer -> its FP16-rounded constant
+        self._weights_tf32: dict[str, str] = {}  # initializer -> its TF32-rounded constant
+        # Scoped by branch (a value made inside a branch exists only there): a tensor's own name
+        # holds the value its producer stored; these hold the others.
+        self.raw: ChainMap[str, str] = ChainMap()  # tensor -> its unrounded value
+        self.rounded: ChainMap[str, str] = ChainMap()  # tensor -> its FP16-rounded value
+        self.producer_state: ChainMap[str, str] = ChainMap()
+        self._tf32: ChainMap[str, str] = ChainMap()  # tensor -> its TF32-rounded copy
+        self._slices: ChainMap[tuple[str, int, int, int], str] = ChainMap()  # --fp16-accumulate
         self.round_outputs = round_outputs
-        self._or: dict[tuple[str, str], str] = {}
-        self._slices: dict[tuple[str, int, int, int], str] = {}  # --fp16-accumulate blocks
         self._k = 0
+        self._needed: set[str] = set()  # read outside any group: graph outputs, exposed, watched
+        self._readers: dict[str, set[int]] = {}
+
+    _SCOPED = ("raw", "rounded", "producer_state", "_tf32", "_slices")
 
     def fresh(self, tag: str) -> str:
         self._k += 1
@@ -209,7 +228,7 @@ class _Builder:
 
     def switch(self, node: str) -> str:
         if node not in self.switch_of:
-            self.switch_of[node] = f"{self.sep}fp16:{node}"
+            self.switch_of[node] = f"{self.sep}fp16:{self.group_of.get(node, node)}"
         return self.switch_of[node]
 
     # -- values
@@ -218,18 +237,23 @@ class _Builder:
         self.nodes.append(helper.make_node("Cast", [src], [half], to=to))
         self.nodes.append(helper.make_node("Cast", [half], [dst], to=FLOAT))
 
+    def _weight(self, t: str) -> bool:
+        return t in self.g.initializers and t not in self.g.producer
+
     def rounded_of(self, t: str) -> str:
         """The FP16-rounded value of tensor t (made on first use); a fused layer's internal
         tensor is never rounded."""
         if t in self.internal:
             return t
+        if self._weight(t):
+            if t not in self._weights:
+                self._weights[t] = self.fresh("w")
+                self._constant(self._weights[t], self.rounded_store.array(t),
+                               self.g.initializers[t])
+            return self._weights[t]
         if t not in self.rounded:
-            if t in self.g.initializers and t not in self.g.producer:
-                name = self.fresh("w")
-                self._constant(name, self.rounded_store.array(t), self.g.initializers[t])
-            else:
-                name = self.fresh("r")
-                self.round_pair(self.raw.get(t, t), name)
+            name = self.fresh("r")
+            self.round_pair(self.raw.get(t, t), name)
             self.rounded[t] = name
         return self.rounded[t]
 
@@ -245,51 +269,37 @@ class _Builder:
 
     def tf32_of(self, v: str) -> str:
         """Value `v` rounded to TF32 (what an FP32 inner product reads under --tf32)."""
+        if self._weight(v):
+            if v not in self._weights_tf32:
+                self._weights_tf32[v] = self.fresh("tf32")
+                self._constant(self._weights_tf32[v], self.rounded_store.tf32(v),
+                               self.g.initializers[v])
+            return self._weights_tf32[v]
         if v not in self._tf32:
             name = self.fresh("tf32")
-            if v in self.g.initializers and v not in self.g.producer:
-                self._constant(name, self.rounded_store.tf32(v), self.g.initializers[v])
-            else:
-                self.nodes.extend(tf32_round_nodes(v, name, self.fresh("t") + "_"))
+            self.nodes.extend(tf32_round_nodes(v, name, self.fresh("t") + "_"))
             self._tf32[v] = name
         return self._tf32[v]
 
     def read(self, t: str, reader: str, tf32: bool = False) -> str:
         """What `reader` (a candidate, FP16 data input t) sees of t under the assignment;
         `tf32`: an inner-product operand, TF32-rounded when the reader runs in FP32."""
-        mode = self.state[reader]
-        pstate = self.producer_state.get(t, FULL)
         if t in self.internal:
             return t
-        if mode == FULL:
+        if self.state[reader] == FULL:
             return self.tf32_of(t) if tf32 else t
-        if mode == HALF or pstate == HALF:
-            return self.rounded_of(t)
-        # reader ACTIVE: rounded when it runs in FP16 or the producer did
-        cond, unrounded = self.switch(reader), t
-        if pstate == ACTIVE:
-            unrounded = self.raw[t]
-            p = self.g.names[self.g.producer[t]]
-            key = (reader, p)
-            if key not in self._or:
-                self._or[key] = self.fresh("or")
-                self.nodes.append(helper.make_node("Or", [cond, self.switch(p)], [self._or[key]]))
-            cond = self._or[key]
-        if tf32:
-            unrounded = self.tf32_of(unrounded)
-        out = self.fresh("sel")
-        self.nodes.append(helper.make_node("Where", [cond, self.rounded_of(t), unrounded], [out]))
-        return out
+        return self.rounded_of(t)
 
     # -- nodes
     def add(self, i: int, node: onnx.NodeProto) -> None:
+        """Node i, HALF or FULL (an ACTIVE node is added by `_add_group`, once per branch)."""
         name = self.g.names[i]
         mode = self.state.get(name, FULL)
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.name = name
         tf32 = self.rules.tf32_inputs(node.op_type) if name in self.cands else ()
-        if mode != FULL:
+        if mode == HALF:
             halves = set(self.g.fp16_inputs(name))
             for k, t in enumerate(new.input):
                 if t in halves:
@@ -303,47 +313,72 @@ class _Builder:
             if not self.g.is_float(t):
                 continue
             self.producer_state[t] = mode
-            if t in self.internal and mode != FULL:
+            if t in self.internal and mode == HALF:
                 continue  # stays inside the fused kernel: read raw, never rounded
             if mode == HALF and self._exact(node, name):
                 self.rounded[t] = t
-            elif mode in (HALF, ACTIVE):
+            elif mode == HALF:
                 new.output[k] = self.raw[t] = self.fresh("raw")
             elif t in self.g.half_typed and self.round_outputs and name not in self.cands:
                 new.output[k] = self.raw[t] = self.fresh("raw")
                 forced.append(t)
         self._emit(node, new, name, mode)
-        for t in self.g.float_outputs(name) if mode != FULL else []:
+        for t in self.g.float_outputs(name) if mode == HALF else []:
             if t in self.rounded or t in self.internal:
                 continue
-            if mode == HALF:
-                self.round_pair(self.raw[t], t)
-                self.rounded[t] = t
-            else:
-                r = self.rounded_of(t)
-                self.nodes.append(helper.make_node("Where", [self.switch(name), r, self.raw[t]], [t]))
+            self.round_pair(self.raw[t], t)
+            self.rounded[t] = t
         for t in forced:  # a half-typed value the model itself rounds (a Cast to float16, ...)
             self.round_pair(self.raw[t], t, self.g.half_typed[t])
             if self.g.half_typed[t] == TensorProto.FLOAT16:
                 self.rounded[t] = t
 
+    def _add_group(self, members: list[int]) -> None:
+        """One `If` on the group's switch: the members in FP16 (then) or in FP32 (else)."""
+        nodes = self.g.model.graph.node
+        names = [self.g.names[i] for i in members]
+        inside = set(members)
+        exits = [t for i in members for t in nodes[i].output if t and (
+            t in self._needed or any(r not in inside for r in self._readers.get(t, ())))]
+        branches = []
+        for mode in (HALF, FULL):
+            outer, self.nodes = self.nodes, []
+            for a in self._SCOPED:
+                setattr(self, a, getattr(self, a).new_child())
+            for i, n in zip(members, names):
+                self.state[n] = mode
+                self.add(i, nodes[i])
+            body, self.nodes = self.nodes, outer
+            for a in self._SCOPED:
+                setattr(self, a, getattr(self, a).parents)
+            branches.append(self._branch(body, exits, mode))
+        for n in names:
+            self.state[n] = ACTIVE
+        self.nodes.append(helper.make_node("If", [self.switch(names[0])], exits,
+                                           then_branch=branches[0], else_branch=branches[1]))
+        for n in names[1:]:
+            self.switch_of[n] = self.switch_of[names[0]]
+        for t in exits:
+            if self.g.is_float(t):
+                self.producer_state[t] = ACTIVE  # rounded or not: a HALF reader rounds it
+
+    def _branch(self, body: list[onnx.NodeProto], exits: list[str], tag: str) -> onnx.GraphProto:
+        """A branch graph: every name it defines made its own (no shadowing of outer names)."""
+        own = {o: self.fresh(tag) for n in body for o in n.output if o}
+        for n in body:
+            n.input[:] = [own.get(t, t) for t in n.input]
+            n.output[:] = [own.get(t, t) for t in n.output]
+        return helper.make_graph(body, self.fresh(tag), [],
+                                 [onnx.ValueInfoProto(name=own[t]) for t in exits])
+
     def _emit(self, node: onnx.NodeProto, new: onnx.NodeProto, name: str, mode: str) -> None:
         """Append `new` (node as rewired); under --fp16-accumulate a MatMul/Gemm/Conv that runs
-        in FP16 computes its output in the blocked FP16-accumulating form instead (HALF), or
-        selects between the two forms on its switch (ACTIVE)."""
-        spec = _blocking(self.g, node, name, self.rules.accumulate) if mode != FULL else None
+        in FP16 computes its output in the blocked FP16-accumulating form instead."""
+        spec = _blocking(self.g, node, name, self.rules.accumulate) if mode == HALF else None
         if spec is None:
             self.nodes.append(new)
-            return
-        out = new.output[0]
-        if mode == HALF:
-            self._blocked(new, spec, out)
-            return
-        normal, blocked = self.fresh("fp32acc"), self.fresh("fp16acc")
-        new.output[0] = normal
-        self.nodes.append(new)
-        self._blocked(new, spec, blocked)
-        self.nodes.append(helper.make_node("Where", [self.switch(name), blocked, normal], [out]))
+        else:
+            self._blocked(new, spec, new.output[0])
 
     def _blocked(self, new: onnx.NodeProto, spec: "_Blocking", out: str) -> None:
         """The node's output accumulated in FP16: partial products over blocks of the inner
@@ -402,8 +437,18 @@ class _Builder:
         """The emulation model. `half_outputs`: graph outputs the model declares float16 are
         rounded (what a written mixed model stores there)."""
         base = structure(self.g.model)
-        for i, node in enumerate(self.g.model.graph.node):
-            self.add(i, node)
+        nodes = self.g.model.graph.node
+        self._needed = {*self.g.output_names(), *expose, *watch}
+        reads = [_reads(n) for n in nodes]
+        self._readers = defaultdict(set)
+        for i, ts in enumerate(reads):
+            for t in ts:
+                self._readers[t].add(i)
+        for item in self._order(reads):
+            if self.state.get(self.g.names[item[0]]) == ACTIVE:
+                self._add_group(item)
+            else:
+                self.add(item[0], nodes[item[0]])
         gr = base.graph
         for v in list(gr.output):
             if (half_outputs and self.g.declared.get(v.name) in HALF_TYPES
@@ -416,12 +461,12 @@ class _Builder:
         del gr.node[:]
         gr.node.extend(self.nodes)
         gr.initializer.extend(self.inits)
-        used = {t for n in self.nodes for t in n.input}
+        used = {t for n in _walk(self.nodes) for t in n.input}
         unused = [t for t in gr.initializer if t.name not in used]
         for t in unused:  # ORT drops unused initializers before it takes ours by reference
             gr.initializer.remove(t)
         gr.input.extend(helper.make_tensor_value_info(s, TensorProto.BOOL, [])
-                        for s in self.switch_of.values())
+                        for s in dict.fromkeys(self.switch_of.values()))
         known = {v.name for v in gr.output}
         gr.output.extend(helper.make_tensor_value_info(t, FLOAT, None)
                          for t in expose if t not in known)
@@ -431,15 +476,90 @@ class _Builder:
         del gr.value_info[:]
         return base
 
+    def _order(self, reads: list[list[str]]) -> list[list[int]]:
+        """Node indices in a topological order where each active group is one item (graph
+        order otherwise). A group that some path leaves and re-enters cannot be one node: its
+        members become groups of their own."""
+        groups: dict[str, list[int]] = {}
+        for i, n in enumerate(self.g.names):
+            if self.state.get(n) == ACTIVE:
+                groups.setdefault(self.group_of.get(n, n), []).append(i)
+        while True:
+            head = list(range(len(reads)))  # node -> the first index of its item
+            for members in groups.values():
+                for i in members:
+                    head[i] = members[0]
+            succ: dict[int, set[int]] = defaultdict(set)
+            indegree = dict.fromkeys(set(head), 0)
+            for i, ts in enumerate(reads):
+                for t in ts:
+                    p = self.g.producer.get(t)
+                    if p is not None and head[p] != head[i] and head[i] not in succ[head[p]]:
+                        succ[head[p]].add(head[i])
+                        indegree[head[i]] += 1
+            ready = [h for h, d in indegree.items() if d == 0]
+            heapq.heapify(ready)
+            order: list[int] = []
+            while ready:
+                h = heapq.heappop(ready)
+                order.append(h)
+                for s in succ[h]:
+                    indegree[s] -= 1
+                    if indegree[s] == 0:
+                        heapq.heappush(ready, s)
+            if len(order) == len(indegree):
+                items = {members[0]: members for members in groups.values()}
+                return [items.get(h, [h]) for h in order]
+            stuck = set(indegree) - set(order)
+            split = [k for k, m in groups.items() if m[0] in stuck and len(m) > 1]
+            if not split:
+                raise TrtBisectError("the model's graph has a cycle")
+            for key in split:
+                log.debug("active group %s is not convex: its nodes switch alone", key)
+                for i in groups.pop(key):
+                    groups[self.g.names[i]] = [i]
+                    self.group_of[self.g.names[i]] = self.g.names[i]
+
     def _rename_value(self, old: str, new: str) -> None:
         """Make `new` the name of the value the graph computes as `old` (for a final rounding)."""
-        for n in self.nodes:
+        for n in _walk(self.nodes):
             for k, t in enumerate(n.output):
                 if t == old:
                     n.output[k] = new
             for k, t in enumerate(n.input):
                 if t == old:
                     n.input[k] = new
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))]
+
+
+def _walk(nodes: Iterable[onnx.NodeProto]) -> Iterable[onnx.NodeProto]:
+    """Every node, and every node of their subgraphs."""
+    for n in nodes:
+        yield n
+        for g in _subgraphs(n):
+            yield from _walk(g.node)
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads: its inputs and what its subgraphs take from outer scopes."""
+    subs = _subgraphs(node)
+    if not subs:
+        return [t for t in node.input if t]
+    inner = list(_walk(n for g in subs for n in g.node))
+    own = {o for n in inner for o in n.output} | {
+        v.name for g in _walk_graphs(subs) for v in [*g.input, *g.initializer]}
+    return list(dict.fromkeys([*(t for t in node.input if t),
+                               *(t for n in inner for t in n.input if t and t not in own)]))
+
+
+def _walk_graphs(graphs: Iterable[onnx.GraphProto]) -> Iterable[onnx.GraphProto]:
+    for g in graphs:
+        yield g
+        yield from _walk_graphs(s for n in g.node for s in _subgraphs(n))
 
 
 @dataclass(frozen=True)
@@ -566,8 +686,9 @@ def _nonfinite_flags(watch: Sequence[str], sep: str) -> list[onnx.NodeProto]:
 
 def _session(graph: Graph, state: Mapping[str, str], rounded: Rounded, threads: int | None,
              expose: Sequence[str] = (), watch: Sequence[str] = (),
-             half_outputs: bool = False, rules: Rules = STRICT) -> tuple[Session, _Builder]:
-    b = _Builder(graph, state, rounded, rules=rules)
+             half_outputs: bool = False, rules: Rules = STRICT,
+             groups: Mapping[str, str] | None = None) -> tuple[Session, _Builder]:
+    b = _Builder(graph, state, rounded, rules=rules, groups=groups)
     proto = b.build(expose, watch, half_outputs)
     arrays = dict(b.arrays)
     for t in proto.graph.initializer:
@@ -617,53 +738,81 @@ class Emulator:
     """Backend: the FP16 emulator. See the module docstring for the exact semantics.
 
     `active`: the nodes switchable without a rebuild (default: none; the first plan that needs
-    more rebuilds around it). `rebuilds` counts sessions built, for cost accounting.
+    more rebuilds around it). `groups`: nodes that plans keep together (the search's units);
+    each switches as one `If`, and a plan that splits one splits it for good (a rebuild).
+    `rebuilds` counts sessions built, for cost accounting.
     """
 
     name = "ort-emulator"
 
     def __init__(self, graph: Graph, threads: int | None = None,
                  expose: Sequence[str] = (), watch: Sequence[str] = (),
-                 active: Iterable[str] = (), rules: Rules = STRICT) -> None:
+                 active: Iterable[str] = (), rules: Rules = STRICT,
+                 groups: Iterable[Iterable[str]] = ()) -> None:
         self.graph, self.threads, self.rules = graph, threads, rules
         self._candidates = graph.candidates()
         self._cand_set = frozenset(self._candidates)
+        self._position = {n: k for k, n in enumerate(self._candidates)}
+        self._part = {n: frozenset((n,)) for n in self._candidates}  # node -> its group
+        for group in groups:
+            members = frozenset(group) & self._cand_set
+            for n in members:
+                self._part[n] = members
         self.expose, self.watch = list(expose), list(watch)
         self.outputs = graph.output_names()
         self._rounded = Rounded.of(graph, rules.weight_rule)
         self.rebuilds = 0
         self.active: frozenset[str] = frozenset()
         self.session: Session | None = None
+        self._switches: dict[str, frozenset[str]] = {}  # bool input -> the nodes it switches
         self._on, self._off = np.array(True), np.array(False)
         self._reference: Reference | None = None
-        self._build(frozenset(active) & self._cand_set)
+        self._build(self._whole(frozenset(active) & self._cand_set))
 
     def candidates(self) -> list[str]:
         return list(self._candidates)
 
+    def _whole(self, nodes: frozenset[str]) -> frozenset[str]:
+        return frozenset(m for n in nodes for m in self._part[n])
+
     def _build(self, active: frozenset[str]) -> None:
         state = {n: (ACTIVE if n in active else HALF) for n in self._candidates}
+        key = {n: min(self._part[n], key=self._position.__getitem__) for n in active}
         self.session = None  # the old session's weights go before the new one's come
         self.session, b = _session(self.graph, state, self._rounded, self.threads, self.expose,
-                                   self.watch, half_outputs=True, rules=self.rules)
+                                   self.watch, half_outputs=True, rules=self.rules, groups=key)
         self.active = active
-        self._switches = dict(b.switch_of)
+        switches: dict[str, set[str]] = defaultdict(set)
+        for n, s in b.switch_of.items():
+            switches[s].add(n)
+        self._switches = {s: frozenset(ns) for s, ns in switches.items()}
         self._nonfinite = f"{b.sep}nonfinite"
         self.rebuilds += 1
-        log.debug("emulator session %d: %d switchable nodes", self.rebuilds, len(active))
+        log.debug("emulator session %d: %d switchable nodes in %d groups", self.rebuilds,
+                  len(active), len(self._switches))
 
     def ensure(self, fp32_nodes: Iterable[str]) -> None:
-        """Make every plan inside `fp32_nodes` runnable without a rebuild."""
+        """Make every plan inside `fp32_nodes` (whole groups) runnable without a rebuild."""
         need = frozenset(fp32_nodes)
         unknown = need - self._cand_set
         if unknown:
             raise TrtBisectError(f"not switchable nodes in plan: {', '.join(sorted(unknown))}")
+        need = self._whole(need)
         if not need <= self.active or self.session is None:  # a closed emulator reopens
             self._build(self.active | need)
 
     def feeds_for(self, fp32_nodes: frozenset[str]) -> dict[str, np.ndarray]:
+        split = [p for p in {self._part[n] for n in fp32_nodes if n in self._part}
+                 if not p <= fp32_nodes]
+        if any(p & self.active for p in split):
+            self.session = None  # its If nodes switch the whole group
+        for part in split:  # the plan splits a group: its two sides switch apart from now on
+            for side in (part & fp32_nodes, part - fp32_nodes):
+                for n in side:
+                    self._part[n] = side
         self.ensure(fp32_nodes)
-        return {s: (self._off if n in fp32_nodes else self._on) for n, s in self._switches.items()}
+        return {s: (self._off if ns <= fp32_nodes else self._on)
+                for s, ns in self._switches.items()}
 
     def _run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
              names: Sequence[str]) -> list[np.ndarray]:
