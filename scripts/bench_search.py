@@ -186,9 +186,11 @@ def _plain_session(path: str, threads: int):
     return onnxruntime.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def _evaluator(ctx: pipeline.Context, opts: pipeline.Options) -> pipeline.Evaluator:
-    """The pipeline's own evaluator (same emulator and criterion as `run`), unjournaled."""
-    return pipeline.Evaluator(ctx, opts, {}, None)
+def _evaluator(ctx: pipeline.Context, opts: pipeline.Options,
+               units: bool = True) -> pipeline.Evaluator:
+    """The pipeline's own evaluator (same emulator and criterion as `run`), unjournaled;
+    `units=False` (ddmin, whose plans are any sets of nodes): every node switches alone."""
+    return pipeline.Evaluator(ctx, opts, {}, None, None if units else ())
 
 
 def emit(row: Row) -> None:
@@ -225,7 +227,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     emit(row)
     t = time.perf_counter()
     ctx = pipeline.prepare(case.path, opts)
-    ev = _evaluator(ctx, opts)
+    ev = _evaluator(ctx, opts, units=False)
     plain = ddmin(ctx.graph.candidates(), ev.check, max_evaluations=ddmin_budget)
     row.ddmin_s = time.perf_counter() - t
     row.ddmin_evals, row.ddmin_set, row.ddmin_stopped = plain.evaluations, len(plain.fp32), \

@@ -40,7 +40,24 @@ def test_incomplete_prior_grows_along_the_ranking():
     ranking = ["n100", "n101", "n102", "n103", "n7", "n400", "n401", *NODES]
     r = find_minimal_fp32(NODES, needs(CULPRITS), seeds=["n100", "n101"], ranking=ranking)
     assert set(r.fp32) == CULPRITS and r.one_minimal
-    assert r.evaluations <= 15
+    assert r.evaluations <= 16  # 15, and one probe of the pinned node alone
+
+
+def test_a_single_culprit_the_prior_missed_is_pinned_by_the_grow_and_tried_alone():
+    """The non-monotone case of PP-OCRv4 rec: the suspects kept in FP32 hurt, and the one node
+    that fixes it alone is the last the grow phase takes."""
+    seeds = ["n1", "n2", "n3", "n4"]
+    ranking = [*seeds, *NODES[10:40], "n300", *NODES]
+
+    def check(fp32):  # n300 fixes it, unless the seeds run in FP32 without 15 more nodes
+        return "n300" in fp32 and (not set(seeds) <= fp32 or len(fp32) >= 20)
+
+    r = find_minimal_fp32(NODES, check, seeds=seeds, ranking=ranking)
+    assert r.fp32 == ["n300"] and r.one_minimal
+    # all-FP16, the seeds, grow 8/16/32/64, bisect 48/40/36/34/35, the pinned node alone
+    assert r.evaluations == 12
+    plain = ddmin(NODES, check)
+    assert r.evaluations < plain.evaluations
 
 
 def test_beats_plain_ddmin_by_3x_with_a_prior():

@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -286,14 +286,16 @@ class Evaluator:
     """Runs a plan on every sample and judges it; journals each judgement."""
 
     def __init__(self, ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
-                 journal: Journal | None) -> None:
+                 journal: Journal | None, groups: Iterable[Iterable[str]] | None = None) -> None:
+        """`groups`: nodes that plans keep together (default: the search's units)."""
         self.ctx, self.opts, self.journal = ctx, opts, journal
         watch = [t for t in ctx.judged.stored_tensors()
                  if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
-        units = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
-                 if ctx.prepared is not None else ())  # what the search switches together
+        if groups is None:
+            groups = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
+                      if ctx.prepared is not None else ())
         self.emulator = Emulator(ctx.judged, opts.threads, watch=watch, rules=ctx.rules,
-                                 groups=units)
+                                 groups=groups)
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None
