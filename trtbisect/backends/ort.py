@@ -30,7 +30,7 @@ import heapq
 import logging
 from collections import ChainMap, defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -246,16 +246,20 @@ class _Builder:
         if t in self.internal:
             return t
         if self._weight(t):
-            if t not in self._weights:
-                self._weights[t] = self.fresh("w")
-                self._constant(self._weights[t], self.rounded_store.array(t),
-                               self.g.initializers[t])
-            return self._weights[t]
+            return self._weight_copy(t, self._weights, "w", self.rounded_store.array)
         if t not in self.rounded:
             name = self.fresh("r")
             self.round_pair(self.raw.get(t, t), name)
             self.rounded[t] = name
         return self.rounded[t]
+
+    def _weight_copy(self, t: str, made: dict[str, str], tag: str,
+                     array: Callable[[str], np.ndarray]) -> str:
+        """Initializer t's rounded copy, a constant of the whole model (made once)."""
+        if t not in made:
+            made[t] = self.fresh(tag)
+            self._constant(made[t], array(t), self.g.initializers[t])
+        return made[t]
 
     def _constant(self, name: str, arr: np.ndarray, like: TensorProto) -> None:
         if arr.nbytes <= SMALL_BYTES:
@@ -270,11 +274,7 @@ class _Builder:
     def tf32_of(self, v: str) -> str:
         """Value `v` rounded to TF32 (what an FP32 inner product reads under --tf32)."""
         if self._weight(v):
-            if v not in self._weights_tf32:
-                self._weights_tf32[v] = self.fresh("tf32")
-                self._constant(self._weights_tf32[v], self.rounded_store.tf32(v),
-                               self.g.initializers[v])
-            return self._weights_tf32[v]
+            return self._weight_copy(v, self._weights_tf32, "tf32", self.rounded_store.tf32)
         if v not in self._tf32:
             name = self.fresh("tf32")
             self.nodes.extend(tf32_round_nodes(v, name, self.fresh("t") + "_"))
