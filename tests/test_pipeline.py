@@ -38,6 +38,31 @@ def test_zoo_verdict_and_exact_minimal_set(zoo, tmp_path, name):
         assert not all(e.passed for e in r.errors_before.values())
 
 
+def test_an_fp16_verdict_is_the_written_files_and_builds_no_emulator(zoo, tmp_path, monkeypatch):
+    """FP16 passes: the all-FP16 file, written and judged, is the answer; no search graph."""
+    from trtbisect import pipeline
+    built = []
+    orig = pipeline.Emulator.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        orig(self, *args, **kwargs)
+    monkeypatch.setattr(pipeline.Emulator, "__init__", counting)
+    z = zoo["healthy"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    assert r.verdict == "fp16_ok" and r.evaluations == 1 and not built
+    assert r.mixed_model_passed and r.errors_after == r.errors_before
+    checked = check_mixed(tmp_path / "out" / "healthy.mixed.onnx", model,
+                          Options(inputs=[str(inputs)]))
+    assert {k: e.max_abs for k, e in checked.errors.items()} == \
+        {k: e.max_abs for k, e in r.errors_before.items()}
+    z = zoo["layernorm_overflow"]  # FP16 fails: the search builds its emulator
+    model, inputs = save_zoo_model(z, tmp_path)
+    assert run(model, Options(inputs=[str(inputs)]), tmp_path / "out2").verdict == "fixed"
+    assert built
+
+
 @pytest.mark.parametrize("name", ["layernorm_overflow", "two_outputs", "constant_out_of_range"])
 def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
     z = zoo[name]
@@ -104,9 +129,10 @@ def test_resume_replays_the_journal(zoo, tmp_path):
     finally:
         pipeline.Evaluator.measure = orig
     assert second.fp32_nodes == first.fp32_nodes or set(second.fp32_nodes) == set(z.expected_fp32)
-    # the all-FP16 measurement and the final check are always run; the search ran everything
-    # except all-FP16 (already measured) and the three replayed plans (the one in flight ran again)
-    assert len(calls) == 2 + (first.search.evaluations - 1) - 3
+    # the final check is always run (all-FP16 is judged on its written file, not measured);
+    # the search ran everything except all-FP16 and the three replayed plans (the one in
+    # flight ran again)
+    assert len(calls) == 1 + (first.search.evaluations - 1) - 3
     assert done[3]["done"] in {json.dumps(sorted(p)) for p in calls}
 
 

@@ -294,12 +294,23 @@ class Evaluator:
         if groups is None:
             groups = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
                       if ctx.prepared is not None else ())
-        self.emulator = Emulator(ctx.judged, opts.threads, watch=watch, rules=ctx.rules,
-                                 groups=groups)
+        self._emulator_args = dict(watch=watch, rules=ctx.rules, groups=list(groups))
+        self._emulator: Emulator | None = None
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None
         self.last_errors: list[dict[str, OutputError]] = []
+
+    @property
+    def emulator(self) -> Emulator:
+        """Built on first use: a verdict the written file decides alone never needs it."""
+        if self._emulator is None:
+            self._emulator = Emulator(self.ctx.judged, self.opts.threads, **self._emulator_args)
+        return self._emulator
+
+    def close(self) -> None:
+        if self._emulator is not None:
+            self._emulator.close()
 
     def measure(self, plan: frozenset[str], stop_early: bool = False
                 ) -> tuple[bool, list[dict[str, OutputError]], list[str]]:
@@ -474,11 +485,19 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         journal = Journal(journal_path, fingerprint)
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
-    all_half, before, _ = ev.measure(frozenset())
+    first: _Judged | None = None
+    if opts.strict:  # the non-finite watch runs on the emulator
+        all_half, before, _ = ev.measure(frozenset())
+    else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
+        first = _write_and_judge(ctx, opts, frozenset(), out_dir)
+        all_half, before = first.checked.passed, [first.checked.errors]
+        ev.runs += len(ctx.samples)
+        if not all_half:
+            first = None  # memory: the search writes and judges its own plan
     ev.known[frozenset()] = all_half
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
-        ev.emulator.close()  # memory: reopened for the search, on the active set
+        ev.close()  # memory: reopened for the search, on the active set
         stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
     outcome = None
     if opts.rewrite and not all_half:
@@ -529,7 +548,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         if rewritten:
             result.rewritten_model = graph_model(ctx.graph)
     if search.found:
-        _judge_written_plan(result, ctx, opts, ev, plan, out_dir)
+        _judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
                               semantics.fused_layer_names(ctx.prepared))
     attach_diagnosis(result, g, constants)
@@ -665,16 +684,19 @@ def semantics_notes(result: RunResult, g: Graph) -> None:
     note_semantics(result, notes, new_group=False)
 
 
-def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
-                        plan: frozenset[str], out_dir: Path | None) -> None:
-    """One judge: write the plan's mixed model, judge the file as `check` does, report that.
+@dataclass
+class _Judged:
+    """A plan's mixed model, written (staged under --out) and judged as `check` judges it."""
 
-    The search's own numbers for the plan must be the file's, bit for bit; a file that fails
-    makes the verdict `no_plan`, never `fixed`.
-    """
-    searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan)[1]
-    ev.emulator.close()  # memory: the judge below holds the file's weights, not the search's
-    Rounded.release(ctx.judged)
+    ctx: Context
+    plan: frozenset[str]
+    checked: "CheckResult"
+    staged: list[str]
+
+
+def _write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
+                     out_dir: Path | None) -> _Judged:
+    Rounded.release(ctx.judged)  # memory: the judge holds the file's weights, not the search's
     written = write_plan(ctx, plan)
     # staged beside --out (same file system): write_outputs moves these very files into place
     staging = out_dir / STAGING if out_dir is not None else None
@@ -684,10 +706,28 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     with tempfile.TemporaryDirectory() as tmp:
         path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
         files = written.save(path)
-        if staging is not None:
-            result.staged = [str(f) for f in files]
         del written  # saved: the file is the model from here on
         checked = judge_mixed(path, ctx, opts)
+    return _Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
+
+
+def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
+                        plan: frozenset[str], out_dir: Path | None,
+                        judged: _Judged | None = None) -> None:
+    """One judge: write the plan's mixed model, judge the file as `check` does, report that.
+
+    The search's own numbers for the plan must be the file's, bit for bit; a file that fails
+    makes the verdict `no_plan`, never `fixed`. `judged`: the file already written and judged
+    for this plan (the all-FP16 verdict is the file's own: no search number to compare).
+    """
+    if judged is not None and judged.plan == plan and judged.ctx is ctx:
+        searched = [judged.checked.errors]
+    else:
+        searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan)[1]
+        ev.close()  # memory: the judge below holds the file's weights, not the search's
+        judged = _write_and_judge(ctx, opts, plan, out_dir)
+    checked = judged.checked
+    result.staged = judged.staged
     searched_worst = worst(searched)
     same = all(_bits(searched_worst[o]) == _bits(e) for o, e in checked.errors.items())
     result.mixed_check = checked.errors
