@@ -441,11 +441,16 @@ def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def fp16_signature(node: onnx.NodeProto, opset: int) -> set[int] | None:
+def fp16_signature(node: onnx.NodeProto, opset: int) -> frozenset[int] | None:
     """Input positions that may hold float16 when the node runs in FP16, or None when a float
     output cannot be float16 (the node cannot run in FP16 at all)."""
+    return _signature(node.op_type, node.domain, opset, len(node.input))
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(op_type: str, domain: str, opset: int, inputs: int) -> frozenset[int] | None:
     try:
-        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+        schema = onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:
         return None
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
@@ -459,11 +464,11 @@ def fp16_signature(node: onnx.NodeProto, opset: int) -> set[int] | None:
             return None
     positions: set[int] = set()
     formal = list(schema.inputs)
-    for k in range(len(node.input)):
+    for k in range(inputs):
         param = formal[min(k, len(formal) - 1)] if formal else None
         if param is not None and takes_half(param.type_str):
             positions.add(k)
-    return positions
+    return frozenset(positions)
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, int]:
