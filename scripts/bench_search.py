@@ -355,7 +355,7 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace,
         "",
         f"Measured by `python scripts/bench_search.py{' --quick' if args.quick else ''}` on "
         f"{datetime.date.today()}: {platform.machine()}, {os.cpu_count()} cores shared with other "
-        f"jobs (timings drift by 10-30% between runs; ratios taken in one process drift less), "
+        f"jobs (its speed drifts by up to 2x between minutes: ratios are taken between alternating blocks of runs), "
         f"Python {platform.python_version()}, onnxruntime {onnxruntime.__version__}, onnx "
         f"{onnx.__version__}, {args.threads} ORT intra-op thread(s) everywhere. Every model runs "
         "in a fresh process, so its peak RSS (`ru_maxrss`, Python and imports included) is its own.",
