@@ -154,6 +154,22 @@ def test_a_group_a_path_leaves_and_reenters_switches_node_by_node():
     assert len(emu.feeds_for(frozenset())) == 2  # two switches, one per node
 
 
+def test_a_switchable_node_nothing_reads_is_harmless():
+    """A dead node in the active set: no If without outputs (ORT refuses those)."""
+    nodes = [h.make_node("Mul", ["x", "x"], ["a"], name="n0"),
+             h.make_node("Add", ["x", "x"], ["unused"], name="dead"),
+             h.make_node("Sqrt", ["a"], ["y"], name="n1")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 10
+    graph = Graph(m)
+    emu = Emulator(graph, active=graph.candidates())
+    x = {"x": np.array([300, 1, 2, 3], np.float32)}
+    assert np.isinf(emu.run(frozenset({"dead"}), x)["y"][0])
+    assert emu.run(frozenset({"dead", "n0", "n1"}), x)["y"][0] == 300
+
+
 def test_backend_contract():
     emu = Emulator(Graph(chain(("Mul", None))))
     assert isinstance(emu, Backend)

@@ -340,6 +340,10 @@ class _Builder:
         inside = set(members)
         exits = [t for i in members for t in nodes[i].output if t and (
             t in self._needed or any(r not in inside for r in self._readers.get(t, ())))]
+        if not exits:  # nothing reads what the group computes: its precision changes nothing
+            for n in names:
+                self.state[n] = ACTIVE
+            return
         branches = []
         for mode in (HALF, FULL):
             outer, self.nodes = self.nodes, []
