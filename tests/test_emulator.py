@@ -83,12 +83,15 @@ def test_plans_inside_the_active_set_share_one_session(zoo):
     g = Graph(z.model)
     cands = g.candidates()
     emu = Emulator(g, active=cands[:3])
+    assert emu.session is None and emu.rebuilds == 0  # built on first use
+    emu.ensure(cands[3:4])  # before the first run: no rebuild, one session around both
+    emu.run(frozenset(), z.inputs)
     session = emu.session
-    for plan in (frozenset(), frozenset(cands[:3]), frozenset(cands[1:3]), frozenset(cands[:1])):
+    for plan in (frozenset(cands[:4]), frozenset(cands[1:3]), frozenset(cands[3:4])):
         emu.run(plan, z.inputs)
     assert emu.session is session and emu.rebuilds == 1
-    emu.run(frozenset(cands[2:5]), z.inputs)  # leaves the set: one rebuild around the union
-    assert emu.rebuilds == 2 and emu.active == frozenset(cands[:5])
+    emu.run(frozenset(cands[2:6]), z.inputs)  # leaves the set: one rebuild around the union
+    assert emu.rebuilds == 2 and emu.active == frozenset(cands[:6])
 
 
 def test_switched_and_static_graphs_agree_bit_for_bit(zoo):
@@ -118,7 +121,7 @@ def test_grouped_switches_agree_with_static_graphs_bit_for_bit(zoo):
     cands = g.candidates()
     groups = [cands[k:k + 3] for k in range(0, len(cands), 3)]
     emu = Emulator(g, active=cands, groups=groups)
-    assert emu.rebuilds == 1 and len(emu.feeds_for(frozenset())) == len(groups)
+    assert len(emu.feeds_for(frozenset())) == len(groups) and emu.rebuilds == 1
     rng = np.random.default_rng(1)
     for _ in range(5):
         plan = frozenset(n for grp in groups if rng.random() < 0.5 for n in grp)

@@ -742,7 +742,8 @@ class Emulator:
     """Backend: the FP16 emulator. See the module docstring for the exact semantics.
 
     `active`: the nodes switchable without a rebuild (default: none; the first plan that needs
-    more rebuilds around it). `groups`: nodes that plans keep together (the search's units);
+    more rebuilds around it). The session is built on first use, around every node `ensure`d
+    by then. `groups`: nodes that plans keep together (the search's units);
     each switches as one `If`, and a plan that splits one splits it for good (a rebuild).
     `rebuilds` counts sessions built, for cost accounting.
     """
@@ -771,7 +772,8 @@ class Emulator:
         self._switches: dict[str, frozenset[str]] = {}  # bool input -> the nodes it switches
         self._on, self._off = np.array(True), np.array(False)
         self._reference: Reference | None = None
-        self._build(self._whole(frozenset(active) & self._cand_set))
+        self.active = self._whole(frozenset(active) & self._cand_set)  # built on first use
+        self._nonfinite = f"{_separator(graph)}nonfinite"  # the watch flags' output
 
     def candidates(self) -> list[str]:
         return list(self._candidates)
@@ -790,7 +792,6 @@ class Emulator:
         for n, s in b.switch_of.items():
             switches[s].add(n)
         self._switches = {s: frozenset(ns) for s, ns in switches.items()}
-        self._nonfinite = f"{b.sep}nonfinite"
         self.rebuilds += 1
         log.debug("emulator session %d: %d switchable nodes in %d groups", self.rebuilds,
                   len(active), len(self._switches))
