@@ -63,6 +63,20 @@ def test_an_fp16_verdict_is_the_written_files_and_builds_no_emulator(zoo, tmp_pa
     assert built
 
 
+def test_big_weights_take_the_emulator_first_and_reach_the_same_verdict(zoo, tmp_path,
+                                                                        monkeypatch):
+    from trtbisect import pipeline
+    z = zoo["healthy"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    small = run(model, Options(inputs=[str(inputs)]), tmp_path / "small")
+    monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", -1)  # every model is "big"
+    big = run(model, Options(inputs=[str(inputs)]), tmp_path / "big")
+    assert big.verdict == small.verdict == "fp16_ok" and big.mixed_model_passed
+    assert big.extra["one_judge"]["search_equals_check"]  # the emulator's numbers, the file's
+    assert {k: e.max_abs for k, e in big.errors_before.items()} == \
+        {k: e.max_abs for k, e in small.errors_before.items()}
+
+
 @pytest.mark.parametrize("name", ["layernorm_overflow", "two_outputs", "constant_out_of_range"])
 def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
     z = zoo[name]
