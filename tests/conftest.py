@@ -41,3 +41,14 @@ def save_zoo_model(z, folder: Path) -> tuple[Path, Path]:
     onnx.save(z.model, model)
     np.savez(inputs, **z.inputs)
     return model, inputs
+
+
+def x_to_y(nodes, size: int = 4, opset: int = 13) -> onnx.ModelProto:
+    """A model of `nodes` from float input x[size] to float output y[size]."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m

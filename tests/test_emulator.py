@@ -6,24 +6,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto as TP, helper as h
 
+from tests.conftest import x_to_y
 from trtbisect.backends.base import Backend
 from trtbisect.backends.ort import Emulator, Reference
 from trtbisect.graph import Graph
 
 
-def chain(*ops, shape=(4,)):
-    """x -> op0 -> t0 -> op1 -> t1 ... ; each op is (op_type, extra_inputs)."""
-    nodes, prev, inits = [], "x", []
+def chain(*ops):
+    """x -> op0 -> t0 -> op1 -> t1 ... -> y, of 4 values; each op is (op_type, extra_inputs)."""
+    nodes, prev = [], "x"
     for k, (op, extra) in enumerate(ops):
         ins = [prev, *extra] if extra is not None else [prev, prev]
         nodes.append(h.make_node(op, ins, [f"t{k}"], name=f"n{k}"))
         prev = f"t{k}"
     nodes[-1].output[0] = "y"
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, list(shape))],
-                     [h.make_tensor_value_info("y", TP.FLOAT, list(shape))], inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
-    m.ir_version = 10
-    return m
+    return x_to_y(nodes)
 
 
 def test_fp16_node_overflows_where_ort_fp16_kernels_would_not():
@@ -162,11 +159,7 @@ def test_a_switchable_node_nothing_reads_is_harmless():
     nodes = [h.make_node("Mul", ["x", "x"], ["a"], name="n0"),
              h.make_node("Add", ["x", "x"], ["unused"], name="dead"),
              h.make_node("Sqrt", ["a"], ["y"], name="n1")]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [4])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [4])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
-    m.ir_version = 10
-    graph = Graph(m)
+    graph = Graph(x_to_y(nodes))
     emu = Emulator(graph, active=graph.candidates())
     x = {"x": np.array([300, 1, 2, 3], np.float32)}
     assert np.isinf(emu.run(frozenset({"dead"}), x)["y"][0])

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto as TP, helper as h, numpy_helper
 
-from tests.conftest import save_zoo_model
+from tests.conftest import save_zoo_model, x_to_y
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
 from trtbisect.compare import Tolerance, compare_outputs
 from trtbisect.graph import Graph
@@ -223,12 +223,8 @@ def test_internal_names_never_collide_with_the_models(tmp_path):
     nodes = [h.make_node("Mul", ["x", "x"], ["~tb:r1"], name="~tb:fp16:sq"),
              h.make_node("Add", ["~tb:r1", "x"], ["trtbisect_fp16_0"], name="add"),
              h.make_node("Identity", ["trtbisect_fp16_0"], ["y"], name="id")]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [3])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [3])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
-    m.ir_version = 10
     x = {"x": np.array([300.0, 2.0, 3.0], np.float32)}
-    graph = Graph(m)
+    graph = Graph(x_to_y(nodes, 3))
     emu = Emulator(graph, active=graph.candidates())
     assert np.isinf(emu.run(frozenset(), x)["y"][0])
     np.testing.assert_array_equal(emu.run(frozenset(graph.candidates()), x)["y"],
