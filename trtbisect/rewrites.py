@@ -125,16 +125,12 @@ def _output_drift(ref: np.ndarray, got: np.ndarray, name: str) -> Drift:
 def tensor_ranges(model: onnx.ModelProto, samples: Sequence[Sample]) -> dict[str, float]:
     """FP32 max|value| of every float tensor over the samples (one run per sample)."""
     graph = Graph(model)
-    names = [t for n in model.graph.node for t in n.output if graph.is_float(t)]
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    known = {v.name for v in probe.graph.output}
-    probe.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
-                              for t in dict.fromkeys(names) if t not in known)
-    ref = Reference(Graph(probe))
+    names = list(dict.fromkeys(t for n in model.graph.node for t in n.output if graph.is_float(t)))
+    ref = Reference(graph)
     out: dict[str, float] = {}
     for sample in samples:
-        values = {**{k: np.asarray(v) for k, v in sample.items()}, **ref.run(sample)}
+        values = {**{k: np.asarray(v) for k, v in sample.items()},
+                  **ref.run_tensors(sample, names)}
         for name, v in values.items():
             if v.dtype.kind == "f" and v.size:
                 finite = np.abs(v[np.isfinite(v)])

@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import TrtBisectError
-from .graph import Graph, node_names, structure, with_node_names
+from .graph import Graph, data_flow, structure, with_node_names
 
 log = logging.getLogger(__name__)
 
@@ -357,10 +357,7 @@ def prepare(model: onnx.ModelProto, semantics: str = "trt", trt_version: int = 1
     rule = weight_rule_for(semantics, trt_version)
     if semantics == "strict":
         return Prepared(model, [], {}, rule, [], semantics, trt_version)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for node, name in zip(out.graph.node, node_names(model)):
-        node.name = name
+    out = with_node_names(model)
     work = _Work(out)
     renamed = work.load_renamed()
     notes: list[str] = []
@@ -750,12 +747,7 @@ class _View:
                     and n.op_type not in NOT_FOLDABLE):
                 self.constants.update(o for o in n.output if o)
         self.outputs = {v.name for v in g.output}
-        self.producer = {o: i for i, n in enumerate(self.nodes) for o in n.output if o}
-        self.consumers: dict[str, list[int]] = defaultdict(list)
-        for i, n in enumerate(self.nodes):
-            for t in dict.fromkeys(n.input):
-                if t:
-                    self.consumers[t].append(i)
+        self.producer, self.consumers = data_flow(self.nodes)
         self.types, self.shapes = _infer(model)
 
     def is_float(self, tensor: str) -> bool:

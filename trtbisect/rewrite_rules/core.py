@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import data_flow, node_names
+from ..graph import data_flow, node_names, structure
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0**-14
@@ -171,8 +171,8 @@ class View:
 
 
 def _infer_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    try:  # on the weight-free structure: never serialize the weights for it
+        inferred = onnx.shape_inference.infer_shapes(structure(model), data_prop=True)
     except Exception:  # best effort: rules that need a shape refuse without one
         inferred = model
     out: dict[str, list[int | None]] = {}
