@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -60,7 +61,7 @@ class Journal:
         self._salted = hashlib.sha256(canonical(fingerprint))  # the checksum's prefix
         self.done: dict[str, dict[str, Any]] = {}
         self.starts: Counter[str] = Counter()
-        self._unsynced, self._synced_at = 0, time.monotonic()
+        self._synced_at = time.monotonic()
         self._load()
         self._fh = open(self.path, "a", encoding="utf-8")
         if self._fh.tell() == 0:
@@ -134,11 +135,9 @@ class Journal:
         aside = self.path.with_name(f"{self.path.stem}.rejected{self.path.suffix}")
         try:
             if aside.is_dir() and not aside.is_symlink():
-                import shutil
                 shutil.rmtree(aside)
             os.replace(self.path, aside)
         except OSError:
-            import shutil
             shutil.rmtree(self.path, ignore_errors=True)
             aside = Path("(removed)")
         log.warning("journal %s is not trusted (%s); set it aside as %s and starting afresh",
@@ -173,14 +172,13 @@ class Journal:
         """Force what was written to stable storage (power-loss safety)."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
-        self._unsynced, self._synced_at = 0, time.monotonic()
+        self._synced_at = time.monotonic()
 
     def _write(self, rec: dict[str, Any]) -> None:
         body = canonical(rec)  # one serialisation: the checksum is spliced in as the last key
         sealed = f'{body[:-1].decode()}{"," if len(body) > 2 else ""}"sum":"{self._seal(body)}"}}'
         self._fh.write(sealed + "\n")
         self._fh.flush()  # in the kernel now: survives SIGKILL
-        self._unsynced += 1
         if time.monotonic() - self._synced_at >= SYNC_SECONDS:
             self.sync()
 

@@ -107,10 +107,8 @@ class Oracle:
         passing = [k for k, ok in self._memo.items() if ok]
         return min(passing, key=len) if passing else None
 
-    def sorted(self, names: Iterable[str], order: Sequence[str] | None = None) -> tuple[str, ...]:
-        """`names` in candidate order, or in `order` (names it lacks last)."""
-        pos = self._position if order is None else {n: i for i, n in enumerate(order)}
-        return tuple(sorted(names, key=lambda n: pos.get(n, len(pos))))
+    def sorted(self, names: Iterable[str]) -> tuple[str, ...]:
+        return tuple(sorted(names, key=lambda n: self._position.get(n, len(self._position))))
 
 
 def find_minimal_fp32(
@@ -144,7 +142,7 @@ def find_minimal_fp32(
                 return _result(oracle, frozenset(cand), found=False, minimal=False)
             # The last node the grow phase took is pinned: without it the prefix failed. One
             # culprit is the common case, so ask first whether it suffices alone.
-            pinned = frozenset(oracle.sorted(current, rank)[-1:])
+            pinned = frozenset(_removal_order(current, rank)[:1])
             oracle.phase = "pinned"
             current = pinned if len(current) > 1 and oracle(pinned) else \
                 _shrink(oracle, current, rank)

@@ -466,9 +466,11 @@ class _Builder:
         gr.node.extend(self.nodes)
         gr.initializer.extend(self.inits)
         used = {t for n in _walk(self.nodes) for t in n.input}
-        unused = [t for t in gr.initializer if t.name not in used]
-        for t in unused:  # ORT drops unused initializers before it takes ours by reference
-            gr.initializer.remove(t)
+        # ORT drops unused initializers before it takes ours by reference (one pass: removing
+        # them one by one rescans the list, 1.4 s for 4,000 of 6,000)
+        kept = [t for t in gr.initializer if t.name in used]
+        del gr.initializer[:]
+        gr.initializer.extend(kept)
         gr.input.extend(helper.make_tensor_value_info(s, TensorProto.BOOL, [])
                         for s in dict.fromkeys(self.switch_of.values()))
         known = {v.name for v in gr.output}
@@ -722,10 +724,6 @@ class Reference:
             self._sessions[key] = _session(self.graph, {}, self._rounded, self.threads, key)[0]
         return self._sessions[key]
 
-    @property
-    def session(self) -> Session:
-        return self._session_for(())
-
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session_for(()).run(feeds, self.outputs)
         return {n: np.asarray(v) for n, v in zip(self.outputs, values)}
@@ -767,12 +765,11 @@ class Emulator:
         self.outputs = graph.output_names()
         self._rounded = Rounded.of(graph, rules.weight_rule)
         self.rebuilds = 0
-        self.active: frozenset[str] = frozenset()
         self.session: Session | None = None
         self._switches: dict[str, frozenset[str]] = {}  # bool input -> the nodes it switches
         self._on, self._off = np.array(True), np.array(False)
         self._reference: Reference | None = None
-        self.active = self._whole(frozenset(active) & self._cand_set)  # built on first use
+        self.active: frozenset[str] = self._whole(frozenset(active) & self._cand_set)  # built on first use
         self._nonfinite = f"{_separator(graph)}nonfinite"  # the watch flags' output
 
     def candidates(self) -> list[str]:
