@@ -92,7 +92,7 @@ def run_case(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def _param(case: Case, *marks):
     if case.xfail:
-        marks = (*marks, pytest.mark.xfail(reason=case.xfail, strict=False))
+        marks = (*marks, pytest.mark.xfail(reason=case.xfail, strict=True))
     return pytest.param(case, id=case.name, marks=marks)
 
 

@@ -3,6 +3,8 @@ one-line hint when matplotlib is missing."""
 
 from __future__ import annotations
 
+import copy
+
 import base64
 import re
 import shutil
@@ -166,10 +168,12 @@ def test_every_tensor_has_a_hover_title_on_the_plot(reported):
 def test_culprit_table_names_the_tensorrt_layer_when_fused(reported):
     from trtbisect.report import culprit_rows
 
-    r, _ = reported
-    head, rows = culprit_rows(r)
-    fused = [c for c in r.culprits if c.layer and c.layer != c.node]
-    assert ("TensorRT layer" in head) == bool(fused)
-    if fused:
-        col = head.index("TensorRT layer")
-        assert {row[col] for row in rows} >= {c.layer for c in fused}
+    r, _ = reported  # strict semantics: no culprit is in a fused layer, so no column
+    head, _ = culprit_rows(r)
+    assert r.culprits and not any(c.layer for c in r.culprits)
+    assert "TensorRT layer" not in head
+    fused = copy.deepcopy(r)  # one culprit in a layer, as trt semantics would say
+    fused.culprits[0].layer = "Conv_0 + PWN(Add_1, Relu_2)"
+    head, rows = culprit_rows(fused)
+    col = head.index("TensorRT layer")
+    assert "Conv_0 + PWN(Add_1, Relu_2)" in {row[col] for row in rows}

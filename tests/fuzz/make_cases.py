@@ -25,7 +25,6 @@ from onnx import TensorProto as TP, helper as h, numpy_helper
 DOCUMENTED = frozenset({0, 2, 3, 4})
 ANY = DOCUMENTED
 ACCEPTED = frozenset({0, 3, 4})  # the model was taken and judged
-LEAD_NAMES = "reserved internal names: #10/#14, the lead's emulator work"
 
 
 @dataclass(frozen=True)
@@ -140,8 +139,9 @@ MODEL_MUTATIONS: dict[str, tuple[Callable[[Path], onnx.ModelProto | bytes], str 
     "unicode_names": (lambda f: tiny_model(name="réLU→1", inp="输入", out="y ö"), None),
     "spaces_commas_in_names": (lambda f: tiny_model(name="a,b:c d", inp="x y", out="o,1"), None),
     "empty_node_name": (lambda f: tiny_model(name=""), None),
+    # names like trtbisect's own internal ones: the separator makes them collide with nothing
     "reserved_name": (lambda f: tiny_model(name="trtbisect_fp16_0", out="trtbisect_fp16_0"),
-                      LEAD_NAMES),
+                      None),
     "ir_version_99": (_mutated(lambda m: setattr(m, "ir_version", 99)), None),
     "ir_version_1": (_mutated(lambda m: setattr(m, "ir_version", 1)), None),
     "opset_99": (_mutated(lambda m: setattr(m.opset_import[0], "version", 99)), None),
