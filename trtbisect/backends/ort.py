@@ -77,10 +77,11 @@ class Session:
     reference (never serialized, never copied)."""
 
     def __init__(self, proto: onnx.ModelProto, arrays: Mapping[str, np.ndarray],
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, judge: bool = True) -> None:
+        """`judge=False`: ORT's default, optimizing kernels (see `session_options`)."""
         import onnxruntime as ort
 
-        opts = session_options(threads)
+        opts = session_options(threads, judge)
         names = [t.name for t in proto.graph.initializer if _stored(t)]
         self._values = [ort.OrtValue.ortvalue_from_numpy(_contiguous(arrays[n])) for n in names]
         if names:
@@ -103,10 +104,6 @@ class Session:
         fed = {k: np.asarray(v, np.float32) if k in self.float_inputs else np.asarray(v)
                for k, v in feeds.items()}
         return run_session(self.session, fed, outputs)
-
-
-def _is_float(a: np.ndarray) -> bool:
-    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
 
 
 def _stored(t: TensorProto) -> bool:
@@ -526,6 +523,15 @@ class _Builder:
                     groups[self.g.names[i]] = [i]
                     self.group_of[self.g.names[i]] = self.g.names[i]
 
+    def weights_of(self, proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+        """Every array a session over `proto` (this builder's model) takes by reference: the
+        copies this builder made, and the graph's own stored weights."""
+        arrays = dict(self.arrays)
+        for t in proto.graph.initializer:
+            if _stored(t) and t.name not in arrays:
+                arrays[t.name] = self.g.array(t.name)
+        return arrays
+
     def _rename_value(self, old: str, new: str) -> None:
         """Make `new` the name of the value the graph computes as `old` (for a final rounding)."""
         for n in _walk(self.nodes):
@@ -696,11 +702,7 @@ def _session(graph: Graph, state: Mapping[str, str], rounded: Rounded, threads: 
              groups: Mapping[str, str] | None = None) -> tuple[Session, _Builder]:
     b = _Builder(graph, state, rounded, rules=rules, groups=groups)
     proto = b.build(expose, watch, half_outputs)
-    arrays = dict(b.arrays)
-    for t in proto.graph.initializer:
-        if _stored(t) and t.name not in arrays:
-            arrays[t.name] = graph.array(t.name)
-    return Session(proto, arrays, threads), b
+    return Session(proto, b.weights_of(proto), threads), b
 
 
 # ---------------------------------------------------------------- backends
@@ -898,11 +900,7 @@ def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None,
     b = _MixedBuilder(graph, state, Rounded.of(graph),
                       rules=Rules(internal, rules.weight_rule, rules.tf32, rules.accumulate))
     proto = b.build()
-    arrays = dict(b.arrays)
-    for t in proto.graph.initializer:
-        if _stored(t) and t.name not in arrays:
-            arrays[t.name] = graph.array(t.name)
-    return proto, arrays
+    return proto, b.weights_of(proto)
 
 
 class _MixedBuilder(_Builder):
@@ -964,31 +962,25 @@ def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
     optimizing kernels (fusions, prepacked weights, NCHWc) instead of the judge's, and float
     inputs nudged by one FP32 ulp. TensorRT's kernels differ from both, so a plan whose
     margin under the bound is below this floor is fragile."""
-    import onnxruntime as ort
-
-    proto = _Builder(graph, {}, Rounded.of(graph)).build()
-    arrays = {t.name: graph.array(t.name) for t in proto.graph.initializer if _stored(t)}
-    opts = session_options(threads, judge=False)
-    values = [ort.OrtValue.ortvalue_from_numpy(_contiguous(arrays[n])) for n in arrays]
-    if arrays:
-        opts.add_external_initializers(list(arrays), values)
+    b = _Builder(graph, {}, Rounded.of(graph))
+    proto = b.build()
+    arrays = b.weights_of(proto)
     try:
-        optimized = ort.InferenceSession(proto.SerializeToString(), opts,
-                                         providers=["CPUExecutionProvider"])
-    except Exception as exc:  # the noise floor is a diagnostic: never fail a run over it
-        log.info("kernel noise not measured: %s", _first_line(exc))
+        optimized = Session(proto, arrays, threads, judge=False)
+    except TrtBisectError as exc:  # the noise floor is a diagnostic: never fail a run over it
+        log.info("kernel noise not measured: %s", exc)
         return {}
     judge = Session(proto, arrays, threads)
     names = graph.output_names()
     rng = np.random.default_rng(0)
     noise: dict[str, float] = {}
     for sample, ref in zip(samples, references):
-        fed = {k: np.asarray(v, np.float32) if _is_float(np.asarray(v)) else np.asarray(v)
+        fed = {k: np.asarray(v, np.float32) if k in judge.float_inputs else np.asarray(v)
                for k, v in sample.items()}
         nudged = {k: (np.nextafter(v, np.where(rng.random(v.shape) < 0.5, -np.inf, np.inf)
                                    .astype(np.float32)) if v.dtype == np.float32 else v)
                   for k, v in fed.items()}
-        for outs in (run_session(optimized, fed, names), judge.run(nudged, names)):
+        for outs in (optimized.run(fed, names), judge.run(nudged, names)):
             for name, got in zip(names, outs):
                 r = np.asarray(ref[name], np.float64)
                 g = np.asarray(got, np.float64)
