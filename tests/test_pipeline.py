@@ -242,3 +242,13 @@ def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):
     assert r.verdict == "fixed" and r.fp32_nodes == [] and len(applied) == 2
     assert {a["rewrite"] for a in applied} == {"fuse_layernorm"}
     assert r.extra["rewrites"]["judgements"] <= 12  # the suspects' norms are tried first
+
+
+def test_strict_tolerance_under_trt_semantics_runs_the_per_node_comparison(zoo, tmp_path):
+    """--strict (non-finite watch) with the default trt semantics: the per-node comparison's
+    emulator watches nothing, and still runs."""
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(strict=True, inputs=[str(inputs)]), tmp_path / "out")
+    assert r.verdict == "fixed" and r.mixed_model_passed
+    assert "errors_before_strict" in r.extra

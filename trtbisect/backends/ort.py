@@ -856,6 +856,8 @@ class Emulator:
 
     def nonfinite(self, fp32_nodes: frozenset[str], feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
         """Outputs, and the watched tensors that hold a NaN or inf under the plan."""
+        if not self.watch:  # nothing watched: the graph has no flags output
+            return self.run(fp32_nodes, feeds), []
         values = self._run(fp32_nodes, feeds, [*self.outputs, self._nonfinite])
         flags = np.asarray(values[-1]).reshape(-1)
         bad = [t for t, f in zip(self.watch, flags) if f]
