@@ -489,6 +489,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if opts.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
+        if stats and not opts.rewrite:  # the prior is known: one session, the search's
+            early = build_prior(g, stats, constant_stats(g))
+            ev.emulator.ensure(_prefetch(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         first = _write_and_judge(ctx, opts, frozenset(), out_dir)
