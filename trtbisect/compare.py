@@ -78,25 +78,54 @@ def round_fp16(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class _Diff:
+    """What every comparison starts from, in a few passes over the data: the flattened
+    arrays, their finiteness, max|ref| over its finite values, and |got - ref| in float64
+    where ref is finite (a non-finite difference counts as inf)."""
+
+    ref: np.ndarray
+    got: np.ndarray
+    finite_ref: np.ndarray
+    finite_got: np.ndarray
+    ref_max: float
+    diff: np.ndarray
+
+    @classmethod
+    def of(cls, ref: np.ndarray, got: np.ndarray) -> "_Diff":
+        ref, got = np.asarray(ref), np.asarray(got)
+        if ref.shape != got.shape:
+            raise ValueError(f"shape mismatch {got.shape} vs reference {ref.shape}")
+        ref, got = ref.ravel(), got.ravel()
+        finite_ref, finite_got = np.isfinite(ref), np.isfinite(got)
+        ref_max = float(np.abs(ref).max(initial=0.0, where=finite_ref))
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(got.astype(np.float64) - ref)
+        diff[~np.isfinite(diff)] = np.inf
+        return cls(ref, got, finite_ref, finite_got, ref_max,
+                   diff if finite_ref.all() else diff[finite_ref])
+
+    @property
+    def max_abs(self) -> float:
+        return float(self.diff.max(initial=0.0))
+
+    def rel(self, max_abs: float) -> float:
+        if self.ref_max > 0:
+            return max_abs / self.ref_max
+        return 0.0 if max_abs == 0 else float("inf")
+
+
 def compare_output(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputError:
-    ref64 = np.asarray(ref, dtype=np.float64)
-    got64 = np.asarray(got, dtype=np.float64)
-    if ref64.shape != got64.shape:
-        raise ValueError(f"shape mismatch {got64.shape} vs reference {ref64.shape}")
-    ref_finite = np.isfinite(ref64)
-    bad = int(np.count_nonzero(ref_finite & ~np.isfinite(got64)))
-    ref_max = float(np.max(np.abs(ref64[ref_finite]), initial=0.0))
-    bound = rtol * ref_max + atol
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(got64 - ref64)[ref_finite]
-    diff = np.where(np.isfinite(diff), diff, np.inf)
-    max_abs = float(diff.max(initial=0.0))
-    mean_abs = float(diff.mean()) if diff.size else 0.0
+    d = _Diff.of(ref, got)
+    bad = int(np.count_nonzero(d.finite_ref & ~d.finite_got))
+    bound = rtol * d.ref_max + atol
+    max_abs = d.max_abs
+    mean_abs = float(d.diff.mean()) if d.diff.size else 0.0
     with np.errstate(invalid="ignore"):
-        p99 = float(np.percentile(diff, 99)) if diff.size else 0.0
-    rel = max_abs / ref_max if ref_max > 0 else (0.0 if max_abs == 0 else float("inf"))
+        p99 = float(np.percentile(d.diff, 99)) if d.diff.size else 0.0
     passed = bad == 0 and max_abs <= bound
-    return OutputError(max_abs, bound, rel, mean_abs, p99, cosine(ref64, got64), bad, passed)
+    return OutputError(max_abs, bound, d.rel(max_abs), mean_abs, p99, cosine(d.ref, d.got), bad,
+                       passed)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -168,36 +197,25 @@ FP16_FLUSH = 2.0**-25  # the largest magnitude an FP16 store rounds to zero (RNE
 
 
 def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray) -> TensorStats:
-    """The same numbers as `compare_output` with zero tolerance, in a few passes over the
-    data (the layer-wise pass runs this on every stored tensor: no percentile, no float64
-    copies of whole tensors beyond the difference)."""
-    ref, got = np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32)
-    if ref.shape != got.shape:
-        raise ValueError(f"shape mismatch {got.shape} vs reference {ref.shape}")
-    ref, got = ref.ravel(), got.ravel()
-    finite_ref, finite_got = np.isfinite(ref), np.isfinite(got)
-    mag = np.abs(ref)
-    fp32_absmax = float(mag.max(initial=0.0, where=finite_ref))
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(got.astype(np.float64) - ref)
-    diff[~np.isfinite(diff)] = np.inf
-    diff = diff[finite_ref] if not finite_ref.all() else diff
-    max_abs = float(diff.max(initial=0.0))
-    rel = max_abs / fp32_absmax if fp32_absmax > 0 else (0.0 if max_abs == 0 else float("inf"))
+    """The numbers of `compare_output` with zero tolerance, and what an FP16 store does to the
+    reference (the layer-wise pass runs this on every stored tensor: no percentile)."""
+    d = _Diff.of(np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32))
+    mag = np.abs(d.ref)
+    max_abs = d.max_abs
     return TensorStats(
         name=name,
         producer=producer,
-        fp32_absmax=fp32_absmax,
-        fp16_absmax=float(np.abs(got).max(initial=0.0, where=finite_got)),
+        fp32_absmax=d.ref_max,
+        fp16_absmax=float(np.abs(d.got).max(initial=0.0, where=d.finite_got)),
         max_abs_err=max_abs,
-        rel_err=rel,
-        mean_abs_err=float(diff.mean()) if diff.size else 0.0,
-        cosine=cosine(ref, got),
-        fp32_nonfinite=int(ref.size - np.count_nonzero(finite_ref)),
-        fp16_nonfinite=int(got.size - np.count_nonzero(finite_got)),
-        overflow=int(np.count_nonzero(finite_ref & (mag >= FP16_OVERFLOW))),
+        rel_err=d.rel(max_abs),
+        mean_abs_err=float(d.diff.mean()) if d.diff.size else 0.0,
+        cosine=cosine(d.ref, d.got),
+        fp32_nonfinite=int(d.ref.size - np.count_nonzero(d.finite_ref)),
+        fp16_nonfinite=int(d.got.size - np.count_nonzero(d.finite_got)),
+        overflow=int(np.count_nonzero(d.finite_ref & (mag >= FP16_OVERFLOW))),
         flushed=int(np.count_nonzero((mag > 0) & (mag <= FP16_FLUSH))),
-        size=int(ref.size),
+        size=int(d.ref.size),
     )
 
 
