@@ -773,6 +773,10 @@ class Emulator:
         self._reference: Reference | None = None
         self.active: frozenset[str] = self._whole(frozenset(active) & self._cand_set)  # built on first use
         self._nonfinite = f"{_separator(graph)}nonfinite"  # the watch flags' output
+        # all-FP32 is the plain reference graph (no TF32 reads, no flags or exposed tensors,
+        # no half-typed outputs to round)
+        self._plain_fp32 = not (rules.tf32 or self.watch or self.expose or any(
+            t in HALF_TYPES for t in graph.declared.values()))
 
     def candidates(self) -> list[str]:
         return list(self._candidates)
@@ -820,9 +824,8 @@ class Emulator:
 
     def _run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
              names: Sequence[str]) -> list[np.ndarray]:
-        if (fp32_nodes is not None and frozenset(fp32_nodes) >= self._cand_set
-                and not self.rules.tf32 and not self._cand_set <= self.active and not self.watch and not self.expose
-                and not any(t in HALF_TYPES for t in self.graph.declared.values())):
+        if (fp32_nodes is not None and self._plain_fp32 and not self._cand_set <= self.active
+                and frozenset(fp32_nodes) >= self._cand_set):
             fp32_nodes = None  # the static all-FP32 graph is the reference's: no rebuild
         if fp32_nodes is None:  # everything FP32: the reference itself, bit for bit
             if self._reference is None:
@@ -847,10 +850,6 @@ class Emulator:
     def run_tensors_for(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
                         names: Sequence[str]) -> dict[str, np.ndarray]:
         """Outputs and exposed tensors under a plan (None: everything FP32)."""
-        if fp32_nodes is None:
-            if self._reference is None:
-                self._reference = Reference(self.graph, self.threads)
-            return self._reference.run_tensors(feeds, names)
         values = self._run(fp32_nodes, feeds, names)
         return {n: np.asarray(v) for n, v in zip(names, values)}
 
