@@ -232,6 +232,38 @@ def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatc
     assert calls and fresh.verdict == "fixed"
 
 
+@pytest.mark.parametrize("budget", [1 << 30, 40_000])
+def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_path, monkeypatch,
+                                                                             budget):
+    """A failing all-FP16 file's judge also returns the FP16 side of the first layer-wise
+    batch: the statistics are those of the layer-wise pass on its own, bit for bit, with one
+    emulator session fewer (two samples; one batch, or many under a small budget)."""
+    from trtbisect import pipeline
+    z = deep_model()
+    model, inputs = save_zoo_model(z, tmp_path)
+    other = tmp_path / "other.npz"
+    rng = np.random.default_rng(1)
+    np.savez(other, **{k: (v * rng.uniform(0.5, 1.5, v.shape)).astype(v.dtype)
+                       for k, v in z.inputs.items()})
+    opts = Options(inputs=[str(inputs), str(other)], memory_budget=budget)
+    exposing = []
+    real = pipeline.Emulator
+
+    def spy(*args, **kwargs):
+        exposing.append(bool(kwargs.get("expose")))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(pipeline, "Emulator", spy)
+    r = run(model, opts, tmp_path / "out")
+    assert r.verdict == "fixed"
+    ctx = pipeline.prepare(model, opts)
+    batches = pipeline.layerwise_batches(ctx, opts)
+    assert (len(batches) > 1) == (budget < 1 << 20)
+    assert exposing.count(True) == len(batches) - 1
+    alone = pipeline.layerwise(ctx, opts)
+    assert {k: v.to_json() for k, v in r.stats.items()} == \
+        {k: v.to_json() for k, v in alone.items()}
+
+
 def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):
     """Each fused LayerNorm alone barely helps while the others still overflow: the driver
     retries the ones that did not help enough after each kept rewrite."""

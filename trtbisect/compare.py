@@ -6,7 +6,7 @@ The tolerance defaults live here and nowhere else.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -63,11 +63,11 @@ class OutputError:
     passed: bool
 
     def to_json(self) -> dict:
-        return {k: _json_float(v) for k, v in asdict(self).items()}
+        return {k: _json_float(v) for k, v in vars(self).items()}  # flat: no asdict deep copy
 
 
 def _json_float(v):
-    if isinstance(v, float) and not np.isfinite(v):
+    if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
 
@@ -183,7 +183,7 @@ class TensorStats:
         return self.fp16_nonfinite > self.fp32_nonfinite
 
     def to_json(self) -> dict:
-        return {k: _json_float(v) for k, v in asdict(self).items()}
+        return {k: _json_float(v) for k, v in vars(self).items()}  # flat: no asdict deep copy
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorStats":

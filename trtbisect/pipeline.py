@@ -162,13 +162,16 @@ def reference_problems(ctx: Context) -> list[str]:
 
 def layerwise(ctx: Context, opts: Options,
               progress: Callable[[int, int], None] | None = None,
-              plan: frozenset[str] = frozenset()) -> dict[str, TensorStats]:
+              plan: frozenset[str] = frozenset(),
+              fp16_first: Sequence[Mapping[str, np.ndarray]] = ()) -> dict[str, TensorStats]:
     """Statistics of every stored float tensor, FP32 vs FP16 (all-FP16, or `plan` applied),
     worst over all samples.
 
     The FP32 side comes from the reference graph, the FP16 side from the plan's static graph,
     both exposing one batch of tensors at a time under the memory budget (ORT keeps every
-    exposed output alive for the whole run); only statistics are kept.
+    exposed output alive for the whole run); only statistics are kept. `fp16_first`: per
+    sample, the FP16 side of the first batch (`layerwise_batches`), already computed (by the
+    judge of the written all-FP16 file, which is the same graph: one judge).
     """
     g = ctx.judged
     producer = {t: g.names[g.producer[t]] for t in g.stored_tensors()}
@@ -178,30 +181,46 @@ def layerwise(ctx: Context, opts: Options,
             for s in ctx.samples:
                 x = np.asarray(s[v.name], np.float32)
                 _merge(stats, tensor_stats(v.name, None, x, round_fp16(x)))
-    # the FP32 side of a batch is held for every sample while the FP16 side runs
-    batches = _batches(g, ctx.samples[0], opts.memory_budget // (len(ctx.samples) + 1))
+    batches = layerwise_batches(ctx, opts)
     total, done = sum(len(b) for b in batches), 0
-    for batch in batches:
+    for k, batch in enumerate(batches):
         # one session at a time: ONNX Runtime holds its own copy of the weights in each
         ref = Reference(g, opts.threads)
-        fp32 = [ref.run_tensors(s, batch) for s in ctx.samples]
-        ref.close()
+        if k == 0 and fp16_first and all(t in fp16_first[0] for t in batch):
+            # the FP16 side is held for every sample while the FP32 side runs, one at a time
+            for s, b in zip(ctx.samples, fp16_first):
+                a = ref.run_tensors(s, batch)
+                for t in batch:
+                    _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
+                del a
+            ref.close()
+        else:
+            # the FP32 side of a batch is held for every sample while the FP16 side runs
+            fp32 = [ref.run_tensors(s, batch) for s in ctx.samples]
+            ref.close()
+            emu = Emulator(g, opts.threads, expose=batch, active=plan, rules=ctx.rules)
+            for s, a in zip(ctx.samples, fp32):
+                b = emu.run_tensors_for(plan, s, batch)
+                for t in batch:
+                    _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
+            emu.close()
+            del emu, fp32
         del ref
-        emu = Emulator(g, opts.threads, expose=batch, active=plan, rules=ctx.rules)
-        for s, a in zip(ctx.samples, fp32):
-            b = emu.run_tensors_for(plan, s, batch)
-            for t in batch:
-                _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
-        emu.close()
-        del emu, fp32
         done += len(batch)
         if progress is not None:
             progress(done, total)
     return stats
 
 
+def layerwise_batches(ctx: Context, opts: Options) -> list[list[str]]:
+    """The stored tensors in the batches `layerwise` exposes: each side of a batch, held for
+    every sample while the other side runs one sample, fits the memory budget."""
+    return _batches(ctx.judged, ctx.samples[0], opts.memory_budget // (len(ctx.samples) + 1))
+
+
 def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerprint: dict,
-                      progress: Callable[[int, int], None] | None) -> dict[str, TensorStats]:
+                      progress: Callable[[int, int], None] | None,
+                      fp16_first: Sequence[Mapping[str, np.ndarray]] = ()) -> dict[str, TensorStats]:
     """The layer-wise statistics, reused when a resumed run has the same fingerprint."""
     path = None
     if out_dir is not None and opts.resume:
@@ -214,7 +233,7 @@ def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerp
             return stats
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    stats = layerwise(ctx, opts, progress)
+    stats = layerwise(ctx, opts, progress, fp16_first=fp16_first)
     if path is not None:
         try:
             atomic_write_json(path, [s.to_json() for s in stats.values()])
@@ -486,6 +505,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
     first: _Judged | None = None
+    fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
     if opts.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
@@ -494,16 +514,22 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             ev.emulator.ensure(_prefetch(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
-        first = _write_and_judge(ctx, opts, frozenset(), out_dir)
+        # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
+        # failing verdict needs next (the same graph: it saves a session and an inference)
+        first = _write_and_judge(ctx, opts, frozenset(), out_dir,
+                                 expose=layerwise_batches(ctx, opts)[0])
         all_half, before = first.checked.passed, [first.checked.errors]
         ev.runs += len(ctx.samples)
+        fp16_first = first.checked.tensors
+        first.checked.tensors = []
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
     ev.known[frozenset()] = all_half
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
-        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
+        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, fp16_first)
+    fp16_first = []
     outcome = None
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
@@ -705,7 +731,7 @@ class _Judged:
 
 
 def _write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
-                     out_dir: Path | None) -> _Judged:
+                     out_dir: Path | None, expose: Sequence[str] = ()) -> _Judged:
     Rounded.release(ctx.judged)  # memory: the judge holds the file's weights, not the search's
     written = write_plan(ctx, plan)
     # staged beside --out (same file system): write_outputs moves these very files into place
@@ -717,7 +743,7 @@ def _write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
         path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
         files = written.save(path)
         del written  # saved: the file is the model from here on
-        checked = judge_mixed(path, ctx, opts)
+        checked = judge_mixed(path, ctx, opts, expose)
     return _Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
 
 
@@ -1015,6 +1041,8 @@ class CheckResult:
     half_tensors: int
     samples: int
     emulated: Written | None = field(default=None, repr=False)  # the graph the judge ran
+    # per sample, the tensors judge_mixed was asked to expose (the layer-wise pass's FP16 side)
+    tensors: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
@@ -1033,8 +1061,10 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     return judge_mixed(mixed_path, ctx, opts)
 
 
-def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options) -> CheckResult:
-    """The one judge of a written file: its float16 tensors rounded where produced."""
+def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
+                expose: Sequence[str] = ()) -> CheckResult:
+    """The one judge of a written file: its float16 tensors rounded where produced.
+    `expose`: tensors of the file to return too, per sample (`CheckResult.tensors`)."""
     graph = Graph.from_path(mixed_path)
     names = ctx.graph.output_names()
     missing = set(names) - set(graph.output_names())
@@ -1046,11 +1076,15 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options) -> CheckRes
     if lacking:
         raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
                              "reference model does not have")
-    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt")
-    errors = []
+    wanted = [t for t in expose if t in graph.producer]
+    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
+                       expose=wanted)
+    errors, tensors = [], []
     for sample, ref in zip(ctx.samples, ctx.references):
-        outs = judge.run(sample)
+        outs, exposed = judge.run_tensors(sample)
         errors.append(compare_outputs(ref, {k: outs[k] for k in names}, opts.tolerance))
+        if expose:
+            tensors.append({t: exposed[t] for t in wanted})
     merged = worst(errors)
     return CheckResult(all(e.passed for e in merged.values()), merged, len(graph.half_typed),
-                       len(ctx.samples), Written(judge.proto, judge.arrays))
+                       len(ctx.samples), Written(judge.proto, judge.arrays), tensors)

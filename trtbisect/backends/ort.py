@@ -874,33 +874,43 @@ class MixedModel:
     FP32 on FP16-exact inputs and stores an FP16-rounded output, as the emulator does."""
 
     def __init__(self, graph: Graph, threads: int | None = None, rules: Rules = STRICT,
-                 fused: bool = False) -> None:
+                 fused: bool = False, expose: Sequence[str] = ()) -> None:
         """`rules`: its tf32 flag; `fused` (trt semantics): the internal tensors of the
-        certain fused layers that run wholly in FP16 in this file are not rounded."""
+        certain fused layers that run wholly in FP16 in this file are not rounded. `expose`:
+        intermediate tensors `run_tensors` returns too (the judge's graph, `proto`, keeps
+        only the model's outputs)."""
         self.graph = graph
         self.outputs = graph.output_names()
-        self.proto, self.arrays = emulation_of_mixed(graph, rules, fused)
+        self.exposed = [t for t in expose if t not in self.outputs]
+        self.proto, self.arrays = emulation_of_mixed(graph, rules, fused, self.exposed)
         self.session = Session(self.proto, self.arrays, threads)
+        del self.proto.graph.output[len(self.outputs):]  # built: what is exposed goes
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run_tensors(feeds)[0]
+
+    def run_tensors(self, feeds: Mapping[str, np.ndarray]
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The outputs, and the exposed tensors."""
         fed = {k: v for k, v in feeds.items() if k in self.session.inputs}
-        values = self.session.run(fed, self.outputs)
-        return {n: np.asarray(v, np.float32) for n, v in zip(self.outputs, values)}
+        names = self.outputs + self.exposed
+        values = [np.asarray(v, np.float32) for v in self.session.run(fed, names)]
+        return dict(zip(self.outputs, values)), dict(zip(names, values))
 
 
-def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None,
-                       fused: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None, fused: bool = False,
+                       expose: Sequence[str] = ()) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The FP32 model `MixedModel` runs (weights by reference): also what Polygraphy's ONNX
     Runtime runs to check a plan without a GPU, since ORT's own float16 kernels hide overflow.
     `fused` (trt semantics): the internal tensors of the certain fused layers that run wholly
-    in FP16 in this file are not rounded."""
+    in FP16 in this file are not rounded. `expose`: intermediate tensors made outputs too."""
     rules = rules or STRICT
     half = {graph.names[graph.producer[t]] for t in graph.half_typed if t in graph.producer}
     state = {n: HALF for n in graph.candidates() if n in half}
     internal = half_layer_internals(graph) if fused else frozenset()
     b = _MixedBuilder(graph, state, Rounded.of(graph),
                       rules=Rules(internal, rules.weight_rule, rules.tf32, rules.accumulate))
-    proto = b.build()
+    proto = b.build(expose)
     return proto, b.weights_of(proto)
 
 
