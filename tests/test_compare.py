@@ -33,3 +33,48 @@ def test_errors_match_compare_output_with_zero_tolerance():
     assert (s.max_abs_err, s.rel_err) == (e.max_abs, e.rel)
     assert np.isclose(s.mean_abs_err, e.mean_abs, rtol=1e-12)
     assert np.isclose(s.cosine, e.cosine, rtol=1e-12)
+
+
+def _stats_by_definition(ref: np.ndarray, got: np.ndarray) -> tuple:
+    """Each field of TensorStats straight from its definition, masks everywhere."""
+    ref, got = ref.ravel().astype(np.float32), got.ravel().astype(np.float32)
+    fr, fg = np.isfinite(ref), np.isfinite(got)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(got.astype(np.float64) - ref)
+    diff[~np.isfinite(diff)] = np.inf
+    diff = diff[fr]
+    ref_max = float(np.abs(ref).max(initial=0.0, where=fr))
+    max_abs = float(diff.max(initial=0.0))
+    rel = max_abs / ref_max if ref_max > 0 else (0.0 if max_abs == 0 else np.inf)
+    both = fr & fg
+    a, b = ref[both].astype(np.float64), got[both].astype(np.float64)
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    cos = (1.0 if na == nb else 0.0) if na == 0.0 or nb == 0.0 else float(np.dot(a, b) / (na * nb))
+    mag = np.abs(ref)
+    return (ref_max, float(np.abs(got).max(initial=0.0, where=fg)), max_abs, rel,
+            float(diff.mean()) if diff.size else 0.0, cos, int(np.count_nonzero(~fr)),
+            int(np.count_nonzero(~fg)), int(np.count_nonzero(fr & (mag >= 65520))),
+            int(np.count_nonzero((mag > 0) & (mag <= 2.0**-25))), ref.size)
+
+
+def test_tensor_stats_fast_paths_give_the_numbers_of_the_definition_bit_for_bit():
+    """All finite, non-finite in either side, zeros, empty: the masks are skipped only where
+    they change nothing."""
+    rng = np.random.default_rng(3)
+    cases = []
+    for n in (0, 1, 7, 1000, 50_000):
+        ref = (rng.standard_normal(n) * 10.0 ** rng.integers(-8, 6, n)).astype(np.float32)
+        cases += [(ref, round_fp16(ref)), (ref, ref), (np.zeros(n, np.float32), ref)]
+        if n:
+            bad = ref.copy()
+            bad[rng.integers(0, n, max(1, n // 100))] = np.inf
+            nan = ref.copy()
+            nan[0] = np.nan
+            cases += [(ref, bad), (bad, ref), (nan, round_fp16(nan)), (bad, bad)]
+    for ref, got in cases:
+        s = tensor_stats("t", None, ref, got)
+        fields = (s.fp32_absmax, s.fp16_absmax, s.max_abs_err, s.rel_err, s.mean_abs_err,
+                  s.cosine, s.fp32_nonfinite, s.fp16_nonfinite, s.overflow, s.flushed, s.size)
+        expected = _stats_by_definition(ref, got)
+        assert np.array_equal(np.array(fields, np.float64), np.array(expected, np.float64),
+                              equal_nan=True), (ref[:4], got[:4])

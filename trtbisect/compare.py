@@ -132,7 +132,11 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     mask = np.isfinite(a) & np.isfinite(b)
     if not mask.all():
         a, b = a[mask], b[mask]
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return _cosine64(np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel())
+
+
+def _cosine64(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two finite float64 vectors (1 when both are zero)."""
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if na == 0.0 or nb == 0.0:
         return 1.0 if na == nb else 0.0
@@ -198,24 +202,46 @@ FP16_FLUSH = 2.0**-25  # the largest magnitude an FP16 store rounds to zero (RNE
 
 def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray) -> TensorStats:
     """The numbers of `compare_output` with zero tolerance, and what an FP16 store does to the
-    reference (the layer-wise pass runs this on every stored tensor: no percentile)."""
-    d = _Diff.of(np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32))
-    mag = np.abs(d.ref)
-    max_abs = d.max_abs
+    reference (the layer-wise pass runs this on every stored tensor: no percentile, and the
+    masks for non-finite values only where there are any)."""
+    ref, got = np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32)
+    if ref.shape != got.shape:
+        raise ValueError(f"shape mismatch {got.shape} vs reference {ref.shape}")
+    ref, got = ref.ravel(), got.ravel()
+    mag, got_mag = np.abs(ref), np.abs(got)
+    finite_ref, finite_got = np.isfinite(ref), np.isfinite(got)
+    all_ref, all_got = bool(finite_ref.all()), bool(finite_got.all())
+    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(got64 - ref64)
+    if not (all_ref and all_got):  # a difference of finite float32s is finite in float64
+        diff[~np.isfinite(diff)] = np.inf
+        if not all_ref:
+            diff = diff[finite_ref]
+    both = None if all_ref and all_got else finite_ref & finite_got
+    ref_max = float(mag.max(initial=0.0) if all_ref else mag.max(initial=0.0, where=finite_ref))
+    max_abs = float(diff.max(initial=0.0))
+    if ref_max > 0:
+        rel = max_abs / ref_max
+    else:
+        rel = 0.0 if max_abs == 0 else float("inf")
+    big = mag >= FP16_OVERFLOW
     return TensorStats(
         name=name,
         producer=producer,
-        fp32_absmax=d.ref_max,
-        fp16_absmax=float(np.abs(d.got).max(initial=0.0, where=d.finite_got)),
+        fp32_absmax=ref_max,
+        fp16_absmax=float(got_mag.max(initial=0.0) if all_got
+                          else got_mag.max(initial=0.0, where=finite_got)),
         max_abs_err=max_abs,
-        rel_err=d.rel(max_abs),
-        mean_abs_err=float(d.diff.mean()) if d.diff.size else 0.0,
-        cosine=cosine(d.ref, d.got),
-        fp32_nonfinite=int(d.ref.size - np.count_nonzero(d.finite_ref)),
-        fp16_nonfinite=int(d.got.size - np.count_nonzero(d.finite_got)),
-        overflow=int(np.count_nonzero(d.finite_ref & (mag >= FP16_OVERFLOW))),
+        rel_err=rel,
+        mean_abs_err=float(diff.mean()) if diff.size else 0.0,
+        cosine=_cosine64(ref64 if both is None else ref64[both],
+                         got64 if both is None else got64[both]),
+        fp32_nonfinite=0 if all_ref else int(ref.size - np.count_nonzero(finite_ref)),
+        fp16_nonfinite=0 if all_got else int(got.size - np.count_nonzero(finite_got)),
+        overflow=int(np.count_nonzero(big if all_ref else finite_ref & big)),
         flushed=int(np.count_nonzero((mag > 0) & (mag <= FP16_FLUSH))),
-        size=int(d.ref.size),
+        size=int(ref.size),
     )
 
 
