@@ -85,6 +85,11 @@ class Row:
     ratios: dict[str, float] = field(default_factory=dict)  # plan label -> median eval/plain
     evaluator_s: float = 0.0  # building the evaluator and its first (all-FP16) evaluation
     ddmin_s: float = 0.0  # prepare + evaluator + ddmin
+    # what the prior and the search cost, each: the run's all-FP16 verdict, layer-wise and
+    # search stages; ddmin's evaluator and search (both without loading, the reference, the
+    # written plan's judgement and the files, which a plan found either way needs alike)
+    run_search_s: float = 0.0
+    ddmin_search_s: float = 0.0
     ddmin_evals: int = 0
     ddmin_set: int = 0
     ddmin_stopped: bool = False
@@ -220,6 +225,11 @@ def _evaluator(ctx: pipeline.Context, opts: pipeline.Options,
     return pipeline.Evaluator(ctx, opts, {}, None, None if units else ())
 
 
+# the run's stages (pipeline.run's extra["stages"]) that decide the plan: the all-FP16
+# verdict, the layer-wise pass behind the prior, the search
+SEARCH_STAGES = ("all-FP16 evaluation", "layer-wise comparison, FP32 vs FP16", "searching")
+
+
 def emit(row: Row) -> None:
     """Print the row so far: the parent keeps the last one, even when it times the child out."""
     print("ROW " + json.dumps(asdict(row)), flush=True)
@@ -241,6 +251,8 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         t = time.perf_counter()
         res = pipeline.run(case.path, opts, Path(tmp) / "out")
         row.run_s = time.perf_counter() - t
+    row.run_search_s = sum(s["seconds"] for s in res.extra.get("stages", [])
+                           if s["stage"].startswith(SEARCH_STAGES))
     row.run_rss = peak_rss()
     row.nodes, row.candidates, row.verdict = res.nodes, res.candidates, res.verdict
     row.run_evals, row.run_set, row.mixed_passed = res.evaluations, len(res.fp32_nodes), \
@@ -254,9 +266,11 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     emit(row)
     t = time.perf_counter()
     ctx = pipeline.prepare(case.path, opts)
+    prepared = time.perf_counter()
     ev = _evaluator(ctx, opts, units=False)
     plain = ddmin(ctx.graph.candidates(), ev.check, max_evaluations=ddmin_budget)
     row.ddmin_s = time.perf_counter() - t
+    row.ddmin_search_s = time.perf_counter() - prepared
     row.ddmin_evals, row.ddmin_set, row.ddmin_stopped = plain.evaluations, len(plain.fp32), \
         plain.stopped_early
     return row
@@ -399,26 +413,35 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace,
         "*run*: `pipeline.run` end to end (load, reference, layer-wise, search, final check, "
         "mixed-model check, files). *ddmin*: load + reference + evaluator + `search.ddmin` over "
         f"all candidates with the pipeline's evaluator (capped at {args.ddmin_budget} "
-        "evaluations). *planted*: the run's set is exactly the planted fault set. *file "
+        "evaluations). *search*: what finding the plan costs, each way: the run's all-FP16 "
+        "verdict, layer-wise and search stages (its `stages` in precision.json), against "
+        "ddmin's evaluator and search; neither counts loading, the reference, the written "
+        "plan's judgement, the per-node comparison or the files, which a plan found either way "
+        "needs alike. *planted*: the run's set is exactly the planted fault set. *file "
         "passes*: the written mixed model passes the check.",
         "",
         "| model | verdict | run evals | set | run wall | ddmin evals | set | ddmin wall "
-        "| run / ddmin | planted | file passes | peak RSS |",
-        "|" + "---|" * 12,
+        "| run / ddmin | search: run | search: ddmin | search: run / ddmin | planted "
+        "| file passes | peak RSS |",
+        "|" + "---|" * 15,
     ]
     for r in rows:
         if r.mode != "full":
             continue
         if r.error and not r.verdict:
-            lines.append(f"| {r.case} | error: {r.error} |" + " |" * 10)
+            lines.append(f"| {r.case} | error: {r.error} |" + " |" * 13)
             continue
         dd = (r.error or "-") if not r.ddmin_evals else (
             f"{r.ddmin_evals}{' (stopped)' if r.ddmin_stopped else ''}")
         ratio = f"{r.run_s / r.ddmin_s:.2f}x" if r.ddmin_s else "-"
+        search = (f"{_s(r.run_search_s)} | {_s(r.ddmin_search_s)} | "
+                  f"{r.run_search_s / r.ddmin_search_s:.2f}x") \
+            if r.ddmin_search_s and r.run_search_s else "- | - | -"
         lines.append(
             f"| {r.case} | {r.verdict} | {r.run_evals} | {r.run_set} | {_s(r.run_s)} | {dd} | "
             f"{r.ddmin_set if r.ddmin_evals else '-'} | {_s(r.ddmin_s) if r.ddmin_s else '-'} | "
-            f"{ratio} | {_yn(r.found_planted)} | {_yn(r.mixed_passed)} | {_size(r.run_rss)} |")
+            f"{ratio} | {search} | {_yn(r.found_planted)} | {_yn(r.mixed_passed)} | "
+            f"{_size(r.run_rss)} |")
     fine = [r for r in full if r.verdict == "fp16_ok"]
     lines += [
         "",

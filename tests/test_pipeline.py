@@ -264,6 +264,17 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
         {k: v.to_json() for k, v in alone.items()}
 
 
+def test_precision_json_times_each_stage(zoo, tmp_path):
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "precision.json").read_text())
+    names = [s["stage"].split(" ")[0] for s in saved["stages"]]
+    assert names == ["loading", "all-FP16", "layer-wise", "searching", "judging", "all-FP16"]
+    assert all(s["seconds"] >= 0 for s in saved["stages"])
+    assert sum(s["seconds"] for s in saved["stages"]) <= saved["seconds"] + 1e-3
+
+
 def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):
     """Each fused LayerNorm alone barely helps while the others still overflow: the driver
     retries the ones that did not help enough after each kept rewrite."""

@@ -472,7 +472,11 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         on_layerwise: Callable[[int, int], None] | None = None) -> RunResult:
     """The whole job: find the minimal FP32 set and write every rendering of it to `out_dir`."""
     started = time.perf_counter()
-    stage = on_stage or (lambda msg: log.info(msg))
+    marks: list[tuple[str, float]] = []  # each stage and when it began: extra["stages"]
+
+    def stage(msg: str) -> None:
+        marks.append((msg, time.perf_counter()))
+        (on_stage or log.info)(msg)
     if opts.report:
         from .report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
@@ -489,7 +493,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                            errors_before={}, errors_after={}, reference_problems=problems,
                            extra=dict(record), **base)
-        return _finish(result, ctx, out_dir, started, opts.report)
+        return _finish(result, ctx, out_dir, started, opts.report, marks)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)
     if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
@@ -579,6 +583,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         if rewritten:
             result.rewritten_model = graph_model(ctx.graph)
     if search.found:
+        stage("judging the written plan")
         _judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
                               semantics.fused_layer_names(ctx.prepared))
@@ -597,7 +602,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if result.verdict in ("fixed", "fp16_ok") and opts.stability >= 2:
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
-    return _finish(result, ctx, out_dir, started, opts.report)
+    return _finish(result, ctx, out_dir, started, opts.report, marks)
 
 
 PREFETCH_WEIGHT_BYTES = 1 << 20  # a switchable node holds its weights twice (FP16 and FP32)
@@ -882,8 +887,13 @@ def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
 
 
 def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float,
-            report: bool = False) -> RunResult:
-    result.seconds = time.perf_counter() - started
+            report: bool = False, marks: Sequence[tuple[str, float]] = ()) -> RunResult:
+    """Seconds in all and per stage (the files' writing included in neither), then the files."""
+    now = time.perf_counter()
+    result.seconds = now - started
+    ends = [t for _, t in marks[1:]] + [now]
+    result.extra["stages"] = [{"stage": msg, "seconds": round(end - begun, 3)}
+                              for (msg, begun), end in zip(marks, ends)]
     if out_dir is not None:
         write_outputs(result, ctx, out_dir, report)
     return result
