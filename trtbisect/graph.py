@@ -374,6 +374,11 @@ class Graph:
     def candidates(self) -> list[str]:
         return list(self._candidates)
 
+    @functools.cached_property
+    def candidate_set(self) -> frozenset[str]:
+        """`candidates()` for membership tests (a list's are linear: quadratic over a graph)."""
+        return frozenset(self._candidates)
+
     def float_outputs(self, name: str) -> list[str]:
         return [t for t in self.node(name).output if self.is_float(t)]
 

@@ -167,7 +167,7 @@ class _MixedWriter:
                 self.renamed[v.name] = f"{v.name}{self.sep}{'fp16' if self.home[v.name] == FLOAT16 else 'fp32'}"
         source_nodes = list(g.source.graph.node)
         for i, (name, node) in enumerate(zip(g.names, g.model.graph.node)):
-            if name in g._candidates:
+            if name in g.candidate_set:
                 new = self._candidate(name, node)
             else:
                 new = onnx.NodeProto()
