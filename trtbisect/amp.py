@@ -858,11 +858,11 @@ def _finish(result: TorchResult, out_dir: Path | None, started: float) -> TorchR
 
 
 def write_outputs(result: TorchResult, out_dir: Path) -> None:
-    from .plan import atomic_write_json, atomic_write_text
+    from .plan import atomic_write_json, atomic_write_records, atomic_write_text
     out_dir.mkdir(parents=True, exist_ok=True)
     if result.stats:
-        atomic_write_json(out_dir / "torch_layerwise.json",
-                          [s.to_json() for s in result.stats.values()])
+        atomic_write_records(out_dir / "torch_layerwise.json",
+                             [s.to_json() for s in result.stats.values()])
         result.files["layerwise"] = str(out_dir / "torch_layerwise.json")
     if result.verdict in ("fixed", "fp16_ok"):
         atomic_write_text(out_dir / "fp32_plan.py", render_snippet(result))

@@ -28,7 +28,7 @@ from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectErro
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
 from .journal import Journal, plan_key
-from .plan import atomic_write, atomic_write_json, atomic_write_text
+from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from .render import RenderContext
 from .mixed import Written, graph_model, mixed_model
 from .modules import module_label
@@ -236,7 +236,7 @@ def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerp
     stats = layerwise(ctx, opts, progress, fp16_first=fp16_first)
     if path is not None:
         try:
-            atomic_write_json(path, [s.to_json() for s in stats.values()])
+            atomic_write_records(path, [s.to_json() for s in stats.values()])
         except OSError as exc:  # a cache: never fail the run over it
             log.info("layer-wise statistics not cached: %s", exc)
     return stats
@@ -942,7 +942,8 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
                           commands_script(result.fp32_nodes, result.render_context))
         result.files["commands"] = str(out_dir / "commands.sh")
     if result.stats:
-        atomic_write_json(out_dir / "layerwise.json", [s.to_json() for s in result.stats.values()])
+        atomic_write_records(out_dir / "layerwise.json",
+                             [s.to_json() for s in result.stats.values()])
         result.files["layerwise"] = str(out_dir / "layerwise.json")
     if result.search is not None:
         result.files["journal"] = str(out_dir / "journal.jsonl")

@@ -13,7 +13,8 @@ from typing import Callable
 
 import onnx
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text", "save_model"]
+__all__ = ["atomic_write", "atomic_write_json", "atomic_write_records", "atomic_write_text",
+           "save_model"]
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
@@ -46,6 +47,14 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, data: object) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_write_records(path: Path, rows: list[dict]) -> None:
+    """A JSON list of flat records, one a line: as readable as `indent=2` for a table, and
+    encoded by json's C encoder (`indent` makes json pure Python: 2.7 s for the statistics of
+    20k tensors, written twice)."""
+    atomic_write_text(path, "[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n"
+                      if rows else "[]\n")
 
 
 def save_model(path: Path, model: onnx.ModelProto) -> None:
