@@ -219,3 +219,30 @@ def test_demo_run_under_trt_keeps_one_judge(tmp_path):
     assert r.verdict in ("fixed", "fp16_ok")
     assert r.extra["one_judge"]["search_equals_check"] is True
     assert "errors_before_strict" in r.extra
+
+
+def test_rewrites_are_judged_under_the_runs_semantics(tmp_path):
+    """A decomposed LayerNorm that overflows, then a BatchNorm whose raw variance (4.97e5)
+    overflows only when each node rounds. Under trt, fusing the LayerNorm is the whole fix:
+    the rewrite's judge must say so (a per-node judge would blame the BatchNorm too)."""
+    from tests.models.make_models import layernorm_overflow
+    z = layernorm_overflow()
+    m = onnx.ModelProto()
+    m.CopyFrom(z.model)
+    g = m.graph
+    for n in g.node:
+        n.output[:] = ["ln_out" if t == "y" else t for t in n.output]
+    c = 16
+    g.initializer.extend(numpy_helper.from_array(np.full(c, v, np.float32), name)
+                         for name, v in (("bn_g", 1.0), ("bn_b", 0.0), ("bn_m", 0.5),
+                                         ("bn_v", 4.97e5)))
+    g.node.append(helper.make_node("BatchNormalization", ["ln_out", "bn_g", "bn_b", "bn_m", "bn_v"],
+                                   ["y"], name="bn"))
+    z = type(z)(**{**z.__dict__, "name": "ln_then_bn", "model": m})
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, _opts("trt", inputs, rewrite=True), tmp_path / "out")
+    assert r.verdict == "fixed" and r.fp32_nodes == [], (r.verdict, r.fp32_nodes)
+    assert [a["rewrite"] for a in r.extra["rewrites"]["applied"]] == ["fuse_layernorm"]
+    assert r.mixed_model_passed
+    s = run(model, _opts("strict", inputs, rewrite=True), tmp_path / "strict")
+    assert "bn" in s.fp32_nodes  # per node, the BatchNorm needs FP32 whatever the rewrites

@@ -637,7 +637,9 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
         return None
 
     def judge(candidate: onnx.ModelProto) -> tuple[bool, dict[str, OutputError]]:
-        emu = Emulator(Graph(candidate), opts.threads)
+        # under the run's semantics, as the search will judge the rewritten model
+        judged = _rewritten_context(ctx, candidate, opts)
+        emu = Emulator(judged.judged, opts.threads, rules=judged.rules)
         errs = worst([compare_outputs(ref, emu.run(frozenset(), s), opts.tolerance)
                       for s, ref in zip(ctx.samples, ctx.references)])
         emu.close()
