@@ -106,6 +106,9 @@ class Session:
         return run_session(self.session, fed, outputs)
 
 
+_SWITCH = {True: np.array(True), False: np.array(False)}  # a switch's value: runs in FP16
+
+
 def _stored(t: TensorProto) -> bool:
     return t.data_location == TensorProto.EXTERNAL and any(
         e.key == "location" and e.value == STORE_LOCATION for e in t.external_data)
@@ -769,7 +772,6 @@ class Emulator:
         self.rebuilds = 0
         self.session: Session | None = None
         self._switches: dict[str, frozenset[str]] = {}  # bool input -> the nodes it switches
-        self._on, self._off = np.array(True), np.array(False)
         self._reference: Reference | None = None
         self.active: frozenset[str] = self._whole(frozenset(active) & self._cand_set)  # built on first use
         self._nonfinite = f"{_separator(graph)}nonfinite"  # the watch flags' output
@@ -782,7 +784,7 @@ class Emulator:
         return list(self._candidates)
 
     def _whole(self, nodes: frozenset[str]) -> frozenset[str]:
-        return frozenset(m for n in nodes for m in self._part[n])
+        return frozenset().union(*{self._part[n] for n in nodes})
 
     def _build(self, active: frozenset[str]) -> None:
         state = {n: (ACTIVE if n in active else HALF) for n in self._candidates}
@@ -809,18 +811,22 @@ class Emulator:
         if not need <= self.active or self.session is None:  # a closed emulator reopens
             self._build(self.active | need)
 
-    def feeds_for(self, fp32_nodes: frozenset[str]) -> dict[str, np.ndarray]:
-        split = [p for p in {self._part[n] for n in fp32_nodes if n in self._part}
-                 if not p <= fp32_nodes]
+    def feeds_for(self, fp32_nodes: frozenset[str]) -> dict[str, bool]:
+        """Each switch of the session the plan needs: True where its group runs in FP16."""
+        need = frozenset(fp32_nodes)
+        unknown = need - self._cand_set
+        if unknown:
+            raise TrtBisectError(f"not switchable nodes in plan: {', '.join(sorted(unknown))}")
+        split = [p for p in {self._part[n] for n in need} if not p <= need]
         if any(p & self.active for p in split):
             self.session = None  # its If nodes switch the whole group
         for part in split:  # the plan splits a group: its two sides switch apart from now on
-            for side in (part & fp32_nodes, part - fp32_nodes):
+            for side in (part & need, part - need):
                 for n in side:
                     self._part[n] = side
-        self.ensure(fp32_nodes)
-        return {s: (self._off if ns <= fp32_nodes else self._on)
-                for s, ns in self._switches.items()}
+        if not need <= self.active or self.session is None:  # need: whole groups by now
+            self._build(self.active | need)
+        return {s: not ns <= need for s, ns in self._switches.items()}
 
     def _run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
              names: Sequence[str]) -> list[np.ndarray]:
@@ -835,7 +841,8 @@ class Emulator:
             return [ref[n] for n in names]
         switches = self.feeds_for(frozenset(fp32_nodes))
         assert self.session is not None
-        return self.session.run({**feeds, **switches}, names)
+        return self.session.run({**feeds, **{s: _SWITCH[on] for s, on in switches.items()}},
+                                names)
 
     def run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._run(fp32_nodes, feeds, self.outputs)
