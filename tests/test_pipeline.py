@@ -215,6 +215,26 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     assert max(a["fp32_drift"]["rel"] for a in applied) < 1e-4
 
 
+def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
+    """The model's FP32 outputs and all-FP16 verdict are the run's (not computed again), and
+    the kept candidate's prepared graph is the search's (not prepared again)."""
+    from trtbisect import pipeline, rewrites
+    prepared, references = [], []
+    real_prepare, real_refs = pipeline.semantics.prepare_graph, rewrites.reference_outputs
+    monkeypatch.setattr(pipeline.semantics, "prepare_graph",
+                        lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
+    monkeypatch.setattr(rewrites, "reference_outputs",
+                        lambda *a, **k: references.append(1) or real_refs(*a, **k))
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], rewrite=True), tmp_path / "out")
+    assert r.verdict == "fixed" and r.fp32_nodes == []
+    tried = r.extra["rewrites"]["judgements"]
+    assert tried == len(r.extra["rewrites"]["applied"]) == 1
+    assert len(references) == tried  # one FP32 drift check per candidate
+    assert len(prepared) == 1 + tried  # the model, then each candidate once
+
+
 def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatch):
     from trtbisect import pipeline
     z = zoo["layernorm_overflow"]

@@ -538,9 +538,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
         suspects = build_prior(ctx.graph, stats, constant_stats(ctx.graph)).seeds
-        outcome = _try_rewrites(ctx, opts, stats, suspects)
+        outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
+                                            (all_half, worst(before)))
         if outcome is not None and outcome.applied:
-            ctx = _rewritten_context(ctx, outcome.model, opts)
+            ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
             g = ctx.judged
             base.update(candidates=len(g.candidates()), nodes=len(g.names))
             ev = Evaluator(ctx, opts, stats, journal)
@@ -627,19 +628,23 @@ REWRITE_WEIGHT_LIMIT = 1 << 30  # rewrites work on one in-memory proto: models u
 
 
 def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
-                  suspects: Sequence[str] = ()):
+                  suspects: Sequence[str] = (),
+                  all_fp16: tuple[bool, dict[str, OutputError]] | None = None):
     """Verified rewrites (rewrites.py), each judged exactly like a plan: all-FP16 on the
-    emulator, every sample, against the original model's FP32 reference."""
+    emulator, every sample, against the original model's FP32 reference. `all_fp16`: the
+    model's own all-FP16 verdict and errors, when known. Returns the outcome and the context
+    of its model (None: it is not one the judge prepared last)."""
     from .rewrites import try_rewrites
 
     if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
         log.warning("--rewrite skipped: the model's weights exceed %d MiB", REWRITE_WEIGHT_LIMIT >> 20)
-        return None
+        return None, None
+    last: list[Context] = []  # the last candidate's context: the search's, if it is kept
 
     def judge(candidate: onnx.ModelProto) -> tuple[bool, dict[str, OutputError]]:
         # under the run's semantics, as the search will judge the rewritten model
-        judged = _rewritten_context(ctx, candidate, opts)
-        emu = Emulator(judged.judged, opts.threads, rules=judged.rules)
+        last[:] = [_rewritten_context(ctx, candidate, opts)]
+        emu = Emulator(last[0].judged, opts.threads, rules=last[0].rules)
         errs = worst([compare_outputs(ref, emu.run(frozenset(), s), opts.tolerance)
                       for s, ref in zip(ctx.samples, ctx.references)])
         emu.close()
@@ -648,7 +653,10 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     ranges = {t: s.fp32_absmax for t, s in stats.items()}
     # matches at the suspects go first, one connected group of them after another
     groups = [{"nodes": grp} for grp in group_culprits(ctx.graph, list(suspects))]
-    return try_rewrites(ctx.graph.materialize(), ctx.samples, judge, groups=groups, ranges=ranges)
+    outcome = try_rewrites(ctx.graph.materialize(), ctx.samples, judge, groups=groups,
+                           ranges=ranges, references=ctx.references, initial=all_fp16)
+    kept = next((c for c in last if c.model is outcome.model), None)
+    return outcome, kept
 
 
 def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> Context:

@@ -176,7 +176,9 @@ NOT_ENOUGH = "all-FP16 error did not improve enough"
 def try_rewrites(model: onnx.ModelProto, samples: Sequence[Sample], judge: Judge,
                  groups: Iterable[Any] | None = None, rewrites: Sequence[Rewrite] = REWRITES,
                  drift_rtol: float = DEFAULT_DRIFT_RTOL,
-                 ranges: Mapping[str, float] | None = None) -> RewriteOutcome:
+                 ranges: Mapping[str, float] | None = None,
+                 references: Sequence[Mapping[str, np.ndarray]] | None = None,
+                 initial: tuple[bool, dict[str, OutputError]] | None = None) -> RewriteOutcome:
     """Apply the rewrites that make the all-FP16 model pass (or get closer), one at a time.
 
     `judge(model) -> (passed, errors per output)` must judge the all-FP16 plan of the model
@@ -184,10 +186,13 @@ def try_rewrites(model: onnx.ModelProto, samples: Sequence[Sample], judge: Judge
     the ORIGINAL model's FP32 reference). `groups`: diagnose.py culprit groups (dicts or
     CulpritGroup); matches touching them, or whose rewrite addresses their pattern, go first.
     `ranges`: known FP32 max|value| per tensor (e.g. layer-wise stats), else computed.
+    `references`: the model's FP32 outputs per sample, and `initial`: `judge(model)`, when the
+    caller has them already (else computed).
     """
-    references = reference_outputs(model, samples)
-    passed, errors = judge(model)
-    out = RewriteOutcome(model, passed=passed, errors=errors, judgements=1)
+    if references is None:
+        references = reference_outputs(model, samples)
+    passed, errors = judge(model) if initial is None else initial
+    out = RewriteOutcome(model, passed=passed, errors=errors, judgements=int(initial is None))
     by_name = {rw.name: rw for rw in rewrites}
     tried: set[tuple[str, tuple[str, ...]]] = set()
     refused: dict[tuple[str, tuple[str, ...], str], Refusal] = {}
