@@ -300,3 +300,21 @@ def test_reducesum_with_a_non_count_factor_is_prescaled(zoo):
     assert ops[ops.index("ReduceSum") - 1] == "Mul" and ops[ops.index("ReduceSum") + 1] == "Flatten"
     samples = [z.inputs]
     assert measure_drift(reference_outputs(model, samples), rewritten, samples).rel <= 1e-6
+
+
+def test_find_all_reads_one_view_of_the_model_and_finds_what_each_rule_finds(zoo, monkeypatch):
+    """Every rule's finder reads the same View (a 20k-node model's costs 0.2 s), and finds
+    exactly what it finds alone."""
+    from trtbisect.rewrite_rules import core
+    model = zoo["layernorm_overflow"].model
+    alone = [(type(i).__name__, i.rewrite, tuple(i.where)) for rw in REWRITES
+             for i in rw.find(model, None)]
+    made = []
+    real = core.View.__init__
+    monkeypatch.setattr(core.View, "__init__",
+                        lambda self, m: made.append(1) or real(self, m))
+    matches, refusals = find_all(model)
+    assert len(made) == 1
+    found = [(type(i).__name__, i.rewrite, tuple(i.where)) for i in [*matches, *refusals]]
+    assert sorted(found) == sorted(alone) and any(k == "Match" for k, _, _ in found)
+    assert core.View.of(model) is not core.View.of(model)  # shared only inside find_all

@@ -29,6 +29,7 @@ from .backends.ort import Reference
 from .compare import OutputError, Tolerance
 from .graph import Graph
 from .rewrite_rules import REWRITES, Match, Refusal, Rewrite, RewriteRefused
+from .rewrite_rules.core import View
 
 log = logging.getLogger(__name__)
 
@@ -161,12 +162,13 @@ def find_all(model: onnx.ModelProto, ranges: Callable[[str], float | None] | Non
     """Every match and near miss of every rewrite, matches in the rewrites' order."""
     matches: list[Match] = []
     refusals: list[Refusal] = []
-    for rw in rewrites:
-        for item in rw.find(model, ranges):
-            if isinstance(item, Match):
-                matches.append(item)
-            else:
-                refusals.append(item)
+    with View.shared(model):
+        for rw in rewrites:
+            for item in rw.find(model, ranges):
+                if isinstance(item, Match):
+                    matches.append(item)
+                else:
+                    refusals.append(item)
     return matches, refusals
 
 

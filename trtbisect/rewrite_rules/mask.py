@@ -28,7 +28,7 @@ MAX_HOPS = 8
 
 
 def find(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view = View(model)
+    view = View.of(model)
     found: list[Match | Refusal] = []
     for tensor, source in _out_of_range_constants(view):
         found.append(_judge_constant(view, tensor, source))

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import version_converter
 
-from .core import (Editor, Match, Ranges, Refusal, Rewrite, RewriteRefused, View,
+from .core import (Editor, Match, Ranges, Refusal, Rewrite, RewriteRefused, View, opset_of,
                    normalized_axes, square_of)
 
 LN, RMS = "fuse_layernorm", "fuse_rmsnorm"
@@ -43,7 +43,7 @@ class Chain:
 
 
 def find_layernorm(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view = View(model)
+    view = View.of(model)
     found: list[Match | Refusal] = []
     for node in view.nodes:
         d = square_of(view, node)
@@ -76,7 +76,7 @@ def _layernorm(view: View, mean: onnx.NodeProto, sub: onnx.NodeProto,
 
 
 def find_rmsnorm(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view = View(model)
+    view = View.of(model)
     found: list[Match | Refusal] = []
     for node in view.nodes:
         x = square_of(view, node)
@@ -201,7 +201,7 @@ def _fit(value: np.ndarray | None, norm: list[int]) -> np.ndarray | None:
 
 def raise_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     """The model at `target` through onnx.version_converter, checked; or RewriteRefused."""
-    current = View(model).opset
+    current = opset_of(model)
     if current >= target:
         return model
     try:

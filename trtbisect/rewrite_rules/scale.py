@@ -43,7 +43,7 @@ PRESCALE = "prescale_attention"
 
 
 def find_prescale(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view = View(model)
+    view = View.of(model)
     found: list[Match | Refusal] = []
     for i, mm in enumerate(view.nodes):
         if mm.op_type != "MatMul":
@@ -95,7 +95,7 @@ REDUCESUM = "reducesum_to_mean"
 
 
 def find_reducesum(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view = View(model)
+    view = View.of(model)
     found: list[Match | Refusal] = []
     for i, rs in enumerate(view.nodes):
         nxt = view.only_user(rs.output[0]) if rs.op_type == "ReduceSum" else None
@@ -161,7 +161,7 @@ SAFE_SQUARE = (2.0**-10, 2.0**13)  # squares of max|x| outside this band get a s
 
 
 def find_square(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view = View(model)
+    view = View.of(model)
     found: list[Match | Refusal] = []
     for i, sq in enumerate(view.nodes):
         x = square_of(view, sq)
@@ -247,7 +247,7 @@ EPS_USERS = frozenset({"Sqrt", "Reciprocal", "Div", "Log", "Pow"})
 
 
 def find_eps(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Match | Refusal]:
-    view = View(model)
+    view = View.of(model)
     found: list[Match | Refusal] = []
     for i, add in enumerate(view.nodes):
         if add.op_type != "Add" or not any(u.op_type in EPS_USERS for u in view.users(add.output[0])):
