@@ -229,3 +229,31 @@ def test_internal_names_never_collide_with_the_models(tmp_path):
     assert np.isinf(emu.run(frozenset(), x)["y"][0])
     np.testing.assert_array_equal(emu.run(frozenset(graph.candidates()), x)["y"],
                                   Reference(graph).run(x)["y"])
+
+
+def test_a_float16_models_fused_layers_are_the_same_to_the_search_and_to_check(tmp_path,
+                                                                               monkeypatch):
+    """Under trt, x*x -> sqrt of a float16 model is one PWN layer whose x*x (8.1e5) stays in
+    the kernel. The search's emulator must find that layer as check finds it in the written
+    file: the emulator-first verdict, the file's verdict and the layer-wise statistics agree."""
+    from trtbisect import pipeline
+    m, x = _fp16_model()
+    path = tmp_path / "half.onnx"
+    onnx.save(m, path)
+    np.savez(tmp_path / "x.npz", **x)
+    opts = Options(inputs=[str(tmp_path / "x.npz")])
+    file_first = run(path, opts, tmp_path / "a")
+    assert file_first.verdict == "fp16_ok"
+    monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", -1)  # the emulator decides first
+    emulator_first = run(path, opts, tmp_path / "b")
+    assert emulator_first.verdict == "fp16_ok"
+    assert emulator_first.extra["one_judge"]["search_equals_check"]
+    assert {k: e.to_json() for k, e in emulator_first.errors_before.items()} == \
+        {k: e.to_json() for k, e in file_first.errors_before.items()}
+    ctx = pipeline.prepare(path, opts)
+    emu_stats = pipeline.layerwise(ctx, opts)  # the FP16 side from the search's emulator
+    monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", 1 << 30)
+    with_report = run(path, Options(inputs=[str(tmp_path / "x.npz")], report=True), tmp_path / "c")
+    assert {k: s.to_json() for k, s in with_report.stats.items()} == \
+        {k: s.to_json() for k, s in emu_stats.items()}  # first batch's FP16 side: the file's
+    assert emu_stats["sq"].fp16_nonfinite == 0  # inside the layer: never stored in FP16

@@ -165,6 +165,9 @@ def _plot_error(ax, stats: Sequence, marked: list[int], rtol: float,
     finite = [s.rel_err if math.isfinite(s.rel_err) and s.rel_err > 0 else math.nan for s in stats]
     top = max([v for v in finite if not math.isnan(v)] + [rtol, 1.0]) * 3
     ax.semilogy(x, finite, ".-", color="#2ca02c", lw=1, ms=4, label="all-FP16 error / max |ref|")
+    shown = [v for v in [*finite, *_positive(with_plan or [])] if not math.isnan(v)]
+    low = min(shown + [rtol if rtol > 0 else 1e-3])
+    ax.set_ylim(low / 10, top * 2)  # explicit: an FP16 run without error has no span of its own
     if with_plan is not None:
         ax.semilogy(x, _positive(with_plan), ".-", color="#1f77b4", lw=1, ms=3,
                     label="with the plan")
