@@ -257,3 +257,45 @@ def test_a_float16_models_fused_layers_are_the_same_to_the_search_and_to_check(t
     assert {k: s.to_json() for k, s in with_report.stats.items()} == \
         {k: s.to_json() for k, s in emu_stats.items()}  # first batch's FP16 side: the file's
     assert emu_stats["sq"].fp16_nonfinite == 0  # inside the layer: never stored in FP16
+
+
+def _trt_cases():
+    from tests.models.make_models import deep_model, zoo
+    from tests.models.semantics_models import planted
+    cases = {f"planted/{n}": (p.model, p.inputs) for n, p in planted().items()}
+    cases.update({n: (zoo()[n].model, zoo()[n].inputs) for n in ("layernorm_overflow",
+                                                                  "constant_out_of_range")})
+    d = deep_model(blocks=4, overflow_blocks=(1,))
+    cases["deep_4"] = (d.model, d.inputs)
+    cases["float16"] = _fp16_model()
+    return cases
+
+
+TRT_CASES = _trt_cases()
+
+
+@pytest.mark.parametrize("name", sorted(TRT_CASES))
+@pytest.mark.parametrize("kernels", ["plain", "tf32+fp16-accumulate"])
+def test_trt_semantics_search_and_written_file_agree_for_random_unit_plans(tmp_path, name,
+                                                                           kernels):
+    """Under trt semantics (fused layers, folded constants, BatchNorm as scale/shift), with
+    and without TF32 and FP16 accumulation: the search's numbers for a plan of whole units
+    are, bit for bit, those of the judge of its written file."""
+    from trtbisect import pipeline, semantics
+    model, inputs = TRT_CASES[name]
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    np.savez(tmp_path / "x.npz", **inputs)
+    odd = kernels != "plain"
+    opts = Options(inputs=[str(tmp_path / "x.npz")], tf32=odd, fp16_accumulate=odd)
+    ctx = pipeline.prepare(path, opts)
+    ev = pipeline.Evaluator(ctx, opts, {}, None)
+    units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
+    rng = np.random.default_rng(5)
+    plans = [frozenset(), frozenset(n for u in units for n in u),
+             *(frozenset(n for u in units if rng.random() < p for n in u) for p in (0.3, 0.7))]
+    for plan in plans:
+        searched = pipeline.worst(ev.measure(plan)[1])
+        checked = pipeline._write_and_judge(ctx, opts, plan, None).checked.errors
+        assert {o: pipeline._bits(e) for o, e in checked.items()} == \
+            {o: pipeline._bits(searched[o]) for o in checked}, (name, sorted(plan))
