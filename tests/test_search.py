@@ -60,6 +60,24 @@ def test_a_single_culprit_the_prior_missed_is_pinned_by_the_grow_and_tried_alone
     assert r.evaluations < plain.evaluations
 
 
+def test_a_ranking_that_needs_most_of_the_candidates_hands_over_to_ddmin():
+    """PP-OCRv4 rec under strict semantics: the grow phase passes only with most of the
+    ranking (a wide combination of suspects), while one node it ranked last fixes the model
+    alone. Shrinking the prefix would keep the whole combination; one probe finds that what
+    the prefix left out passes too, and ddmin over that finds the node."""
+    nodes = NODES[:64]
+    combo = set(nodes[:40])
+
+    def check(fp32):  # n63 alone fixes it; so do the 40 suspects together
+        return "n63" in fp32 or combo <= fp32
+
+    r = find_minimal_fp32(nodes, check, ranking=nodes)
+    assert r.fp32 == ["n63"] and r.one_minimal
+    plain = ddmin(nodes, check)
+    assert r.evaluations <= plain.evaluations + 12  # the grow and bisect it ran first
+    assert is_one_minimal(r.fp32, check)
+
+
 def test_beats_plain_ddmin_by_3x_with_a_prior():
     ours = find_minimal_fp32(NODES, needs(CULPRITS), seeds=sorted(CULPRITS))
     plain = ddmin(NODES, needs(CULPRITS))
