@@ -81,13 +81,19 @@ def round_fp16(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class _Diff:
     """What every comparison starts from, in a few passes over the data: the flattened
-    arrays, their finiteness, max|ref| over its finite values, and |got - ref| in float64
-    where ref is finite (a non-finite difference counts as inf)."""
+    arrays and their float64 copies, their finiteness, |ref|, max|ref| over its finite values,
+    and |got - ref| in float64 where ref is finite (a non-finite difference counts as inf).
+    The masks for non-finite values are applied only where there are any."""
 
     ref: np.ndarray
     got: np.ndarray
+    ref64: np.ndarray
+    got64: np.ndarray
     finite_ref: np.ndarray
     finite_got: np.ndarray
+    all_ref: bool  # every value finite
+    all_got: bool
+    ref_mag: np.ndarray
     ref_max: float
     diff: np.ndarray
 
@@ -98,41 +104,50 @@ class _Diff:
             raise ValueError(f"shape mismatch {got.shape} vs reference {ref.shape}")
         ref, got = ref.ravel(), got.ravel()
         finite_ref, finite_got = np.isfinite(ref), np.isfinite(got)
-        ref_max = float(np.abs(ref).max(initial=0.0, where=finite_ref))
+        all_ref, all_got = bool(finite_ref.all()), bool(finite_got.all())
+        ref_mag = np.abs(ref)
+        ref_max = float(ref_mag.max(initial=0.0) if all_ref
+                        else ref_mag.max(initial=0.0, where=finite_ref))
+        ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(got.astype(np.float64) - ref)
-        diff[~np.isfinite(diff)] = np.inf
-        return cls(ref, got, finite_ref, finite_got, ref_max,
-                   diff if finite_ref.all() else diff[finite_ref])
+            diff = np.abs(got64 - ref64)
+        if not (all_ref and all_got):  # a difference of finite floats is finite in float64
+            diff[~np.isfinite(diff)] = np.inf
+            if not all_ref:
+                diff = diff[finite_ref]
+        return cls(ref, got, ref64, got64, finite_ref, finite_got, all_ref, all_got, ref_mag,
+                   ref_max, diff)
 
     @property
     def max_abs(self) -> float:
         return float(self.diff.max(initial=0.0))
+
+    @property
+    def mean_abs(self) -> float:
+        return float(self.diff.mean()) if self.diff.size else 0.0
 
     def rel(self, max_abs: float) -> float:
         if self.ref_max > 0:
             return max_abs / self.ref_max
         return 0.0 if max_abs == 0 else float("inf")
 
+    def cosine(self) -> float:
+        """Over the positions where both are finite."""
+        if self.all_ref and self.all_got:
+            return _cosine64(self.ref64, self.got64)
+        both = self.finite_ref & self.finite_got
+        return _cosine64(self.ref64[both], self.got64[both])
+
 
 def compare_output(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputError:
     d = _Diff.of(ref, got)
-    bad = int(np.count_nonzero(d.finite_ref & ~d.finite_got))
+    bad = 0 if d.all_got else int(np.count_nonzero(d.finite_ref & ~d.finite_got))
     bound = rtol * d.ref_max + atol
     max_abs = d.max_abs
-    mean_abs = float(d.diff.mean()) if d.diff.size else 0.0
     with np.errstate(invalid="ignore"):
         p99 = float(np.percentile(d.diff, 99)) if d.diff.size else 0.0
     passed = bad == 0 and max_abs <= bound
-    return OutputError(max_abs, bound, d.rel(max_abs), mean_abs, p99, cosine(d.ref, d.got), bad,
-                       passed)
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    mask = np.isfinite(a) & np.isfinite(b)
-    if not mask.all():
-        a, b = a[mask], b[mask]
-    return _cosine64(np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel())
+    return OutputError(max_abs, bound, d.rel(max_abs), d.mean_abs, p99, d.cosine(), bad, passed)
 
 
 def _cosine64(a: np.ndarray, b: np.ndarray) -> float:
@@ -202,46 +217,26 @@ FP16_FLUSH = 2.0**-25  # the largest magnitude an FP16 store rounds to zero (RNE
 
 def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray) -> TensorStats:
     """The numbers of `compare_output` with zero tolerance, and what an FP16 store does to the
-    reference (the layer-wise pass runs this on every stored tensor: no percentile, and the
-    masks for non-finite values only where there are any)."""
-    ref, got = np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32)
-    if ref.shape != got.shape:
-        raise ValueError(f"shape mismatch {got.shape} vs reference {ref.shape}")
-    ref, got = ref.ravel(), got.ravel()
-    mag, got_mag = np.abs(ref), np.abs(got)
-    finite_ref, finite_got = np.isfinite(ref), np.isfinite(got)
-    all_ref, all_got = bool(finite_ref.all()), bool(finite_got.all())
-    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(got64 - ref64)
-    if not (all_ref and all_got):  # a difference of finite float32s is finite in float64
-        diff[~np.isfinite(diff)] = np.inf
-        if not all_ref:
-            diff = diff[finite_ref]
-    both = None if all_ref and all_got else finite_ref & finite_got
-    ref_max = float(mag.max(initial=0.0) if all_ref else mag.max(initial=0.0, where=finite_ref))
-    max_abs = float(diff.max(initial=0.0))
-    if ref_max > 0:
-        rel = max_abs / ref_max
-    else:
-        rel = 0.0 if max_abs == 0 else float("inf")
-    big = mag >= FP16_OVERFLOW
+    reference (the layer-wise pass runs this on every stored tensor: no percentile)."""
+    d = _Diff.of(np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32))
+    got_mag = np.abs(d.got)
+    max_abs = d.max_abs
+    big = d.ref_mag >= FP16_OVERFLOW
     return TensorStats(
         name=name,
         producer=producer,
-        fp32_absmax=ref_max,
-        fp16_absmax=float(got_mag.max(initial=0.0) if all_got
-                          else got_mag.max(initial=0.0, where=finite_got)),
+        fp32_absmax=d.ref_max,
+        fp16_absmax=float(got_mag.max(initial=0.0) if d.all_got
+                          else got_mag.max(initial=0.0, where=d.finite_got)),
         max_abs_err=max_abs,
-        rel_err=rel,
-        mean_abs_err=float(diff.mean()) if diff.size else 0.0,
-        cosine=_cosine64(ref64 if both is None else ref64[both],
-                         got64 if both is None else got64[both]),
-        fp32_nonfinite=0 if all_ref else int(ref.size - np.count_nonzero(finite_ref)),
-        fp16_nonfinite=0 if all_got else int(got.size - np.count_nonzero(finite_got)),
-        overflow=int(np.count_nonzero(big if all_ref else finite_ref & big)),
-        flushed=int(np.count_nonzero((mag > 0) & (mag <= FP16_FLUSH))),
-        size=int(ref.size),
+        rel_err=d.rel(max_abs),
+        mean_abs_err=d.mean_abs,
+        cosine=d.cosine(),
+        fp32_nonfinite=0 if d.all_ref else int(d.ref.size - np.count_nonzero(d.finite_ref)),
+        fp16_nonfinite=0 if d.all_got else int(d.got.size - np.count_nonzero(d.finite_got)),
+        overflow=int(np.count_nonzero(big if d.all_ref else d.finite_ref & big)),
+        flushed=int(np.count_nonzero((d.ref_mag > 0) & (d.ref_mag <= FP16_FLUSH))),
+        size=int(d.ref.size),
     )
 
 
