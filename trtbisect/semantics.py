@@ -22,14 +22,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import TrtBisectError
-from .graph import Graph, data_flow, structure, with_node_names
+from .graph import HALF_TYPES, Graph, data_flow, structure, with_node_names
 
 log = logging.getLogger(__name__)
 
 SEMANTICS = ("trt", "strict")  # --semantics; "trt" is the default
 TRT_VERSIONS = (10, 11)  # --trt-version
 FLOAT = TensorProto.FLOAT
-FUSABLE_TYPES = (FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 FP16_MAX = 65504.0
 FP16_MIN_SUBNORMAL = 2.0**-24
 FOLD_LIMIT = 1 << 20  # elements: layout-only ops on bigger weights are left alone (no copies)
@@ -754,7 +753,8 @@ class _View:
     def is_float(self, tensor: str) -> bool:
         """float32, or a float16 model's own half type: TensorRT fuses either alike, and the
         judge of a written file finds its layers on the file's float32 view."""
-        return self.types.get(tensor, FLOAT) in FUSABLE_TYPES
+        t = self.types.get(tensor, FLOAT)
+        return t == FLOAT or t in HALF_TYPES
 
     def _ready(self, j: int, anchor: int, produced: set[str]) -> bool:
         """Every input of node j exists once the region has run (no cycle through it)."""

@@ -801,22 +801,22 @@ class Emulator:
         log.debug("emulator session %d: %d switchable nodes in %d groups", self.rebuilds,
                   len(active), len(self._switches))
 
-    def ensure(self, fp32_nodes: Iterable[str]) -> None:
-        """Make every plan inside `fp32_nodes` (whole groups) runnable without a rebuild."""
+    def _known(self, fp32_nodes: Iterable[str]) -> frozenset[str]:
         need = frozenset(fp32_nodes)
         unknown = need - self._cand_set
         if unknown:
             raise TrtBisectError(f"not switchable nodes in plan: {', '.join(sorted(unknown))}")
-        need = self._whole(need)
+        return need
+
+    def ensure(self, fp32_nodes: Iterable[str]) -> None:
+        """Make every plan inside `fp32_nodes` (whole groups) runnable without a rebuild."""
+        need = self._whole(self._known(fp32_nodes))
         if not need <= self.active or self.session is None:  # a closed emulator reopens
             self._build(self.active | need)
 
     def feeds_for(self, fp32_nodes: frozenset[str]) -> dict[str, bool]:
         """Each switch of the session the plan needs: True where its group runs in FP16."""
-        need = frozenset(fp32_nodes)
-        unknown = need - self._cand_set
-        if unknown:
-            raise TrtBisectError(f"not switchable nodes in plan: {', '.join(sorted(unknown))}")
+        need = self._known(fp32_nodes)
         split = [p for p in {self._part[n] for n in need} if not p <= need]
         if any(p & self.active for p in split):
             self.session = None  # its If nodes switch the whole group
@@ -824,8 +824,7 @@ class Emulator:
             for side in (part & need, part - need):
                 for n in side:
                     self._part[n] = side
-        if not need <= self.active or self.session is None:  # need: whole groups by now
-            self._build(self.active | need)
+        self.ensure(need)
         return {s: not ns <= need for s, ns in self._switches.items()}
 
     def _run(self, fp32_nodes: frozenset[str] | None, feeds: Mapping[str, np.ndarray],
