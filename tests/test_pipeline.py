@@ -273,8 +273,11 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
         exposing.append(bool(kwargs.get("expose")))
         return real(*args, **kwargs)
     monkeypatch.setattr(pipeline, "Emulator", spy)
+    sized = []
+    real_sizes = pipeline.estimate_bytes
+    monkeypatch.setattr(pipeline, "estimate_bytes", lambda *a: sized.append(1) or real_sizes(*a))
     r = run(model, opts, tmp_path / "out")
-    assert r.verdict == "fixed"
+    assert r.verdict == "fixed" and len(sized) == 1  # the batches are planned once a run
     ctx = pipeline.prepare(model, opts)
     batches = pipeline.layerwise_batches(ctx, opts)
     assert (len(batches) > 1) == (budget < 1 << 20)

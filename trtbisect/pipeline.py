@@ -163,15 +163,17 @@ def reference_problems(ctx: Context) -> list[str]:
 def layerwise(ctx: Context, opts: Options,
               progress: Callable[[int, int], None] | None = None,
               plan: frozenset[str] = frozenset(),
-              fp16_first: Sequence[Mapping[str, np.ndarray]] = ()) -> dict[str, TensorStats]:
+              fp16_first: Sequence[Mapping[str, np.ndarray]] = (),
+              batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
     """Statistics of every stored float tensor, FP32 vs FP16 (all-FP16, or `plan` applied),
     worst over all samples.
 
     The FP32 side comes from the reference graph, the FP16 side from the plan's static graph,
     both exposing one batch of tensors at a time under the memory budget (ORT keeps every
     exposed output alive for the whole run); only statistics are kept. `fp16_first`: per
-    sample, the FP16 side of the first batch (`layerwise_batches`), already computed (by the
-    judge of the written all-FP16 file, which is the same graph: one judge).
+    sample, the FP16 side of the first batch (`layerwise_batches`, or `batches` when given),
+    already computed (by the judge of the written all-FP16 file, which is the same graph: one
+    judge).
     """
     g = ctx.judged
     producer = {t: g.names[g.producer[t]] for t in g.stored_tensors()}
@@ -181,7 +183,7 @@ def layerwise(ctx: Context, opts: Options,
             for s in ctx.samples:
                 x = np.asarray(s[v.name], np.float32)
                 _merge(stats, tensor_stats(v.name, None, x, round_fp16(x)))
-    batches = layerwise_batches(ctx, opts)
+    batches = batches or layerwise_batches(ctx, opts)
     total, done = sum(len(b) for b in batches), 0
     for k, batch in enumerate(batches):
         # one session at a time: ONNX Runtime holds its own copy of the weights in each
@@ -220,7 +222,8 @@ def layerwise_batches(ctx: Context, opts: Options) -> list[list[str]]:
 
 def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerprint: dict,
                       progress: Callable[[int, int], None] | None,
-                      fp16_first: Sequence[Mapping[str, np.ndarray]] = ()) -> dict[str, TensorStats]:
+                      fp16_first: Sequence[Mapping[str, np.ndarray]] = (),
+                      batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
     """The layer-wise statistics, reused when a resumed run has the same fingerprint."""
     path = None
     if out_dir is not None and opts.resume:
@@ -233,7 +236,7 @@ def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerp
             return stats
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    stats = layerwise(ctx, opts, progress, fp16_first=fp16_first)
+    stats = layerwise(ctx, opts, progress, fp16_first=fp16_first, batches=batches)
     if path is not None:
         try:
             atomic_write_records(path, [s.to_json() for s in stats.values()])
@@ -510,6 +513,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     stage("all-FP16 evaluation")
     first: _Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
+    batches: list[list[str]] | None = None  # the layer-wise batches, once known
     if opts.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
@@ -520,8 +524,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
-        first = _write_and_judge(ctx, opts, frozenset(), out_dir,
-                                 expose=layerwise_batches(ctx, opts)[0])
+        batches = layerwise_batches(ctx, opts)
+        first = _write_and_judge(ctx, opts, frozenset(), out_dir, expose=batches[0])
         all_half, before = first.checked.passed, [first.checked.errors]
         ev.runs += len(ctx.samples)
         fp16_first = first.checked.tensors
@@ -532,8 +536,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
-        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, fp16_first)
-    fp16_first = []
+        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, fp16_first,
+                                  batches)
+    fp16_first = []  # memory: the FP16 side is only statistics now
     outcome = None
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
