@@ -109,6 +109,46 @@ def test_layer_owner_prefers_metadata_then_name():
     assert tl.layer_owner("[ONNX Layer: cast_7]", "ONNXTRT_helper", known) is None
 
 
+# The inspector JSON as TensorRT writes it (the sources: tests/fixtures/trt/README.md). Keys a
+# record must have; a layer may carry more (ParameterType, TacticValue, Weights, ...).
+LAYER_KEYS = {"Name", "LayerType", "Inputs", "Outputs"}
+TENSOR_KEYS = {10: {"Name", "Location", "Dimensions", "Format/Datatype"},
+               11: {"Name", "Location", "Dimensions", "Format", "Datatype"}}
+IO_KEY = {10: "Bindings", 11: "I/O Tensors"}
+IO_TENSOR_KEYS = {"Name", "IOMode", "DataType", "Dimensions", "Location", "IsShapeInferenceIO",
+                  "ProfileInfo"}
+
+
+def assert_real_format(info: dict, major: int) -> None:
+    """`info` is shaped like TensorRT `major`'s DETAILED engine information."""
+    assert set(info) == {"Layers", IO_KEY[major]}, set(info)
+    if major == 10:
+        assert all(isinstance(name, str) for name in info["Bindings"])
+    else:
+        assert all(set(t) == IO_TENSOR_KEYS for t in info["I/O Tensors"])
+        assert all(t["IOMode"] in ("Input", "Output") for t in info["I/O Tensors"])
+    for layer in info["Layers"]:
+        assert LAYER_KEYS <= set(layer), layer
+        for tensor in layer["Inputs"] + layer["Outputs"]:
+            assert set(tensor) == TENSOR_KEYS[major], tensor
+            assert isinstance(tensor["Dimensions"], list)
+        metadata = layer.get("Metadata", "")
+        assert not metadata or all(p.startswith("[ONNX Layer: ") and p.endswith("]")
+                                   for p in tl.METADATA_SEPARATORS.split(metadata)), metadata
+
+
+@pytest.mark.parametrize("name,major", [("layers_trt10.json", 10), ("layers_trt11.json", 11)])
+def test_fixtures_are_in_the_real_format(name, major):
+    assert_real_format(load(name), major)
+
+
+def test_the_format_check_refuses_the_other_versions_shape():
+    """The two formats differ where TensorRT 11 changed them: an 11 file is no 10 file."""
+    for name, other in (("layers_trt10.json", 11), ("layers_trt11.json", 10)):
+        with pytest.raises(AssertionError):
+            assert_real_format(load(name), other)
+
+
 def test_map_layers_trt10_fixture():
     layers = tl.map_layers(load("layers_trt10.json"), ORDER)
     got = {layer.name: (layer.nodes, layer.source) for layer in layers}
