@@ -246,8 +246,10 @@ def input_options(f: Callable) -> Callable:
                           "in FP32, fused layers rounded once); strict: every node rounds its "
                           "inputs and outputs, the pessimistic bound. See docs/semantics.md."),
         click.option("--trt-version", "trt_version", type=click.Choice(["10", "11"]),
-                     default="10", show_default=True,
-                     help="TensorRT version the plan targets (weight conversion, renderings)."),
+                     default=None,
+                     help="TensorRT version the plan targets (weight conversion, renderings). "
+                          "Default: the installed TensorRT's major version, else 11 "
+                          "(`trtbisect env` shows which)."),
         click.option("--tf32/--no-tf32", "tf32", default=False, show_default=True,
                      help="Judge FP32 MatMul/Conv/Gemm with TF32-rounded operands, as TensorRT "
                           "runs them on Ampere+ unless --noTF32 (off: the renderings carry "
@@ -275,7 +277,13 @@ def make_options(kw: dict):
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
     return Options(inputs=kw.pop("inputs"), shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
-                   threads=kw.pop("threads"), trt_version=int(kw.pop("trt_version")), **kw)
+                   threads=kw.pop("threads"), trt_version=_trt_version(kw.pop("trt_version")),
+                   **kw)
+
+
+def _trt_version(given: str | None) -> int:
+    from .backends.trt import default_trt_version
+    return int(given) if given else default_trt_version()
 
 
 @main.command(epilog=RUN_EXIT_CODES)

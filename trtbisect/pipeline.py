@@ -43,6 +43,11 @@ VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_
                 "no_plan": EXIT_NO_PLAN}
 
 
+def _default_trt_version() -> int:
+    from .backends.trt import default_trt_version
+    return default_trt_version()
+
+
 @dataclass
 class Options:
     inputs: Sequence[str] = ()
@@ -59,7 +64,8 @@ class Options:
     report: bool = False  # also write report.html / report.md (needs matplotlib)
     rewrite: bool = False  # try verified FP16-safe graph rewrites before any FP32 fallback
     semantics: str = "trt"  # trt: round where TensorRT rounds; strict: every node (docs/semantics.md)
-    trt_version: int = 10  # the weight-conversion rule and renderings' target
+    # the weight-conversion rule and renderings' target: the installed TensorRT's major, else 11
+    trt_version: int = field(default_factory=_default_trt_version)
     tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
     fp16_accumulate: bool = False  # FP16 MatMul/Gemm/Conv accumulate in FP16 (an approximation)
 
@@ -1019,6 +1025,7 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
         samples=tuple(samples), data_loader="data_loader.py",
         autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
         true_fp32=not ctx.rules.tf32,
+        trt_version=ctx.prepared.trt_version if ctx.prepared else 11,
         judge_args=_judge_args(ctx),
         reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")

@@ -80,6 +80,7 @@ class RenderContext:
     judge_args: tuple[str, ...] = ()  # `trtbisect check` flags of the run's judge (--semantics ...)
     # the FP32 truth checks compare with, when `model` is not it (a rewritten model)
     reference_model: str | None = None
+    trt_version: int = 11  # the TensorRT the run targeted (--trt-version); both are rendered
 
 
 @dataclass(frozen=True)
@@ -394,11 +395,15 @@ def _autocast_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     return Rendering("autocast_python", "ModelOpt AutoCast (Python API)", text)
 
 
+# The TensorRT Python snippets below use only names the bindings of their target release define
+# (trtbisect/backends/trt_surface/*.json, from NVIDIA's wheels): tests/test_trt_surface.py runs
+# each on the fake TensorRT of that release, which raises AttributeError for any other name.
+
 def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     """TensorRT 10 weak typing through the Python API (removed in TensorRT 11)."""
     text = "\n".join([
-        "# TensorRT 10 only: TensorRT 11 removed weak typing; there, parse the mixed ONNX",
-        f"# ({ctx.mixed_model}) and build it as is.",
+        "# TensorRT 10 only: TensorRT 11 removed weak typing (no BuilderFlag.FP16, no",
+        "# layer.precision); there, build the mixed ONNX (the TensorRT 11 Python snippet).",
         "import tensorrt as trt",
         "",
         f"FP32_NODES = {json.dumps(list(plan), ensure_ascii=False)}",
@@ -438,6 +443,33 @@ def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     return Rendering("tensorrt_python", "TensorRT 10 Python API (weak typing)", text)
 
 
+def _tensorrt_python11(plan: Sequence[str], ctx: RenderContext) -> Rendering:
+    """Strong typing through the Python API: the mixed ONNX carries every precision."""
+    text = "\n".join([
+        "# TensorRT 11 (and 10): the mixed ONNX carries the plan as float16 and float32 types;",
+        "# nothing is set per layer. STRONGLY_TYPED is how TensorRT 11 always builds and what",
+        "# TensorRT 10 needs to respect the types.",
+        "import tensorrt as trt",
+        "",
+        "logger = trt.Logger(trt.Logger.WARNING)",
+        "builder = trt.Builder(logger)",
+        "network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))",
+        "parser = trt.OnnxParser(network, logger)",
+        f"if not parser.parse_from_file({ctx.mixed_model!r}):",
+        '    raise SystemExit("\\n".join(str(parser.get_error(i)) for i in range(parser.num_errors)))',
+        "config = builder.create_builder_config()",
+        *(["config.clear_flag(trt.BuilderFlag.TF32)  # the plan was judged in true FP32"]
+          if ctx.true_fp32 else []),
+        *_profile_lines(ctx),
+        "engine = builder.build_serialized_network(network, config)",
+        f"with open({ctx.engine_stem + '.mixed.plan'!r}, 'wb') as f:",
+        "    f.write(engine)",
+    ])
+    return Rendering("tensorrt_python_trt11",
+                     "TensorRT 11 Python API (strong typing: the mixed model carries the "
+                     "precisions; also TensorRT 10)", text)
+
+
 def _profile_lines(ctx: RenderContext) -> list[str]:
     if not ctx.shape_ranges:
         return []
@@ -448,7 +480,8 @@ def _profile_lines(ctx: RenderContext) -> list[str]:
 
 
 RENDERERS = (_trtexec10, _trtexec11, _polygraphy_run, _polygraphy_check, _autocast,
-             _autocast_python, _tensorrt_python)
+             _autocast_python, _tensorrt_python, _tensorrt_python11)
+PYTHON_RENDERINGS = ("autocast_python", "tensorrt_python", "tensorrt_python_trt11")
 
 
 def render_all(fp32_nodes: Sequence[str], ctx: RenderContext) -> dict[str, Rendering]:
@@ -468,6 +501,7 @@ def renderings_json(fp32_nodes: Sequence[str], ctx: RenderContext) -> dict[str, 
     out["autocast_nodes_to_exclude"] = autocast_patterns(fp32_nodes)
     out["refused"] = {k: list(r.refused) for k, r in rs.items() if r.refused}
     out["workdir"] = ctx.workdir
+    out["trt_version"] = ctx.trt_version  # the target; the other version's renderings are kept
     return out
 
 
@@ -476,10 +510,12 @@ def commands_script(fp32_nodes: Sequence[str], ctx: RenderContext) -> str:
     lines = ["#!/bin/sh",
              "# Apply the trtbisect plan with the tool you deploy with. Paths are relative to",
              "# this folder or absolute; the script runs from here wherever it is called from.",
-             'cd "$(dirname "$0")" || exit 1', ""]
+             'cd "$(dirname "$0")" || exit 1',
+             f"# The plan targets TensorRT {ctx.trt_version} (--trt-version); the TensorRT "
+             f"{10 if ctx.trt_version == 11 else 11} renderings are kept, labelled.", ""]
     for r in render_all(fp32_nodes, ctx).values():
         lines.append(f"# {r.title}:")
-        if r.key in ("autocast_python", "tensorrt_python"):
+        if r.key in PYTHON_RENDERINGS:
             lines += ["# (Python; saved for reference, not run by this script)",
                       *(f"#   {ln}" if ln else "#" for ln in r.text.splitlines())]
         else:

@@ -12,12 +12,15 @@ does not need TensorRT lives in `trtbisect.trt_layers`.
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import importlib
+import importlib.util
 import json
 import logging
 import os
 import statistics
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -74,6 +77,73 @@ def _ensure_tensorrt() -> str:
     return str(getattr(trt, "__version__", "0"))
 
 
+def installed_tensorrt() -> tuple[str, str] | None:
+    """(version, file) of the TensorRT `import tensorrt` would load, or None (absent, or a
+    stubs-only `tensorrt/`). Read without importing it: its libraries need NVIDIA's driver, and
+    `trtbisect run --help` must stay cheap. The version is the `__version__` literal of NVIDIA's
+    `tensorrt/__init__.py`, or of `tensorrt_bindings/__init__.py` where PyPI's `tensorrt-cu1x`
+    shim re-exports it; a tensorrt already imported answers with its own `__version__`."""
+    loaded = sys.modules.get("tensorrt")
+    if loaded is not None and hasattr(loaded, "Builder"):
+        return str(getattr(loaded, "__version__", "0")), str(getattr(loaded, "__file__", ""))
+    for name in ("tensorrt", "tensorrt_bindings"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            if name == "tensorrt":
+                return None  # not installed, blocked, or a namespace package of .pyi stubs
+            continue
+        version = _version_literal(Path(spec.origin))
+        if version:
+            return version, spec.origin
+    return None
+
+
+def _version_literal(path: Path) -> str | None:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)):
+            return str(node.value.value)
+    return None
+
+
+def default_trt_version() -> int:
+    """`--trt-version`'s default: the installed TensorRT's major version (8.x and 9.x, which
+    also type weakly, count as 10; 12 and later as 11, the newest trtbisect knows), else 11,
+    the current release."""
+    found = installed_tensorrt()
+    try:
+        major = int(found[0].split(".")[0]) if found else 11
+    except ValueError:
+        major = 11
+    return min(max(major, 10), 11)
+
+
+def trt_path(version: str) -> str:
+    """Which path `--backend trt` takes with this TensorRT, and what its calls were checked
+    against (trtbisect/backends/trt_surface)."""
+    from trtbisect.backends import trt_surface
+
+    major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+    if major < 10:
+        return f"TensorRT {version} is older than 10: --backend trt needs 10 or 11"
+    checked = trt_surface.CHECKED[min(major, 11)]
+    newer = f"; {version} is newer than {checked}, the release its calls were checked against" \
+        if major > 11 else ""
+    if major >= 11:
+        how = "strong typing: each plan is built from its mixed ONNX (TensorRT 11 has no weak typing)"
+    else:
+        how = ("weak typing: BuilderFlag.FP16, OBEY_PRECISION_CONSTRAINTS and FP32 "
+               "layer.precision / set_output_type on the plan's layers")
+    return f"{how}; calls checked against the {checked} bindings' API, never run here{newer}"
+
+
 def _cudart() -> Any:
     try:
         return importlib.import_module("cuda.bindings.runtime")
@@ -119,12 +189,24 @@ def backend_status() -> list[tuple[str, bool, str]]:
         rows.append(("ort (CPU FP16 emulator)", True, f"onnxruntime {ort.__version__}"))
     except ImportError as exc:
         rows.append(("ort (CPU FP16 emulator)", False, str(exc)))
+    found = installed_tensorrt()  # what is on the path, read without importing it
     try:
         trt_ok, trt_why = True, f"TensorRT {_ensure_tensorrt()}"
     except TrtBisectError as exc:
         trt_ok, trt_why = False, str(exc)
+    if found:
+        trt_why = f"TensorRT {found[0]}" + (f" ({found[1]})" if found[1] else "") + (
+            "" if trt_ok else f"; importing it failed: {trt_why}")
+    default = default_trt_version()
+    rows += [("tensorrt", trt_ok, trt_why),
+             ("--backend trt path", found is not None,
+              trt_path(found[0]) if found else "none: no TensorRT"),
+             ("--trt-version default", True,
+              f"{default}: the installed TensorRT's major version" if found else
+              f"{default}: no TensorRT found, so the current release; the TensorRT 10 "
+              "renderings are written too, labelled")]
     cuda_ok, cuda_why = _device_summary()
-    rows += [("tensorrt", trt_ok, trt_why), ("cuda (cuda-python)", cuda_ok, cuda_why)]
+    rows.append(("cuda (cuda-python)", cuda_ok, cuda_why))
     try:
         torch = importlib.import_module("torch")
         on_gpu = bool(torch.cuda.is_available())
