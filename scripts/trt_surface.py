@@ -28,9 +28,10 @@ Usage::
     python3 scripts/trt_surface.py --version 11.5.0.x --sha256 HEX   # a newer release
     python3 scripts/trt_surface.py --wheel path/to/tensorrt_cu12_bindings-...whl
 
-Needs: pip, a C compiler (`cc`), binutils' `nm`, and a CPython whose version matches a wheel
-tag NVIDIA publishes (3.8 to 3.13: the child imports a compiled module). The committed JSON
-files are all the tests read; they never import the wheel.
+Needs: Linux x86_64, pip, a C compiler (`cc`), binutils (`nm`, `readelf`), and CPython 3.11,
+the tag of the pinned wheels (the child imports a compiled module; `--wheel` takes a wheel of
+another tag for another interpreter). The committed JSON files are all the tests read; they
+never import the wheel. Method and limits: docs/tensorrt.md, "How trtbisect knows TensorRT's API".
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def download(pin: Pin) -> Path:
                "--python-version", "3.11", "--implementation", "cp", "--require-hashes",
                "-r", str(req), "--dest", str(cache)]
         print(f"[trt_surface] pip download {pin.dist}=={pin.version}", file=sys.stderr)
-        subprocess.run(cmd, check=True)
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit(f"error: pip could not download {pin.dist}=={pin.version} with "
+                             f"sha256 {pin.sha256} (see pip's message above)")
     for wheel in sorted(cache.glob(prefix + "*.whl")):
         if sha256_of(wheel) == pin.sha256:
             return wheel
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--version needs --sha256 (pip's hash-checking mode)")
     if python_tag() != "cp311" and not args.wheel:
         ap.error(f"the pinned wheels are cp311; this is {python_tag()} "
-                 f"({sysconfig.get_platform()}); run under Python 3.11 or pass --wheel")
+                 f"({sysconfig.get_platform()}): run under Python 3.11, or pass --wheel")
     if args.wheel:
         jobs = [(args.wheel, sha256_of(args.wheel))]
     elif args.version:

@@ -88,36 +88,34 @@ def removed_in_11() -> list[tuple[str, str]]:
 
 
 def test_the_fake_imitating_11_lacks_every_removed_member(monkeypatch):
-    """Imitating 11.4, each member 11.4 removed raises AttributeError on the fake (as on the
-    real module), read or written; imitating 10.13 none of them does."""
+    """Imitating 11.4, each member 11.4 removed from a class the fake imitates raises
+    AttributeError (as on the real module), on the class and on an object, read or written;
+    imitating 10.13 none of them does."""
     removed = removed_in_11()
-    assert ("ILayer", "set_output_type") in removed and ("BuilderFlag", "FP16") in removed
+    assert len(removed) == 40 and ("ILayer", "set_output_type") in removed
     for version, absent in (("11.4.0.106", True), ("10.13.0.35", False)):
         trt, _ = fake.install(monkeypatch, version=version)
-        network = trt.Builder(trt.Logger(trt.Logger.WARNING)).create_network(0)
-        network.get_layer  # noqa: B018 - a present member reads fine
-        objects = {"BuilderFlag": trt.BuilderFlag,
-                   "NetworkDefinitionCreationFlag": trt.NetworkDefinitionCreationFlag,
-                   "INetworkDefinition": network}
-        layer = fake._Layer("n", "Relu", [])
-        objects["ILayer"] = layer
+        targets = {cls._trt: cls for cls in fake.CLASSES}
+        targets.update(BuilderFlag=trt.BuilderFlag,
+                       NetworkDefinitionCreationFlag=trt.NetworkDefinitionCreationFlag)
         for owner, name in removed:
-            target = objects.get(owner)
-            if target is None:
-                continue
             if absent:
                 with pytest.raises(AttributeError, match=name):
-                    getattr(target, name)
-                assert not hasattr(target, name)
+                    getattr(targets[owner], name)
+                assert not hasattr(targets[owner], name)
             else:
                 try:
-                    getattr(target, name)
+                    getattr(targets[owner], name)
                 except NotImplementedError:
                     pass  # 10.13 has it; the fake does not implement it
+        layer = fake._Layer("n", "Relu", [])
         with pytest.raises(AttributeError) if absent else _nothing():
             layer.precision = trt.float32
         with pytest.raises(AttributeError) if absent else _nothing():
             layer.set_output_type(0, trt.float32)
+        with pytest.raises(AttributeError) if absent else _nothing():
+            trt.Builder(trt.Logger(trt.Logger.WARNING)).create_builder_config().set_flag(
+                trt.BuilderFlag.FP16)
 
 
 class _nothing:
@@ -255,6 +253,33 @@ def test_the_11_path_never_reaches_weak_typing(runs):
             assert not used & removed, (run.label, used & removed)
     weak = {a.name for run in runs if run.label == "10: search" for a in run.accesses}
     assert {"precision", "set_output_type", "FP16", "OBEY_PRECISION_CONSTRAINTS"} <= weak
+
+
+def api_table(runs: list[Run]) -> str:
+    """The TensorRT names trt.py used on each path, as the markdown table docs/tensorrt.md
+    shows (its `api-table` block)."""
+    used: dict[str, dict[str, set[str]]] = {}
+    for run in runs:
+        column = run.label.split(":")[0]
+        for a in run.accesses:
+            if Path(a.file) == TRT_PY and a.present:
+                name = f"{a.name}*" if run.label == "10: strong typing" else a.name
+                used.setdefault(a.owner or "tensorrt", {}).setdefault(column, set()).add(name)
+    for columns in used.values():  # a name used by weak typing too needs no star
+        columns["10"] = {n for n in columns.get("10", set())
+                         if not (n.endswith("*") and n[:-1] in columns["10"])}
+    lines = ["| class | TensorRT 10.13 | TensorRT 11.4 |", "|---|---|---|"]
+    for owner in sorted(used, key=lambda o: (o != "tensorrt", o)):
+        cells = [", ".join(f"`{n}`" for n in sorted(used[owner].get(c, ()))) for c in ("10", "11")]
+        lines.append(f"| `{owner}` | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def test_docs_list_the_api_each_path_uses(runs):
+    """docs/tensorrt.md's table is what the fake recorded, name for name."""
+    doc = (ROOT / "docs" / "tensorrt.md").read_text()
+    block = doc.split("<!-- api-table -->\n")[1].split("\n<!-- /api-table -->")[0]
+    assert block == api_table(runs)
 
 
 # ------------------------------------------------ static: every name mentioned was reached

@@ -3,8 +3,10 @@
 One plan (the ONNX nodes kept in FP32) and one `RenderContext` (paths, tolerances, shapes,
 samples) give: trtexec for TensorRT 10 (weak typing) and 11 (strong typing on the mixed
 ONNX), Polygraphy `run` and a Polygraphy check of the mixed model on ONNX Runtime, ModelOpt
-AutoCast (CLI and Python), and a TensorRT Python snippet. A tool that cannot express a node
-name gets a refusal that says why, never a command that silently means another plan.
+AutoCast (CLI and Python), and TensorRT Python snippets (10 weak typing, 11 strong typing).
+Both TensorRT versions are always rendered; `RenderContext.trt_version` says which one the plan
+targets. A tool that cannot express a node name gets a refusal that says why, never a command
+that silently means another plan.
 
 The grammars encoded here, with their sources:
 - trtexec (samples/common/sampleOptions.cpp, `splitNameAndValue`, `getLayerPrecisions`;

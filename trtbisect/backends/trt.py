@@ -7,7 +7,9 @@ rendered by `trtbisect.mixed.write_mixed_onnx` and built strongly typed. The ver
 run time. Engines are cached on disk under a key of model bytes, FP32 nodes and TensorRT version;
 a shared timing cache makes rebuilds cheap. Device memory goes through cuda-python
 (`cuda.bindings.runtime`). Importing this module needs none of TensorRT, CUDA or a GPU; what
-does not need TensorRT lives in `trtbisect.trt_layers`.
+does not need TensorRT lives in `trtbisect.trt_layers`. Every TensorRT name used here exists in
+the release its path targets (10.13 for weak typing, 10.13 and 11.4 for the rest: the API
+surfaces in `trtbisect.backends.trt_surface`, checked by tests/test_trt_surface.py).
 """
 
 from __future__ import annotations
