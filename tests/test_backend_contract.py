@@ -1,5 +1,6 @@
 """One behavioural contract, run against every backend: the ORT CPU emulator, TensorRT's code
-path on the fake `tensorrt` (CPU), and real TensorRT where it is usable (skipped elsewhere).
+paths on the fake `tensorrt` of 10.13 and of 11.4 (CPU), and real TensorRT where it is usable
+(skipped elsewhere).
 
 A backend serves precision plans: `candidates()` in topological order, `run(fp32_nodes, feeds)`
 returning every graph output as float32, all-FP32 matching the FP32 reference, and FP16 that
@@ -22,7 +23,7 @@ from trtbisect.graph import Graph, node_names
 Make = Callable[[onnx.ModelProto], object]
 
 
-@pytest.fixture(params=["ort", "fake-trt", "trt"])
+@pytest.fixture(params=["ort", "fake-trt", "fake-trt11", "trt"])
 def make(request, monkeypatch, tmp_path) -> Iterator[tuple[Make, float]]:
     """(backend factory, rtol of all-FP32 against the ORT FP32 reference)."""
     made: list = []
@@ -30,8 +31,9 @@ def make(request, monkeypatch, tmp_path) -> Iterator[tuple[Make, float]]:
         def build(model):
             return Emulator(Graph(model))
         rtol = 1e-6
-    elif request.param == "fake-trt":
-        fake.install(monkeypatch)
+    elif request.param.startswith("fake-trt"):  # the API of 10.13 (weak typing) or 11.4
+        fake.install(monkeypatch, version="11.4.0.106" if request.param == "fake-trt11"
+                     else "10.13.0.35")
 
         def build(model):
             return trt_backend.TrtBackend(model, cache_dir=tmp_path)
