@@ -29,7 +29,8 @@ TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.
 VERDICTS = {"fp16_ok": "FP16 already meets the tolerance: nothing needs FP32",
             "fixed": "fixed by keeping {n} of {c} nodes in FP32",
             "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
-            "no_plan": "no precision plan meets the tolerance"}
+            "no_plan": "no precision plan meets the tolerance",
+            "partial": "partial judgement: {partial}"}
 
 
 def require_matplotlib() -> None:
@@ -55,7 +56,10 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def verdict_line(result: "RunResult") -> str:
-    return VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates)
+    from .coverage import partial_words
+    partial = partial_words(result) if result.verdict == "partial" else ""
+    return VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
+                                           partial=partial)
 
 
 def groups_of(result: "RunResult") -> list[dict]:
@@ -251,7 +255,7 @@ def _nodes(names: Sequence[str], limit: int = 6) -> str:
 
 
 def command_rows(result: "RunResult") -> list[tuple[str, str]]:
-    if result.verdict not in ("fixed", "fp16_ok"):
+    if result.verdict not in ("fixed", "fp16_ok", "partial"):
         return []
     from .render import RenderContext, render_all
 
