@@ -286,3 +286,31 @@ def test_a_weight_inside_a_branch_follows_the_weight_rule(semantics, tmp_path):
             np.abs(p.inputs["x"] * 1e-3).max() * (7e4 - 65504), rel=0.02)
     mixed = onnx.load(tmp_path / "out" / f"{p.name}.mixed.onnx")
     onnx.checker.check_model(mixed, full_check=True)
+
+
+def test_the_report_shows_subgraph_culprits_and_coverage(tmp_path):
+    pytest.importorskip("matplotlib")
+    p = PLANTED["nested_if"]
+    model, inputs = _save(p, tmp_path)
+    r = run(model, Options(inputs=[inputs], report=True), tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    for n in r.fp32_nodes:
+        assert n in md
+    assert "11 of them inside If/Loop/Scan subgraphs" in md
+    groups = r.extra["culprit_groups"]
+    assert groups and groups[0]["cause"] == "overflow"  # the layer-wise pass saw inside
+
+
+def test_a_culprit_inside_a_pytorch_branch_keeps_its_module(tmp_path):
+    """The module map reads a subgraph node's own (exporter's) name, not its qualified one."""
+    p = PLANTED["if_taken_branch"]
+    m = onnx.ModelProto()
+    m.CopyFrom(p.model)
+    then = next(a.g for a in m.graph.node[3].attribute if a.name == "then_branch")
+    for n in then.node:
+        n.name = f"/net/head/{n.name}"
+    model, inputs = _save(Planted(p.name, m, p.inputs, frozenset(), frozenset(), ""), tmp_path)
+    r = run(model, Options(inputs=[inputs]), tmp_path / "out")
+    assert {c.node for c in r.culprits} == {"branch[then_branch]/net/head/square",
+                                            "branch[then_branch]/net/head/root"}
+    assert {c.module for c in r.culprits} == {"net.head"}

@@ -628,6 +628,10 @@ class Graph:
         (exposed as scan outputs: every iteration's value, stacked), and the bodies' own
         float inputs (a Loop's state as each trip reads it) just before their nodes. Not one
         inside an If inside a Loop or the reverse (the iterations' values could differ)."""
+        return list(self._stored)
+
+    @functools.cached_property
+    def _stored(self) -> list[str]:
         out: list[str] = []
         for i in self.order:
             for attr, body in subgraphs(self.nodes[i]):
@@ -827,8 +831,13 @@ def _guess_unknown_outputs(model: onnx.ModelProto, types: Mapping[str, int]) -> 
 
 def has_schema(node: onnx.NodeProto, opset: int) -> bool:
     """Does onnx know this op (its domain at this opset)?"""
+    return _has_schema(node.op_type, node.domain, opset)
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_schema(op_type: str, domain: str, opset: int) -> bool:
     try:
-        onnx.defs.get_schema(node.op_type, opset, node.domain)
+        onnx.defs.get_schema(op_type, opset, domain)
         return True
     except onnx.defs.SchemaError:
         return False

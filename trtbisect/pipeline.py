@@ -864,7 +864,10 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
     return {"model": ctx.sha256, "samples": _samples_hash(ctx.samples),
             "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
             "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
-                                                       opts.accumulate]}
+                                                       opts.accumulate],
+            # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names them
+            # (a journal of an earlier version judged them FP32): never replayed across that
+            "judge": "subgraphs"}
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
@@ -885,8 +888,9 @@ def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats
     for name in fp32_nodes:
         node = g.node(name)
         layer = (layers or {}).get(name)
+        own = g.own_name(name) if g.is_inner(name) else node.name  # without its holders
         out.append(Culprit(name, node.op_type, _why(g, name, stats, constants),
-                           module_label(node.name, g.model),  # PyTorch's name, when known
+                           module_label(own, g.model),  # PyTorch's name, when known
                            layer if layer != name else None))
     return out
 

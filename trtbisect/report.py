@@ -314,7 +314,26 @@ def _md_facts(result: "RunResult") -> list[str]:
             f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
             f"{result.seconds:.1f}s",
             *_semantics_facts(result),
+            *_coverage_facts(result),
             *[f"- problem: {p}" for p in result.reference_problems]]
+
+
+def _coverage_facts(result: "RunResult") -> list[str]:
+    """Nodes judged inside subgraphs, ops not judged, ops TensorRT's parser cannot import."""
+    cov = result.extra.get("coverage")
+    if not isinstance(cov, dict):
+        return []
+    out = []
+    if cov.get("judged_in_subgraphs") or cov.get("functions_inlined"):
+        out.append(f"- judged: {cov['judged']} nodes, {cov['judged_in_subgraphs']} of them "
+                   "inside If/Loop/Scan subgraphs"
+                   + ("; model-local functions inlined" if cov.get("functions_inlined") else ""))
+    for key, what in (("unjudged", "not judged (run in FP32)"),
+                      ("tensorrt_unsupported", "TensorRT's ONNX parser cannot import")):
+        for c in cov.get(key) or []:
+            fix = f"; {c['fix']}" if c.get("fix") else ""
+            out.append(f"- {what}: {c['op']} ({c['domain']}) x{c['count']}: {c['why']}{fix}")
+    return out
 
 
 def _semantics_facts(result: "RunResult") -> list[str]:

@@ -202,10 +202,12 @@ RULES: tuple[Rule, ...] = (
          "Loop and Scan become an ILoop: a trip limit (kCOUNT from the trip count, kWHILE "
          "from the condition), an IRecurrenceLayer per loop-carried value, IIteratorLayers "
          "for Scan's inputs, ILoopOutputLayers (last value, or every iteration concatenated); "
-         "the body's nodes are ordinary layers inside the loop, run in FP16 on every trip. The "
-         "emulator rounds every node of the body on every iteration, per node.",
+         "the body's nodes are ordinary layers inside the loop, run in FP16 on every trip. A "
+         "constant trip count is a kCOUNT limit, not an unrolling (a count >= 2^31 - 1 means "
+         "none). The emulator rounds every node of the body on every iteration, per node.",
          f"onnx-tensorrt Loop and Scan importers: addLoop, addTripLimit, addRecurrence, "
-         f"addLoopOutput, then parseGraph of the body ({ONNX_TRT}/onnxOpImporters.cpp); "
+         f"addLoopOutput, then parseGraph of the body; \"Some convertors will use INT_MAX to "
+         f"signify 'use cond input as loop termination'\" ({ONNX_TRT}/onnxOpImporters.cpp); "
          "TensorRT 'Working with Loops': \"Interior layers are free to use tensors defined "
          "inside or outside the loop\" (https://docs.nvidia.com/deeplearning/tensorrt/latest/"
          "inference-library/work-with-loops.html)",
