@@ -6,6 +6,7 @@ by `check` bit for bit as the search measured them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -314,3 +315,46 @@ def test_a_culprit_inside_a_pytorch_branch_keeps_its_module(tmp_path):
     assert {c.node for c in r.culprits} == {"branch[then_branch]/net/head/square",
                                             "branch[then_branch]/net/head/root"}
     assert {c.module for c in r.culprits} == {"net.head"}
+
+
+def test_default_domain_ops_without_fp16_or_importer_are_listed():
+    from trtbisect import coverage
+
+    nodes = [onnx.helper.make_node("Celu", ["x"], ["c"], name="celu"),  # float only: no FP16
+             onnx.helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             onnx.helper.make_node("Det", ["r"], ["y"], name="det")]  # no TensorRT importer
+    g = Graph(onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("x", 1, [3, 3])],
+                               [onnx.helper.make_tensor_value_info("y", 1, [])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=10))
+    (u,) = coverage.unjudged(g)
+    assert (u.op, u.nodes) == ("Celu", ("celu",)) and "no float16" in u.why
+    (t,) = coverage.trt_unsupported(g)
+    assert (t.op, t.nodes) == ("Det", ("det",)) and "unsupported" in t.why and t.fix
+    assert "relu" in g.candidates() and "det" in g.candidates()
+
+
+SILERO = Path(__file__).resolve().parents[1] / ".bench_cache" / "models"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["silero_vad_if", "silero_vad_op15"])
+def test_the_silero_if_models_are_judged_and_written_whole(name, tmp_path):
+    """The real files of issue #26 (scripts/fetch_models.py; skipped when not fetched): every
+    branch node judged, the written file valid (outer-scope weights kept) and judged alike."""
+    path = SILERO / f"{name}.onnx"
+    if not path.is_file():
+        pytest.skip(f"run `python scripts/fetch_models.py {name}` first")
+    rng = np.random.default_rng(0)
+    sample = {"input": (0.1 * rng.standard_normal((1, 576))).astype(np.float32),
+              "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+    np.savez(tmp_path / "x.npz", **sample)
+    g = Graph.from_path(path)
+    assert sum(map(g.is_inner, g.candidates())) == {"silero_vad_if": 218,
+                                                    "silero_vad_op15": 78}[name]
+    r = run(path, Options(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(rtol=1e-3)),
+            tmp_path / "out")
+    assert r.verdict == "fixed" and r.extra["one_judge"]["search_equals_check"]
+    assert name != "silero_vad_if" or any(g.is_inner(n) for n in r.fp32_nodes)  # all inside
+    mixed = tmp_path / "out" / f"{name}.mixed.onnx"
+    onnx.checker.check_model(onnx.load(mixed), full_check=True)
