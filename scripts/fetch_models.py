@@ -56,6 +56,7 @@ class InputSpec:
       ``ones_i64`` int64 ones               (attention masks)
       ``token_ids`` int64 in [low, high) with [CLS]=101 first and [SEP]=102 last
       ``int_range`` int32 in [low, high]    (e.g. raw bytes 0..255, 256 = padding)
+      ``int64_value`` int64 filled with ``low`` (e.g. a sample rate)
     """
 
     name: str
@@ -108,6 +109,8 @@ class ModelSpec:
                 arr[..., -1] = 102
             elif spec.kind == "int_range":
                 arr = rng.integers(spec.low, spec.high + 1, spec.shape).astype(np.int32)
+            elif spec.kind == "int64_value":
+                arr = np.full(spec.shape, spec.low, np.int64)
             else:  # pragma: no cover - table error
                 raise ValueError(f"unknown input kind {spec.kind!r}")
             feeds[spec.name] = arr
@@ -193,7 +196,52 @@ MODELS: dict[str, ModelSpec] = {
             ),
             notes="The If-free 16 kHz sequence export: rows are 512-sample frames with 64 "
             "samples of context. The package's default silero_vad.onnx uses If "
-            "(control flow) and is deliberately not used. Outputs speech_probs, hn, cn.",
+            "(control flow): it is the silero_vad_if entry. Outputs speech_probs, hn, cn.",
+        ),
+        _M(
+            name="silero_vad_if",
+            package="silero-vad",
+            version="6.2.3",
+            wheel="silero_vad-6.2.3-py3-none-any.whl",
+            member="silero_vad/data/silero_vad.onnx",
+            sha256="1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+            size=2_327_524,
+            kind="audio: voice activity detection, the package's default file: 5 top-level "
+            "nodes, the whole network (684 nodes) inside the branches of one If on the "
+            "sample rate",
+            nodes=5,
+            opset=16,
+            license="MIT",
+            inputs=(
+                _I("input", (1, 576), "normal", scale=0.1),
+                _I("state", (2, 1, 128), "zeros"),
+                _I("sr", (), "int64_value", low=16000),
+            ),
+            notes="One 512-sample frame with 64 samples of context at 16 kHz (sr=16000 takes "
+            "the then-branch). Weights are Constant nodes inside the branches. Outputs "
+            "output (speech probability) and stateN (the LSTM state, 2x1x128).",
+        ),
+        _M(
+            name="silero_vad_op15",
+            package="silero-vad",
+            version="6.2.3",
+            wheel="silero_vad-6.2.3-py3-none-any.whl",
+            member="silero_vad/data/silero_vad_16k_op15.onnx",
+            sha256="7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+            size=1_289_603,
+            kind="audio: voice activity detection, 16 kHz opset-15 export: 121 top-level "
+            "nodes, 229 inside If branches (the LSTM decoder) that read weights from the "
+            "main graph",
+            nodes=121,
+            opset=15,
+            license="MIT",
+            inputs=(
+                _I("input", (1, 576), "normal", scale=0.1),
+                _I("state", (2, 1, 128), "zeros"),
+                _I("sr", (), "int64_value", low=16000),
+            ),
+            notes="Same inputs and outputs as silero_vad_if; its Ifs test the batch size and "
+            "whether a state was given, and read the LSTM weights from the outer scope.",
         ),
         _M(
             name="magika",

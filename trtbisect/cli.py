@@ -51,14 +51,19 @@ def exit_codes(*rows: tuple[int, str]) -> str:
 
 USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       an --out that cannot be written or is in use by another run)")
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
+PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
+           "       cannot round (contrib-domain or unknown ops; listed, with precision.json's\n"
+           "       \"coverage\"): FP16 is not called fine for them")
 EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, or a plan was found and verified"), USAGE,
-                             REFERENCE, (4, "no precision plan meets the tolerance"))
+                             REFERENCE, (4, "no precision plan meets the tolerance"), PARTIAL)
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
 RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(INTERRUPTED).split("\n", 2)[2]
 COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
 CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE, REFERENCE,
-                              (4, "the mixed model misses the tolerance"))
+                              (4, "the mixed model misses the tolerance"),
+                              (5, "it meets the tolerance, but holds nodes the emulator cannot\n"
+                                  "       round (listed): judged in part only"))
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
@@ -353,7 +358,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
                                " (--no-resume starts afresh)")
     with terminate_as_interrupt(), OutputDir(out).locked(), Progress(quiet_level()) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
-        if backend == "trt" and result.verdict in ("fixed", "fp16_ok"):
+        if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
             progress.stage("verifying the emulator's plan with TensorRT engines")
             pipeline.verify_on_tensorrt(result, opts, out)
     emit_run(result, as_json)
@@ -430,6 +435,9 @@ def emit_run(result, as_json: bool) -> None:
                          f"{result.candidates} nodes in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
                 "no_plan": "[red]no plan meets the tolerance[/]"}
+    if result.verdict == "partial":
+        from .coverage import partial_words
+        verdicts["partial"] = f"[yellow]partial[/]: {escape(partial_words(result))}"
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
         out.print(f"  {p}")
@@ -598,7 +606,10 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
                   soft_wrap=True)
         for name, e in result.errors.items():
             out.print(f"  {escape(name)}: {error_cell(e)}", soft_wrap=True)
-    finish(0 if result.passed else 4)
+        if result.unjudged:
+            out.print("  [yellow]judged in part only[/]: not rounded (run in FP32): " + escape(
+                ", ".join(f"{c['op']} x{c['count']}" for c in result.unjudged)), soft_wrap=True)
+    finish(result.exit_code)
 
 
 @main.command(epilog=ENV_EXIT_CODES)

@@ -69,9 +69,9 @@ def _reached_culprits(g: Graph, start: str, culprits: set[str]) -> set[str]:
             name = g.names[i]
             if name in culprits:
                 found.add(name)
-            elif name not in seen and g.model.graph.node[i].op_type in LAYOUT_OPS:
+            elif name not in seen and g.nodes[i].op_type in LAYOUT_OPS:
                 seen.add(name)
-                frontier.extend(g.model.graph.node[i].output)
+                frontier.extend(g.nodes[i].output)
     return found
 
 

@@ -19,7 +19,7 @@ import onnx
 from .compare import TensorStats
 from .detect import detect, group_culprits, scope_of
 from .facts import Evidence, Facts
-from .graph import Graph, with_node_names
+from .graph import Graph, walk, with_node_names
 from .suspects import ConstantStats
 from .wording import Fix, fixes_for, node_why, num, pct, summarize
 
@@ -154,7 +154,7 @@ def annotate(model: onnx.ModelProto, groups: Sequence[Mapping], whys: Mapping[st
     them (>= 10), node metadata_props; the model gets a summary in its metadata_props.
     """
     out = with_node_names(model)
-    by_name = {n.name: n for n in out.graph.node}
+    by_name = {n.name: n for n in walk(out.graph.node)}  # subgraphs' nodes too
     for k, grp in enumerate(groups):
         for name in grp["nodes"]:
             node = by_name.get(name)

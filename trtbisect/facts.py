@@ -97,7 +97,7 @@ def _constant_array(g: Graph, name: str) -> np.ndarray | None:
     i = g.producer.get(name)
     if i is None:
         return None
-    for a in g.model.graph.node[i].attribute:
+    for a in g.nodes[i].attribute:
         if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
             return numpy_helper.to_array(a.t)
         if a.name == "value_float":

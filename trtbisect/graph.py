@@ -12,6 +12,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -100,11 +101,16 @@ def model_hash(path: str | os.PathLike) -> str:
 def check_names(model: onnx.ModelProto) -> None:
     """Names that are not valid UTF-8 (protobuf hands them over as bytes) cannot be rendered
     into a plan, a command line or a mixed model: refuse them up front."""
-    g = model.graph
-    values = [*g.input, *g.output, *g.value_info, *g.initializer]
-    names = [v.name for v in values] + [g.name]
-    for node in g.node:
-        names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+    names: list = []
+    for g in walk_graphs(model.graph):
+        values = [*g.input, *g.output, *g.value_info, *g.initializer]
+        names += [v.name for v in values] + [g.name]
+        for node in g.node:
+            names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+    for f in model.functions:
+        names += [f.name, f.domain, *f.input, *f.output]
+        for node in walk(f.node):
+            names += [node.name, node.op_type, node.domain, *node.input, *node.output]
     bad = next((n for n in names if not isinstance(n, str)), None)
     if bad is not None:
         raise TrtBisectError(f"the model holds a name that is not valid UTF-8 ({bad!r}); "
@@ -112,29 +118,197 @@ def check_names(model: onnx.ModelProto) -> None:
 
 
 def node_names(model: onnx.ModelProto) -> list[str]:
-    """The name trtbisect uses for each node of graph.node, in order.
+    """The name trtbisect uses for each node, in `flatten`'s order (graph.node first).
 
-    A node's own name, or `<op_type>_<i>` (i: its position) when it has none; a name used twice
-    gets `_<i>` appended to its later uses so that every plan entry names exactly one node.
+    A top-level node's own name, or `<op_type>_<i>` (i: its position) when it has none; a name
+    used twice gets `_<i>` appended to its later uses so that every plan entry names exactly one
+    node. A node inside a subgraph gets a qualified name (`qualified_name`).
     """
+    return flatten(model).names
+
+
+def subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
+    """The graphs a node holds, by attribute name: If's `then_branch` / `else_branch`, Loop's
+    and Scan's `body` (a GRAPHS attribute's k-th graph is `<name>.<k>`)."""
+    out: list[tuple[str, onnx.GraphProto]] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append((a.name, a.g))
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend((f"{a.name}.{k}", g) for k, g in enumerate(a.graphs))
+    return out
+
+
+def walk(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """Every node, and every node of their subgraphs (any depth)."""
+    for n in nodes:
+        yield n
+        for _, g in subgraphs(n):
+            yield from walk(g.node)
+
+
+def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and every subgraph inside it (any depth)."""
+    yield graph
+    for n in graph.node:
+        for _, g in subgraphs(n):
+            yield from walk_graphs(g)
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads: its inputs, and what its subgraphs take from outer scopes (a
+    branch reading a weight of the main graph reads it through the If node)."""
+    subs = [g for _, g in subgraphs(node)]
+    if not subs:
+        return list(dict.fromkeys(t for t in node.input if t))
+    inner = list(walk(n for g in subs for n in g.node))
+    own = {o for n in inner for o in n.output} | {
+        v.name for s in subs for g in walk_graphs(s) for v in [*g.input, *g.initializer]}
+    return list(dict.fromkeys([*(t for t in node.input if t),
+                               *(t for n in inner for t in n.input if t and t not in own)]))
+
+
+def qualified_name(holder: str, attr: str, own: str) -> str:
+    """The name of a node inside a subgraph: its holder's name, the attribute in brackets, then
+    its own name: `If_3[then_branch]/Mul_0`, `/model/If[else_branch]/model/rnn/LSTM`.
+
+    Idempotent: a name that already starts with `holder[attr]` (a file trtbisect wrote) is kept,
+    so a written model reads back with the same names.
+    """
+    prefix = f"{holder}[{attr}]"
+    if own.startswith(prefix):
+        return own
+    return prefix + ("" if own.startswith("/") else "/") + own
+
+
+@dataclass(frozen=True)
+class Flat:
+    """Every node of a model, subgraphs included, with the names trtbisect gives them.
+
+    `nodes[:top]` is graph.node in order; the nodes of subgraphs follow, each graph's nodes
+    together (holders in graph order, depth first). `where[i]` is None for a top-level node,
+    else (holder's index, attribute, position in that graph). `order` lists every index in
+    execution order: a holder, then the nodes of its subgraphs. `own[i]`: the node's name
+    without its qualification (what the exporter called it).
+    """
+
+    nodes: list[onnx.NodeProto]
+    names: list[str]
+    where: list[tuple[int, str, int] | None]
+    order: list[int]
+    own: list[str]
+    top: int
+
+
+def flatten(model: onnx.ModelProto) -> Flat:
+    nodes = list(model.graph.node)
     names: list[str] = []
     seen: set[str] = set()
-    for i, node in enumerate(model.graph.node):
+    for i, node in enumerate(nodes):
         name = node.name or f"{node.op_type}_{i}"
         if name in seen:
             name = f"{name}_{i}"
         seen.add(name)
         names.append(name)
-    return names
+    where: list[tuple[int, str, int] | None] = [None] * len(nodes)
+    own = list(names)
+    children: dict[int, list[int]] = {}
+
+    def add_bodies(i: int) -> None:
+        kids: list[int] = []
+        for attr, body in subgraphs(nodes[i]):
+            prefix = f"{names[i]}[{attr}]"
+            for p, node in enumerate(body.node):
+                j = len(nodes)
+                mine = node.name or f"{node.op_type}_{p}"
+                name = qualified_name(names[i], attr, mine)
+                if name in seen:
+                    name = f"{name}_{j}"
+                seen.add(name)
+                nodes.append(node)
+                names.append(name)
+                where.append((i, attr, p))
+                own.append(mine[len(prefix):] if mine.startswith(prefix) else mine)
+                kids.append(j)
+        children[i] = kids
+        for j in kids:
+            if subgraphs(nodes[j]):
+                add_bodies(j)
+
+    top = len(nodes)
+    for i in range(top):
+        if subgraphs(nodes[i]):
+            add_bodies(i)
+    order: list[int] = []
+
+    def visit(i: int) -> None:
+        order.append(i)
+        for j in children.get(i, ()):
+            visit(j)
+
+    for i in range(top):
+        visit(i)
+    return Flat(nodes, names, where, order, own, top)
 
 
 def with_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose nodes carry the names trtbisect uses (so TensorRT layers get them too)."""
+    """A copy whose nodes, subgraphs' included, carry the names trtbisect uses (so TensorRT
+    layers get them too)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for node, name in zip(out.graph.node, node_names(model)):
+    flat = flatten(out)
+    for node, name in zip(flat.nodes, flat.names):
         node.name = name
     return out
+
+
+def named_as_trtbisect_names(model: onnx.ModelProto) -> bool:
+    """Does every node of the model (subgraphs' too) already carry trtbisect's name for it?"""
+    flat = flatten(model)
+    return all(n.name == name for n, name in zip(flat.nodes, flat.names))
+
+
+def inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its model-local functions inlined, as TensorRT's ONNX parser imports them
+    (onnx-tensorrt's LocalFunctionImporter parses a function's nodes in place of the call).
+
+    onnx's own inliner does the work; its node names are then made readable and stable: each
+    node taken from a function body is named `<call node>/<its name in the body>` (unnamed:
+    `<op_type>_<position>`), nested calls nesting the prefix.
+    """
+    import onnx.inliner
+
+    funcs = {(f.domain, f.name): f for f in model.functions}
+    out = onnx.inliner.inline_local_functions(model)
+    try:
+        end = _name_inlined(list(model.graph.node), list(out.graph.node), 0, "", funcs)
+        if end != len(out.graph.node):
+            raise ValueError("node counts differ")
+    except (ValueError, IndexError) as exc:  # keep the inliner's names rather than guess
+        log.warning("inlined functions keep onnx's generated node names (%s)", exc)
+    return out
+
+
+def _name_inlined(orig: Sequence[onnx.NodeProto], new: Sequence[onnx.NodeProto], pos: int,
+                  prefix: str, funcs: Mapping[tuple[str, str], onnx.FunctionProto]) -> int:
+    """Walk `orig` (a graph's or a function body's nodes) against the inliner's output from
+    `pos` on, naming the nodes that came from function bodies; returns where `orig` ends."""
+    for k, o in enumerate(orig):
+        name = prefix + (o.name or f"{o.op_type}_{k}")
+        f = funcs.get((o.domain, o.op_type))
+        if f is not None:
+            pos = _name_inlined(list(f.node), new, pos, f"{name}/", funcs)
+            continue
+        n = new[pos]
+        if n.op_type != o.op_type:
+            raise ValueError(f"{n.op_type} where {o.op_type} was expected")
+        pos += 1
+        if prefix:
+            n.name = name
+        for (_, og), (_, ng) in zip(subgraphs(o), subgraphs(n)):
+            if _name_inlined(list(og.node), list(ng.node), 0, prefix, funcs) != len(ng.node):
+                raise ValueError("node counts differ in a subgraph")
+    return pos
 
 
 HALF_TYPES = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: None}
@@ -278,6 +452,7 @@ class Graph:
     weights: Weights = field(init=False)
     half_typed: dict[str, int] = field(init=False)
     declared: dict[str, int] = field(init=False)
+    static: frozenset[str] = field(init=False)  # tensors whose inferred shape is static
     source: onnx.ModelProto = field(init=False, repr=False)
 
     @classmethod
@@ -289,26 +464,83 @@ class Graph:
     def __post_init__(self) -> None:
         check_names(self.model)
         self.weights = Weights(self.model, self.base_dir, self.own, self.parent)
+        self.inlined = bool(self.model.functions)
+        if self.inlined:  # as TensorRT's parser does (weights are already in the store)
+            self.model = inline_functions(self.model)
         self.source = self.model  # as given (half types kept); `model` is its FP32 view
         self.declared = {v.name: v.type.tensor_type.elem_type
                          for v in [*self.model.graph.input, *self.model.graph.output]
                          if v.type.HasField("tensor_type")}
-        original = infer_types(self.model)
+        original, self.static = infer(self.model)
         self.half_typed = {t: ty for t, ty in original.items() if ty in HALF_TYPES}
         if self.half_typed:
             self.model = upcast(self.model)
         self.types = {t: (FLOAT if ty in HALF_TYPES else ty) for t, ty in original.items()}
-        self.names = node_names(self.model)
+        flat = flatten(self.model)
+        self.nodes, self.names, self.where = flat.nodes, flat.names, flat.where
+        self.top, self.order, self.own_names = flat.top, flat.order, flat.own
         self.index = {name: i for i, name in enumerate(self.names)}
         self.initializers = {t.name: t for t in self.model.graph.initializer}
-        self.producer, self.consumers = data_flow(self.model.graph.node)
+        self.producer, self.consumers = data_flow(self.nodes)
 
     def array(self, name: str) -> np.ndarray:
-        """An initializer's values (float16 ones as exact float32)."""
-        return self.weights.array(name)
+        """An initializer's values (float16 ones as exact float32), or a subgraph weight's
+        (`inner_weights`)."""
+        if name in self.initializers or name not in self.inner_weights:
+            return self.weights.array(name)
+        return self.inner_weights[name]
+
+    @functools.cached_property
+    def inner_weights(self) -> dict[str, np.ndarray]:
+        """The float weights stored inside subgraphs (a body's Constant nodes and
+        initializers), by value name, as float32: weights like the main graph's (TensorRT
+        makes constant layers of them), read by an FP16 node through one converted copy."""
+        out: dict[str, np.ndarray] = {}
+        for i in range(self.top, len(self.nodes)):
+            node = self.nodes[i]
+            if node.op_type == "Constant" and len(node.output) == 1 and \
+                    self.is_float(node.output[0]):
+                value = constant_value(node)
+                if value is not None:
+                    out[node.output[0]] = value.astype(np.float32)
+        for i in range(len(self.nodes)):
+            for _, body in subgraphs(self.nodes[i]):
+                for t in body.initializer:
+                    if self.is_float(t.name) and t.data_location != TensorProto.EXTERNAL:
+                        out[t.name] = numpy_helper.to_array(t).astype(np.float32)
+        return out
 
     def node(self, name: str) -> onnx.NodeProto:
-        return self.model.graph.node[self.index[name]]
+        return self.nodes[self.index[name]]
+
+    def is_inner(self, name: str) -> bool:
+        """Does the node live inside a subgraph (an If branch, a Loop or Scan body)?"""
+        return self.index[name] >= self.top
+
+    def own_name(self, name: str) -> str:
+        """The node's name without the path of its holders (what its exporter called it)."""
+        return self.own_names[self.index[name]]
+
+    def holders(self, name: str) -> list[str]:
+        """The nodes holding this one, outermost first (empty for a top-level node)."""
+        out: list[str] = []
+        at = self.where[self.index[name]]
+        while at is not None:
+            out.append(self.names[at[0]])
+            at = self.where[at[0]]
+        return out[::-1]
+
+    def body_nodes(self, holder: int, attr: str) -> list[int]:
+        """Indices of the nodes of one subgraph of node `holder`, in that graph's order."""
+        return self._bodies.get((holder, attr), [])
+
+    @functools.cached_property
+    def _bodies(self) -> dict[tuple[int, str], list[int]]:
+        out: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for j, at in enumerate(self.where):
+            if at is not None:
+                out[(at[0], at[1])].append(j)
+        return dict(out)
 
     def is_float(self, tensor: str) -> bool:
         return bool(tensor) and self.types.get(tensor) == FLOAT
@@ -325,10 +557,11 @@ class Graph:
         return [v.name for v in self.model.graph.output]
 
     def all_names(self) -> set[str]:
-        """Every tensor and node name in the graph (internal names must avoid all of them)."""
-        g = self.model.graph
-        names = {t for n in g.node for t in [*n.input, *n.output]}
-        names.update(v.name for v in [*g.input, *g.output, *g.value_info, *g.initializer])
+        """Every tensor and node name in the graph, subgraphs included (internal names must
+        avoid all of them)."""
+        names = {t for n in self.nodes for t in [*n.input, *n.output]}
+        for g in walk_graphs(self.model.graph):
+            names.update(v.name for v in [*g.input, *g.output, *g.value_info, *g.initializer])
         return names | set(self.names)
 
     @property
@@ -336,16 +569,18 @@ class Graph:
         return next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
     def is_candidate(self, i: int) -> bool:
-        """Can this node be switched between FP16 and FP32?
+        """Can node i (an index of `nodes`: subgraphs' nodes too) be switched between FP16 and
+        FP32?
 
-        Not when it only moves or retypes data, holds a subgraph (If/Loop/Scan stay FP32: their
-        bodies are not rewritten), or its schema does not accept float16.
+        Not when it only moves or retypes data, holds a subgraph (an If, Loop or Scan computes
+        nothing itself: the nodes of its subgraphs are candidates of their own), is outside
+        ONNX's default domain (`coverage.unjudged` lists those), or its schema does not accept
+        float16.
         """
-        node = self.model.graph.node[i]
+        node = self.nodes[i]
         if node.op_type in PASS_THROUGH_OPS or node.domain not in ("", "ai.onnx"):
             return False
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-               for a in node.attribute):
+        if subgraphs(node):
             return False
         if not any(self.is_float(t) for t in [*node.input, *node.output]):
             return False
@@ -369,7 +604,8 @@ class Graph:
 
     @functools.cached_property
     def _candidates(self) -> list[str]:
-        return [n for i, n in enumerate(self.names) if self.is_candidate(i)]
+        """In execution order: a subgraph's nodes where their holder runs."""
+        return [self.names[i] for i in self.order if self.is_candidate(i)]
 
     def candidates(self) -> list[str]:
         return list(self._candidates)
@@ -386,8 +622,43 @@ class Graph:
         return [t for t in dict.fromkeys(self.node(name).input) if self.is_float(t)]
 
     def stored_tensors(self) -> list[str]:
-        """Float tensors written by candidate nodes, in topological order."""
-        return [t for n in self._candidates for t in self.float_outputs(n)]
+        """Float tensors written by candidate nodes that a graph output can expose, in
+        execution order: every top-level one; inside If branches every one (a branch not
+        taken exposes an empty tensor); inside Loop and Scan bodies those of static shape
+        (exposed as scan outputs: every iteration's value, stacked), and the bodies' own
+        float inputs (a Loop's state as each trip reads it) just before their nodes. Not one
+        inside an If inside a Loop or the reverse (the iterations' values could differ)."""
+        return list(self._stored)
+
+    @functools.cached_property
+    def _stored(self) -> list[str]:
+        out: list[str] = []
+        for i in self.order:
+            for attr, body in subgraphs(self.nodes[i]):
+                out += [v.name for v in body.input if self.is_float(v.name)
+                        and self.exposable(v.name)]
+            if self.names[i] in self.candidate_set:
+                out += [t for t in self.float_outputs(self.names[i]) if self.exposable(t)]
+        return out
+
+    def scope_of(self, t: str) -> tuple[int, str, int] | None:
+        """Where value t is made: None at the top level, else (holder, attribute, position)."""
+        if t in self.producer:
+            return self.where[self.producer[t]]
+        return self._body_inputs.get(t)
+
+    @functools.cached_property
+    def _body_inputs(self) -> dict[str, tuple[int, str, int]]:
+        return {v.name: (i, attr, -1) for i in range(len(self.nodes))
+                for attr, body in subgraphs(self.nodes[i]) for v in body.input}
+
+    def exposable(self, t: str) -> bool:
+        at = self.scope_of(t)
+        kinds = set()
+        while at is not None:
+            kinds.add("if" if self.nodes[at[0]].op_type == "If" else "loop")
+            at = self.where[at[0]]
+        return kinds <= {"if"} or (kinds == {"loop"} and t in self.static)
 
     def materialize(self) -> onnx.ModelProto:
         """The whole model with its weights in one proto (small models only: TensorRT, tests)."""
@@ -400,6 +671,18 @@ class Graph:
         return out
 
 
+def constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a Constant node (None for sparse, string or external values)."""
+    for a in node.attribute:
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+            return None if a.t.data_location == TensorProto.EXTERNAL else numpy_helper.to_array(a.t)
+        if a.name == "value_float":
+            return np.array(a.f, np.float32)
+        if a.name == "value_floats":
+            return np.array(list(a.floats), np.float32)
+    return None
+
+
 def data_flow(nodes) -> tuple[dict[str, int], dict[str, list[int]]]:
     """tensor -> index of the node that writes it, and -> indices of the nodes that read it."""
     producer: dict[str, int] = {}
@@ -408,9 +691,8 @@ def data_flow(nodes) -> tuple[dict[str, int], dict[str, list[int]]]:
         for t in node.output:
             if t:
                 producer[t] = i
-        for t in dict.fromkeys(node.input):
-            if t:
-                consumers[t].append(i)
+        for t in node_reads(node):  # a node holding subgraphs reads what they read outside
+            consumers[t].append(i)
     return producer, consumers
 
 
@@ -425,24 +707,25 @@ def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model's structure with every float16/bfloat16 type made float32 (weights untouched:
     the store upcasts arrays when they are read)."""
     out = structure(model)
-    g = out.graph
-    for v in [*g.input, *g.output, *g.value_info]:
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in HALF_TYPES:
-            v.type.tensor_type.elem_type = FLOAT
-    for t in g.initializer:
-        if t.data_type in HALF_TYPES:
-            if t.data_location == TensorProto.EXTERNAL:
-                t.data_type = FLOAT  # the store hands out float32 for it
-            else:
-                t.CopyFrom(numpy_helper.from_array(
-                    numpy_helper.to_array(t).astype(np.float32), t.name))
-    for node in g.node:
-        for a in node.attribute:
-            if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in HALF_TYPES:
-                a.i = FLOAT
-            elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in HALF_TYPES:
-                a.t.CopyFrom(numpy_helper.from_array(
-                    numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+    for g in walk_graphs(out.graph):  # subgraphs' values, weights and Casts too
+        for v in [*g.input, *g.output, *g.value_info]:
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in HALF_TYPES:
+                v.type.tensor_type.elem_type = FLOAT
+        for t in g.initializer:
+            if t.data_type in HALF_TYPES:
+                if t.data_location == TensorProto.EXTERNAL:
+                    t.data_type = FLOAT  # the store hands out float32 for it
+                else:
+                    t.CopyFrom(numpy_helper.from_array(
+                        numpy_helper.to_array(t).astype(np.float32), t.name))
+        for node in g.node:
+            for a in node.attribute:
+                if (a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT
+                        and a.i in HALF_TYPES):
+                    a.i = FLOAT
+                elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in HALF_TYPES:
+                    a.t.CopyFrom(numpy_helper.from_array(
+                        numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
     return out
 
 
@@ -477,24 +760,84 @@ def _signature(op_type: str, domain: str, opset: int, inputs: int) -> frozenset[
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor name we can type (inputs, initializers, node outputs)."""
+    """Element type of every tensor name we can type (inputs, initializers, node outputs).
+
+    onnx's inference stops at an op whose schema it does not know (a com.microsoft op, a
+    custom op): such an op's untyped outputs are taken to have its first typed input's element
+    type (FusedMatMul, SkipLayerNormalization, Attention... all keep their input's type), and
+    inference runs again from there, so what follows it is typed too.
+    """
+    return infer(model)[0]
+
+
+def infer(model: onnx.ModelProto) -> tuple[dict[str, int], frozenset[str]]:
+    """`infer_types`, and the names whose shape inference gives fully static dims."""
+    work = structure(model)
+    types: dict[str, int] = {}
+    static: frozenset[str] = frozenset()
+    for _ in range(MAX_TYPE_GUESSES):
+        types, static = _inferred_types(work)
+        guessed = _guess_unknown_outputs(work, types)
+        if not guessed:
+            break
+        for name, elem in guessed.items():
+            work.graph.value_info.append(helper.make_tensor_value_info(name, elem, None))
+            types[name] = elem
+    return types, static
+
+
+MAX_TYPE_GUESSES = 8  # rounds of inference past unknown ops (each round types a further layer)
+
+
+def _inferred_types(model: onnx.ModelProto) -> tuple[dict[str, int], frozenset[str]]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(structure(model), data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # inference is best effort: typing falls back to declared infos
         log.warning("ONNX shape inference failed (%s); using declared types only", exc)
         inferred = model
     types: dict[str, int] = {}
-    g = inferred.graph
-    for v in [*g.input, *g.value_info, *g.output]:
-        if v.type.HasField("tensor_type"):
-            types[v.name] = v.type.tensor_type.elem_type
-    for t in g.initializer:
-        types[t.name] = t.data_type
-    for node in g.node:
-        if node.op_type == "Constant" and node.output:
-            for a in node.attribute:
-                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                    types[node.output[0]] = a.t.data_type
-                elif a.name in ("value_float", "value_floats"):
-                    types[node.output[0]] = FLOAT
-    return types
+    static: set[str] = set()
+    for g in walk_graphs(inferred.graph):  # names are unique model-wide (SSA)
+        for v in [*g.input, *g.value_info, *g.output]:
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+                types[v.name] = v.type.tensor_type.elem_type
+                tt = v.type.tensor_type
+                if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+                    static.add(v.name)
+        for t in g.initializer:
+            types[t.name] = t.data_type
+        for node in g.node:
+            if node.op_type == "Constant" and node.output:
+                for a in node.attribute:
+                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        types[node.output[0]] = a.t.data_type
+                    elif a.name in ("value_float", "value_floats"):
+                        types[node.output[0]] = FLOAT
+    return types, frozenset(static)
+
+
+def _guess_unknown_outputs(model: onnx.ModelProto, types: Mapping[str, int]) -> dict[str, int]:
+    guessed: dict[str, int] = {}
+    opset = {o.domain: o.version for o in model.opset_import}
+    for node in walk(model.graph.node):
+        if has_schema(node, opset.get(node.domain, opset.get("", 1))):
+            continue
+        elem = next((types[t] for t in node.input if t in types), None)
+        if elem is None:
+            continue
+        guessed.update({t: elem for t in node.output if t and t not in types})
+    return guessed
+
+
+def has_schema(node: onnx.NodeProto, opset: int) -> bool:
+    """Does onnx know this op (its domain at this opset)?"""
+    return _has_schema(node.op_type, node.domain, opset)
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_schema(op_type: str, domain: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, opset, domain)
+        return True
+    except onnx.defs.SchemaError:
+        return False

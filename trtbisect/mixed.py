@@ -19,7 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph import FLOAT, SMALL_BYTES, Graph, _mark_stored, structure, with_node_names
+from .graph import (FLOAT, SMALL_BYTES, Graph, _mark_stored, flatten, structure, subgraphs,
+                    walk, with_node_names)
 from .plan import atomic_write
 from .spill import release_pages, spill
 from .semantics import round_weight
@@ -105,6 +106,16 @@ def write_mixed_onnx(model: onnx.ModelProto, fp32_nodes: Iterable[str],
 
 
 class _MixedWriter:
+    """Writes the mixed model node by node; a node holding subgraphs gets its subgraphs
+    written the same way (any depth).
+
+    A precision Cast goes into the graph that defines the value it converts (right after its
+    producer), so every reader, in that graph or in a subgraph below it, sees it through the
+    outer scope, and a Loop body converts an outer weight once, not per iteration. A subgraph
+    output stored in another type than its graph declares is renamed and cast back, so If,
+    Loop and Scan keep the types they declare.
+    """
+
     def __init__(self, graph: Graph, keep: set[str], weight_rule: str = "inf") -> None:
         self.g = graph
         self.keep = keep
@@ -121,9 +132,12 @@ class _MixedWriter:
             self.home[v.name] = graph.declared.get(v.name, self.home.get(v.name, FLOAT))
         self.converted: dict[tuple[str, int], str] = {}
         self.nodes: list[onnx.NodeProto] = []
+        self.top = self.nodes
+        self.scope: dict[str, list[onnx.NodeProto]] = {}  # value -> the node list defining it
         self.inits: list[TensorProto] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.renamed: dict[str, str] = {}
+        self.source_nodes = flatten(graph.source).nodes  # the model's own types, by index
 
     def as_type(self, t: str, want: int) -> str:
         src = self.renamed.get(t, t)
@@ -133,8 +147,8 @@ class _MixedWriter:
         if key not in self.converted:
             suffix = "fp16" if want == FLOAT16 else "fp32"
             name = f"{t}{self.sep}{suffix}"
-            if t in self.g.initializers and t not in self.g.producer:
-                arr = np.asarray(self.g.array(t), np.float32)
+            if (t in self.g.initializers and t not in self.g.producer) or t in self.g.inner_weights:
+                arr = np.asarray(self.g.array(t), np.float32)  # a subgraph's weight: hoisted
                 if want == FLOAT16:
                     self._constant(name, spill(round_weight(arr, self.weight_rule)
                                                .astype(np.float16)))
@@ -142,8 +156,8 @@ class _MixedWriter:
                 else:
                     self._constant(name, arr)
             else:
-                self.nodes.append(helper.make_node("Cast", [src], [name], to=want,
-                                                   name=f"{name}{self.sep}cast"))
+                self.scope.get(t, self.top).append(helper.make_node(
+                    "Cast", [src], [name], to=want, name=f"{name}{self.sep}cast"))
             self.converted[key] = name
         return self.converted[key]
 
@@ -165,31 +179,17 @@ class _MixedWriter:
             declared = g.declared.get(v.name, FLOAT)
             if self.home.get(v.name) != declared and v.name in g.producer:
                 self.renamed[v.name] = f"{v.name}{self.sep}{'fp16' if self.home[v.name] == FLOAT16 else 'fp32'}"
-        source_nodes = list(g.source.graph.node)
-        for i, (name, node) in enumerate(zip(g.names, g.model.graph.node)):
-            if name in g.candidate_set:
-                new = self._candidate(name, node)
-            else:
-                new = onnx.NodeProto()
-                new.CopyFrom(source_nodes[i])  # the model's own types, Casts included
-                new.name = name
-                if node.op_type not in ("Cast", "Shape", "Size"):
-                    for k, t in enumerate(new.input):
-                        if g.is_float(t) and t not in g.half_typed:
-                            new.input[k] = self.as_type(t, FLOAT)
-                        elif t:
-                            new.input[k] = self.renamed.get(t, t)
-                else:
-                    new.input[:] = [self.renamed.get(t, t) for t in new.input]
-            new.output[:] = [self.renamed.get(t, t) for t in new.output]
-            self.nodes.append(new)
+        for i in range(g.top):
+            self.nodes.append(self._node(i))
         self.nodes = _casts_after_producers(self.nodes, set(self.converted.values()))
-        for t, internal in self.renamed.items():
-            self.nodes.append(helper.make_node("Cast", [internal], [t], to=g.declared.get(t, FLOAT),
-                                               name=f"{t}{self.sep}output_cast"))
+        for v in og.output:
+            if v.name in self.renamed:
+                self.nodes.append(helper.make_node(
+                    "Cast", [self.renamed[v.name]], [v.name], to=g.declared.get(v.name, FLOAT),
+                    name=f"{v.name}{self.sep}output_cast"))
         del og.node[:]
         og.node.extend(self.nodes)
-        used = {t for n in self.nodes for t in n.input}
+        used = {t for n in walk(self.nodes) for t in n.input}  # subgraphs read outer weights
         keep_inits = [t for t in og.initializer if t.name in used]
         del og.initializer[:]
         og.initializer.extend(keep_inits)
@@ -202,6 +202,59 @@ class _MixedWriter:
         out.metadata_props.append(onnx.StringStringEntryProto(
             key="trtbisect.fp32_nodes", value=",".join(sorted(self.keep))))
         return Written(out, arrays)
+
+    def _node(self, i: int) -> onnx.NodeProto:
+        """Node i (an index of `Graph.nodes`) as the plan types it, its subgraphs written."""
+        g = self.g
+        name, node = g.names[i], g.nodes[i]
+        if name in g.candidate_set:
+            new = self._candidate(name, node)
+        else:
+            new = onnx.NodeProto()
+            new.CopyFrom(self.source_nodes[i])  # the model's own types, Casts included
+            new.name = name
+            if node.op_type not in ("Cast", "Shape", "Size"):
+                for k, t in enumerate(new.input):
+                    if g.is_float(t) and t not in g.half_typed:
+                        new.input[k] = self.as_type(t, FLOAT)
+                    elif t:
+                        new.input[k] = self.renamed.get(t, t)
+            else:
+                new.input[:] = [self.renamed.get(t, t) for t in new.input]
+        new.output[:] = [self.renamed.get(t, t) for t in new.output]
+        for attr, body in subgraphs(new):
+            self._body(i, attr, body)
+        return new
+
+    def _body(self, holder: int, attr: str, body: onnx.GraphProto) -> None:
+        """Write one subgraph of node `holder` into `body` (a copy of the model's own)."""
+        g = self.g
+        members = g.body_nodes(holder, attr)
+        outer, self.nodes = self.nodes, []
+        for v in [*body.input, *body.initializer]:
+            self.scope[v.name] = self.nodes
+        for j in members:
+            for t in g.nodes[j].output:
+                if t:
+                    self.scope[t] = self.nodes
+        made = {t for j in members for t in g.nodes[j].output if t}
+        back = []
+        for v in body.output:  # stored in another type than the graph declares: cast back
+            declared = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
+            if v.name in made and declared and self.home.get(v.name, declared) != declared:
+                suffix = "fp16" if self.home[v.name] == FLOAT16 else "fp32"
+                self.renamed[v.name] = f"{v.name}{self.sep}{suffix}"
+                back.append((v.name, declared))
+        for j in members:
+            self.nodes.append(self._node(j))
+        nodes = _casts_after_producers(self.nodes, set(self.converted.values()))
+        for t, declared in back:
+            nodes.append(helper.make_node("Cast", [self.renamed[t]], [t], to=declared,
+                                          name=f"{t}{self.sep}output_cast"))
+        self.nodes = outer
+        del body.node[:]
+        body.node.extend(nodes)
+        del body.value_info[:]
 
     def _candidate(self, name: str, node: onnx.NodeProto) -> onnx.NodeProto:
         g = self.g

@@ -18,14 +18,14 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, semantics
+from . import __version__, coverage, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
                        note_semantics)
-from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
-from .graph import Graph, model_hash, node_names, structure
+from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, EXIT_REFERENCE_INVALID, TrtBisectError
+from .graph import Graph, model_hash, named_as_trtbisect_names, structure
 from .inputs import Sample, load_samples
 from .journal import Journal, plan_key
 from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
-                "no_plan": EXIT_NO_PLAN}
+                "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL}
+PLAN_VERDICTS = ("fixed", "fp16_ok", "partial")  # a plan was found and written
 
 
 def _default_trt_version() -> int:
@@ -182,7 +183,8 @@ def layerwise(ctx: Context, opts: Options,
     judge).
     """
     g = ctx.judged
-    producer = {t: g.names[g.producer[t]] for t in g.stored_tensors()}
+    producer = {t: g.names[g.producer[t]] if t in g.producer else None  # a body's input: None
+                for t in g.stored_tensors()}
     stats: dict[str, TensorStats] = {}
     for v in g.inputs():
         if g.is_float(v.name):
@@ -199,7 +201,7 @@ def layerwise(ctx: Context, opts: Options,
             for s, b in zip(ctx.samples, fp16_first):
                 a = ref.run_tensors(s, batch)
                 for t in batch:
-                    _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
+                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
                 del a
             ref.close()
         else:
@@ -210,7 +212,7 @@ def layerwise(ctx: Context, opts: Options,
             for s, a in zip(ctx.samples, fp32):
                 b = emu.run_tensors_for(plan, s, batch)
                 for t in batch:
-                    _merge(stats, tensor_stats(t, producer[t], a[t], b[t]))
+                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
             emu.close()
             del emu, fp32
         del ref
@@ -251,8 +253,18 @@ def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerp
     return stats
 
 
-def _merge(stats: dict[str, TensorStats], new: TensorStats) -> None:
-    stats[new.name] = merge_stats(stats[new.name], new) if new.name in stats else new
+def _merge(stats: dict[str, TensorStats], new: TensorStats | None) -> None:
+    if new is not None:
+        stats[new.name] = merge_stats(stats[new.name], new) if new.name in stats else new
+
+
+def _tensor_stats(t: str, producer: str | None, a: np.ndarray,
+                  b: np.ndarray) -> TensorStats | None:
+    """None for a value of an If branch that did not run in this sample (exposed empty), or
+    that ran on one side only."""
+    if a.shape != b.shape or a.size == 0:
+        return None
+    return tensor_stats(t, producer, a, b)
 
 
 def _batches(g: Graph, sample: Sample, budget: int) -> list[list[str]]:
@@ -496,7 +508,11 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
                 strict=opts.strict)
-    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate)}
+    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate),
+              "coverage": coverage.record(g)}
+    for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
+        log.warning("TensorRT's ONNX parser: %s x%d (%s): %s; %s", c.label, len(c.nodes),
+                    ", ".join(c.nodes[:3]) + (", ..." if len(c.nodes) > 3 else ""), c.why, c.fix)
     problems = reference_problems(ctx)
     if problems:
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
@@ -531,7 +547,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
         batches = layerwise_batches(ctx, opts)
-        first = _write_and_judge(ctx, opts, frozenset(), out_dir, expose=batches[0])
+        first = _write_and_judge(ctx, opts, frozenset(), out_dir,
+                                 expose=batches[0] if batches else ())
         all_half, before = first.checked.passed, [first.checked.errors]
         ev.runs += len(ctx.samples)
         fp16_first = first.checked.tensors
@@ -614,6 +631,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if result.verdict in ("fixed", "fp16_ok") and opts.stability >= 2:
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
+    coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
     return _finish(result, ctx, out_dir, started, opts.report, marks)
 
 
@@ -852,7 +870,10 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
     return {"model": ctx.sha256, "samples": _samples_hash(ctx.samples),
             "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
             "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
-                                                       opts.accumulate]}
+                                                       opts.accumulate],
+            # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names them
+            # (a journal of an earlier version judged them FP32): never replayed across that
+            "judge": "subgraphs"}
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
@@ -873,8 +894,9 @@ def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats
     for name in fp32_nodes:
         node = g.node(name)
         layer = (layers or {}).get(name)
+        own = g.own_name(name) if g.is_inner(name) else node.name  # without its holders
         out.append(Culprit(name, node.op_type, _why(g, name, stats, constants),
-                           module_label(node.name, g.model),  # PyTorch's name, when known
+                           module_label(own, g.model),  # PyTorch's name, when known
                            layer if layer != name else None))
     return out
 
@@ -930,9 +952,8 @@ def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool =
 
 def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
     stem = ctx.path.stem
-    if result.verdict in ("fixed", "fp16_ok"):
-        if any(not n.name for n in ctx.model.graph.node) or node_names(ctx.model) != [
-                n.name for n in ctx.model.graph.node]:
+    if result.verdict in PLAN_VERDICTS:
+        if ctx.graph.inlined or not named_as_trtbisect_names(ctx.model):
             path = out_dir / f"{stem}.named.onnx"
             graph_model(ctx.graph).save(path)
             result.files["named_model"] = str(path)
@@ -1029,7 +1050,8 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
         judge_args=_judge_args(ctx),
         reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")
-                               for t in g.node(n).output if t) for n in result.fp32_nodes})
+                               for t in g.node(n).output if t) for n in result.fp32_nodes},
+        inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)))
 
 
 def _judge_args(ctx: Context) -> tuple[str, ...]:
@@ -1076,10 +1098,17 @@ class CheckResult:
     emulated: Written | None = field(default=None, repr=False)  # the graph the judge ran
     # per sample, the tensors judge_mixed was asked to expose (the layer-wise pass's FP16 side)
     tensors: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
+    unjudged: list[dict] = field(default_factory=list)  # coverage.unjudged of the file
+
+    @property
+    def exit_code(self) -> int:
+        """0 passes, 4 fails, 5 passes on the judged part only (`unjudged`)."""
+        return EXIT_NO_PLAN if not self.passed else EXIT_PARTIAL if self.unjudged else EXIT_OK
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
-                "errors": {k: v.to_json() for k, v in self.errors.items()}}
+                "errors": {k: v.to_json() for k, v in self.errors.items()},
+                "unjudged": self.unjudged}
 
 
 def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> CheckResult:
@@ -1120,4 +1149,5 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
             tensors.append({t: exposed[t] for t in wanted})
     merged = worst(errors)
     return CheckResult(all(e.passed for e in merged.values()), merged, len(graph.half_typed),
-                       len(ctx.samples), Written(judge.proto, judge.arrays), tensors)
+                       len(ctx.samples), Written(judge.proto, judge.arrays), tensors,
+                       [c.to_json() for c in coverage.unjudged(graph)])

@@ -25,7 +25,16 @@ The grammars encoded here, with their sources:
 - ModelOpt AutoCast 0.47 (modelopt/onnx/autocast/convert.py `convert_to_mixed_precision`):
   `nodes_to_exclude` are regular expressions; by default it also keeps nodes whose outputs
   exceed `data_max=512` or whose initializers exceed 65504, and turns graph inputs/outputs to
-  FP16 unless `--keep_io_types`.
+  FP16 unless `--keep_io_types`. It keeps the nodes of If/Loop/Scan subgraphs in FP32 unless
+  they read only subgraph initializers (precisionconverter.py
+  `_convert_initializers_recursive`: "Control-flow subgraphs ... do not get the
+  activation-bracketing casts"), so it cannot run a plan's FP16 subgraph nodes in FP16: its
+  rendering says so, and the mixed ONNX is the plan.
+- Nodes inside subgraphs carry trtbisect's qualified names (`If_3[then_branch]/Mul_0`) in the
+  named model the TensorRT renderings build, and onnx-tensorrt names each layer after its node,
+  inside If branches and Loop bodies too (ImporterContext::registerLayer, getNodeName;
+  importSubgraph parses a branch with the same parseGraph), so trtexec, Polygraphy and the
+  TensorRT Python snippet name them as they name any layer.
 """
 
 from __future__ import annotations
@@ -83,6 +92,7 @@ class RenderContext:
     # the FP32 truth checks compare with, when `model` is not it (a rewritten model)
     reference_model: str | None = None
     trt_version: int = 11  # the TensorRT the run targeted (--trt-version); both are rendered
+    inner_nodes: tuple[str, ...] = ()  # candidates inside If/Loop/Scan subgraphs
 
 
 @dataclass(frozen=True)
@@ -364,6 +374,20 @@ def _check_line(path: str, ctx: RenderContext) -> str:
     return command_line(argv)
 
 
+def _autocast_subgraphs(plan: Sequence[str], ctx: RenderContext) -> list[str]:
+    """Comment lines for a plan that runs subgraph nodes in FP16 (AutoCast cannot)."""
+    half = [n for n in ctx.inner_nodes if n not in set(plan)]
+    if not half:
+        return []
+    return [f"# AutoCast 0.47 keeps If/Loop/Scan subgraph nodes in FP32: it cannot run the "
+            f"plan's {len(half)} FP16",
+            "# subgraph node(s) in FP16 (e.g. " + ", ".join(half[:3]) + "), so its output "
+            "is a more-FP32 plan than this one,",
+            "# judged by the check line below. The plan itself is the mixed ONNX; judge it "
+            "with:",
+            "#   " + _check_line(ctx.mixed_model, ctx)]
+
+
 def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     argv = ["python", "-m", "modelopt.onnx.autocast", f"--onnx_path={ctx.model}",
             f"--output_path={ctx.autocast_output}", "--low_precision_type=fp16",
@@ -374,12 +398,14 @@ def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     if plan:
         argv += ["--nodes_to_exclude", *autocast_patterns(plan)]
     return Rendering("autocast", "ModelOpt AutoCast (CLI), then trtbisect's judgement of its output",
-                     command_line(argv) + "\n" + _check_line(ctx.autocast_output, ctx))
+                     "\n".join([*_autocast_subgraphs(plan, ctx), command_line(argv),
+                                _check_line(ctx.autocast_output, ctx)]))
 
 
 def _autocast_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     calib = _calibration(ctx)
     text = "\n".join([
+        *_autocast_subgraphs(plan, ctx),
         "import onnx",
         "from modelopt.onnx.autocast import convert_to_mixed_precision",
         "",

@@ -29,7 +29,8 @@ TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.
 VERDICTS = {"fp16_ok": "FP16 already meets the tolerance: nothing needs FP32",
             "fixed": "fixed by keeping {n} of {c} nodes in FP32",
             "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
-            "no_plan": "no precision plan meets the tolerance"}
+            "no_plan": "no precision plan meets the tolerance",
+            "partial": "partial judgement: {partial}"}
 
 
 def require_matplotlib() -> None:
@@ -55,7 +56,10 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def verdict_line(result: "RunResult") -> str:
-    return VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates)
+    from .coverage import partial_words
+    partial = partial_words(result) if result.verdict == "partial" else ""
+    return VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
+                                           partial=partial)
 
 
 def groups_of(result: "RunResult") -> list[dict]:
@@ -251,7 +255,7 @@ def _nodes(names: Sequence[str], limit: int = 6) -> str:
 
 
 def command_rows(result: "RunResult") -> list[tuple[str, str]]:
-    if result.verdict not in ("fixed", "fp16_ok"):
+    if result.verdict not in ("fixed", "fp16_ok", "partial"):
         return []
     from .render import RenderContext, render_all
 
@@ -310,7 +314,26 @@ def _md_facts(result: "RunResult") -> list[str]:
             f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
             f"{result.seconds:.1f}s",
             *_semantics_facts(result),
+            *_coverage_facts(result),
             *[f"- problem: {p}" for p in result.reference_problems]]
+
+
+def _coverage_facts(result: "RunResult") -> list[str]:
+    """Nodes judged inside subgraphs, ops not judged, ops TensorRT's parser cannot import."""
+    cov = result.extra.get("coverage")
+    if not isinstance(cov, dict):
+        return []
+    out = []
+    if cov.get("judged_in_subgraphs") or cov.get("functions_inlined"):
+        out.append(f"- judged: {cov['judged']} nodes, {cov['judged_in_subgraphs']} of them "
+                   "inside If/Loop/Scan subgraphs"
+                   + ("; model-local functions inlined" if cov.get("functions_inlined") else ""))
+    for key, what in (("unjudged", "not judged (run in FP32)"),
+                      ("tensorrt_unsupported", "TensorRT's ONNX parser cannot import")):
+        for c in cov.get(key) or []:
+            fix = f"; {c['fix']}" if c.get("fix") else ""
+            out.append(f"- {what}: {c['op']} ({c['domain']}) x{c['count']}: {c['why']}{fix}")
+    return out
 
 
 def _semantics_facts(result: "RunResult") -> list[str]:

@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import TrtBisectError
-from .graph import HALF_TYPES, Graph, data_flow, structure, with_node_names
+from .graph import HALF_TYPES, Graph, data_flow, node_reads, structure, with_node_names
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ META_KEY = "trtbisect.semantics"  # {"renamed": ..., "absorbed": ...}: keeps pre
 
 FUSION_CATALOG = "https://docs.nvidia.com/deeplearning/tensorrt/latest/performance/fusion-catalog.html"
 BN_IMPORTER = "https://github.com/onnx/onnx-tensorrt/blob/main/builtin_op_importers.cpp"
+ONNX_TRT = "https://github.com/onnx/onnx-tensorrt/blob/96e781103cfc4adf4a6bb557e94bac8e693f6f4c"
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,57 @@ RULES: tuple[Rule, ...] = (
          "(https://github.com/pytorch/pytorch/issues/123157). No NVIDIA statement says which "
          "TensorRT tactics accumulate in FP16, so it is not in the default",
          (10, 11), False, "option"),
+    Rule("conditionals",
+         "An If whose condition is computed at run time becomes an IIfConditional: both "
+         "branches are imported as ordinary layers (the layers reading and writing across the "
+         "boundary through IIfConditionalInputLayer / OutputLayer) and run in FP16 like any "
+         "other layer; an If whose condition is a build-time constant (an initializer or "
+         "Constant) is replaced by the taken branch's layers at parse time. Either way the "
+         "emulator rounds every node of the branch that runs, as it rounds a top-level node; "
+         "fused layers are not predicted inside subgraphs (per-node rounding there: the "
+         "pessimistic side).",
+         f"onnx-tensorrt If importer: \"For constant conditions, parse only the selected "
+         f"subgraph\"; otherwise addIfConditional and importSubgraph of both branches "
+         f"({ONNX_TRT}/onnxOpImporters.cpp); TensorRT 'Working with Conditionals' "
+         "(https://docs.nvidia.com/deeplearning/tensorrt/latest/inference-library/"
+         "work-with-conditionals.html); the If operator's data types include float16 "
+         "(https://docs.nvidia.com/deeplearning/tensorrt/latest/_static/operators/If.html)",
+         (10, 11), True, "emulator"),
+    Rule("loops",
+         "Loop and Scan become an ILoop: a trip limit (kCOUNT from the trip count, kWHILE "
+         "from the condition), an IRecurrenceLayer per loop-carried value, IIteratorLayers "
+         "for Scan's inputs, ILoopOutputLayers (last value, or every iteration concatenated); "
+         "the body's nodes are ordinary layers inside the loop, run in FP16 on every trip. A "
+         "constant trip count is a kCOUNT limit, not an unrolling (a count >= 2^31 - 1 means "
+         "none). The emulator rounds every node of the body on every iteration, per node.",
+         f"onnx-tensorrt Loop and Scan importers: addLoop, addTripLimit, addRecurrence, "
+         f"addLoopOutput, then parseGraph of the body; \"Some convertors will use INT_MAX to "
+         f"signify 'use cond input as loop termination'\" ({ONNX_TRT}/onnxOpImporters.cpp); "
+         "TensorRT 'Working with Loops': \"Interior layers are free to use tensors defined "
+         "inside or outside the loop\" (https://docs.nvidia.com/deeplearning/tensorrt/latest/"
+         "inference-library/work-with-loops.html)",
+         (10, 11), True, "emulator"),
+    Rule("local_functions_inlined",
+         "A call of a model-local function (FunctionProto) is replaced by the function's "
+         "nodes; trtbisect inlines them when it loads a model (onnx.inliner, under both "
+         "semantics), naming each `<call node>/<node in the function>`, so they are judged, "
+         "searched and fused like any other node.",
+         f"onnx-tensorrt LocalFunctionImporter: parses every node of the function in place "
+         f"of the call, in a name scope of its own ({ONNX_TRT}/onnxOpImporters.cpp; "
+         f"ModelImporter.cpp: \"Found registered local function ... Importing as a local "
+         f"function.\")",
+         (10, 11), True, "prepare"),
+    Rule("unsupported_ops",
+         "Ops onnx-tensorrt's operator list marks unsupported, and ops of other domains "
+         "(com.microsoft FusedMatMul, Attention, SkipLayerNormalization, ...: the parser "
+         "finds importers by op type and asks the plugin registry for any other) cannot be "
+         "built as they are: reported before the search with what to do. The emulator cannot "
+         "round a non-default-domain op either: ONNX Runtime runs it in FP32, and a verdict "
+         "on a graph holding one is \"partial\".",
+         f"onnx-tensorrt docs/operators.md ({ONNX_TRT}/docs/operators.md); ModelImporter.cpp "
+         f"parseNode: \"No importer registered for op: ... Attempting to import as plugin.\" "
+         f"({ONNX_TRT}/ModelImporter.cpp)",
+         (10, 11), True, "note"),
 )
 
 
@@ -419,7 +471,7 @@ class _Work:
     def consumers(self) -> dict[str, list[onnx.NodeProto]]:
         out: dict[str, list[onnx.NodeProto]] = defaultdict(list)
         for n in self.g.node:
-            for t in dict.fromkeys(n.input):
+            for t in node_reads(n):  # an If/Loop/Scan reads what its subgraphs read outside
                 if t:
                     out[t].append(n)
         return out
@@ -464,7 +516,7 @@ class _Work:
         if not folded:
             return []
         self._delete_nodes(set(folded))
-        used = {t for n in self.g.node for t in n.input} | outputs
+        used = {t for n in self.g.node for t in node_reads(n)} | outputs
         new_inits = [numpy_helper.from_array(constants[t], t)
                      for t in folded.values() if t in used]
         self.g.initializer.extend(new_inits)
@@ -502,7 +554,7 @@ class _Work:
         return result.astype(np.float32)
 
     def _drop_unused_constants(self) -> None:
-        used = {t for n in self.g.node for t in n.input} | self.graph_outputs()
+        used = {t for n in self.g.node for t in node_reads(n)} | self.graph_outputs()
         self._delete_nodes({n.name for n in self.g.node if n.op_type == "Constant"
                             and not any(o in used for o in n.output)})
 
@@ -610,7 +662,7 @@ class _Work:
         return True
 
     def _drop_unused_initializers(self, names: Iterable[str]) -> None:
-        used = {t for n in self.g.node for t in n.input} | self.graph_outputs()
+        used = {t for n in self.g.node for t in node_reads(n)} | self.graph_outputs()
         for name in names:
             if name and name not in used:
                 self.remove_initializer(name)

@@ -39,7 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import TrtBisectError
 from ..spill import release_pages, spill
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
-                     structure)
+                     node_reads, structure, subgraphs, walk, walk_graphs)
 from ..semantics import (MAX_ACCUMULATE_BLOCKS, STRICT, Rules, find_layers, round_weight,
                          tf32_round, tf32_round_nodes)
 
@@ -77,9 +77,13 @@ class Session:
     reference (never serialized, never copied)."""
 
     def __init__(self, proto: onnx.ModelProto, arrays: Mapping[str, np.ndarray],
-                 threads: int | None = None, judge: bool = True) -> None:
-        """`judge=False`: ORT's default, optimizing kernels (see `session_options`)."""
+                 threads: int | None = None, judge: bool = True,
+                 aliases: Mapping[str, str] | None = None) -> None:
+        """`judge=False`: ORT's default, optimizing kernels (see `session_options`).
+        `aliases`: tensor -> the graph output that exposes it (a value inside a subgraph)."""
         import onnxruntime as ort
+
+        self.aliases = dict(aliases or {})
 
         opts = session_options(threads, judge)
         names = [t.name for t in proto.graph.initializer if _stored(t)]
@@ -103,7 +107,7 @@ class Session:
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
         fed = {k: np.asarray(v, np.float32) if k in self.float_inputs else np.asarray(v)
                for k, v in feeds.items()}
-        return run_session(self.session, fed, outputs)
+        return run_session(self.session, fed, [self.aliases.get(n, n) for n in outputs])
 
 
 _SWITCH = {True: np.array(True), False: np.array(False)}  # a switch's value: runs in FP16
@@ -219,6 +223,10 @@ class _Builder:
         self._k = 0
         self._needed: set[str] = set()  # read outside any group: graph outputs, exposed, watched
         self._readers: dict[str, set[int]] = {}
+        # exposing a value made inside a subgraph: holder -> (value, attribute) to carry out,
+        # and each value's name in the scope it has reached so far
+        self._pending: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        self.carried: dict[str, str] = {}
 
     _SCOPED = ("raw", "rounded", "producer_state", "_tf32", "_slices")
 
@@ -238,7 +246,7 @@ class _Builder:
         self.nodes.append(helper.make_node("Cast", [half], [dst], to=FLOAT))
 
     def _weight(self, t: str) -> bool:
-        return t in self.g.initializers and t not in self.g.producer
+        return (t in self.g.initializers and t not in self.g.producer) or t in self.g.inner_weights
 
     def rounded_of(self, t: str) -> str:
         """The FP16-rounded value of tensor t (made on first use); a fused layer's internal
@@ -255,18 +263,19 @@ class _Builder:
 
     def _weight_copy(self, t: str, made: dict[str, str], tag: str,
                      array: Callable[[str], np.ndarray]) -> str:
-        """Initializer t's rounded copy, a constant of the whole model (made once)."""
+        """Weight t's rounded copy, a constant of the whole model (made once; a subgraph's
+        weight too: the main graph's initializers are visible in every subgraph)."""
         if t not in made:
             made[t] = self.fresh(tag)
-            self._constant(made[t], array(t), self.g.initializers[t])
+            self._constant(made[t], array(t))
         return made[t]
 
-    def _constant(self, name: str, arr: np.ndarray, like: TensorProto) -> None:
+    def _constant(self, name: str, arr: np.ndarray) -> None:
         if arr.nbytes <= SMALL_BYTES:
             self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
             return
         t = TensorProto(name=name, data_type=FLOAT)
-        t.dims.extend(like.dims)
+        t.dims.extend(arr.shape)
         _mark_stored(t)
         self.inits.append(t)
         self.arrays[name] = arr
@@ -322,6 +331,7 @@ class _Builder:
             elif t in self.g.half_typed and self.round_outputs and name not in self.cands:
                 new.output[k] = self.raw[t] = self.fresh("raw")
                 forced.append(t)
+        self._rebuild_bodies(i, new)
         self._emit(node, new, name, mode)
         for t in self.g.float_outputs(name) if mode == HALF else []:
             if t in self.rounded or t in self.internal:
@@ -333,13 +343,57 @@ class _Builder:
             if self.g.half_typed[t] == TensorProto.FLOAT16:
                 self.rounded[t] = t
 
+    def _rebuild_bodies(self, i: int, new: onnx.NodeProto) -> None:
+        """The subgraphs of node i (If branches, Loop and Scan bodies), in `new`, rebuilt node
+        by node under the same assignment, at any depth: an FP16 node inside reads and stores
+        rounded values as a top-level one does (outer-scope values, weights included, are read
+        through their rounded copies), an active one switches on its own boolean input."""
+        for attr, body in subgraphs(new):
+            outer, self.nodes = self.nodes, []
+            for a in self._SCOPED:  # values made inside exist only there
+                setattr(self, a, getattr(self, a).new_child())
+            for j in self.g.body_nodes(i, attr):
+                if self.state.get(self.g.names[j]) == ACTIVE:
+                    self._add_group([j])
+                else:
+                    self.add(j, self.g.nodes[j])
+            made, self.nodes = self.nodes, outer
+            for a in self._SCOPED:
+                setattr(self, a, getattr(self, a).parents)
+            del body.node[:]
+            body.node.extend(made)
+            del body.value_info[:]
+        for t, attr in self._pending.get(i, ()):
+            self._carry_out(new, t, attr)
+
+    def _carry_out(self, holder: onnx.NodeProto, t: str, attr: str) -> None:
+        """Make value t (by its name in `attr`'s graph) an output of `holder`: If gets one more
+        output (its other branches give an empty tensor), Loop and Scan one more scan output
+        (every iteration's value, stacked)."""
+        src, out = self.carried[t], self.fresh("x")
+        for a, body in subgraphs(holder):
+            made = self.fresh("o")
+            if a == attr:
+                body.node.append(helper.make_node("Identity", [src], [made]))
+            else:
+                body.node.append(helper.make_node("Constant", [], [made], value=numpy_helper
+                                                  .from_array(np.zeros(0, np.float32))))
+            body.output.append(helper.make_tensor_value_info(made, FLOAT, None))
+        holder.output.append(out)
+        for a in holder.attribute:  # Scan: the new scan output's axis and direction
+            if a.name in ("scan_output_axes", "scan_output_directions"):
+                a.ints.append(0)
+        self.carried[t] = out
+
     def _add_group(self, members: list[int]) -> None:
-        """One `If` on the group's switch: the members in FP16 (then) or in FP32 (else)."""
-        nodes = self.g.model.graph.node
+        """One `If` on the group's switch: the members in FP16 (then) or in FP32 (else). A
+        node inside a subgraph is a group of its own, and every output of it leaves its If."""
+        nodes = self.g.nodes
         names = [self.g.names[i] for i in members]
         inside = set(members)
+        inner = members[0] >= self.g.top
         exits = [t for i in members for t in nodes[i].output if t and (
-            t in self._needed or any(r not in inside for r in self._readers.get(t, ())))]
+            inner or t in self._needed or any(r not in inside for r in self._readers.get(t, ())))]
         if not exits:  # nothing reads what the group computes: its precision changes nothing
             for n in names:
                 self.state[n] = ACTIVE
@@ -443,7 +497,14 @@ class _Builder:
         base = structure(self.g.model)
         nodes = self.g.model.graph.node
         self._needed = {*self.g.output_names(), *expose, *watch}
-        reads = [_reads(n) for n in nodes]
+        for t in dict.fromkeys([*expose, *watch]):  # values inside subgraphs: carried out
+            at = self.g.scope_of(t)
+            if at is not None:
+                self.carried[t] = t
+                while at is not None:
+                    self._pending[at[0]].append((t, at[1]))
+                    at = self.g.where[at[0]]
+        reads = [node_reads(n) for n in nodes]
         self._readers = defaultdict(set)
         for i, ts in enumerate(reads):
             for t in ts:
@@ -461,11 +522,11 @@ class _Builder:
                 self._rename_value(v.name, src)
                 self.round_pair(src, v.name, self.g.declared[v.name])
         if watch:
-            self.nodes.extend(_nonfinite_flags(list(watch), self.sep))
+            self.nodes.extend(_nonfinite_flags([self.carried.get(t, t) for t in watch], self.sep))
         del gr.node[:]
         gr.node.extend(self.nodes)
         gr.initializer.extend(self.inits)
-        used = {t for n in _walk(self.nodes) for t in n.input}
+        used = {t for n in walk(self.nodes) for t in n.input}
         # ORT drops unused initializers before it takes ours by reference (one pass: removing
         # them one by one rescans the list, 1.4 s for 4,000 of 6,000)
         kept = [t for t in gr.initializer if t.name in used]
@@ -474,7 +535,7 @@ class _Builder:
         gr.input.extend(helper.make_tensor_value_info(s, TensorProto.BOOL, [])
                         for s in dict.fromkeys(self.switch_of.values()))
         known = {v.name for v in gr.output}
-        gr.output.extend(helper.make_tensor_value_info(t, FLOAT, None)
+        gr.output.extend(helper.make_tensor_value_info(self.carried.get(t, t), FLOAT, None)
                          for t in expose if t not in known)
         if watch:
             gr.output.append(helper.make_tensor_value_info(f"{self.sep}nonfinite", TensorProto.BOOL,
@@ -487,7 +548,7 @@ class _Builder:
         order otherwise). A group that some path leaves and re-enters cannot be one node: its
         members become groups of their own."""
         groups: dict[str, list[int]] = {}
-        for i, n in enumerate(self.g.names):
+        for i, n in enumerate(self.g.names[:self.g.top]):  # subgraphs' nodes: _rebuild_bodies
             if self.state.get(n) == ACTIVE:
                 groups.setdefault(self.group_of.get(n, n), []).append(i)
         while True:
@@ -537,44 +598,13 @@ class _Builder:
 
     def _rename_value(self, old: str, new: str) -> None:
         """Make `new` the name of the value the graph computes as `old` (for a final rounding)."""
-        for n in _walk(self.nodes):
+        for n in walk(self.nodes):
             for k, t in enumerate(n.output):
                 if t == old:
                     n.output[k] = new
             for k, t in enumerate(n.input):
                 if t == old:
                     n.input[k] = new
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    return [g for a in node.attribute
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))]
-
-
-def _walk(nodes: Iterable[onnx.NodeProto]) -> Iterable[onnx.NodeProto]:
-    """Every node, and every node of their subgraphs."""
-    for n in nodes:
-        yield n
-        for g in _subgraphs(n):
-            yield from _walk(g.node)
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """The names a node reads: its inputs and what its subgraphs take from outer scopes."""
-    subs = _subgraphs(node)
-    if not subs:
-        return [t for t in node.input if t]
-    inner = list(_walk(n for g in subs for n in g.node))
-    own = {o for n in inner for o in n.output} | {
-        v.name for g in _walk_graphs(subs) for v in [*g.input, *g.initializer]}
-    return list(dict.fromkeys([*(t for t in node.input if t),
-                               *(t for n in inner for t in n.input if t and t not in own)]))
-
-
-def _walk_graphs(graphs: Iterable[onnx.GraphProto]) -> Iterable[onnx.GraphProto]:
-    for g in graphs:
-        yield g
-        yield from _walk_graphs(s for n in g.node for s in _subgraphs(n))
 
 
 @dataclass(frozen=True)
@@ -660,11 +690,11 @@ def _dims(graph: Graph, t: str) -> tuple[int | None, ...] | None:
         except Exception as exc:  # best effort: unknown shapes keep FP32 accumulation
             log.info("shape inference failed for --fp16-accumulate: %s", _first_line(exc))
             inferred = graph.model
-        g = inferred.graph
-        for v in [*g.input, *g.value_info, *g.output]:
-            if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
-                shapes[v.name] = tuple(d.dim_value if d.HasField("dim_value") else None
-                                       for d in v.type.tensor_type.shape.dim)
+        for g in walk_graphs(inferred.graph):  # a Loop body's values too (per iteration)
+            for v in [*g.input, *g.value_info, *g.output]:
+                if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
+                    shapes[v.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                           for d in v.type.tensor_type.shape.dim)
         graph._static_dims = shapes  # type: ignore[attr-defined]
     return shapes.get(t)
 
@@ -680,19 +710,26 @@ def _separator(graph: Graph) -> str:
 def _nonfinite_flags(watch: Sequence[str], sep: str) -> list[onnx.NodeProto]:
     """One bool per watched tensor: does it hold a NaN or an inf? (x - x is NaN exactly there.)"""
     nodes, flags = [], []
-    shape = f"{sep}watch_shape"
+    shape, flat, zero = f"{sep}watch_shape", f"{sep}watch_flat", f"{sep}watch_zero"
     for k, t in enumerate(watch):
         p = f"{sep}watch{k}"
         nodes += [
             helper.make_node("Sub", [t, t], [f"{p}_d"]),
             helper.make_node("IsNaN", [f"{p}_d"], [f"{p}_n"]),
             helper.make_node("Cast", [f"{p}_n"], [f"{p}_f"], to=TensorProto.FLOAT),
-            helper.make_node("ReduceMax", [f"{p}_f"], [f"{p}_m"], keepdims=0),
+            helper.make_node("Reshape", [f"{p}_f", flat], [f"{p}_v"]),
+            # a zero more: the empty value of an If branch not taken reads as finite
+            helper.make_node("Concat", [f"{p}_v", zero], [f"{p}_z"], axis=0),
+            helper.make_node("ReduceMax", [f"{p}_z"], [f"{p}_m"], keepdims=0),
             helper.make_node("Reshape", [f"{p}_m", shape], [f"{p}_r"]),
         ]
         flags.append(f"{p}_r")
-    nodes.insert(0, helper.make_node("Constant", [], [shape],
-                                     value=helper.make_tensor("s", TensorProto.INT64, [1], [1])))
+    nodes[:0] = [helper.make_node("Constant", [], [shape],
+                                  value=helper.make_tensor("s", TensorProto.INT64, [1], [1])),
+                 helper.make_node("Constant", [], [flat],
+                                  value=helper.make_tensor("f", TensorProto.INT64, [1], [-1])),
+                 helper.make_node("Constant", [], [zero],
+                                  value=helper.make_tensor("z", TensorProto.FLOAT, [1], [0.0]))]
     nodes.append(helper.make_node("Concat", flags, [f"{sep}watch_all"], axis=0))
     nodes.append(helper.make_node("Cast", [f"{sep}watch_all"], [f"{sep}nonfinite"],
                                   to=TensorProto.BOOL))
@@ -705,7 +742,7 @@ def _session(graph: Graph, state: Mapping[str, str], rounded: Rounded, threads: 
              groups: Mapping[str, str] | None = None) -> tuple[Session, _Builder]:
     b = _Builder(graph, state, rounded, rules=rules, groups=groups)
     proto = b.build(expose, watch, half_outputs)
-    return Session(proto, b.weights_of(proto), threads), b
+    return Session(proto, b.weights_of(proto), threads, aliases=b.carried), b
 
 
 # ---------------------------------------------------------------- backends
@@ -888,8 +925,10 @@ class MixedModel:
         self.graph = graph
         self.outputs = graph.output_names()
         self.exposed = [t for t in expose if t not in self.outputs]
-        self.proto, self.arrays = emulation_of_mixed(graph, rules, fused, self.exposed)
-        self.session = Session(self.proto, self.arrays, threads)
+        b = _mixed_builder(graph, rules, fused)
+        self.proto = b.build(self.exposed)
+        self.arrays = b.weights_of(self.proto)
+        self.session = Session(self.proto, self.arrays, threads, aliases=b.carried)
         del self.proto.graph.output[len(self.outputs):]  # built: what is exposed goes
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -910,14 +949,18 @@ def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None, fused: bool =
     Runtime runs to check a plan without a GPU, since ORT's own float16 kernels hide overflow.
     `fused` (trt semantics): the internal tensors of the certain fused layers that run wholly
     in FP16 in this file are not rounded. `expose`: intermediate tensors made outputs too."""
+    b = _mixed_builder(graph, rules, fused)
+    proto = b.build(expose)
+    return proto, b.weights_of(proto)
+
+
+def _mixed_builder(graph: Graph, rules: "Rules | None", fused: bool) -> "_MixedBuilder":
     rules = rules or STRICT
     half = {graph.names[graph.producer[t]] for t in graph.half_typed if t in graph.producer}
     state = {n: HALF for n in graph.candidates() if n in half}
     internal = half_layer_internals(graph) if fused else frozenset()
-    b = _MixedBuilder(graph, state, Rounded.of(graph),
-                      rules=Rules(internal, rules.weight_rule, rules.tf32, rules.accumulate))
-    proto = b.build(expose)
-    return proto, b.weights_of(proto)
+    return _MixedBuilder(graph, state, Rounded.of(graph),
+                         rules=Rules(internal, rules.weight_rule, rules.tf32, rules.accumulate))
 
 
 class _MixedBuilder(_Builder):
@@ -947,6 +990,7 @@ class _MixedBuilder(_Builder):
             if t in self.g.half_typed and not (exact and self.g.half_typed[t] == TensorProto.FLOAT16):
                 new.output[k] = self.fresh("raw")
                 rounds.append((new.output[k], t))
+        self._rebuild_bodies(i, new)
         self._emit(node, new, name, self.state.get(name, FULL))
         for raw, t in rounds:
             self.round_pair(raw, t, self.g.half_typed[t])
