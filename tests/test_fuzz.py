@@ -39,7 +39,7 @@ def apply_patch(name: str | None, monkeypatch: pytest.MonkeyPatch, args: list[st
     """Faults the file system would inject: a full disk, another run holding the lock.
     Returns descriptors to close afterwards."""
     if name == "enospc-write":
-        monkeypatch.setattr("trtbisect.plan.tempfile.mkstemp", _enospc)
+        monkeypatch.setattr("trtbisect.plan.tempfile.mkdtemp", _enospc)
     elif name == "enospc-replace":
         monkeypatch.setattr("trtbisect.plan.os.replace", _enospc)
     elif name == "enospc-journal":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
 import pytest
@@ -93,10 +94,41 @@ def test_corrupt_or_foreign_journals_are_set_aside(tmp_path, content):
 
 
 def test_a_journal_of_another_run_is_set_aside(tmp_path):
+    """Another run's sound journal is not "rejected" (nothing is wrong with it): it is kept as
+    journal.previous.jsonl, byte for byte; a forged one is still rejected."""
     path = tmp_path / "journal.jsonl"
     write_some(path, {**FP, "strict": True})
+    before = path.read_bytes()
     assert Journal(path, FP).lookup(A) is None
+    assert (tmp_path / "journal.previous.jsonl").read_bytes() == before
+    assert not (tmp_path / "journal.rejected.jsonl").exists()
+    forged = before.replace(b'"strict":true', b'"strict":false', 1)
+    path.write_bytes(forged.replace(b"{", b"{\"x\":1,", 1))
+    Journal(path, {**FP, "tolerance": 1}).close()
     assert (tmp_path / "journal.rejected.jsonl").exists()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "hardlink", "fifo"])
+def test_the_journal_never_writes_through_a_planted_file(tmp_path, planted):
+    """A journal.jsonl that is a link to another file (or a pipe) is set aside, never
+    appended to or truncated: the other file keeps its bytes, and no open blocks."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    path = tmp_path / "out" / "journal.jsonl"
+    path.parent.mkdir()
+    if planted == "symlink":
+        path.symlink_to(victim)
+    elif planted == "hardlink":
+        os.link(victim, path)
+    else:
+        os.mkfifo(path)
+    j = Journal(path, FP)
+    j.start(A)
+    j.record(A, True, {})
+    j.close()
+    assert victim.read_bytes() == b"precious\n"
+    assert path.is_file() and not path.is_symlink() and os.stat(path).st_nlink == 1
+    assert Journal(path, FP).lookup(A)["passed"] is True
 
 
 def test_a_folder_in_place_of_the_journal_is_set_aside(tmp_path):

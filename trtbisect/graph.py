@@ -79,22 +79,40 @@ def _check_external(model_path: Path, t: TensorProto) -> None:
 
 
 def model_hash(path: str | os.PathLike) -> str:
-    """sha256 of the model file and of its external data files, read in chunks."""
+    """sha256 of the model file, as `sha256sum` prints it (read in chunks)."""
+    return _file_hash(Path(path)).hexdigest()
+
+
+def external_files(path: str | os.PathLike) -> list[Path]:
+    """The external data files the model's initializers name (load_model checked them)."""
     p = Path(path)
-    h = hashlib.sha256()
-    files = [p]
     try:
         model = onnx.load(str(p), load_external_data=False)
-        files += sorted({p.parent / e.value for t in model.graph.initializer
-                         for e in t.external_data if e.key == "location"})
-    except Exception:  # the file was validated by load_model; hash what is there
-        pass
-    for f in files:
+    except Exception:  # the file was validated by load_model; nothing more to name
+        return []
+    return sorted({p.parent / e.value for t in model.graph.initializer
+                   for e in t.external_data if e.key == "location"})
+
+
+def external_data_hash(path: str | os.PathLike) -> str | None:
+    """sha256 over the model's external data files (each file's name, then its bytes); None
+    when it keeps none. Apart from `model_hash`, so that the model's hash is its file's."""
+    found = external_files(path)
+    if not found:
+        return None
+    h = hashlib.sha256()
+    for f in found:
         h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                h.update(chunk)
+        h.update(_file_hash(f).digest())
     return h.hexdigest()
+
+
+def _file_hash(path: Path) -> "hashlib._Hash":
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            h.update(chunk)
+    return h
 
 
 def check_names(model: onnx.ModelProto) -> None:
