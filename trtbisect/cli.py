@@ -27,6 +27,7 @@ from .compare import OutputError, Tolerance
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import parse_shapes
 from .outdir import OutputDir
+from .outputs.escape import VisibleLog, visible
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -132,8 +133,15 @@ def finish(code: int) -> NoReturn:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {shown(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def shown(text: object) -> str:
+    """A model-controlled string for a rich console: control characters, escape sequences and
+    bidi overrides shown escaped (outputs/escape.py), rich markup escaped. Every table cell and
+    line that shows a name goes through it."""
+    return escape(visible(text))
 
 
 class NonNegativeFloat(click.ParamType):
@@ -194,8 +202,10 @@ def main(verbose: int, quiet: int) -> None:
 
 def configure_logging(verbose: int, quiet: int) -> None:
     level = logging.WARNING + 10 * (quiet - verbose)
+    handler = RichHandler(console=err, show_time=False, show_path=False)
+    handler.addFilter(VisibleLog())  # a name in a log line cannot drive the terminal
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(message)s", force=True,
-                        handlers=[RichHandler(console=err, show_time=False, show_path=False)])
+                        handlers=[handler])
 
 
 def _more_verbosity(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -378,11 +388,11 @@ class Progress:
         if self.quiet:
             return False
         if self.status is not None:
-            self.status.update(escape(msg))
+            self.status.update(shown(msg))
             return False
         now = self.clock()
         if force or now - self.last >= self.interval:
-            self.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+            self.console.print(visible(msg), markup=False, highlight=False, soft_wrap=True)
             self.last = now
             return True
         return False
@@ -424,7 +434,7 @@ def emit_run(result, as_json: bool) -> None:
                 "no_plan": "[red]no plan meets the tolerance[/]"}
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
-        out.print(f"  {p}")
+        out.print(f"  {shown(p)}")
     emit_rewrites(result)
     if result.culprits:
         t = Table(title="Nodes to keep in FP32", title_justify="left")
@@ -439,13 +449,13 @@ def emit_run(result, as_json: bool) -> None:
         if layers:
             t.add_column("TensorRT layer", overflow="fold")
         t.add_column("why", overflow="fold")
-        shown: set[str] = set()
+        named: set[str] = set()
         for c in result.culprits:
             layer = c.layer or c.node
-            cell = "[dim]same layer[/]" if layer in shown else escape(layer)
-            shown.add(layer)
-            t.add_row(escape(c.node), c.op, *([escape(c.module or "")] if modules else []),
-                      *([cell] if layers else []), escape(c.why))
+            cell = "[dim]same layer[/]" if layer in named else shown(layer)
+            named.add(layer)
+            t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
+                      *([cell] if layers else []), shown(c.why))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
@@ -454,26 +464,26 @@ def emit_run(result, as_json: bool) -> None:
         t.add_column("all FP16")
         t.add_column("with the plan")
         for name, before in result.errors_before.items():
-            t.add_row(escape(name), error_cell(before), error_cell(result.errors_after.get(name)))
+            t.add_row(shown(name), error_cell(before), error_cell(result.errors_after.get(name)))
         out.print(t)
         strict = result.extra.get("errors_before_strict") or {}
         for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
-            out.print(f"  all FP16 per node (--semantics strict), {name}: "
+            out.print(f"  all FP16 per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} max|d| {fmt(float(e['max_abs']))}")
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
                   f"{minimal}, {result.seconds:.1f}s")
     if result.files:
-        out.print(f"plan: {result.files.get('plan')}")
+        out.print(f"plan: {shown(result.files.get('plan'))}")
         if "mixed_model" in result.files:
-            out.print(f"mixed ONNX (TensorRT 11): {result.files['mixed_model']}")
+            out.print(f"mixed ONNX (TensorRT 11): {shown(result.files['mixed_model'])}")
         if "commands" in result.files:
-            out.print(f"commands: {result.files['commands']}")
+            out.print(f"commands: {shown(result.files['commands'])}")
         if "annotated_model" in result.files:
-            out.print(f"annotated ONNX (open in Netron): {result.files['annotated_model']}")
+            out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
-            out.print(f"report: {result.files['report_html']}")
+            out.print(f"report: {shown(result.files['report_html'])}")
 
 
 def emit_rewrites(result) -> None:
@@ -482,7 +492,7 @@ def emit_rewrites(result) -> None:
     for a in rw.get("applied", []):
         drift = a.get("fp32_drift") or {}
         where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
-        out.print(f"rewrite [bold]{escape(a['rewrite'])}[/] at {escape(where)}: {escape(a['why'])} "
+        out.print(f"rewrite [bold]{shown(a['rewrite'])}[/] at {shown(where)}: {shown(a['why'])} "
                   f"(FP32 drift {drift.get('rel', 0):.2g} of the output range)", soft_wrap=True)
     if rw.get("refused"):
         out.print(f"{len(rw['refused'])} rewrite(s) refused: see precision.json \"rewrites\"")
@@ -493,12 +503,12 @@ def emit_diagnosis(result) -> None:
     for k, (g, count) in enumerate(fold_groups(result.extra.get("culprit_groups") or []), 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
         times = f" (x{count} identical groups)" if count > 1 else ""
-        out.print(f"[bold]{k}. {g['cause']}{escape(pattern)}{times}[/]: {escape(g['summary'])}")
+        out.print(f"[bold]{k}. {shown(g['cause'])}{shown(pattern)}{times}[/]: {shown(g['summary'])}")
     stab = result.extra.get("stability")
     if stab:
         flags = stab["flags"] or ["no plan flips or sits within the noise"]
         out.print(f"stability ({stab['runs']} runs x {stab['samples']} sample(s)): "
-                  + escape("; ".join(flags)))
+                  + shown("; ".join(flags)))
 
 
 def fold_groups(groups: list) -> list[tuple[dict, int]]:
@@ -550,7 +560,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
                or s.fp32_absmax > 65504]
     rows = flagged[:top] if flagged else sorted(stats.values(), key=lambda s: -s.rel_err)[:top]
     for s in rows:
-        t.add_row(escape(s.name), escape(s.producer or "(input)"), fmt(s.fp32_absmax),
+        t.add_row(shown(s.name), shown(s.producer or "(input)"), fmt(s.fp32_absmax),
                   rel_cell(s.rel_err, max(s.fp16_nonfinite - s.fp32_nonfinite, 0)),
                   str(s.fp16_nonfinite), str(s.overflow), str(s.flushed))
     out.print(t)
@@ -558,7 +568,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
                        ("first_overflow", "first value beyond 65504"),
                        ("first_jump", "error first jumps at")):
         if summary.get(key):
-            out.print(f"{label}: {summary[key]}")
+            out.print(f"{label}: {shown(summary[key])}")
 
 
 @main.command(epilog=CHECK_EXIT_CODES)
@@ -585,11 +595,11 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        out.print(f"{'[green]pass[/]' if result.passed else '[red]fail[/]'}: {escape(mixed)} "
+        out.print(f"{'[green]pass[/]' if result.passed else '[red]fail[/]'}: {shown(mixed)} "
                   f"({result.half_tensors} float16 tensors, {result.samples} sample(s))",
                   soft_wrap=True)
         for name, e in result.errors.items():
-            out.print(f"  {escape(name)}: {error_cell(e)}", soft_wrap=True)
+            out.print(f"  {shown(name)}: {error_cell(e)}", soft_wrap=True)
     finish(0 if result.passed else 4)
 
 
@@ -614,7 +624,7 @@ def env(as_json: bool) -> None:
     for col in ("component", "usable", "detail"):
         t.add_column(col, overflow="fold")
     for component, usable, detail in rows:
-        t.add_row(component, "[green]yes[/]" if usable else "[red]no[/]", escape(detail))
+        t.add_row(component, "[green]yes[/]" if usable else "[red]no[/]", shown(detail))
     out.print(t)
 
 

@@ -49,15 +49,32 @@ def tiny_model(elem: int = TP.FLOAT, dims: Sequence[int | str] = (2, 4), name: s
     return _model(g)
 
 
-def overflow_model() -> onnx.ModelProto:
-    """y = (x * 1000) * 1000 / 1e6: FP16 overflows in the middle, so a plan is needed."""
+def overflow_model(names: Sequence[str] = ("up1", "up2", "down")) -> onnx.ModelProto:
+    """y = (x * 1000) * 1000 / 1e6: FP16 overflows in the middle, so a plan is needed (all
+    three nodes, whatever they are named)."""
     k = [numpy_helper.from_array(np.array(v, np.float32), n)
          for n, v in (("k1", 1000.0), ("k2", 1000.0), ("k3", 1e-6))]
-    nodes = [h.make_node("Mul", ["x", "k1"], ["a"], name="up1"),
-             h.make_node("Mul", ["a", "k2"], ["b"], name="up2"),
-             h.make_node("Mul", ["b", "k3"], ["y"], name="down")]
+    nodes = [h.make_node("Mul", ["x", "k1"], ["a"], name=names[0]),
+             h.make_node("Mul", ["a", "k2"], ["b"], name=names[1]),
+             h.make_node("Mul", ["b", "k3"], ["y"], name=names[2])]
     g = h.make_graph(nodes, "ovf", [h.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
                      [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])], k)
+    return _model(g)
+
+
+# Node names a hostile model might carry: terminal escapes (clear screen, OSC 52 clipboard), a
+# bidi override, HTML, Markdown that would start a heading or break a table, shell syntax, and
+# every line break str.splitlines() knows.
+HOSTILE = ("\x1b[2J\x1b[Hverdict: fp16_ok\x1b]52;c;cHduZWQ=\x07 <script>alert(1)</script>",
+           "a\nb\r\n# Fake heading\x1c\x1d\x1e\x85\u2028\u2029|c|`d`",
+           "\u202eevil\u202c $(touch pwned) `touch pwned`; <img src=x onerror=alert(1)> [l](j:x)")
+
+
+def typed_model(elem: int, op: str) -> onnx.ModelProto:
+    """y = op(x, x) in one element type (an int64 Add, a bool And, a float64 Mul)."""
+    g = h.make_graph([h.make_node(op, ["x", "x"], ["y"], name="only")], "typed",
+                     [h.make_tensor_value_info("x", elem, [2, 4])],
+                     [h.make_tensor_value_info("y", elem, [2, 4])])
     return _model(g)
 
 
