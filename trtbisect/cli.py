@@ -24,8 +24,9 @@ from rich.table import Table
 
 from . import __version__
 from .compare import OutputError, Tolerance
+from .degenerate import nothing_to_judge
 from .errors import EXIT_USAGE, TrtBisectError
-from .inputs import parse_shapes
+from .inputs import MAX_SAMPLES, parse_shapes
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, visible
 
@@ -52,7 +53,8 @@ def exit_codes(*rows: tuple[int, str]) -> str:
 
 USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       an --out that cannot be written or is in use by another run)")
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
-EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, or a plan was found and verified"), USAGE,
+EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, a plan was found and verified, or no node\n"
+                                 "       computes in float32/16 (nothing to judge)"), USAGE,
                              REFERENCE, (4, "no precision plan meets the tolerance"))
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
@@ -63,6 +65,7 @@ CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE,
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
+MAX_STABILITY = 100  # --stability N: N jittered copies of a sample are held at once
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 
 
@@ -197,7 +200,31 @@ def main(verbose: int, quiet: int) -> None:
     """
     meta = click.get_current_context().meta
     meta["verbose"], meta["quiet"] = verbose, quiet
+    closed = usable_streams()
     configure_logging(verbose, quiet)
+    if closed:
+        log.warning("stdout is closed: nothing is printed there; the exit code still gives the "
+                    "verdict, and --out holds the results")
+
+
+def usable_streams() -> bool:
+    """stdout and stderr that cannot fail the run: a closed one (`>&-`: Python sets it to None)
+    writes to /dev/null, and one whose encoding cannot show a character (PYTHONIOENCODING=ascii,
+    a C locale without UTF-8) shows it escaped (`\xe9`) instead of raising. True when stdout
+    was closed."""
+    closed = False
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+            closed = closed or name == "stdout"
+        elif (getattr(stream, "encoding", None) or "utf-8").lower().replace("_", "-") not in (
+                "utf-8", "utf8") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # pragma: no cover - a stream that cannot change
+                pass
+    return closed
 
 
 def configure_logging(verbose: int, quiet: int) -> None:
@@ -240,8 +267,10 @@ def input_options(f: Callable) -> Callable:
                      help="Shape for an input with dynamic dimensions, e.g. x:1x3x224x224."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Seed for random inputs."),
-        click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Number of random samples when no --inputs are given."),
+        click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=1,
+                     show_default=True,
+                     help=f"Number of random samples when no --inputs are given (1 to "
+                          f"{MAX_SAMPLES}; all of them must fit in half of the memory)."),
         click.option("--rtol", type=NonNegativeFloat(), default=Tolerance.rtol, show_default=True,
                      help="Relative tolerance: max|fp16-fp32| <= rtol*max|fp32| + atol."),
         click.option("--atol", type=NonNegativeFloat(), default=Tolerance.atol, show_default=True,
@@ -308,10 +337,10 @@ def make_options(kw: dict):
 @click.option("--report", is_flag=True,
               help="Also write report.html (self-contained) and report.md to --out. "
                    "Needs matplotlib: pip install 'trtbisect[report]'.")
-@click.option("--stability", type=click.IntRange(min=0), default=0, metavar="N",
+@click.option("--stability", type=click.IntRange(0, MAX_STABILITY), default=0, metavar="N",
               callback=_stability_runs,
               help="Rerun the plan and all-FP16 on N copies of each sample jittered at FP16 "
-                   "rounding level (N >= 2; the sample itself counts as one); report the "
+                   "rounding level (2 <= N <= 100; the sample itself counts as one); report the "
                    "error's noise floor and flag plans within it. E.g. --stability 8. "
                    "Default: off.")
 @click.option("--rewrite", is_flag=True,
@@ -431,7 +460,9 @@ def emit_run(result, as_json: bool) -> None:
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
                          f"{result.candidates} nodes in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
-                "no_plan": "[red]no plan meets the tolerance[/]"}
+                "no_plan": "[red]no plan meets the tolerance[/]",
+                "nothing_to_judge": "[green]nothing to judge in FP16[/]: "
+                                    + shown(result.extra.get("nothing_to_judge", ""))}
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
         out.print(f"  {shown(p)}")
@@ -503,7 +534,8 @@ def emit_diagnosis(result) -> None:
     for k, (g, count) in enumerate(fold_groups(result.extra.get("culprit_groups") or []), 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
         times = f" (x{count} identical groups)" if count > 1 else ""
-        out.print(f"[bold]{k}. {shown(g['cause'])}{shown(pattern)}{times}[/]: {shown(g['summary'])}")
+        out.print(f"[bold]{k}. {shown(g['cause'])}{shown(pattern)}{times}[/]: "
+                  f"{shown(g['summary'])}")
     stab = result.extra.get("stability")
     if stab:
         flags = stab["flags"] or ["no plan flips or sits within the noise"]
@@ -544,6 +576,14 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
     problems = pipeline.reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}", 3)
+    nothing = nothing_to_judge(ctx.judged)
+    if nothing:
+        if as_json:
+            click.echo(json.dumps({"summary": {"tensors": 0, "nothing_to_judge": nothing},
+                                   "tensors": []}, indent=2))
+        else:
+            out.print(f"nothing to compare: {shown(nothing)}")
+        return
     with Progress(quiet_level() + int(as_json)) as progress:  # --json: stdout is for machines
         progress.stage("layer-wise comparison, FP32 vs FP16")
         stats = pipeline.layerwise(ctx, opts, progress.layerwise)
@@ -664,6 +704,7 @@ def rel_cell(rel: float, nonfinite: int = 0) -> str:
 
 
 def entry() -> None:  # pragma: no cover - console script shim
+    usable_streams()  # before click can print anything
     main()
 
 

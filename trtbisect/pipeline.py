@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, semantics
+from . import __version__, degenerate, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
-                "no_plan": EXIT_NO_PLAN}
+                "no_plan": EXIT_NO_PLAN, degenerate.NOTHING_TO_JUDGE: EXIT_OK}
 
 
 @dataclass
@@ -98,6 +98,8 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs."""
     path = Path(model_path)
     graph = Graph.from_path(path)
+    if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
+        degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
     sha, data_sha = model_hash(path), external_data_hash(path)
@@ -500,6 +502,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                   cache=OutputDir(out_dir).cache() if out_dir and opts.resume else None)
     g = ctx.judged
     assert ctx.prepared is not None
+    if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
+        from .stability import guard_memory
+        guard_memory(ctx.samples, ctx.references, opts.stability)
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
@@ -510,6 +515,12 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                            errors_before={}, errors_after={}, reference_problems=problems,
                            extra=dict(record), **base)
+        return _finish(result, ctx, out_dir, started, opts.report, marks)
+    nothing = degenerate.nothing_to_judge(g)
+    if nothing:  # FP16 cannot change what this model computes: a verdict of its own
+        result = RunResult(degenerate.NOTHING_TO_JUDGE, fp32_nodes=[], evaluations=0,
+                           inferences=0, errors_before={}, errors_after={},
+                           extra={**record, "nothing_to_judge": nothing}, **base)
         return _finish(result, ctx, out_dir, started, opts.report, marks)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)

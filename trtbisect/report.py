@@ -30,7 +30,9 @@ TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.
 VERDICTS = {"fp16_ok": "FP16 already meets the tolerance: nothing needs FP32",
             "fixed": "fixed by keeping {n} of {c} nodes in FP32",
             "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
-            "no_plan": "no precision plan meets the tolerance"}
+            "no_plan": "no precision plan meets the tolerance",
+            "nothing_to_judge": "nothing to judge in FP16: no node computes in float32 or "
+                                "float16"}
 
 
 def require_matplotlib() -> None:
