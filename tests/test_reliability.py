@@ -23,7 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # is journaled, waits for a line on stdin, so the test decides when each one runs and a signal
 # lands while an evaluation is in flight, whatever the machine's load (no timing involved).
 DRIVER = """
-import sys
+import signal, sys
+# a suite started as a background job of a non-interactive shell (`nohup pytest &`, some CI
+# runners) hands SIGINT down ignored, and Python then keeps ignoring it: Ctrl-C is what is
+# tested here, so it gets Python's own handler back
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from trtbisect import journal
 gated = sys.argv.pop(1) == "gate"
 start = journal.Journal.start
