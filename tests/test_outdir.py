@@ -117,6 +117,7 @@ def test_a_tampered_cache_is_recomputed(model, tmp_path, caplog):
     assert again["fp32_nodes"] == first["fp32_nodes"] and again["verdict"] == "fixed"
     assert again["errors_before"] == first["errors_before"]
     assert pipeline.result_cache.load_arrays(Path(cached[0])) is not None  # rewritten, sound
+    assert pipeline.result_cache.load_records(Path(rows)) is not None
 
 
 def test_the_journal_is_appended_in_place_only(model, tmp_path):

@@ -198,6 +198,7 @@ class OutputDir:
             gen = Generation(self, keep)
             names = [n.format(stem=stem) for n in (*RUN_FILES, *(REPORT_FILES if report else ()),
                                                    *(REWRITE_FILES if rewrite else ()))]
+            names += [f"{n}.data" for n in names if n.endswith(".onnx")]  # external data
             names += [SAMPLE.format(k=k) for k in range(samples)]
             ours = set(gen.old.files) if gen.old is not None else set()
             for name in names:
@@ -251,8 +252,9 @@ class Manifest:
             return cls(_legacy(folder, names), [], True)
         plan = _trtbisect_plan(folder / PLAN)
         if plan is not None:  # a run from before manifests: its plan lists its files
-            listed = plan.get("files") if isinstance(plan.get("files"), dict) else {}
-            names = [Path(v).name for v in listed.values() if isinstance(v, str)]
+            listed = plan.get("files")
+            names = [Path(v).name for v in (listed.values() if isinstance(listed, dict) else [])
+                     if isinstance(v, str)]
             return cls(_legacy(folder, [*names, PLAN]), [], True)
         return None
 
@@ -453,8 +455,10 @@ def _legacy(folder: Path, names: list[str]) -> list[str]:
 
 
 def _mark(path: Path) -> None:
-    files.atomic_write(path, lambda tmp: Path(tmp).write_text(
-        "made by trtbisect: its own scratch, safe to delete\n", encoding="utf-8"))
+    def write(tmp: str) -> None:
+        Path(tmp).write_text("made by trtbisect: its own scratch, safe to delete\n",
+                             encoding="utf-8")
+    files.atomic_write(path, write)
 
 
 def _adoptable(folder: Path) -> bool:

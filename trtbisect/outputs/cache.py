@@ -15,7 +15,7 @@ import logging
 import os
 import zipfile
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -38,11 +38,12 @@ def _arrays_hash(arrays: Mapping[str, np.ndarray]) -> str:
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """An .npz of `arrays` and their hash."""
-    digest = np.frombuffer(_arrays_hash(arrays).encode(), np.uint8)
+    members: dict[str, Any] = {**arrays,
+                               HASH_KEY: np.frombuffer(_arrays_hash(arrays).encode(), np.uint8)}
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays, **{HASH_KEY: digest})
+            np.savez(fh, **members)
     files.atomic_write(path, write)
 
 
@@ -53,15 +54,18 @@ def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
     except FileNotFoundError:
         return None
     except (OSError, TrtBisectError) as exc:
-        return _rejected(path, str(exc))
+        _rejected(path, str(exc))
+        return None
     try:
         with os.fdopen(fd, "rb") as fh, np.load(fh, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile):
-        return _rejected(path, "not a readable .npz")
+        _rejected(path, "not a readable .npz")
+        return None
     digest = arrays.pop(HASH_KEY, None)
     if digest is None or digest.dtype != np.uint8 or bytes(digest) != _arrays_hash(arrays).encode():
-        return _rejected(path, "its contents do not match their hash")
+        _rejected(path, "its contents do not match their hash")
+        return None
     return arrays
 
 
@@ -70,7 +74,10 @@ def save_records(path: Path, rows: list[dict]) -> None:
     body = [json.dumps(r, sort_keys=True) for r in rows]
     digest = hashlib.sha256("\n".join(body).encode()).hexdigest()
     text = ('{"sha256": "' + digest + '", "rows": [\n' + ",\n".join(body) + "\n]}\n")
-    files.atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+    files.atomic_write(path, write)
 
 
 def load_records(path: Path) -> list[dict] | None:
@@ -83,9 +90,11 @@ def load_records(path: Path) -> list[dict] | None:
         body = [json.dumps(r, sort_keys=True) for r in rows]
         ok = doc["sha256"] == hashlib.sha256("\n".join(body).encode()).hexdigest()
     except (ValueError, KeyError, TypeError, AttributeError):
-        return _rejected(path, "not a cache file of this version")
+        _rejected(path, "not a cache file of this version")
+        return None
     if not ok or not all(isinstance(r, dict) for r in rows):
-        return _rejected(path, "its contents do not match their hash")
+        _rejected(path, "its contents do not match their hash")
+        return None
     return rows
 
 
@@ -93,7 +102,8 @@ def _read(path: Path) -> bytes | None:
     try:
         return files.read_in_place(path)
     except (OSError, TrtBisectError) as exc:
-        return _rejected(path, str(exc))
+        _rejected(path, str(exc))
+        return None
 
 
 def _rejected(path: Path, why: str) -> None:
