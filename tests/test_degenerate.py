@@ -58,6 +58,24 @@ def test_nothing_to_judge_is_a_verdict_of_its_own(tmp_path, model, why):
     assert r.exit_code == 0 and "nothing to compare" in r.stdout
 
 
+def test_float_nodes_beyond_the_judge_are_never_nothing_to_judge(tmp_path):
+    """No candidate, but a node that computes in float (here an If, which this version keeps
+    FP32 whole): FP16 could change it, so it is refused, never called fine."""
+    body = [h.make_graph([h.make_node(op, ["x", "x"], [t], name=f"body_{op}")], t, [],
+                         [h.make_tensor_value_info(t, TP.FLOAT, [2, 4])])
+            for op, t in (("Mul", "t"), ("Add", "e"))]
+    g = h.make_graph([h.make_node("If", ["c"], ["y"], then_branch=body[0], else_branch=body[1],
+                                  name="cond")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [2, 4]),
+                      h.make_tensor_value_info("c", TP.BOOL, [])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 10
+    onnx.save(m, tmp_path / "m.onnx")
+    line = one_error_line(invoke("run", tmp_path / "m.onnx", "--out", tmp_path / "out"))
+    assert "none can be judged" in line and "'cond'" in line
+
+
 def test_float64_compute_is_refused_with_tensorrts_reason(tmp_path):
     onnx.save(typed_model(TP.DOUBLE, "Mul"), tmp_path / "m.onnx")
     for cmd in (["run", tmp_path / "m.onnx", "--out", tmp_path / "out"],

@@ -2,6 +2,8 @@
 
 - No node computes in float32/16 (an int64 Add, a bool-only model, a graph without nodes, one
   that only moves data): FP16 changes nothing TensorRT computes, so there is nothing to judge.
+  (Float nodes the judge cannot take, with no candidate beside them, are refused instead: FP16
+  could change them.)
   That is a verdict of its own, `nothing_to_judge`, with exit code 0: the question a deploy
   script asks (may this model be built with FP16 enabled?) has the answer yes, and the verdict
   tells a person or a machine that nothing was judged, rather than that FP16 was judged fine.
@@ -54,10 +56,27 @@ def check_judgeable(g: Graph, path: object) -> None:
                 "though TensorRT's parser casts DOUBLE down to FLOAT", len(doubles), doubles[0])
 
 
+def float_compute_nodes(g: Graph) -> list[str]:
+    """Nodes that compute (not only move or cast data) and write a float32/16 tensor: what
+    FP16 could change, whether or not the emulator can judge it (`g.types` shows float16 and
+    bfloat16 as float32)."""
+    return [name for name, node in zip(g.names, g.model.graph.node)
+            if node.op_type not in PASS_THROUGH_OPS
+            and any(g.types.get(t) == TensorProto.FLOAT for t in node.output if t)]
+
+
 def nothing_to_judge(g: Graph) -> str | None:
-    """Why FP16 cannot change this model (None when it can)."""
+    """Why FP16 cannot change this model (None when it can). A model whose float nodes are all
+    beyond the judge (an op it cannot round, a node holding a subgraph) is never "nothing to
+    judge": FP16 could change it, so it is refused, never called fine."""
     if g.candidates():
         return None
+    unjudged = float_compute_nodes(g)
+    if unjudged:
+        node = g.node(unjudged[0])
+        raise TrtBisectError(f"{len(unjudged)} node(s) compute in floating point but none can be "
+                             f"judged (e.g. {unjudged[0]!r}, op {node.op_type}); trtbisect will "
+                             "not call FP16 fine for a graph it did not judge")
     if not g.model.graph.node:
         return "the graph has no nodes"
     return "no node computes in float32 or float16 (FP16 changes nothing the engine computes)"
