@@ -19,39 +19,73 @@ from tests.conftest import save_zoo_model
 from trtbisect.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-# `python -c DRIVER SECONDS run ...`: the CLI, with every evaluation held SECONDS after its
-# start is journaled, so that a signal lands while an evaluation is in flight.
+# `python -c DRIVER gate|free run ...`: the CLI; with `gate`, every evaluation, once its start
+# is journaled, waits for a line on stdin, so the test decides when each one runs and a signal
+# lands while an evaluation is in flight, whatever the machine's load (no timing involved).
 DRIVER = """
-import sys, time
+import signal, sys
+# a suite started as a background job of a non-interactive shell (`nohup pytest &`, some CI
+# runners) hands SIGINT down ignored, and Python then keeps ignoring it: Ctrl-C is what is
+# tested here, so it gets Python's own handler back
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from trtbisect import journal
-hold = float(sys.argv.pop(1))
+gated = sys.argv.pop(1) == "gate"
 start = journal.Journal.start
 def held(self, key):
     start(self, key)
-    time.sleep(hold)
+    if gated:
+        sys.stdin.readline()  # until the test releases this evaluation
 journal.Journal.start = held
 from trtbisect.cli import main
 main(prog_name="trtbisect")
 """
+HANG = 900  # seconds: a guard against a hung process, never a bound on speed
 
 
-def cli(*args, hold: float = 0.0) -> subprocess.Popen:
+def cli(*args, gated: bool = False) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", DRIVER, str(hold), "-q", *map(str, args)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", DRIVER, "gate" if gated else "free", "-q",
+                             *map(str, args)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_flight(journal: Path, done: int, proc: subprocess.Popen, timeout: float = 120) -> str:
-    """Wait until `done` evaluations finished and the next one is in flight; its plan key."""
-    deadline = time.monotonic() + timeout
+def records_of(journal: Path) -> list[dict]:
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    return [json.loads(line) for line in lines[1:] if line.endswith("}")]
+
+
+def wait_for_start(journal: Path, starts: int, proc: subprocess.Popen) -> str | None:
+    """Wait until the gated run has journaled `starts` starts and waits in the last one; its
+    plan key (None when the run finished without another evaluation)."""
+    deadline = time.monotonic() + HANG
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        lines = journal.read_text().splitlines() if journal.exists() else []
-        records = [json.loads(line) for line in lines[1:] if line.endswith("}")]
-        if sum("done" in r for r in records) >= done and records and "start" in records[-1]:
+        records = records_of(journal)
+        if sum("start" in r for r in records) >= starts and "start" in records[-1]:
             return records[-1]["start"]
+        if proc.poll() is not None:
+            return None
         time.sleep(0.02)
-    raise AssertionError("the search never reached the kill point")
+    raise AssertionError("the gated run hung")
+
+
+def release(proc: subprocess.Popen) -> None:
+    """Let the evaluation the gated run waits in go on."""
+    assert proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+
+
+def wait_for_flight(journal: Path, done: int, proc: subprocess.Popen) -> str:
+    """Release evaluations one at a time until `done` have finished and the next one is in
+    flight (held); its plan key."""
+    starts = 1
+    while True:
+        key = wait_for_start(journal, starts, proc)
+        assert key is not None, ("the search ended before the kill point", proc.communicate())
+        if sum("done" in r for r in records_of(journal)) >= done:
+            return key
+        release(proc)
+        starts += 1
 
 
 def plan_of(out: Path) -> dict:
@@ -66,7 +100,8 @@ def model(zoo, tmp_path):
 def reference_plan(model, tmp_path) -> dict:
     path, inputs = model
     ref = cli("run", path, "--inputs", inputs, "--out", tmp_path / "ref")
-    assert ref.wait(120) == 0, ref.communicate()
+    _, stderr = ref.communicate(timeout=HANG)
+    assert ref.returncode == 0, stderr
     return plan_of(tmp_path / "ref")
 
 
@@ -74,12 +109,14 @@ def kill_and_resume(model, tmp_path, sig: int, done: int, reference: dict) -> No
     path, inputs = model
     out = tmp_path / f"out-{sig}-{done}"
     args = ("run", path, "--inputs", inputs, "--out", out)
-    victim = cli(*args, hold=0.5)
+    victim = cli(*args, gated=True)
     in_flight = wait_for_flight(out / "journal.jsonl", done, victim)
     victim.send_signal(sig)
-    victim.wait(60)
+    victim.communicate(timeout=HANG)
+    assert victim.returncode != 0  # it died in flight, not after finishing
     resumed = cli(*args)
-    assert resumed.wait(120) == 0, resumed.communicate()
+    _, stderr = resumed.communicate(timeout=HANG)
+    assert resumed.returncode == 0, stderr
     plan = plan_of(out)
     assert plan["verdict"] == reference["verdict"]
     assert plan["fp32_nodes"] == reference["fp32_nodes"] and plan["one_minimal"]
@@ -107,10 +144,10 @@ def test_kill_at_many_points_resumes_to_the_same_plan(model, tmp_path, sig, done
 def test_interrupt_exits_with_one_line_saying_how_to_resume(model, tmp_path, sig, code):
     path, inputs = model
     out = tmp_path / "out"
-    proc = cli("run", path, "--inputs", inputs, "--out", out, hold=2.0)
+    proc = cli("run", path, "--inputs", inputs, "--out", out, gated=True)
     wait_for_flight(out / "journal.jsonl", 1, proc)
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=60)
+    proc.send_signal(sig)  # it waits in an evaluation until released: the signal lands there
+    _, stderr = proc.communicate(timeout=HANG)
     assert proc.returncode == code, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: interrupted"), stderr

@@ -24,9 +24,11 @@ from rich.table import Table
 
 from . import __version__
 from .compare import OutputError, Tolerance
+from .degenerate import nothing_to_judge
 from .errors import EXIT_USAGE, TrtBisectError
-from .inputs import parse_shapes
+from .inputs import MAX_SAMPLES, parse_shapes
 from .outdir import OutputDir
+from .outputs.escape import VisibleLog, visible
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -54,7 +56,8 @@ REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
            "       cannot round (contrib-domain or unknown ops; listed, with precision.json's\n"
            "       \"coverage\"): FP16 is not called fine for them")
-EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, or a plan was found and verified"), USAGE,
+EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, a plan was found and verified, or no node\n"
+                                 "       computes in float32/16 (nothing to judge)"), USAGE,
                              REFERENCE, (4, "no precision plan meets the tolerance"), PARTIAL)
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
@@ -67,6 +70,7 @@ CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE,
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
+MAX_STABILITY = 100  # --stability N: N jittered copies of a sample are held at once
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 
 
@@ -137,8 +141,15 @@ def finish(code: int) -> NoReturn:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {shown(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def shown(text: object) -> str:
+    """A model-controlled string for a rich console: control characters, escape sequences and
+    bidi overrides shown escaped (outputs/escape.py), rich markup escaped. Every table cell and
+    line that shows a name goes through it."""
+    return escape(visible(text))
 
 
 class NonNegativeFloat(click.ParamType):
@@ -194,13 +205,39 @@ def main(verbose: int, quiet: int) -> None:
     """
     meta = click.get_current_context().meta
     meta["verbose"], meta["quiet"] = verbose, quiet
+    closed = usable_streams()
     configure_logging(verbose, quiet)
+    if closed:
+        log.warning("stdout is closed: nothing is printed there; the exit code still gives the "
+                    "verdict, and --out holds the results")
+
+
+def usable_streams() -> bool:
+    """stdout and stderr that cannot fail the run: a closed one (`>&-`: Python sets it to None)
+    writes to /dev/null, and one whose encoding cannot show a character (PYTHONIOENCODING=ascii,
+    a C locale without UTF-8) shows it escaped (`\xe9`) instead of raising. True when stdout
+    was closed."""
+    closed = False
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+            closed = closed or name == "stdout"
+        elif (getattr(stream, "encoding", None) or "utf-8").lower().replace("_", "-") not in (
+                "utf-8", "utf8") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # pragma: no cover - a stream that cannot change
+                pass
+    return closed
 
 
 def configure_logging(verbose: int, quiet: int) -> None:
     level = logging.WARNING + 10 * (quiet - verbose)
+    handler = RichHandler(console=err, show_time=False, show_path=False)
+    handler.addFilter(VisibleLog())  # a name in a log line cannot drive the terminal
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(message)s", force=True,
-                        handlers=[RichHandler(console=err, show_time=False, show_path=False)])
+                        handlers=[handler])
 
 
 def _more_verbosity(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -235,8 +272,10 @@ def input_options(f: Callable) -> Callable:
                      help="Shape for an input with dynamic dimensions, e.g. x:1x3x224x224."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Seed for random inputs."),
-        click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Number of random samples when no --inputs are given."),
+        click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=1,
+                     show_default=True,
+                     help=f"Number of random samples when no --inputs are given (1 to "
+                          f"{MAX_SAMPLES}; all of them must fit in half of the memory)."),
         click.option("--rtol", type=NonNegativeFloat(), default=Tolerance.rtol, show_default=True,
                      help="Relative tolerance: max|fp16-fp32| <= rtol*max|fp32| + atol."),
         click.option("--atol", type=NonNegativeFloat(), default=Tolerance.atol, show_default=True,
@@ -311,10 +350,10 @@ def _trt_version(given: str | None) -> int:
 @click.option("--report", is_flag=True,
               help="Also write report.html (self-contained) and report.md to --out. "
                    "Needs matplotlib: pip install 'trtbisect[report]'.")
-@click.option("--stability", type=click.IntRange(min=0), default=0, metavar="N",
+@click.option("--stability", type=click.IntRange(0, MAX_STABILITY), default=0, metavar="N",
               callback=_stability_runs,
               help="Rerun the plan and all-FP16 on N copies of each sample jittered at FP16 "
-                   "rounding level (N >= 2; the sample itself counts as one); report the "
+                   "rounding level (2 <= N <= 100; the sample itself counts as one); report the "
                    "error's noise floor and flag plans within it. E.g. --stability 8. "
                    "Default: off.")
 @click.option("--rewrite", is_flag=True,
@@ -391,11 +430,11 @@ class Progress:
         if self.quiet:
             return False
         if self.status is not None:
-            self.status.update(escape(msg))
+            self.status.update(shown(msg))
             return False
         now = self.clock()
         if force or now - self.last >= self.interval:
-            self.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+            self.console.print(visible(msg), markup=False, highlight=False, soft_wrap=True)
             self.last = now
             return True
         return False
@@ -434,13 +473,15 @@ def emit_run(result, as_json: bool) -> None:
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
                          f"{result.candidates} nodes in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
-                "no_plan": "[red]no plan meets the tolerance[/]"}
+                "no_plan": "[red]no plan meets the tolerance[/]",
+                "nothing_to_judge": "[green]nothing to judge in FP16[/]: "
+                                    + shown(result.extra.get("nothing_to_judge", ""))}
     if result.verdict == "partial":
         from .coverage import partial_words
-        verdicts["partial"] = f"[yellow]partial[/]: {escape(partial_words(result))}"
+        verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
-        out.print(f"  {p}")
+        out.print(f"  {shown(p)}")
     emit_rewrites(result)
     if result.culprits:
         t = Table(title="Nodes to keep in FP32", title_justify="left")
@@ -455,13 +496,13 @@ def emit_run(result, as_json: bool) -> None:
         if layers:
             t.add_column("TensorRT layer", overflow="fold")
         t.add_column("why", overflow="fold")
-        shown: set[str] = set()
+        named: set[str] = set()
         for c in result.culprits:
             layer = c.layer or c.node
-            cell = "[dim]same layer[/]" if layer in shown else escape(layer)
-            shown.add(layer)
-            t.add_row(escape(c.node), c.op, *([escape(c.module or "")] if modules else []),
-                      *([cell] if layers else []), escape(c.why))
+            cell = "[dim]same layer[/]" if layer in named else shown(layer)
+            named.add(layer)
+            t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
+                      *([cell] if layers else []), shown(c.why))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
@@ -470,26 +511,26 @@ def emit_run(result, as_json: bool) -> None:
         t.add_column("all FP16")
         t.add_column("with the plan")
         for name, before in result.errors_before.items():
-            t.add_row(escape(name), error_cell(before), error_cell(result.errors_after.get(name)))
+            t.add_row(shown(name), error_cell(before), error_cell(result.errors_after.get(name)))
         out.print(t)
         strict = result.extra.get("errors_before_strict") or {}
         for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
-            out.print(f"  all FP16 per node (--semantics strict), {name}: "
+            out.print(f"  all FP16 per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} max|d| {fmt(float(e['max_abs']))}")
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
                   f"{minimal}, {result.seconds:.1f}s")
     if result.files:
-        out.print(f"plan: {result.files.get('plan')}")
+        out.print(f"plan: {shown(result.files.get('plan'))}")
         if "mixed_model" in result.files:
-            out.print(f"mixed ONNX (TensorRT 11): {result.files['mixed_model']}")
+            out.print(f"mixed ONNX (TensorRT 11): {shown(result.files['mixed_model'])}")
         if "commands" in result.files:
-            out.print(f"commands: {result.files['commands']}")
+            out.print(f"commands: {shown(result.files['commands'])}")
         if "annotated_model" in result.files:
-            out.print(f"annotated ONNX (open in Netron): {result.files['annotated_model']}")
+            out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
-            out.print(f"report: {result.files['report_html']}")
+            out.print(f"report: {shown(result.files['report_html'])}")
 
 
 def emit_rewrites(result) -> None:
@@ -498,7 +539,7 @@ def emit_rewrites(result) -> None:
     for a in rw.get("applied", []):
         drift = a.get("fp32_drift") or {}
         where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
-        out.print(f"rewrite [bold]{escape(a['rewrite'])}[/] at {escape(where)}: {escape(a['why'])} "
+        out.print(f"rewrite [bold]{shown(a['rewrite'])}[/] at {shown(where)}: {shown(a['why'])} "
                   f"(FP32 drift {drift.get('rel', 0):.2g} of the output range)", soft_wrap=True)
     if rw.get("refused"):
         out.print(f"{len(rw['refused'])} rewrite(s) refused: see precision.json \"rewrites\"")
@@ -509,12 +550,13 @@ def emit_diagnosis(result) -> None:
     for k, (g, count) in enumerate(fold_groups(result.extra.get("culprit_groups") or []), 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
         times = f" (x{count} identical groups)" if count > 1 else ""
-        out.print(f"[bold]{k}. {g['cause']}{escape(pattern)}{times}[/]: {escape(g['summary'])}")
+        out.print(f"[bold]{k}. {shown(g['cause'])}{shown(pattern)}{times}[/]: "
+                  f"{shown(g['summary'])}")
     stab = result.extra.get("stability")
     if stab:
         flags = stab["flags"] or ["no plan flips or sits within the noise"]
         out.print(f"stability ({stab['runs']} runs x {stab['samples']} sample(s)): "
-                  + escape("; ".join(flags)))
+                  + shown("; ".join(flags)))
 
 
 def fold_groups(groups: list) -> list[tuple[dict, int]]:
@@ -550,6 +592,14 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
     problems = pipeline.reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}", 3)
+    nothing = nothing_to_judge(ctx.judged)
+    if nothing:
+        if as_json:
+            click.echo(json.dumps({"summary": {"tensors": 0, "nothing_to_judge": nothing},
+                                   "tensors": []}, indent=2))
+        else:
+            out.print(f"nothing to compare: {shown(nothing)}")
+        return
     with Progress(quiet_level() + int(as_json)) as progress:  # --json: stdout is for machines
         progress.stage("layer-wise comparison, FP32 vs FP16")
         stats = pipeline.layerwise(ctx, opts, progress.layerwise)
@@ -566,7 +616,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
                or s.fp32_absmax > 65504]
     rows = flagged[:top] if flagged else sorted(stats.values(), key=lambda s: -s.rel_err)[:top]
     for s in rows:
-        t.add_row(escape(s.name), escape(s.producer or "(input)"), fmt(s.fp32_absmax),
+        t.add_row(shown(s.name), shown(s.producer or "(input)"), fmt(s.fp32_absmax),
                   rel_cell(s.rel_err, max(s.fp16_nonfinite - s.fp32_nonfinite, 0)),
                   str(s.fp16_nonfinite), str(s.overflow), str(s.flushed))
     out.print(t)
@@ -574,7 +624,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
                        ("first_overflow", "first value beyond 65504"),
                        ("first_jump", "error first jumps at")):
         if summary.get(key):
-            out.print(f"{label}: {summary[key]}")
+            out.print(f"{label}: {shown(summary[key])}")
 
 
 @main.command(epilog=CHECK_EXIT_CODES)
@@ -601,13 +651,13 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        out.print(f"{'[green]pass[/]' if result.passed else '[red]fail[/]'}: {escape(mixed)} "
+        out.print(f"{'[green]pass[/]' if result.passed else '[red]fail[/]'}: {shown(mixed)} "
                   f"({result.half_tensors} float16 tensors, {result.samples} sample(s))",
                   soft_wrap=True)
         for name, e in result.errors.items():
-            out.print(f"  {escape(name)}: {error_cell(e)}", soft_wrap=True)
+            out.print(f"  {shown(name)}: {error_cell(e)}", soft_wrap=True)
         if result.unjudged:
-            out.print("  [yellow]judged in part only[/]: not rounded (run in FP32): " + escape(
+            out.print("  [yellow]judged in part only[/]: not rounded (run in FP32): " + shown(
                 ", ".join(f"{c['op']} x{c['count']}" for c in result.unjudged)), soft_wrap=True)
     finish(result.exit_code)
 
@@ -633,7 +683,7 @@ def env(as_json: bool) -> None:
     for col in ("component", "usable", "detail"):
         t.add_column(col, overflow="fold")
     for component, usable, detail in rows:
-        t.add_row(component, "[green]yes[/]" if usable else "[red]no[/]", escape(detail))
+        t.add_row(component, "[green]yes[/]" if usable else "[red]no[/]", shown(detail))
     out.print(t)
 
 
@@ -673,6 +723,7 @@ def rel_cell(rel: float, nonfinite: int = 0) -> str:
 
 
 def entry() -> None:  # pragma: no cover - console script shim
+    usable_streams()  # before click can print anything
     main()
 
 

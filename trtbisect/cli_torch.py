@@ -12,9 +12,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .cli import (USAGE, Progress, error_cell, escape, exit_codes, finish, fmt, log, out,
-                  quiet_level,
-                  rel_cell, verbosity_options)
+from .cli import (USAGE, Progress, error_cell, exit_codes, finish, fmt, log, out, quiet_level,
+                  rel_cell, shown, verbosity_options)
 from .compare import Tolerance
 
 INPUT_HELP = ("Input of forward, in argument order: NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or "
@@ -181,7 +180,7 @@ def emit_torch(result, top: int) -> None:
         for col in ("module", "class", "why"):
             t.add_column(col, overflow="fold")
         for c in result.culprits:
-            t.add_row(escape(c.module), c.cls, escape(c.why))
+            t.add_row(shown(c.module), c.cls, shown(c.why))
         out.print(t)
     if result.errors_before:
         t = Table(title="Outputs", title_justify="left")
@@ -190,7 +189,7 @@ def emit_torch(result, top: int) -> None:
         t.add_column("with the plan")
         for name, before in result.errors_before.items():
             after = result.errors_after.get(name) if result.verdict == "fixed" else None
-            t.add_row(escape(name), error_cell(before), error_cell(after))
+            t.add_row(shown(name), error_cell(before), error_cell(after))
         out.print(t)
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
@@ -220,7 +219,7 @@ def _layerwise_table(result, top: int) -> None:
     for col in ("module", "class", "FP32 max|x|", "rel err", "inf/NaN", "overflowing ops"):
         t.add_column(col, overflow="fold")
     for m in rows:
-        t.add_row(escape(m.module), m.cls, fmt(m.fp32_absmax), rel_cell(m.rel_err, m.new_nonfinite),
+        t.add_row(shown(m.module), m.cls, fmt(m.fp32_absmax), rel_cell(m.rel_err, m.new_nonfinite),
                   str(m.new_nonfinite),
                   ", ".join(f"{op} ({n})" for op, n in m.overflow_ops.items()))
     out.print(t)

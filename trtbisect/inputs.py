@@ -62,6 +62,33 @@ def guard_size(shape: Sequence[int], dtype: np.dtype, what: str) -> None:
                              "this machine's memory; give smaller shapes")
 
 
+MAX_SAMPLES = 10_000  # random samples: every evaluation runs each one
+
+
+def guard_random_samples(graph: Graph, shapes: Mapping[str, tuple[int, ...]], count: int) -> None:
+    """Refuse, before generating any, random samples that could not all be held: their total
+    bytes against half of this machine's memory (`--shape x:10000000x8 --samples 500` is 160 GB),
+    and more than MAX_SAMPLES of them."""
+    if count < 1:
+        raise TrtBisectError("at least one sample is needed (--samples N, N >= 1)")
+    if count > MAX_SAMPLES:
+        raise TrtBisectError(f"--samples {count}: at most {MAX_SAMPLES} random samples (each is "
+                             "run on every evaluation); pass real data with --inputs instead")
+    each = 0
+    for value in graph.fed_inputs():
+        shape = resolve_shape(value, shapes)
+        guard_size(shape, input_dtype(value), f"a random sample of input {value.name!r}")
+        each += math.prod(shape) * input_dtype(value).itemsize
+    if each * count > memory_limit():
+        raise TrtBisectError(f"--samples {count} random samples of {_size(each)} each would take "
+                             f"{_size(each * count)}, more than half of this machine's memory "
+                             f"({_size(memory_limit())}); give fewer --samples or a smaller --shape")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
 def declared_shape(value: onnx.ValueInfoProto) -> list[int | str | None]:
     dims = value.type.tensor_type.shape.dim
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
@@ -130,8 +157,7 @@ def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
     """
     check_shape_names(graph, shapes)
     if not paths:
-        if count < 1:
-            raise TrtBisectError("at least one sample is needed (--samples N, N >= 1)")
+        guard_random_samples(graph, shapes, count)
         return [random_sample(graph, shapes, seed + k) for k in range(count)]
     samples: list[Sample] = []
     for path in paths:

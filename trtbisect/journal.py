@@ -27,11 +27,13 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
+
+from .errors import TrtBisectError
+from .outputs import files
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,27 @@ def canonical(obj: Any) -> bytes:
 
 
 class JournalRejected(Exception):
-    """The journal on disk cannot be trusted; it is set aside."""
+    """The journal on disk cannot be used; it is set aside. `intact`: a sound journal of
+    another run (another model, inputs or options), not a damaged one."""
+
+    def __init__(self, why: str, intact: bool = False) -> None:
+        super().__init__(why)
+        self.intact = intact
+
+
+def _other_runs_header(line: bytes, fingerprint: dict[str, Any]) -> bool:
+    """A sound header (its checksum holds under its own fingerprint) of another run's journal."""
+    try:
+        rec = json.loads(line.decode("utf-8"))
+        theirs = rec.get("fingerprint")
+        if not isinstance(theirs, dict) or theirs == fingerprint:
+            return False
+        given = rec.pop("sum", None)
+        h = hashlib.sha256(canonical(theirs))
+        h.update(canonical(rec))
+        return given == h.hexdigest()
+    except (UnicodeDecodeError, ValueError, AttributeError, TypeError):
+        return False
 
 
 class Journal:
@@ -63,34 +85,40 @@ class Journal:
         self.starts: Counter[str] = Counter()
         self._synced_at = time.monotonic()
         self._load()
-        self._fh = open(self.path, "a", encoding="utf-8")
-        if self._fh.tell() == 0:
+        # appended in place: never through a planted link or into a hard-linked file
+        fd = files.open_in_place(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._fh = os.fdopen(fd, "a", encoding="utf-8")
+        if os.fstat(fd).st_size == 0:
             self._write({"fingerprint": fingerprint, "format": FORMAT})
 
     # ------------------------------------------------------------------ reading
 
     def _load(self) -> None:
-        if not self.path.exists() and not self.path.is_symlink():
+        if files.lstat_or_none(self.path) is None:
             return
         try:
             good_bytes = self._parse()
         except JournalRejected as why:
             self.done.clear()
             self.starts.clear()
-            self._set_aside(str(why))
+            self._set_aside(str(why), why.intact)
             return
         if good_bytes is not None:  # drop a last line cut short by a kill before appending
-            os.truncate(self.path, good_bytes)
+            fd = files.open_in_place(self.path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, good_bytes)
+            finally:
+                os.close(fd)
         if self.done or self.starts:
             log.warning("resuming: %d evaluations already in %s (--no-resume starts afresh)",
                         len(self.done), self.path)
 
     def _parse(self) -> int | None:
         """Fill done/starts; return the length to truncate to when the last line is partial."""
-        if not self.path.is_file():
-            raise JournalRejected("not a regular file")
         try:
-            data = self.path.read_bytes()
+            data = files.read_in_place(self.path) or b""
+        except TrtBisectError:
+            raise JournalRejected("not a regular file") from None
         except OSError as exc:
             raise JournalRejected(f"unreadable ({exc.strerror})")
         complete, sep, partial = data.rpartition(b"\n")
@@ -99,6 +127,9 @@ class Journal:
             if partial:  # a header cut short: nothing was recorded yet
                 return 0
             return None
+        if _other_runs_header(lines[0], self.fingerprint):
+            raise JournalRejected("from a different model, inputs, options or version",
+                                  intact=True)
         header = self._decode(lines[0], 1)
         if header.get("fingerprint") != self.fingerprint or header.get("format") != FORMAT:
             raise JournalRejected("from a different model, inputs, options or version")
@@ -131,17 +162,24 @@ class Journal:
         h.update(body)
         return h.hexdigest()
 
-    def _set_aside(self, why: str) -> None:
-        aside = self.path.with_name(f"{self.path.stem}.rejected{self.path.suffix}")
+    def _set_aside(self, why: str, intact: bool = False) -> None:
+        """Rename it (a link as a link); an intact journal of another run is kept as
+        `journal.previous.jsonl` without alarm, a damaged one as `journal.rejected.jsonl`."""
+        aside = self.path.with_name(
+            f"{self.path.stem}.{'previous' if intact else 'rejected'}{self.path.suffix}")
         try:
-            if aside.is_dir() and not aside.is_symlink():
-                shutil.rmtree(aside)
+            files.check_target(aside)
             os.replace(self.path, aside)
-        except OSError:
-            shutil.rmtree(self.path, ignore_errors=True)
-            aside = Path("(removed)")
-        log.warning("journal %s is not trusted (%s); set it aside as %s and starting afresh",
-                    self.path, why, aside)
+        except (OSError, TrtBisectError) as exc:
+            raise TrtBisectError(f"cannot set aside the journal {self.path} ({why}): "
+                                 f"{getattr(exc, 'strerror', None) or exc}; move it away or "
+                                 "choose another --out") from None
+        if intact:
+            log.info("journal %s is another run's (%s); kept as %s, this run starts its own",
+                     self.path, why, aside)
+        else:
+            log.warning("journal %s is not trusted (%s); set it aside as %s and starting afresh",
+                        self.path, why, aside)
 
     # ------------------------------------------------------------------ the API
 

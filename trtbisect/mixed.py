@@ -199,6 +199,11 @@ class _MixedWriter:
             if t.data_location == TensorProto.EXTERNAL and t.name not in arrays:
                 arrays[t.name] = np.asarray(g.weights.raw(t.name))
         del og.value_info[:]
+        # a model trtbisect wrote may be run again: its own entry is replaced, not repeated
+        # (onnx.checker refuses duplicate keys)
+        kept = [p for p in out.metadata_props if p.key != "trtbisect.fp32_nodes"]
+        del out.metadata_props[:]
+        out.metadata_props.extend(kept)
         out.metadata_props.append(onnx.StringStringEntryProto(
             key="trtbisect.fp32_nodes", value=",".join(sorted(self.keep))))
         return Written(out, arrays)

@@ -7,8 +7,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,14 +16,15 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, coverage, semantics
+from . import __version__, coverage, degenerate, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
                        note_semantics)
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, EXIT_REFERENCE_INVALID, TrtBisectError
-from .graph import Graph, model_hash, named_as_trtbisect_names, structure
+from .graph import (Graph, external_data_hash, external_files, model_hash,
+                    named_as_trtbisect_names, structure)
 from .inputs import Sample, load_samples
 from .journal import Journal, plan_key
 from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
@@ -33,6 +32,8 @@ from .render import RenderContext
 from .mixed import Written, graph_model, mixed_model
 from .modules import module_label
 from .outdir import OutputDir
+from .outputs import cache as result_cache
+from .outputs.files import claim, move_file
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
 
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
-                "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL}
+                "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
+                degenerate.NOTHING_TO_JUDGE: EXIT_OK}
 PLAN_VERDICTS = ("fixed", "fp16_ok", "partial")  # a plan was found and written
 
 
@@ -91,6 +93,8 @@ class Context:
     search: Graph | None = None
     prepared: semantics.Prepared | None = None
     rules: semantics.Rules = semantics.STRICT
+    sources: list[Path] = field(default_factory=list)  # the run's input files: never moved
+    data_sha256: str | None = None  # of the external data files, when the model has some
 
     @property
     def judged(self) -> Graph:
@@ -103,11 +107,15 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs."""
     path = Path(model_path)
     graph = Graph.from_path(path)
+    if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
+        degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
-    sha = model_hash(path)
-    references = _cached_references(graph, samples, opts, sha, cache)
-    ctx = Context(path, graph.source, graph, samples, references, sha)
+    sha, data_sha = model_hash(path), external_data_hash(path)
+    references = _cached_references(graph, samples, opts, f"{sha}:{data_sha}", cache)
+    ctx = Context(path, graph.source, graph, samples, references, sha,
+                  sources=[path, *external_files(path), *map(Path, opts.inputs)],
+                  data_sha256=data_sha)
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
     if search:
         ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
@@ -125,11 +133,12 @@ def _cached_references(graph: Graph, samples: Sequence[Sample], opts: Options, s
         key = hashlib.sha256(json.dumps({"model": sha, "samples": _samples_hash(samples),
                                          "threads": opts.threads}).encode()).hexdigest()[:16]
         path = cache / f"reference-{key}.npz"
+        data = result_cache.load_arrays(path)  # its hash checked: a tampered file is recomputed
         try:
-            with np.load(path, allow_pickle=False) as data:
+            if data is not None:
                 return [{n: data[f"s{k}_o{j}"] for j, n in enumerate(names)}
                         for k in range(len(samples))]
-        except (OSError, ValueError, KeyError):
+        except KeyError:
             pass
     ref = Reference(graph, opts.threads)
     references = [ref.run(s) for s in samples]
@@ -137,9 +146,8 @@ def _cached_references(graph: Graph, samples: Sequence[Sample], opts: Options, s
     if path is not None:
         arrays = {f"s{k}_o{j}": r[n] for k, r in enumerate(references) for j, n in enumerate(names)}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda tmp: np.savez(open(tmp, "wb"), **arrays))
-        except OSError as exc:  # a cache: never fail the run over it
+            result_cache.save_arrays(path, arrays)
+        except (OSError, TrtBisectError) as exc:  # a cache: never fail the run over it
             log.info("reference outputs not cached: %s", exc)
     return references
 
@@ -234,21 +242,23 @@ def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerp
                       batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
     """The layer-wise statistics, reused when a resumed run has the same fingerprint."""
     path = None
-    if out_dir is not None and opts.resume:
+    cache = OutputDir(out_dir).cache() if out_dir is not None and opts.resume else None
+    if cache is not None:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-        path = out_dir / CACHE / f"layerwise-{key}.json"
+        path = cache / f"layerwise-{key}.json"
         try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-            stats = {r["name"]: TensorStats.from_json(r) for r in rows}
-            log.info("layer-wise statistics reused from %s", path)
-            return stats
-        except (OSError, ValueError, KeyError, TypeError):
+            rows = result_cache.load_records(path)  # its hash checked
+            if rows is not None:
+                stats = {r["name"]: TensorStats.from_json(r) for r in rows}
+                log.info("layer-wise statistics reused from %s", path)
+                return stats
+        except (ValueError, KeyError, TypeError):
             pass
     stats = layerwise(ctx, opts, progress, fp16_first=fp16_first, batches=batches)
     if path is not None:
         try:
-            atomic_write_records(path, [s.to_json() for s in stats.values()])
-        except OSError as exc:  # a cache: never fail the run over it
+            result_cache.save_records(path, [s.to_json() for s in stats.values()])
+        except (OSError, TrtBisectError) as exc:  # a cache: never fail the run over it
             log.info("layer-wise statistics not cached: %s", exc)
     return stats
 
@@ -440,6 +450,7 @@ class RunResult:
     files: dict[str, str] = field(default_factory=dict)
     extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
     render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
+    model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
 
     @property
     def mixed_model_passed(self) -> bool | None:
@@ -455,7 +466,9 @@ class RunResult:
         return {
             "tool": "trtbisect", "version": __version__, "backend": "ort-emulator",
             "model": {"path": self.model_path, "sha256": self.model_sha256, "nodes": self.nodes,
-                      "candidates": self.candidates},
+                      "candidates": self.candidates,
+                      **({"external_data_sha256": self.model_data_sha256}
+                         if self.model_data_sha256 else {})},
             "verdict": self.verdict,
             "fp32_nodes": self.fp32_nodes,
             "one_minimal": self.one_minimal,
@@ -502,10 +515,18 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         from .report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
-    ctx = prepare(model_path, opts, cache=out_dir / CACHE if out_dir and opts.resume else None)
+    if out_dir is not None:  # refuse now, not after the search, what the folder cannot take
+        OutputDir(out_dir).preflight(Path(model_path).stem, [model_path, *opts.inputs],
+                                     0 if opts.inputs else opts.samples, opts.report, opts.rewrite)
+    ctx = prepare(model_path, opts,
+                  cache=OutputDir(out_dir).cache() if out_dir and opts.resume else None)
     g = ctx.judged
     assert ctx.prepared is not None
-    base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
+    if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
+        from .stability import guard_memory
+        guard_memory(ctx.samples, ctx.references, opts.stability)
+    base = dict(model_path=str(model_path), model_sha256=ctx.sha256,
+                model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
                 strict=opts.strict)
     record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate),
@@ -518,6 +539,12 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                            errors_before={}, errors_after={}, reference_problems=problems,
                            extra=dict(record), **base)
+        return _finish(result, ctx, out_dir, started, opts.report, marks)
+    nothing = degenerate.nothing_to_judge(g)
+    if nothing:  # FP16 cannot change what this model computes: a verdict of its own
+        result = RunResult(degenerate.NOTHING_TO_JUDGE, fp32_nodes=[], evaluations=0,
+                           inferences=0, errors_before={}, errors_after={},
+                           extra={**record, "nothing_to_judge": nothing}, **base)
         return _finish(result, ctx, out_dir, started, opts.report, marks)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)
@@ -692,7 +719,8 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
     """The same samples and FP32 reference (the original model's: the truth), a new graph,
     prepared for the run's semantics like the original was."""
     graph = Graph(model)
-    new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256)
+    new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256,
+                  sources=ctx.sources, data_sha256=ctx.data_sha256)
     new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
     new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate)
     return new
@@ -724,7 +752,8 @@ def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None
 
 
 def _strict_context(ctx: Context) -> Context:
-    return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256)
+    return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256,
+                   sources=ctx.sources, data_sha256=ctx.data_sha256)
 
 
 def _absorbed_nodes(ctx: Context) -> dict[str, str]:
@@ -779,10 +808,7 @@ def _write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
     Rounded.release(ctx.judged)  # memory: the judge holds the file's weights, not the search's
     written = write_plan(ctx, plan)
     # staged beside --out (same file system): write_outputs moves these very files into place
-    staging = out_dir / STAGING if out_dir is not None else None
-    if staging is not None:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+    staging = OutputDir(out_dir).staging() if out_dir is not None else None  # emptied
     with tempfile.TemporaryDirectory() as tmp:
         path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
         files = written.save(path)
@@ -867,7 +893,8 @@ def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> 
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
-    return {"model": ctx.sha256, "samples": _samples_hash(ctx.samples),
+    return {"model": ctx.sha256, "model_data": ctx.data_sha256,
+            "samples": _samples_hash(ctx.samples),
             "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
             "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
                                                        opts.accumulate],
@@ -945,9 +972,9 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
 def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
     """Every file atomically, as one generation that replaces the last (outdir.py): the plan
     is written last, never beside an earlier run's files. The input model is only read."""
-    with OutputDir(out_dir).generation(keep=[ctx.path]) as gen:
+    with OutputDir(out_dir).generation(keep=ctx.sources) as gen:
         _write_files(result, ctx, out_dir, report)
-        gen.commit(result.files, result.to_json())
+        gen.commit(result.to_json())
 
 
 def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
@@ -964,9 +991,9 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
         mixed_path = out_dir / f"{stem}.mixed.onnx"
         if result.staged:  # the files judged in the run, moved into place
             for f in result.staged:
-                os.replace(f, out_dir / Path(f).name)
+                claim(out_dir / Path(f).name)  # listed in the generation before it lands
+                move_file(f, out_dir / Path(f).name)
             result.staged = []
-            shutil.rmtree(out_dir / STAGING, ignore_errors=True)
         else:
             if result.mixed_model is None:
                 result.mixed_model = write_plan(ctx, result.fp32_nodes)

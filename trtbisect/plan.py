@@ -1,41 +1,33 @@
-"""The plan's files are written atomically: a temporary file in the same folder, renamed into
-place, with the user's umask. (The plan itself is `RunResult.fp32_nodes`; its renderings live
-in render.py, the strongly typed mixed ONNX in mixed.py.)
+"""The plan's files are written atomically: a temporary file in a private folder beside it,
+renamed into place, with the user's umask, never through a link (outputs/files.py). (The plan
+itself is `RunResult.fp32_nodes`; its renderings live in render.py, the strongly typed mixed
+ONNX in mixed.py.)
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+import os  # noqa: F401 - tests inject faults through plan.os / plan.tempfile
+import tempfile  # noqa: F401
 from pathlib import Path
 from typing import Callable
 
 import onnx
+
+from .outputs import files
 
 __all__ = ["atomic_write", "atomic_write_json", "atomic_write_records", "atomic_write_text",
            "save_model"]
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Write through a temporary file in the same folder, then rename: never a half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; others may deploy it
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write through a temporary file in a private folder beside `path`, then rename: never a
+    half file, never through a planted link (outputs/files.py); `write` gets the temporary
+    file's path."""
+    files.atomic_write(path, write)
 
 
-def current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+current_umask = files.current_umask
 
 
 def atomic_write_text(path: Path, text: str) -> None:

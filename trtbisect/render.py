@@ -275,6 +275,11 @@ def polygraphy_convert_argv(onnx_path: str, engine_path: str, *, strongly_typed:
 # ------------------------------------------------------------------------ renderings
 
 def command_line(argv: Sequence[str]) -> str:
+    """One shell command line: every word quoted (a name may hold spaces, quotes, `$(...)`,
+    line breaks). A NUL byte is the one thing no shell word and no argv can carry."""
+    bad = next((w for w in argv if "\0" in w), None)
+    if bad is not None:
+        raise Unrenderable(f"a command-line argument cannot hold the NUL byte in {bad!r}")
     return shlex.join(argv)
 
 
@@ -301,10 +306,11 @@ def _trtexec10(plan: Sequence[str], ctx: RenderContext) -> Rendering:
                             fp32_layers=plan, output_types=ctx.output_types,
                             shape_ranges=ctx.shape_ranges, no_tf32=ctx.true_fp32,
                             known_names=ctx.node_names)
+        text = command_line(argv)
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Build the mixed ONNX strongly typed (TensorRT 11 "
                         "recipe) or use the TensorRT Python snippet.")
-    return Rendering(key, title, command_line(argv))
+    return Rendering(key, title, text)
 
 
 def _trtexec11(plan: Sequence[str], ctx: RenderContext) -> Rendering:
@@ -313,9 +319,10 @@ def _trtexec11(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     try:
         argv = trtexec_argv(ctx.mixed_model, f"{ctx.engine_stem}.mixed.plan", strongly_typed=True,
                             shape_ranges=ctx.shape_ranges, no_tf32=ctx.true_fp32)
+        text = command_line(argv)
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Use the TensorRT Python API with the mixed ONNX.")
-    return Rendering(key, title, command_line(argv))
+    return Rendering(key, title, text)
 
 
 def _data_args(ctx: RenderContext) -> list[str]:
@@ -332,9 +339,10 @@ def _polygraphy_run(plan: Sequence[str], ctx: RenderContext) -> Rendering:
                      *(polygraphy_word(n, "float32") for n in plan)]
         argv += polygraphy_shapes(ctx.shape_ranges, profile=True)
         argv += _data_args(ctx) + polygraphy_tolerances(ctx)
+        text = command_line(argv)
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Use the Polygraphy check of the mixed ONNX.")
-    return Rendering(key, title, command_line(argv))
+    return Rendering(key, title, text)
 
 
 def _polygraphy_check(plan: Sequence[str], ctx: RenderContext) -> Rendering:
@@ -347,9 +355,10 @@ def _polygraphy_check(plan: Sequence[str], ctx: RenderContext) -> Rendering:
                 "--save-outputs", ctx.reference_outputs]
         check = ["polygraphy", "run", ctx.emulated_model or ctx.mixed_model, "--onnxrt", *data,
                  "--load-outputs", ctx.reference_outputs, *polygraphy_tolerances(ctx)]
+        text = command_line(save) + "\n" + command_line(check)
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Use `trtbisect check` on the mixed ONNX.")
-    return Rendering(key, title, command_line(save) + "\n" + command_line(check))
+    return Rendering(key, title, text)
 
 
 def _calibration(ctx: RenderContext) -> str | None:
@@ -397,9 +406,13 @@ def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:
         argv.append(f"--calibration_data={calib}")
     if plan:
         argv += ["--nodes_to_exclude", *autocast_patterns(plan)]
-    return Rendering("autocast", "ModelOpt AutoCast (CLI), then trtbisect's judgement of its output",
-                     "\n".join([*_autocast_subgraphs(plan, ctx), command_line(argv),
-                                _check_line(ctx.autocast_output, ctx)]))
+    key, title = "autocast", "ModelOpt AutoCast (CLI), then trtbisect's judgement of its output"
+    try:
+        text = "\n".join([*_autocast_subgraphs(plan, ctx), command_line(argv),
+                          _check_line(ctx.autocast_output, ctx)])
+    except Unrenderable as exc:
+        return _refusal(key, title, str(exc), "Use AutoCast's Python API (below).")
+    return Rendering(key, title, text)
 
 
 def _autocast_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
@@ -543,11 +556,14 @@ def commands_script(fp32_nodes: Sequence[str], ctx: RenderContext) -> str:
              f"{10 if ctx.trt_version == 11 else 11} renderings are kept, labelled.", ""]
     for r in render_all(fp32_nodes, ctx).values():
         lines.append(f"# {r.title}:")
+        # split on "\n" alone, the shell's only line end: str.splitlines() also splits on
+        # \r, \x1c-\x1e, \x85, \u2028, \u2029, which a quoted name may hold (the lines are
+        # joined with "\n" again: another plan's names in the script)
         if r.key in PYTHON_RENDERINGS:
             lines += ["# (Python; saved for reference, not run by this script)",
-                      *(f"#   {ln}" if ln else "#" for ln in r.text.splitlines())]
+                      *(f"#   {ln}" if ln else "#" for ln in r.text.split("\n"))]
         else:
-            lines += r.text.splitlines()
+            lines += r.text.split("\n")
         lines.append("")
     return "\n".join(lines)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 from .compare import FP16_MAX, FP16_TINY, OutputError
 from .diagnose import num, pct
 from .errors import require
+from .outputs.escape import md_code, md_fence, md_table_cell, md_text, visible
 from .plan import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
@@ -30,7 +31,9 @@ VERDICTS = {"fp16_ok": "FP16 already meets the tolerance: nothing needs FP32",
             "fixed": "fixed by keeping {n} of {c} nodes in FP32",
             "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
             "no_plan": "no precision plan meets the tolerance",
-            "partial": "partial judgement: {partial}"}
+            "partial": "partial judgement: {partial}",
+            "nothing_to_judge": "nothing to judge in FP16: no node computes in float32 or "
+                                "float16"}
 
 
 def require_matplotlib() -> None:
@@ -224,6 +227,7 @@ def _label_x(ax, stats: Sequence, marked: list[int], groups: Mapping[int, str]) 
 
 
 def _short(name: str, width: int = 28) -> str:
+    name = visible(name)  # a tick label shows control characters escaped, like every output
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
@@ -283,30 +287,35 @@ def evidence_items(group: Mapping) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------- markdown
+# Every model-controlled string is escaped for Markdown (outputs/escape.py): names as code
+# spans nothing in them can end, sentences with Markdown's and HTML's characters escaped, the
+# commands in fenced blocks they cannot close. A Markdown renderer shows a name as text, never
+# as HTML, a link or a heading.
 
 def render_markdown(result: "RunResult", plot_name: str | None) -> str:
-    parts = [f"# trtbisect report: {Path(result.model_path).name}", "",
-             f"**Verdict: {verdict_line(result)}.**", "", *_md_facts(result), ""]
+    parts = [f"# trtbisect report: {md_code(Path(result.model_path).name)}", "",
+             f"**Verdict: {md_text(verdict_line(result))}.**", "", *_md_facts(result), ""]
     parts += _md_groups(result)
-    parts += _md_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
+    parts += _md_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result),
+                       code=(1,))
     parts += _md_culprits(result)
     if plot_name:
         parts += ["## Magnitude and error along the graph", "", f"![per-tensor plot]({plot_name})",
                   ""]
     parts += _md_table("Error per output", ["output", "all FP16", "with the plan"],
-                       output_rows(result))
+                       output_rows(result), code=(0,))
     parts += _md_stability(result)
     parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
                        trace_rows(result))
     if command_rows(result):
         parts += ["## Apply the plan", ""]
     for title, cmd in command_rows(result):
-        parts += [f"### {title}", "", "```sh", cmd, "```", ""]
+        parts += [f"### {md_text(title)}", "", *md_fence(cmd, "sh"), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
 def _md_facts(result: "RunResult") -> list[str]:
-    return [f"- model: `{result.model_path}` (sha256 `{result.model_sha256[:16]}…`, "
+    return [f"- model: {md_code(result.model_path)} (sha256 `{result.model_sha256[:16]}…`, "
             f"{result.nodes} nodes, {result.candidates} candidates)",
             f"- tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
             f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
@@ -315,7 +324,7 @@ def _md_facts(result: "RunResult") -> list[str]:
             f"{result.seconds:.1f}s",
             *_semantics_facts(result),
             *_coverage_facts(result),
-            *[f"- problem: {p}" for p in result.reference_problems]]
+            *[f"- problem: {md_text(p)}" for p in result.reference_problems]]
 
 
 def _coverage_facts(result: "RunResult") -> list[str]:
@@ -332,21 +341,37 @@ def _coverage_facts(result: "RunResult") -> list[str]:
                       ("tensorrt_unsupported", "TensorRT's ONNX parser cannot import")):
         for c in cov.get(key) or []:
             fix = f"; {c['fix']}" if c.get("fix") else ""
-            out.append(f"- {what}: {c['op']} ({c['domain']}) x{c['count']}: {c['why']}{fix}")
+            out.append(f"- {what}: {md_code(c['op'])} ({md_code(c['domain'])}) x{c['count']}: {md_text(c['why'])}{md_text(fix)}")
     return out
 
 
-def _semantics_facts(result: "RunResult") -> list[str]:
+def _facts_text(result: "RunResult") -> list[str]:
+    """The same facts as plain text (the HTML escapes them itself)."""
+    return [f"model: {result.model_path} (sha256 {result.model_sha256[:16]}…, {result.nodes} "
+            f"nodes, {result.candidates} candidates)",
+            f"tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
+            f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
+            f"search: {result.evaluations} evaluations, {result.inferences} inferences, "
+            f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
+            f"{result.seconds:.1f}s",
+            *_semantics_facts(result, text=True),
+            *[f"problem: {p}" for p in result.reference_problems]]
+
+
+def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
     """Which emulation semantics judged the run, and all-FP16 under the other (strict) one."""
     rec = result.extra.get("semantics")
     if not isinstance(rec, dict):
         return []
-    out = [f"- semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
+    code = str if text else md_code
+    bullet = "" if text else "- "
+    layers = ", ".join(code(n) for n in _names(result.extra.get("fp32_layers"))) or "none"
+    out = [f"{bullet}semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
            f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
-           f"layers kept FP32: {', '.join(_names(result.extra.get('fp32_layers'))) or 'none'}"]
+           f"layers kept FP32: {layers}"]
     strict = result.extra.get("errors_before_strict")
     if isinstance(strict, dict):
-        out += [f"- all FP16 under per-node rounding (strict), {name}: "
+        out += [f"{bullet}all FP16 under per-node rounding (strict), {code(name)}: "
                 f"{'pass' if e['passed'] else 'FAIL'}, max|d| {e['max_abs']}, rel {e['rel']}"
                 for name, e in strict.items()]
     return out
@@ -359,11 +384,12 @@ def _names(value: object) -> list[str]:
 def _md_groups(result: "RunResult") -> list[str]:
     out = ["## Diagnosis", ""] if groups_of(result) else []
     for k, g in enumerate(groups_of(result)):
-        pattern = f", pattern `{g['pattern']}`" if g.get("pattern") else ""
-        out += [f"### Group {k + 1}: `{g['cause']}`{pattern}", "", g["summary"], "",
-                "Evidence: " + ", ".join(f"{a} = {b}" for a, b in evidence_items(g)), "",
+        pattern = f", pattern {md_code(g['pattern'])}" if g.get("pattern") else ""
+        out += [f"### Group {k + 1}: {md_code(g['cause'])}{pattern}", "", md_text(g["summary"]),
+                "", "Evidence: " + ", ".join(f"{md_text(a)} = {md_text(b)}"
+                                             for a, b in evidence_items(g)), "",
                 "Fixes:", ""]
-        out += [f"- {'**applied by the plan:** ' if applied else ''}{text}"
+        out += [f"- {'**applied by the plan:** ' if applied else ''}{md_text(text)}"
                 for applied, text in fix_lines(g)]
         out.append("")
     return out
@@ -407,7 +433,8 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
 
 
 def _md_culprits(result: "RunResult") -> list[str]:
-    return _md_table("Nodes to keep in FP32", *culprit_rows(result))
+    head, rows = culprit_rows(result)
+    return _md_table("Nodes to keep in FP32", head, rows, code=tuple(range(len(head) - 2)))
 
 
 def _md_stability(result: "RunResult") -> list[str]:
@@ -417,20 +444,23 @@ def _md_stability(result: "RunResult") -> list[str]:
     rows = [(p["plan"], out, str(o["judged_ratio"]), str(o["noise"]), str(o["margin"]),
              "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
             for p in st["plans"] for out, o in p["outputs"].items()]
-    head = ["## Stability", "", f"{st['method']}; deterministic reruns: {st['deterministic']}.",
-            "", *([f"- **{f}**" for f in st["flags"]]
+    head = ["## Stability", "", f"{md_text(st['method'])}; deterministic reruns: "
+            f"{md_text(st['deterministic'])}.",
+            "", *([f"- **{md_text(f)}**" for f in st["flags"]]
                   or ["- no plan flips or sits within the noise"]), ""]
     return head + _md_table("", ["plan", "output", "error / bound", "noise", "margin", "flips",
-                                 "fragile"], rows)
+                                 "fragile"], rows, code=(1,))
 
 
-def _md_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+def _md_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
+              code: Sequence[int] = ()) -> list[str]:
+    """A GFM table; cells in `code` columns are names (code spans), the others sentences."""
     if not rows:
         return []
-    esc = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     out = [f"## {title}", ""] if title else []
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in rows]
+    out += ["| " + " | ".join(md_table_cell(md_code(v) if j in code and str(v) else md_text(v))
+                              for j, v in enumerate(row)) + " |" for row in rows]
     return out + [""]
 
 
@@ -469,14 +499,20 @@ img.plot{display:block;width:100%;border:1px solid #dde3ec;border-radius:8px;bac
 
 
 def e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """Text for HTML: escaped, and (a model's names being hostile) every control or bidi
+    character shown as `\x1b`, `\u202e`, ... so nothing reorders or hides what is shown."""
+    return html.escape(visible(value), quote=True)
+
+
+def e_lines(text: str) -> str:
+    """A block of lines (a command, a snippet) for a <pre>: `e` line by line."""
+    return "\n".join(e(line) for line in text.split("\n"))
 
 
 def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column] = ()) -> str:
     ok = result.verdict in ("fixed", "fp16_ok")
     body = [f"<h1>trtbisect report: {e(Path(result.model_path).name)}</h1>",
-            "<div class='muted'>" + "<br>".join(e(f[2:].replace("`", ""))
-                                                for f in _md_facts(result)) + "</div>",
+            "<div class='muted'>" + "<br>".join(e(f) for f in _facts_text(result)) + "</div>",
             f"<div class='verdict {'ok' if ok else 'bad'}'>{e(verdict_line(result))}</div>"]
     body += _html_groups(result)
     body += _html_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
@@ -560,4 +596,5 @@ def _html_commands(result: "RunResult") -> list[str]:
     rows = command_rows(result)
     if not rows:
         return []
-    return ["<h2>Apply the plan</h2>"] + [f"<h3>{e(t)}</h3><pre>{e(c)}</pre>" for t, c in rows]
+    return ["<h2>Apply the plan</h2>"] + [f"<h3>{e(t)}</h3><pre>{e_lines(c)}</pre>"
+                                          for t, c in rows]

@@ -154,6 +154,21 @@ class Stability:
                           f"{self.runs - 1} copies jittered by {self.jitter:.3g} relative"}
 
 
+def guard_memory(samples: Sequence[Sample], references: Sequence[Mapping[str, np.ndarray]],
+                 runs: int) -> None:
+    """Refuse up front what `measure_stability` could not hold: it keeps every jittered copy
+    of every sample, and their reference outputs, at once."""
+    from .errors import TrtBisectError
+    from .inputs import memory_limit
+
+    held = runs * (sum(a.nbytes for s in samples for a in s.values())
+                   + sum(np.asarray(a).nbytes for r in references for a in r.values()))
+    if held > memory_limit():
+        raise TrtBisectError(f"--stability {runs} would hold {held / 2**30:.3g} GiB of jittered "
+                             "samples and their outputs, more than half of this machine's memory; "
+                             "give a smaller N or fewer samples")
+
+
 def measure_stability(reference: Run, candidate: Callable[[frozenset[str], Sample], Mapping],
                       plans: Mapping[str, frozenset[str]], samples: Sequence[Sample],
                       tol: Tolerance, runs: int, jitter: float = FP16_UNIT_ROUNDOFF,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import zipfile
 from dataclasses import dataclass
@@ -49,15 +50,32 @@ def tiny_model(elem: int = TP.FLOAT, dims: Sequence[int | str] = (2, 4), name: s
     return _model(g)
 
 
-def overflow_model() -> onnx.ModelProto:
-    """y = (x * 1000) * 1000 / 1e6: FP16 overflows in the middle, so a plan is needed."""
+def overflow_model(names: Sequence[str] = ("up1", "up2", "down")) -> onnx.ModelProto:
+    """y = (x * 1000) * 1000 / 1e6: FP16 overflows in the middle, so a plan is needed (all
+    three nodes, whatever they are named)."""
     k = [numpy_helper.from_array(np.array(v, np.float32), n)
          for n, v in (("k1", 1000.0), ("k2", 1000.0), ("k3", 1e-6))]
-    nodes = [h.make_node("Mul", ["x", "k1"], ["a"], name="up1"),
-             h.make_node("Mul", ["a", "k2"], ["b"], name="up2"),
-             h.make_node("Mul", ["b", "k3"], ["y"], name="down")]
+    nodes = [h.make_node("Mul", ["x", "k1"], ["a"], name=names[0]),
+             h.make_node("Mul", ["a", "k2"], ["b"], name=names[1]),
+             h.make_node("Mul", ["b", "k3"], ["y"], name=names[2])]
     g = h.make_graph(nodes, "ovf", [h.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
                      [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])], k)
+    return _model(g)
+
+
+# Node names a hostile model might carry: terminal escapes (clear screen, OSC 52 clipboard), a
+# bidi override, HTML, Markdown that would start a heading or break a table, shell syntax, and
+# every line break str.splitlines() knows.
+HOSTILE = ("\x1b[2J\x1b[Hverdict: fp16_ok\x1b]52;c;cHduZWQ=\x07 <script>alert(1)</script>",
+           "a\nb\r\n# Fake heading\x1c\x1d\x1e\x85\u2028\u2029|c|`d`",
+           "\u202eevil\u202c $(touch pwned) `touch pwned`; <img src=x onerror=alert(1)> [l](j:x)")
+
+
+def typed_model(elem: int, op: str) -> onnx.ModelProto:
+    """y = op(x, x) in one element type (an int64 Add, a bool And, a float64 Mul)."""
+    g = h.make_graph([h.make_node(op, ["x", "x"], ["y"], name="only")], "typed",
+                     [h.make_tensor_value_info("x", elem, [2, 4])],
+                     [h.make_tensor_value_info("y", elem, [2, 4])])
     return _model(g)
 
 
@@ -155,6 +173,11 @@ MODEL_MUTATIONS: dict[str, tuple[Callable[[Path], onnx.ModelProto | bytes], str 
     "input_twice": (_mutated(lambda m: m.graph.input.append(m.graph.input[0])), None),
     "output_is_input": (_mutated(lambda m: m.graph.output.append(m.graph.input[0])), None),
     "overflow": (lambda f: overflow_model(), None),
+    # nothing FP16 can change: a verdict of its own (exit 0); float64 compute: refused (exit 2)
+    "int64_compute": (lambda f: typed_model(TP.INT64, "Add"), None),
+    "bool_compute": (lambda f: typed_model(TP.BOOL, "And"), None),
+    "double_compute": (lambda f: typed_model(TP.DOUBLE, "Mul"), None),
+    "hostile_names": (lambda f: overflow_model(HOSTILE), None),
     "empty_file": (lambda f: b"", None),
     "text_file": (lambda f: b"not a model at all\n", None),
     "zeros": (lambda f: bytes(4096), None),
@@ -255,6 +278,7 @@ OPTIONS: dict[str, list[str]] = {
     "atol_negative": ["--atol", "-0.5"], "atol_nan": ["--atol", "NaN"], "atol_big": ["--atol", "10"],
     "samples_0": ["--samples", "0"], "samples_negative": ["--samples", "-3"],
     "samples_3": ["--samples", "3"], "seed_negative": ["--seed", "-1"],
+    "samples_1e9": ["--samples", "1000000000"],
     "seed_huge": ["--seed", str(2**70)], "seed_text": ["--seed", "x"],
     "threads_0": ["--threads", "0"], "threads_100000": ["--threads", "100000"],
     "threads_1": ["--threads", "1"], "threads_negative": ["--threads", "-2"],
@@ -272,6 +296,7 @@ RUN_OPTIONS: dict[str, list[str]] = {
     "max_evals_0": ["--max-evals", "0"], "max_evals_negative": ["--max-evals", "-5"],
     "max_evals_1": ["--max-evals", "1"], "stability_1": ["--stability", "1"],
     "stability_negative": ["--stability", "-2"], "stability_2": ["--stability", "2"],
+    "stability_1000": ["--stability", "1000"],
     "strict": ["--strict"], "no_resume": ["--no-resume"], "backend_bogus": ["--backend", "tpu"],
     "json": ["--json"], "unknown_option": ["--frobnicate"],
 }
@@ -282,7 +307,7 @@ USAGE_ONLY = {"rtol_negative", "rtol_nan", "rtol_inf", "rtol_text", "atol_negati
               "shape_wrong", "shape_huge", "output_tol_typo", "output_tol_nan",
               "output_tol_negative", "output_tol_text", "output_tol_bare", "output_tol_input",
               "max_evals_0", "max_evals_negative", "stability_1", "stability_negative",
-              "backend_bogus", "unknown_option"}
+              "backend_bogus", "unknown_option", "samples_1e9", "stability_1000"}
 
 
 def _out_setup(kind: str) -> Callable[[Path], Path]:
@@ -317,15 +342,71 @@ def _out_setup(kind: str) -> Callable[[Path], Path]:
         elif kind == "stale_generation":
             for name in ("precision.json", "layer_precisions.txt", "commands.sh", "m.mixed.onnx"):
                 (out / name).write_text("from an earlier run")
+        elif kind in PLANTED:  # a link where trtbisect writes: the victim must keep its bytes
+            victim = folder / "victim"
+            victim.write_text("precious\n")
+            target = folder / "victim_dir" if kind in ("cache_symlink", "inputs_symlink",
+                                                       "staging_symlink") else victim
+            target.mkdir(exist_ok=True) if target.name == "victim_dir" else None
+            (out / PLANTED[kind]).symlink_to(target)
+        elif kind == "lock_hardlink":
+            (folder / "victim").write_text("precious\n")
+            (out / ".trtbisect.lock").hardlink_to(folder / "victim")
+        elif kind == "lock_fifo":
+            os.mkfifo(out / ".trtbisect.lock")
+        elif kind == "journal_fifo":
+            os.mkfifo(out / "journal.jsonl")
+        elif kind == "cache_fifo":
+            (out / ".cache").mkdir()
+            (out / ".cache" / ".trtbisect-cache").write_text("x")
+            for key in ("reference-0000000000000000.npz", "layerwise-0000000000000000.json"):
+                os.mkfifo(out / ".cache" / key)
+        elif kind == "user_files":  # the user's own files in --out stay untouched
+            (out / "notes.md").write_text("mine")
+            (out / "inputs").mkdir()
+            (out / "inputs" / "data.txt").write_text("mine")
+        elif kind == "user_report":
+            (out / "data_loader.py").write_text("mine")
+        elif kind == "user_previous":
+            (out / ".previous").mkdir()
+            (out / ".previous" / "notes.txt").write_text("mine")
+            (out / ".trtbisect-manifest.json").write_text(json.dumps(
+                {"tool": "trtbisect", "format": 2, "complete": True, "files": ["precision.json"],
+                 "folders": []}))
+            (out / "precision.json").write_text(json.dumps({"tool": "trtbisect"}))
+        elif kind == "manifest_lists_outside":
+            (out / ".trtbisect-manifest.json").write_text(json.dumps(
+                {"tool": "trtbisect", "format": 2, "complete": False,
+                 "files": ["../victim", "/etc/passwd", "inputs/../../victim", ".", ""]}))
+            (folder / "victim").write_text("precious\n")
         return out
     return build
 
 
+# a symbolic link planted where trtbisect writes, -> the file or folder it must not touch
+PLANTED = {"lock_symlink": ".trtbisect.lock", "manifest_symlink": ".trtbisect-manifest.json",
+           "journal_symlink": "journal.jsonl", "cache_symlink": ".cache",
+           "inputs_symlink": "inputs", "staging_symlink": ".staging",
+           "plan_symlink": "precision.json", "commands_symlink": "commands.sh",
+           "previous_symlink": ".previous"}
+
+
 OUT_KINDS = ["plan_folder", "layer_precisions_folder", "journal_garbage", "journal_foreign",
              "journal_folder", "journal_cut", "previous_is_file", "manifest_garbage",
-             "manifest_folder", "lock_folder", "out_is_file", "stale_generation"]
+             "manifest_folder", "lock_folder", "out_is_file", "stale_generation", *PLANTED,
+             "lock_hardlink", "lock_fifo", "journal_fifo", "cache_fifo", "user_files",
+             "user_report", "user_previous", "manifest_lists_outside"]
 OUT_CODES = {"lock_folder": frozenset({2}), "out_is_file": frozenset({2}),
-             "manifest_folder": frozenset({0, 2})}
+             "manifest_folder": frozenset({0, 2}), "lock_symlink": frozenset({2}),
+             "lock_hardlink": frozenset({2}), "lock_fifo": frozenset({2}),
+             "inputs_symlink": frozenset({2}), "manifest_symlink": frozenset({2}),
+             "plan_symlink": frozenset({2}), "commands_symlink": frozenset({2}),
+             "user_report": frozenset({2}), "user_previous": frozenset({2}),
+             # a link where a scratch folder goes only turns the scratch off; the run goes on
+             "cache_symlink": frozenset({0}), "staging_symlink": frozenset({0}),
+             "journal_symlink": frozenset({0}), "journal_fifo": frozenset({0}),
+             "cache_fifo": frozenset({0}), "previous_symlink": frozenset({0}),
+             "user_files": frozenset({0}), "manifest_lists_outside": frozenset({0})}
 
 
 # ---------------------------------------------------------------- the corpus
@@ -403,6 +484,10 @@ def cases() -> list[Case]:
     out.append(Case("out-locked-by-another-run", _with_out("none"), frozenset({2}),
                     patch="locked"))
     out.append(Case("stacked-scalar-inputs", _scalar_stacked, frozenset({0})))
+    # 500 random samples of 400 MB: refused before one is made (their total against memory)
+    out.append(Case("option-samples_total_bytes-run", _with_model(
+        lambda f: tiny_model(dims=("n", 4)), "run", None,
+        ["--shape", "x:100000000x4", "--samples", "500"]), frozenset({2})))
     for name, mixed in {"fp16_model": lambda f: _fp16(tiny_model()),
                         "garbage": lambda f: b"garbage", "other_outputs": lambda f: tiny_model(
                             out="z"), "utf8_bad": MODEL_MUTATIONS["utf8_bad_node_name"][0],
