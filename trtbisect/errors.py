@@ -11,6 +11,7 @@ EXIT_INTERNAL = 1  # a bug: the traceback is shown
 EXIT_USAGE = 2  # bad arguments or bad input (missing file, malformed model, mismatched inputs)
 EXIT_REFERENCE_INVALID = 3  # the FP32 reference itself is non-finite
 EXIT_NO_PLAN = 4  # no precision plan meets the tolerance
+EXIT_OVER_BUDGET = 5  # --budget: no plan within the slowdown budget meets the tolerance
 
 
 class TrtBisectError(Exception):
