@@ -104,8 +104,8 @@ def test_a_cheaper_neighbour_that_also_fixes_it_is_swapped_in_and_the_trace_show
     def check(fp32):
         return "n20" in fp32 or "n21" in fp32
 
-    r = find_minimal_fp32(nodes, check, seeds=["n20"], price=additive(prices),
-                          adjacent=chain(nodes))
+    r = find_minimal_fp32(nodes, check, seeds=["n20"], ranking=["n20", "n21"],
+                          price=additive(prices), adjacent=chain(nodes))
     assert r.fp32 == ["n21"] and r.one_minimal
     phases = [t.phase for t in r.trials]
     assert phases[:2] == ["all-fp16", "prior"] and "swap" in phases
@@ -150,7 +150,7 @@ def test_random_prices_give_a_certified_local_optimum(seed):
     price = additive(prices)
     adj = {n: tuple(m for m in nodes if m != n) for n in nodes}  # everything adjacent
     r = find_minimal_fp32(nodes, check, ranking=rng.sample(nodes, 10), price=price,
-                          adjacent=adj, swap_k=10)
+                          adjacent=adj, swap_k=10, swap_share=None)
     plan = frozenset(r.fp32)
     assert check(plan) and r.one_minimal
     assert all(not check(plan - {x}) for x in plan)
@@ -204,3 +204,16 @@ def test_budget_stops_the_cost_search_and_says_so():
     r = find_minimal_fp32(NODES, needs({"n3", "n500"}), max_evaluations=4,
                           price=additive({n: 1.0 for n in NODES}))
     assert r.stopped_early and not r.one_minimal and r.evaluations == 4
+
+
+def test_the_swap_certificate_costs_at_most_half_the_evaluations_before_it():
+    """An exact prior of one unit (2 evaluations) with many cheaper neighbours: one swap."""
+    nodes = NODES[:20]
+    adj = {n: tuple(m for m in nodes if m != n) for n in nodes}
+    prices = {n: 1.0 for n in nodes} | {"n5": 10.0}
+    count = find_minimal_fp32(nodes, needs({"n5"}), seeds=["n5"])
+    r = find_minimal_fp32(nodes, needs({"n5"}), seeds=["n5"], price=additive(prices),
+                          adjacent=adj)
+    assert count.evaluations == 2 and r.evaluations == 3 and r.fp32 == ["n5"]
+    assert len(r.certificate["swaps"]) == 1 and "at most 1 evaluated" in \
+        r.certificate["neighbourhood"]

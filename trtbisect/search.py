@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 Check = Callable[[frozenset[str]], bool]
 Price = Callable[[frozenset[str]], float]
 SWAP_K = 2  # cheaper neighbours tried per unit of the plan in the swap certificate
+SWAP_SHARE = 0.5  # the swap certificate evaluates at most this share of what came before it
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def find_minimal_fp32(
     price: Price | None = None,
     adjacent: Mapping[str, Sequence[str]] | None = None,
     swap_k: int = SWAP_K,
+    swap_share: float | None = SWAP_SHARE,
 ) -> SearchResult:
     """Prior-guided search for a certified 1-minimal FP32 set.
 
@@ -158,7 +160,7 @@ def find_minimal_fp32(
     """
     if price is not None:
         return _find_cheapest(candidates, check, seeds, ranking, max_evaluations, progress,
-                              price, adjacent or {}, swap_k)
+                              price, adjacent or {}, swap_k, swap_share)
     cand = list(dict.fromkeys(candidates))
     cand_set = set(cand)
     seed_list = [n for n in dict.fromkeys(seeds) if n in cand_set]
@@ -275,7 +277,8 @@ def _certify(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset
 def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str],
                    ranking: Sequence[str], max_evaluations: int | None,
                    progress: Progress | None, price: Price,
-                   adjacent: Mapping[str, Sequence[str]], swap_k: int) -> SearchResult:
+                   adjacent: Mapping[str, Sequence[str]], swap_k: int,
+                   swap_share: float | None) -> SearchResult:
     """`find_minimal_fp32` minimizing `price`: the same prior, grow and handover to ddmin;
     then shrink (bisecting failed runs), certify 1-minimal and certify that no single swap
     for a cheaper neighbour passes, the most expensive units tried first throughout."""
@@ -305,14 +308,18 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
                 current = _ddmin(oracle, rest)
         current = _bisecting_shrink(oracle, current, _costliest_first(current, price, pos))
         current = _certify_cost(oracle, current, price, pos)
-        current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k)
+        allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
+                     else len(cand) ** 2)  # what the certificate may cost, at most
+        current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
         result = _result(oracle, current, found=True, minimal=True)
         result.certificate = {
             "objective": "cost", "price_s": price(current),
             "removals": [list(oracle.sorted(current - {x})) for x in oracle.sorted(current)],
             "swaps": [list(oracle.sorted(s)) for s in swaps],
-            "neighbourhood": f"units adjacent in the data flow, cheaper, at most {swap_k} "
-                             "per unit (the most suspicious)"}
+            "neighbourhood": f"units adjacent in the data flow and cheaper in the plan's place, "
+                             f"at most {swap_k} per unit (the most suspicious), the cheapest "
+                             f"swaps first, at most {allowance} evaluated in all ({swap_share} of "
+                             "the evaluations before the certificate)"}
         return result
     except BudgetExhausted:
         return _stopped(oracle, cand)
@@ -392,15 +399,24 @@ def swap_neighbourhood(plan: frozenset[str], price: Price, pos: Mapping[str, int
 
 
 def _swap(oracle: Oracle, plan: frozenset[str], price: Price, pos: Mapping[str, int],
-          adjacent: Mapping[str, Sequence[str]], k: int
+          adjacent: Mapping[str, Sequence[str]], k: int, allowance: int
           ) -> tuple[frozenset[str], list[frozenset[str]]]:
-    """Try every cheaper swap; take the first that passes, make it 1-minimal again, repeat.
-    Returns the plan and its certificate: the swaps tried on it, all failed."""
+    """Try the cheaper swaps, cheapest first, up to `allowance` new evaluations in all; take
+    the first that passes, make it 1-minimal again, repeat. Returns the plan and its
+    certificate: the swaps tried on it, all failed."""
     while True:
         oracle.phase = "swap"
-        trials = swap_neighbourhood(plan, price, pos, adjacent, k)  # one batch
-        oracle.remaining = sum(1 for t in trials if oracle.known(t) is None)
+        trials, new = [], 0
+        for t in swap_neighbourhood(plan, price, pos, adjacent, k):
+            if oracle.known(t) is None:
+                if new >= allowance:
+                    break
+                new += 1
+            trials.append(t)  # one batch
+        oracle.remaining = new
+        before = len(oracle.trials)
         passed = next((t for t in trials if oracle(t)), None)
+        allowance -= len(oracle.trials) - before
         if passed is None:
             return plan, trials
         plan = _certify_cost(oracle, passed, price, pos)
