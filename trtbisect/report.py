@@ -295,8 +295,9 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
     ax = fig.subplots()
     finite = [p[1] for p in points if math.isfinite(p[1]) and p[1] > 0]
     low = min(finite + ([limit] if limit else []) + [1e-3]) / 3
-    top = max(finite + ([limit] if limit else []) + [1.0]) * 3
+    top = max(finite + ([limit] if limit else []) + [low * 10]) * 3
     ceiling = top * 3  # non-finite errors (NaN / inf outputs) are drawn along the top
+    nonfinite = any(not math.isfinite(p[1]) for p in points)
 
     def y(v: float) -> float:
         return ceiling if not math.isfinite(v) else max(v, low)
@@ -319,12 +320,13 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
         ax.axhline(limit, color="#ff7f0e", ls="--", lw=1.1, label=f"tolerance {limit:g}")
     if budget is not None:
         ax.axvline(budget, color="#9467bd", ls=":", lw=1.3, label=f"budget {budget:g}%")
-    if any(not math.isfinite(p[1]) for p in points):
+    if nonfinite:
         ax.axhline(ceiling, color="#999999", lw=0.6)
-        ax.text(0.01, ceiling, " NaN / inf", transform=ax.get_yaxis_transform(), va="bottom",
+        ax.text(0.5, ceiling, "NaN / inf", transform=ax.get_yaxis_transform(), va="bottom",
+                ha="center",
                 fontsize=8, color="#666666")
     ax.set_yscale("log")
-    ax.set_ylim(low, ceiling * 3)
+    ax.set_ylim(low, ceiling * 3 if nonfinite else top)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title("Every plan the search evaluated: error against estimated cost", loc="left",
