@@ -308,8 +308,12 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
                 current = _ddmin(oracle, rest)
         current = _bisecting_shrink(oracle, current, _costliest_first(current, price, pos))
         current = _certify_cost(oracle, current, price, pos)
+        # what consolidation and the swap certificate may cost together, at most
         allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
-                     else len(cand) ** 2)  # what the certificate may cost, at most
+                     else len(cand) ** 2)
+        before = len(oracle.trials)
+        current = _consolidate(oracle, current, price, pos, adjacent, allowance - 1)
+        allowance = max(1, allowance - (len(oracle.trials) - before))
         current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
         result = _result(oracle, current, found=True, minimal=True)
         result.certificate = {
@@ -361,18 +365,60 @@ def _bisecting_shrink(oracle: Oracle, plan: frozenset[str], order: list[str]) ->
 
 def _certify_cost(oracle: Oracle, plan: frozenset[str], price: Price,
                   pos: Mapping[str, int]) -> frozenset[str]:
-    """`_certify` with the largest saving tried first: the result is 1-minimal."""
+    """`_certify` with the largest saving tried first: a pass tries each unit's removal in
+    that order (a removal that passes is kept and the pass goes on), until a pass removes
+    none: the result is 1-minimal."""
     oracle.phase = "minimize"
     changed = True
     while changed:
         changed = False
-        trials = [plan - {x} for x in _costliest_first(plan, price, pos)]  # one batch
-        oracle.remaining = sum(1 for t in trials if oracle.known(t) is None)
-        for trial in trials:
-            if oracle(trial):
-                plan, changed = trial, True
-                break
+        for x in _costliest_first(plan, price, pos):  # one batch while nothing passes
+            oracle.remaining = sum(1 for y in plan if oracle.known(plan - {y}) is None)
+            if oracle(plan - {x}):
+                plan, changed = plan - {x}, True
     return plan
+
+
+def _filled(plan: frozenset[str], price: Price, pos: Mapping[str, int],
+            adjacent: Mapping[str, Sequence[str]]) -> frozenset[str]:
+    """The plan grown by the adjacent units whose addition lowers its price (each removes
+    more Casts around it than it adds time), one at a time, the largest gain first."""
+    filled = set(plan)
+    while True:
+        whole = price(frozenset(filled))
+        near = {y for x in filled for y in adjacent.get(x, ()) if y not in filled}
+        gains = sorted((price(frozenset(filled | {y})) - whole, pos.get(y, len(pos)), y)
+                       for y in near)
+        if not gains or gains[0][0] >= 0:
+            return frozenset(filled)
+        filled.add(gains[0][2])
+
+
+def _consolidate(oracle: Oracle, plan: frozenset[str], price: Price, pos: Mapping[str, int],
+                 adjacent: Mapping[str, Sequence[str]], budget: int) -> frozenset[str]:
+    """FP32 islands with FP16 gaps pay a Cast at every gap. When filling the gaps prices
+    lower, the filled plan (a superset: it passes where the plan does, barring interactions)
+    is minimized again, most expensive unit first; its 1-minimal result replaces the plan
+    when it is cheaper (PP-OCRv4 det: the contiguous island ddmin finds)."""
+    filled = _filled(plan, price, pos, adjacent)
+    if budget < 1 or filled == plan or price(filled) >= price(plan):
+        return plan
+    cap, exhausted = oracle.max_evaluations, oracle.exhausted
+    oracle.max_evaluations = min(len(oracle.trials) + budget, cap if cap is not None else 1 << 62)
+    try:
+        oracle.phase = "fill"
+        if not oracle(filled):
+            return plan
+        other = _bisecting_shrink(oracle, filled, _costliest_first(filled, price, pos))
+        other = _certify_cost(oracle, other, price, pos)
+        return other if price(other) < price(plan) else plan
+    except BudgetExhausted:  # out of its allowance: the certified plan stands
+        if cap is not None and len(oracle.trials) >= cap:
+            raise
+        oracle.exhausted = exhausted
+        return plan
+    finally:
+        oracle.max_evaluations = cap
 
 
 def swap_neighbourhood(plan: frozenset[str], price: Price, pos: Mapping[str, int],
