@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .errors import TrtBisectError
-from .graph import Graph, structure
+from .graph import PARAMETER_INPUTS, Graph, fp16_signature, structure
 
 FLOAT_BYTES = {16: 2, 32: 4}
 EPS = 1e-12  # slowdowns this close to the budget count as within it (float sums)
@@ -127,7 +127,7 @@ def infer_shapes(g: Graph, sample: Mapping[str, np.ndarray], probe: Probe | None
     for name, arr in sample.items():
         shapes[name] = tuple(np.shape(arr))
     if probe is not None:
-        missing = [t for n in g.names for t in g.node(n).output
+        missing = [t for node in g.model.graph.node for t in node.output
                    if t and t not in shapes and g.is_float(t)]
         if missing:
             shapes.update({t: tuple(int(d) for d in s) for t, s in probe(missing).items()})
@@ -205,9 +205,12 @@ class Pricing:
                  gpu: GpuClass | str = DEFAULT_GPU, tf32: bool = False) -> None:
         self.gpu = gpu if isinstance(gpu, GpuClass) else gpu_class(gpu)
         self.tf32 = tf32
+        self._nodes = list(g.model.graph.node)  # protobuf's indexing is slow: once, as a list
+        self._node = dict(zip(g.names, self._nodes))
         self.units = {u: tuple(ns) for u, ns in units.items()}
         self.unit_of = {n: u for u, ns in self.units.items() for n in ns}
-        self.unknown = sorted({t for n in self.unit_of for t in [*g.node(n).input, *g.node(n).output]
+        self.unknown = sorted({t for n in self.unit_of
+                               for t in [*self._node[n].input, *self._node[n].output]
                                if t and t not in shapes})
         self._shapes = shapes
         self.cost = {u: self._unit(g, ns) for u, ns in self.units.items()}
@@ -231,13 +234,13 @@ class Pricing:
 
     def _unit(self, g: Graph, nodes: Sequence[str]) -> UnitCost:
         members = set(nodes)
-        produced = {t for n in nodes for t in g.node(n).output if t}
+        produced = {t for n in nodes for t in self._node[n].output if t}
         outputs = set(g.output_names())
         flops, floats, other = 0.0, 0, 0
         reads: dict[str, None] = {}
         writes: dict[str, None] = {}
         for n in nodes:
-            node = g.node(n)
+            node = self._node[n]
             flops += node_flops(node, self._shapes)
             if node.op_type in VIEW_OPS:
                 continue
@@ -248,8 +251,8 @@ class Pricing:
                 if t and (t in outputs or any(g.names[c] not in members
                                               for c in g.consumers.get(t, []))):
                     writes[t] = None
-        partial = {g.node(n).input[0]: g.node(n).output[0] for n in nodes
-                   if g.node(n).op_type in PARTIAL_READ_OPS and g.node(n).input}
+        partial = {self._node[n].input[0]: self._node[n].output[0] for n in nodes
+                   if self._node[n].op_type in PARTIAL_READ_OPS and self._node[n].input}
         for t in {**reads, **writes}:
             count = self._elements(partial[t]) if t in partial else self._elements(t)
             if g.is_float(t):
@@ -268,7 +271,7 @@ class Pricing:
         """Nodes no plan switches (user Casts, ops without FP16 kernels): FP32, every plan."""
         total = 0.0
         for i, n in enumerate(g.names):
-            node = g.model.graph.node[i]
+            node = self._nodes[i]
             if n in self.unit_of or node.op_type in NO_DATA_OPS | VIEW_OPS:
                 continue
             floats = sum(self._elements(t) for t in [*node.input, *node.output] if g.is_float(t))
@@ -291,9 +294,9 @@ class Pricing:
                 constant.update(t for t in node.output if t)
         declared = {v.name: (16 if g.declared.get(v.name) == TensorProto.FLOAT16 else 32)
                     for v in [*g.model.graph.input, *g.model.graph.output]}
-        half_in = {n: set(g.fp16_inputs(n)) for n in self.unit_of}
+        half_in = {n: self._fp16_inputs(g, n) for n in self.unit_of}
         edges = []
-        tensors = [v.name for v in g.inputs()] + [t for n in g.names for t in g.node(n).output]
+        tensors = [v.name for v in g.inputs()] + [t for node in self._nodes for t in node.output]
         for t in dict.fromkeys(tensors):
             if not t or not g.is_float(t) or t in constant:
                 continue
@@ -302,7 +305,7 @@ class Pricing:
                                    else self.unit_of.get(g.names[p], 16 if t in g.half_typed else 32))
             consumers: list[str | int] = []
             for c in g.consumers.get(t, []):
-                name, node = g.names[c], g.model.graph.node[c]
+                name, node = g.names[c], self._nodes[c]
                 if name in self.unit_of:
                     side = self.unit_of[name]
                     if side == producer:
@@ -315,6 +318,16 @@ class Pricing:
             if any(isinstance(s, str) for s in (producer, *consumers)):
                 edges.append(_Edge(t, self._elements(t), producer, tuple(consumers)))
         return edges
+
+    def _fp16_inputs(self, g: Graph, name: str) -> set[str]:
+        """`Graph.fp16_inputs` on the cached node (the same rule: schema and parameters)."""
+        node = self._node[name]
+        allowed = fp16_signature(node, g.opset)
+        if allowed is None:
+            return set()
+        params = PARAMETER_INPUTS.get(node.op_type, ())
+        return {t for k, t in enumerate(node.input)
+                if g.is_float(t) and k in allowed and k not in params}
 
     def _edge_casts(self, e: _Edge, fp32: frozenset[str]) -> tuple[float, int]:
         """Seconds and count of the Casts one tensor needs under a plan."""
@@ -337,14 +350,14 @@ class Pricing:
                 return [self.unit_of[name]]
             if seen:
                 return []
-            node = g.model.graph.node[i]
+            node = self._nodes[i]
             up = [g.producer[t] for t in node.input if t in g.producer]
             down = [c for t in node.output for c in g.consumers.get(t, [])]
             return [u for j in [*up, *down] for u in sides(j, 1)]
 
         for u, nodes in self.units.items():
             for n in nodes:
-                node = g.node(n)
+                node = self._node[n]
                 up = [g.producer[t] for t in node.input if t in g.producer]
                 down = [c for t in node.output for c in g.consumers.get(t, [])]
                 for j in [*up, *down]:

@@ -17,8 +17,9 @@ Two searches live here:
 Given a `price` (plan -> estimated engine seconds, cost.py), `find_minimal_fp32` minimizes
 that instead of the count (`--objective cost`, the default): the prior and the grow phase are
 the same, but the plan is shrunk and certified most expensive unit first, a failed run of
-removals is bisected instead of retried piece by piece, and the 1-minimal plan is then
-certified a local optimum: no single swap of one of its units for a cheaper unit adjacent to
+removals is bisected instead of retried piece by piece, FP16 gaps between FP32 islands are
+filled when that prices lower (and the filled plan minimized again), and the 1-minimal plan
+is then certified a local optimum: no single swap of one of its units for a cheaper unit adjacent to
 it in the data flow (`adjacent`; at most `swap_k` per unit, the most suspicious first)
 passes. Without a price the search is the count-minimal one, evaluation for evaluation.
 """
