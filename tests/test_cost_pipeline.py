@@ -113,3 +113,13 @@ def test_the_report_plots_error_against_cost(ln, tmp_path):
     assert "| TensorRT layer | cost | cause |" in md or "| op | cost | cause |" in md
     html = (tmp_path / "out" / "report.html").read_text()
     assert html.count("data:image/png;base64") == 2
+
+
+def test_a_resumed_cost_search_reaches_the_same_plan_and_prices(ln, tmp_path):
+    """The journal replays every judgement: the same path, plan, certificate and scores."""
+    model, npz = ln
+    first = run(model, Options(inputs=[str(npz)]), tmp_path / "out")
+    again = run(model, Options(inputs=[str(npz)]), tmp_path / "out")  # resumes from its journal
+    assert again.fp32_nodes == first.fp32_nodes
+    assert [t.to_json() for t in again.search.trials] == [t.to_json() for t in first.search.trials]
+    assert again.search.certificate == first.search.certificate
