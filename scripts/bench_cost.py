@@ -102,19 +102,19 @@ def cases(want: Callable[[str], bool]) -> Iterator[tuple[str, Callable[[], tuple
 
 # ---------------------------------------------------------------- measuring (child)
 
-def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
+def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt") -> dict:
     model, feeds, note = build()
     work.mkdir(parents=True, exist_ok=True)
     path, npz = work / "model.onnx", work / "inputs.npz"
     onnx.save(with_node_names(model), path)
     np.savez(npz, **feeds)
-    opts = Options(inputs=[str(npz)], max_evaluations=MAX_EVALS, resume=False)
+    opts = Options(inputs=[str(npz)], max_evaluations=MAX_EVALS, resume=False, semantics=sem)
     ctx = prepare(path, opts)
     g = ctx.judged
     units = semantics.units(ctx.prepared, g.candidates())
     unit_of = {n: u for u, ns in units.items() for n in ns}
     pricing = pricing_for(g, units, ctx.samples[0], opts.gpu, opts.tf32, _shape_probe(ctx, opts))
-    rec = {"model": name, "nodes": len(ctx.graph.names), "candidates": len(g.candidates()),
+    rec = {"model": name, "semantics": sem, "nodes": len(ctx.graph.names), "candidates": len(g.candidates()),
            "units": len(units), "gflop": sum(c.flops for c in pricing.cost.values()) / 1e9,
            "all_fp16_us": 1e6 * pricing.fp16_s, "all_fp32_us": 1e6 * pricing.fp32_s,
            "date": datetime.date.today().isoformat(), "note": note, "methods": {}}
@@ -128,7 +128,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
     cost_plan: list[str] = []
     for objective in ("cost", "count"):
         t = time.perf_counter()
-        r = run(path, Options(inputs=[str(npz)], objective=objective,
+        r = run(path, Options(inputs=[str(npz)], objective=objective, semantics=sem,
                               max_evaluations=MAX_EVALS, resume=False), work / objective)
         layers = list(r.extra.get("fp32_layers") or [])
         if objective == "cost":
@@ -150,12 +150,12 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
                                      seconds=round(time.perf_counter() - t, 2))
     yield_rec(rec)
     for label, kw in (("autocast_plan", {"plan": cost_plan}), ("autocast_rules", {})):
-        rec["methods"][label] = autocast(path, npz, ctx, unit_of, priced, **kw)
+        rec["methods"][label] = autocast(path, npz, ctx, unit_of, priced, sem, **kw)
         yield_rec(rec)
     return rec
 
 
-def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, plan=None) -> dict:
+def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, sem: str, plan=None) -> dict:
     try:
         from modelopt.onnx.autocast import configure_logging, convert_to_mixed_precision
     except Exception as exc:  # optional: docs/rivals.md says how it installs
@@ -182,7 +182,7 @@ def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, plan=None) -> di
     fp32 = fp32_of_artifact(onnx.load(str(path)), out, ctx.graph.candidates())
     plan_units = sorted({unit_of[n] for n in fp32 if n in unit_of})
     try:
-        passes = check_mixed(mixed, path, Options(inputs=[str(npz)])).passed
+        passes = check_mixed(mixed, path, Options(inputs=[str(npz)], semantics=sem)).passed
     except Exception as exc:
         passes = f"not judged: {type(exc).__name__}"
     return priced(plan_units, evaluations=0, passes=passes, fp32_nodes=len(fp32),
@@ -215,8 +215,9 @@ def render(records: list[dict]) -> str:
              "Measured by `python scripts/bench_cost.py` (issue #21). Every plan is priced by the "
              "same cost model (docs/cost.md: a roofline per TensorRT layer and a Cast per "
              "boundary, on the default `--gpu l4`); *not checked against real timings* (no GPU "
-             "here). Default `--semantics trt`, rtol 1e-2, the model's bundled or seeded "
-             "sample. Each cell: FP32 units (nodes), estimated slowdown against all-FP16, the "
+             "here). Each model under `--semantics trt` (units: predicted TensorRT layers) and, "
+             "where marked *strict*, per-node rounding (units: nodes); rtol 1e-2, the model's "
+             "bundled or seeded sample. Each cell: FP32 units (nodes), estimated slowdown against all-FP16, the "
              "FP32 share of FLOPs, evaluations, whether the written file passes `check`. "
              "*cost*: `trtbisect run` (default `--objective cost`); *count*: `--objective "
              "count` (the earlier search); *ddmin*: plain ddmin over the same units on the "
@@ -230,7 +231,8 @@ def render(records: list[dict]) -> str:
             lines.append(f"| {r['model']} | error: {r['error']} |" + " |" * 6)
             continue
         m = r["methods"]
-        lines.append(f"| {r['model']} | {r['nodes']} / {r['units']} | {r['all_fp16_us']:.3g} us "
+        label = r["model"] + (" (strict)" if r.get("semantics") == "strict" else "")
+        lines.append(f"| {label} | {r['nodes']} / {r['units']} | {r['all_fp16_us']:.3g} us "
                      + "".join(f"| {_cell(m.get(k))} " for k in METHODS) + "|")
     lines += ["", *summary(records), "", END]
     return "\n".join(lines) + "\n"
@@ -239,9 +241,11 @@ def render(records: list[dict]) -> str:
 def summary(records: list[dict]) -> list[str]:
     """The issue's checks, counted over the models."""
     both = [r for r in records if {"cost", "ddmin", "count"} <= set(r.get("methods", {}))]
-    cheaper = [r["model"] for r in both if r["methods"]["cost"]["slowdown"]
+    cheaper = [r["model"] + (" (strict)" if r.get("semantics") == "strict" else "")
+               for r in both if r["methods"]["cost"]["slowdown"]
                > r["methods"]["ddmin"]["slowdown"] + 1e-12 and r["methods"]["ddmin"]["passes"]]
-    ratio = [(r["model"], r["methods"]["cost"]["evaluations"] / r["methods"]["count"]["evaluations"])
+    ratio = [(r["model"] + (" (strict)" if r.get("semantics") == "strict" else ""),
+              r["methods"]["cost"]["evaluations"] / r["methods"]["count"]["evaluations"])
              for r in both if r["methods"]["count"]["evaluations"]]
     over = [f"{m} ({x:.2f}x)" for m, x in ratio if x > 1.5]
     worst = max(ratio, key=lambda p: p[1]) if ratio else None
@@ -270,6 +274,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", default=[], help="model name prefix (repeatable)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per model")
+    ap.add_argument("--semantics", action="append", choices=["trt", "strict"], default=[],
+                    help="repeatable; default: trt and strict")
     ap.add_argument("--results", default=str(ROOT / "runs" / "bench_cost" / "results.json"))
     ap.add_argument("--out", default=str(DOC))
     ap.add_argument("--render-only", action="store_true", help="only rewrite the doc from --results")
@@ -280,29 +286,35 @@ def main() -> None:
         return not args.only or any(name.startswith(o) for o in args.only)
 
     if args.child:
-        build = dict(cases(lambda n: n == args.child))[args.child]
+        name, _, sem = args.child.partition("@")
+        build = dict(cases(lambda n: n == name))[name]
         with tempfile.TemporaryDirectory() as tmp:
-            yield_rec(measure(args.child, build, Path(tmp)))
+            yield_rec(measure(name, build, Path(tmp), sem or "trt"))
         return
     results = Path(args.results)
     saved = json.loads(results.read_text()) if results.exists() else {}
     if not args.render_only:
-        for name, _ in cases(want):
-            print(f"[bench_cost] {name} ...", file=sys.stderr, flush=True)
+        todo = [(n, sem) for n, _ in cases(want) for sem in args.semantics or ["trt", "strict"]]
+        for name, sem in todo:
+            key = name if sem == "trt" else f"{name}@{sem}"
+            print(f"[bench_cost] {key} ...", file=sys.stderr, flush=True)
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             try:
-                proc = subprocess.run([sys.executable, __file__, "--child", name],
+                proc = subprocess.run([sys.executable, __file__, "--child", key],
                                       capture_output=True, text=True, timeout=args.timeout, env=env)
                 out, tail = proc.stdout, (proc.stderr.strip().splitlines() or [""])[-1]
             except subprocess.TimeoutExpired as exc:
                 out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
                 tail = f"timed out after {args.timeout} s"
             recs = [ln[4:] for ln in out.splitlines() if ln.startswith("REC ")]
-            saved[name] = json.loads(recs[-1]) if recs else {"model": name, "error": tail[:160]}
-            print(f"[bench_cost]   {json.dumps(saved[name])[:400]}", file=sys.stderr, flush=True)
+            saved[key] = json.loads(recs[-1]) if recs else {"model": name, "semantics": sem,
+                                                             "error": tail[:160]}
+            print(f"[bench_cost]   {json.dumps(saved[key])[:400]}", file=sys.stderr, flush=True)
             results.parent.mkdir(parents=True, exist_ok=True)
             results.write_text(json.dumps(saved, indent=1))
-    text = render(list(saved.values()))
+    order = {n: i for i, (n, _) in enumerate(cases(lambda n: True))}
+    text = render(sorted(saved.values(), key=lambda r: (order.get(r["model"], len(order)),
+                                                       r.get("semantics") == "strict")))
     write_doc(text, Path(args.out))
     print(text)
 

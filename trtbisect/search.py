@@ -17,9 +17,8 @@ Two searches live here:
 Given a `price` (plan -> estimated engine seconds, cost.py), `find_minimal_fp32` minimizes
 that instead of the count (`--objective cost`, the default): the prior and the grow phase are
 the same, but the plan is shrunk and certified most expensive unit first, a failed run of
-removals is bisected instead of retried piece by piece, FP16 gaps between FP32 islands are
-filled when that prices lower (and the filled plan minimized again), and the 1-minimal plan
-is then certified a local optimum: no single swap of one of its units for a cheaper unit adjacent to
+removals is bisected instead of retried piece by piece, and the 1-minimal plan is then
+certified a local optimum: no single swap of one of its units for a cheaper unit adjacent to
 it in the data flow (`adjacent`; at most `swap_k` per unit, the most suspicious first)
 passes. Without a price the search is the count-minimal one, evaluation for evaluation.
 """
@@ -309,12 +308,8 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
                 current = _ddmin(oracle, rest)
         current = _bisecting_shrink(oracle, current, _costliest_first(current, price, pos))
         current = _certify_cost(oracle, current, price, pos)
-        # what consolidation and the swap certificate may cost together, at most
         allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
-                     else len(cand) ** 2)
-        before = len(oracle.trials)
-        current = _consolidate(oracle, current, price, pos, adjacent, allowance - 1)
-        allowance = max(1, allowance - (len(oracle.trials) - before))
+                     else len(cand) ** 2)  # what the certificate may cost, at most
         current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
         result = _result(oracle, current, found=True, minimal=True)
         result.certificate = {
@@ -378,48 +373,6 @@ def _certify_cost(oracle: Oracle, plan: frozenset[str], price: Price,
             if oracle(plan - {x}):
                 plan, changed = plan - {x}, True
     return plan
-
-
-def _filled(plan: frozenset[str], price: Price, pos: Mapping[str, int],
-            adjacent: Mapping[str, Sequence[str]]) -> frozenset[str]:
-    """The plan grown by the adjacent units whose addition lowers its price (each removes
-    more Casts around it than it adds time), one at a time, the largest gain first."""
-    filled = set(plan)
-    while True:
-        whole = price(frozenset(filled))
-        near = {y for x in filled for y in adjacent.get(x, ()) if y not in filled}
-        gains = sorted((price(frozenset(filled | {y})) - whole, pos.get(y, len(pos)), y)
-                       for y in near)
-        if not gains or gains[0][0] >= 0:
-            return frozenset(filled)
-        filled.add(gains[0][2])
-
-
-def _consolidate(oracle: Oracle, plan: frozenset[str], price: Price, pos: Mapping[str, int],
-                 adjacent: Mapping[str, Sequence[str]], budget: int) -> frozenset[str]:
-    """FP32 islands with FP16 gaps pay a Cast at every gap. When filling the gaps prices
-    lower, the filled plan (a superset: it passes where the plan does, barring interactions)
-    is minimized again, most expensive unit first; its 1-minimal result replaces the plan
-    when it is cheaper (PP-OCRv4 det: the contiguous island ddmin finds)."""
-    filled = _filled(plan, price, pos, adjacent)
-    if budget < 1 or filled == plan or price(filled) >= price(plan):
-        return plan
-    cap, exhausted = oracle.max_evaluations, oracle.exhausted
-    oracle.max_evaluations = min(len(oracle.trials) + budget, cap if cap is not None else 1 << 62)
-    try:
-        oracle.phase = "fill"
-        if not oracle(filled):
-            return plan
-        other = _bisecting_shrink(oracle, filled, _costliest_first(filled, price, pos))
-        other = _certify_cost(oracle, other, price, pos)
-        return other if price(other) < price(plan) else plan
-    except BudgetExhausted:  # out of its allowance: the certified plan stands
-        if cap is not None and len(oracle.trials) >= cap:
-            raise
-        oracle.exhausted = exhausted
-        return plan
-    finally:
-        oracle.max_evaluations = cap
 
 
 def swap_neighbourhood(plan: frozenset[str], price: Price, pos: Mapping[str, int],
