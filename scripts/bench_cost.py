@@ -250,11 +250,11 @@ def summary(records: list[dict]) -> list[str]:
     over = [f"{m} ({x:.2f}x)" for m, x in ratio if x > 1.5]
     worst = max(ratio, key=lambda p: p[1]) if ratio else None
     out = [f"- **Cost against ddmin**: the cost plan's estimated slowdown is at most ddmin's on "
-           f"{len(both) - len(cheaper)} of {len(both)} models"
+           f"{len(both) - len(cheaper)} of {len(both)} runs (model x semantics)"
            + (f"; above it on {', '.join(cheaper)}." if cheaper else ".")]
     if worst:
         out.append(f"- **Evaluations against the count search**: at most 1.5x on "
-                   f"{len(ratio) - len(over)} of {len(ratio)} models (largest: {worst[0]}, "
+                   f"{len(ratio) - len(over)} of {len(ratio)} runs (largest: {worst[0]}, "
                    f"{worst[1]:.2f}x)" + (f"; over 1.5x on {', '.join(over)}." if over else "."))
     return out
 

@@ -50,4 +50,4 @@ def test_one_case_end_to_end_and_the_doc_section(tmp_path):
     bench.write_doc(bench.render([rec]), doc)  # replaced, not appended twice
     text = doc.read_text()
     assert text.count(bench.BEGIN) == 1 and "kept" in text
-    assert "| zoo/reducesum_overflow |" in text and "at most ddmin's on 1 of 1" in text
+    assert "| zoo/reducesum_overflow |" in text and "at most ddmin's on 1 of 1 runs" in text
