@@ -45,7 +45,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from trtbisect import semantics  # noqa: E402
 from trtbisect.compare import Tolerance  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
-from trtbisect.pipeline import Evaluator, Options, RunResult, prepare, run  # noqa: E402
+from trtbisect.cost import pricing_for  # noqa: E402
+from trtbisect.pipeline import (Evaluator, Options, RunResult, _shape_probe, prepare,  # noqa: E402
+                                run)
 from trtbisect.search import ddmin  # noqa: E402
 
 FLOP_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
@@ -229,6 +231,7 @@ def summarize(r: RunResult, flops: Mapping[str, int | None], total: int) -> dict
     return {
         "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes), "plan": list(r.fp32_nodes),
         "flop_share": flop_share(r.fp32_nodes, flops, total), "evaluations": r.evaluations,
+        "slowdown": (r.extra.get("cost") or {}).get("slowdown"),  # estimated (docs/cost.md)
         "seconds": round(r.seconds, 2),
         "stopped": bool(r.search is not None and r.search.stopped_early),
         "rewrites": [a["rewrite"] for a in applied],
@@ -257,7 +260,10 @@ def run_ddmin(path: Path, opts: Options, flops: Mapping[str, int | None], total:
     ev.emulator.close()
     plan = sorted(nodes(s.fp32)) if s.found else []
     verdict = "no_plan" if not s.found else ("fixed" if plan else "fp16_ok")
+    pricing = pricing_for(ctx.judged, units, ctx.samples[0], opts.gpu, opts.tf32,
+                          _shape_probe(ctx, opts))
     return {"verdict": verdict, "fp32_nodes": len(plan), "plan": plan,
+            "slowdown": pricing.slowdown(s.fp32) if s.found else None,
             "flop_share": flop_share(plan, flops, total), "evaluations": s.evaluations,
             "seconds": round(time.perf_counter() - started, 2), "stopped": s.stopped_early}
 
@@ -270,6 +276,7 @@ def measure_autocast(case: Case, workdir: Path) -> dict | None:
         return None
     import bench
 
+    (workdir / "autocast").mkdir(parents=True, exist_ok=True)  # Bench saves the model there
     b = bench.Bench(bench.Case(case.name, "rw", case.source, case.model, case.inputs,
                                case.tolerance), workdir / "autocast")
     row = bench.run_method(b, "autocast", bench.Budget(0, 600.0))
@@ -315,7 +322,9 @@ def _cell(r: Mapping | None) -> str:
     elif r["verdict"] == "reference_invalid":
         return "refused: FP32 reference not finite"
     else:
-        text = f"{r['fp32_nodes']} ({_pct(r['flop_share'])})"
+        slow = r.get("slowdown")
+        text = f"{r['fp32_nodes']} ({_pct(r['flop_share'])}" + (
+            f", {100 * slow:+.1f}% time)" if slow is not None else ")")
     return text + (", stopped" if r.get("stopped") else "")
 
 
@@ -339,7 +348,8 @@ def _rewrite_names(names: Sequence[str]) -> str:
 
 
 def table(records: Sequence[dict], autocast: Mapping[str, dict]) -> list[str]:
-    head = ["model", "semantics", "culprit patterns (without)", "FP32 nodes (FLOPs) without",
+    head = ["model", "semantics", "culprit patterns (without)",
+            "FP32 nodes (FLOPs, estimated slowdown) without",
             "with rewrites", "rewrites kept", "FP32 drift", "plain ddmin", "AutoCast",
             "evaluations without / with / ddmin", "seconds without / with / ddmin"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

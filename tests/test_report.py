@@ -54,7 +54,8 @@ def test_markdown_report(reported):
     md = (out / "report.md").read_text()
     assert "![per-tensor plot](report_plot.png)" in md
     assert (out / "report_plot.png").read_bytes().startswith(b"\x89PNG")
-    assert "| `ln/Pow` | `Pow` | overflow |" in md  # names as code spans: no HTML, no links
+    # names as code spans (no HTML, no links), then the cost column
+    assert re.search(r"\| `ln/Pow` \| `Pow` \| \\?\+[0-9.]+% \| overflow \|", md)
     assert "### Group 1: `overflow`, pattern `layernorm_decomposed`" in md
     assert "```sh\ntrtexec" in md and "## Search trace" in md
 

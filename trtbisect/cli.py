@@ -25,6 +25,7 @@ from rich.table import Table
 from . import __version__
 from .compare import OutputError, Tolerance
 from .degenerate import nothing_to_judge
+from .cost import DEFAULT_GPU, GPUS
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
 from .outdir import OutputDir
@@ -59,9 +60,11 @@ PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the em
 EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, a plan was found and verified, or no node\n"
                                  "       computes in float32/16 (nothing to judge)"), USAGE,
                              REFERENCE, (4, "no precision plan meets the tolerance"), PARTIAL)
+OVER_BUDGET = (6, "`run --budget PCT`: no plan within the slowdown budget meets the tolerance;\n"
+               "       the best plan within it is written with its measured error")
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
-RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(INTERRUPTED).split("\n", 2)[2]
+RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, INTERRUPTED).split("\n", 2)[2]
 COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
 CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE, REFERENCE,
                               (4, "the mixed model misses the tolerance"),
@@ -361,6 +364,16 @@ def _trt_version(given: str | None) -> int:
                    "constant, fuse a decomposed LayerNorm, pre-scale attention, ...), each "
                    "judged like a plan; then search the FP32 set for what is left. The "
                    "rewritten model is written as <model>.rewritten.onnx.")
+@click.option("--objective", type=click.Choice(["cost", "count"]), default="cost",
+              show_default=True,
+              help="cost: the plan with the least estimated engine time (docs/cost.md); "
+                   "count: the fewest FP32 units (earlier versions' search).")
+@click.option("--gpu", type=click.Choice(list(GPUS)), default=DEFAULT_GPU, show_default=True,
+              help="GPU class plans are priced on (datasheet peaks; docs/cost.md).")
+@click.option("--budget", type=NonNegativeFloat(), default=None, metavar="PCT",
+              help="Accept at most this estimated slowdown against all-FP16, in percent, e.g. "
+                   "--budget 5. If no plan within it passes: exit 6, and the best plan within "
+                   "it is written with its measured error.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, rewrite: bool, **kw) -> None:
@@ -475,7 +488,10 @@ def emit_run(result, as_json: bool) -> None:
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
                 "no_plan": "[red]no plan meets the tolerance[/]",
                 "nothing_to_judge": "[green]nothing to judge in FP16[/]: "
-                                    + shown(result.extra.get("nothing_to_judge", ""))}
+                                    + shown(result.extra.get("nothing_to_judge", "")),
+                "over_budget": f"[red]no plan within the --budget passes[/]: the best within "
+                               f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes "
+                               "in FP32 and misses the tolerance"}
     if result.verdict == "partial":
         from .coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
@@ -495,14 +511,18 @@ def emit_run(result, as_json: bool) -> None:
         layers = any(c.layer and c.layer != c.node for c in result.culprits)
         if layers:
             t.add_column("TensorRT layer", overflow="fold")
+        shares = cost_shares(result)
+        if shares:
+            t.add_column("cost", overflow="fold")
         t.add_column("why", overflow="fold")
         named: set[str] = set()
         for c in result.culprits:
             layer = c.layer or c.node
             cell = "[dim]same layer[/]" if layer in named else shown(layer)
+            share = "" if layer in named else shares.get(layer, "")
             named.add(layer)
             t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
-                      *([cell] if layers else []), shown(c.why))
+                      *([cell] if layers else []), *([share] if shares else []), shown(c.why))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
@@ -517,6 +537,8 @@ def emit_run(result, as_json: bool) -> None:
         for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
             out.print(f"  all FP16 per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} max|d| {fmt(float(e['max_abs']))}")
+    if result.extra.get("cost") and result.verdict != "reference_invalid":
+        out.print(cost_line(result.extra["cost"]))
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
@@ -531,6 +553,29 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
+
+
+def cost_shares(result) -> dict[str, str]:
+    """Unit (TensorRT layer or node) -> what keeping it in FP32 adds to all-FP16's time."""
+    from .cost import pct
+
+    units = (result.extra.get("cost") or {}).get("units") or {}
+    return {u: pct(v["share"]) for u, v in units.items()}
+
+
+def cost_line(c: dict) -> str:
+    """The plan's price in one line (precision.json "cost")."""
+    from .cost import pct
+
+    budget = ""
+    if c.get("budget_pct") is not None:
+        budget = (f", {'within' if c['within_budget'] else '[red]over[/]'} the "
+                  f"{c['budget_pct']:g}% budget")
+    return (f"estimated engine time on {escape(c['gpu_title'])}: all FP16 "
+            f"{1e6 * c['all_fp16_s']:.4g} us, the plan {1e6 * c['plan_s']:.4g} us "
+            f"({pct(c['slowdown'])}), all FP32 {1e6 * c['all_fp32_s']:.4g} us; FP32 share "
+            f"{100 * c['fp32_flop_share']:.1f}% of FLOPs, {100 * c['fp32_byte_share']:.1f}% of "
+            f"bytes; {c['boundary_casts']} boundary Casts{budget}")
 
 
 def emit_rewrites(result) -> None:

@@ -12,6 +12,7 @@ EXIT_USAGE = 2  # bad arguments or bad input (missing file, malformed model, mis
 EXIT_REFERENCE_INVALID = 3  # the FP32 reference itself is non-finite
 EXIT_NO_PLAN = 4  # no precision plan meets the tolerance
 EXIT_PARTIAL = 5  # the judged part passes, but the emulator could not round every node
+EXIT_OVER_BUDGET = 6  # --budget: no plan within the slowdown budget meets the tolerance
 
 
 class TrtBisectError(Exception):

@@ -16,13 +16,14 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, coverage, degenerate, semantics
+from . import __version__, cost, coverage, degenerate, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
                        note_semantics)
-from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, EXIT_REFERENCE_INVALID, TrtBisectError
+from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
+                     EXIT_REFERENCE_INVALID, TrtBisectError)
 from .graph import (Graph, external_data_hash, external_files, model_hash,
                     named_as_trtbisect_names, structure)
 from .inputs import Sample, load_samples
@@ -42,8 +43,9 @@ log = logging.getLogger(__name__)
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
-                degenerate.NOTHING_TO_JUDGE: EXIT_OK}
-PLAN_VERDICTS = ("fixed", "fp16_ok", "partial")  # a plan was found and written
+                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK}
+# verdicts whose plan is written with its renderings
+PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget")
 
 
 def _default_trt_version() -> int:
@@ -71,6 +73,9 @@ class Options:
     trt_version: int = field(default_factory=_default_trt_version)
     tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
     fp16_accumulate: bool = False  # FP16 MatMul/Gemm/Conv accumulate in FP16 (an approximation)
+    gpu: str = cost.DEFAULT_GPU  # the GPU class plans are priced on (cost.py, docs/cost.md)
+    objective: str = "cost"  # cost: the cheapest plan in estimated engine time; count: fewest units
+    budget: float | None = None  # --budget PCT: the plan's slowdown against all-FP16 at most this
 
     @property
     def accumulate(self) -> int:
@@ -350,6 +355,7 @@ class Evaluator:
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None
         self.last_errors: list[dict[str, OutputError]] = []
+        self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst relative error
 
     @property
     def emulator(self) -> Emulator:
@@ -387,9 +393,11 @@ class Evaluator:
         if self.journal is not None:
             rec = self.journal.lookup(key)
             if rec is not None:
+                self.scores[plan] = _score(rec.get("rel", {}))
                 return bool(rec["passed"])
             self.journal.start(key)
         passed, errors, bad = self.measure(plan, stop_early=True)
+        self.scores[plan] = _score({n: e.rel for n, e in worst(errors).items()})
         if self.journal is not None:
             self.journal.record(key, passed, {
                 "rel": {n: _num(e.rel) for n, e in worst(errors).items()},
@@ -399,6 +407,25 @@ class Evaluator:
 
 def _num(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
+
+
+def _score(rel: Mapping[str, object]) -> float:
+    """A plan's worst relative error over its outputs (journal values may be "inf"/"nan")."""
+    values = [float(v) for v in rel.values()]  # type: ignore[arg-type]
+    return max(values) if values else math.nan
+
+
+def _shape_probe(ctx: Context, opts: Options) -> cost.Probe:
+    """Shapes that shape inference leaves open, as one FP32 inference of the first sample
+    produces them (a batch of tensors at a time)."""
+    def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+        ref, out = Reference(ctx.judged, opts.threads), {}
+        for k in range(0, len(names), 512):
+            out.update({t: tuple(a.shape) for t, a in
+                        ref.run_tensors(ctx.samples[0], names[k:k + 512]).items()})
+        ref.close()
+        return out
+    return probe
 
 
 # ---------------------------------------------------------------- run
@@ -583,6 +610,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
     ev.known[frozenset()] = all_half
+    ev.scores[frozenset()] = _score({n: e.rel for n, e in worst(before).items()})
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
@@ -615,17 +643,23 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     def as_nodes(chosen) -> frozenset[str]:
         return frozenset(n for u in chosen for n in units[u])
 
+    pricing = cost.pricing_for(g, units, ctx.samples[0], opts.gpu, opts.tf32,
+                               _shape_probe(ctx, opts))
     stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
           f"({len(prior.seeds)} suspects)")
     search = find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
                                as_units(prior.seeds), as_units(prior.ranking),
-                               opts.max_evaluations, progress)
+                               opts.max_evaluations, progress, **cost.search_args(pricing, opts))
     if journal is not None:
         journal.close()
+    cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
+    over = cost.within_budget(search, pricing, opts.budget)
+    if over is not None:
+        search = over
     plan = as_nodes(search.fp32)
     rewritten = outcome is not None and bool(outcome.applied)
     judged = outcome.judgements if outcome is not None else 0  # each rewrite judged like a plan
-    result = RunResult("no_plan" if not search.found else
+    result = RunResult("no_plan" if not search.found else "over_budget" if search.over_budget else
                        ("fixed" if plan or rewritten else "fp16_ok"),
                        fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
                        evaluations=search.evaluations + judged,
@@ -634,6 +668,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
     result.extra["fp32_layers"] = list(search.fp32) if search.found else []
+    result.extra["cost"] = pricing.summary(search.fp32 if search.found else [], opts.objective,
+                                           opts.budget)
     if outcome is not None:
         result.extra["rewrites"] = outcome.to_json()
         if rewritten:
@@ -844,7 +880,11 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     if not same:
         log.error("the search measured other numbers than `check` of the written file: "
                   "trusting the file (please report this)")
-    if not checked.passed:
+    if result.verdict == "over_budget":  # the best plan within --budget, known to fail
+        result.one_minimal = False
+        if checked.passed:  # the file decides (one judge): it fits the budget and passes
+            result.verdict = "fixed"
+    elif not checked.passed:
         result.verdict, result.one_minimal = "no_plan", False
         log.error("the written mixed model fails the tolerance: no plan is reported")
     margins = _margins(ctx, opts, checked.errors)

@@ -33,7 +33,9 @@ VERDICTS = {"fp16_ok": "FP16 already meets the tolerance: nothing needs FP32",
             "no_plan": "no precision plan meets the tolerance",
             "partial": "partial judgement: {partial}",
             "nothing_to_judge": "nothing to judge in FP16: no node computes in float32 or "
-                                "float16"}
+                                "float16",
+            "over_budget": "no plan within the --budget passes: the best within it keeps {n} of "
+                           "{c} nodes in FP32 and misses the tolerance"}
 
 
 def require_matplotlib() -> None:
@@ -42,15 +44,20 @@ def require_matplotlib() -> None:
 
 
 def write_report(result: "RunResult", out_dir: Path) -> dict[str, str]:
-    """Write report.html, report.md and the plot beside them; returns {kind: path}."""
+    """Write report.html, report.md and the plots beside them; returns {kind: path}."""
     png, columns = plot(result) if result.stats else (None, [])  # none: reference invalid
+    trade = tradeoff_png(result)
     files = {"report_html": out_dir / "report.html", "report_md": out_dir / "report.md"}
     if png is not None:
         files["report_plot"] = out_dir / "report_plot.png"
         atomic_write(files["report_plot"], lambda tmp: _write_bytes(tmp, png))
+    if trade is not None:
+        files["report_tradeoff"] = out_dir / "report_tradeoff.png"
+        atomic_write(files["report_tradeoff"], lambda tmp: _write_bytes(tmp, trade))
     atomic_write_text(files["report_md"], render_markdown(
-        result, files["report_plot"].name if png is not None else None))
-    atomic_write_text(files["report_html"], render_html(result, png, columns))
+        result, files["report_plot"].name if png is not None else None,
+        files["report_tradeoff"].name if trade is not None else None))
+    atomic_write_text(files["report_html"], render_html(result, png, columns, trade))
     return {k: str(v) for k, v in files.items()}
 
 
@@ -231,6 +238,114 @@ def _short(name: str, width: int = 28) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
+# ---------------------------------------------------------------- trade-off
+
+Point = tuple[float, float, bool]  # (estimated cost, score, passed); lower is better in both
+
+
+def pareto_front(points: Sequence[Point]) -> list[int]:
+    """Indices of the points no other point beats in both cost and score (ties: the first),
+    cheapest first. A non-finite score (NaN: not measured) is never on the front."""
+    order = sorted((i for i, p in enumerate(points) if p[1] == p[1]),
+                   key=lambda i: (points[i][0], points[i][1], i))
+    front, best = [], math.inf
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, float]:
+    """The search's evaluated plans as (slowdown %, worst relative error, passed), the
+    written plan's point, and the tolerance the error is held to (rtol)."""
+    cost = result.extra.get("cost")
+    if result.search is None or not isinstance(cost, Mapping) or not cost.get("all_fp16_s"):
+        return [], None, result.tolerance.rtol
+    base = float(cost["all_fp16_s"])
+    pts = [(100 * (t.price / base - 1), math.nan if t.score is None else float(t.score),
+            t.passed) for t in result.search.trials if t.price is not None]
+    chosen = None
+    plan = tuple(result.extra.get("fp32_layers") or ())
+    for t, p in zip([t for t in result.search.trials if t.price is not None], pts):
+        if set(t.fp32) == set(plan):
+            chosen = p
+    if chosen is None and result.verdict in ("fixed", "fp16_ok", "over_budget"):
+        chosen = (100 * float(cost["slowdown"]), math.nan, result.verdict != "over_budget")
+    return pts, chosen, result.tolerance.rtol
+
+
+def tradeoff_png(result: "RunResult") -> bytes | None:
+    """Error against estimated cost for every plan the search evaluated (None: nothing to
+    plot), the Pareto front, the written plan, the tolerance and the --budget."""
+    points, chosen, rtol = tradeoff_points(result)
+    if len(points) < 2:
+        return None
+    cost = result.extra.get("cost") or {}
+    budget = cost.get("budget_pct") if isinstance(cost, Mapping) else None
+    gpu = cost.get("gpu_title", "") if isinstance(cost, Mapping) else ""
+    return plot_tradeoff(points, chosen, rtol, budget, f"estimated slowdown against all-FP16 "
+                         f"on {gpu} (%)")
+
+
+def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: float | None = None,
+                  budget: float | None = None, xlabel: str = "estimated cost",
+                  ylabel: str = "worst relative error (max|d| / max|ref|)") -> bytes:
+    """The trade-off plot from (cost, score, passed) points: passing plans, failing ones,
+    the Pareto front, `chosen` (the written plan), the criterion's `limit` and the `budget`.
+    A criterion with its own score feeds its points here unchanged."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 5.2), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    finite = [p[1] for p in points if math.isfinite(p[1]) and p[1] > 0]
+    low = min(finite + ([limit] if limit else []) + [1e-3]) / 3
+    top = max(finite + ([limit] if limit else []) + [low * 10]) * 3
+    ceiling = top * 3  # non-finite errors (NaN / inf outputs) are drawn along the top
+    nonfinite = any(not math.isfinite(p[1]) for p in points)
+
+    def y(v: float) -> float:
+        return ceiling if not math.isfinite(v) else max(v, low)
+
+    for passed, style in ((True, dict(marker="o", color="#2ca02c", label="passes")),
+                          (False, dict(marker="x", color="#d62728", label="fails"))):
+        sel = [p for p in points if p[2] == passed and p[1] == p[1]]
+        if sel:
+            ax.scatter([p[0] for p in sel], [y(p[1]) for p in sel], s=28, alpha=0.75,
+                       **style)  # type: ignore[arg-type]
+    front = [points[i] for i in pareto_front(points)]
+    if front:
+        xs, ys = [p[0] for p in front], [y(p[1]) for p in front]
+        ax.step(xs, ys, where="post", color="#1f77b4", lw=1.3, label="Pareto front")
+    if chosen is not None:
+        ax.scatter([chosen[0]], [y(chosen[1]) if chosen[1] == chosen[1] else (limit or low)],
+                   marker="*", s=260, color="#ff7f0e", edgecolor="black", zorder=5,
+                   label="the written plan")
+    if limit:
+        ax.axhline(limit, color="#ff7f0e", ls="--", lw=1.1, label=f"tolerance {limit:g}")
+    if budget is not None:
+        ax.axvline(budget, color="#9467bd", ls=":", lw=1.3, label=f"budget {budget:g}%")
+    if nonfinite:
+        ax.axhline(ceiling, color="#999999", lw=0.6)
+        ax.text(0.5, ceiling, "NaN / inf", transform=ax.get_yaxis_transform(), va="bottom",
+                ha="center",
+                fontsize=8, color="#666666")
+    ax.set_yscale("log")
+    ax.set_ylim(low, ceiling * 3 if nonfinite else top)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title("Every plan the search evaluated: error against estimated cost", loc="left",
+                 fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 # ---------------------------------------------------------------- shared rows
 
 def output_rows(result: "RunResult") -> list[tuple[str, str, str]]:
@@ -292,7 +407,8 @@ def evidence_items(group: Mapping) -> list[tuple[str, str]]:
 # commands in fenced blocks they cannot close. A Markdown renderer shows a name as text, never
 # as HTML, a link or a heading.
 
-def render_markdown(result: "RunResult", plot_name: str | None) -> str:
+def render_markdown(result: "RunResult", plot_name: str | None,
+                    tradeoff_name: str | None = None) -> str:
     parts = [f"# trtbisect report: {md_code(Path(result.model_path).name)}", "",
              f"**Verdict: {md_text(verdict_line(result))}.**", "", *_md_facts(result), ""]
     parts += _md_groups(result)
@@ -302,6 +418,9 @@ def render_markdown(result: "RunResult", plot_name: str | None) -> str:
     if plot_name:
         parts += ["## Magnitude and error along the graph", "", f"![per-tensor plot]({plot_name})",
                   ""]
+    if tradeoff_name:
+        parts += ["## Error against estimated cost", "", TRADEOFF_NOTE, "",
+                  f"![trade-off plot]({tradeoff_name})", ""]
     parts += _md_table("Error per output", ["output", "all FP16", "with the plan"],
                        output_rows(result), code=(0,))
     parts += _md_stability(result)
@@ -324,7 +443,32 @@ def _md_facts(result: "RunResult") -> list[str]:
             f"{result.seconds:.1f}s",
             *_semantics_facts(result),
             *_coverage_facts(result),
+            *_cost_facts(result),
             *[f"- problem: {md_text(p)}" for p in result.reference_problems]]
+
+
+TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown against all-FP16 "
+                 "(docs/cost.md) and its worst relative error over the outputs (a failing "
+                 "plan's error is what the samples up to the first failing one showed); the "
+                 "line is the Pareto front, the star the written plan.")
+
+
+def _cost_facts(result: "RunResult") -> list[str]:
+    """The plan's price (precision.json "cost")."""
+    c = result.extra.get("cost")
+    if not isinstance(c, Mapping) or result.verdict == "reference_invalid":
+        return []
+    from .cost import pct
+
+    budget = ""
+    if c.get("budget_pct") is not None:
+        budget = (f"; {'within' if c['within_budget'] else 'over'} the {c['budget_pct']:g}% "
+                  "budget")
+    return [f"- estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
+            f"all FP16 {1e6 * c['all_fp16_s']:.4g} us, the plan {1e6 * c['plan_s']:.4g} us "
+            f"({pct(c['slowdown'])}), all FP32 {1e6 * c['all_fp32_s']:.4g} us; FP32 share "
+            f"{100 * c['fp32_flop_share']:.1f}% of FLOPs and {100 * c['fp32_byte_share']:.1f}% "
+            f"of bytes; {c['boundary_casts']} boundary Casts{budget}"]
 
 
 def _coverage_facts(result: "RunResult") -> list[str]:
@@ -424,17 +568,33 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
     by_node = group_of_node(result)
     modules = any(c.module for c in result.culprits)
     layers = any(c.layer and c.layer != c.node for c in result.culprits)
+    shares = _shares(result)
     head = ["node", "op", *(["module"] if modules else []),
-            *(["TensorRT layer"] if layers else []), "cause", "why"]
-    rows = [(c.node, c.op, *([c.module or ""] if modules else []),
-             *([c.layer or c.node] if layers else []),
-             by_node.get(c.node, {}).get("cause", ""), c.why) for c in result.culprits]
+            *(["TensorRT layer"] if layers else []), *(["cost"] if shares else []),
+            "cause", "why"]
+    rows, seen = [], set()
+    for c in result.culprits:
+        unit = c.layer or c.node
+        share = "" if unit in seen else shares.get(unit, "")
+        seen.add(unit)
+        rows.append((c.node, c.op, *([c.module or ""] if modules else []),
+                     *([unit] if layers else []), *([share] if shares else []),
+                     by_node.get(c.node, {}).get("cause", ""), c.why))
     return head, rows
+
+
+def _shares(result: "RunResult") -> dict[str, str]:
+    """Unit -> what keeping it in FP32 adds to all-FP16's estimated time."""
+    from .cost import pct
+
+    units = (result.extra.get("cost") or {}).get("units") or {}
+    return {u: pct(v["share"]) for u, v in units.items()} if isinstance(units, Mapping) else {}
 
 
 def _md_culprits(result: "RunResult") -> list[str]:
     head, rows = culprit_rows(result)
-    return _md_table("Nodes to keep in FP32", head, rows, code=tuple(range(len(head) - 2)))
+    names = [k for k, h in enumerate(head) if h not in ("cost", "cause", "why")]  # model strings
+    return _md_table("Nodes to keep in FP32", head, rows, code=tuple(names))
 
 
 def _md_stability(result: "RunResult") -> list[str]:
@@ -509,7 +669,8 @@ def e_lines(text: str) -> str:
     return "\n".join(e(line) for line in text.split("\n"))
 
 
-def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column] = ()) -> str:
+def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column] = (),
+                tradeoff: bytes | None = None) -> str:
     ok = result.verdict in ("fixed", "fp16_ok")
     body = [f"<h1>trtbisect report: {e(Path(result.model_path).name)}</h1>",
             "<div class='muted'>" + "<br>".join(e(f) for f in _facts_text(result)) + "</div>",
@@ -524,6 +685,10 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
                  "<div class='plotbox'><img class='plot' alt='per-tensor magnitude and FP16 error' "
                  f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>{hover}</div>",
                  "<div class='muted'>Hover over the plot for each tensor's name and numbers.</div>"]
+    if tradeoff is not None:
+        body += ["<h2>Error against estimated cost</h2>", f"<p class='muted'>{e(TRADEOFF_NOTE)}</p>",
+                 "<img class='plot' alt='error against estimated cost' "
+                 f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
     body += _html_table("Error per output", ["output", "all FP16", "with the plan"],
                         output_rows(result))
     body += _html_stability(result)

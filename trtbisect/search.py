@@ -13,6 +13,14 @@ Two searches live here:
   and failed.
 * `ddmin`: plain delta debugging over all candidates with no prior, the reference we measure
   against (Zeller and Hildebrandt, 2002).
+
+Given a `price` (plan -> estimated engine seconds, cost.py), `find_minimal_fp32` minimizes
+that instead of the count (`--objective cost`, the default): the prior and the grow phase are
+the same, but the plan is shrunk and certified most expensive unit first, a failed run of
+removals is bisected instead of retried piece by piece, and the 1-minimal plan is then
+certified a local optimum: no single swap of one of its units for a cheaper unit adjacent to
+it in the data flow (`adjacent`; at most `swap_k` per unit, the most suspicious first)
+passes. Without a price the search is the count-minimal one, evaluation for evaluation.
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
 Check = Callable[[frozenset[str]], bool]
+Price = Callable[[frozenset[str]], float]
+SWAP_K = 2  # cheaper neighbours tried per unit of the plan in the swap certificate
+SWAP_SHARE = 0.5  # the swap certificate evaluates at most this share of what came before it
 
 
 @dataclass(frozen=True)
@@ -35,10 +46,17 @@ class Trial:
     fp32: tuple[str, ...]
     passed: bool
     phase: str
+    price: float | None = None  # estimated engine seconds (cost-aware searches)
+    score: float | None = None  # the plan's worst relative error, when the caller knows it
 
     def to_json(self) -> dict:
-        return {"index": self.index, "size": len(self.fp32), "passed": self.passed,
-                "phase": self.phase, "fp32": list(self.fp32)}
+        out = {"index": self.index, "size": len(self.fp32), "passed": self.passed,
+               "phase": self.phase, "fp32": list(self.fp32)}
+        if self.price is not None:
+            out["price_s"] = self.price
+        if self.score is not None:
+            out["score"] = self.score
+        return out
 
 
 @dataclass
@@ -49,11 +67,17 @@ class SearchResult:
     evaluations: int
     trials: list[Trial] = field(default_factory=list)
     stopped_early: bool = False  # the evaluation budget ran out
+    # cost-aware searches: how the plan was certified (removals and swaps evaluated, all failed)
+    certificate: dict | None = None
+    over_budget: bool = False  # --budget: no plan within it passed; this is the best failing one
 
     def to_json(self) -> dict:
-        return {"fp32": self.fp32, "found": self.found, "one_minimal": self.one_minimal,
-                "evaluations": self.evaluations, "stopped_early": self.stopped_early,
-                "trials": [t.to_json() for t in self.trials]}
+        out = {"fp32": self.fp32, "found": self.found, "one_minimal": self.one_minimal,
+               "evaluations": self.evaluations, "stopped_early": self.stopped_early,
+               "over_budget": self.over_budget, "trials": [t.to_json() for t in self.trials]}
+        if self.certificate is not None:
+            out["certificate"] = self.certificate
+        return out
 
 
 class BudgetExhausted(Exception):
@@ -71,8 +95,9 @@ class Oracle:
 
     def __init__(self, check: Check, order: Sequence[str], max_evaluations: int | None = None,
                  progress: Progress | None = None, *, label: str = "evaluation",
-                 level: int = logging.DEBUG) -> None:
+                 level: int = logging.DEBUG, price: Price | None = None) -> None:
         self._check = check
+        self.price = price
         self._position = {name: i for i, name in enumerate(order)}
         self._memo: dict[frozenset[str], bool] = {}
         self.trials: list[Trial] = []
@@ -92,7 +117,8 @@ class Oracle:
             raise BudgetExhausted
         passed = bool(self._check(key))
         self._memo[key] = passed
-        trial = Trial(len(self.trials) + 1, self.sorted(key), passed, self.phase)
+        trial = Trial(len(self.trials) + 1, self.sorted(key), passed, self.phase,
+                      self.price(key) if self.price is not None else None)
         self.trials.append(trial)
         log.log(self.level, "%s %d (%s): %d nodes FP32 -> %s", self.label, trial.index,
                 self.phase, len(key), "pass" if passed else "fail")
@@ -118,13 +144,23 @@ def find_minimal_fp32(
     ranking: Sequence[str] = (),
     max_evaluations: int | None = None,
     progress: Progress | None = None,
+    *,
+    price: Price | None = None,
+    adjacent: Mapping[str, Sequence[str]] | None = None,
+    swap_k: int = SWAP_K,
+    swap_share: float | None = SWAP_SHARE,
 ) -> SearchResult:
     """Prior-guided search for a certified 1-minimal FP32 set.
 
     `seeds` are the nodes the layer-wise comparison says must stay FP32 (they read or write
     values outside the FP16 range); `ranking` orders every candidate from most to least
     suspicious. Neither needs to be right: a wrong prior costs evaluations, not correctness.
+    `price` (and `adjacent`): minimize the plan's estimated cost instead of its count, and
+    certify that no cheaper swap passes (`_find_cheapest`).
     """
+    if price is not None:
+        return _find_cheapest(candidates, check, seeds, ranking, max_evaluations, progress,
+                              price, adjacent or {}, swap_k, swap_share)
     cand = list(dict.fromkeys(candidates))
     cand_set = set(cand)
     seed_list = [n for n in dict.fromkeys(seeds) if n in cand_set]
@@ -234,6 +270,156 @@ def _certify(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset
                 plan = plan - {x}
                 changed = True
     return plan
+
+
+# ---------------------------------------------------------------- cost-aware search
+
+def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str],
+                   ranking: Sequence[str], max_evaluations: int | None,
+                   progress: Progress | None, price: Price,
+                   adjacent: Mapping[str, Sequence[str]], swap_k: int,
+                   swap_share: float | None) -> SearchResult:
+    """`find_minimal_fp32` minimizing `price`: the same prior, grow and handover to ddmin;
+    then shrink (bisecting failed runs), certify 1-minimal and certify that no single swap
+    for a cheaper neighbour passes, the most expensive units tried first throughout."""
+    cand = list(dict.fromkeys(candidates))
+    cand_set = set(cand)
+    seed_list = [n for n in dict.fromkeys(seeds) if n in cand_set]
+    rank = [n for n in dict.fromkeys([*seed_list, *ranking, *cand]) if n in cand_set]
+    pos = {n: i for i, n in enumerate(rank)}
+    oracle = Oracle(check, cand, max_evaluations, progress, price=price)
+    try:
+        oracle.phase, oracle.remaining = "all-fp16", 1 + len(seed_list)
+        if oracle(()):
+            return _result(oracle, frozenset(), found=True, minimal=True)
+        current: frozenset[str] | None = frozenset(seed_list)
+        oracle.phase = "prior"
+        if not (current and oracle(current)):
+            current = _grow(oracle, rank, len(seed_list))
+            if current is None:
+                return _result(oracle, frozenset(cand), found=False, minimal=False)
+            pinned = frozenset(_removal_order(current, rank)[:1])
+            oracle.phase = "pinned"
+            rest = [n for n in cand if n not in current]
+            if len(current) > 1 and oracle(pinned):
+                current = pinned
+            elif 2 * len(current) > len(cand) and rest and oracle(rest):
+                oracle.phase = "ddmin"
+                current = _ddmin(oracle, rest)
+        current = _bisecting_shrink(oracle, current, _costliest_first(current, price, pos))
+        current = _certify_cost(oracle, current, price, pos)
+        allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
+                     else len(cand) ** 2)  # what the certificate may cost, at most
+        current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
+        result = _result(oracle, current, found=True, minimal=True)
+        result.certificate = {
+            "objective": "cost", "price_s": price(current),
+            "removals": [list(oracle.sorted(current - {x})) for x in oracle.sorted(current)],
+            "swaps": [list(oracle.sorted(s)) for s in swaps],
+            "neighbourhood": f"units adjacent in the data flow and cheaper in the plan's place, "
+                             f"at most {swap_k} per unit (the most suspicious), the cheapest "
+                             f"swaps first, at most {allowance} evaluated in all ({swap_share} of "
+                             "the evaluations before the certificate)"}
+        return result
+    except BudgetExhausted:
+        return _stopped(oracle, cand)
+
+
+def _costliest_first(plan: Iterable[str], price: Price, pos: Mapping[str, int]) -> list[str]:
+    """Removal order: the largest saving first (what leaving the unit out of the plan saves,
+    boundary Casts included); equal savings, the least suspicious first."""
+    plan = frozenset(plan)
+    whole = price(plan)
+    return sorted(plan, key=lambda x: (-(whole - price(plan - {x})), -pos.get(x, len(pos))))
+
+
+def _bisecting_shrink(oracle: Oracle, plan: frozenset[str], order: list[str]) -> frozenset[str]:
+    """Drop runs along `order`, doubling after a removal that passes; a run that fails holds
+    a needed unit, and bisection finds the longest removable prefix of it (the unit after that
+    prefix is needed). One needed unit among k costs about 2 log2(k) evaluations; every unit
+    needed, one each."""
+    oracle.phase = "shrink"
+    i, size = 0, 1
+    while i < len(order):
+        oracle.remaining = len(order) - i
+        run = order[i:i + size]
+        trial = plan - set(run)
+        if oracle(trial):  # an empty trial is all-FP16: known to fail, not evaluated again
+            plan, i, size = trial, i + len(run), 2 * size
+            continue
+        lo, hi = 0, len(run)  # removing run[:lo] passes, removing run[:hi] fails
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if oracle(plan - set(run[:mid])):
+                lo = mid
+            else:
+                hi = mid
+        plan = plan - set(run[:lo])
+        i, size = i + lo + 1, 1  # run[lo] is needed while the rest of the plan stays
+    return plan
+
+
+def _certify_cost(oracle: Oracle, plan: frozenset[str], price: Price,
+                  pos: Mapping[str, int]) -> frozenset[str]:
+    """`_certify` with the largest saving tried first: a pass tries each unit's removal in
+    that order (a removal that passes is kept and the pass goes on), until a pass removes
+    none: the result is 1-minimal."""
+    oracle.phase = "minimize"
+    changed = True
+    while changed:
+        changed = False
+        for x in _costliest_first(plan, price, pos):  # one batch while nothing passes
+            oracle.remaining = sum(1 for y in plan if oracle.known(plan - {y}) is None)
+            if oracle(plan - {x}):
+                plan, changed = plan - {x}, True
+    return plan
+
+
+def swap_neighbourhood(plan: frozenset[str], price: Price, pos: Mapping[str, int],
+                       adjacent: Mapping[str, Sequence[str]], k: int = SWAP_K
+                       ) -> list[frozenset[str]]:
+    """The swaps the certificate tries: for each unit x of the plan, up to `k` units y
+    adjacent to x (the most suspicious first) with `plan - x + y` cheaper than the plan; all
+    of them, cheapest plan first."""
+    whole = price(plan)
+    out: dict[frozenset[str], float] = {}
+    for x in sorted(plan, key=lambda u: pos.get(u, len(pos))):
+        near = sorted((y for y in adjacent.get(x, ()) if y not in plan),
+                      key=lambda y: pos.get(y, len(pos)))
+        taken = 0
+        for y in near:
+            if taken >= k:
+                break
+            swapped = (plan - {x}) | {y}
+            cost = price(swapped)
+            if cost < whole:
+                out.setdefault(swapped, cost)
+                taken += 1
+    return sorted(out, key=lambda s: (out[s], sorted(pos.get(u, len(pos)) for u in s)))
+
+
+def _swap(oracle: Oracle, plan: frozenset[str], price: Price, pos: Mapping[str, int],
+          adjacent: Mapping[str, Sequence[str]], k: int, allowance: int
+          ) -> tuple[frozenset[str], list[frozenset[str]]]:
+    """Try the cheaper swaps, cheapest first, up to `allowance` new evaluations in all; take
+    the first that passes, make it 1-minimal again, repeat. Returns the plan and its
+    certificate: the swaps tried on it, all failed."""
+    while True:
+        oracle.phase = "swap"
+        trials, new = [], 0
+        for t in swap_neighbourhood(plan, price, pos, adjacent, k):
+            if oracle.known(t) is None:
+                if new >= allowance:
+                    break
+                new += 1
+            trials.append(t)  # one batch
+        oracle.remaining = new
+        before = len(oracle.trials)
+        passed = next((t for t in trials if oracle(t)), None)
+        allowance -= len(oracle.trials) - before
+        if passed is None:
+            return plan, trials
+        plan = _certify_cost(oracle, passed, price, pos)
 
 
 def _split(items: list[str], n: int) -> list[list[str]]:
