@@ -110,7 +110,7 @@ def test_report_md_has_the_plain_structure_and_no_html(runs):
     assert _structure(hostile) == _structure(plain)  # no heading, row, list or block injected
     inline = [c for t in hostile if t.children for c in t.children]
     assert not [t for t in hostile + inline if t.type in ("html_block", "html_inline")]
-    assert [c.attrGet("src") for c in inline if c.type == "image"] == ["report_plot.png"]
+    assert [c.attrGet("src") for c in inline if c.type == "image"] == ["report_plot.png", "report_tradeoff.png"]
     assert not [c for c in inline if c.type == "link_open"]
     rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(
         (out / "report.md").read_text(encoding="utf-8"))

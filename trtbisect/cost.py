@@ -127,8 +127,10 @@ def infer_shapes(g: Graph, sample: Mapping[str, np.ndarray], probe: Probe | None
     for name, arr in sample.items():
         shapes[name] = tuple(np.shape(arr))
     if probe is not None:
-        missing = [t for node in g.model.graph.node for t in node.output
-                   if t and t not in shapes and g.is_float(t)]
+        # top-level tensors only: a value inside a Loop body has a shape per trip, which one
+        # exposed (stacked) value does not give; such nodes are priced on what inference knows
+        missing = [t for name, node in zip(g.names, g.nodes) if not g.is_inner(name)
+                   for t in node.output if t and t not in shapes and g.is_float(t)]
         if missing:
             shapes.update({t: tuple(int(d) for d in s) for t, s in probe(missing).items()})
     return shapes
@@ -205,7 +207,7 @@ class Pricing:
                  gpu: GpuClass | str = DEFAULT_GPU, tf32: bool = False) -> None:
         self.gpu = gpu if isinstance(gpu, GpuClass) else gpu_class(gpu)
         self.tf32 = tf32
-        self._nodes = list(g.model.graph.node)  # protobuf's indexing is slow: once, as a list
+        self._nodes = list(g.nodes)  # every node, subgraphs' too; a list: protobuf indexes slowly
         self._node = dict(zip(g.names, self._nodes))
         self.units = {u: tuple(ns) for u, ns in units.items()}
         self.unit_of = {n: u for u, ns in self.units.items() for n in ns}
@@ -288,7 +290,7 @@ class Pricing:
         (Cast, Shape and Size read what they are given); graph inputs and outputs keep their
         declared types. Weights and constants are converted at build time: no Cast."""
         constant = set(g.initializers)
-        for node in g.model.graph.node:
+        for node in self._nodes:
             if node.op_type == "Constant" or (node.input and all(not t or t in constant
                                                                   for t in node.input)):
                 constant.update(t for t in node.output if t)
