@@ -20,13 +20,14 @@ import onnx
 
 from . import __version__, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
-from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
+from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
                        note_semantics)
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, model_hash, node_names, structure
 from .inputs import Sample, load_samples
+from .judge.criteria import Criteria, Judgement, Verdict
 from .journal import Journal, plan_key
 from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from .render import RenderContext
@@ -50,6 +51,7 @@ class Options:
     seed: int = 0
     samples: int = 1  # random samples when no --inputs are given
     tolerance: Tolerance = field(default_factory=Tolerance)
+    criteria: Criteria = field(default_factory=Criteria)  # default: the tolerance's max error
     strict: bool = False
     max_evaluations: int | None = None
     threads: int | None = None
@@ -97,9 +99,11 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     path = Path(model_path)
     graph = Graph.from_path(path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
+    opts.criteria.validate(graph.output_names())
     samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
     sha = model_hash(path)
     references = _cached_references(graph, samples, opts, sha, cache)
+    opts.criteria.check_fit(references[0])
     ctx = Context(path, graph.source, graph, samples, references, sha)
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
     if search:
@@ -321,7 +325,7 @@ class Evaluator:
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None
-        self.last_errors: list[dict[str, OutputError]] = []
+        self.last_errors: list[Judgement] = []  # per sample, for `last_plan`
 
     @property
     def emulator(self) -> Emulator:
@@ -335,8 +339,10 @@ class Evaluator:
             self._emulator.close()
 
     def measure(self, plan: frozenset[str], stop_early: bool = False
-                ) -> tuple[bool, list[dict[str, OutputError]], list[str]]:
-        errors, nonfinite = [], []
+                ) -> tuple[bool, list[Judgement], list[str]]:
+        """The plan judged on every sample under the run's criteria (judge/criteria.py);
+        `stop_early`: stop once the plan cannot pass any more."""
+        crit, judged, nonfinite = self.opts.criteria, [], []
         for sample, ref in zip(self.ctx.samples, self.ctx.references):
             self.runs += 1
             if self.opts.strict:
@@ -344,13 +350,12 @@ class Evaluator:
                 nonfinite += [t for t in bad if t not in nonfinite]
             else:
                 outs = self.emulator.run(plan, sample)
-            errors.append(compare_outputs(ref, outs, self.opts.tolerance))
-            ok = all(e.passed for e in errors[-1].values()) and not nonfinite
-            if stop_early and not ok:
-                return False, errors, nonfinite
-        passed = all(e.passed for es in errors for e in es.values()) and not nonfinite
-        self.last_plan, self.last_errors = plan, errors  # every sample: reusable as is
-        return passed, errors, nonfinite
+            judged.append(crit.judge(ref, outs, sample, self.opts.tolerance))
+            if stop_early and (nonfinite or crit.hopeless(judged, len(self.ctx.samples))):
+                return False, judged, nonfinite
+        passed = crit.verdict(judged).passed and not nonfinite
+        self.last_plan, self.last_errors = plan, judged  # every sample: reusable as is
+        return passed, judged, nonfinite
 
     def check(self, plan: frozenset[str]) -> bool:
         if plan in self.known:
@@ -361,16 +366,20 @@ class Evaluator:
             if rec is not None:
                 return bool(rec["passed"])
             self.journal.start(key)
-        passed, errors, bad = self.measure(plan, stop_early=True)
+        passed, judged, bad = self.measure(plan, stop_early=True)
         if self.journal is not None:
             self.journal.record(key, passed, {
-                "rel": {n: _num(e.rel) for n, e in worst(errors).items()},
+                "rel": {n: _num(e.rel) for n, e in _worst(judged).items()},
                 "nonfinite_tensors": bad[:10]})
         return passed
 
 
 def _num(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
+
+
+def _worst(judged: Iterable[Judgement]) -> dict[str, OutputError]:
+    return worst(j.errors for j in judged)
 
 
 # ---------------------------------------------------------------- run
@@ -526,7 +535,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         # failing verdict needs next (the same graph: it saves a session and an inference)
         batches = layerwise_batches(ctx, opts)
         first = _write_and_judge(ctx, opts, frozenset(), out_dir, expose=batches[0])
-        all_half, before = first.checked.passed, [first.checked.errors]
+        all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
         fp16_first = first.checked.tensors
         first.checked.tensors = []
@@ -544,7 +553,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage("trying FP16-safe rewrites")
         suspects = build_prior(ctx.graph, stats, constant_stats(ctx.graph)).seeds
         outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
-                                            (all_half, worst(before)))
+                                            (all_half, _worst(before)))
         if outcome is not None and outcome.applied:
             ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
             g = ctx.judged
@@ -580,10 +589,13 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                        fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
                        evaluations=search.evaluations + judged,
                        inferences=ev.runs + judged * len(ctx.samples),
-                       errors_before=worst(before), errors_after=worst(before),
+                       errors_before=_worst(before), errors_after=_worst(before),
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
     result.extra["fp32_layers"] = list(search.fp32) if search.found else []
+    result.extra["criteria"] = {**opts.criteria.to_json(),
+                                "description": opts.criteria.describe()}
+    result.extra["judged"] = {"before": opts.criteria.verdict(before).to_json()}
     if outcome is not None:
         result.extra["rewrites"] = outcome.to_json()
         if rewritten:
@@ -650,10 +662,11 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
         # under the run's semantics, as the search will judge the rewritten model
         last[:] = [_rewritten_context(ctx, candidate, opts)]
         emu = Emulator(last[0].judged, opts.threads, rules=last[0].rules)
-        errs = worst([compare_outputs(ref, emu.run(frozenset(), s), opts.tolerance)
-                      for s, ref in zip(ctx.samples, ctx.references)])
+        verdict = opts.criteria.verdict([
+            opts.criteria.judge(ref, emu.run(frozenset(), s), s, opts.tolerance)
+            for s, ref in zip(ctx.samples, ctx.references)])
         emu.close()
-        return all(e.passed for e in errs.values()), errs
+        return verdict.passed, verdict.errors
 
     ranges = {t: s.fp32_absmax for t, s in stats.items()}
     # matches at the suspects go first, one connected group of them after another
@@ -685,7 +698,7 @@ def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None
     absorbed = _absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))
     _, before, _ = strict.measure(frozenset())
-    result.extra["errors_before_strict"] = {k: v.to_json() for k, v in worst(before).items()}
+    result.extra["errors_before_strict"] = {k: v.to_json() for k, v in _worst(before).items()}
     if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
             or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
         return
@@ -777,16 +790,19 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     for this plan (the all-FP16 verdict is the file's own: no search number to compare).
     """
     if judged is not None and judged.plan == plan and judged.ctx is ctx:
-        searched = [judged.checked.errors]
+        searched = judged.checked.judgements
     else:
         searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan)[1]
         ev.close()  # memory: the judge below holds the file's weights, not the search's
         judged = _write_and_judge(ctx, opts, plan, out_dir)
     checked = judged.checked
     result.staged = judged.staged
-    searched_worst = worst(searched)
-    same = all(_bits(searched_worst[o]) == _bits(e) for o, e in checked.errors.items())
+    searched_worst = _worst(searched)
+    same = len(searched) == len(checked.judgements) and all(
+        _same(a, b) for a, b in zip(searched, checked.judgements))
     result.mixed_check = checked.errors
+    if checked.verdict is not None:
+        result.extra.setdefault("judged", {})["after"] = checked.verdict.to_json()  # type: ignore[index]
     result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
     result.errors_after = checked.errors
     result.extra["one_judge"] = {"search_equals_check": same,
@@ -816,7 +832,17 @@ def write_plan(ctx: Context, fp32_nodes) -> Written:
 
 
 def _bits(e: OutputError) -> tuple:
-    return (e.max_abs, e.mean_abs, e.nonfinite, e.passed)
+    return (e.max_abs, e.mean_abs, e.nonfinite, e.passed,
+            tuple((s.value, s.passed, s.detail) for s in e.scores))
+
+
+def _same(a: Judgement, b: Judgement) -> bool:
+    """One sample judged twice (the search, the written file): the same numbers, bit for bit
+    (nan equal to nan: a hook without a score)."""
+    def key(j: Judgement) -> str:
+        return repr(({o: _bits(e) for o, e in j.errors.items()},
+                     [(s.value, s.passed, s.detail) for s in j.scores]))
+    return key(a) == key(b)
 
 
 # The noise floor (two extra sessions) is measured only for a plan within this fraction of its
@@ -829,6 +855,7 @@ def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> 
     """Per output: how far under its bound the plan lands, against the noise floor of FP32
     itself (the reference model under ORT's default, optimizing kernels vs the judge's)."""
     noise: dict[str, float] = {}
+    errors = {k: e for k, e in errors.items() if not e.scores}  # the default criterion's margin
     close = any(e.passed and e.bound - e.max_abs < NOISE_MARGIN * e.bound for e in errors.values())
     if close and ctx.graph.weights.total_bytes() <= NOISE_WEIGHT_LIMIT:
         from .backends.ort import kernel_noise
@@ -1069,10 +1096,15 @@ class CheckResult:
     emulated: Written | None = field(default=None, repr=False)  # the graph the judge ran
     # per sample, the tensors judge_mixed was asked to expose (the layer-wise pass's FP16 side)
     tensors: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
+    judgements: list[Judgement] = field(default_factory=list, repr=False)  # per sample
+    verdict: Verdict | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
-        return {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
-                "errors": {k: v.to_json() for k, v in self.errors.items()}}
+        d = {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
+             "errors": {k: v.to_json() for k, v in self.errors.items()}}
+        if self.verdict is not None:
+            d["judged"] = self.verdict.to_json()
+        return d
 
 
 def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> CheckResult:
@@ -1105,12 +1137,13 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
     wanted = [t for t in expose if t in graph.producer]
     judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
                        expose=wanted)
-    errors, tensors = [], []
+    judged, tensors = [], []
     for sample, ref in zip(ctx.samples, ctx.references):
         outs, exposed = judge.run_tensors(sample)
-        errors.append(compare_outputs(ref, {k: outs[k] for k in names}, opts.tolerance))
+        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                          opts.tolerance))
         if expose:
             tensors.append({t: exposed[t] for t in wanted})
-    merged = worst(errors)
-    return CheckResult(all(e.passed for e in merged.values()), merged, len(graph.half_typed),
-                       len(ctx.samples), Written(judge.proto, judge.arrays), tensors)
+    verdict = opts.criteria.verdict(judged)
+    return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(ctx.samples),
+                       Written(judge.proto, judge.arrays), tensors, judged, verdict)
