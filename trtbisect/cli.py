@@ -26,6 +26,7 @@ from . import __version__
 from .compare import OutputError, Tolerance
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import parse_shapes
+from .judge.flags import criteria_options, pop_criteria
 from .outdir import OutputDir
 
 log = logging.getLogger("trtbisect")
@@ -257,6 +258,7 @@ def input_options(f: Callable) -> Callable:
                           "blocks of 32 along the inner dimension, rounding each partial and "
                           "the running sum to FP16 (pessimistic; see docs/semantics.md)."),
     ]
+    f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
     for o in reversed(opts):
         f = o(f)
     return f
@@ -275,6 +277,7 @@ def make_options(kw: dict):
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
     return Options(inputs=kw.pop("inputs"), shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
+                   criteria=pop_criteria(kw),
                    threads=kw.pop("threads"), trt_version=int(kw.pop("trt_version")), **kw)
 
 
@@ -410,6 +413,8 @@ def error_cell(e: OutputError | None) -> str:
         return "-"
     mark = "[green]ok[/]" if e.passed else "[red]FAIL[/]"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
+    if e.scores:  # judged by other criteria than the default (judge/criteria.py)
+        return f"{mark} " + escape("; ".join(s.text() for s in e.scores)) + extra
     return f"{mark} max|d| {fmt(e.max_abs)} (bound {fmt(e.bound)}){extra}"
 
 

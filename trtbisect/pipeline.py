@@ -870,10 +870,13 @@ def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> 
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
-    return {"model": ctx.sha256, "samples": _samples_hash(ctx.samples),
-            "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
-            "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
-                                                       opts.accumulate]}
+    fp = {"model": ctx.sha256, "samples": _samples_hash(ctx.samples),
+          "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
+          "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
+                                                     opts.accumulate]}
+    if not opts.criteria.default:
+        fp["criteria"] = opts.criteria.fingerprint()
+    return fp
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):

@@ -234,6 +234,9 @@ def error_text(e: OutputError | None) -> str:
     if e is None:
         return "-"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
+    if e.scores:  # judged by other criteria than the default (judge/criteria.py)
+        return (f"{'pass' if e.passed else 'FAIL'}: " + "; ".join(s.text() for s in e.scores)
+                + f" (max|d| {num(e.max_abs)}, cosine {e.cosine:.4f}){extra}")
     return (f"{'pass' if e.passed else 'FAIL'}: max|d| {num(e.max_abs)} (bound {num(e.bound)}, "
             f"rel {num(e.rel)}, cosine {e.cosine:.4f}){extra}")
 

@@ -75,8 +75,12 @@ class Score:
         if self.criterion == "check":
             return "check" + ("" if math.isnan(self.value) else f" score {self.value:.6g}")
         d = dict(self.detail)
-        if "rel" in d and "rtol" in d:
-            return (f"{self.criterion} |d| {self.value:.3g} (atol {self.bound:.3g}), "
+        if "rel" in d and "rtol" in d:  # Polygraphy's statistics
+            name = f"{self.criterion} {d['quantile']:g}" if "quantile" in d else self.criterion
+            if "mismatches" in d:
+                return (f"elemwise: {d['mismatches']:.0f} element(s) beyond atol "
+                        f"{self.bound:.3g} and rtol {d['rtol']:.3g}")
+            return (f"{name} |d| {self.value:.3g} (atol {self.bound:.3g}), "
                     f"rel {d['rel']:.3g} (rtol {d['rtol']:.3g})")
         return f"{self.criterion}: {self.value:.6g} (need {rel} {self.bound:.6g})"
 
@@ -229,6 +233,8 @@ class Criteria:
     items: tuple[Criterion, ...] = ()
     hooks: tuple[Any, ...] = ()  # judge.hooks.Hook
     pass_rate: float = 1.0
+    # --error-quantile, as Polygraphy resolves it: per output, else the unprefixed value ("")
+    quantiles: tuple[tuple[str, float], ...] = ()
 
     @property
     def default(self) -> bool:
@@ -243,8 +249,14 @@ class Criteria:
             mine = [c for c in self.items if c.entry.family == family]
             named = [c for c in mine if c.output == name]
             chosen = named or [c for c in mine if c.output is None]
-            out += [replace(c, output=name) for c in chosen]
+            out += [replace(c, output=name, args=self._args(c, name)) for c in chosen]
         return tuple(out)
+
+    def _args(self, c: Criterion, output: str) -> tuple:
+        if c.entry.name != "quantile":
+            return c.args
+        q = dict(self.quantiles)
+        return (c.args[0], q.get(output, q.get("", c.args[1])))
 
     def required(self, samples: int) -> int:
         """Samples that must pass: all, or ceil(pass_rate * samples)."""
@@ -307,12 +319,14 @@ class Criteria:
 
     def fingerprint(self) -> dict:
         """What a resumed run must share: the criteria as written, the hooks' code."""
-        return {"items": [c.spec() for c in self.items], "pass_rate": self.pass_rate,
+        return {"items": [[c.spec(), list(c.args)] for c in self.items],
+                "quantiles": [list(q) for q in self.quantiles], "pass_rate": self.pass_rate,
                 "hooks": [h.fingerprint() for h in self.hooks]}
 
     def to_json(self) -> dict:
         return {"criteria": [{"criterion": c.name, "output": c.output,
                               "family": c.entry.family} for c in self.items],
+                "error_quantile": {k: v for k, v in self.quantiles},
                 "checks": [h.spec for h in self.hooks], "pass_rate": self.pass_rate}
 
     def describe(self) -> str:
