@@ -112,3 +112,49 @@ def test_pass_rate_counts_samples(rate, passes):
     assert v.passed is passes and v.samples == (True, True, True, False)
     assert v.required == {1.0: 4, 0.75: 3, 0.8: 4}[rate]
     assert crit.hopeless(judged, 4) is not passes
+
+
+HOOK = ("import numpy as np\n"
+        "def check(fp32, fp16, sample):\n"
+        "    ok = all(np.isfinite(fp16[k]).all() for k in fp16)\n"
+        "    d = max(float(np.abs(fp32[k] - fp16[k]).max()) for k in fp16) if ok else 1e9\n"
+        "    return bool(ok and d < 5.0), d\n")
+
+KINDS = {
+    "max": ["--check-error-stat", "max", "--atol", "1e-3"],
+    "quantile": ["--check-error-stat", "quantile", "--error-quantile", "0.9"],
+    "elemwise+mean": ["--check-error-stat", "elemwise", "--check-error-stat", "out_a:mean",
+                      "--rtol", "0.1", "--atol", "0.05"],
+    "median": ["--check-error-stat", "median"],
+    "cosine": ["--metric", "cosine:0.9999"],
+    "snr": ["--metric", "snr:50"],
+    "topk": ["--metric", "out_a:topk:1", "--metric", "out_b:topk:2:1:0.9"],
+    "iou": ["--metric", "iou:0.5:0.99"],
+    "check": ["--check", "HOOK"],
+    "pass-rate": ["--samples", "4", "--pass-rate", "0.5", "--check-error-stat", "quantile"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_number_the_run_reports_is_what_check_says_of_its_file(zoo, tmp_path, kind):
+    """For each kind of criterion: the run's numbers for its plan (per output and per sample,
+    the hooks' scores included) are, bit for bit through JSON, `check`'s of the written file
+    given the same flags; and the search measured the same on its own emulator."""
+    from tests.test_cli import invoke
+    model, inputs = save_zoo_model(zoo["two_outputs"], tmp_path)
+    (tmp_path / "hook.py").write_text(HOOK)
+    flags = [str(tmp_path / "hook.py") if f == "HOOK" else f for f in KINDS[kind]]
+    data = [] if "--samples" in flags else ["--inputs", str(inputs)]
+    r = invoke("-q", "run", model, *data, *flags, "--out", tmp_path / "o", "--json")
+    assert r.exit_code in (0, 4), r.output
+    plan = json.loads(r.output)
+    assert plan["verdict"] in ("fixed", "fp16_ok"), plan["verdict"]
+    assert plan["one_judge"]["search_equals_check"]
+    c = invoke("check", plan["files"]["mixed_model"], "--reference", model, *data, *flags,
+               "--json")
+    checked = json.loads(c.output)
+    assert c.exit_code == 0 and checked["passed"]
+    assert plan["errors_after"] == checked["errors"]
+    assert plan["judged"]["after"] == checked["judged"]
+    if kind != "pass-rate":
+        assert all(e["scores"] for e in plan["errors_after"].values())

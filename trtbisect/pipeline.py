@@ -366,7 +366,12 @@ class Evaluator:
             if rec is not None:
                 return bool(rec["passed"])
             self.journal.start(key)
-        passed, judged, bad = self.measure(plan, stop_early=True)
+        try:
+            passed, judged, bad = self.measure(plan, stop_early=True)
+        except TrtBisectError:  # bad input (a --check hook raised): no verdict to record
+            if self.journal is not None:
+                self.journal.abandon(key)
+            raise
         if self.journal is not None:
             self.journal.record(key, passed, {
                 "rel": {n: _num(e.rel) for n, e in _worst(judged).items()},

@@ -41,6 +41,7 @@ class Score:
     passed: bool
     higher_is_better: bool = False
     detail: tuple[tuple[str, float], ...] = ()  # further numbers: ("rel", 0.2), ("rtol", 0.01)
+    unit: str = ""  # "dB": value and bound are decibels
 
     @property
     def severity(self) -> float:
@@ -50,16 +51,16 @@ class Score:
             return math.inf
         if self.criterion == "check" or not math.isfinite(self.bound):
             return 0.0 if self.passed else 2.0
-        if self.higher_is_better:  # metrics in [.., 1] (cosine, IoU, top-K) or dB (SNR)
-            if "dB" in dict(self.detail):
-                return 10.0 ** ((self.bound - self.value) / 10.0)
-            return _ratio(1.0 - self.value, 1.0 - self.bound)
-        lows = [_ratio(self.value, self.bound)]
-        d = dict(self.detail)
-        if "rel" in d and "rtol" in d:  # Polygraphy's statistics fail only when both exceed
-            lows.append(_ratio(d["rel"], d["rtol"]))
-            return min(lows)
-        return lows[0]
+        if self.higher_is_better and self.unit == "dB":  # SNR: the ratio of noise powers
+            r = 10.0 ** min((self.bound - self.value) / 10.0, 300.0)
+        elif self.higher_is_better:  # metrics up to 1 (cosine, IoU, top-K agreement)
+            r = _ratio(1.0 - self.value, 1.0 - self.bound)
+        else:
+            r = _ratio(self.value, self.bound)
+            d = dict(self.detail)
+            if "rel" in d and "rtol" in d:  # Polygraphy's statistics fail only when both exceed
+                r = min(r, _ratio(d["rel"], d["rtol"]))
+        return min(r, 1.0) if self.passed else max(r, 1.0)
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"criterion": self.criterion, "value": _num(self.value),
@@ -82,7 +83,8 @@ class Score:
                         f"{self.bound:.3g} and rtol {d['rtol']:.3g}")
             return (f"{name} |d| {self.value:.3g} (atol {self.bound:.3g}), "
                     f"rel {d['rel']:.3g} (rtol {d['rtol']:.3g})")
-        return f"{self.criterion}: {self.value:.6g} (need {rel} {self.bound:.6g})"
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.criterion}: {self.value:.6g}{unit} (need {rel} {self.bound:.6g}{unit})"
 
 
 def _ratio(x: float, bound: float) -> float:
@@ -120,6 +122,7 @@ class Entry:
     parse: Parse
     score: ScoreFn
     higher_is_better: bool = False
+    unit: str = ""
     fits: Callable[[tuple, np.ndarray], str | None] = lambda args, ref: None
     polygraphy: Callable[[tuple], dict[str, str]] | None = None
     why_not_polygraphy: str = ""
@@ -174,7 +177,7 @@ class Criterion:
     def score(self, ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> Score:
         value, bound, passed, detail = self.entry.score(self.args, ref, got, rtol, atol)
         return Score(self.name, self.output, float(value), float(bound), bool(passed),
-                     self.entry.higher_is_better, tuple(detail))
+                     self.entry.higher_is_better, tuple(detail), self.entry.unit)
 
     def spec(self) -> str:
         """As a flag value: `[OUTPUT:]LABEL`."""

@@ -15,7 +15,9 @@ from typing import Callable, Sequence
 import click
 
 from ..errors import TrtBisectError
+from . import metrics as _metrics  # noqa: F401  (registers the metrics)
 from .criteria import REGISTRY, Criteria, Criterion
+from .hooks import HOOK_HELP, load_hook
 from .stats import DEFAULT_QUANTILE, STAT_ENTRIES, STATISTICS
 
 STAT_HELP = ("Judge an output by one of Polygraphy's error statistics instead of trtbisect's "
@@ -35,6 +37,14 @@ def criteria_options(f: Callable) -> Callable:
                      metavar="[OUTPUT:]STAT", help=STAT_HELP),
         click.option("--error-quantile", "error_quantile", multiple=True, metavar="[OUTPUT:]Q",
                      help=QUANTILE_HELP),
+        click.option("--metric", "metrics", multiple=True, metavar="[OUTPUT:]METRIC:ARGS",
+                     help="Judge an output by task-level agreement instead of its max error: "
+                          + "; ".join(f"{e.syntax}: {e.summary}" for e in REGISTRY.values()
+                                      if e.family == "metric")
+                          + ". Repeatable; with an OUTPUT: prefix for one output, e.g. "
+                            "--metric logits:topk:1. See docs/criteria.md."),
+        click.option("--check", "checks", multiple=True, metavar="FILE.py[:FUNCTION]",
+                     help=HOOK_HELP),
         click.option("--pass-rate", "pass_rate", type=click.FloatRange(0, 1, min_open=True),
                      default=1.0, show_default=True,
                      help="Fraction of the samples a plan must pass the criteria on "
@@ -62,7 +72,8 @@ def parse_criteria(stats: Sequence[str] = (), quantiles: Sequence[str] = (),
                              "quantile (for the same outputs)")
     if not (0 < pass_rate <= 1) or math.isnan(pass_rate):
         raise TrtBisectError(f"--pass-rate {pass_rate}: give a fraction in (0, 1]")
-    return Criteria(tuple(items), (), float(pass_rate), qs)
+    hooks = tuple(load_hook(spec) for spec in checks)
+    return Criteria(tuple(items), hooks, float(pass_rate), qs)
 
 
 def _split_output(spec: str) -> tuple[str | None, str]:
