@@ -264,3 +264,15 @@ def test_metrics_change_what_passes(zoo, tmp_path):
                                criteria=parse_criteria(metrics=["cosine:0.999"])),
                 tmp_path / "cos")
     assert loose.verdict == "fp16_ok"
+
+
+def test_compare_judges_all_fp16_under_the_given_criteria(two):
+    model, inputs = two
+    r = invoke("-q", "compare", model, "--inputs", inputs, "--json")
+    assert "all_fp16" not in json.loads(r.output)  # no criterion flag: as before
+    r = invoke("-q", "compare", model, "--inputs", inputs, "--metric", "out_b:cosine:0.5",
+               "--json")
+    judged = json.loads(r.output)["all_fp16"]
+    assert r.exit_code == 0 and judged["samples"] == 1 and judged["passed_samples"] == 0
+    r = invoke("-q", "compare", model, "--inputs", inputs, "--metric", "out_b:cosine:0.5")
+    assert "all FP16 under out_b:cosine:0.5: FAIL" in r.output

@@ -543,9 +543,10 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         progress.stage("layer-wise comparison, FP32 vs FP16")
         stats = pipeline.layerwise(ctx, opts, progress.layerwise)
     summary = pipeline.summarize_layerwise(ctx.graph, stats)
+    judged = None if opts.criteria.default else pipeline.judge_all_fp16(ctx, opts)
     if as_json:
-        click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()]},
-                              indent=2))
+        click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],
+                               **({"all_fp16": judged.to_json()} if judged else {})}, indent=2))
         return
     t = Table(title=f"FP32 vs all-FP16: {summary['tensors']} stored tensors and "
                     f"{len(stats) - summary['tensors']} graph input(s)", title_justify="left")
@@ -564,6 +565,12 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
                        ("first_jump", "error first jumps at")):
         if summary.get(key):
             out.print(f"{label}: {summary[key]}")
+    if judged is not None:  # the run's criteria, on the all-FP16 outputs
+        out.print(f"all FP16 under {escape(opts.criteria.describe())}: "
+                  f"{'[green]pass[/]' if judged.passed else '[red]FAIL[/]'} on "
+                  f"{sum(judged.samples)} of {len(judged.samples)} sample(s)", soft_wrap=True)
+        for name, e in judged.errors.items():
+            out.print(f"  {escape(name)}: {error_cell(e)}", soft_wrap=True)
 
 
 @main.command(epilog=CHECK_EXIT_CODES)

@@ -1093,6 +1093,14 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
     write_outputs(result, ctx, out_dir)
 
 
+def judge_all_fp16(ctx: Context, opts: Options) -> Verdict:
+    """All-FP16 on the emulator under the run's criteria (`compare` with criterion flags)."""
+    ev = Evaluator(ctx, opts, {}, None)
+    judged = ev.measure(frozenset())[1]
+    ev.close()
+    return opts.criteria.verdict(judged)
+
+
 # ---------------------------------------------------------------- check
 
 @dataclass
