@@ -224,9 +224,16 @@ def quiet_level() -> int:
 def input_options(f: Callable) -> Callable:
     """Options every command that runs a model shares."""
     opts = [
-        click.option("--inputs", "inputs", multiple=True, type=click.Path(dir_okay=False),
-                     help="An .npz keyed by graph input name; repeat for more samples, or stack "
-                          "samples on a leading axis. Default: seeded random data."),
+        click.option("--inputs", "inputs", multiple=True, metavar="NPZ|FOLDER|GLOB|JSON",
+                     help="Samples: an .npz keyed by graph input name (samples may be stacked "
+                          "on a leading axis), a folder or a quoted glob of them ('data/*.npz'), "
+                          "or a JSON of Polygraphy's --save-inputs; repeatable. Read one at a "
+                          "time. Default: seeded random data."),
+        click.option("--data-loader-script", "data_loader", metavar="FILE.py[:FUNCTION]",
+                     default=None,
+                     help="Polygraphy's data loader: FUNCTION (default load_data) yields feed "
+                          "dicts (input name -> numpy array), one per sample. Trusted code, run "
+                          "in this process."),
         click.option("--shape", "shapes", multiple=True, metavar="NAME:DIMS",
                      help="Shape for an input with dynamic dimensions, e.g. x:1x3x224x224."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
@@ -275,7 +282,8 @@ def make_options(kw: dict):
         except (IndexError, ValueError):
             raise TrtBisectError(f"bad --output-tol {spec!r}: expected NAME:RTOL[:ATOL]")
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
-    return Options(inputs=kw.pop("inputs"), shapes=parse_shapes(kw.pop("shapes")),
+    return Options(inputs=kw.pop("inputs"), data_loader=kw.pop("data_loader"),
+                   shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
                    criteria=pop_criteria(kw),
                    threads=kw.pop("threads"), trt_version=int(kw.pop("trt_version")), **kw)

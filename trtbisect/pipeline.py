@@ -26,7 +26,9 @@ from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, not
                        note_semantics)
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .graph import Graph, model_hash, node_names, structure
-from .inputs import Sample, load_samples
+from .data.sources import iter_items
+from .data.store import SampleSet, reference_set
+from .inputs import Sample
 from .judge.criteria import Criteria, Judgement, Verdict
 from .journal import Journal, plan_key
 from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
@@ -50,6 +52,7 @@ class Options:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     seed: int = 0
     samples: int = 1  # random samples when no --inputs are given
+    data_loader: str | None = None  # Polygraphy's --data-loader-script FILE.py[:FUNCTION]
     tolerance: Tolerance = field(default_factory=Tolerance)
     criteria: Criteria = field(default_factory=Criteria)  # default: the tolerance's max error
     strict: bool = False
@@ -78,31 +81,55 @@ class Context:
     path: Path
     model: onnx.ModelProto
     graph: Graph
-    samples: list[Sample]
-    references: list[dict[str, np.ndarray]]
+    samples: Sequence[Sample]  # what the search judges on: every sample, or a subset of them
+    references: Sequence[dict[str, np.ndarray]]
     sha256: str
     # what the search judges: the model after TensorRT's build-time rewrites (trt semantics) or
     # `graph` itself (strict); the FP32 reference is always `graph`, the model as given
     search: Graph | None = None
     prepared: semantics.Prepared | None = None
     rules: semantics.Rules = semantics.STRICT
+    # every sample and its reference (streamed, data/store.py): what a written plan is
+    # certified on; `samples`/`references` unless the search judges a subset
+    every_sample: Sequence[Sample] | None = None
+    every_reference: Sequence[dict[str, np.ndarray]] | None = None
+    subset: tuple[int, ...] | None = None  # indices into every_sample the search judges on
+
+    def __post_init__(self) -> None:
+        if self.every_sample is None:
+            self.every_sample, self.every_reference = self.samples, self.references
 
     @property
     def judged(self) -> Graph:
         return self.search if self.search is not None else self.graph
 
+    def narrow(self, subset: Sequence[int] | None) -> None:
+        """Let the search judge on `subset` of the samples (None: on every sample)."""
+        from .data.store import View
+        assert self.every_sample is not None and self.every_reference is not None
+        if subset is None or len(subset) == len(self.every_sample):
+            self.samples, self.references, self.subset = (self.every_sample,
+                                                          self.every_reference, None)
+        else:
+            self.subset = tuple(subset)
+            self.samples = View(self.every_sample, subset)
+            self.references = View(self.every_reference, subset)
+
 
 def prepare(model_path: str | Path, opts: Options, search: bool = True,
-            cache: Path | None = None) -> Context:
+            cache: Path | None = None, spool: Path | None = None) -> Context:
     """Load, reference outputs, and (`search`) the graph the emulator judges under
-    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs."""
+    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs;
+    `spool`: where samples and references that do not fit in memory go (default: a
+    temporary folder)."""
     path = Path(model_path)
     graph = Graph.from_path(path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
     opts.criteria.validate(graph.output_names())
-    samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
+    samples = SampleSet(iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes,
+                                   opts.seed, opts.samples), spool=spool or cache)
     sha = model_hash(path)
-    references = _cached_references(graph, samples, opts, sha, cache)
+    references = reference_set(graph, samples, opts.threads, sha, cache, spool or cache)
     opts.criteria.check_fit(references[0])
     ctx = Context(path, graph.source, graph, samples, references, sha)
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
@@ -113,35 +140,10 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     return ctx
 
 
-def _cached_references(graph: Graph, samples: Sequence[Sample], opts: Options, sha: str,
-                       cache: Path | None) -> list[dict[str, np.ndarray]]:
-    """The FP32 reference outputs, reused from `cache` when model and samples are the same."""
-    names = graph.output_names()
-    path = None
-    if cache is not None:
-        key = hashlib.sha256(json.dumps({"model": sha, "samples": _samples_hash(samples),
-                                         "threads": opts.threads}).encode()).hexdigest()[:16]
-        path = cache / f"reference-{key}.npz"
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                return [{n: data[f"s{k}_o{j}"] for j, n in enumerate(names)}
-                        for k in range(len(samples))]
-        except (OSError, ValueError, KeyError):
-            pass
-    ref = Reference(graph, opts.threads)
-    references = [ref.run(s) for s in samples]
-    ref.close()
-    if path is not None:
-        arrays = {f"s{k}_o{j}": r[n] for k, r in enumerate(references) for j, n in enumerate(names)}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda tmp: np.savez(open(tmp, "wb"), **arrays))
-        except OSError as exc:  # a cache: never fail the run over it
-            log.info("reference outputs not cached: %s", exc)
-    return references
-
-
 def _samples_hash(samples: Sequence[Sample]) -> str:
+    sha = getattr(samples, "sha256", None)  # a SampleSet hashed itself while reading
+    if sha is not None:
+        return sha
     h = hashlib.sha256()
     for s in samples:
         for k in sorted(s):
@@ -153,7 +155,7 @@ def _samples_hash(samples: Sequence[Sample]) -> str:
 
 def reference_problems(ctx: Context) -> list[str]:
     problems = []
-    for k, outs in enumerate(ctx.references):
+    for k, outs in enumerate(ctx.every_reference):
         for name, value in outs.items():
             if np.issubdtype(value.dtype, np.floating):
                 bad = int(value.size - np.count_nonzero(np.isfinite(value)))
@@ -502,7 +504,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     g = ctx.judged
     assert ctx.prepared is not None
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
-                nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
+                nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
                 strict=opts.strict)
     record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate)}
     problems = reference_problems(ctx)
@@ -686,7 +688,9 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
     """The same samples and FP32 reference (the original model's: the truth), a new graph,
     prepared for the run's semantics like the original was."""
     graph = Graph(model)
-    new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256)
+    new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256,
+                  every_sample=ctx.every_sample, every_reference=ctx.every_reference,
+                  subset=ctx.subset)
     new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
     new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate)
     return new
@@ -718,7 +722,9 @@ def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None
 
 
 def _strict_context(ctx: Context) -> Context:
-    return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256)
+    return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256,
+                   every_sample=ctx.every_sample, every_reference=ctx.every_reference,
+                   subset=ctx.subset)
 
 
 def _absorbed_nodes(ctx: Context) -> dict[str, str]:
@@ -875,7 +881,7 @@ def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> 
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
-    fp = {"model": ctx.sha256, "samples": _samples_hash(ctx.samples),
+    fp = {"model": ctx.sha256, "samples": _samples_hash(ctx.every_sample),
           "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
           "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
                                                      opts.accumulate]}
@@ -1021,7 +1027,7 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
 
     work = out_dir.resolve()
     samples = []
-    for k, sample in enumerate(ctx.samples):
+    for k, sample in enumerate(ctx.every_sample):
         path = out_dir / "inputs" / f"sample_{k:03d}.npz"
         data = npz_bytes(sample)
         atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
@@ -1049,8 +1055,9 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
         mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
         emulated_model=relative_to(emulated, work),
         tolerance=result.tolerance, outputs=tuple(g.output_names()),
-        output_bounds=output_bounds(ctx.references, result.tolerance),
-        shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()}, ctx.samples),
+        output_bounds=output_bounds(ctx.every_reference, result.tolerance),
+        shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()},
+                                  ctx.every_sample),
         samples=tuple(samples), data_loader="data_loader.py",
         autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
         true_fp32=not ctx.rules.tf32,
@@ -1154,12 +1161,12 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
     judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
                        expose=wanted)
     judged, tensors = [], []
-    for sample, ref in zip(ctx.samples, ctx.references):
+    for sample, ref in zip(ctx.every_sample, ctx.every_reference):  # certified on every one
         outs, exposed = judge.run_tensors(sample)
         judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
                                           opts.tolerance))
         if expose:
             tensors.append({t: exposed[t] for t in wanted})
     verdict = opts.criteria.verdict(judged)
-    return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(ctx.samples),
+    return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(judged),
                        Written(judge.proto, judge.arrays), tensors, judged, verdict)
