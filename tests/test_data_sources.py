@@ -142,6 +142,11 @@ def test_a_run_on_a_folder_reports_each_sample(tmp_path):
     assert plan["samples"] == 5
     after = plan["judged"]["after"]
     assert after["samples"] == 5 and len(after["per_sample"]) == 5 and after["passed"]
+    r = invoke("-q", "run", model, "--inputs", folder, "--out", tmp_path / "o")
+    assert "judged on 5 sample(s) by max|d| <= rtol*max|ref| + atol" in r.output
+    pytest.importorskip("matplotlib")
+    r = invoke("-q", "run", model, "--inputs", folder, "--out", tmp_path / "r", "--report")
+    assert "- judged on 5 sample(s): " in (tmp_path / "r" / "report.md").read_text()
 
 
 BAD_LOADERS = {
@@ -193,3 +198,63 @@ def test_bad_data_sources_are_one_line(tmp_path, what, words):
 def test_no_samples_at_all_is_refused():
     with pytest.raises(TrtBisectError, match="no samples"):
         SampleSet(iter(()))
+
+
+def _two_faults(tmp_path):
+    """|a| and |b| computed as sqrt(x*x): x*x overflows FP16 for |x| > 255 where it is
+    stored (per-node rounding: TensorRT would fuse the pair and never store it)."""
+    nodes = [h.make_node("Mul", ["a", "a"], ["a2"], name="sq_a"),
+             h.make_node("Sqrt", ["a2"], ["ya"], name="sqrt_a"),
+             h.make_node("Mul", ["b", "b"], ["b2"], name="sq_b"),
+             h.make_node("Sqrt", ["b2"], ["yb"], name="sqrt_b")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("a", TP.FLOAT, [4]),
+                                  h.make_tensor_value_info("b", TP.FLOAT, [4])],
+                     [h.make_tensor_value_info("ya", TP.FLOAT, [4]),
+                      h.make_tensor_value_info("yb", TP.FLOAT, [4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 10
+    onnx.save(m, tmp_path / "two.onnx")
+    d = tmp_path / "two"
+    d.mkdir()
+    rng = np.random.default_rng(1)
+    for k in range(20):
+        a, b = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+        if k in (0, 1, 2):
+            a[1] = 1000
+        if k == 15:
+            b[2] = 400
+        np.savez(d / f"s{k:02d}.npz", a=a, b=b)
+    return tmp_path / "two.onnx", d
+
+
+def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
+    """The search judges on the 2 samples where all-FP16 fails worst (both break branch a);
+    the plan it finds fails sample 15 (branch b), which joins the subset for a second search.
+    The result is the plan judged on every sample throughout, certified by the written file."""
+    from trtbisect.pipeline import Options, run
+    model, data = _two_faults(tmp_path)
+    opts = dict(inputs=[str(data)], semantics="strict")
+    sub = run(model, Options(search_samples=2, **opts), tmp_path / "sub")
+    full = run(model, Options(search_samples=0, **opts), tmp_path / "full")
+    assert set(sub.fp32_nodes) == set(full.fp32_nodes) == {"sq_a", "sqrt_a", "sq_b", "sqrt_b"}
+    assert sub.verdict == "fixed" and sub.one_minimal
+    assert sub.extra["judged"]["search_samples"] == [0, 1, 15]
+    assert sub.extra["judged"]["after"]["passed_samples"] == 20
+    assert sub.extra["one_judge"]["search_equals_check"]
+    assert "search_samples" not in full.extra["judged"]
+    journal = [json.loads(ln) for ln in (tmp_path / "sub" / "journal.jsonl").read_text()
+               .splitlines()[1:]]
+    assert all("@" in (ln.get("done") or ln.get("start")) for ln in journal)  # subset verdicts
+    again = run(model, Options(search_samples=2, **opts), tmp_path / "sub")
+    assert again.fp32_nodes == sub.fp32_nodes  # resumed from the journal: the same plan
+
+
+def test_under_a_pass_rate_the_search_judges_every_sample(tmp_path):
+    from trtbisect.judge.flags import parse_criteria
+    from trtbisect.pipeline import Options, run
+    model, data = _two_faults(tmp_path)
+    r = run(model, Options(inputs=[str(data)], semantics="strict", search_samples=2,
+                           criteria=parse_criteria(pass_rate=0.9)), tmp_path / "o")
+    assert "search_samples" not in r.extra["judged"]
+    assert set(r.fp32_nodes) == {"sq_a", "sqrt_a"}  # sample 15 may fail: 19 of 20 pass
+    assert r.extra["judged"]["after"]["passed_samples"] == 19

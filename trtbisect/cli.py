@@ -302,6 +302,11 @@ def make_options(kw: dict):
               help="Also reject plans that leave an intermediate tensor NaN/inf where FP32 is finite.")
 @click.option("--max-evals", "max_evaluations", type=click.IntRange(min=1), default=None,
               help="Stop the search after this many evaluations (the plan is then not certified).")
+@click.option("--search-samples", "search_samples", type=click.IntRange(min=0), default=8,
+              show_default=True, metavar="N",
+              help="With more samples than N, the search judges its plans on the N where "
+                   "all-FP16 fails worst, then certifies the plan on every sample (searching "
+                   "again with any that fails). 0: judge every sample throughout.")
 @click.option("--no-resume", "no_resume", is_flag=True,
               help="Ignore the journal of an earlier, interrupted run in --out.")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
@@ -322,7 +327,7 @@ def make_options(kw: dict):
                    "rewritten model is written as <model>.rewritten.onnx.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
-        no_resume: bool, stability: int, rewrite: bool, **kw) -> None:
+        no_resume: bool, stability: int, rewrite: bool, search_samples: int, **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -345,6 +350,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts = make_options(kw)
     opts.resume = not no_resume
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
+    opts.search_samples = search_samples
     if backend == "trt":
         from .backends.trt import trt_available
         usable, why = trt_available()
@@ -477,6 +483,7 @@ def emit_run(result, as_json: bool) -> None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
                   f"{minimal}, {result.seconds:.1f}s")
+    emit_samples(result)
     if result.files:
         out.print(f"plan: {result.files.get('plan')}")
         if "mixed_model" in result.files:
@@ -487,6 +494,24 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"annotated ONNX (open in Netron): {result.files['annotated_model']}")
         if "report_html" in result.files:
             out.print(f"report: {result.files['report_html']}")
+
+
+def emit_samples(result) -> None:
+    """On how many samples the plan was judged, by which criterion, and how it fared."""
+    judged = result.extra.get("judged") or {}
+    after = judged.get("after") or judged.get("before")
+    if not after:
+        return
+    which = "the plan" if "after" in judged else "all FP16"
+    failed = [k for k, s in enumerate(after["per_sample"]) if not s["passed"]]
+    shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
+    search = judged.get("search_samples")
+    out.print(f"judged on {after['samples']} sample(s) by "
+              f"{escape(str((result.extra.get('criteria') or {}).get('description', '')))}: "
+              f"{which} passes on {after['passed_samples']} (needs {after['required']})"
+              + (f"; fails on sample(s) {shown}" if failed else "")
+              + (f"; the search judged on {len(search)} of them" if search else ""),
+              soft_wrap=True)
 
 
 def emit_rewrites(result) -> None:

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -29,6 +29,7 @@ from .graph import Graph, model_hash, node_names, structure
 from .data.sources import iter_items
 from .data.store import SampleSet, reference_set
 from .inputs import Sample
+from .judge import subset
 from .judge.criteria import Criteria, Judgement, Verdict
 from .journal import Journal, plan_key
 from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
@@ -53,6 +54,7 @@ class Options:
     seed: int = 0
     samples: int = 1  # random samples when no --inputs are given
     data_loader: str | None = None  # Polygraphy's --data-loader-script FILE.py[:FUNCTION]
+    search_samples: int = subset.SEARCH_SAMPLES  # above this many, search on a subset first
     tolerance: Tolerance = field(default_factory=Tolerance)
     criteria: Criteria = field(default_factory=Criteria)  # default: the tolerance's max error
     strict: bool = False
@@ -340,12 +342,16 @@ class Evaluator:
         if self._emulator is not None:
             self._emulator.close()
 
-    def measure(self, plan: frozenset[str], stop_early: bool = False
+    def measure(self, plan: frozenset[str], stop_early: bool = False, full: bool = False
                 ) -> tuple[bool, list[Judgement], list[str]]:
-        """The plan judged on every sample under the run's criteria (judge/criteria.py);
-        `stop_early`: stop once the plan cannot pass any more."""
+        """The plan judged on the search's samples (`full`: on every sample) under the run's
+        criteria (judge/criteria.py); `stop_early`: stop once the plan cannot pass any more."""
         crit, judged, nonfinite = self.opts.criteria, [], []
-        for sample, ref in zip(self.ctx.samples, self.ctx.references):
+        full = full or self.ctx.subset is None
+        samples = self.ctx.every_sample if full else self.ctx.samples
+        references = self.ctx.every_reference if full else self.ctx.references
+        assert samples is not None and references is not None
+        for sample, ref in zip(samples, references):
             self.runs += 1
             if self.opts.strict:
                 outs, bad = self.emulator.nonfinite(plan, sample)
@@ -353,16 +359,24 @@ class Evaluator:
             else:
                 outs = self.emulator.run(plan, sample)
             judged.append(crit.judge(ref, outs, sample, self.opts.tolerance))
-            if stop_early and (nonfinite or crit.hopeless(judged, len(self.ctx.samples))):
+            if stop_early and (nonfinite or crit.hopeless(judged, len(samples))):
                 return False, judged, nonfinite
         passed = crit.verdict(judged).passed and not nonfinite
-        self.last_plan, self.last_errors = plan, judged  # every sample: reusable as is
+        if full:
+            self.last_plan, self.last_errors = plan, judged  # every sample: reusable as is
         return passed, judged, nonfinite
+
+    def widened(self) -> None:
+        """The search's samples grew (judge/subset.py): what passed on fewer may not now;
+        what failed still fails."""
+        self.known = {p: ok for p, ok in self.known.items() if not ok}
 
     def check(self, plan: frozenset[str]) -> bool:
         if plan in self.known:
             return self.known[plan]
         key = plan_key(plan)
+        if self.ctx.subset is not None:  # a verdict on these samples only
+            key += "@" + subset.signature(self.ctx.subset)
         if self.journal is not None:
             rec = self.journal.lookup(key)
             if rec is not None:
@@ -527,6 +541,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         journal = Journal(journal_path, fingerprint)
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
+    narrow = subset.wanted(len(ctx.every_sample), opts.search_samples, opts.criteria.pass_rate)
     first: _Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
     batches: list[list[str]] | None = None  # the layer-wise batches, once known
@@ -540,8 +555,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
-        batches = layerwise_batches(ctx, opts)
-        first = _write_and_judge(ctx, opts, frozenset(), out_dir, expose=batches[0])
+        batches = None if narrow else layerwise_batches(ctx, opts)  # narrow: for the subset
+        first = _write_and_judge(ctx, opts, frozenset(), out_dir,
+                                 expose=batches[0] if batches else ())
         all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
         fp16_first = first.checked.tensors
@@ -549,6 +565,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
     ev.known[frozenset()] = all_half
+    if narrow and not all_half:  # judge/subset.py: search on the worst samples, certify on all
+        ctx.narrow(subset.choose(before, opts.search_samples))
+        stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
+              "(where all-FP16 fails worst); the plan is certified on all of them")
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
@@ -583,9 +603,11 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
 
     stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
           f"({len(prior.seeds)} suspects)")
-    search = find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
-                               as_units(prior.seeds), as_units(prior.ranking),
-                               opts.max_evaluations, progress)
+    search = _certified_search(
+        ctx, opts, ev, stage, as_nodes,
+        lambda budget: find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
+                                         as_units(prior.seeds), as_units(prior.ranking),
+                                         budget, progress))
     if journal is not None:
         journal.close()
     plan = as_nodes(search.fp32)
@@ -603,6 +625,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     result.extra["criteria"] = {**opts.criteria.to_json(),
                                 "description": opts.criteria.describe()}
     result.extra["judged"] = {"before": opts.criteria.verdict(before).to_json()}
+    if ctx.subset is not None:
+        result.extra["judged"]["search_samples"] = list(ctx.subset)  # type: ignore[index]
     if outcome is not None:
         result.extra["rewrites"] = outcome.to_json()
         if rewritten:
@@ -628,6 +652,33 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
     return _finish(result, ctx, out_dir, started, opts.report, marks)
+
+
+def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callable[[str], None],
+                      as_nodes: Callable, search: Callable[[int | None], SearchResult]
+                      ) -> SearchResult:
+    """`search(budget)` on the search's samples; when they are a subset (judge/subset.py),
+    the plan found is judged on every sample, and the samples it fails join the subset for
+    another search, until it passes everywhere. Evaluations and trials add up over rounds."""
+    evaluations, trials = 0, []
+    while True:
+        left = None if opts.max_evaluations is None else max(opts.max_evaluations - evaluations, 0)
+        result = search(left)
+        trials += [replace(t, index=t.index + evaluations) for t in result.trials]
+        evaluations += result.evaluations
+        if not result.found or ctx.subset is None:
+            break
+        passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
+        evaluations += 1
+        wider = subset.widen(ctx.subset, judged, opts.search_samples)
+        if passed or len(wider) == len(ctx.subset):
+            break
+        stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
+              f"searching again on {len(wider)} samples")
+        ctx.narrow(wider)
+        ev.widened()
+    result.evaluations, result.trials = evaluations, trials
+    return result
 
 
 PREFETCH_WEIGHT_BYTES = 1 << 20  # a switchable node holds its weights twice (FP16 and FP32)
@@ -803,7 +854,7 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     if judged is not None and judged.plan == plan and judged.ctx is ctx:
         searched = judged.checked.judgements
     else:
-        searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan)[1]
+        searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan, full=True)[1]
         ev.close()  # memory: the judge below holds the file's weights, not the search's
         judged = _write_and_judge(ctx, opts, plan, out_dir)
     checked = judged.checked
