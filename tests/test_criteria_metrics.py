@@ -276,3 +276,10 @@ def test_compare_judges_all_fp16_under_the_given_criteria(two):
     assert r.exit_code == 0 and judged["samples"] == 1 and judged["passed_samples"] == 0
     r = invoke("-q", "compare", model, "--inputs", inputs, "--metric", "out_b:cosine:0.5")
     assert "all FP16 under out_b:cosine:0.5: FAIL" in r.output
+
+
+def test_the_trt_backend_refuses_criteria_it_would_not_apply(two, tmp_path):
+    model, inputs = two
+    r = invoke("-q", "run", model, "--inputs", inputs, "--backend", "trt", "--metric",
+               "cosine:0.99", "--out", tmp_path / "o")
+    assert "--backend trt judges engines by trtbisect's default criterion" in _one_line(r)

@@ -351,6 +351,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts.resume = not no_resume
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
     opts.search_samples = search_samples
+    if backend == "trt" and not opts.criteria.default:  # backends/trt.py: the default only
+        raise TrtBisectError("--backend trt judges engines by trtbisect's default criterion "
+                             "only; drop --check-error-stat/--metric/--check/--pass-rate, or "
+                             "run on the emulator and judge the engine with commands.sh")
     if backend == "trt":
         from .backends.trt import trt_available
         usable, why = trt_available()

@@ -452,6 +452,7 @@ class RunResult:
     files: dict[str, str] = field(default_factory=dict)
     extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
     render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
+    criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
 
     @property
     def mixed_model_passed(self) -> bool | None:
@@ -496,7 +497,7 @@ class RunResult:
         model = self.files.get("rewritten_model") or self.files.get("named_model", self.model_path)
         rc = self.render_context or RenderContext(
             model=model, mixed_model=self.files.get("mixed_model", "<mixed>.onnx"),
-            tolerance=self.tolerance)
+            tolerance=self.tolerance, criteria=self.criteria)
         return renderings_json(self.fp32_nodes, rc)
 
 
@@ -519,7 +520,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     assert ctx.prepared is not None
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
-                strict=opts.strict)
+                strict=opts.strict, criteria=opts.criteria)
     record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate)}
     problems = reference_problems(ctx)
     if problems:
@@ -1083,6 +1084,9 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
         data = npz_bytes(sample)
         atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
         samples.append(relative_to(path, work))
+    for stale in (out_dir / "inputs").glob("sample_*.npz"):  # a previous run's: the folder
+        if relative_to(stale, work) not in samples:  # is the samples (AutoCast, check lines)
+            stale.unlink()
     atomic_write_text(out_dir / "data_loader.py", data_loader_script(samples))
     result.files["samples"] = str(out_dir / "inputs")
     result.files["data_loader"] = str(out_dir / "data_loader.py")
@@ -1105,7 +1109,7 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
                           or result.files.get("named_model", ctx.path), work),
         mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
         emulated_model=relative_to(emulated, work),
-        tolerance=result.tolerance, outputs=tuple(g.output_names()),
+        tolerance=result.tolerance, criteria=result.criteria, outputs=tuple(g.output_names()),
         output_bounds=output_bounds(ctx.every_reference, result.tolerance),
         shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()},
                                   ctx.every_sample),

@@ -10,6 +10,7 @@ metric, and everything before that (':' included) the output.
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Sequence
 
 import click
@@ -132,3 +133,20 @@ def parse_metric(spec: str) -> Criterion:
     except ValueError as exc:
         raise TrtBisectError(f"--metric {spec!r}: {exc} (syntax: {entry.syntax})") from None
     return Criterion(entry, parsed, output, ":".join([entry.name, *args]))
+
+
+def criteria_flags(criteria: Criteria) -> list[str]:
+    """The flags that give `criteria` again (`parse_criteria` of them gives the same
+    criteria): for the `trtbisect check` lines the renderings write. Hook files are written
+    as absolute paths (commands.sh runs from the plan's folder)."""
+    out: list[str] = []
+    for c in criteria.items:
+        flag = "--check-error-stat" if c.entry.family == "stat" else "--metric"
+        out += [flag, c.spec()]
+    for output, q in criteria.quantiles:
+        out += ["--error-quantile", f"{output}:{q!r}" if output else repr(q)]
+    for h in criteria.hooks:
+        out += ["--check", f"{os.path.abspath(h.path)}:{h.function}"]
+    if criteria.pass_rate < 1.0:
+        out += ["--pass-rate", repr(criteria.pass_rate)]
+    return out
