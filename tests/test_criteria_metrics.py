@@ -283,3 +283,16 @@ def test_the_trt_backend_refuses_criteria_it_would_not_apply(two, tmp_path):
     r = invoke("-q", "run", model, "--inputs", inputs, "--backend", "trt", "--metric",
                "cosine:0.99", "--out", tmp_path / "o")
     assert "--backend trt judges engines by trtbisect's default criterion" in _one_line(r)
+
+
+def test_stability_and_diagnosis_speak_the_runs_criterion(zoo, tmp_path):
+    """--stability measures the criterion's severity, and a precision-loss culprit's advice
+    is to relax the criterion, not --rtol, when another criterion judged."""
+    model, inputs = save_zoo_model(zoo["precision_loss"], tmp_path)
+    crit = parse_criteria(stats=["max"])
+    r = run(model, Options(inputs=[str(inputs)], stability=2, criteria=crit,
+                           tolerance=Tolerance(1e-3, 1e-3)), tmp_path / "o")
+    assert r.verdict == "fixed" and r.extra["stability"]["plans"]
+    fixes = [f["text"] for g in r.extra["culprit_groups"] for f in g["fixes"]]
+    assert any("relax the criterion (max)" in t for t in fixes), fixes
+    assert not any("raise --rtol" in t for t in fixes)

@@ -50,7 +50,7 @@ def exit_codes(*rows: tuple[int, str]) -> str:
     return "\b\nExit codes:\n" + "".join(f"  {code}  {text}\n" for code, text in rows)
 
 
-USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       an --out that cannot be written or is in use by another run)")
+USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       a --check hook or data loader that fails, an --out that cannot be written or\n       is in use by another run)")
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, or a plan was found and verified"), USAGE,
                              REFERENCE, (4, "no precision plan meets the tolerance"))

@@ -948,7 +948,9 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
 
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
     return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
-                             ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1)
+                             ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1,
+                             judge=lambda r, g, s: opts.criteria.judge(r, g, s,
+                                                                       opts.tolerance).errors)
 
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
