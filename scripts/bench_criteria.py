@@ -124,6 +124,8 @@ CASES = {
     "ppocr_det": (lambda n: [text_image(k) for k in range(n)], 8,
                   [("max error (default)", {}), ("quantile 0.99", dict(
                       stats=["quantile"], quantiles=["0.99"])),
+                   ("quantile 0.99, --atol 1e-3", dict(
+                       stats=["quantile"], quantiles=["0.99"], atol=1e-3)),
                    ("iou:0.3:0.98", dict(metrics=["iou:0.3:0.98"]))]),
     "minilm_l3": (lambda n: [token_ids(k) for k in range(n)], 8,
                   [("max error (default)", {}), ("cosine:0.999", dict(metrics=["cosine:0.999"]))]),
@@ -131,7 +133,7 @@ CASES = {
                [("max error (default)", {}), ("topk:1", dict(metrics=["topk:1"]))]),
     "magika_200": (magika_samples, 200,
                    [("max error (default)", {}), ("topk:1", dict(metrics=["topk:1"])),
-                    ("topk:1, every sample searched", dict(metrics=["topk:1"]), )]),
+                    ("topk:1, every sample searched", dict(metrics=["topk:1"]))]),
 }
 
 
@@ -153,7 +155,9 @@ def bench(name: str, work: Path) -> list[dict]:
     rows = []
     for label, flags in criteria:
         every = "every sample" in label
-        opts = Options(inputs=[str(folder)], tolerance=Tolerance(),
+        flags = dict(flags)
+        atol = flags.pop("atol", 0.0)
+        opts = Options(inputs=[str(folder)], tolerance=Tolerance(atol=atol),
                        criteria=parse_criteria(**flags), max_evaluations=MAX_EVALUATIONS,
                        search_samples=0 if every else 8)
         started = time.perf_counter()
