@@ -149,6 +149,12 @@ def test_a_metric_that_does_not_fit_the_output_is_refused(two, tmp_path):
     r = invoke("-q", "run", model, "--inputs", inputs, "--metric", "nope:cosine:0.9",
                "--out", tmp_path / "o")
     assert "names no output" in _one_line(r)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--check-error-stat", "quantile",
+               "--error-quantile", "nope:0.5", "--out", tmp_path / "o")
+    assert "--error-quantile nope:0.5 names no output" in _one_line(r)
+    r = invoke("-q", "check", model, "--reference", model, "--inputs", inputs,
+               "--check-error-stat", "maximum")
+    assert "unknown statistic 'maximum'" in _one_line(r)
 
 
 def _scalar_model(tmp_path):

@@ -309,6 +309,10 @@ class Criteria:
                 flag = "--check-error-stat" if c.entry.family == "stat" else "--metric"
                 raise TrtBisectError(f"{flag} {c.spec()!r} names no output of the model; its "
                                      f"outputs: {', '.join(outputs)}")
+        for name, q in self.quantiles:
+            if name and name not in outputs:
+                raise TrtBisectError(f"--error-quantile {name}:{q:g} names no output of the "
+                                     f"model; its outputs: {', '.join(outputs)}")
 
     def check_fit(self, ref: Arrays) -> None:
         """Refuse a criterion that cannot judge an output as the model gives it (top-K of a
