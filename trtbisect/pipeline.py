@@ -515,7 +515,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         from .report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
-    ctx = prepare(model_path, opts, cache=out_dir / CACHE if out_dir and opts.resume else None)
+    ctx = prepare(model_path, opts, cache=out_dir / CACHE if out_dir and opts.resume else None,
+                  spool=out_dir / CACHE if out_dir else None)
     g = ctx.judged
     assert ctx.prepared is not None
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256, candidates=len(g.candidates()),

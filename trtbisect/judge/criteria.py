@@ -340,7 +340,9 @@ class Criteria:
         """One line for the summary."""
         if self.default:
             return "max|d| <= rtol*max|ref| + atol per output (trtbisect's default)"
-        parts = [c.spec() for c in self.items] + [f"--check {h.spec}" for h in self.hooks]
+        parts = [c.spec() for c in self.items]
+        parts += [f"--error-quantile {o + ':' if o else ''}{q:g}" for o, q in self.quantiles]
+        parts += [f"--check {h.spec}" for h in self.hooks]
         rate = (f", on at least {self.pass_rate:g} of the samples"
                 if self.pass_rate < 1.0 else "")
         return ", ".join(parts) + rate
