@@ -53,7 +53,6 @@ class _Spool:
         self.folder: Path | None = None
 
     def write(self, k: int, arrays: Mapping[str, np.ndarray]) -> Path:
-        from ..plan import atomic_write
         from ..render import npz_bytes
         if self.folder is None:
             if self._parent is not None:
@@ -63,9 +62,16 @@ class _Spool:
             if owner is not None:
                 weakref.finalize(owner, shutil.rmtree, self.folder, True)
         path = self.folder / f"{k:07d}.npz"
-        data = npz_bytes(arrays)
-        atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+        _write_bytes(path, npz_bytes(arrays))
         return path
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    from ..plan import atomic_write
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+    atomic_write(path, write)
 
 
 def _read(path: Path) -> Arrays:
@@ -183,7 +189,6 @@ def reference_set(graph, samples: SampleSet, threads: int | None, model_sha: str
     """Every sample's FP32 outputs (the model as given, ORT CPU), one sample at a time; an
     output set where every output of every sample is empty is refused (nothing to judge)."""
     from ..backends.ort import Reference
-    from ..plan import atomic_write
     from ..render import npz_bytes
 
     names = graph.output_names()
@@ -207,12 +212,11 @@ def reference_set(graph, samples: SampleSet, threads: int | None, model_sha: str
             if path is not None:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    data = npz_bytes(outs)
-                    atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
+                    _write_bytes(path, npz_bytes(outs))
                 except OSError as exc:  # a cache: never fail the run over it
                     log.info("reference outputs not cached: %s", exc)
                     path = None
-        elif k == 0:
+        elif k == 0 and path is not None:
             log.info("reference outputs reused from %s", path.parent)
         judged_elements += sum(int(np.size(v)) for v in outs.values())
         refs.add(outs, path if path is not None and path.is_file() else None)
