@@ -204,3 +204,21 @@ def test_input_samples_are_seeded(bad_file):
     b = load_torch_model(f"{bad_file}:nan", ["x:2x3"], seed=5, samples=2)
     assert len(a.samples) == 2 and np.array_equal(a.samples[1]["x"], b.samples[1]["x"])
     assert not np.array_equal(a.samples[0]["x"], a.samples[1]["x"])
+
+
+def test_torch_takes_the_criterion_flags(tmp_path):
+    """`torch` judges by the same criteria as `run` (judge/flags.py): the outputs carry the
+    criterion's scores, and a broken --check hook is one line and exit 2."""
+    r = CliRunner().invoke(main, ["-q", "torch", f"{FILE}:overflow", "--mode", "half",
+                                  "--metric", "cosine:0.999", "--check-error-stat", "quantile",
+                                  "--out", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["verdict"] == "fixed"
+    (e,) = plan["errors_after"].values()
+    assert {s["criterion"] for s in e["scores"]} == {"quantile", "cosine:0.999"}
+    hook = tmp_path / "hook.py"
+    hook.write_text("def check(fp32, fp16, sample):\n    return 1\n")
+    r = CliRunner().invoke(main, ["-q", "torch", f"{FILE}:overflow", "--mode", "half",
+                                  "--check", f"{hook}:check", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "returned int 1" in r.output and "Traceback" not in r.output

@@ -134,9 +134,9 @@ def test_resume_replays_the_journal(zoo, tmp_path):
     from trtbisect import pipeline
     orig = pipeline.Evaluator.measure
 
-    def counting(self, plan, stop_early=False):
+    def counting(self, plan, stop_early=False, full=False):
         calls.append(plan)
-        return orig(self, plan, stop_early)
+        return orig(self, plan, stop_early, full)
     pipeline.Evaluator.measure = counting
     try:
         second = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")

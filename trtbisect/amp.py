@@ -40,9 +40,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from .compare import OutputError, Tolerance, compare_outputs, worst
+from .compare import OutputError, Tolerance, worst
 from .errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from .export import Sample, TorchModel, flatten_outputs, to_numpy
+from .judge.criteria import Criteria
 from .modules import ancestors, within
 from .search import Progress, SearchResult, find_minimal_fp32
 
@@ -646,6 +647,7 @@ class TorchOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     max_evaluations: int | None = None
     search: bool = True
+    criteria: Criteria = field(default_factory=Criteria)  # judge/criteria.py
 
 
 @dataclass
@@ -742,13 +744,18 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
     cands = candidates(stats)
     seeds, ranking = prior(stats, cands, p.mode)
 
+    crit = opts.criteria
+    if refs:
+        crit.validate(list(refs[0]))
+        crit.check_fit(refs[0])
+
     def measure(plan: frozenset[str], stop_early: bool = False):
-        errors = []
-        for a, ref in zip(args, refs):
-            errors.append(compare_outputs(ref, runner.run(plan, a), tol))
-            if stop_early and not all(e.passed for e in errors[-1].values()):
-                return False, errors
-        return all(e.passed for es in errors for e in es.values()), errors
+        judged = []
+        for sample, a, ref in zip(tm.samples, args, refs):
+            judged.append(crit.judge(ref, runner.run(plan, a), sample, tol))
+            if stop_early and crit.hopeless(judged, len(args)):
+                return False, [j.errors for j in judged]
+        return crit.verdict(judged).passed, [j.errors for j in judged]
 
     _, before = measure(frozenset())
     result = TorchResult("not_searched", fp32_modules=[], candidates=len(cands), evaluations=0,
@@ -760,7 +767,7 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
                                    seeds, ranking, opts.max_evaluations, progress)
         _judge(result, search, measure)
         if result.verdict == "fixed":
-            result.snippet_check = _check_snippet(tm, p, tol, result.fp32_modules, refs)
+            result.snippet_check = _check_snippet(tm, p, tol, result.fp32_modules, refs, crit)
     result.inferences = runner.runs
     result.culprits = explain(runner, stats, result.fp32_modules)
     return _finish(result, out_dir, started)
@@ -782,19 +789,21 @@ def _judge(result: TorchResult, search: SearchResult, measure) -> None:
 
 
 def _check_snippet(tm: TorchModel, p: Precision, tol: Tolerance, fp32: list[str],
-                   refs: list[dict[str, np.ndarray]]) -> dict[str, OutputError]:
+                   refs: list[dict[str, np.ndarray]], crit: Criteria | None = None
+                   ) -> dict[str, OutputError]:
     """Apply the plan the way the user will (apply_plan on a fresh copy) and judge it."""
+    crit = crit or Criteria()
     model = apply_plan(copy.deepcopy(tm.module).float().eval().to(p.device), fp32, p.mode,
                        p.torch_dtype)
-    errors = []
+    judged = []
     for sample, ref in zip(tm.samples, refs):
         with reduced(p):
             out = model(*reduced_args(p, tm.args(sample, p.device)))
-        errors.append(compare_outputs(ref, to_numpy(flatten_outputs(out)), tol))
-    merged = worst(errors)
-    if not all(e.passed for e in merged.values()):
+        judged.append(crit.judge(ref, to_numpy(flatten_outputs(out)), sample, tol))
+    verdict = crit.verdict(judged)
+    if not verdict.passed:
         log.warning("the plan applied with apply_plan does not meet the tolerance; please report")
-    return merged
+    return verdict.errors
 
 
 def explain(runner: TorchRunner, stats: Mapping[str, ModuleStats],

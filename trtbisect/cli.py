@@ -28,6 +28,7 @@ from .degenerate import nothing_to_judge
 from .cost import DEFAULT_GPU, GPUS
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
+from .judge.flags import criteria_options, pop_criteria
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, visible
 
@@ -52,7 +53,7 @@ def exit_codes(*rows: tuple[int, str]) -> str:
     return "\b\nExit codes:\n" + "".join(f"  {code}  {text}\n" for code, text in rows)
 
 
-USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       an --out that cannot be written or is in use by another run)")
+USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       a --check hook or data loader that fails, an --out that cannot be written or\n       is in use by another run)")
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
            "       cannot round (contrib-domain or unknown ops; listed, with precision.json's\n"
@@ -268,9 +269,16 @@ def quiet_level() -> int:
 def input_options(f: Callable) -> Callable:
     """Options every command that runs a model shares."""
     opts = [
-        click.option("--inputs", "inputs", multiple=True, type=click.Path(dir_okay=False),
-                     help="An .npz keyed by graph input name; repeat for more samples, or stack "
-                          "samples on a leading axis. Default: seeded random data."),
+        click.option("--inputs", "inputs", multiple=True, metavar="NPZ|FOLDER|GLOB|JSON",
+                     help="Samples: an .npz keyed by graph input name (samples may be stacked "
+                          "on a leading axis), a folder or a quoted glob of them ('data/*.npz'), "
+                          "or a JSON of Polygraphy's --save-inputs; repeatable. Read one at a "
+                          "time. Default: seeded random data."),
+        click.option("--data-loader-script", "data_loader", metavar="FILE.py[:FUNCTION]",
+                     default=None,
+                     help="Polygraphy's data loader: FUNCTION (default load_data) yields feed "
+                          "dicts (input name -> numpy array), one per sample. Trusted code, run "
+                          "in this process."),
         click.option("--shape", "shapes", multiple=True, metavar="NAME:DIMS",
                      help="Shape for an input with dynamic dimensions, e.g. x:1x3x224x224."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
@@ -306,6 +314,7 @@ def input_options(f: Callable) -> Callable:
                           "blocks of 32 along the inner dimension, rounding each partial and "
                           "the running sum to FP16 (pessimistic; see docs/semantics.md)."),
     ]
+    f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
     for o in reversed(opts):
         f = o(f)
     return f
@@ -322,8 +331,10 @@ def make_options(kw: dict):
         except (IndexError, ValueError):
             raise TrtBisectError(f"bad --output-tol {spec!r}: expected NAME:RTOL[:ATOL]")
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
-    return Options(inputs=kw.pop("inputs"), shapes=parse_shapes(kw.pop("shapes")),
+    return Options(inputs=kw.pop("inputs"), data_loader=kw.pop("data_loader"),
+                   shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
+                   criteria=pop_criteria(kw),
                    threads=kw.pop("threads"), trt_version=_trt_version(kw.pop("trt_version")),
                    **kw)
 
@@ -346,6 +357,11 @@ def _trt_version(given: str | None) -> int:
               help="Also reject plans that leave an intermediate tensor NaN/inf where FP32 is finite.")
 @click.option("--max-evals", "max_evaluations", type=click.IntRange(min=1), default=None,
               help="Stop the search after this many evaluations (the plan is then not certified).")
+@click.option("--search-samples", "search_samples", type=click.IntRange(min=0), default=8,
+              show_default=True, metavar="N",
+              help="With more samples than N, the search judges its plans on the N where "
+                   "all-FP16 fails worst, then certifies the plan on every sample (searching "
+                   "again with any that fails). 0: judge every sample throughout.")
 @click.option("--no-resume", "no_resume", is_flag=True,
               help="Ignore the journal of an earlier, interrupted run in --out.")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
@@ -376,7 +392,7 @@ def _trt_version(given: str | None) -> int:
                    "it is written with its measured error.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
-        no_resume: bool, stability: int, rewrite: bool, **kw) -> None:
+        no_resume: bool, stability: int, rewrite: bool, search_samples: int, **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -399,6 +415,11 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts = make_options(kw)
     opts.resume = not no_resume
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
+    opts.search_samples = search_samples
+    if backend == "trt" and not opts.criteria.default:  # backends/trt.py: the default only
+        raise TrtBisectError("--backend trt judges engines by trtbisect's default criterion "
+                             "only; drop --check-error-stat/--metric/--check/--pass-rate, or "
+                             "run on the emulator and judge the engine with commands.sh")
     if backend == "trt":
         from .backends.trt import trt_available
         usable, why = trt_available()
@@ -475,6 +496,8 @@ def error_cell(e: OutputError | None) -> str:
         return "-"
     mark = "[green]ok[/]" if e.passed else "[red]FAIL[/]"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
+    if e.scores:  # judged by other criteria than the default (judge/criteria.py)
+        return f"{mark} " + escape("; ".join(s.text() for s in e.scores)) + extra
     return f"{mark} max|d| {fmt(e.max_abs)} (bound {fmt(e.bound)}){extra}"
 
 
@@ -543,6 +566,7 @@ def emit_run(result, as_json: bool) -> None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
                   f"{minimal}, {result.seconds:.1f}s")
+    emit_samples(result)
     if result.files:
         out.print(f"plan: {shown(result.files.get('plan'))}")
         if "mixed_model" in result.files:
@@ -576,6 +600,24 @@ def cost_line(c: dict) -> str:
             f"({pct(c['slowdown'])}), all FP32 {1e6 * c['all_fp32_s']:.4g} us; FP32 share "
             f"{100 * c['fp32_flop_share']:.1f}% of FLOPs, {100 * c['fp32_byte_share']:.1f}% of "
             f"bytes; {c['boundary_casts']} boundary Casts{budget}")
+
+
+def emit_samples(result) -> None:
+    """On how many samples the plan was judged, by which criterion, and how it fared."""
+    judged = result.extra.get("judged") or {}
+    after = judged.get("after") or judged.get("before")
+    if not after:
+        return
+    which = "the plan" if "after" in judged else "all FP16"
+    failed = [k for k, s in enumerate(after["per_sample"]) if not s["passed"]]
+    shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
+    search = judged.get("search_samples")
+    out.print(f"judged on {after['samples']} sample(s) by "
+              f"{escape(str((result.extra.get('criteria') or {}).get('description', '')))}: "
+              f"{which} passes on {after['passed_samples']} (needs {after['required']})"
+              + (f"; fails on sample(s) {shown}" if failed else "")
+              + (f"; the search judged on {len(search)} of them" if search else ""),
+              soft_wrap=True)
 
 
 def emit_rewrites(result) -> None:
@@ -649,9 +691,10 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         progress.stage("layer-wise comparison, FP32 vs FP16")
         stats = pipeline.layerwise(ctx, opts, progress.layerwise)
     summary = pipeline.summarize_layerwise(ctx.graph, stats)
+    judged = None if opts.criteria.default else pipeline.judge_all_fp16(ctx, opts)
     if as_json:
-        click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()]},
-                              indent=2))
+        click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],
+                               **({"all_fp16": judged.to_json()} if judged else {})}, indent=2))
         return
     t = Table(title=f"FP32 vs all-FP16: {summary['tensors']} stored tensors and "
                     f"{len(stats) - summary['tensors']} graph input(s)", title_justify="left")
@@ -670,6 +713,12 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
                        ("first_jump", "error first jumps at")):
         if summary.get(key):
             out.print(f"{label}: {shown(summary[key])}")
+    if judged is not None:  # the run's criteria, on the all-FP16 outputs
+        out.print(f"all FP16 under {shown(opts.criteria.describe())}: "
+                  f"{'[green]pass[/]' if judged.passed else '[red]FAIL[/]'} on "
+                  f"{sum(judged.samples)} of {len(judged.samples)} sample(s)", soft_wrap=True)
+        for name, e in judged.errors.items():
+            out.print(f"  {shown(name)}: {error_cell(e)}", soft_wrap=True)
 
 
 @main.command(epilog=CHECK_EXIT_CODES)

@@ -15,6 +15,7 @@ from rich.table import Table
 from .cli import (USAGE, Progress, error_cell, exit_codes, finish, fmt, log, out, quiet_level,
                   rel_cell, shown, verbosity_options)
 from .compare import Tolerance
+from .judge.flags import criteria_options, pop_criteria
 
 INPUT_HELP = ("Input of forward, in argument order: NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or "
               "ids:1x128:int64 (seeded random data). Default: the factory's example inputs.")
@@ -112,6 +113,7 @@ def export_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: i
 @click.option("--rtol", default=Tolerance.rtol, show_default=True,
               help="Relative tolerance: max|reduced-fp32| <= rtol*max|fp32| + atol.")
 @click.option("--atol", default=Tolerance.atol, show_default=True, help="Absolute tolerance.")
+@criteria_options
 @click.option("--max-evals", "max_evaluations", type=int, default=None,
               help="Stop the search after this many evaluations (the plan is then not certified).")
 @click.option("--no-search", is_flag=True, help="Only the layer-wise comparison.")
@@ -123,7 +125,7 @@ def export_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: i
 def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: int, mode: str,
               dtype: str, device: str, kernels: str, rtol: float, atol: float,
               max_evaluations: int | None, no_search: bool, top: int, out_dir: str | None,
-              as_json: bool) -> None:
+              as_json: bool, **criteria) -> None:
     """Find the submodules a PyTorch model must run in FP32 under autocast or half.
 
     Runs the model in FP32 and in reduced precision, compares every submodule's output through
@@ -143,7 +145,8 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
 
     precision = pick_precision(mode, dtype, device, kernels)
     tm = load_torch_model(factory, input_specs, seed, samples)
-    opts = TorchOptions(precision, Tolerance(rtol, atol), max_evaluations, not no_search)
+    opts = TorchOptions(precision, Tolerance(rtol, atol), max_evaluations, not no_search,
+                        pop_criteria(criteria))
     out_path = Path(out_dir) if out_dir else _default_out(factory)
     with ModuleProgress(quiet_level()) as progress:
         result = diagnose(tm, opts, out_path, progress.trial, progress.stage)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,7 +51,11 @@ def validate_tolerance(tol: Tolerance, output_names: Sequence[str]) -> None:
 
 @dataclass(frozen=True)
 class OutputError:
-    """How far one output of a candidate run is from the reference."""
+    """How far one output of a candidate run is from the reference.
+
+    The numbers are always those of the default criterion (`bound`: rtol*max|ref| + atol);
+    `passed` is the output's verdict under the run's criteria, and `scores` the results of
+    the criteria other than the default (judge/criteria.py), empty under the default."""
 
     max_abs: float
     bound: float
@@ -61,9 +65,21 @@ class OutputError:
     cosine: float
     nonfinite: int  # candidate non-finite where the reference is finite
     passed: bool
+    scores: tuple = ()  # judge.criteria.Score, one per criterion judging this output
 
     def to_json(self) -> dict:
-        return {k: _json_float(v) for k, v in vars(self).items()}  # flat: no asdict deep copy
+        d = {k: _json_float(v) for k, v in vars(self).items() if k != "scores"}  # no deep copy
+        if self.scores:
+            d["scores"] = [s.to_json() for s in self.scores]
+        return d
+
+    @property
+    def severity(self) -> float:
+        """How badly it misses (above 1: fails): under the default criterion the relative
+        error, else the worst of its criteria's (judge/criteria.py `Score.severity`)."""
+        if not self.scores:
+            return self.rel
+        return max(s.severity for s in self.scores)
 
 
 def _json_float(v):
@@ -168,13 +184,14 @@ def compare_outputs(
     return result
 
 
-def worst(errors: list[dict[str, OutputError]]) -> dict[str, OutputError]:
-    """Per output, the worst error over several samples (failures first, then largest rel)."""
+def worst(errors: Iterable[Mapping[str, OutputError]]) -> dict[str, OutputError]:
+    """Per output, the worst error over several samples (failures first, then the largest
+    severity: under the default criterion the largest rel)."""
     out: dict[str, OutputError] = {}
     for sample in errors:
         for name, e in sample.items():
             cur = out.get(name)
-            if cur is None or (cur.passed, -cur.rel) > (e.passed, -e.rel):
+            if cur is None or (cur.passed, -cur.severity) > (e.passed, -e.severity):
                 out[name] = e
     return out
 

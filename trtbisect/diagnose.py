@@ -68,9 +68,12 @@ def _jnum(v: object) -> object:
 
 def diagnose(g: Graph, nodes: Sequence[str], stats: Mapping[str, TensorStats],
              constants: Mapping[str, ConstantStats], applied: bool = True,
-             modules: Mapping[str, str | None] | None = None) -> list[CulpritGroup]:
-    """One diagnosis per connected group of `nodes`; `applied`: the plan keeps them FP32."""
+             modules: Mapping[str, str | None] | None = None,
+             relax: str | None = None) -> list[CulpritGroup]:
+    """One diagnosis per connected group of `nodes`; `applied`: the plan keeps them FP32;
+    `relax`: how to loosen the run's criterion (default: raise --rtol)."""
     f = Facts(g, stats, constants)
+    f.relax = relax or f.relax
     return [_diagnose_group(f, grp, applied, modules) for grp in group_culprits(g, nodes)]
 
 
@@ -94,8 +97,10 @@ def attach(result, g: Graph, constants: Mapping[str, ConstantStats]) -> list[Cul
     """
     nodes = result.fp32_nodes or (result.prior_seeds if result.verdict == "no_plan" else [])
     modules = {c.node: c.module for c in result.culprits}
+    crit = getattr(result, "criteria", None)
+    relax = None if crit is None or crit.default else f"relax the criterion ({crit.describe()})"
     groups = diagnose(g, nodes, result.stats, constants, applied=result.verdict == "fixed",
-                      modules=modules)
+                      modules=modules, relax=relax)
     whys = {n: w for grp in groups for n, w in grp.why.items()}
     for c in result.culprits:
         c.why = whys.get(c.node, c.why)

@@ -1,4 +1,6 @@
-"""Input samples: loaded from .npz files or generated from a seed, validated against the model."""
+"""Input samples: read from .npz files or generated from a seed, validated against the model.
+The sources users have (folders, globs, data-loader scripts, Polygraphy JSON) and streaming
+live in data/."""
 
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ def parse_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
             shape = tuple(int(d) for d in dims.split("x")) if dims else ()
         except ValueError:
             shape = (-1,)
-        if any(d < 1 for d in shape):
-            raise TrtBisectError(f"bad --shape {spec!r}: dimensions must be positive integers "
-                                 "(an empty tensor cannot be judged), e.g. 1x3x224x224")
+        if any(d < 0 for d in shape):
+            raise TrtBisectError(f"bad --shape {spec!r}: dimensions must be non-negative "
+                                 "integers, e.g. 1x3x224x224 (0 for an empty dimension, as a "
+                                 "decoder's first past_key_values)")
         shapes[name] = shape
     return shapes
 
@@ -150,34 +153,38 @@ def random_sample(graph: Graph, shapes: Mapping[str, tuple[int, ...]], seed: int
 
 def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
                  shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1) -> list[Sample]:
-    """Every sample a plan must pass on.
+    """Every sample a plan must pass on, as a list (data.sources streams them instead).
 
     Each .npz is keyed by graph input name. An array with one more dimension than the input is
     a stack of samples along its first axis. Without files, `count` seeded random samples.
     """
-    check_shape_names(graph, shapes)
-    if not paths:
-        guard_random_samples(graph, shapes, count)
-        return [random_sample(graph, shapes, seed + k) for k in range(count)]
-    samples: list[Sample] = []
-    for path in paths:
-        part = _split_samples(graph, _read_npz(path), str(path))
-        if not part:
-            raise TrtBisectError(f"{path} holds no samples (its leading sample axis is empty)")
-        for sample in part:
-            _check_given(sample, shapes, str(path))
-        samples.extend(part)
-    return samples
+    from .data.sources import iter_items
+    return [item.sample for item in iter_items(graph, [str(p) for p in paths], None, shapes,
+                                               seed, count)]
+
+
+def npz_samples(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]) -> list[Sample]:
+    """The samples of one .npz (one, or a stack along a leading axis), validated."""
+    part = _split_samples(graph, _read_npz(path), str(path))
+    if not part:
+        raise TrtBisectError(f"{path} holds no samples (its leading sample axis is empty)")
+    for sample in part:
+        _check_given(sample, shapes, str(path))
+    return part
+
+
+def check_sample(graph: Graph, sample: Sample, shapes: Mapping[str, tuple[int, ...]],
+                 source: str) -> None:
+    """One sample from a data loader or Polygraphy JSON: the model's input names, dtypes and
+    shapes, and --shape."""
+    _split_samples(graph, sample, source, stacks=False)
+    _check_given(sample, shapes, source)
 
 
 def _check_given(sample: Sample, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
-    """Data that cannot be judged (an empty tensor passes any tolerance) or that contradicts
-    --shape is a usage error, not a silent pass."""
+    """Data that contradicts --shape is a usage error, not a silent pass. (An empty tensor is
+    data: a decoder's first step feeds past_key_values of sequence length 0.)"""
     for name, arr in sample.items():
-        if arr.size == 0:
-            raise TrtBisectError(f"input {name!r} in {source} is empty (shape "
-                                 f"{'x'.join(map(str, arr.shape))}); give data with at least one "
-                                 "element")
         if name in shapes and tuple(arr.shape) != tuple(shapes[name]):
             raise TrtBisectError(f"--shape {name}:{'x'.join(map(str, shapes[name])) or '(scalar)'} "
                                  f"disagrees with {name!r} in {source} "
@@ -237,7 +244,8 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.Path
         return np.lib.format.read_array(fh, allow_pickle=False)
 
 
-def _split_samples(graph: Graph, arrays: dict[str, np.ndarray], source: str) -> list[Sample]:
+def _split_samples(graph: Graph, arrays: Mapping[str, np.ndarray], source: str,
+                   stacks: bool = True) -> list[Sample]:
     wanted = {v.name: v for v in graph.fed_inputs()}
     missing = sorted(set(wanted) - set(arrays))
     extra = sorted(set(arrays) - set(wanted))
@@ -250,9 +258,12 @@ def _split_samples(graph: Graph, arrays: dict[str, np.ndarray], source: str) -> 
     stacked: dict[str, bool] = {}
     for name, value in wanted.items():
         arr, dtype, declared = arrays[name], input_dtype(value), declared_shape(value)
+        if not isinstance(arr, np.ndarray):
+            raise TrtBisectError(f"input {name!r} in {source} is a {type(arr).__name__}, not a "
+                                 "numpy array")
         if arr.dtype != dtype:
             raise TrtBisectError(f"input {name!r} in {source} is {arr.dtype}, the model expects {dtype}")
-        stacked[name] = arr.ndim == len(declared) + 1
+        stacked[name] = stacks and arr.ndim == len(declared) + 1
         _check_shape(name, declared, arr.shape[1:] if stacked[name] else arr.shape, source)
     if not any(stacked.values()):
         return [dict(arrays)]

@@ -9,6 +9,8 @@ is written before an evaluation runs and a `done` line after. On resume:
   power loss) and is run again: a kill says nothing about the plan;
 - a plan started `MAX_ATTEMPTS` times without ever finishing crashes the process itself (as
   Polygraphy's `debug` replay files record) and is judged failed instead of crashing it again;
+  an `abandon` line takes back a start that bad input stopped (a `--check` hook that raised):
+  no verdict is ever recorded from it;
 - a journal whose header, fingerprint or any complete line fails validation is set aside
   (renamed, with a warning), never trusted; only a last line cut short by a kill is tolerated.
 
@@ -137,6 +139,8 @@ class Journal:
             rec = self._decode(line, number)
             if isinstance(rec.get("start"), str):
                 self.starts[rec["start"]] += 1
+            elif isinstance(rec.get("abandon"), str):  # not a crash: bad input stopped it
+                self.starts[rec["abandon"]] = max(self.starts[rec["abandon"]] - 1, 0)
             elif isinstance(rec.get("done"), str) and isinstance(rec.get("passed"), bool):
                 self.done[rec["done"]] = rec
             else:
@@ -200,6 +204,12 @@ class Journal:
     def start(self, key: str) -> None:
         self.starts[key] += 1
         self._write({"start": key})
+
+    def abandon(self, key: str) -> None:
+        """The evaluation started for `key` was stopped by bad input (a --check hook that
+        raised): no verdict, and the start does not count towards a crash."""
+        self.starts[key] = max(self.starts[key] - 1, 0)
+        self._write({"abandon": key})
 
     def record(self, key: str, passed: bool, detail: dict[str, Any]) -> None:
         rec = {**detail, "done": key, "passed": bool(passed)}

@@ -9,7 +9,7 @@ import logging
 import math
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -18,7 +18,7 @@ import onnx
 
 from . import __version__, cost, coverage, degenerate, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
-from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, compare_outputs, merge_stats,
+from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
 from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
                        note_semantics)
@@ -26,7 +26,11 @@ from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, TrtBisectError)
 from .graph import (Graph, external_data_hash, external_files, model_hash,
                     named_as_trtbisect_names, structure)
-from .inputs import Sample, load_samples
+from .data.sources import expand, iter_items
+from .data.store import SampleSet, reference_set
+from .inputs import Sample
+from .judge import subset
+from .judge.criteria import Criteria, Judgement, Verdict
 from .journal import Journal, plan_key
 from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from .render import RenderContext
@@ -59,7 +63,10 @@ class Options:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     seed: int = 0
     samples: int = 1  # random samples when no --inputs are given
+    data_loader: str | None = None  # Polygraphy's --data-loader-script FILE.py[:FUNCTION]
+    search_samples: int = subset.SEARCH_SAMPLES  # above this many, search on a subset first
     tolerance: Tolerance = field(default_factory=Tolerance)
+    criteria: Criteria = field(default_factory=Criteria)  # default: the tolerance's max error
     strict: bool = False
     max_evaluations: int | None = None
     threads: int | None = None
@@ -90,8 +97,8 @@ class Context:
     path: Path
     model: onnx.ModelProto
     graph: Graph
-    samples: list[Sample]
-    references: list[dict[str, np.ndarray]]
+    samples: Sequence[Sample]  # what the search judges on: every sample, or a subset of them
+    references: Sequence[dict[str, np.ndarray]]
     sha256: str
     # what the search judges: the model after TensorRT's build-time rewrites (trt semantics) or
     # `graph` itself (strict); the FP32 reference is always `graph`, the model as given
@@ -100,26 +107,53 @@ class Context:
     rules: semantics.Rules = semantics.STRICT
     sources: list[Path] = field(default_factory=list)  # the run's input files: never moved
     data_sha256: str | None = None  # of the external data files, when the model has some
+    # every sample and its reference (streamed, data/store.py): what a written plan is
+    # certified on; `samples`/`references` unless the search judges a subset
+    every_sample: Sequence[Sample] | None = None
+    every_reference: Sequence[dict[str, np.ndarray]] | None = None
+    subset: tuple[int, ...] | None = None  # indices into every_sample the search judges on
+
+    def __post_init__(self) -> None:
+        if self.every_sample is None:
+            self.every_sample, self.every_reference = self.samples, self.references
 
     @property
     def judged(self) -> Graph:
         return self.search if self.search is not None else self.graph
 
+    def narrow(self, subset: Sequence[int] | None) -> None:
+        """Let the search judge on `subset` of the samples (None: on every sample)."""
+        from .data.store import View
+        assert self.every_sample is not None and self.every_reference is not None
+        if subset is None or len(subset) == len(self.every_sample):
+            self.samples, self.references, self.subset = (self.every_sample,
+                                                          self.every_reference, None)
+        else:
+            self.subset = tuple(subset)
+            self.samples = View(self.every_sample, subset)
+            self.references = View(self.every_reference, subset)
+
 
 def prepare(model_path: str | Path, opts: Options, search: bool = True,
-            cache: Path | None = None) -> Context:
+            cache: Path | None = None, spool: Path | None = None) -> Context:
     """Load, reference outputs, and (`search`) the graph the emulator judges under
-    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs."""
+    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs;
+    `spool`: where samples and references that do not fit in memory go (default: a
+    temporary folder)."""
     path = Path(model_path)
     graph = Graph.from_path(path)
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
-    samples = load_samples(graph, list(opts.inputs), opts.shapes, opts.seed, opts.samples)
+    opts.criteria.validate(graph.output_names())
+    samples = SampleSet(iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes,
+                                   opts.seed, opts.samples), spool=spool or cache)
     sha, data_sha = model_hash(path), external_data_hash(path)
-    references = _cached_references(graph, samples, opts, f"{sha}:{data_sha}", cache)
+    references = reference_set(graph, samples, opts.threads, f"{sha}:{data_sha}", cache,
+                               spool or cache)
+    opts.criteria.check_fit(references[0])
     ctx = Context(path, graph.source, graph, samples, references, sha,
-                  sources=[path, *external_files(path), *map(Path, opts.inputs)],
+                  sources=[path, *external_files(path), *input_files(opts)],
                   data_sha256=data_sha)
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
     if search:
@@ -129,35 +163,19 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     return ctx
 
 
-def _cached_references(graph: Graph, samples: Sequence[Sample], opts: Options, sha: str,
-                       cache: Path | None) -> list[dict[str, np.ndarray]]:
-    """The FP32 reference outputs, reused from `cache` when model and samples are the same."""
-    names = graph.output_names()
-    path = None
-    if cache is not None:
-        key = hashlib.sha256(json.dumps({"model": sha, "samples": _samples_hash(samples),
-                                         "threads": opts.threads}).encode()).hexdigest()[:16]
-        path = cache / f"reference-{key}.npz"
-        data = result_cache.load_arrays(path)  # its hash checked: a tampered file is recomputed
-        try:
-            if data is not None:
-                return [{n: data[f"s{k}_o{j}"] for j, n in enumerate(names)}
-                        for k in range(len(samples))]
-        except KeyError:
-            pass
-    ref = Reference(graph, opts.threads)
-    references = [ref.run(s) for s in samples]
-    ref.close()
-    if path is not None:
-        arrays = {f"s{k}_o{j}": r[n] for k, r in enumerate(references) for j, n in enumerate(names)}
-        try:
-            result_cache.save_arrays(path, arrays)
-        except (OSError, TrtBisectError) as exc:  # a cache: never fail the run over it
-            log.info("reference outputs not cached: %s", exc)
-    return references
+def input_files(opts: "Options") -> list[Path]:
+    """The files the run's samples come from (folders and globs expanded): never moved."""
+    found = [Path(p) for spec in opts.inputs for p, _ in expand(spec)]
+    if opts.data_loader:
+        found.append(Path(opts.data_loader.rsplit(":", 1)[0]
+                          if not opts.data_loader.endswith(".py") else opts.data_loader))
+    return found
 
 
 def _samples_hash(samples: Sequence[Sample]) -> str:
+    sha = getattr(samples, "sha256", None)  # a SampleSet hashed itself while reading
+    if sha is not None:
+        return sha
     h = hashlib.sha256()
     for s in samples:
         for k in sorted(s):
@@ -169,7 +187,7 @@ def _samples_hash(samples: Sequence[Sample]) -> str:
 
 def reference_problems(ctx: Context) -> list[str]:
     problems = []
-    for k, outs in enumerate(ctx.references):
+    for k, outs in enumerate(ctx.every_reference):
         for name, value in outs.items():
             if np.issubdtype(value.dtype, np.floating):
                 bad = int(value.size - np.count_nonzero(np.isfinite(value)))
@@ -354,8 +372,8 @@ class Evaluator:
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None
-        self.last_errors: list[dict[str, OutputError]] = []
-        self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst relative error
+        self.last_errors: list[Judgement] = []  # per sample, for `last_plan`
+        self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst severity
 
     @property
     def emulator(self) -> Emulator:
@@ -368,39 +386,60 @@ class Evaluator:
         if self._emulator is not None:
             self._emulator.close()
 
-    def measure(self, plan: frozenset[str], stop_early: bool = False
-                ) -> tuple[bool, list[dict[str, OutputError]], list[str]]:
-        errors, nonfinite = [], []
-        for sample, ref in zip(self.ctx.samples, self.ctx.references):
+    def measure(self, plan: frozenset[str], stop_early: bool = False, full: bool = False
+                ) -> tuple[bool, list[Judgement], list[str]]:
+        """The plan judged on the search's samples (`full`: on every sample) under the run's
+        criteria (judge/criteria.py); `stop_early`: stop once the plan cannot pass any more."""
+        crit, judged, nonfinite = self.opts.criteria, [], []
+        full = full or self.ctx.subset is None
+        samples = self.ctx.every_sample if full else self.ctx.samples
+        references = self.ctx.every_reference if full else self.ctx.references
+        assert samples is not None and references is not None
+        for sample, ref in zip(samples, references):
             self.runs += 1
             if self.opts.strict:
                 outs, bad = self.emulator.nonfinite(plan, sample)
                 nonfinite += [t for t in bad if t not in nonfinite]
             else:
                 outs = self.emulator.run(plan, sample)
-            errors.append(compare_outputs(ref, outs, self.opts.tolerance))
-            ok = all(e.passed for e in errors[-1].values()) and not nonfinite
-            if stop_early and not ok:
-                return False, errors, nonfinite
-        passed = all(e.passed for es in errors for e in es.values()) and not nonfinite
-        self.last_plan, self.last_errors = plan, errors  # every sample: reusable as is
-        return passed, errors, nonfinite
+            judged.append(crit.judge(ref, outs, sample, self.opts.tolerance))
+            if stop_early and (nonfinite or crit.hopeless(judged, len(samples))):
+                return False, judged, nonfinite
+        passed = crit.verdict(judged).passed and not nonfinite
+        if full:
+            self.last_plan, self.last_errors = plan, judged  # every sample: reusable as is
+        return passed, judged, nonfinite
+
+    def widened(self) -> None:
+        """The search's samples grew (judge/subset.py): what passed on fewer may not now;
+        what failed still fails."""
+        self.known = {p: ok for p, ok in self.known.items() if not ok}
 
     def check(self, plan: frozenset[str]) -> bool:
         if plan in self.known:
             return self.known[plan]
         key = plan_key(plan)
+        if self.ctx.subset is not None:  # a verdict on these samples only
+            key += "@" + subset.signature(self.ctx.subset)
         if self.journal is not None:
             rec = self.journal.lookup(key)
             if rec is not None:
-                self.scores[plan] = _score(rec.get("rel", {}))
+                severity = rec.get("severity")
+                self.scores[plan] = (float(severity) if severity is not None
+                                     else _score(rec.get("rel", {})))
                 return bool(rec["passed"])
             self.journal.start(key)
-        passed, errors, bad = self.measure(plan, stop_early=True)
-        self.scores[plan] = _score({n: e.rel for n, e in worst(errors).items()})
+        try:
+            passed, judged, bad = self.measure(plan, stop_early=True)
+        except TrtBisectError:  # bad input (a --check hook raised): no verdict to record
+            if self.journal is not None:
+                self.journal.abandon(key)
+            raise
+        self.scores[plan] = _severity(judged)
         if self.journal is not None:
             self.journal.record(key, passed, {
-                "rel": {n: _num(e.rel) for n, e in worst(errors).items()},
+                "rel": {n: _num(e.rel) for n, e in _worst(judged).items()},
+                "severity": _num(self.scores[plan]),
                 "nonfinite_tensors": bad[:10]})
         return passed
 
@@ -415,6 +454,13 @@ def _score(rel: Mapping[str, object]) -> float:
     return max(values) if values else math.nan
 
 
+def _severity(judged: Iterable[Judgement]) -> float:
+    """A judged plan's score for the trade-off plot: its worst severity over samples and
+    outputs (under the default criterion: the worst relative error; else 1 at the bound)."""
+    errors = _worst(judged)
+    return max((e.severity for e in errors.values()), default=math.nan)
+
+
 def _shape_probe(ctx: Context, opts: Options) -> cost.Probe:
     """Shapes that shape inference leaves open, as one FP32 inference of the first sample
     produces them (a batch of tensors at a time)."""
@@ -426,6 +472,10 @@ def _shape_probe(ctx: Context, opts: Options) -> cost.Probe:
         ref.close()
         return out
     return probe
+
+
+def _worst(judged: Iterable[Judgement]) -> dict[str, OutputError]:
+    return worst(j.errors for j in judged)
 
 
 # ---------------------------------------------------------------- run
@@ -478,6 +528,7 @@ class RunResult:
     extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
     render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
     model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
+    criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
 
     @property
     def mixed_model_passed(self) -> bool | None:
@@ -524,7 +575,7 @@ class RunResult:
         model = self.files.get("rewritten_model") or self.files.get("named_model", self.model_path)
         rc = self.render_context or RenderContext(
             model=model, mixed_model=self.files.get("mixed_model", "<mixed>.onnx"),
-            tolerance=self.tolerance)
+            tolerance=self.tolerance, criteria=self.criteria)
         return renderings_json(self.fp32_nodes, rc)
 
 
@@ -544,18 +595,19 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     stage("loading the model and running the FP32 reference")
     if out_dir is not None:  # refuse now, not after the search, what the folder cannot take
         OutputDir(out_dir).preflight(Path(model_path).stem, [model_path, *opts.inputs],
-                                     0 if opts.inputs else opts.samples, opts.report, opts.rewrite)
-    ctx = prepare(model_path, opts,
-                  cache=OutputDir(out_dir).cache() if out_dir and opts.resume else None)
+                                     0 if (opts.inputs or opts.data_loader) else opts.samples,
+                                     opts.report, opts.rewrite)
+    cache = OutputDir(out_dir).cache() if out_dir is not None else None
+    ctx = prepare(model_path, opts, cache=cache if opts.resume else None, spool=cache)
     g = ctx.judged
     assert ctx.prepared is not None
     if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
         from .stability import guard_memory
-        guard_memory(ctx.samples, ctx.references, opts.stability)
+        guard_memory(ctx.every_sample, ctx.every_reference, opts.stability)
     base = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
-                nodes=len(g.names), samples=len(ctx.samples), tolerance=opts.tolerance,
-                strict=opts.strict)
+                nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
+                strict=opts.strict, criteria=opts.criteria)
     record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate),
               "coverage": coverage.record(g)}
     for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
@@ -587,6 +639,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         journal = Journal(journal_path, fingerprint)
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
+    narrow = subset.wanted(len(ctx.every_sample), opts.search_samples, opts.criteria.pass_rate)
     first: _Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
     batches: list[list[str]] | None = None  # the layer-wise batches, once known
@@ -600,17 +653,21 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
-        batches = layerwise_batches(ctx, opts)
+        batches = None if narrow else layerwise_batches(ctx, opts)  # narrow: for the subset
         first = _write_and_judge(ctx, opts, frozenset(), out_dir,
                                  expose=batches[0] if batches else ())
-        all_half, before = first.checked.passed, [first.checked.errors]
+        all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
         fp16_first = first.checked.tensors
         first.checked.tensors = []
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
     ev.known[frozenset()] = all_half
-    ev.scores[frozenset()] = _score({n: e.rel for n, e in worst(before).items()})
+    ev.scores[frozenset()] = _severity(before)
+    if narrow and not all_half:  # judge/subset.py: search on the worst samples, certify on all
+        ctx.narrow(subset.choose(before, opts.search_samples))
+        stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
+              "(where all-FP16 fails worst); the plan is certified on all of them")
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
@@ -622,7 +679,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage("trying FP16-safe rewrites")
         suspects = build_prior(ctx.graph, stats, constant_stats(ctx.graph)).seeds
         outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
-                                            (all_half, worst(before)))
+                                            (all_half, _worst(before)))
         if outcome is not None and outcome.applied:
             ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
             g = ctx.judged
@@ -647,9 +704,11 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                _shape_probe(ctx, opts))
     stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
           f"({len(prior.seeds)} suspects)")
-    search = find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
-                               as_units(prior.seeds), as_units(prior.ranking),
-                               opts.max_evaluations, progress, **cost.search_args(pricing, opts))
+    search = _certified_search(
+        ctx, opts, ev, stage, as_nodes,
+        lambda budget: find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
+                                         as_units(prior.seeds), as_units(prior.ranking),
+                                         budget, progress, **cost.search_args(pricing, opts)))
     if journal is not None:
         journal.close()
     cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
@@ -664,12 +723,17 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                        fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
                        evaluations=search.evaluations + judged,
                        inferences=ev.runs + judged * len(ctx.samples),
-                       errors_before=worst(before), errors_after=worst(before),
+                       errors_before=_worst(before), errors_after=_worst(before),
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
     result.extra["fp32_layers"] = list(search.fp32) if search.found else []
     result.extra["cost"] = pricing.summary(search.fp32 if search.found else [], opts.objective,
                                            opts.budget)
+    result.extra["criteria"] = {**opts.criteria.to_json(),
+                                "description": opts.criteria.describe()}
+    result.extra["judged"] = {"before": opts.criteria.verdict(before).to_json()}
+    if ctx.subset is not None:
+        result.extra["judged"]["search_samples"] = list(ctx.subset)  # type: ignore[index]
     if outcome is not None:
         result.extra["rewrites"] = outcome.to_json()
         if rewritten:
@@ -696,6 +760,33 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
     coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
     return _finish(result, ctx, out_dir, started, opts.report, marks)
+
+
+def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callable[[str], None],
+                      as_nodes: Callable, search: Callable[[int | None], SearchResult]
+                      ) -> SearchResult:
+    """`search(budget)` on the search's samples; when they are a subset (judge/subset.py),
+    the plan found is judged on every sample, and the samples it fails join the subset for
+    another search, until it passes everywhere. Evaluations and trials add up over rounds."""
+    evaluations, trials = 0, []
+    while True:
+        left = None if opts.max_evaluations is None else max(opts.max_evaluations - evaluations, 0)
+        result = search(left)
+        trials += [replace(t, index=t.index + evaluations) for t in result.trials]
+        evaluations += result.evaluations
+        if not result.found or ctx.subset is None:
+            break
+        passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
+        evaluations += 1
+        wider = subset.widen(ctx.subset, judged, opts.search_samples)
+        if passed or len(wider) == len(ctx.subset):
+            break
+        stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
+              f"searching again on {len(wider)} samples")
+        ctx.narrow(wider)
+        ev.widened()
+    result.evaluations, result.trials = evaluations, trials
+    return result
 
 
 PREFETCH_WEIGHT_BYTES = 1 << 20  # a switchable node holds its weights twice (FP16 and FP32)
@@ -737,10 +828,11 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
         # under the run's semantics, as the search will judge the rewritten model
         last[:] = [_rewritten_context(ctx, candidate, opts)]
         emu = Emulator(last[0].judged, opts.threads, rules=last[0].rules)
-        errs = worst([compare_outputs(ref, emu.run(frozenset(), s), opts.tolerance)
-                      for s, ref in zip(ctx.samples, ctx.references)])
+        verdict = opts.criteria.verdict([
+            opts.criteria.judge(ref, emu.run(frozenset(), s), s, opts.tolerance)
+            for s, ref in zip(ctx.samples, ctx.references)])
         emu.close()
-        return all(e.passed for e in errs.values()), errs
+        return verdict.passed, verdict.errors
 
     ranges = {t: s.fp32_absmax for t, s in stats.items()}
     # matches at the suspects go first, one connected group of them after another
@@ -756,7 +848,9 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
     prepared for the run's semantics like the original was."""
     graph = Graph(model)
     new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256,
-                  sources=ctx.sources, data_sha256=ctx.data_sha256)
+                  sources=ctx.sources, data_sha256=ctx.data_sha256,
+                  every_sample=ctx.every_sample, every_reference=ctx.every_reference,
+                  subset=ctx.subset)
     new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
     new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate)
     return new
@@ -773,7 +867,7 @@ def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None
     absorbed = _absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))
     _, before, _ = strict.measure(frozenset())
-    result.extra["errors_before_strict"] = {k: v.to_json() for k, v in worst(before).items()}
+    result.extra["errors_before_strict"] = {k: v.to_json() for k, v in _worst(before).items()}
     if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
             or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
         return
@@ -789,7 +883,9 @@ def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None
 
 def _strict_context(ctx: Context) -> Context:
     return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256,
-                   sources=ctx.sources, data_sha256=ctx.data_sha256)
+                   sources=ctx.sources, data_sha256=ctx.data_sha256,
+                   every_sample=ctx.every_sample, every_reference=ctx.every_reference,
+                   subset=ctx.subset)
 
 
 def _absorbed_nodes(ctx: Context) -> dict[str, str]:
@@ -863,16 +959,19 @@ def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Eval
     for this plan (the all-FP16 verdict is the file's own: no search number to compare).
     """
     if judged is not None and judged.plan == plan and judged.ctx is ctx:
-        searched = [judged.checked.errors]
+        searched = judged.checked.judgements
     else:
-        searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan)[1]
+        searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan, full=True)[1]
         ev.close()  # memory: the judge below holds the file's weights, not the search's
         judged = _write_and_judge(ctx, opts, plan, out_dir)
     checked = judged.checked
     result.staged = judged.staged
-    searched_worst = worst(searched)
-    same = all(_bits(searched_worst[o]) == _bits(e) for o, e in checked.errors.items())
+    searched_worst = _worst(searched)
+    same = len(searched) == len(checked.judgements) and all(
+        _same(a, b) for a, b in zip(searched, checked.judgements))
     result.mixed_check = checked.errors
+    if checked.verdict is not None:
+        result.extra.setdefault("judged", {})["after"] = checked.verdict.to_json()  # type: ignore[index]
     result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
     result.errors_after = checked.errors
     result.extra["one_judge"] = {"search_equals_check": same,
@@ -906,7 +1005,17 @@ def write_plan(ctx: Context, fp32_nodes) -> Written:
 
 
 def _bits(e: OutputError) -> tuple:
-    return (e.max_abs, e.mean_abs, e.nonfinite, e.passed)
+    return (e.max_abs, e.mean_abs, e.nonfinite, e.passed,
+            tuple((s.value, s.passed, s.detail) for s in e.scores))
+
+
+def _same(a: Judgement, b: Judgement) -> bool:
+    """One sample judged twice (the search, the written file): the same numbers, bit for bit
+    (nan equal to nan: a hook without a score)."""
+    def key(j: Judgement) -> str:
+        return repr(({o: _bits(e) for o, e in j.errors.items()},
+                     [(s.value, s.passed, s.detail) for s in j.scores]))
+    return key(a) == key(b)
 
 
 # The noise floor (two extra sessions) is measured only for a plan within this fraction of its
@@ -919,6 +1028,7 @@ def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> 
     """Per output: how far under its bound the plan lands, against the noise floor of FP32
     itself (the reference model under ORT's default, optimizing kernels vs the judge's)."""
     noise: dict[str, float] = {}
+    errors = {k: e for k, e in errors.items() if not e.scores}  # the default criterion's margin
     close = any(e.passed and e.bound - e.max_abs < NOISE_MARGIN * e.bound for e in errors.values())
     if close and ctx.graph.weights.total_bytes() <= NOISE_WEIGHT_LIMIT:
         from .backends.ort import kernel_noise
@@ -933,14 +1043,17 @@ def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> 
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
-    return {"model": ctx.sha256, "model_data": ctx.data_sha256,
-            "samples": _samples_hash(ctx.samples),
-            "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
-            "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
-                                                       opts.accumulate],
-            # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names them
-            # (a journal of an earlier version judged them FP32): never replayed across that
-            "judge": "subgraphs"}
+    fp = {"model": ctx.sha256, "model_data": ctx.data_sha256,
+          "samples": _samples_hash(ctx.every_sample),
+          "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
+          "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
+                                                     opts.accumulate],
+          # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names them
+          # (a journal of an earlier version judged them FP32): never replayed across that
+          "judge": "subgraphs"}
+    if not opts.criteria.default:
+        fp["criteria"] = opts.criteria.fingerprint()
+    return fp
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
@@ -949,7 +1062,9 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
 
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
     return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
-                             ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1)
+                             ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1,
+                             judge=lambda r, g, s: opts.criteria.judge(r, g, s,
+                                                                       opts.tolerance).errors)
 
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
@@ -1080,11 +1195,14 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
 
     work = out_dir.resolve()
     samples = []
-    for k, sample in enumerate(ctx.samples):
+    for k, sample in enumerate(ctx.every_sample):
         path = out_dir / "inputs" / f"sample_{k:03d}.npz"
         data = npz_bytes(sample)
         atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
         samples.append(relative_to(path, work))
+    for stale in (out_dir / "inputs").glob("sample_*.npz"):  # a previous run's: the folder
+        if relative_to(stale, work) not in samples:  # is the samples (AutoCast, check lines)
+            stale.unlink()
     atomic_write_text(out_dir / "data_loader.py", data_loader_script(samples))
     result.files["samples"] = str(out_dir / "inputs")
     result.files["data_loader"] = str(out_dir / "data_loader.py")
@@ -1107,9 +1225,10 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
                           or result.files.get("named_model", ctx.path), work),
         mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
         emulated_model=relative_to(emulated, work),
-        tolerance=result.tolerance, outputs=tuple(g.output_names()),
-        output_bounds=output_bounds(ctx.references, result.tolerance),
-        shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()}, ctx.samples),
+        tolerance=result.tolerance, criteria=result.criteria, outputs=tuple(g.output_names()),
+        output_bounds=output_bounds(ctx.every_reference, result.tolerance),
+        shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()},
+                                  ctx.every_sample),
         samples=tuple(samples), data_loader="data_loader.py",
         autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
         true_fp32=not ctx.rules.tf32,
@@ -1154,6 +1273,14 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
     write_outputs(result, ctx, out_dir)
 
 
+def judge_all_fp16(ctx: Context, opts: Options) -> Verdict:
+    """All-FP16 on the emulator under the run's criteria (`compare` with criterion flags)."""
+    ev = Evaluator(ctx, opts, {}, None)
+    judged = ev.measure(frozenset())[1]
+    ev.close()
+    return opts.criteria.verdict(judged)
+
+
 # ---------------------------------------------------------------- check
 
 @dataclass
@@ -1166,6 +1293,8 @@ class CheckResult:
     # per sample, the tensors judge_mixed was asked to expose (the layer-wise pass's FP16 side)
     tensors: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
     unjudged: list[dict] = field(default_factory=list)  # coverage.unjudged of the file
+    judgements: list[Judgement] = field(default_factory=list, repr=False)  # per sample
+    verdict: Verdict | None = field(default=None, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -1173,9 +1302,12 @@ class CheckResult:
         return EXIT_NO_PLAN if not self.passed else EXIT_PARTIAL if self.unjudged else EXIT_OK
 
     def to_json(self) -> dict:
-        return {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
-                "errors": {k: v.to_json() for k, v in self.errors.items()},
-                "unjudged": self.unjudged}
+        d = {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
+             "errors": {k: v.to_json() for k, v in self.errors.items()},
+             "unjudged": self.unjudged}
+        if self.verdict is not None:
+            d["judged"] = self.verdict.to_json()
+        return d
 
 
 def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> CheckResult:
@@ -1208,13 +1340,14 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
     wanted = [t for t in expose if t in graph.producer]
     judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
                        expose=wanted)
-    errors, tensors = [], []
-    for sample, ref in zip(ctx.samples, ctx.references):
+    judged, tensors = [], []
+    for sample, ref in zip(ctx.every_sample, ctx.every_reference):  # certified on every one
         outs, exposed = judge.run_tensors(sample)
-        errors.append(compare_outputs(ref, {k: outs[k] for k in names}, opts.tolerance))
+        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                          opts.tolerance))
         if expose:
             tensors.append({t: exposed[t] for t in wanted})
-    merged = worst(errors)
-    return CheckResult(all(e.passed for e in merged.values()), merged, len(graph.half_typed),
-                       len(ctx.samples), Written(judge.proto, judge.arrays), tensors,
-                       [c.to_json() for c in coverage.unjudged(graph)])
+    verdict = opts.criteria.verdict(judged)
+    return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(judged),
+                       Written(judge.proto, judge.arrays), tensors,
+                       [c.to_json() for c in coverage.unjudged(graph)], judged, verdict)

@@ -22,6 +22,12 @@ The grammars encoded here, with their sources:
   `name:value`, split at the last `:`, so any name is fine except one starting with `-`,
   which argparse reads as an option. TF32 is off unless `--tf32`. Its `max` check fails an
   output when max|d| > atol AND max|d|/|ref| > rtol (comparator/compare.py `SimpleThreshold`).
+  The run's criterion goes per output: trtbisect's default as that max check, Polygraphy's
+  statistics as `--check-error-stat`/`--rtol`/`--atol`/`--error-quantile` words, cosine and SNR
+  as `--compare cosine_similarity|snr` with their thresholds (judge/). Polygraphy runs every
+  comparison function on every output and fails on any failing iteration, so top-K, IoU, a
+  `--check` hook, a pass rate below 1, or outputs judged by different kinds of criteria are
+  refused in a comment beside the `trtbisect check` line that judges them.
 - ModelOpt AutoCast 0.47 (modelopt/onnx/autocast/convert.py `convert_to_mixed_precision`):
   `nodes_to_exclude` are regular expressions; by default it also keeps nodes whose outputs
   exceed `data_max=512` or whose initializers exceed 65504, and turns graph inputs/outputs to
@@ -51,6 +57,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .compare import Tolerance
+from .judge.criteria import Criteria
 
 Shape = tuple[int, ...]
 ShapeRange = tuple[Shape, Shape, Shape]  # min, opt, max
@@ -60,6 +67,10 @@ TRTEXEC_TYPES = ("fp32", "fp16", "bf16", "int8", "fp8", "int32", "int64", "bool"
 
 class Unrenderable(ValueError):
     """A tool's grammar cannot express a name of the plan."""
+
+
+class Inexpressible(ValueError):
+    """A tool cannot express the run's criterion (a metric or check it lacks)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class RenderContext:
     emulated_model: str | None = None
     workdir: str | None = None
     tolerance: Tolerance = field(default_factory=Tolerance)
+    criteria: Criteria = field(default_factory=Criteria)  # judge/criteria.py; default: max|d|
     outputs: tuple[str, ...] = ()
     output_bounds: Mapping[str, float] = field(default_factory=dict)  # smallest over samples
     shape_ranges: Mapping[str, ShapeRange] = field(default_factory=dict)  # dynamic inputs only
@@ -256,6 +268,73 @@ def polygraphy_tolerances(ctx: RenderContext) -> list[str]:
             "--validate"]
 
 
+POLYGRAPHY_FUNCS = ("simple", "cosine_similarity", "snr")  # --compare, in Polygraphy's order
+
+
+def polygraphy_criterion(ctx: RenderContext) -> list[str]:
+    """The run's criterion in Polygraphy's words, per output: trtbisect's default as
+    `polygraphy_tolerances` writes it, --check-error-stat/--rtol/--atol/--error-quantile for
+    Polygraphy's statistics, --compare cosine_similarity/snr with their thresholds for those
+    metrics. Raises Inexpressible where Polygraphy has no such judgement (top-K sets, IoU, a
+    --check hook, a pass rate below 1) or runs it on outputs this run does not (Polygraphy
+    runs every comparison function on every output), and Unrenderable for a name."""
+    crit = ctx.criteria
+    if crit.default:
+        return polygraphy_tolerances(ctx)
+    if crit.hooks:
+        raise Inexpressible("--check runs Python on each sample; Polygraphy's comparisons "
+                            "(and `debug --check`, a command per build) cannot")
+    if crit.pass_rate < 1:
+        raise Inexpressible(f"--pass-rate {crit.pass_rate:g}: Polygraphy fails the comparison "
+                            "when any iteration fails")
+    per_output = {name: crit.for_output(name) for name in ctx.outputs}
+    kinds = set()
+    for name, crits in per_output.items():
+        funcs = []
+        for c in crits:
+            if c.entry.polygraphy is None:
+                raise Inexpressible(f"--metric {c.spec()}: {c.entry.why_not_polygraphy}")
+            funcs.append(c.entry.polygraphy(c.args).get("compare", "simple"))
+        if len(set(funcs)) != len(funcs):
+            raise Inexpressible(f"output {name!r} has two criteria of one Polygraphy "
+                                "comparison function")
+        kinds.add(frozenset(funcs or ["simple"]))
+    if len(kinds) != 1:
+        raise Inexpressible("the outputs are judged by different kinds of criteria, while "
+                            "Polygraphy runs each comparison function on every output")
+    (funcs,) = kinds
+    argv = [] if funcs == {"simple"} else ["--compare", *[f for f in POLYGRAPHY_FUNCS
+                                                           if f in funcs]]
+    if "simple" in funcs:
+        stats, rtols, atols, quants = [], [], [], []
+        for name, crits in per_output.items():
+            rtol, atol = ctx.tolerance.for_output(name)
+            stat = next((c for c in crits if c.entry.family == "stat"), None)
+            if stat is None:  # trtbisect's default, as its max check (polygraphy_tolerances)
+                bound = ctx.output_bounds.get(name, atol)
+                stats.append(polygraphy_word(name, "max"))
+                rtols.append(polygraphy_word(name, "0"))
+                atols.append(polygraphy_word(name, repr(float(bound))))
+                continue
+            words = stat.entry.polygraphy(stat.args)  # type: ignore[misc]
+            stats.append(polygraphy_word(name, words["check_error_stat"]))
+            rtols.append(polygraphy_word(name, repr(float(rtol))))
+            atols.append(polygraphy_word(name, repr(float(atol))))
+            if "error_quantile" in words:
+                quants.append(polygraphy_word(name, words["error_quantile"]))
+        argv += ["--check-error-stat", *stats, "--rtol", *rtols, "--atol", *atols]
+        argv += ["--error-quantile", *quants] if quants else []
+    for func, flag in (("cosine_similarity", "--cosine-similarity-threshold"),
+                       ("snr", "--snr-threshold")):
+        if func in funcs:
+            argv.append(flag)
+            for name, crits in per_output.items():
+                (c,) = [c for c in crits if c.entry.polygraphy(c.args).get("compare") == func]  # type: ignore[misc]
+                key = flag[2:].replace("-", "_")
+                argv.append(polygraphy_word(name, c.entry.polygraphy(c.args)[key]))  # type: ignore[misc]
+    return argv
+
+
 def polygraphy_convert_argv(onnx_path: str, engine_path: str, *, strongly_typed: bool,
                             fp32_layers: Sequence[str] = (),
                             shape_ranges: Mapping[str, ShapeRange] | None = None) -> list[str]:
@@ -299,6 +378,14 @@ def _refusal(key: str, title: str, why: str, alternative: str) -> Rendering:
     return Rendering(key, title, text, (why,))
 
 
+def _criterion_refusal(key: str, title: str, why: str, instead: str, line: str = "") -> Rendering:
+    """A tool that cannot judge by the run's criterion: said in the file, with the
+    `trtbisect check` line that does (runnable, when given)."""
+    text = f"# {title}: Polygraphy cannot express this run's criterion: {why}. {instead}"
+    return Rendering(key, title, text + (f"\n{line}" if line else ""),
+                     (f"criterion: {why}",))
+
+
 def _trtexec10(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     key, title = "trtexec_trt10", "TensorRT 10, trtexec (weak typing)"
     try:
@@ -338,8 +425,11 @@ def _polygraphy_run(plan: Sequence[str], ctx: RenderContext) -> Rendering:
             argv += ["--precision-constraints", "obey", "--layer-precisions",
                      *(polygraphy_word(n, "float32") for n in plan)]
         argv += polygraphy_shapes(ctx.shape_ranges, profile=True)
-        argv += _data_args(ctx) + polygraphy_tolerances(ctx)
+        argv += _data_args(ctx) + polygraphy_criterion(ctx)
         text = command_line(argv)
+    except Inexpressible as exc:
+        return _criterion_refusal(key, title, str(exc), "The `trtbisect check` line under "
+                                  "the Polygraphy check below judges the mixed ONNX by it")
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Use the Polygraphy check of the mixed ONNX.")
     return Rendering(key, title, text)
@@ -354,8 +444,11 @@ def _polygraphy_check(plan: Sequence[str], ctx: RenderContext) -> Rendering:
         save = ["polygraphy", "run", ctx.reference_model or ctx.model, "--onnxrt", *data,
                 "--save-outputs", ctx.reference_outputs]
         check = ["polygraphy", "run", ctx.emulated_model or ctx.mixed_model, "--onnxrt", *data,
-                 "--load-outputs", ctx.reference_outputs, *polygraphy_tolerances(ctx)]
+                 "--load-outputs", ctx.reference_outputs, *polygraphy_criterion(ctx)]
         text = command_line(save) + "\n" + command_line(check)
+    except Inexpressible as exc:
+        return _criterion_refusal(key, title, str(exc), "`trtbisect check` judges the mixed "
+                                  "ONNX by it:", _check_line(ctx.mixed_model, ctx))
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Use `trtbisect check` on the mixed ONNX.")
     return Rendering(key, title, text)
@@ -372,15 +465,23 @@ def _calibration(ctx: RenderContext) -> str | None:
 
 def _check_line(path: str, ctx: RenderContext) -> str:
     """`trtbisect check` of a converted model with the tolerance the plan was found under."""
+    from .judge.flags import criteria_flags
     tol = ctx.tolerance
     argv = ["trtbisect", "check", path, "--reference", ctx.reference_model or ctx.model,
             "--rtol", repr(tol.rtol),
             "--atol", repr(tol.atol), *ctx.judge_args]
     for name, (r, a) in tol.per_output.items():
         argv += ["--output-tol", f"{name}:{r!r}:{a!r}"]
-    for s in ctx.samples:
-        argv += ["--inputs", s]
+    argv += criteria_flags(ctx.criteria)
+    if len(ctx.samples) > CHECK_LINE_SAMPLES:  # the folder holds exactly the samples
+        argv += ["--inputs", _calibration(ctx) or "."]
+    else:
+        for s in ctx.samples:
+            argv += ["--inputs", s]
     return command_line(argv)
+
+
+CHECK_LINE_SAMPLES = 16  # more samples: the check line names their folder
 
 
 def _autocast_subgraphs(plan: Sequence[str], ctx: RenderContext) -> list[str]:

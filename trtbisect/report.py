@@ -357,6 +357,9 @@ def error_text(e: OutputError | None) -> str:
     if e is None:
         return "-"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
+    if e.scores:  # judged by other criteria than the default (judge/criteria.py)
+        return (f"{'pass' if e.passed else 'FAIL'}: " + "; ".join(s.text() for s in e.scores)
+                + f" (max|d| {num(e.max_abs)}, cosine {e.cosine:.4f}){extra}")
     return (f"{'pass' if e.passed else 'FAIL'}: max|d| {num(e.max_abs)} (bound {num(e.bound)}, "
             f"rel {num(e.rel)}, cosine {e.cosine:.4f}){extra}")
 
@@ -438,6 +441,7 @@ def _md_facts(result: "RunResult") -> list[str]:
             f"{result.nodes} nodes, {result.candidates} candidates)",
             f"- tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
             f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
+            *_criteria_facts(result),
             f"- search: {result.evaluations} evaluations, {result.inferences} inferences, "
             f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
             f"{result.seconds:.1f}s",
@@ -500,6 +504,29 @@ def _facts_text(result: "RunResult") -> list[str]:
             f"{result.seconds:.1f}s",
             *_semantics_facts(result, text=True),
             *[f"problem: {p}" for p in result.reference_problems]]
+
+
+def _criteria_facts(result: "RunResult") -> list[str]:
+    """The criterion, on how many samples the plan was judged, and how it fared on each."""
+    judged = result.extra.get("judged")
+    crit = result.extra.get("criteria")
+    if not isinstance(judged, dict) or not isinstance(crit, dict):
+        return []
+    after = judged.get("after") or judged.get("before")
+    if not after:
+        return []
+    per = after["per_sample"]
+    failed = [k for k, x in enumerate(per) if not x["passed"]]
+    worst = sorted(range(len(per)), key=lambda k: -float(per[k]["severity"]))[:5]
+    search = judged.get("search_samples")
+    return [f"- criterion: {crit.get('description')}",
+            f"- judged on {after['samples']} sample(s): "
+            f"{'the plan' if 'after' in judged else 'all FP16'} passes on "
+            f"{after['passed_samples']} (needs {after['required']})"
+            + (f", fails on {', '.join(map(str, failed[:20]))}" if failed else "")
+            + "; worst (severity, 1 = at the bound): "
+            + ", ".join(f"#{k} {float(per[k]['severity']):.3g}" for k in worst)
+            + (f"; the search judged on samples {', '.join(map(str, search))}" if search else "")]
 
 
 def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:

@@ -36,7 +36,11 @@ FP16_UNIT_ROUNDOFF = 2.0**-11
 
 
 def ratio(e: OutputError) -> float:
-    """Error as a fraction of the tolerance bound; inf when non-finite or the bound is 0."""
+    """Error as a fraction of the tolerance bound; inf when non-finite or the bound is 0.
+    Under another criterion than the default (judge/criteria.py), its severity: the same
+    scale, 1 at the bound."""
+    if e.scores:
+        return e.severity
     if e.nonfinite:
         return math.inf
     if e.bound > 0:
@@ -172,8 +176,12 @@ def guard_memory(samples: Sequence[Sample], references: Sequence[Mapping[str, np
 def measure_stability(reference: Run, candidate: Callable[[frozenset[str], Sample], Mapping],
                       plans: Mapping[str, frozenset[str]], samples: Sequence[Sample],
                       tol: Tolerance, runs: int, jitter: float = FP16_UNIT_ROUNDOFF,
-                      seed: int = 0) -> Stability:
-    """Run every plan on each sample and `runs - 1` jittered copies; the spread is the noise."""
+                      seed: int = 0,
+                      judge: Callable[[Mapping, Mapping, Sample], Mapping[str, OutputError]]
+                      | None = None) -> Stability:
+    """Run every plan on each sample and `runs - 1` jittered copies; the spread is the noise.
+    `judge(ref, got, sample)`: the run's criteria per output (default: the tolerance's)."""
+    judge = judge or (lambda ref, got, sample: compare_outputs(ref, got, tol))
     variants = [[s, *jittered(s, max(runs - 1, 0), jitter, seed + k)]
                 for k, s in enumerate(samples)]
     refs = [[dict(reference(v)) for v in row] for row in variants]
@@ -181,7 +189,7 @@ def measure_stability(reference: Run, candidate: Callable[[frozenset[str], Sampl
     for name, plan in plans.items():
         spreads: dict[str, list[list[float]]] = {}
         for row, ref_row in zip(variants, refs):
-            errs = [compare_outputs(r, candidate(plan, v), tol) for v, r in zip(row, ref_row)]
+            errs = [judge(r, candidate(plan, v), v) for v, r in zip(row, ref_row)]
             for out in errs[0]:
                 spreads.setdefault(out, []).append([ratio(e[out]) for e in errs])
         result.append(PlanStability(name, len(plan),

@@ -127,7 +127,7 @@ def _cause_fixes(f: Facts, cause: str, ev: Evidence) -> list[Fix]:
                     "(|x| <= 65504) before export, if the model tolerates it")]
     if cause == "precision_loss":
         return [Fix("loosen_tolerance", f"if an error of {pct(_f(ev.get('rel_err')))} is "
-                    "acceptable, raise --rtol: the plan would need fewer FP32 nodes")]
+                    f"acceptable, {f.relax}: the plan would need fewer FP32 nodes")]
     return []
 
 

@@ -1,0 +1,216 @@
+"""Where samples come from, read one at a time and validated against the model.
+
+`--inputs` takes, in any mix and order:
+- an `.npz` keyed by input name (one sample, or a stack along a leading axis);
+- a folder: its `*.npz` files in name order (or, if it holds none, the per-iteration `*.json`
+  files Polygraphy's `--save-inputs DIR` writes);
+- a glob of `.npz` files (`'data/*.npz'`, quoted for the shell), in name order;
+- a `.json` file written by Polygraphy's `--save-inputs` (a list of feed dicts), read with
+  Polygraphy's own loader when it is installed, else with a reader of the same format
+  (polygraphy/json/serde.py: each array an `np.save` payload in base64).
+
+`--data-loader-script FILE.py[:FUNCTION]` runs Polygraphy's data-loader contract: FUNCTION
+(default `load_data`) is called with no arguments and iterated; each item is a feed dict
+(input name -> array). Its items cannot be read again without running it again, so the sample
+set spools them to disk (data/store.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import glob
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import TrtBisectError
+from ..graph import Graph
+from ..inputs import (Sample, check_sample, check_shape_names, guard_random_samples, npz_samples,
+                      random_sample)
+
+GLOB_CHARS = "*?["
+
+
+@dataclass(frozen=True)
+class Item:
+    """One sample as read, where it came from, and how to read it again without keeping it
+    (None: it cannot be, it must be kept or spooled)."""
+
+    where: str  # "a.npz", "a.npz[3]", "loader.py:load_data #5", "random seed 7"
+    sample: Sample
+    reload: Callable[[], Sample] | None
+
+
+def iter_items(graph: Graph, inputs: Sequence[str], loader: str | None,
+               shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1
+               ) -> Iterator[Item]:
+    """Every sample a plan must pass on, in order: --inputs, then the data loader's; without
+    either, `count` seeded random samples."""
+    check_shape_names(graph, shapes)
+    if not inputs and not loader:
+        if count < 1:
+            raise TrtBisectError("at least one sample is needed (--samples N, N >= 1)")
+        guard_random_samples(graph, shapes, count)  # all of them, before the first is made
+        for k in range(count):
+            yield Item(f"random seed {seed + k}", random_sample(graph, shapes, seed + k),
+                       functools.partial(random_sample, graph, shapes, seed + k))
+        return
+    for spec in inputs:
+        for path, kind in expand(spec):
+            if kind == "npz":
+                yield from _npz_items(graph, path, shapes)
+            else:
+                yield from _json_items(graph, path, shapes)
+    if loader:
+        yield from loader_items(graph, loader, shapes)
+
+
+def expand(spec: str) -> list[tuple[str, str]]:
+    """One --inputs value -> (path, "npz" | "json") in the order they are read."""
+    p = Path(spec)
+    if p.is_dir():
+        files = sorted(str(f) for f in p.iterdir() if f.suffix == ".npz" and f.is_file())
+        if files:
+            return [(f, "npz") for f in files]
+        files = sorted(str(f) for f in p.iterdir() if f.suffix == ".json" and f.is_file())
+        if files:
+            return [(f, "json") for f in files]
+        raise TrtBisectError(f"--inputs {spec}: the folder holds no .npz files (nor "
+                             "Polygraphy --save-inputs .json files)")
+    if not p.exists() and any(c in spec for c in GLOB_CHARS):
+        files = sorted(f for f in glob.glob(spec) if os.path.isfile(f))
+        if not files:
+            raise TrtBisectError(f"--inputs {spec!r}: the pattern matches no file")
+        return [(f, "json" if f.endswith(".json") else "npz") for f in files]
+    if p.suffix == ".json":
+        return [(spec, "json")]
+    return [(spec, "npz")]
+
+
+# ---------------------------------------------------------------- .npz
+
+def _npz_items(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]
+               ) -> Iterator[Item]:
+    samples = npz_samples(graph, path, shapes)
+    if len(samples) == 1:
+        yield Item(path, samples[0], functools.partial(_one_npz, graph, path, shapes))
+        return
+    for k, sample in enumerate(samples):
+        yield Item(f"{path}[{k}]", sample, functools.partial(_stacked, graph, path, shapes, k))
+
+
+def _one_npz(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]) -> Sample:
+    return npz_samples(graph, path, shapes)[0]
+
+
+def _stacked(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]], k: int) -> Sample:
+    return _last_stack(graph, path, tuple(sorted(shapes.items())))[k]
+
+
+@functools.lru_cache(maxsize=1)  # one stacked file at a time: read in order, it is read once
+def _last_stack(graph: Graph, path: str, shapes: tuple) -> list[Sample]:
+    return npz_samples(graph, path, dict(shapes))
+
+
+# ---------------------------------------------------------------- Polygraphy JSON
+
+def _json_items(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]
+                ) -> Iterator[Item]:
+    data = load_polygraphy_json(path)
+    feeds = data if isinstance(data, list) else [data]
+    if not feeds:
+        raise TrtBisectError(f"{path} holds no samples")
+    for k, feed in enumerate(feeds):
+        where = f"{path}[{k}]" if len(feeds) > 1 else path
+        yield Item(where, _feed(feed, graph, shapes, where, "--inputs"), None)
+    del data, feeds
+
+
+def load_polygraphy_json(path: str) -> Any:
+    """What Polygraphy's `load_json` returns for a --save-inputs file: feed dicts of arrays."""
+    if not os.path.isfile(path):
+        raise TrtBisectError(f"inputs file not found: {path}")
+    try:
+        from polygraphy.json import load_json
+    except ImportError:
+        load_json = None
+    try:
+        if load_json is not None:
+            return load_json(path)
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh, object_hook=_decode_ndarray)
+    except TrtBisectError:
+        raise
+    except (Exception, SystemExit) as exc:  # Polygraphy reports bad files with SystemExit too
+        raise TrtBisectError(f"cannot read {path} as Polygraphy --save-inputs JSON "
+                             f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+                             ) from None
+
+
+def _decode_ndarray(dct: dict) -> Any:
+    """polygraphy/json/serde.py's ndarray decoder: {"array": base64 of np.save bytes,
+    "polygraphy_class": "ndarray"} (older files: the latin-1 form)."""
+    legacy = dct.get("ndarray") == "polygraphy_serialized_json_type"  # constants.LEGACY_TYPE_MARKER
+    if dct.get("polygraphy_class") != "ndarray" and not legacy:
+        if dct.get("polygraphy_class") is not None:
+            raise ValueError(f"a {dct['polygraphy_class']!r} needs polygraphy to decode: "
+                             "pip install polygraphy")
+        return dct
+    payload = dct["array"]
+    try:
+        data = base64.b64decode(payload.encode(), validate=True)
+    except ValueError:
+        data = payload.encode("latin-1")
+    arr = np.load(io.BytesIO(data), allow_pickle=False)
+    if not isinstance(arr, np.ndarray):
+        values = list(arr.values())
+        arr = values[0]
+    return arr
+
+
+def _feed(feed: Any, graph: Graph, shapes: Mapping[str, tuple[int, ...]], where: str,
+          flag: str) -> Sample:
+    if not isinstance(feed, Mapping):
+        raise TrtBisectError(f"{flag}: {where} is a {type(feed).__name__}, not a feed dict "
+                             "(input name -> array)")
+    sample = {str(k): _array(v, where, k) for k, v in feed.items()}
+    check_sample(graph, sample, shapes, where)
+    return sample
+
+
+def _array(value: Any, where: str, name: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "numpy") and hasattr(value, "detach"):  # a CPU torch tensor
+        return value.detach().cpu().numpy()
+    raise TrtBisectError(f"input {name!r} in {where} is a {type(value).__name__}, not a numpy "
+                         "array")
+
+
+# ---------------------------------------------------------------- --data-loader-script
+
+def loader_items(graph: Graph, spec: str, shapes: Mapping[str, tuple[int, ...]]
+                 ) -> Iterator[Item]:
+    """Polygraphy's contract: FUNCTION() is iterated, each item a feed dict."""
+    from ..judge.hooks import HookError, load_function
+    fn, path, name, _ = load_function(spec, "--data-loader-script", "load_data")
+    label = f"{path}:{name}"
+    n = 0
+    try:
+        for feed in fn():
+            where = f"{label} sample {n}"
+            yield Item(where, _feed(feed, graph, shapes, where, "--data-loader-script"), None)
+            n += 1
+    except TrtBisectError:
+        raise
+    except (Exception, SystemExit) as exc:  # the user's code
+        raise HookError(f"--data-loader-script {spec}: {name} raised {type(exc).__name__} "
+                        f"after {n} sample(s): {' '.join(str(exc).split())[:200]}") from None
+    if n == 0:
+        raise HookError(f"--data-loader-script {spec}: {name} yielded no samples")
