@@ -284,8 +284,11 @@ def tradeoff_png(result: "RunResult") -> bytes | None:
     cost = result.extra.get("cost") or {}
     budget = cost.get("budget_pct") if isinstance(cost, Mapping) else None
     gpu = cost.get("gpu_title", "") if isinstance(cost, Mapping) else ""
-    return plot_tradeoff(points, chosen, rtol, budget, f"estimated slowdown against all-FP16 "
-                         f"on {gpu} (%)")
+    xlabel = f"estimated slowdown against all-FP16 on {gpu} (%)"
+    if not result.criteria.default:  # the points are the criterion's severities
+        return plot_tradeoff(points, chosen, 1.0, budget, xlabel,
+                             ylabel="worst criterion severity (1 = at its bound)")
+    return plot_tradeoff(points, chosen, rtol, budget, xlabel)
 
 
 def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: float | None = None,
@@ -452,7 +455,8 @@ def _md_facts(result: "RunResult") -> list[str]:
 
 
 TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown against all-FP16 "
-                 "(docs/cost.md) and its worst relative error over the outputs (a failing "
+                 "(docs/cost.md) and its worst relative error over the outputs (under a criterion "
+                 "flag: its worst severity, 1 at the criterion's bound; a failing "
                  "plan's error is what the samples up to the first failing one showed); the "
                  "line is the Pareto front, the star the written plan.")
 
