@@ -467,7 +467,8 @@ def within_budget(result, pricing: Pricing, budget: float | None):
     best = (min(passing, key=lambda t: (pricing.price(t.fp32), t.index)) if passing else
             min(inside, key=lambda t: (err(t), pricing.price(t.fp32), t.index)))
     return SearchResult(list(best.fp32), True, False, result.evaluations, list(result.trials),
-                        result.stopped_early, None, over_budget=not best.passed)
+                        result.stopped_early, None, over_budget=not best.passed,
+                        rounds=result.rounds, speculative=result.speculative)
 
 
 def pricing_for(g: Graph, units: Mapping[str, Sequence[str]], sample: Mapping[str, np.ndarray],

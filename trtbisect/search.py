@@ -21,14 +21,25 @@ removals is bisected instead of retried piece by piece, and the 1-minimal plan i
 certified a local optimum: no single swap of one of its units for a cheaper unit adjacent to
 it in the data flow (`adjacent`; at most `swap_k` per unit, the most suspicious first)
 passes. Without a price the search is the count-minimal one, evaluation for evaluation.
+
+Batches (#23): a check may be a `Batch` (parallel/: worker processes, Ray actors) that runs
+several evaluations at once. The searches then propose what they will need next (the single
+removals of a certification pass, ddmin's subsets and complements, the swaps, and along the
+grow, bisect and shrink steps the plans each outcome leads to) and consume the results one at a
+time in the sequential order, so the plan, the trace and `evaluations` are those of the
+sequential search bit for bit. A plan evaluated ahead that the sequential search never asks for
+is speculative: counted apart (`Oracle.speculative`), never a trial, never a decision.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +81,11 @@ class SearchResult:
     # cost-aware searches: how the plan was certified (removals and swaps evaluated, all failed)
     certificate: dict | None = None
     over_budget: bool = False  # --budget: no plan within it passed; this is the best failing one
+    # with a batch check: rounds of parallel evaluation (the critical path, in evaluation
+    # times) and plans evaluated ahead that the search never took. Not in the trace: the
+    # trace is the same whatever the number of workers
+    rounds: int = 0
+    speculative: int = 0
 
     def to_json(self) -> dict:
         out = {"fp32": self.fp32, "found": self.found, "one_minimal": self.one_minimal,
@@ -87,19 +103,91 @@ class BudgetExhausted(Exception):
 Progress = Callable[[Trial, int], None]
 
 
+@runtime_checkable
+class Batch(Protocol):
+    """A check that runs up to `width` evaluations at once (parallel/judge.py).
+
+    `evaluate` runs plans concurrently and returns their outcomes, opaque to the search;
+    `consume` is called once per plan the search takes, in the search's order, and returns its
+    verdict (the judge journals it then). `known`: a verdict available without evaluating (a
+    resumed run's journal); `passed`: an outcome's verdict before it is taken (None: cannot
+    say, e.g. an error that `consume` will raise). Neither has side effects."""
+
+    width: int
+
+    def known(self, plan: frozenset[str]) -> bool | None: ...
+
+    def evaluate(self, plans: Sequence[frozenset[str]]) -> list[Any]: ...
+
+    def passed(self, outcome: Any) -> bool | None: ...
+
+    def consume(self, plan: frozenset[str], outcome: Any) -> bool: ...
+
+
+class _Serial:
+    """A plain check as a batch of one: evaluated when the search asks for it, never ahead."""
+
+    width = 1
+
+    def __init__(self, check: Check) -> None:
+        self._check = check
+
+    def known(self, plan: frozenset[str]) -> bool | None:
+        return None
+
+    def evaluate(self, plans: Sequence[frozenset[str]]) -> list[Any]:
+        return [bool(self._check(p)) for p in plans]
+
+    def passed(self, outcome: Any) -> bool | None:
+        return outcome
+
+    def consume(self, plan: frozenset[str], outcome: Any) -> bool:
+        return outcome
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A step of a sequential search (`Oracle.walk`): evaluate `plan`, then go on from `yes`
+    if it passes or from `no` if it fails. States are plain values, so the steps after either
+    outcome can be looked at before the outcome is known."""
+
+    plan: frozenset[str]
+    yes: Any
+    no: Any
+    phase: str | None = None
+    remaining: int | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    value: Any
+
+
+Step = Callable[[Any], "Ask | Done"]
+LOOKAHEAD = 64  # states a speculation looks at per evaluation slot, at most
+
+
 class Oracle:
     """The one check wrapper every search strategy drives (prior-guided, ddmin, the TensorRT
     verify-then-refine, the PyTorch module search): memoizes and counts checks, enforces the
     budget, and records the trace. `label` and `level` name a check in the log ("TensorRT
-    check" at INFO, where each one is an engine build)."""
+    check" at INFO, where each one is an engine build).
 
-    def __init__(self, check: Check, order: Sequence[str], max_evaluations: int | None = None,
-                 progress: Progress | None = None, *, label: str = "evaluation",
-                 level: int = logging.DEBUG, price: Price | None = None) -> None:
-        self._check = check
+    With a `Batch` check of width > 1, `first` and `walk` evaluate ahead what the search will
+    likely ask next, in rounds of up to `width` plans; trials are still recorded one by one in
+    the order the search takes them. An Oracle is itself a `Batch`, so a nested search (the
+    TensorRT certificate) batches through its caller's oracle."""
+
+    def __init__(self, check: Check | Batch, order: Sequence[str],
+                 max_evaluations: int | None = None, progress: Progress | None = None, *,
+                 label: str = "evaluation", level: int = logging.DEBUG,
+                 price: Price | None = None) -> None:
+        self._batch: Batch = check if isinstance(check, Batch) else _Serial(check)
+        self.width = max(1, int(self._batch.width))
         self.price = price
         self._position = {name: i for i, name in enumerate(order)}
         self._memo: dict[frozenset[str], bool] = {}
+        self._ahead: dict[frozenset[str], Any] = {}  # evaluated, not (yet) taken by the search
         self.trials: list[Trial] = []
         self.max_evaluations = max_evaluations
         self.progress = progress
@@ -107,6 +195,12 @@ class Oracle:
         self.remaining = 0
         self.exhausted = False  # the budget stopped a check (a nested search may swallow it)
         self.label, self.level = label, level
+        self.rounds = 0  # batches evaluated: the critical path, in evaluation times
+
+    @property
+    def speculative(self) -> int:
+        """Plans evaluated ahead that the search never took (so far)."""
+        return len(self._ahead)
 
     def __call__(self, fp32: Iterable[str]) -> bool:
         key = frozenset(fp32)
@@ -115,7 +209,9 @@ class Oracle:
         if self.max_evaluations is not None and len(self.trials) >= self.max_evaluations:
             self.exhausted = True
             raise BudgetExhausted
-        passed = bool(self._check(key))
+        if key not in self._ahead and self._batch.known(key) is None:
+            self._run([key])
+        passed = bool(self._batch.consume(key, self._ahead.pop(key, None)))
         self._memo[key] = passed
         trial = Trial(len(self.trials) + 1, self.sorted(key), passed, self.phase,
                       self.price(key) if self.price is not None else None)
@@ -135,6 +231,121 @@ class Oracle:
 
     def sorted(self, names: Iterable[str]) -> tuple[str, ...]:
         return tuple(sorted(names, key=lambda n: self._position.get(n, len(self._position))))
+
+    # ------------------------------------------------------------ evaluating ahead
+
+    def _run(self, plans: list[frozenset[str]]) -> None:
+        self.rounds += 1
+        self._ahead.update(zip(plans, self._batch.evaluate(plans)))
+
+    def _answer(self, key: frozenset[str]) -> bool | None:
+        """The verdict of `key` if it is known without evaluating it now."""
+        if key in self._memo:
+            return self._memo[key]
+        if key in self._ahead:
+            return self._batch.passed(self._ahead[key])
+        return self._batch.known(key)
+
+    def _open(self, key: frozenset[str]) -> bool:
+        return key not in self._memo and key not in self._ahead and self._batch.known(key) is None
+
+    def _room(self) -> int:
+        """Plans one round may evaluate: the width, and no more than the budget leaves."""
+        if self.max_evaluations is None:
+            return self.width
+        return max(1, min(self.width, self.max_evaluations - len(self.trials)))
+
+    def first(self, plans: Iterable[Iterable[str]]) -> int | None:
+        """Index of the first plan that passes, asking them in order (every one before it
+        failed); None when none passes. With a batch, the next `width` open plans are
+        evaluated together; those after the first pass are speculative."""
+        it = (frozenset(p) for p in plans)
+        buf: deque[frozenset[str]] = deque()
+        for i in itertools.count():
+            if not buf:
+                buf.extend(itertools.islice(it, 1))
+                if not buf:
+                    return None
+            if self.width > 1 and self._open(buf[0]):
+                self._prefetch(buf, it)
+            if self(buf.popleft()):
+                return i
+        return None  # unreachable
+
+    def _prefetch(self, buf: deque[frozenset[str]], it: Iterator[frozenset[str]]) -> None:
+        room, picked, looked = self._room(), [], 0
+        for k in itertools.count():
+            if k >= len(buf):
+                buf.extend(itertools.islice(it, 1))
+                if k >= len(buf):
+                    break
+            key = buf[k]
+            looked += 1
+            if self._open(key) and key not in picked:
+                picked.append(key)
+            if len(picked) >= room or looked >= LOOKAHEAD * room:
+                break
+        self._run(picked)
+
+    def walk(self, state: Any, step: Step) -> Any:
+        """Run a sequential search given as `step(state) -> Ask | Done` from `state` and
+        return its `Done` value. With a batch, each round evaluates the open plans the search
+        most likely asks next (a pass or fail weighted by the phase's record so far)."""
+        while True:
+            s = step(state)
+            if isinstance(s, Done):
+                return s.value
+            if s.phase is not None:
+                self.phase = s.phase
+            if s.remaining is not None:
+                self.remaining = s.remaining
+            if self.width > 1 and self._open(s.plan):
+                self._run(self._likely(state, step))
+            state = s.yes if self(s.plan) else s.no
+
+    def _likely(self, state: Any, step: Step) -> list[frozenset[str]]:
+        """The open plans of the states ahead of `state`, most probable first (best-first
+        over the tree of outcomes), up to one round's room."""
+        room, picked, tie = self._room(), [], itertools.count()
+        heap: list[tuple[float, int, Any]] = [(-1.0, next(tie), state)]
+        looked = 0
+        while heap and len(picked) < room and looked < LOOKAHEAD * room:
+            neg, _, st = heapq.heappop(heap)
+            looked += 1
+            s = step(st)
+            if isinstance(s, Done):
+                continue
+            answer = self._answer(s.plan)
+            if answer is not None:  # known: only one way on
+                heapq.heappush(heap, (neg, next(tie), s.yes if answer else s.no))
+                continue
+            if s.plan not in picked:
+                picked.append(s.plan)
+            p = self._pass_rate(s.phase or self.phase)
+            heapq.heappush(heap, (neg * p, next(tie), s.yes))
+            heapq.heappush(heap, (neg * (1 - p), next(tie), s.no))
+        return picked
+
+    def _pass_rate(self, phase: str) -> float:
+        """How often plans of `phase` passed so far (Laplace's rule: 1/2 with no record)."""
+        done = [t.passed for t in self.trials if t.phase == phase]
+        return (sum(done) + 1) / (len(done) + 2)
+
+    # ------------------------------------------------------------ an Oracle is a Batch
+
+    def evaluate(self, plans: Sequence[frozenset[str]]) -> list[Any]:
+        """Evaluate ahead for a nested search: the outcome is the plan itself, looked up
+        here when it is taken."""
+        open_ = [p for p in dict.fromkeys(plans) if self._open(p)]
+        if open_:
+            self._run(open_)
+        return list(plans)
+
+    def passed(self, outcome: Any) -> bool | None:
+        return self._answer(outcome)
+
+    def consume(self, plan: frozenset[str], outcome: Any) -> bool:
+        return self(plan)
 
 
 def find_minimal_fp32(
@@ -208,27 +419,24 @@ def _stopped(oracle: Oracle, cand: list[str]) -> SearchResult:
 def _grow(oracle: Oracle, rank: list[str], start: int) -> frozenset[str] | None:
     """Take ever longer prefixes of the ranking until one passes, then bisect the length."""
     n = len(rank)
-    lo = start  # prefix lengths <= lo are known (or assumed) to fail
-    size = max(2 * start, 4)
-    oracle.phase = "grow"
-    while True:
-        size = min(size, n)
-        oracle.remaining = max(1, math.ceil(math.log2(max(2, n / max(size, 1))))) + 1
-        if oracle(rank[:size]):
-            break
-        if size == n:
-            return None
-        lo, size = size, size * 2
-    hi = size
-    oracle.phase = "bisect"
-    while hi - lo > 1:
+
+    def step(state: tuple) -> Ask | Done:
+        mode, lo, size = state  # prefix lengths <= lo are known (or assumed) to fail
+        if mode == "grow":
+            size = min(size, n)
+            return Ask(frozenset(rank[:size]), ("bisect", lo, size),
+                       ("stop", lo, size) if size == n else ("grow", size, size * 2), "grow",
+                       max(1, math.ceil(math.log2(max(2, n / max(size, 1))))) + 1)
+        if mode == "stop":
+            return Done(None)
+        hi = size
+        if hi - lo <= 1:
+            return Done(frozenset(rank[:hi]))
         mid = (lo + hi) // 2
-        oracle.remaining = math.ceil(math.log2(hi - lo))
-        if oracle(rank[:mid]):
-            hi = mid
-        else:
-            lo = mid
-    return frozenset(rank[:hi])
+        return Ask(frozenset(rank[:mid]), ("bisect", lo, mid), ("bisect", mid, hi), "bisect",
+                   math.ceil(math.log2(hi - lo)))
+
+    return oracle.walk(("grow", start, max(2 * start, 4)), step)
 
 
 def _removal_order(plan: Iterable[str], rank: list[str]) -> list[str]:
@@ -244,18 +452,20 @@ def _shrink(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[
     where complement-removal ddmin degrades to a quadratic number (PP-OCRv4 det: 85)."""
     oracle.phase = "shrink"
     order = _removal_order(plan, rank)
-    i, size = 0, 1
-    while i < len(order):
-        oracle.remaining = len(order) - i
-        run = order[i:i + size]
-        trial = plan - set(run)
-        if trial and oracle(trial):
-            plan, i, size = trial, i + len(run), 2 * size
-        elif size > 1:
-            size //= 2
-        else:
-            i += 1  # needed while the rest of the plan stays
-    return plan
+
+    def step(state: tuple) -> Ask | Done:
+        plan, i, size = state
+        while i < len(order):
+            run = order[i:i + size]
+            trial = plan - set(run)
+            failed = (plan, i, size // 2) if size > 1 else (plan, i + 1, 1)
+            if trial:
+                return Ask(trial, (trial, i + len(run), 2 * size), failed, "shrink",
+                           len(order) - i)
+            plan, i, size = failed  # nothing left: all-FP16, known to fail
+        return Done(plan)
+
+    return oracle.walk((plan, 0, 1), step)
 
 
 def _certify(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset[str]:
@@ -264,11 +474,13 @@ def _certify(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset
     changed = True
     while changed:
         changed = False
-        for x in _removal_order(plan, rank):
+        order = _removal_order(plan, rank)
+        while order:  # the pass's removals, one batch until one of them passes
             oracle.remaining = sum(1 for y in plan if oracle.known(plan - {y}) is None)
-            if oracle(plan - {x}):
-                plan = plan - {x}
-                changed = True
+            k = oracle.first(plan - {x} for x in order)
+            if k is None:
+                break
+            plan, changed, order = plan - {order[k]}, True, order[k + 1:]
     return plan
 
 
@@ -339,24 +551,31 @@ def _bisecting_shrink(oracle: Oracle, plan: frozenset[str], order: list[str]) ->
     prefix is needed). One needed unit among k costs about 2 log2(k) evaluations; every unit
     needed, one each."""
     oracle.phase = "shrink"
-    i, size = 0, 1
-    while i < len(order):
-        oracle.remaining = len(order) - i
-        run = order[i:i + size]
-        trial = plan - set(run)
-        if oracle(trial):  # an empty trial is all-FP16: known to fail, not evaluated again
-            plan, i, size = trial, i + len(run), 2 * size
-            continue
-        lo, hi = 0, len(run)  # removing run[:lo] passes, removing run[:hi] fails
-        while hi - lo > 1:
+
+    def settle(plan: frozenset[str], i: int, lo: int) -> tuple:
+        # removing run[:lo] passes and run[lo] is needed while the rest of the plan stays
+        return ("run", plan - set(order[i:i + lo]), i + lo + 1, 1)
+
+    def step(state: tuple) -> Ask | Done:
+        while True:
+            if state[0] == "run":
+                _, plan, i, size = state
+                if i >= len(order):
+                    return Done(plan)
+                run = order[i:i + size]
+                trial = plan - set(run)
+                # an empty trial is all-FP16: known to fail, not evaluated again
+                return Ask(trial, ("run", trial, i + len(run), 2 * size),
+                           ("bisect", plan, i, 0, len(run)), "shrink", len(order) - i)
+            _, plan, i, lo, hi = state  # removing order[i:i+lo] passes, [i:i+hi] fails
+            if hi - lo <= 1:
+                state = settle(plan, i, lo)
+                continue
             mid = (lo + hi) // 2
-            if oracle(plan - set(run[:mid])):
-                lo = mid
-            else:
-                hi = mid
-        plan = plan - set(run[:lo])
-        i, size = i + lo + 1, 1  # run[lo] is needed while the rest of the plan stays
-    return plan
+            return Ask(plan - set(order[i:i + mid]), ("bisect", plan, i, mid, hi),
+                       ("bisect", plan, i, lo, mid), "shrink", len(order) - i)
+
+    return oracle.walk(("run", plan, 0, 1), step)
 
 
 def _certify_cost(oracle: Oracle, plan: frozenset[str], price: Price,
@@ -368,10 +587,13 @@ def _certify_cost(oracle: Oracle, plan: frozenset[str], price: Price,
     changed = True
     while changed:
         changed = False
-        for x in _costliest_first(plan, price, pos):  # one batch while nothing passes
+        order = _costliest_first(plan, price, pos)
+        while order:  # one batch while nothing passes
             oracle.remaining = sum(1 for y in plan if oracle.known(plan - {y}) is None)
-            if oracle(plan - {x}):
-                plan, changed = plan - {x}, True
+            k = oracle.first(plan - {x} for x in order)
+            if k is None:
+                break
+            plan, changed, order = plan - {order[k]}, True, order[k + 1:]
     return plan
 
 
@@ -415,11 +637,11 @@ def _swap(oracle: Oracle, plan: frozenset[str], price: Price, pos: Mapping[str, 
             trials.append(t)  # one batch
         oracle.remaining = new
         before = len(oracle.trials)
-        passed = next((t for t in trials if oracle(t)), None)
+        k = oracle.first(trials)  # one batch
         allowance -= len(oracle.trials) - before
-        if passed is None:
+        if k is None:
             return plan, trials
-        plan = _certify_cost(oracle, passed, price, pos)
+        plan = _certify_cost(oracle, trials[k], price, pos)
 
 
 def _split(items: list[str], n: int) -> list[list[str]]:
@@ -436,7 +658,8 @@ def _split(items: list[str], n: int) -> list[list[str]]:
 def _result(oracle: Oracle, plan: frozenset[str], *, found: bool, minimal: bool,
             stopped: bool = False) -> SearchResult:
     return SearchResult(list(oracle.sorted(plan)), found, minimal, len(oracle.trials),
-                        list(oracle.trials), stopped)
+                        list(oracle.trials), stopped, rounds=oracle.rounds,
+                        speculative=oracle.speculative)
 
 
 def ddmin(
@@ -473,16 +696,12 @@ def _ddmin(oracle: Oracle, plan: Sequence[str]) -> frozenset[str]:
         chunks = _split(current, n)
         oracle.remaining = 2 * len(chunks)
         reduced = False
-        for chunk in chunks:  # reduce to a subset
-            if oracle(chunk):
-                current, n, reduced = chunk, 2, True
-                break
-        if not reduced:
-            for chunk in chunks:  # reduce to a complement
-                rest = [x for x in current if x not in set(chunk)]
-                if rest and oracle(rest):
-                    current, n, reduced = rest, max(n - 1, 2), True
-                    break
+        # the subsets, then the complements: one batch, the first that passes is taken
+        rests = [[x for x in current if x not in set(chunk)] for chunk in chunks]
+        tries = [*chunks, *(r for r in rests if r)]
+        k = oracle.first(tries)
+        if k is not None:
+            current, n, reduced = tries[k], (2 if k < len(chunks) else max(n - 1, 2)), True
         if not reduced:
             if n >= len(current):
                 break

@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 
 from trtbisect.graph import node_names
-from trtbisect.search import BudgetExhausted, Check, Oracle, find_minimal_fp32
+from trtbisect.search import Ask, BudgetExhausted, Check, Done, Oracle, find_minimal_fp32
 
 log = logging.getLogger(__name__)
 
@@ -461,40 +461,53 @@ def _refine(oracle: Oracle, cand: list[str], base: frozenset[str],
     pos = {n: i for i, n in enumerate(rest)}
     order = sorted(grp, key=lambda g: (g not in near, min(pos[n] for n in grp[g])))
     oracle.phase = "layers"
-    chosen = _insert(lambda gs: oracle(base.union(*(grp[g] for g in gs))), order, len(near))
+    chosen = _insert(oracle, lambda gs: base.union(*(grp[g] for g in gs)), order, len(near))
     if chosen is None:
         return None, []
     inner = [n for n in rest if any(n in grp[g] for g in chosen)]
     oracle.phase = "nodes"
-    extra = _insert(lambda ns: oracle(base | set(ns)), inner)
+    extra = _insert(oracle, lambda ns: base | set(ns), inner)
     return (frozenset(extra) if extra is not None else None), [g for g in chosen if g in layer_labels]
 
 
-def _insert(check: Callable[[list[str]], bool], items: list[str],
-            hint: int = 0) -> list[str] | None:
+def _insert(oracle: Oracle, plan_of: Callable[[Sequence[str]], frozenset[str]],
+            items: list[str], hint: int = 0) -> list[str] | None:
     """A 1-minimal subset of `items` that passes, in about m * log2(n) checks for m needed.
 
     Binary search finds the shortest passing prefix; its last item is needed; repeat on the
     items before it with that one kept. Each kept item x was the last of a shortest passing
     prefix, so the others without x fail: the result is 1-minimal by monotonicity.
     `items[:hint]` (the likeliest) is tried first; if it passes the rest is never built.
+    `plan_of(chosen)` is the plan a choice of items stands for. A walk (search.Oracle.walk):
+    with several builders, the bisection's next steps are built ahead.
     """
-    if 0 < hint < len(items) and check(items[:hint]):
-        items = items[:hint]
-    elif not check(items):
-        return None
-    needed: list[str] = []
-    while not check(needed):
-        lo, hi = 0, len(items)  # items[:lo] with `needed` fails, items[:hi] passes
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if check(needed + items[:mid]):
-                hi = mid
-            else:
-                lo = mid
-        needed.append(items[hi - 1])
-        items = items[:hi - 1]
-    return needed
+    def step(state: tuple) -> Ask | Done:
+        while True:
+            mode = state[0]
+            if mode == "hint":
+                if 0 < hint < len(items):
+                    return Ask(plan_of(items[:hint]), ("loop", (), tuple(items[:hint])),
+                               ("all",))
+                state = ("all",)
+            elif mode == "all":
+                return Ask(plan_of(items), ("loop", (), tuple(items)), ("none",))
+            elif mode == "none":
+                return Done(None)
+            elif mode == "loop":
+                _, needed, rest = state
+                return Ask(plan_of(needed), ("done", needed), ("bisect", needed, rest, 0, len(rest)))
+            elif mode == "done":
+                return Done(list(state[1]))
+            else:  # needed + rest[:lo] fails, needed + rest[:hi] passes
+                _, needed, rest, lo, hi = state
+                if hi - lo <= 1:
+                    state = ("loop", (*needed, rest[hi - 1]), rest[:hi - 1])
+                    continue
+                mid = (lo + hi) // 2
+                return Ask(plan_of((*needed, *rest[:mid])), ("bisect", needed, rest, lo, mid),
+                           ("bisect", needed, rest, mid, hi))
+
+    return oracle.walk(("hint",), step)
 
 
 def _certify(oracle: Oracle, cand: list[str], plan: frozenset[str]) -> frozenset[str]:
