@@ -273,7 +273,8 @@ class Oracle:
         return None  # unreachable
 
     def _prefetch(self, buf: deque[frozenset[str]], it: Iterator[frozenset[str]]) -> None:
-        room, picked, looked = self._room(), [], 0
+        room, looked = self._room(), 0
+        picked: list[frozenset[str]] = []
         for k in itertools.count():
             if k >= len(buf):
                 buf.extend(itertools.islice(it, 1))
@@ -306,7 +307,8 @@ class Oracle:
     def _likely(self, state: Any, step: Step) -> list[frozenset[str]]:
         """The open plans of the states ahead of `state`, most probable first (best-first
         over the tree of outcomes), up to one round's room."""
-        room, picked, tie = self._room(), [], itertools.count()
+        room, tie = self._room(), itertools.count()
+        picked: list[frozenset[str]] = []
         heap: list[tuple[float, int, Any]] = [(-1.0, next(tie), state)]
         looked = 0
         while heap and len(picked) < room and looked < LOOKAHEAD * room:
@@ -637,11 +639,11 @@ def _swap(oracle: Oracle, plan: frozenset[str], price: Price, pos: Mapping[str, 
             trials.append(t)  # one batch
         oracle.remaining = new
         before = len(oracle.trials)
-        k = oracle.first(trials)  # one batch
+        taken = oracle.first(trials)  # one batch
         allowance -= len(oracle.trials) - before
-        if k is None:
+        if taken is None:
             return plan, trials
-        plan = _certify_cost(oracle, trials[k], price, pos)
+        plan = _certify_cost(oracle, trials[taken], price, pos)
 
 
 def _split(items: list[str], n: int) -> list[list[str]]:
