@@ -76,6 +76,7 @@ ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
 MAX_STABILITY = 100  # --stability N: N jittered copies of a sample are held at once
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
+JUDGE_THREADS = 1  # --threads' default (see its help; docs/parallel.md)
 
 
 class Terminated(KeyboardInterrupt):
@@ -294,7 +295,9 @@ def input_options(f: Callable) -> Callable:
         click.option("--output-tol", "output_tols", multiple=True, metavar="NAME:RTOL[:ATOL]",
                      help="Tolerance for one output, e.g. logits:0.05:0.001."),
         click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
-                     help=f"ONNX Runtime intra-op threads (1 to {MAX_THREADS})."),
+                     help=f"ONNX Runtime intra-op threads of every judging session (1 to "
+                          f"{MAX_THREADS}; default {JUDGE_THREADS}). Part of the judge: ORT's "
+                          "Conv results depend on it, so a run's workers use it too."),
         click.option("--semantics", type=click.Choice(["trt", "strict"]), default="trt",
                      show_default=True,
                      help="trt: round where TensorRT rounds (constants and BatchNorms folded "
@@ -335,7 +338,7 @@ def make_options(kw: dict):
                    shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
                    criteria=pop_criteria(kw),
-                   threads=kw.pop("threads"), trt_version=_trt_version(kw.pop("trt_version")),
+                   threads=kw.pop("threads") or JUDGE_THREADS, trt_version=_trt_version(kw.pop("trt_version")),
                    **kw)
 
 
@@ -390,9 +393,20 @@ def _trt_version(given: str | None) -> int:
               help="Accept at most this estimated slowdown against all-FP16, in percent, e.g. "
                    "--budget 5. If no plan within it passes: exit 6, and the best plan within "
                    "it is written with its measured error.")
+@click.option("--workers", type=click.IntRange(1, MAX_THREADS), default=None, metavar="N",
+              help="Evaluate plans on N worker processes, each with its own judge (1: in this "
+                   "process). Default: as many as the cores and memory allow, when the search "
+                   "is long enough to pay for starting them; stderr says what was chosen. The "
+                   "plan is the same for every N.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+              metavar="[ADDRESS]",
+              help="Evaluate plans on Ray actors: on the cluster at ADDRESS (e.g. auto, or "
+                   "ray://head:10001), or alone on a local one. Needs: pip install "
+                   "'trtbisect[ray]'. --workers then caps the actors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
-        no_resume: bool, stability: int, rewrite: bool, search_samples: int, **kw) -> None:
+        no_resume: bool, stability: int, rewrite: bool, search_samples: int,
+        workers: int | None, ray_address: str | None, **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -416,6 +430,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts.resume = not no_resume
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
     opts.search_samples = search_samples
+    opts.workers, opts.ray = workers, ray_address
+    if ray_address is not None:
+        from .parallel.ray_pool import require_ray
+        require_ray()  # before any work: a one-line install hint
     if backend == "trt" and not opts.criteria.default:  # backends/trt.py: the default only
         raise TrtBisectError("--backend trt judges engines by trtbisect's default criterion "
                              "only; drop --check-error-stat/--metric/--check/--pass-rate, or "

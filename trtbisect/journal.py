@@ -201,6 +201,12 @@ class Journal:
             log.info("plan %s was in flight when the last run stopped; running it again", key)
         return None
 
+    def peek(self, key: str) -> bool | None:
+        """The verdict `lookup` would give without running the plan, writing nothing."""
+        if key in self.done:
+            return bool(self.done[key]["passed"])
+        return False if self.starts.get(key, 0) >= MAX_ATTEMPTS else None
+
     def start(self, key: str) -> None:
         self.starts[key] += 1
         self._write({"start": key})

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, cost, coverage, degenerate, semantics
+from . import __version__, cost, coverage, degenerate, parallel, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
 from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, merge_stats,
                       round_fp16, tensor_stats, validate_tolerance, worst)
@@ -83,6 +83,10 @@ class Options:
     gpu: str = cost.DEFAULT_GPU  # the GPU class plans are priced on (cost.py, docs/cost.md)
     objective: str = "cost"  # cost: the cheapest plan in estimated engine time; count: fewest units
     budget: float | None = None  # --budget PCT: the plan's slowdown against all-FP16 at most this
+    # evaluations on N worker processes (parallel/; None: as the cores and memory allow; 1:
+    # in this process), or on Ray actors (`ray`: a cluster's address, "" for a local one)
+    workers: int | None = 1
+    ray: str | None = None
 
     @property
     def accumulate(self) -> int:
@@ -362,13 +366,15 @@ class Evaluator:
                  journal: Journal | None, groups: Iterable[Iterable[str]] | None = None) -> None:
         """`groups`: nodes that plans keep together (default: the search's units)."""
         self.ctx, self.opts, self.journal = ctx, opts, journal
-        watch = [t for t in ctx.judged.stored_tensors()
-                 if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
+        self.watch = [t for t in ctx.judged.stored_tensors()
+                      if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
         if groups is None:
             groups = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
                       if ctx.prepared is not None else ())
-        self._emulator_args = dict(watch=watch, rules=ctx.rules, groups=list(groups))
+        self.groups = [list(g) for g in groups]
+        self._emulator_args = dict(watch=self.watch, rules=ctx.rules, groups=self.groups)
         self._emulator: Emulator | None = None
+        self.workers: parallel.ParallelJudge | None = None  # evaluations on worker processes
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None
@@ -385,42 +391,67 @@ class Evaluator:
     def close(self) -> None:
         if self._emulator is not None:
             self._emulator.close()
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
+    def use_workers(self, workers: "parallel.ParallelJudge") -> None:
+        """Judge on `workers` from now on (parallel/): this process's session goes."""
+        if self._emulator is not None:
+            self._emulator.close()
+        self.workers = workers
+
+    def sample_indices(self, full: bool = False) -> list[int]:
+        """Indices into every sample of those a verdict judges (`full`: all of them)."""
+        assert self.ctx.every_sample is not None
+        if full or self.ctx.subset is None:
+            return list(range(len(self.ctx.every_sample)))
+        return list(self.ctx.subset)
 
     def measure(self, plan: frozenset[str], stop_early: bool = False, full: bool = False
                 ) -> tuple[bool, list[Judgement], list[str]]:
         """The plan judged on the search's samples (`full`: on every sample) under the run's
-        criteria (judge/criteria.py); `stop_early`: stop once the plan cannot pass any more."""
-        crit, judged, nonfinite = self.opts.criteria, [], []
+        criteria (judge/criteria.py); `stop_early`: stop once the plan cannot pass any more.
+        One rule for this process and the workers (parallel/judge.py)."""
+        crit, opts = self.opts.criteria, self.opts
         full = full or self.ctx.subset is None
-        samples = self.ctx.every_sample if full else self.ctx.samples
-        references = self.ctx.every_reference if full else self.ctx.references
-        assert samples is not None and references is not None
-        for sample, ref in zip(samples, references):
-            self.runs += 1
-            if self.opts.strict:
-                outs, bad = self.emulator.nonfinite(plan, sample)
-                nonfinite += [t for t in bad if t not in nonfinite]
-            else:
-                outs = self.emulator.run(plan, sample)
-            judged.append(crit.judge(ref, outs, sample, self.opts.tolerance))
-            if stop_early and (nonfinite or crit.hopeless(judged, len(samples))):
-                return False, judged, nonfinite
-        passed = crit.verdict(judged).passed and not nonfinite
-        if full:
-            self.last_plan, self.last_errors = plan, judged  # every sample: reusable as is
-        return passed, judged, nonfinite
+        if self.workers is not None:
+            m = self.workers.measure(plan, self.sample_indices(full), stop_early)
+        else:
+            samples = self.ctx.every_sample if full else self.ctx.samples
+            references = self.ctx.every_reference if full else self.ctx.references
+            assert samples is not None and references is not None
+            m = parallel.take((parallel.judge_one(self.emulator, plan, s, r, crit, opts.tolerance,
+                                                  opts.strict)
+                               for s, r in zip(samples, references)), crit, len(samples),
+                              stop_early)
+        self.runs += len(m.judged)
+        if full and not m.stopped:
+            self.last_plan, self.last_errors = plan, m.judged  # every sample: reusable as is
+        return m.passed, m.judged, m.nonfinite
 
     def widened(self) -> None:
         """The search's samples grew (judge/subset.py): what passed on fewer may not now;
         what failed still fails."""
         self.known = {p: ok for p, ok in self.known.items() if not ok}
 
-    def check(self, plan: frozenset[str]) -> bool:
-        if plan in self.known:
-            return self.known[plan]
+    def _key(self, plan: frozenset[str]) -> str:
         key = plan_key(plan)
         if self.ctx.subset is not None:  # a verdict on these samples only
             key += "@" + subset.signature(self.ctx.subset)
+        return key
+
+    def known_verdict(self, plan: frozenset[str]) -> bool | None:
+        """The verdict `check` gives without judging (known, or in a resumed run's journal);
+        nothing written."""
+        if plan in self.known:
+            return self.known[plan]
+        return self.journal.peek(self._key(plan)) if self.journal is not None else None
+
+    def check(self, plan: frozenset[str]) -> bool:
+        if plan in self.known:
+            return self.known[plan]
+        key = self._key(plan)
         if self.journal is not None:
             rec = self.journal.lookup(key)
             if rec is not None:
@@ -435,13 +466,29 @@ class Evaluator:
             if self.journal is not None:
                 self.journal.abandon(key)
             raise
-        self.scores[plan] = _severity(judged)
+        return self.commit(plan, parallel.Measured(passed, judged, bad))
+
+    def commit(self, plan: frozenset[str], m: "parallel.Measured", taken: bool = False) -> bool:
+        """A judged plan's verdict, scored and journaled. `taken`: measured by the workers
+        and taken by the search now (its inferences count from here)."""
+        if taken:
+            self.runs += len(m.judged)
+            if self.ctx.subset is None and not m.stopped:
+                self.last_plan, self.last_errors = plan, m.judged
+        self.scores[plan] = _severity(m.judged)
         if self.journal is not None:
-            self.journal.record(key, passed, {
-                "rel": {n: _num(e.rel) for n, e in _worst(judged).items()},
+            self.journal.record(self._key(plan), m.passed, {
+                "rel": {n: _num(e.rel) for n, e in _worst(m.judged).items()},
                 "severity": _num(self.scores[plan]),
-                "nonfinite_tensors": bad[:10]})
-        return passed
+                "nonfinite_tensors": m.nonfinite[:10]})
+        return m.passed
+
+    def crashed(self, plan: frozenset[str], attempts: int) -> bool:
+        """A plan that killed `attempts` workers: judged failed, as the journal judges a plan
+        that crashes the process."""
+        if self.journal is not None:
+            self.journal.record(self._key(plan), False, {"crashed": True, "attempts": attempts})
+        return False
 
 
 def _num(x: float) -> float | str:
@@ -639,6 +686,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         journal = Journal(journal_path, fingerprint)
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
+    half_began = time.perf_counter()  # what an evaluation costs, roughly (--workers default)
     narrow = subset.wanted(len(ctx.every_sample), opts.search_samples, opts.criteria.pass_rate)
     first: _Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
@@ -662,6 +710,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         first.checked.tensors = []
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
+    half_seconds = time.perf_counter() - half_began
     ev.known[frozenset()] = all_half
     ev.scores[frozenset()] = _severity(before)
     if narrow and not all_half:  # judge/subset.py: search on the worst samples, certify on all
@@ -689,9 +738,16 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             ev.known[frozenset()] = all_half
     constants = constant_stats(g)
     prior = build_prior(g, stats, constants)
-    if not all_half:
-        ev.emulator.ensure(_prefetch(g, prior.seeds, prior.ranking))
     units = semantics.units(ctx.prepared, g.candidates())
+    workers = None
+    if not all_half:
+        prefetch = _prefetch(g, prior.seeds, prior.ranking)
+        workers = parallel.start_workers(
+            ev, ctx, opts, prefetch, half_seconds * len(ctx.samples) / len(ctx.every_sample),
+            _likely_evaluations(len(prior.seeds), len(units)), cache, stage,
+            rewritten=outcome is not None and bool(outcome.applied))
+        if workers is None:
+            ev.emulator.ensure(prefetch)
     unit_of = {n: u for u, nodes in units.items() for n in nodes}
 
     def as_units(nodes: Sequence[str]) -> list[str]:
@@ -704,13 +760,16 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                _shape_probe(ctx, opts))
     stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
           f"({len(prior.seeds)} suspects)")
+    check = (workers.for_units(as_nodes) if workers is not None
+             else lambda us: ev.check(as_nodes(us)))
     search = _certified_search(
         ctx, opts, ev, stage, as_nodes,
-        lambda budget: find_minimal_fp32(list(units), lambda us: ev.check(as_nodes(us)),
-                                         as_units(prior.seeds), as_units(prior.ranking),
-                                         budget, progress, **cost.search_args(pricing, opts)))
+        lambda budget: find_minimal_fp32(list(units), check, as_units(prior.seeds),
+                                         as_units(prior.ranking), budget, progress,
+                                         **cost.search_args(pricing, opts)))
     if journal is not None:
         journal.close()
+    parallel_summary = parallel.summary(workers, search)
     cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
     over = cost.within_budget(search, pricing, opts.budget)
     if over is not None:
@@ -727,6 +786,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
     result.extra["fp32_layers"] = list(search.fp32) if search.found else []
+    if parallel_summary is not None:
+        result.extra["workers"] = parallel_summary
     result.extra["cost"] = pricing.summary(search.fp32 if search.found else [], opts.objective,
                                            opts.budget)
     result.extra["criteria"] = {**opts.criteria.to_json(),
@@ -741,6 +802,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if search.found:
         stage("judging the written plan")
         _judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
+    ev.close()  # the workers, if the written plan's judge did not stop them already
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
                               semantics.fused_layer_names(ctx.prepared))
     attach_diagnosis(result, g, constants)
@@ -768,16 +830,17 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
     """`search(budget)` on the search's samples; when they are a subset (judge/subset.py),
     the plan found is judged on every sample, and the samples it fails join the subset for
     another search, until it passes everywhere. Evaluations and trials add up over rounds."""
-    evaluations, trials = 0, []
+    evaluations, trials, rounds, speculative = 0, [], 0, 0
     while True:
         left = None if opts.max_evaluations is None else max(opts.max_evaluations - evaluations, 0)
         result = search(left)
         trials += [replace(t, index=t.index + evaluations) for t in result.trials]
         evaluations += result.evaluations
+        rounds, speculative = rounds + result.rounds, speculative + result.speculative
         if not result.found or ctx.subset is None:
             break
         passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
-        evaluations += 1
+        evaluations, rounds = evaluations + 1, rounds + 1
         wider = subset.widen(ctx.subset, judged, opts.search_samples)
         if passed or len(wider) == len(ctx.subset):
             break
@@ -786,7 +849,14 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
         ctx.narrow(wider)
         ev.widened()
     result.evaluations, result.trials = evaluations, trials
+    result.rounds, result.speculative = rounds, speculative
     return result
+
+
+def _likely_evaluations(suspects: int, units: int) -> int:
+    """About what a search costs (the default --workers asks whether workers pay off): a
+    removal per suspect and a bisection or two along the ranking."""
+    return 4 + 2 * suspects + 2 * math.ceil(math.log2(units + 1))
 
 
 PREFETCH_WEIGHT_BYTES = 1 << 20  # a switchable node holds its weights twice (FP16 and FP32)

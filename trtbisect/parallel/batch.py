@@ -1,0 +1,244 @@
+"""The search's `Batch` over the run's evaluator and a pool of workers.
+
+Workers only compute: each result comes back to the parent, which takes it when the search
+does (`consume`), in the search's order, and only then journals it, scores it and counts its
+inferences. A plan the search never takes leaves no trace in the journal, the trace or the
+counts the run reports (it is counted in `stats` as speculative). A resumed run's journal
+answers without evaluating (`known`). Without workers nothing here runs: `--workers 1` is
+the in-process evaluator as it always was.
+
+With fewer plans in a round than workers, each plan's samples are split among the idle
+workers (`chunks`); `judge.merge` puts them back into the sequential verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import TrtBisectError
+from .data import FolderData
+from .judge import (JudgeSpec, Measured, criteria_fingerprint, graph_digest, merge)
+from .pool import LocalPool, Task, TaskResult
+from .sizing import plan_workers
+
+log = logging.getLogger(__name__)
+
+STARTUP_SECONDS = 3.0  # about what starting a worker and building its judge costs (measured)
+
+
+@dataclass
+class Outcome:
+    """A plan evaluated by the workers: measured, or an error met there, or crashed."""
+
+    measured: Measured | None
+    error: str | None = None
+    crashed: int = 0
+
+
+@dataclass
+class Stats:
+    """What the parallel evaluation cost, beside what the search took."""
+
+    workers: int
+    kind: str
+    threads: int | None
+    why: str
+    inferences: int = 0  # every sample judged by a worker, taken or not
+    tasks: int = 0
+    seconds_waiting: float = 0.0
+    peak_rss: dict[int, int] = field(default_factory=dict)
+    replaced: int = 0
+
+    def to_json(self) -> dict:
+        return {"workers": self.workers, "backend": self.kind, "threads": self.threads,
+                "chosen": self.why, "inferences_run": self.inferences, "tasks": self.tasks,
+                "seconds_waiting": round(self.seconds_waiting, 3), "replaced": self.replaced,
+                "peak_rss_mib": [round(v / (1 << 20), 1) for _, v in sorted(self.peak_rss.items())]}
+
+
+def chunks(indices: Sequence[int], parts: int) -> list[tuple[int, ...]]:
+    """`indices` in `parts` consecutive runs as even as can be (none empty)."""
+    parts = max(1, min(parts, len(indices)))
+    size, extra = divmod(len(indices), parts)
+    out, start = [], 0
+    for k in range(parts):
+        end = start + size + (1 if k < extra else 0)
+        out.append(tuple(indices[start:end]))
+        start = end
+    return out
+
+
+class ParallelJudge:
+    """`search.Batch` for the run's `Evaluator` (pipeline.py): plans in units, mapped to
+    nodes by `to_nodes`; `measure` also serves the evaluator's own whole-sample verdicts."""
+
+    def __init__(self, ev: Any, pool: Any, data: Any, stats: Stats,
+                 to_nodes: Callable[[frozenset[str]], frozenset[str]] = lambda p: p) -> None:
+        self.ev, self.pool, self.data, self.stats = ev, pool, data, stats
+        self.to_nodes = to_nodes
+        self.width = pool.width
+
+    def for_units(self, to_nodes: Callable[[frozenset[str]], frozenset[str]]) -> "ParallelJudge":
+        """The same workers, judging plans of search units."""
+        return ParallelJudge(self.ev, self.pool, self.data, self.stats, to_nodes)
+
+    # ------------------------------------------------------------ search.Batch
+
+    def known(self, plan: frozenset[str]) -> bool | None:
+        return self.ev.known_verdict(self.to_nodes(plan))
+
+    def evaluate(self, plans: Sequence[frozenset[str]]) -> list[Outcome]:
+        nodes = [self.to_nodes(p) for p in plans]
+        return self._run(nodes, self.ev.sample_indices(full=False), stop_early=True)
+
+    def passed(self, outcome: Outcome) -> bool | None:
+        if outcome.error is not None:
+            return None
+        if outcome.measured is None:
+            return False  # crashed
+        return outcome.measured.passed
+
+    def consume(self, plan: frozenset[str], outcome: Outcome | None) -> bool:
+        nodes = self.to_nodes(plan)
+        if outcome is None:  # known: the journal's (or judged before the search)
+            return self.ev.check(nodes)
+        if outcome.error is not None:
+            raise TrtBisectError(outcome.error)
+        if outcome.measured is None:
+            return self.ev.crashed(nodes, outcome.crashed)
+        return self.ev.commit(nodes, outcome.measured, taken=True)
+
+    # ------------------------------------------------------------ the evaluator's verdicts
+
+    def measure(self, plan: frozenset[str], indices: Sequence[int], stop_early: bool) -> Measured:
+        """One plan on `indices`, its samples split among the workers."""
+        out = self._run([plan], indices, stop_early)[0]
+        if out.error is not None:
+            raise TrtBisectError(out.error)
+        if out.measured is None:
+            raise TrtBisectError("the plan crashed every worker that judged it (out of memory?)")
+        return out.measured
+
+    def _run(self, plans: Sequence[frozenset[str]], indices: Sequence[int],
+             stop_early: bool) -> list[Outcome]:
+        parts = max(1, self.width // len(plans)) if len(plans) < self.width else 1
+        split = chunks(list(indices), parts)
+        tasks = [Task(tuple(sorted(p)), c, len(indices), stop_early) for p in plans for c in split]
+        began = time.perf_counter()
+        results = self.pool.map(tasks)
+        self.stats.seconds_waiting += time.perf_counter() - began
+        self.stats.tasks += len(tasks)
+        self.stats.inferences += sum(len(r.results) for r in results)
+        self.stats.peak_rss, self.stats.replaced = dict(self.pool.peak), self.pool.replaced
+        crit = self.ev.opts.criteria
+        out = []
+        for k in range(len(plans)):
+            mine: list[TaskResult] = results[k * len(split):(k + 1) * len(split)]
+            error = next((r.error for r in mine if r.error is not None), None)
+            crashed = max(r.crashed for r in mine)
+            if error is not None:
+                out.append(Outcome(None, error))
+            elif crashed:
+                out.append(Outcome(None, crashed=crashed))
+            else:
+                out.append(Outcome(merge([(r.results, r.complete) for r in mine], crit,
+                                         len(indices), stop_early)))
+        return out
+
+    def close(self) -> None:
+        self.pool.close()
+        self.data.remove()
+
+
+def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
+                  seconds_per_evaluation: float | None = None, evaluations: int = 0,
+                  cache: Path | None = None, say: Callable[[str], None] = log.info,
+                  rewritten: bool = False) -> ParallelJudge | None:
+    """The run's workers (None: judge in this process). `--workers N` asks N (1: none);
+    without it, as many as the cores and memory allow, unless the search looks shorter than
+    starting them (`seconds_per_evaluation` x `evaluations` under `STARTUP_SECONDS`)."""
+    requested = opts.workers
+    if opts.ray is None and requested == 1:
+        return None
+    weights = ctx.judged.weights.total_bytes()
+    plan = plan_workers(requested, opts.threads, weights, _activations(ctx, opts))
+    if opts.ray is None and plan.workers <= 1:
+        return None
+    if (opts.ray is None and requested is None and seconds_per_evaluation is not None
+            and seconds_per_evaluation * evaluations < STARTUP_SECONDS):
+        log.info("judging in this process: the search looks shorter than starting workers")
+        return None
+    data_parent = cache / "workers" if cache is not None else None
+    spec, model_dir = _spec(ev, ctx, opts, prefetch, rewritten, data_parent)
+    if opts.ray is not None:
+        from .ray_pool import RayPool
+        pool, data, stats = RayPool.start(spec, ctx, opts.ray, requested, plan)
+    else:
+        data = FolderData.write(ctx.every_sample, ctx.every_reference, data_parent)
+        pool = LocalPool(spec, data, plan.workers)
+        stats = Stats(plan.workers, "local", opts.threads, plan.why)
+    if model_dir is not None:
+        data.remove = _also_remove(data.remove, model_dir)
+    say(f"evaluating in parallel: {stats.why}")
+    judge = ParallelJudge(ev, pool, data, stats)
+    ev.use_workers(judge)
+    return judge
+
+
+def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool,
+          parent: Path | None) -> tuple[JudgeSpec, str | None]:
+    from ..judge.flags import criteria_flags
+
+    model, model_dir = str(ctx.path), None
+    if rewritten:  # the rewritten model lives in memory only: saved for the workers
+        import tempfile
+
+        from ..mixed import graph_model
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        model_dir = tempfile.mkdtemp(prefix="model-", dir=parent)
+        model = str(Path(model_dir) / f"{ctx.path.stem}.rewritten.onnx")
+        graph_model(ctx.graph).save(model)
+    prepared = ctx.prepared
+    spec = JudgeSpec(
+        model=model, semantics=prepared.semantics, trt_version=prepared.trt_version,
+        tf32=opts.tf32, accumulate=opts.accumulate, threads=opts.threads, strict=opts.strict,
+        watch=tuple(ev.watch), groups=tuple(tuple(g) for g in ev.groups),
+        active=tuple(prefetch), criteria=tuple(criteria_flags(opts.criteria)),
+        criteria_fingerprint=criteria_fingerprint(opts.criteria), tolerance=opts.tolerance,
+        names=graph_digest(ctx.judged))
+    return spec, model_dir
+
+
+def _also_remove(remove: Callable[[], None], folder: str) -> Callable[[], None]:
+    import shutil
+
+    def both() -> None:
+        remove()
+        shutil.rmtree(folder, ignore_errors=True)
+    return both
+
+
+def _activations(ctx: Any, opts: Any) -> int:
+    """Bytes of the largest tensors of one inference (a few are alive at once)."""
+    from ..pipeline import estimate_bytes
+    try:
+        sizes = sorted(estimate_bytes(ctx.judged, ctx.samples[0]).values(), reverse=True)
+    except Exception:  # shape inference may fail on exotic models: the inputs' size then
+        return sum(a.nbytes for a in ctx.samples[0].values())
+    return sum(sizes[:2])
+
+
+def summary(judge: ParallelJudge | None, search: Any) -> dict | None:
+    """precision.json's `workers`: rounds against evaluations, the speculation, the pool."""
+    if judge is None:
+        return None
+    out = judge.stats.to_json()
+    out.update(rounds=search.rounds, evaluations=search.evaluations,
+               speculative=search.speculative)
+    return out
+
