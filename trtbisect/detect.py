@@ -123,12 +123,21 @@ def _constant_evidence(f: Facts, group: Sequence[str]) -> Evidence | None:
             out = _worst_output(f, n)
             return {"cause": "constant_out_of_range", "node": n, "op": f.op(n),
                     "constant": f.constant_label(src),
-                    "value": value, "fp16_value": "-inf" if value < 0 else "inf",
+                    "value": value, "fp16_value": _converted(value, c.rule),
+                    "weight_rule": c.rule,
                     "limit": FP16_MAX, "values_out_of_range": c.overflow,
                     "input_index": list(f.g.node(n).input).index(t),
                     "output_nonfinite_fp16": out.fp16_nonfinite if out else 0,
                     "output_size": out.size if out else 0}
     return None
+
+
+def _converted(value: float, rule: str) -> str:
+    """What an out-of-range constant becomes in FP16: inf under a cast, the range's edge
+    under TensorRT's weight conversion (semantics rule weights_clamp_v10)."""
+    if rule == "clamp":
+        return "-65504" if value < 0 else "65504"
+    return "-inf" if value < 0 else "inf"
 
 
 def _extreme(arr: np.ndarray | None) -> float:

@@ -16,24 +16,29 @@ from typing import Mapping
 import numpy as np
 from onnx import numpy_helper
 
-from .compare import FP16_MAX, TensorStats, round_fp16
+from .compare import FP16_MAX, TensorStats
 from .graph import Graph
+from .semantics import round_weight
 from .spill import release_pages
 
 
 @dataclass(frozen=True)
 class ConstantStats:
-    """Range facts of an initializer or Constant output."""
+    """Range facts of an initializer or Constant output, as a weight becomes FP16 under `rule`
+    (semantics.round_weight: "inf" casts, "clamp" is TensorRT's conversion)."""
 
     name: str
     absmax: float
-    overflow: int  # finite values FP16 turns into inf
-    flushed: int  # nonzero values FP16 turns into zero
+    overflow: int  # finite values beyond FP16's range (inf: they become inf; clamp: +-65504)
+    flushed: int  # nonzero values the conversion turns into zero (none under clamp)
     rel_err: float  # max relative rounding error
     size: int = 0  # elements
+    rule: str = "inf"
 
 
-def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
+def constant_stats(graph: Graph, weight_rule: str = "inf") -> dict[str, ConstantStats]:
+    """Range facts of every float constant of `graph`, converted to FP16 the way the judge
+    converts weights (`weight_rule`), so diagnosis never says "inf" where TensorRT clamps."""
     out: dict[str, ConstantStats] = {}
     arrays = {name: graph.array(name) for name in graph.initializers}
     for node in graph.model.graph.node:
@@ -44,17 +49,18 @@ def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
     for name, arr in arrays.items():
         if arr.dtype != np.float32:
             continue
-        r = round_fp16(arr)
+        r = round_weight(arr, weight_rule)
         finite = np.isfinite(arr)
         absmax = float(np.max(np.abs(arr[finite]), initial=0.0))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             rel = np.abs(r.astype(np.float64) - arr) / max(absmax, 1e-30)
+            beyond = np.isinf(r) if weight_rule == "inf" else np.abs(arr) > FP16_MAX
         out[name] = ConstantStats(
             name, absmax,
-            overflow=int(np.count_nonzero(finite & np.isinf(r))),
+            overflow=int(np.count_nonzero(finite & beyond)),
             flushed=int(np.count_nonzero((arr != 0) & (r == 0))),
             rel_err=float(np.nan_to_num(rel, nan=0.0, posinf=math.inf).max(initial=0.0)),
-            size=int(arr.size),
+            size=int(arr.size), rule=weight_rule,
         )
         release_pages([arr])  # a memory-mapped weight: read once, not held
     return out

@@ -148,7 +148,7 @@ def _what(f: Facts, cause: str, pattern: str | None, ev: Evidence) -> str:
         tail = f"; {nan} of {ev.get('output_size')} values turn NaN/inf" if nan else ""
         zero = " (0 * -inf = NaN)" if ev.get("op") == "Mul" and nan else ""
         return (f"{ev['op']} {ev['node']} reads constant {ev['constant']} = {g('value')}, which "
-                f"FP16 rounds to {ev['fp16_value']}{zero}{tail}")
+                f"{_converts(ev)} {ev['fp16_value']}{zero}{tail}")
     if cause == "overflow":
         return _overflow_words(pattern, ev, g)
     if cause == "underflow":
@@ -217,8 +217,8 @@ def node_why(f: Facts, node: str, cause: str, ev: Evidence) -> str:
     nn = node_numbers(f, node)
     op, ins, outs = nn.op, nn.input_absmax, nn.output_absmax
     if cause == "constant_out_of_range" and node == ev.get("node"):
-        return (f"{op} reads constant {ev['constant']} = {num(_f(ev.get('value')))}, which FP16 "
-                f"rounds to {ev['fp16_value']}")
+        return (f"{op} reads constant {ev['constant']} = {num(_f(ev.get('value')))}, which "
+                f"{_converts(ev)} {ev['fp16_value']}")
     if ins > FP16_MAX or outs > FP16_MAX:
         return _range_role(op, ins, outs)
     if cause == "underflow":
@@ -229,6 +229,12 @@ def node_why(f: Facts, node: str, cause: str, ev: Evidence) -> str:
         return f"{op}: first NaN/inf in FP16 ({ev['nonfinite']} of {ev['size']} values), FP32 finite"
     return (f"{op}: FP16 error {pct(nn.input_rel_err)} -> {pct(nn.output_rel_err)} of the range "
             f"(values up to {num(outs)}, FP16 spacing {num(nn.fp16_spacing)})")
+
+
+def _converts(ev: Evidence) -> str:
+    """How the judge's weight rule turns an out-of-range constant into FP16."""
+    return "TensorRT's FP16 conversion clamps to" if ev.get("weight_rule") == "clamp" \
+        else "FP16 rounds to"
 
 
 def _range_role(op: str, ins: float, outs: float) -> str:
