@@ -525,6 +525,18 @@ def _before(args: argparse.Namespace) -> list[Row] | None:
     return [Row(**r) for r in json.loads(Path(args.before).read_text())["rows"]]
 
 
+KEPT = ("<!-- bench_constants: begin -->", "<!-- bench_constants: end -->")  # its own script's
+
+
+def write_page(path: Path, text: str) -> None:
+    """The page, keeping the section another benchmark script writes (bench_constants.py)."""
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    begin, end = KEPT
+    if begin in old and end in old and begin not in text:
+        text = text.rstrip("\n") + "\n\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only: a smoke test")
@@ -550,7 +562,7 @@ def main() -> None:
         saved = json.loads(Path(args.from_rows).read_text())
         text = render([Row(**r) for r in saved["rows"]], saved["notes"] + args.note, args,
                       _before(args))
-        Path(args.out).write_text(text)
+        write_page(Path(args.out), text)
         return print(text)
     with tempfile.TemporaryDirectory(prefix="trtbisect-bench-") as tmp:
         work = Path(args.workdir or tmp)
@@ -570,7 +582,7 @@ def main() -> None:
                 Path(args.rows).write_text(json.dumps(
                     {"rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
     text = render(rows, notes + args.note, args, _before(args))
-    Path(args.out).write_text(text)
+    write_page(Path(args.out), text)
     print(text)
 
 
