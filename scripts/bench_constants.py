@@ -82,7 +82,14 @@ def summary(r: dict, flops: dict, total: int) -> dict:
             "layer_norms": sum(1 for n in r["fp32_nodes"] if "LayerNorm" in n)}
 
 
-def det_cases(work: Path, codes: dict[str, Path]) -> list[dict]:
+DET_LOOSE_RTOL = 0.1  # a looser criterion: does all-FP16 pass once nothing rounds to inf?
+
+
+def _key(case: str, code: str, semantics: str, rtol: float) -> str:
+    return f"{case}|{code}|{semantics}|{rtol}"
+
+
+def det_cases(work: Path, codes: dict[str, Path], done: dict[str, dict]) -> list[dict]:
     from fetch_models import fetch
     from page_image import page_input
 
@@ -96,18 +103,22 @@ def det_cases(work: Path, codes: dict[str, Path]) -> list[dict]:
     total = sum(v or 0 for v in flops.values())
     rows = []
     for code_name, code in codes.items():
-        for semantics in ("trt", "strict"):
-            for label, path in (("ppocr_det", model), ("ppocr_det twin", twin)):
-                if code_name == "before" and semantics == "strict" and "twin" in label:
-                    continue  # strict did not change for Constants: one row shows it
-                out = work / f"{code_name}_{semantics}_{label.replace(' ', '_')}"
-                r = run_case(code, path, inputs, semantics, out)
-                rows.append({"case": label, "code": code_name, "semantics": semantics,
-                             "rtol": 0.01, **summary(r, flops, total)})
+        runs = [(s, label, path, 0.01) for s in ("trt", "strict")
+                for label, path in (("ppocr_det", model), ("ppocr_det twin", twin))
+                if not (code_name == "before" and s == "strict" and "twin" in label)]
+        runs.append(("trt", "ppocr_det", model, DET_LOOSE_RTOL))
+        for semantics, label, path, rtol in runs:
+            key = _key(label, code_name, semantics, rtol)
+            if key not in done:
+                out = work / f"{code_name}_{semantics}_{label.replace(' ', '_')}_{rtol}"
+                r = run_case(code, path, inputs, semantics, out, rtol)
+                done[key] = {"case": label, "code": code_name, "semantics": semantics,
+                             "rtol": rtol, **summary(r, flops, total)}
+            rows.append(done[key])
     return rows
 
 
-def rxn_cases(work: Path, codes: dict[str, Path]) -> list[dict]:
+def rxn_cases(work: Path, codes: dict[str, Path], done: dict[str, dict]) -> list[dict]:
     from trtbisect.export import ExportOptions, export
 
     model = work / "rxn_like.onnx"
@@ -123,11 +134,14 @@ def rxn_cases(work: Path, codes: dict[str, Path]) -> list[dict]:
     for code_name, code in codes.items():
         for semantics in ("strict", "trt"):
             for rtol in (0.01, 0.001):
-                out = work / f"rxn_{code_name}_{semantics}_{rtol}"
-                r = run_case(code, model, inputs, semantics, out, rtol)
-                rows.append({"case": "rxn_like", "code": code_name, "semantics": semantics,
-                             "rtol": rtol, "model_nodes": len(loaded.graph.node),
-                             "model_norms": norms, **summary(r, flops, total)})
+                key = _key("rxn_like", code_name, semantics, rtol)
+                if key not in done:
+                    out = work / f"rxn_{code_name}_{semantics}_{rtol}"
+                    r = run_case(code, model, inputs, semantics, out, rtol)
+                    done[key] = {"case": "rxn_like", "code": code_name, "semantics": semantics,
+                                 "rtol": rtol, "model_nodes": len(loaded.graph.node),
+                                 "model_norms": norms, **summary(r, flops, total)}
+                rows.append(done[key])
     return rows
 
 
@@ -167,18 +181,19 @@ def render(rows: list[dict], baseline: str | None) -> str:
              "`semantics.constants_as_initializers(model)`, the same model with its Constant "
              "nodes turned into initializers of the same names and its nodes named as "
              "trtbisect names them; TensorRT's parser imports both alike.", "",
-             "| model | code | semantics | verdict | all-FP16 max / bound | mean | p99 | cosine "
-             "| FP32 nodes | FP32 FLOPs | evaluations | check | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | code | semantics | rtol | verdict | all-FP16 max / bound | mean | p99 | "
+             "cosine | FP32 nodes | FP32 FLOPs | evaluations | check | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["case"].startswith("ppocr"):
             lines.append(
-                f"| {r['case']} | {r['code']} | {r['semantics']} | {r['verdict']} | "
+                f"| {r['case']} | {r['code']} | {r['semantics']} | {r['rtol']} | {r['verdict']} | "
                 f"{_g(r['max_abs'])} / {_g(r['bound'])} | {_g(r['mean_abs'])} | "
                 f"{_g(r['p99_abs'])} | {r['cosine']:.6f} | {r['plan']} of {r['candidates']} | "
                 f"{_pct(r['flop_share'])} | {r['evaluations']}{' (stopped)' if r['stopped'] else ''} | "
                 f"{'yes' if r['one_judge'] else '-'} | {r['seconds']:.0f} |")
-    det = {(r["code"], r["semantics"], r["case"]): r for r in rows if r["case"].startswith("ppocr")}
+    det = {(r["code"], r["semantics"], r["case"]): r for r in rows
+           if r["case"].startswith("ppocr") and r["rtol"] == 0.01}
     notes = []
     for code in ("before", "after"):
         for semantics in ("trt", "strict"):
@@ -188,6 +203,16 @@ def render(rows: list[dict], baseline: str | None) -> str:
                 notes.append(f"- {code}, `{semantics}`: the twin's verdict, plan and errors "
                              f"{'equal' if same_answer(a, b) else '**differ from**'} the "
                              "model's" + (" bit for bit." if same_answer(a, b) else "."))
+    loose = {r["code"]: r for r in rows if r["case"] == "ppocr_det" and r["rtol"] != 0.01}
+    if loose:
+        notes.append("- At rtol " + ", ".join(sorted({str(r["rtol"]) for r in loose.values()}))
+                     + " (`trt`): " + "; ".join(
+                         f"{code}: {r['verdict']}, all-FP16 max {_g(r['max_abs'])}, "
+                         f"{r['plan']} FP32 nodes ({_pct(r['flop_share'])} of the FLOPs)"
+                         for code, r in loose.items())
+                     + ". What is left at rtol 0.01 is FP16 rounding accumulated over the "
+                     "network (no value leaves FP16's range), which that criterion rejects "
+                     "(max |d| over the whole probability map).")
     after = det.get(("after", "trt", "ppocr_det"))
     if after:
         notes.append(f"- Culprit groups of the `trt` plan after the change ({len(after['groups'])}):")
@@ -242,10 +267,12 @@ def main() -> None:
     ap.add_argument("--baseline-label", help="what --baseline is, for the page (e.g. a commit)")
     ap.add_argument("--only", choices=("det", "rxn"), action="append", default=[])
     ap.add_argument("--workdir", help="where models and runs go (default: a temporary folder)")
-    ap.add_argument("--rows", help="also save the raw rows as JSON here")
+    ap.add_argument("--rows", help="save the raw rows as JSON here; rows already in it are "
+                    "kept, not measured again (delete it to measure afresh)")
     ap.add_argument("--from-rows", help="only render the section from rows saved by --rows")
     ap.add_argument("--doc", default=str(DOC))
     args = ap.parse_args()
+    done: dict[str, dict] = {}
     if args.from_rows:
         saved = json.loads(Path(args.from_rows).read_text())
         text = render(saved["rows"], saved.get("baseline"))
@@ -256,14 +283,18 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="trtbisect-constants-") as tmp:
             work = Path(args.workdir or tmp).resolve()
             work.mkdir(parents=True, exist_ok=True)
+            if args.rows and Path(args.rows).is_file():  # measured before: kept, not rerun
+                done = {_key(r["case"], r["code"], r["semantics"], r["rtol"]): r
+                        for r in json.loads(Path(args.rows).read_text())["rows"]}
             rows: list[dict] = []
             if not args.only or "det" in args.only:
-                rows += det_cases(work, codes)
+                rows += det_cases(work, codes, done)
             if not args.only or "rxn" in args.only:
-                rows += rxn_cases(work, codes)
+                rows += rxn_cases(work, codes, done)
         if args.rows:
+            kept = rows + [r for r in done.values() if r not in rows]  # --only keeps the rest
             Path(args.rows).write_text(json.dumps(
-                {"rows": rows, "baseline": args.baseline_label or args.baseline}, indent=1))
+                {"rows": kept, "baseline": args.baseline_label or args.baseline}, indent=1))
         text = render(rows, args.baseline_label or args.baseline)
     write_doc(text, Path(args.doc))
     print(text)
