@@ -268,7 +268,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     ctx = pipeline.prepare(case.path, opts)
     prepared = time.perf_counter()
     ev = _evaluator(ctx, opts, units=False)
-    plain = ddmin(ctx.graph.candidates(), ev.check, max_evaluations=ddmin_budget)
+    plain = ddmin(ctx.judged.candidates(), ev.check, max_evaluations=ddmin_budget)  # as searched
     row.ddmin_s = time.perf_counter() - t
     row.ddmin_search_s = time.perf_counter() - prepared
     row.ddmin_evals, row.ddmin_set, row.ddmin_stopped = plain.evaluations, len(plain.fp32), \

@@ -306,4 +306,6 @@ def test_an_eps_that_trt_clamps_is_not_said_to_flush(tmp_path):
         r = _run(p.model, p.inputs, semantics, tmp_path / semantics)
         said[semantics] = " ".join(g["summary"] for g in _groups(r))
     assert "eps Constant_1 = 1e-12 flushes to zero" in said["strict"]  # named as Netron does
-    assert "1e-12" not in said["trt"] and "flush" in said["trt"]  # x*x still flushes
+    assert "1e-12 flushes" not in said["trt"] and "flush" in said["trt"]  # x*x still flushes
+    assert "= 1e-12 is below FP16's smallest subnormal: TensorRT's FP16 conversion raises it " \
+        "to 5.96e-8" in said["trt"]

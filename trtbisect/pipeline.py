@@ -891,6 +891,9 @@ def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
         c, s = constants.get(t), stats.get(t)
         if c is not None and c.flushed:
             return f"constant {t!r} has {c.flushed} value(s) that FP16 flushes to zero"
+        if c is not None and c.raised:
+            return f"constant {t!r} has {c.raised} value(s) below FP16's smallest subnormal " \
+                   "that TensorRT's FP16 conversion raises to 5.96e-8"
         if s is not None and s.flushed:
             return f"{t!r}: {s.flushed} of {s.size} values flush to zero in FP16"
     for t in g.float_outputs(name):

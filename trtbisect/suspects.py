@@ -16,7 +16,7 @@ from typing import Mapping
 import numpy as np
 from onnx import numpy_helper
 
-from .compare import FP16_MAX, TensorStats
+from .compare import FP16_MAX, FP16_TINY, TensorStats
 from .graph import Graph
 from .semantics import round_weight
 from .spill import release_pages
@@ -34,6 +34,12 @@ class ConstantStats:
     rel_err: float  # max relative rounding error
     size: int = 0  # elements
     rule: str = "inf"
+    raised: int = 0  # nonzero values below 2^-24 that the clamp raises to +-2^-24 (not zero)
+
+    @property
+    def too_small(self) -> int:
+        """Nonzero values FP16 cannot hold: flushed to zero (inf rule) or raised (clamp)."""
+        return self.flushed + self.raised
 
 
 def constant_stats(graph: Graph, weight_rule: str = "inf") -> dict[str, ConstantStats]:
@@ -61,6 +67,7 @@ def constant_stats(graph: Graph, weight_rule: str = "inf") -> dict[str, Constant
             flushed=int(np.count_nonzero((arr != 0) & (r == 0))),
             rel_err=float(np.nan_to_num(rel, nan=0.0, posinf=math.inf).max(initial=0.0)),
             size=int(arr.size), rule=weight_rule,
+            raised=int(np.count_nonzero((arr != 0) & (np.abs(arr) < FP16_TINY) & (r != 0))),
         )
         release_pages([arr])  # a memory-mapped weight: read once, not held
     return out
@@ -87,8 +94,8 @@ def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
         return stats.fp32_absmax > FP16_MAX or 2 * stats.flushed >= max(stats.size, 1)
     # a constant: an epsilon or scale that flushes, or a tensor of which a real share does (a
     # few tiny values in a big weight matrix flush harmlessly in every FP16 model)
-    return stats.flushed > 0 and (stats.size <= SMALL_CONSTANT
-                                  or stats.flushed * FLUSH_SHARE >= stats.size)
+    small = stats.too_small  # flushed to zero, or raised to 2^-24 by TensorRT's conversion
+    return small > 0 and (stats.size <= SMALL_CONSTANT or small * FLUSH_SHARE >= stats.size)
 
 
 def build_prior(graph: Graph, stats: Mapping[str, TensorStats],
@@ -127,8 +134,9 @@ def _score(ins: list[str], outs: list[str], stats: Mapping[str, TensorStats],
         score += 1e6
     if math.isinf(out_err) and not math.isinf(in_err):
         score += 1e5  # first non-finite tensor on its path
-    if any(s is not None and s.flushed > 0 for s in [*in_stats, *out_stats]):
-        score += 1e4  # values or constants that FP16 flushes to zero
+    if any(s is not None and (s.too_small if isinstance(s, ConstantStats) else s.flushed) > 0
+           for s in [*in_stats, *out_stats]):
+        score += 1e4  # values or constants that FP16 flushes to zero (or TensorRT raises)
     if math.isfinite(out_err):
         score += min(out_err / max(in_err, 1e-3), 1e3)
     return score
