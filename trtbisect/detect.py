@@ -28,6 +28,7 @@ import numpy as np
 from .compare import FP16_MAX, FP16_TINY, TensorStats
 from .facts import LAYOUT_OPS, Evidence, Facts
 from .graph import Graph
+from .suspects import too_small_to_ignore
 
 CAUSES = ("constant_out_of_range", "overflow", "underflow", "non_finite_origin", "precision_loss")
 FP16_MIN_NORMAL = 2.0**-14
@@ -212,7 +213,7 @@ def _flushed_constant(f: Facts, group: Sequence[str]
     for n in group:
         for t in f.g.float_inputs(n):
             hit = f.constant_at(t)
-            if hit is not None and hit[1].too_small:
+            if hit is not None and too_small_to_ignore(hit[1]):
                 value = smallest_nonzero(f.constant_array(hit[0]))
                 return (f.constant_label(hit[0]), value, n, _tiny_becomes(value, hit[1].rule),
                         hit[1].size)
@@ -430,7 +431,7 @@ def flushed_at(f: Facts, node: str) -> Evidence | None:
     """What this node reads or writes that FP16 flushes to zero: a constant first, else a tensor."""
     for t in f.g.float_inputs(node):
         hit = f.constant_at(t)
-        if hit is not None and hit[1].too_small:
+        if hit is not None and too_small_to_ignore(hit[1]):
             value = smallest_nonzero(f.constant_array(hit[0]))
             return {"constant": f.constant_label(hit[0]), "value": value,
                     "fp16_value": _tiny_becomes(value, hit[1].rule)}

@@ -98,6 +98,15 @@ def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
     return small > 0 and (stats.size <= SMALL_CONSTANT or small * FLUSH_SHARE >= stats.size)
 
 
+def too_small_to_ignore(stats: ConstantStats) -> bool:
+    """A constant diagnosis blames for underflow: an epsilon-sized constant with a value FP16
+    cannot hold, or a tensor most of whose values it cannot (a weight tensor with a few tiny
+    values loses nothing that matters next to its own FP16 rounding; the prior, wider, still
+    tries its readers early)."""
+    return stats.too_small > 0 and (stats.size <= SMALL_CONSTANT
+                                    or 2 * stats.too_small >= stats.size)
+
+
 def build_prior(graph: Graph, stats: Mapping[str, TensorStats],
                 constants: Mapping[str, ConstantStats]) -> Prior:
     cands = graph.candidates()
