@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -525,15 +526,16 @@ def _before(args: argparse.Namespace) -> list[Row] | None:
     return [Row(**r) for r in json.loads(Path(args.before).read_text())["rows"]]
 
 
-KEPT = ("<!-- bench_constants: begin -->", "<!-- bench_constants: end -->")  # its own script's
+KEPT = re.compile(r"<!-- (bench_\w+): begin -->.*?<!-- \1: end -->", re.S)  # other scripts'
 
 
 def write_page(path: Path, text: str) -> None:
-    """The page, keeping the section another benchmark script writes (bench_constants.py)."""
+    """The page, keeping every section other benchmark scripts write into it between their
+    own markers (bench_constants.py, bench_cost.py, ...)."""
     old = path.read_text(encoding="utf-8") if path.is_file() else ""
-    begin, end = KEPT
-    if begin in old and end in old and begin not in text:
-        text = text.rstrip("\n") + "\n\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
+    kept = [m.group(0) for m in KEPT.finditer(old) if m.group(0).split(" ")[1] not in text]
+    if kept:
+        text = text.rstrip("\n") + "\n\n" + "\n\n".join(kept) + "\n"
     path.write_text(text, encoding="utf-8")
 
 

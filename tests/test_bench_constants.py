@@ -40,6 +40,8 @@ def test_bench_search_keeps_the_constants_section(tmp_path):
     constants.write_doc(section, doc)
     constants.write_doc(section.replace("| a |", "| b |"), doc)  # replaced, not appended
     assert doc.read_text().count(constants.BEGIN) == 1 and "| b |" in doc.read_text()
+    doc.write_text(doc.read_text() + "\n<!-- bench_cost: begin -->\ncost\n<!-- bench_cost: end -->\n")
     search.write_page(doc, "# new page\n\nnew table\n")
     text = doc.read_text()
     assert text.startswith("# new page") and "old table" not in text and "| b |" in text
+    assert text.count("<!-- bench_cost: begin -->\ncost\n<!-- bench_cost: end -->") == 1
