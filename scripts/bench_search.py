@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -268,7 +269,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     ctx = pipeline.prepare(case.path, opts)
     prepared = time.perf_counter()
     ev = _evaluator(ctx, opts, units=False)
-    plain = ddmin(ctx.graph.candidates(), ev.check, max_evaluations=ddmin_budget)
+    plain = ddmin(ctx.judged.candidates(), ev.check, max_evaluations=ddmin_budget)  # as searched
     row.ddmin_s = time.perf_counter() - t
     row.ddmin_search_s = time.perf_counter() - prepared
     row.ddmin_evals, row.ddmin_set, row.ddmin_stopped = plain.evaluations, len(plain.fp32), \
@@ -525,6 +526,19 @@ def _before(args: argparse.Namespace) -> list[Row] | None:
     return [Row(**r) for r in json.loads(Path(args.before).read_text())["rows"]]
 
 
+KEPT = re.compile(r"<!-- (bench_\w+): begin -->.*?<!-- \1: end -->", re.S)  # other scripts'
+
+
+def write_page(path: Path, text: str) -> None:
+    """The page, keeping every section other benchmark scripts write into it between their
+    own markers (bench_constants.py, bench_cost.py, ...)."""
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    kept = [m.group(0) for m in KEPT.finditer(old) if m.group(0).split(" ")[1] not in text]
+    if kept:
+        text = text.rstrip("\n") + "\n\n" + "\n\n".join(kept) + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only: a smoke test")
@@ -550,7 +564,7 @@ def main() -> None:
         saved = json.loads(Path(args.from_rows).read_text())
         text = render([Row(**r) for r in saved["rows"]], saved["notes"] + args.note, args,
                       _before(args))
-        Path(args.out).write_text(text)
+        write_page(Path(args.out), text)
         return print(text)
     with tempfile.TemporaryDirectory(prefix="trtbisect-bench-") as tmp:
         work = Path(args.workdir or tmp)
@@ -570,7 +584,7 @@ def main() -> None:
                 Path(args.rows).write_text(json.dumps(
                     {"rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
     text = render(rows, notes + args.note, args, _before(args))
-    Path(args.out).write_text(text)
+    write_page(Path(args.out), text)
     print(text)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from .compare import FP16_MAX, FP16_TINY, TensorStats
 from .facts import LAYOUT_OPS, Evidence, Facts
 from .graph import Graph
+from .suspects import too_small_to_ignore
 
 CAUSES = ("constant_out_of_range", "overflow", "underflow", "non_finite_origin", "precision_loss")
 FP16_MIN_NORMAL = 2.0**-14
@@ -123,12 +124,21 @@ def _constant_evidence(f: Facts, group: Sequence[str]) -> Evidence | None:
             out = _worst_output(f, n)
             return {"cause": "constant_out_of_range", "node": n, "op": f.op(n),
                     "constant": f.constant_label(src),
-                    "value": value, "fp16_value": "-inf" if value < 0 else "inf",
+                    "value": value, "fp16_value": _converted(value, c.rule),
+                    "weight_rule": c.rule,
                     "limit": FP16_MAX, "values_out_of_range": c.overflow,
                     "input_index": list(f.g.node(n).input).index(t),
                     "output_nonfinite_fp16": out.fp16_nonfinite if out else 0,
                     "output_size": out.size if out else 0}
     return None
+
+
+def _converted(value: float, rule: str) -> str:
+    """What an out-of-range constant becomes in FP16: inf under a cast, the range's edge
+    under TensorRT's weight conversion (semantics rule weights_clamp_v10)."""
+    if rule == "clamp":
+        return "-65504" if value < 0 else "65504"
+    return "-inf" if value < 0 else "inf"
 
 
 def _extreme(arr: np.ndarray | None) -> float:
@@ -188,20 +198,32 @@ def _underflow_evidence(f: Facts, group: Sequence[str]) -> Evidence | None:
                   fp32_absmax=flushed.fp32_absmax, flushed=flushed.flushed,
                   size=flushed.size, fraction=frac)
     if eps is not None:
-        ev.update(constant=eps[0], constant_value=eps[1], constant_reader=eps[2])
+        ev.update(constant=eps[0], constant_value=eps[1], constant_reader=eps[2],
+                  constant_fp16=eps[3], constant_size=eps[4])
         ev.setdefault("node", eps[2])
         ev.setdefault("op", f.op(eps[2]))
     ev.update(_consequence(f, group))
     return ev
 
 
-def _flushed_constant(f: Facts, group: Sequence[str]) -> tuple[str, float, str] | None:
+def _flushed_constant(f: Facts, group: Sequence[str]
+                      ) -> tuple[str, float, str, float, int] | None:
+    """(label, smallest nonzero value, reader, what FP16 makes of it: 0, or 2^-24 where
+    TensorRT's conversion raises it, elements) of the first constant too small for FP16."""
     for n in group:
         for t in f.g.float_inputs(n):
             hit = f.constant_at(t)
-            if hit is not None and hit[1].flushed:
-                return f.constant_label(hit[0]), smallest_nonzero(f.constant_array(hit[0])), n
+            if hit is not None and too_small_to_ignore(hit[1]):
+                value = smallest_nonzero(f.constant_array(hit[0]))
+                return (f.constant_label(hit[0]), value, n, _tiny_becomes(value, hit[1].rule),
+                        hit[1].size)
     return None
+
+
+def _tiny_becomes(value: float, rule: str) -> float:
+    """A nonzero constant below FP16's smallest subnormal becomes 0 (a cast) or +-2^-24 (the
+    clamp of TensorRT's weight conversion, rule weights_clamp_v10)."""
+    return float(np.copysign(FP16_TINY, value)) if rule == "clamp" else 0.0
 
 
 def smallest_nonzero(arr: np.ndarray | None) -> float:
@@ -409,9 +431,10 @@ def flushed_at(f: Facts, node: str) -> Evidence | None:
     """What this node reads or writes that FP16 flushes to zero: a constant first, else a tensor."""
     for t in f.g.float_inputs(node):
         hit = f.constant_at(t)
-        if hit is not None and hit[1].flushed:
-            return {"constant": f.constant_label(hit[0]),
-                    "value": smallest_nonzero(f.constant_array(hit[0]))}
+        if hit is not None and too_small_to_ignore(hit[1]):
+            value = smallest_nonzero(f.constant_array(hit[0]))
+            return {"constant": f.constant_label(hit[0]), "value": value,
+                    "fp16_value": _tiny_becomes(value, hit[1].rule)}
     for t in [*f.g.float_outputs(node), *f.g.float_inputs(node)]:
         s = f.stats.get(t)
         if s is not None and s.flushed:

@@ -682,6 +682,12 @@ class Graph:
     def float_outputs(self, name: str) -> list[str]:
         return [t for t in self.node(name).output if self.is_float(t)]
 
+    def fp32_outputs(self, name: str) -> list[str]:
+        """Float outputs that stay FP32 when the node runs in FP16 (graph.fp32_outputs)."""
+        node = self.node(name)
+        keep = fp32_outputs(node, self.opset)
+        return [t for k, t in enumerate(node.output) if k in keep and self.is_float(t)]
+
     def float_inputs(self, name: str) -> list[str]:
         return [t for t in dict.fromkeys(self.node(name).input) if self.is_float(t)]
 
@@ -794,26 +800,52 @@ def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def fp16_signature(node: onnx.NodeProto, opset: int) -> frozenset[int] | None:
-    """Input positions that may hold float16 when the node runs in FP16, or None when a float
-    output cannot be float16 (the node cannot run in FP16 at all)."""
+    """Input positions that may hold float16 when the node runs in FP16, or None when no float
+    output can be float16 (the node cannot run in FP16 at all). A node with some outputs that
+    cannot be float16 still runs in FP16: those stay FP32 (`fp32_outputs`)."""
     return _signature(node.op_type, node.domain, opset, len(node.input))
+
+
+def fp32_outputs(node: onnx.NodeProto, opset: int) -> frozenset[int]:
+    """Output positions that stay float32 when the node runs in FP16: the schema lets them be
+    float but not float16 (opset-17 LayerNormalization's Mean and InvStdDev, type U)."""
+    return _fp32_outputs(node.op_type, node.domain, opset, len(node.output))
+
+
+def _schema_types(op_type: str, domain: str, opset: int):
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None, {}
+    return schema, {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+
+@functools.lru_cache(maxsize=4096)
+def _fp32_outputs(op_type: str, domain: str, opset: int, outputs: int) -> frozenset[int]:
+    schema, allowed = _schema_types(op_type, domain, opset)
+    if schema is None or not schema.outputs:
+        return frozenset()
+    formal = list(schema.outputs)
+    out = set()
+    for k in range(outputs):
+        types = allowed.get(formal[min(k, len(formal) - 1)].type_str, set())
+        if "tensor(float)" in types and "tensor(float16)" not in types:
+            out.add(k)
+    return frozenset(out)
 
 
 @functools.lru_cache(maxsize=4096)
 def _signature(op_type: str, domain: str, opset: int, inputs: int) -> frozenset[int] | None:
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
+    schema, allowed = _schema_types(op_type, domain, opset)
+    if schema is None:
         return None
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
 
     def takes_half(type_str: str) -> bool:
         return "tensor(float16)" in allowed.get(type_str, {type_str})
 
-    for param in schema.outputs:
-        if ("tensor(float)" in allowed.get(param.type_str, {param.type_str})
-                and not takes_half(param.type_str)):
-            return None
+    floats = [p for p in schema.outputs if "tensor(float)" in allowed.get(p.type_str, {p.type_str})]
+    if floats and not any(takes_half(p.type_str) for p in floats):
+        return None
     positions: set[int] = set()
     formal = list(schema.inputs)
     for k in range(inputs):

@@ -126,8 +126,9 @@ class _MixedWriter:
         self.home: dict[str, int] = {t: ty for t, ty in graph.types.items()}
         self.home.update(graph.half_typed)  # what the model itself keeps half
         for name in graph.candidates():
+            kept = graph.fp32_outputs(name)  # float-only outputs (LayerNormalization's Mean)
             for t in graph.float_outputs(name):
-                self.home[t] = FLOAT16 if name in self.half else FLOAT
+                self.home[t] = FLOAT16 if name in self.half and t not in kept else FLOAT
         for v in graph.inputs():
             self.home[v.name] = graph.declared.get(v.name, self.home.get(v.name, FLOAT))
         self.converted: dict[tuple[str, int], str] = {}

@@ -695,7 +695,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
         if stats and not opts.rewrite:  # the prior is known: one session, the search's
-            early = build_prior(g, stats, constant_stats(g))
+            early = build_prior(g, stats, constant_stats(g, ctx.rules.weight_rule))
             ev.emulator.ensure(_prefetch(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
@@ -726,7 +726,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     outcome = None
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
-        suspects = build_prior(ctx.graph, stats, constant_stats(ctx.graph)).seeds
+        suspects = build_prior(ctx.graph, stats,
+                               constant_stats(ctx.graph, ctx.rules.weight_rule)).seeds
         outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
                                             (all_half, _worst(before)))
         if outcome is not None and outcome.applied:
@@ -736,7 +737,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             ev = Evaluator(ctx, opts, stats, journal)
             all_half = outcome.passed
             ev.known[frozenset()] = all_half
-    constants = constant_stats(g)
+    constants = constant_stats(g, ctx.rules.weight_rule)  # as the judge converts weights
     prior = build_prior(g, stats, constants)
     units = semantics.units(ctx.prepared, g.candidates())
     workers = None
@@ -1170,6 +1171,9 @@ def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
         c, s = constants.get(t), stats.get(t)
         if c is not None and c.flushed:
             return f"constant {t!r} has {c.flushed} value(s) that FP16 flushes to zero"
+        if c is not None and c.raised:
+            return f"constant {t!r} has {c.raised} value(s) below FP16's smallest subnormal " \
+                   "that TensorRT's FP16 conversion raises to 5.96e-8"
         if s is not None and s.flushed:
             return f"{t!r}: {s.flushed} of {s.size} values flush to zero in FP16"
     for t in g.float_outputs(name):

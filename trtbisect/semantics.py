@@ -36,6 +36,7 @@ SKELETON_LIMIT = 1024  # elements: bigger initializers become typed inputs for s
 MAX_LAYER_NODES = 32
 FP16_ACCUMULATE_BLOCK = 32  # --fp16-accumulate: inner-dimension block whose partials round
 MAX_ACCUMULATE_BLOCKS = 256  # more blocks than this: the node keeps FP32 accumulation (size)
+FOLD_NOTE_NAMES = 20  # folded nodes named in the note; the rest are counted
 META_KEY = "trtbisect.semantics"  # {"renamed": ..., "absorbed": ...}: keeps prepare idempotent
 
 # ------------------------------------------------------------------------------- the table
@@ -43,6 +44,8 @@ META_KEY = "trtbisect.semantics"  # {"renamed": ..., "absorbed": ...}: keeps pre
 FUSION_CATALOG = "https://docs.nvidia.com/deeplearning/tensorrt/latest/performance/fusion-catalog.html"
 BN_IMPORTER = "https://github.com/onnx/onnx-tensorrt/blob/main/builtin_op_importers.cpp"
 ONNX_TRT = "https://github.com/onnx/onnx-tensorrt/blob/96e781103cfc4adf4a6bb557e94bac8e693f6f4c"
+NVINFER_10_16 = ("https://github.com/NVIDIA/TensorRT/blob/5302b288c5603895508711bdf2df11dc29c8ad92/"
+                 "include/NvInfer.h")
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,29 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule("constant_weights",
+         "The output of a Constant node is a weight exactly as an initializer is: prepare "
+         "first turns every Constant node (value, value_float(s), value_int(s)) into an "
+         "initializer of the same name, so constant folding, the BatchNorm rules and the "
+         "weight conversion treat both alike and the mixed ONNX stores it as a weight. "
+         "String and sparse Constants stay nodes (TensorRT does not import them).",
+         "onnx-tensorrt's Constant importer returns the attribute as weights "
+         "(`return {{attrs.get<ShapedWeights>(\"value\")}}`; value_float(s) and value_int(s) "
+         "as named weights, onnxOpImporters.cpp), as the model importer does for each "
+         "initializer (`registerTensor(TensorOrWeights{std::move(weights)}, "
+         "initializer.name())`, ModelImporter.cpp) "
+         f"({ONNX_TRT}/onnxOpImporters.cpp, {ONNX_TRT}/ModelImporter.cpp); "
+         "operators.md: \"Constant ... `sparse_value`, `value_string`, and `value_strings` "
+         f"attributes are unsupported.\" ({ONNX_TRT}/docs/operators.md)",
+         (10, 11), True),
     Rule("constant_folding",
-         "Nodes whose inputs are all constants are computed once in FP32 at build time; the "
-         "result is a weight that an FP16 layer reads rounded once. A constant subgraph that "
-         "overflows only when each node rounds to FP16 no longer overflows.",
+         "Nodes whose inputs are all constants (weights, or values folded before them) are "
+         "computed once in FP32 at build time; the result is a weight that an FP16 layer reads "
+         "converted once. Identity, Cast, Reshape, Unsqueeze, Squeeze, Transpose, Concat, "
+         "Gather, Slice, shape arithmetic on known values and elementwise arithmetic all fold; "
+         "integer results (shapes) fold too, so the float folds after them see constants. A "
+         "constant subgraph that overflows only when each node rounds to FP16 no longer "
+         "overflows.",
          "TensorRT Developer Guide, 'The Build Phase': \"The builder eliminates dead "
          "computations, folds constants, and reorders and combines operations\" "
          "(https://docs.nvidia.com/deeplearning/tensorrt/latest/architecture/capabilities.html; "
@@ -69,7 +91,10 @@ RULES: tuple[Rule, ...] = (
          "TensorRT 10 log naming weights folded from constant arithmetic before FP16 "
          "conversion: \"/decoders.0/decoders.0.0/conv3/Conv + decoders.0.0.beta + "
          "/decoders.0/decoders.0.0/Mul_1 + /decoders.0/decoders.0.0/Add.weight\" "
-         "(https://github.com/NVIDIA/TensorRT/issues/4022)",
+         "(https://github.com/NVIDIA/TensorRT/issues/4022). Shape arithmetic: onnx-tensorrt's "
+         "ShapeTensor (\"Represents a 0D or 1D tensor of int64_t\", with allValuesKnown()) "
+         "computes shape values known at parse time on the host "
+         f"({ONNX_TRT}/ShapeTensor.hpp)",
          (10, 11), True),
     Rule("batchnorm_scale",
          "BatchNormalization with constant parameters is imported as a per-channel Scale layer "
@@ -111,14 +136,26 @@ RULES: tuple[Rule, ...] = (
          "PWN(PWN(/model.19/act/Sigmoid), /model.19/act/Mul)\" "
          "(https://github.com/ultralytics/ultralytics/issues/6471)",
          (10, 11), True),
-    Rule("layernorm_fp32_statistics",
-         "Opset-17 LayerNormalization (INormalizationLayer) keeps its statistics in FP32 when "
-         "the layer runs in FP16. The emulator computes every FP16 op in FP32 and rounds only "
-         "its inputs and outputs, which is this behaviour; nothing is rewritten.",
-         "\"Precision requirements for LayerNormalization operator is handled automatically "
-         "by TensorRT optimizer in 8.6\" (NVIDIA maintainer, "
-         "https://github.com/NVIDIA/TensorRT/issues/2781)",
-         (10, 11), True, "emulator"),
+    Rule("layernorm_fp32_compute",
+         "Opset-17 LayerNormalization is one INormalizationLayer whose compute precision is "
+         "FP32 (stash_type 1, the default): when it runs in FP16, X, Scale and B are read in "
+         "FP16 and cast to FP32 for the computation, and Y is stored in FP16. The emulator "
+         "does exactly that (X, Scale, B and Y rounded, the normalization in FP32); Mean and "
+         "InvStdDev, which cannot be float16 (and which TensorRT's parser does not import), "
+         "stay FP32 under both semantics.",
+         "onnx-tensorrt's LayerNormalization importer: `computeType = kFLOAT; "
+         "convertDtype(attrs.get<int32_t>(\"stash_type\", 1), &computeType); "
+         f"layer->setComputePrecision(computeType)` ({ONNX_TRT}/onnxOpImporters.cpp); "
+         "operators.md: \"LayerNormalization ... Only the first output `Y` is supported.\" "
+         f"({ONNX_TRT}/docs/operators.md); NvInfer.h (TensorRT 10.16), "
+         "INormalizationLayer::setComputePrecision: \"The method is used to avoid overflow "
+         "errors by controlling the normalization computation in mixed precision mode. The "
+         "compute precision defaults to DataType::kFLOAT32.\" and, for a weakly typed network, "
+         "\"setPrecision() can still be called. The input data is cast to that precision "
+         f"before being cast to the compute precision.\" ({NVINFER_10_16}). TensorRT 11 removed "
+         "the method with weak typing and documents no compute precision for a float16 "
+         "normalization: the rule is claimed for TensorRT 10 only",
+         (10,), True, "emulator"),
     Rule("decomposed_layernorm_rounds",
          "A LayerNorm decomposed into ReduceMean / Sub / Pow / ReduceMean / Sqrt / Div runs "
          "those layers in FP16 (Pow and the reductions do round): prepare only notes it.",
@@ -409,16 +446,25 @@ def prepare(model: onnx.ModelProto, semantics: str = "trt", trt_version: int = 1
     rule = weight_rule_for(semantics, trt_version)
     if semantics == "strict":
         return Prepared(model, [], {}, rule, [], semantics, trt_version)
-    out = with_node_names(model)
+    out = with_node_names(model)  # named first: removing Constant nodes renames nothing
     work = _Work(out)
     renamed = work.load_renamed()
-    notes: list[str] = []
+    notes: list[str] = work.constants_to_weights()
     notes += work.fold_constants(renamed)
     notes += work.batchnorms(renamed)
     work.save_renamed(renamed)
     notes += work.layernorm_notes()
     layers = find_layers(out)
     return Prepared(out, layers, renamed, rule, notes, semantics, trt_version)
+
+
+def constants_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with trtbisect's node names and every Constant node TensorRT imports as
+    weights turned into an initializer of the same name: the same model to TensorRT (rule
+    `constant_weights`), and to trtbisect under either semantics."""
+    out = with_node_names(model)
+    _Work(out).constants_to_weights()
+    return out
 
 
 def fused_layer_names(prepared: Prepared) -> dict[str, str]:
@@ -488,11 +534,41 @@ class _Work:
             return None  # weights left on disk are not read
         return numpy_helper.to_array(t)
 
+    def used(self) -> set[str]:
+        """Every name a node reads (inside If/Loop bodies too) or the graph outputs."""
+        return {t for n in self.g.node for t in node_reads(n)} | self.graph_outputs()
+
     def remove_initializer(self, name: str) -> None:
         for field_ in (self.g.initializer, self.g.input):
             for i in reversed(range(len(field_))):
                 if field_[i].name == name:
                     del field_[i]
+
+    # ---- rule: constant_weights
+    def constants_to_weights(self) -> list[str]:
+        """Every top-level Constant node becomes an initializer of the same name: TensorRT's
+        ONNX parser imports a Constant's value as weights, exactly like an initializer (so
+        the folding, BatchNorm and weight rules below see both alike). Constants it cannot
+        import (strings, sparse values) or whose data is external stay nodes."""
+        outputs = self.graph_outputs()
+        taken = {t.name for t in self.g.initializer}
+        made: set[str] = set()
+        for node in self.g.node:
+            if (node.op_type != "Constant" or node.domain not in ("", "ai.onnx")
+                    or len(node.output) != 1 or not node.output[0]
+                    or node.output[0] in outputs or node.output[0] in taken):
+                continue
+            tensor = _constant_tensor(node)
+            if tensor is None:
+                continue
+            self.g.initializer.append(tensor)
+            taken.add(tensor.name)
+            made.add(node.name)
+        if not made:
+            return []
+        self._delete_nodes(made)
+        return [f"constant_weights: {len(made)} Constant node(s) are weights, as initializers "
+                "are (TensorRT's ONNX parser imports a Constant's value as weights)"]
 
     # ---- rule: constant_folding
     def fold_constants(self, renamed: dict[str, str]) -> list[str]:
@@ -516,14 +592,17 @@ class _Work:
         if not folded:
             return []
         self._delete_nodes(set(folded))
-        used = {t for n in self.g.node for t in node_reads(n)} | outputs
+        used = self.used()
         new_inits = [numpy_helper.from_array(constants[t], t)
                      for t in folded.values() if t in used]
         self.g.initializer.extend(new_inits)
         self._drop_unused_constants()
         self._drop_unused_initializers({t for ins in inputs.values() for t in ins})
         self._resolve_carriers(folded, inputs, renamed)
-        return [f"constant_folding: computed {', '.join(sorted(folded))} once in FP32 "
+        names = sorted(folded)
+        shown = ", ".join(names[:FOLD_NOTE_NAMES]) + (
+            f" and {len(names) - FOLD_NOTE_NAMES} more" if len(names) > FOLD_NOTE_NAMES else "")
+        return [f"constant_folding: computed {shown} once in FP32 "
                 f"(TensorRT folds constant subgraphs at build time)"]
 
     def _fold(self, node: onnx.NodeProto, inits: Mapping[str, TensorProto],
@@ -549,12 +628,16 @@ class _Work:
         except Exception as exc:  # an op the reference cannot run: leave it to the runtime
             log.debug("not folding %s: %s", node.name, exc)
             return None
-        if result.dtype not in (np.float32, np.float64) or not _is_float_op(node, values):
-            return None  # only FP32 results matter for rounding; shapes/ints stay as they are
-        return result.astype(np.float32)
+        if result.dtype.kind not in "fiub" or result.dtype in (np.float16,) \
+                or result.dtype.name == "bfloat16":
+            return None  # strings are the runtime's; a half-typed result is the model's own
+        if (result.dtype == np.float64 and not _casts_to(node, TensorProto.DOUBLE)
+                and not any(v is not None and v.dtype == np.float64 for v in values)):
+            return result.astype(np.float32)  # the reference computed wider than the model
+        return result  # shape arithmetic too: its results feed the folds after it
 
     def _drop_unused_constants(self) -> None:
-        used = {t for n in self.g.node for t in node_reads(n)} | self.graph_outputs()
+        used = self.used()
         self._delete_nodes({n.name for n in self.g.node if n.op_type == "Constant"
                             and not any(o in used for o in n.output)})
 
@@ -662,7 +745,7 @@ class _Work:
         return True
 
     def _drop_unused_initializers(self, names: Iterable[str]) -> None:
-        used = {t for n in self.g.node for t in node_reads(n)} | self.graph_outputs()
+        used = self.used()
         for name in names:
             if name and name not in used:
                 self.remove_initializer(name)
@@ -744,11 +827,24 @@ def _constant_attr(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def _is_float_op(node: onnx.NodeProto, values: list[np.ndarray | None]) -> bool:
-    """Folding matters for rounding when the node computes in float (Cast to float included)."""
-    if node.op_type == "Cast":
-        return any(a.name == "to" and a.i == FLOAT for a in node.attribute)
-    return any(v is not None and v.dtype == np.float32 for v in values)
+def _casts_to(node: onnx.NodeProto, to: int) -> bool:
+    return node.op_type == "Cast" and any(a.name == "to" and a.i == to for a in node.attribute)
+
+
+def _constant_tensor(node: onnx.NodeProto) -> TensorProto | None:
+    """A Constant node's value as an initializer named after its output (None: a value
+    TensorRT does not import as weights, or one whose data lives in an external file)."""
+    name = node.output[0]
+    for a in node.attribute:
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+            if a.t.data_location == TensorProto.EXTERNAL or a.t.data_type == TensorProto.STRING:
+                return None
+            t = TensorProto()
+            t.CopyFrom(a.t)  # its own bytes and type (float16 stays float16)
+            t.name = name
+            return t
+    value = _constant_attr(node)
+    return None if value is None else numpy_helper.from_array(value, name)
 
 
 def _set_float_attr(node: onnx.NodeProto, name: str, value: float) -> None:

@@ -16,24 +16,35 @@ from typing import Mapping
 import numpy as np
 from onnx import numpy_helper
 
-from .compare import FP16_MAX, TensorStats, round_fp16
+from .compare import FP16_MAX, FP16_TINY, TensorStats
 from .graph import Graph
+from .semantics import round_weight
 from .spill import release_pages
 
 
 @dataclass(frozen=True)
 class ConstantStats:
-    """Range facts of an initializer or Constant output."""
+    """Range facts of an initializer or Constant output, as a weight becomes FP16 under `rule`
+    (semantics.round_weight: "inf" casts, "clamp" is TensorRT's conversion)."""
 
     name: str
     absmax: float
-    overflow: int  # finite values FP16 turns into inf
-    flushed: int  # nonzero values FP16 turns into zero
+    overflow: int  # finite values beyond FP16's range (inf: they become inf; clamp: +-65504)
+    flushed: int  # nonzero values the conversion turns into zero (none under clamp)
     rel_err: float  # max relative rounding error
     size: int = 0  # elements
+    rule: str = "inf"
+    raised: int = 0  # nonzero values below 2^-24 that the clamp raises to +-2^-24 (not zero)
+
+    @property
+    def too_small(self) -> int:
+        """Nonzero values FP16 cannot hold: flushed to zero (inf rule) or raised (clamp)."""
+        return self.flushed + self.raised
 
 
-def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
+def constant_stats(graph: Graph, weight_rule: str = "inf") -> dict[str, ConstantStats]:
+    """Range facts of every float constant of `graph`, converted to FP16 the way the judge
+    converts weights (`weight_rule`), so diagnosis never says "inf" where TensorRT clamps."""
     out: dict[str, ConstantStats] = {}
     arrays = {name: graph.array(name) for name in graph.initializers}
     for node in graph.model.graph.node:
@@ -44,17 +55,19 @@ def constant_stats(graph: Graph) -> dict[str, ConstantStats]:
     for name, arr in arrays.items():
         if arr.dtype != np.float32:
             continue
-        r = round_fp16(arr)
+        r = round_weight(arr, weight_rule)
         finite = np.isfinite(arr)
         absmax = float(np.max(np.abs(arr[finite]), initial=0.0))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             rel = np.abs(r.astype(np.float64) - arr) / max(absmax, 1e-30)
+            beyond = np.isinf(r) if weight_rule == "inf" else np.abs(arr) > FP16_MAX
         out[name] = ConstantStats(
             name, absmax,
-            overflow=int(np.count_nonzero(finite & np.isinf(r))),
+            overflow=int(np.count_nonzero(finite & beyond)),
             flushed=int(np.count_nonzero((arr != 0) & (r == 0))),
             rel_err=float(np.nan_to_num(rel, nan=0.0, posinf=math.inf).max(initial=0.0)),
-            size=int(arr.size),
+            size=int(arr.size), rule=weight_rule,
+            raised=int(np.count_nonzero((arr != 0) & (np.abs(arr) < FP16_TINY) & (r != 0))),
         )
         release_pages([arr])  # a memory-mapped weight: read once, not held
     return out
@@ -81,8 +94,17 @@ def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
         return stats.fp32_absmax > FP16_MAX or 2 * stats.flushed >= max(stats.size, 1)
     # a constant: an epsilon or scale that flushes, or a tensor of which a real share does (a
     # few tiny values in a big weight matrix flush harmlessly in every FP16 model)
-    return stats.flushed > 0 and (stats.size <= SMALL_CONSTANT
-                                  or stats.flushed * FLUSH_SHARE >= stats.size)
+    small = stats.too_small  # flushed to zero, or raised to 2^-24 by TensorRT's conversion
+    return small > 0 and (stats.size <= SMALL_CONSTANT or small * FLUSH_SHARE >= stats.size)
+
+
+def too_small_to_ignore(stats: ConstantStats) -> bool:
+    """A constant diagnosis blames for underflow: an epsilon-sized constant with a value FP16
+    cannot hold, or a tensor most of whose values it cannot (a weight tensor with a few tiny
+    values loses nothing that matters next to its own FP16 rounding; the prior, wider, still
+    tries its readers early)."""
+    return stats.too_small > 0 and (stats.size <= SMALL_CONSTANT
+                                    or 2 * stats.too_small >= stats.size)
 
 
 def build_prior(graph: Graph, stats: Mapping[str, TensorStats],
@@ -121,8 +143,9 @@ def _score(ins: list[str], outs: list[str], stats: Mapping[str, TensorStats],
         score += 1e6
     if math.isinf(out_err) and not math.isinf(in_err):
         score += 1e5  # first non-finite tensor on its path
-    if any(s is not None and s.flushed > 0 for s in [*in_stats, *out_stats]):
-        score += 1e4  # values or constants that FP16 flushes to zero
+    if any(s is not None and (s.too_small if isinstance(s, ConstantStats) else s.flushed) > 0
+           for s in [*in_stats, *out_stats]):
+        score += 1e4  # values or constants that FP16 flushes to zero (or TensorRT raises)
     if math.isfinite(out_err):
         score += min(out_err / max(in_err, 1e-3), 1e3)
     return score

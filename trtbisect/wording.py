@@ -13,6 +13,7 @@ from typing import Sequence
 from .compare import FP16_MAX, FP16_TINY
 from .detect import FP16_MIN_NORMAL, attention_scale, flushed_at, node_numbers
 from .facts import Evidence, Facts
+from .suspects import SMALL_CONSTANT
 
 DOMAIN_OPS = {"Sqrt": "Max(x, 0)", "Log": "Max(x, eps)", "Div": "denominator + eps",
               "Reciprocal": "x + eps", "Pow": "Max(x, eps)"}
@@ -114,7 +115,7 @@ def _cause_fixes(f: Facts, cause: str, ev: Evidence) -> list[Fix]:
     if cause == "underflow":
         out = [Fix("rescale_input", "rescale the values so they stay above FP16's smallest "
                    f"normal {num(FP16_MIN_NORMAL)} (subnormals end at {num(FP16_TINY)})")]
-        if ev.get("constant") is not None:
+        if ev.get("constant") is not None and _is_eps(ev):
             out.insert(0, Fix("raise_eps", f"raise eps {ev.get('constant')} = "
                               f"{num(_f(ev.get('constant_value')))} to at least 1e-5"))
         return out
@@ -148,7 +149,7 @@ def _what(f: Facts, cause: str, pattern: str | None, ev: Evidence) -> str:
         tail = f"; {nan} of {ev.get('output_size')} values turn NaN/inf" if nan else ""
         zero = " (0 * -inf = NaN)" if ev.get("op") == "Mul" and nan else ""
         return (f"{ev['op']} {ev['node']} reads constant {ev['constant']} = {g('value')}, which "
-                f"FP16 rounds to {ev['fp16_value']}{zero}{tail}")
+                f"{_converts(ev)} {ev['fp16_value']}{zero}{tail}")
     if cause == "overflow":
         return _overflow_words(pattern, ev, g)
     if cause == "underflow":
@@ -192,13 +193,25 @@ def _overflow_words(pattern: str | None, ev: Evidence, g) -> str:
            f"{g('input_absmax')}, which {over}"
 
 
+def _is_eps(ev: Evidence) -> bool:
+    """A small constant (a scalar, per-head values) is an epsilon; a weight tensor with a few
+    tiny values is not, and raising it is no fix."""
+    size = ev.get("constant_size")
+    return not isinstance(size, int) or size <= SMALL_CONSTANT
+
+
 def _underflow_words(ev: Evidence, g) -> str:
     parts = []
     if ev.get("flushed"):
         parts.append(f"{ev['flushed']} of {ev['size']} values of {ev['tensor']} (max "
                      f"{g('fp32_absmax')}) flush to zero in FP16 (smallest subnormal 6e-8)")
-    if ev.get("constant"):
-        parts.append(f"eps {ev['constant']} = {g('constant_value')} flushes to zero too"
+    what = "eps" if _is_eps(ev) else "a value of weight"
+    if ev.get("constant") and ev.get("constant_fp16"):  # TensorRT raises it to 2^-24
+        parts.append(f"{what if parts else 'constant'} {ev['constant']} = "
+                     f"{g('constant_value')} is below FP16's smallest subnormal: TensorRT's FP16 "
+                     f"conversion raises it to {g('constant_fp16')}")
+    elif ev.get("constant"):
+        parts.append(f"{what} {ev['constant']} = {g('constant_value')} flushes to zero too"
                      if parts else f"constant {ev['constant']} = {g('constant_value')} flushes "
                      "to zero in FP16")
     if ev.get("consequence_op"):
@@ -217,8 +230,8 @@ def node_why(f: Facts, node: str, cause: str, ev: Evidence) -> str:
     nn = node_numbers(f, node)
     op, ins, outs = nn.op, nn.input_absmax, nn.output_absmax
     if cause == "constant_out_of_range" and node == ev.get("node"):
-        return (f"{op} reads constant {ev['constant']} = {num(_f(ev.get('value')))}, which FP16 "
-                f"rounds to {ev['fp16_value']}")
+        return (f"{op} reads constant {ev['constant']} = {num(_f(ev.get('value')))}, which "
+                f"{_converts(ev)} {ev['fp16_value']}")
     if ins > FP16_MAX or outs > FP16_MAX:
         return _range_role(op, ins, outs)
     if cause == "underflow":
@@ -231,6 +244,12 @@ def node_why(f: Facts, node: str, cause: str, ev: Evidence) -> str:
             f"(values up to {num(outs)}, FP16 spacing {num(nn.fp16_spacing)})")
 
 
+def _converts(ev: Evidence) -> str:
+    """How the judge's weight rule turns an out-of-range constant into FP16."""
+    return "TensorRT's FP16 conversion clamps to" if ev.get("weight_rule") == "clamp" \
+        else "FP16 rounds to"
+
+
 def _range_role(op: str, ins: float, outs: float) -> str:
     if ins <= FP16_MAX:
         return f"{op} writes {num(outs)} ({num(outs / FP16_MAX)}x FP16's 65504) from inputs " \
@@ -241,6 +260,9 @@ def _range_role(op: str, ins: float, outs: float) -> str:
 
 
 def _flushed_words(op: str, fl: Evidence) -> str:
+    if "constant" in fl and fl.get("fp16_value"):
+        return f"{op} reads constant {fl['constant']} = {num(_f(fl['value']))}, which " \
+               f"TensorRT's FP16 conversion raises to {num(_f(fl['fp16_value']))}"
     if "constant" in fl:
         return f"{op} reads constant {fl['constant']} = {num(_f(fl['value']))}, which FP16 " \
                "flushes to zero"

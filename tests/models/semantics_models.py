@@ -113,3 +113,142 @@ def tf32_offset() -> Planted:
 def planted() -> dict[str, Planted]:
     return {p.name: p for p in (batchnorm_variance(), constant_subgraph(),
                                 conv_bias_relu_double_rounding(), tf32_offset())}
+
+
+# ------------------------------------------- weights held in Constant nodes (issue #20)
+
+def constant_stored(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same model with every initializer held by an unnamed Constant node (placed first),
+    the way paddle2onnx and tf2onnx store weights."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in g.initializer]
+    nodes = consts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    names = {t.name for t in g.initializer}
+    keep = [v for v in g.input if v.name not in names]
+    del g.input[:]
+    g.input.extend(keep)
+    del g.initializer[:]
+    return out
+
+
+def _const(name: str, value) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+        np.asarray(value), name))
+
+
+def batchnorm_in_constants() -> Planted:
+    """The pitch CNN's BatchNorm with its parameters in Constant nodes, the variance (4.97e5)
+    reached through an Identity and the mean through a Cast from float64: TensorRT imports
+    Constants as weights and folds both, so the BatchNorm is a scale/shift computed in FP32."""
+    rng = np.random.default_rng(0)
+    c = 4
+    nodes = [
+        _const("w", (rng.standard_normal((c, 1, 3, 3)) * 30).astype(np.float32)),
+        _const("b", rng.standard_normal(c).astype(np.float32)),
+        _const("g", np.ones(c, np.float32)), _const("beta", np.zeros(c, np.float32)),
+        _const("mean64", np.full(c, 50.0)), _const("var_raw", np.full(c, 4.97e5, np.float32)),
+        helper.make_node("Cast", ["mean64"], ["mean"], name="mean_cast", to=F),
+        helper.make_node("Identity", ["var_raw"], ["var"], name="var_identity"),
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("BatchNormalization", ["r", "g", "beta", "mean", "var"], ["y"],
+                         name="bn")]
+    m = _model(nodes, {}, [("x", [1, 1, 8, 8])], [("y", [1, c, 8, 8])])
+    x = np.random.default_rng(1).standard_normal((1, 1, 8, 8)).astype(np.float32)
+    return Planted("batchnorm_in_constants", m, {"x": x},
+                   {"strict": ("fixed", frozenset({"bn", "var_identity"})),
+                    "trt": ("fp16_ok", frozenset())})
+
+
+def eps_in_constant() -> Planted:
+    """RMS norm of 1e-4-scaled values with eps = 1e-12 (a Constant) added to a mean square of
+    ~1e-8 (below FP16's normal range): per node the eps flushes to zero; TensorRT clamps the
+    weight to 2^-24 instead (weights_clamp_v10), which is harmless next to the mean square."""
+    rng = np.random.default_rng(4)
+    d = 32
+    nodes = [
+        _const("scale", np.array(1e-4, np.float32)), _const("eps", np.array(1e-12, np.float32)),
+        _const("one", np.array(1.0, np.float32)),
+        helper.make_node("Mul", ["x", "scale"], ["xs"], name="scale_mul"),
+        helper.make_node("Mul", ["xs", "xs"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], name="mean_square", axes=[-1]),
+        helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
+        helper.make_node("Sqrt", ["mse"], ["rms"], name="sqrt"),
+        helper.make_node("Div", ["one", "rms"], ["inv"], name="inverse"),
+        helper.make_node("Mul", ["xs", "inv"], ["y"], name="normalize")]
+    m = _model(nodes, {}, [("x", [4, d])], [("y", [4, d])], opset=13)
+    x = rng.standard_normal((4, d)).astype(np.float32)
+    return Planted("eps_in_constant", m, {"x": x}, {})
+
+
+def matmul_weight_in_constant() -> Planted:
+    """A MatMul weight held in a Constant whose one column holds 2e5: per node it rounds to
+    inf (the output turns inf/NaN); TensorRT clamps it to 65504 (the output is wrong, not
+    NaN). Either way the MatMul keeps FP32: only the words differ."""
+    rng = np.random.default_rng(5)
+    d = 8
+    w = (rng.standard_normal((d, d)) * 0.3).astype(np.float32)
+    w[:, 3] = 2e5
+    nodes = [_const("w", w),
+             helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul"),
+             helper.make_node("Relu", ["m"], ["y"], name="relu")]
+    m = _model(nodes, {}, [("x", [4, d])], [("y", [4, d])])
+    x = rng.standard_normal((4, d)).astype(np.float32)
+    return Planted("matmul_weight_in_constant", m, {"x": x},
+                   {"strict": ("fixed", frozenset({"matmul", "relu"})),
+                    "trt": ("fixed", frozenset({"matmul", "relu"}))})
+
+
+def reshape_shape_in_constant() -> Planted:
+    """tf32_offset's MatMul with its weight stored flat and reshaped by a shape that Concat
+    builds from two Constants: TensorRT folds the shape arithmetic and the Reshape, so the
+    weight is one weight read in FP32 by the FP32 MatMul; per node the Reshape is a layer of
+    its own whose FP16 output already loses what the offset cancellation needs."""
+    base = tf32_offset()
+    d = 16
+    w = next(numpy_helper.to_array(t) for t in base.model.graph.initializer if t.name == "w")
+    c = next(numpy_helper.to_array(t) for t in base.model.graph.initializer if t.name == "c")
+    nodes = [
+        _const("offset", np.array(4096.0, np.float32)), _const("c", c),
+        _const("w_flat", w.reshape(-1)), _const("rows", np.array([d], np.int64)),
+        _const("cols", np.array([-1], np.int64)),
+        helper.make_node("Concat", ["rows", "cols"], ["shape"], name="shape_concat", axis=0),
+        helper.make_node("Reshape", ["w_flat", "shape"], ["w"], name="reshape_w"),
+        helper.make_node("Add", ["x", "offset"], ["a"], name="offset_add"),
+        helper.make_node("MatMul", ["a", "w"], ["m"], name="matmul"),
+        helper.make_node("Sub", ["m", "c"], ["y"], name="remove_offset")]
+    m = _model(nodes, {}, [("x", [4, d])], [("y", [4, d])])
+    trt = frozenset({"offset_add", "matmul", "remove_offset"})
+    return Planted("reshape_shape_in_constant", m, dict(base.inputs),
+                   {"strict": ("fixed", trt | {"reshape_w"}), "trt": ("fixed", trt)})
+
+
+def constant_planted() -> dict[str, Planted]:
+    """Planted cases whose weights live in Constant nodes; each also as `constant_stored` zoo
+    models in the tests."""
+    return {p.name: p for p in (batchnorm_in_constants(), eps_in_constant(),
+                                matmul_weight_in_constant(), reshape_shape_in_constant())}
+
+
+def layernorm_overflow_opset17() -> Planted:
+    """x * 3e5 feeds an opset-17 LayerNormalization whose Mean is a graph output too: the Mul
+    writes values beyond 65504 and the LayerNorm reads them, so both keep FP32 under either
+    semantics. Before issue #20 no plan could name the LayerNorm (its Mean/InvStdDev cannot be
+    float16, so it had no FP16 signature and was never rounded)."""
+    rng = np.random.default_rng(6)
+    d = 16
+    m = _model(
+        [helper.make_node("Mul", ["x", "k"], ["big"], name="mul"),
+         helper.make_node("LayerNormalization", ["big", "gamma", "beta"], ["y", "mean"],
+                          name="ln", axis=-1, epsilon=1e-5),
+         helper.make_node("Relu", ["y"], ["out"], name="relu")],
+        {"k": np.array(3e5), "gamma": 1 + 0.1 * rng.standard_normal(d),
+         "beta": 0.1 * rng.standard_normal(d)},
+        [("x", [4, d])], [("out", [4, d]), ("mean", [4, 1])])
+    x = rng.standard_normal((4, d)).astype(np.float32)
+    both = ("fixed", frozenset({"mul", "ln"}))
+    return Planted("layernorm_overflow_opset17", m, {"x": x}, {"strict": both, "trt": both})

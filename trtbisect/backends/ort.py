@@ -318,8 +318,12 @@ class _Builder:
                 if k in tf32 and self.g.is_float(t):
                     new.input[k] = self.tf32_of(t)
         forced = []
+        kept = set(self.g.fp32_outputs(name)) if mode == HALF else set()
         for k, t in enumerate(new.output):
             if not self.g.is_float(t):
+                continue
+            if t in kept:  # an output the schema keeps float32 (LayerNormalization's Mean)
+                self.producer_state[t] = FULL
                 continue
             self.producer_state[t] = mode
             if t in self.internal and mode == HALF:
@@ -334,7 +338,7 @@ class _Builder:
         self._rebuild_bodies(i, new)
         self._emit(node, new, name, mode)
         for t in self.g.float_outputs(name) if mode == HALF else []:
-            if t in self.rounded or t in self.internal:
+            if t in self.rounded or t in self.internal or t in kept:
                 continue
             self.round_pair(self.raw[t], t)
             self.rounded[t] = t
