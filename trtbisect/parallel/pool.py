@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import resource
 import signal
 import traceback
@@ -32,6 +33,10 @@ from .judge import JudgeSpec, Result, SampleJudge
 log = logging.getLogger(__name__)
 
 START_FAILURES = 3  # workers that die while starting, per slot, before the run gives up
+# Test hook: a path; the first worker to take a task once this file does not exist creates it
+# and dies there (exit 9), so a test kills exactly one worker mid-evaluation, at no time chosen
+# by a clock (tests/test_workers.py). Never set in normal use.
+DIE_ONCE_ENV = "TRTBISECT_TEST_WORKER_DIES_ONCE"
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ def serve(conn: Connection, factory: Callable[[JudgeSpec], Any], spec: JudgeSpec
         if msg is None:
             break
         tid, task = msg
+        _maybe_die()
         try:
             results, complete = judge.chunk(frozenset(task.plan), data.pairs(task.indices),
                                             task.total, task.stop_early)
@@ -91,6 +97,17 @@ def serve(conn: Connection, factory: Callable[[JudgeSpec], Any], spec: JudgeSpec
         except (BrokenPipeError, OSError):
             return
     judge.close()
+
+
+def _maybe_die() -> None:
+    path = os.environ.get(DIE_ONCE_ENV)
+    if not path:
+        return
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    os._exit(9)
 
 
 class _Worker:
