@@ -149,3 +149,64 @@ def test_pool_size_is_bounded_by_cores_and_memory():
     assert asked.workers == 6 and "4 would fit" in asked.why
     assert plan_workers(None, 1, weights=100 * gib, activations=0, ncores=8,
                         available=gib).workers == 1
+
+
+# `python -c DRIVER run ...`: the CLI, every journaled verdict waiting for a line on stdin, so
+# the test kills the run after a chosen number of verdicts, with other plans of the batch in
+# flight on the workers, whatever the machine's load
+DRIVER = """
+import sys
+from trtbisect import journal
+record = journal.Journal.record
+def held(self, key, passed, detail):
+    record(self, key, passed, detail)
+    sys.stdin.readline()
+journal.Journal.record = held
+from trtbisect.cli import main
+main(prog_name="trtbisect")
+"""
+
+
+def test_a_run_killed_mid_batch_resumes_to_the_uninterrupted_plan(deep, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    _, model, inputs = deep
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    reference = _run(model, inputs, tmp_path / "ref", 1)
+    out = tmp_path / "out"
+    args = ["run", str(model), "--inputs", str(inputs), "--out", str(out), "--threads", "1"]
+    victim = subprocess.Popen([sys.executable, "-c", DRIVER, "-q", *args, "--workers", "2"],
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    journal = out / "journal.jsonl"
+    deadline = time.monotonic() + 900  # a guard against a hang, not a bound on speed
+    released = 0
+    while True:
+        lines = journal.read_text().splitlines()[1:] if journal.exists() else []
+        done = sum('"done"' in line for line in lines)
+        if done >= 3:
+            break
+        assert victim.poll() is None, victim.communicate()
+        assert time.monotonic() < deadline, "the run hung"
+        if done > released:  # let the run take the next verdict
+            victim.stdin.write("\n")
+            victim.stdin.flush()
+            released += 1
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    assert victim.returncode != 0
+    resumed = subprocess.run([sys.executable, "-m", "trtbisect.cli", "-q", *args, "--workers",
+                              "2"], env=env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr
+    plan = json.loads((out / "precision.json").read_text())
+    ref = reference[1]
+    assert plan["fp32_nodes"] == ref["fp32_nodes"] and plan["one_minimal"]
+    assert plan["evaluations"] == ref["evaluations"]
+    assert plan["errors_after"] == ref["errors_after"]
