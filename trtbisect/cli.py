@@ -76,7 +76,7 @@ ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
 MAX_STABILITY = 100  # --stability N: N jittered copies of a sample are held at once
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
-JUDGE_THREADS = 1  # --threads' default (see its help; docs/parallel.md)
+JUDGE_THREADS = 1  # --threads' default (see its help; docs/workers.md)
 
 
 class Terminated(KeyboardInterrupt):
@@ -338,7 +338,8 @@ def make_options(kw: dict):
                    shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
                    criteria=pop_criteria(kw),
-                   threads=kw.pop("threads") or JUDGE_THREADS, trt_version=_trt_version(kw.pop("trt_version")),
+                   threads=kw.pop("threads") or JUDGE_THREADS,
+                   trt_version=_trt_version(kw.pop("trt_version")),
                    **kw)
 
 
@@ -432,8 +433,9 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts.search_samples = search_samples
     opts.workers, opts.ray = workers, ray_address
     if ray_address is not None:
-        from .parallel.ray_pool import require_ray
-        require_ray()  # before any work: a one-line install hint
+        from .parallel.ray_pool import check_address, require_ray
+        require_ray()  # before any work: a one-line install hint,
+        check_address(ray_address)  # or a head nobody answers at
     if backend == "trt" and not opts.criteria.default:  # backends/trt.py: the default only
         raise TrtBisectError("--backend trt judges engines by trtbisect's default criterion "
                              "only; drop --check-error-stat/--metric/--check/--pass-rate, or "
