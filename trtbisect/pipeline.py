@@ -770,7 +770,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                          **cost.search_args(pricing, opts)))
     if journal is not None:
         journal.close()
-    parallel_summary = parallel.summary(workers, search)
+    parallel_summary = parallel.summary(workers, search, ev)
     cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
     over = cost.within_budget(search, pricing, opts.budget)
     if over is not None:

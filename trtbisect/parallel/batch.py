@@ -27,7 +27,11 @@ from .sizing import plan_workers
 
 log = logging.getLogger(__name__)
 
-STARTUP_SECONDS = 3.0  # about what starting a worker and building its judge costs (measured)
+# The default pool starts only when the search looks this long in one process: a worker
+# costs an interpreter, ONNX Runtime's import and a session build before its first verdict
+# (about 2-3 s here), and the estimate below counts a session build in an evaluation, so
+# it runs high (deep_12: estimated ~15 s, measured 4.4 s; docs/workers.md)
+MIN_SEARCH_SECONDS = 30.0
 
 
 @dataclass
@@ -159,18 +163,27 @@ def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
                   cache: Path | None = None, say: Callable[[str], None] = log.info,
                   rewritten: bool = False) -> ParallelJudge | None:
     """The run's workers (None: judge in this process). `--workers N` asks N (1: none);
-    without it, as many as the cores and memory allow, unless the search looks shorter than
-    starting them (`seconds_per_evaluation` x `evaluations` under `STARTUP_SECONDS`)."""
+    without it, as many as the cores and memory allow, unless the search looks too short to
+    pay for starting them (`seconds_per_evaluation` x `evaluations` under
+    `MIN_SEARCH_SECONDS`). The choice is said (`say`) and kept for precision.json."""
     requested = opts.workers
+    ev.parallel_note = None
     if opts.ray is None and requested == 1:
         return None
     weights = ctx.judged.weights.total_bytes()
     plan = plan_workers(requested, opts.threads, weights, _activations(ctx, opts))
     if opts.ray is None and plan.workers <= 1:
+        why = f"judging in this process: {plan.why}"
+        ev.parallel_note = {"workers": 1, "chosen": why}
+        say(why)
         return None
     if (opts.ray is None and requested is None and seconds_per_evaluation is not None
-            and seconds_per_evaluation * evaluations < STARTUP_SECONDS):
-        log.info("judging in this process: the search looks shorter than starting workers")
+            and seconds_per_evaluation * evaluations < MIN_SEARCH_SECONDS):
+        why = (f"judging in this process: the search looks short (about "
+               f"{seconds_per_evaluation * evaluations:.0f} s) for starting workers "
+               "(--workers N to ask)")
+        ev.parallel_note = {"workers": 1, "chosen": why}
+        say(why)
         return None
     data_parent = cache / "workers" if cache is not None else None
     spec, model_dir = _spec(ev, ctx, opts, prefetch, rewritten, data_parent)
@@ -233,10 +246,11 @@ def _activations(ctx: Any, opts: Any) -> int:
     return sum(sizes[:2])
 
 
-def summary(judge: ParallelJudge | None, search: Any) -> dict | None:
-    """precision.json's `workers`: rounds against evaluations, the speculation, the pool."""
+def summary(judge: ParallelJudge | None, search: Any, ev: Any = None) -> dict | None:
+    """precision.json's `workers`: rounds against evaluations, the speculation, the pool (or
+    why the default judged in this process)."""
     if judge is None:
-        return None
+        return getattr(ev, "parallel_note", None)
     out = judge.stats.to_json()
     out.update(rounds=search.rounds, evaluations=search.evaluations,
                speculative=search.speculative)
