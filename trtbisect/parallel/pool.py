@@ -217,6 +217,34 @@ class LocalPool:
         self.close()
 
 
+class InlinePool:
+    """The pool's interface in this process: rounds `width` wide, as `width` workers would run
+    them, each task judged here one after another. What a search on `width` devices would
+    cost is measured with it in rounds (scripts/bench_workers.py simulates 8 GPUs)."""
+
+    kind = "inline"
+
+    def __init__(self, spec: JudgeSpec, data: Any, width: int,
+                 factory: Callable[[JudgeSpec], Any] = SampleJudge) -> None:
+        self.width = max(1, width)
+        self.peak: dict[int, int] = {}
+        self.replaced = 0
+        self._judge, self._data = factory(spec), data
+
+    def map(self, tasks: Sequence[Task]) -> list[TaskResult]:
+        out = []
+        for task in tasks:
+            results, complete = self._judge.chunk(frozenset(task.plan),
+                                                  self._data.pairs(task.indices), task.total,
+                                                  task.stop_early)
+            out.append(TaskResult(results, complete))
+        self.peak[0] = peak_rss()
+        return out
+
+    def close(self) -> None:
+        self._judge.close()
+
+
 def _stop_all(workers: list[_Worker]) -> None:
     for w in workers:
         try:
