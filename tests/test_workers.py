@@ -71,6 +71,22 @@ def test_zoo_plans_identical_with_1_2_3_workers(zoo, tmp_path, name):
         assert runs[3][1]["errors_after"][out] == e.to_json()
 
 
+@pytest.mark.parametrize("name,kw", [("layernorm_overflow", {"strict": True}),
+                                     ("layernorm_overflow", {"semantics": "strict"}),
+                                     ("precision_loss", {"rewrite": True})])
+def test_strict_semantics_and_rewrites_identical_with_workers(zoo, tmp_path, name, kw):
+    """--strict's non-finite watch, per-node rounding, and the rewritten model (saved for the
+    workers, who judge it as the parent does; precision_loss still needs a plan after its
+    rewrites)."""
+    model, inputs = save_zoo_model(zoo[name], tmp_path / "in")
+    one = _run(model, inputs, tmp_path / "w1", 1, **kw)
+    two = _run(model, inputs, tmp_path / "w2", 2, **kw)
+    _same(one, two, str(kw))
+    assert two[1]["workers"]["workers"] == 2
+    if kw.get("rewrite"):
+        assert two[1]["rewrites"] and two[1]["rewrites"] == one[1]["rewrites"]
+
+
 def test_deep_model_many_samples_identical_with_1_2_3_workers(deep, tmp_path):
     """Several samples and a pass rate: a round with fewer plans than workers splits each
     plan's samples among them, and the chunks merge into the sequential verdict, stopping

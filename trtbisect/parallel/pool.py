@@ -58,7 +58,16 @@ class TaskResult:
 
 
 def peak_rss() -> int:
-    """This process's peak resident memory, bytes."""
+    """This process's peak resident memory, bytes: the kernel's high-water mark of its own
+    memory (VmHWM). Not getrusage's ru_maxrss: Linux carries that across exec, so a spawned
+    worker would report at least the parent's size at the fork."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
