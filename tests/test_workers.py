@@ -85,6 +85,8 @@ def test_strict_semantics_and_rewrites_identical_with_workers(zoo, tmp_path, nam
     assert two[1]["workers"]["workers"] == 2
     if kw.get("rewrite"):
         assert two[1]["rewrites"] and two[1]["rewrites"] == one[1]["rewrites"]
+    left = tmp_path / "w2" / ".cache" / "workers"  # the samples and rewritten model it saved
+    assert not left.exists() or not any(left.iterdir())
 
 
 def test_deep_model_many_samples_identical_with_1_2_3_workers(deep, tmp_path):

@@ -85,6 +85,7 @@ class ParallelJudge:
         self.ev, self.pool, self.data, self.stats = ev, pool, data, stats
         self.to_nodes = to_nodes
         self.width = pool.width
+        self.model_dir: str | None = None  # the rewritten model saved for the workers
 
     def for_units(self, to_nodes: Callable[[frozenset[str]], frozenset[str]]) -> "ParallelJudge":
         """The same workers, judging plans of search units."""
@@ -156,6 +157,9 @@ class ParallelJudge:
     def close(self) -> None:
         self.pool.close()
         self.data.remove()
+        if self.model_dir is not None:
+            import shutil
+            shutil.rmtree(self.model_dir, ignore_errors=True)
 
 
 def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
@@ -187,6 +191,8 @@ def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
         return None
     data_parent = cache / "workers" if cache is not None else None
     spec, model_dir = _spec(ev, ctx, opts, prefetch, rewritten, data_parent)
+    pool: Any
+    data: Any
     if opts.ray is not None:
         from .ray_pool import RayPool
         pool, data, stats = RayPool.start(spec, ctx, opts.ray, requested, plan)
@@ -194,10 +200,9 @@ def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
         data = FolderData.write(ctx.every_sample, ctx.every_reference, data_parent)
         pool = LocalPool(spec, data, plan.workers)
         stats = Stats(plan.workers, "local", opts.threads, plan.why)
-    if model_dir is not None:
-        data.remove = _also_remove(data.remove, model_dir)
     say(f"evaluating in parallel: {stats.why}")
     judge = ParallelJudge(ev, pool, data, stats)
+    judge.model_dir = model_dir
     ev.use_workers(judge)
     return judge
 
@@ -215,7 +220,7 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
             parent.mkdir(parents=True, exist_ok=True)
         model_dir = tempfile.mkdtemp(prefix="model-", dir=parent)
         model = str(Path(model_dir) / f"{ctx.path.stem}.rewritten.onnx")
-        graph_model(ctx.graph).save(model)
+        graph_model(ctx.graph).save(Path(model))
     prepared = ctx.prepared
     spec = JudgeSpec(
         model=model, semantics=prepared.semantics, trt_version=prepared.trt_version,
@@ -225,15 +230,6 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
         criteria_fingerprint=criteria_fingerprint(opts.criteria), tolerance=opts.tolerance,
         names=graph_digest(ctx.judged))
     return spec, model_dir
-
-
-def _also_remove(remove: Callable[[], None], folder: str) -> Callable[[], None]:
-    import shutil
-
-    def both() -> None:
-        remove()
-        shutil.rmtree(folder, ignore_errors=True)
-    return both
 
 
 def _activations(ctx: Any, opts: Any) -> int:
