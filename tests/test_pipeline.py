@@ -295,7 +295,8 @@ def test_precision_json_times_each_stage(zoo, tmp_path):
     names = [s["stage"].split(" ")[0] for s in saved["stages"]]
     assert names == ["loading", "all-FP16", "layer-wise", "searching", "judging", "all-FP16"]
     assert all(s["seconds"] >= 0 for s in saved["stages"])
-    assert sum(s["seconds"] for s in saved["stages"]) <= saved["seconds"] + 1e-3
+    # the stages cover the span from the first mark to the end: never more than the total
+    assert sum(s["seconds"] for s in saved["stages"]) <= round(saved["seconds"], 3) + 1e-9
 
 
 def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):

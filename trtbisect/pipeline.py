@@ -1120,9 +1120,11 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
     """Seconds in all and per stage (the files' writing included in neither), then the files."""
     now = time.perf_counter()
     result.seconds = now - started
-    ends = [t for _, t in marks[1:]] + [now]
+    # Each boundary is rounded once, as an offset from the start, so the stages add up to the
+    # span they cover (never more than the total) however the milliseconds fall.
+    at = [round(t - started, 3) for _, t in marks] + [round(now - started, 3)]
     result.extra["stages"] = [{"stage": msg, "seconds": round(end - begun, 3)}
-                              for (msg, begun), end in zip(marks, ends)]
+                              for (msg, _), begun, end in zip(marks, at, at[1:])]
     if out_dir is not None:
         write_outputs(result, ctx, out_dir, report)
     return result
