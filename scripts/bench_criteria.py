@@ -6,9 +6,8 @@ criterion: verdict, FP32 nodes, their share of the model's MatMul/Gemm/Conv FLOP
 shapes of one FP32 inference, scripts/bench.py `node_flops`), evaluations, inferences, wall
 time, and on how many samples the written plan passes.
 
-- ppocr_det: PP-OCRv4 det (rapidocr-onnxruntime 1.4.4) with its 342 `Constant` nodes turned into
-  initializers, as the issue measured it (on this branch TensorRT-semantics folding of Constant
-  weights, issue #20, is not in yet: as shipped, all-FP16 is broken everywhere); 8 synthetic
+- ppocr_det: PP-OCRv4 det (rapidocr-onnxruntime 1.4.4) as shipped, its 342 `Constant` nodes
+  weights under the default TensorRT semantics (issue #20); 8 synthetic
   320x320 images of printed words (PIL), normalized as PaddleOCR's DB preprocessing does.
 - minilm_l3: paraphrase-MiniLM-L3-v2, 8 samples of 64 random token ids.
 - magika: the magika 1.0.3 content-type classifier, 8 (and 200) samples of real files' bytes
@@ -47,23 +46,6 @@ from trtbisect.judge.flags import parse_criteria  # noqa: E402
 from trtbisect.pipeline import Options, run  # noqa: E402
 
 MAX_EVALUATIONS = 600
-
-
-def constants_to_initializers(src: Path, dst: Path) -> Path:
-    m = onnx.load(str(src))
-    keep = []
-    for n in m.graph.node:
-        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
-            t = onnx.TensorProto()
-            t.CopyFrom(n.attribute[0].t)
-            t.name = n.output[0]
-            m.graph.initializer.append(t)
-        else:
-            keep.append(n)
-    del m.graph.node[:]
-    m.graph.node.extend(keep)
-    onnx.save(m, str(dst))
-    return dst
 
 
 WORDS = ("invoice total amount date receipt paid cash card tax number order item price qty "
@@ -139,10 +121,7 @@ CASES = {
 
 def model_path(name: str, work: Path) -> Path:
     base = name.split("_200")[0]
-    path = fetch(base, quiet=True)
-    if base == "ppocr_det":
-        return constants_to_initializers(path, work / "ppocr_det_init.onnx")
-    return path
+    return fetch(base, quiet=True)
 
 
 def bench(name: str, work: Path) -> list[dict]:

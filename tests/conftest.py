@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,3 +54,13 @@ def x_to_y(nodes, size: int = 4, opset: int = 13) -> onnx.ModelProto:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 10
     return m
+
+
+def script_module(name: str):
+    """A benchmark script under scripts/ imported as a module (its helpers are tested)."""
+    folder = str(Path(__file__).resolve().parent.parent / "scripts")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)

@@ -3,25 +3,14 @@ the benchmark's section of docs/search_benchmark.md survives bench_search.py rew
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script(name: str):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+from tests.conftest import script_module
 
 
 def test_the_page_is_the_same_every_time_and_holds_text():
-    page = _script("page_image")
+    page = script_module("page_image")
     a, b = page.page_input(640, 640), page.page_input(640, 640)
     assert a.shape == (1, 3, 640, 640) and a.dtype == np.float32
     assert np.array_equal(a, b)
@@ -33,7 +22,7 @@ def test_the_page_is_the_same_every_time_and_holds_text():
 
 
 def test_bench_search_keeps_the_constants_section(tmp_path):
-    search, constants = _script("bench_search"), _script("bench_constants")
+    search, constants = script_module("bench_search"), script_module("bench_constants")
     doc = tmp_path / "page.md"
     doc.write_text("# old page\n\nold table\n")
     section = "\n".join([constants.BEGIN, "## measured", "| a |", constants.END])

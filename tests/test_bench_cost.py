@@ -3,23 +3,12 @@ and the safetensors reader on a hand-made file."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import struct
-import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script(name: str):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+from tests.conftest import script_module
 
 
 def test_read_safetensors():
@@ -30,14 +19,14 @@ def test_read_safetensors():
               "b": {"dtype": "I64", "shape": [2], "data_offsets": [24, 40]}}
     raw = json.dumps(header).encode()
     data = struct.pack("<Q", len(raw)) + raw + a.tobytes() + b.tobytes()
-    out = _script("minilm_l6").read_safetensors(data)
+    out = script_module("minilm_l6").read_safetensors(data)
     assert set(out) == {"a", "b"}
     np.testing.assert_array_equal(out["a"], a)
     np.testing.assert_array_equal(out["b"], b)
 
 
 def test_one_case_end_to_end_and_the_doc_section(tmp_path):
-    bench = _script("bench_cost")
+    bench = script_module("bench_cost")
     name, build = next(c for c in bench.cases(lambda n: n == "zoo/reducesum_overflow"))
     rec = bench.measure(name, build, tmp_path / "w")
     m = rec["methods"]

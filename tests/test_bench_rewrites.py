@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import script_module
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module("bench_rewrites")
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
 
 
 def _flop_model() -> onnx.ModelProto:
@@ -51,7 +43,7 @@ def _flop_model() -> onnx.ModelProto:
 
 
 def test_flop_table_counts_exact_flops_at_the_samples_shapes():
-    s = _script()
+    s = script_module("bench_rewrites")
     feeds = {"a": np.zeros((2, 3, 4), np.float32), "g": np.zeros((3, 4), np.float32),
              "x": np.zeros((1, 4, 8, 8), np.float32), "t": np.zeros((1, 2, 4, 4), np.float32)}
     flops = s.flop_table(_flop_model(), feeds)
@@ -68,7 +60,7 @@ def test_flop_table_counts_exact_flops_at_the_samples_shapes():
 
 
 def test_quick_run_on_one_zoo_model_fills_the_table(tmp_path):
-    s = _script()
+    s = script_module("bench_rewrites")
     doc = tmp_path / "rewrites.md"
     doc.write_text((ROOT / "docs" / "rewrites.md").read_text(encoding="utf-8"), encoding="utf-8")
     results = tmp_path / "results.json"

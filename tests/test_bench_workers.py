@@ -3,7 +3,7 @@ replaces itself, and survives bench_search.py rewriting the page."""
 
 from __future__ import annotations
 
-from tests.test_bench_constants import _script
+from tests.conftest import script_module as _script
 
 
 def _rows() -> list[dict]:

@@ -15,6 +15,7 @@ from tests.conftest import save_zoo_model, x_to_y
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
 from trtbisect.compare import Tolerance, compare_outputs
 from trtbisect.graph import Graph
+from trtbisect.judge import written
 from trtbisect.mixed import mixed_model
 from trtbisect.pipeline import Options, check_mixed, run
 
@@ -301,7 +302,7 @@ def test_trt_semantics_search_and_written_file_agree_for_random_unit_plans(tmp_p
     plans = [frozenset(), frozenset(n for u in units for n in u),
              *(frozenset(n for u in units if rng.random() < p for n in u) for p in (0.3, 0.7))]
     for plan in plans:
-        searched = pipeline._worst(ev.measure(plan)[1])
-        checked = pipeline._write_and_judge(ctx, opts, plan, None).checked.errors
-        assert {o: pipeline._bits(e) for o, e in checked.items()} == \
-            {o: pipeline._bits(searched[o]) for o in checked}, (name, sorted(plan))
+        searched = written.worst_of(ev.measure(plan)[1])
+        checked = written.write_and_judge(ctx, opts, plan, None).checked.errors
+        assert {o: written.bits(e) for o, e in checked.items()} == \
+            {o: written.bits(searched[o]) for o in checked}, (name, sorted(plan))

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from tests.fuzz.make_cases import overflow_model
 from trtbisect import outdir as outdir_mod
-from trtbisect import pipeline
+from trtbisect.outputs import cache as result_cache
 from trtbisect.cli import main
 
 X = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
@@ -116,8 +116,8 @@ def test_a_tampered_cache_is_recomputed(model, tmp_path, caplog):
     again = run_ok(model, out)
     assert again["fp32_nodes"] == first["fp32_nodes"] and again["verdict"] == "fixed"
     assert again["errors_before"] == first["errors_before"]
-    assert pipeline.result_cache.load_arrays(Path(cached[0])) is not None  # rewritten, sound
-    assert pipeline.result_cache.load_records(Path(rows)) is not None
+    assert result_cache.load_arrays(Path(cached[0])) is not None  # rewritten, sound
+    assert result_cache.load_records(Path(rows)) is not None
 
 
 def test_the_journal_is_appended_in_place_only(model, tmp_path):

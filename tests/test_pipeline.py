@@ -237,13 +237,16 @@ def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
 
 def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatch):
     from trtbisect import pipeline
+    from trtbisect.judge import layerwise
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
     first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
     calls, references = [], []
-    monkeypatch.setattr(pipeline, "layerwise", lambda *a, **k: calls.append(1) or {})
+    monkeypatch.setattr(layerwise, "layerwise", lambda *a, **k: calls.append(1) or {})
     real = pipeline.Reference
-    monkeypatch.setattr(pipeline, "Reference", lambda *a, **k: references.append(1) or real(*a, **k))
+    for module in (pipeline, layerwise):
+        monkeypatch.setattr(module, "Reference",
+                            lambda *a, **k: references.append(1) or real(*a, **k))
     again = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
     assert not calls and not references and again.fp32_nodes == first.fp32_nodes
     assert {k: v.to_json() for k, v in again.stats.items()} == \
@@ -259,6 +262,7 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     batch: the statistics are those of the layer-wise pass on its own, bit for bit, with one
     emulator session fewer (two samples; one batch, or many under a small budget)."""
     from trtbisect import pipeline
+    from trtbisect.judge import layerwise
     z = deep_model()
     model, inputs = save_zoo_model(z, tmp_path)
     other = tmp_path / "other.npz"
@@ -272,17 +276,18 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     def spy(*args, **kwargs):
         exposing.append(bool(kwargs.get("expose")))
         return real(*args, **kwargs)
-    monkeypatch.setattr(pipeline, "Emulator", spy)
+    for module in (pipeline, layerwise):
+        monkeypatch.setattr(module, "Emulator", spy)
     sized = []
-    real_sizes = pipeline.estimate_bytes
-    monkeypatch.setattr(pipeline, "estimate_bytes", lambda *a: sized.append(1) or real_sizes(*a))
+    real_sizes = layerwise.estimate_bytes
+    monkeypatch.setattr(layerwise, "estimate_bytes", lambda *a: sized.append(1) or real_sizes(*a))
     r = run(model, opts, tmp_path / "out")
     assert r.verdict == "fixed" and len(sized) == 1  # the batches are planned once a run
     ctx = pipeline.prepare(model, opts)
-    batches = pipeline.layerwise_batches(ctx, opts)
+    batches = layerwise.layerwise_batches(ctx, opts)
     assert (len(batches) > 1) == (budget < 1 << 20)
     assert exposing.count(True) == len(batches) - 1
-    alone = pipeline.layerwise(ctx, opts)
+    alone = layerwise.layerwise(ctx, opts)
     assert {k: v.to_json() for k, v in r.stats.items()} == \
         {k: v.to_json() for k, v in alone.items()}
 
@@ -295,7 +300,8 @@ def test_precision_json_times_each_stage(zoo, tmp_path):
     names = [s["stage"].split(" ")[0] for s in saved["stages"]]
     assert names == ["loading", "all-FP16", "layer-wise", "searching", "judging", "all-FP16"]
     assert all(s["seconds"] >= 0 for s in saved["stages"])
-    assert sum(s["seconds"] for s in saved["stages"]) <= saved["seconds"] + 1e-3
+    # the stages cover the span from the first mark to the end: never more than the total
+    assert sum(s["seconds"] for s in saved["stages"]) <= round(saved["seconds"], 3) + 1e-9
 
 
 def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):

@@ -693,6 +693,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
       trtbisect compare models/demo.onnx --inputs models/demo_inputs.npz
     """
     from . import pipeline
+    from .judge import layerwise
 
     opts = make_options(kw)
     ctx = pipeline.prepare(model, opts)
@@ -709,8 +710,8 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         return
     with Progress(quiet_level() + int(as_json)) as progress:  # --json: stdout is for machines
         progress.stage("layer-wise comparison, FP32 vs FP16")
-        stats = pipeline.layerwise(ctx, opts, progress.layerwise)
-    summary = pipeline.summarize_layerwise(ctx.graph, stats)
+        stats = layerwise.layerwise(ctx, opts, progress.layerwise)
+    summary = layerwise.summarize_layerwise(ctx.graph, stats)
     judged = None if opts.criteria.default else pipeline.judge_all_fp16(ctx, opts)
     if as_json:
         click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],

@@ -4,10 +4,8 @@ comparison, prior, search, verify, write. The CLI only parses, calls and formats
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,28 +15,27 @@ import numpy as np
 import onnx
 
 from . import __version__, cost, coverage, degenerate, parallel, semantics
-from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
-from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, merge_stats,
-                      round_fp16, tensor_stats, validate_tolerance, worst)
-from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
-                       note_semantics)
+from .backends.ort import Emulator, Reference
+from .compare import FP16_MAX, OutputError, TensorStats, Tolerance, validate_tolerance
+from .diagnose import attach as attach_diagnosis, group_culprits, note_fused
 from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, TrtBisectError)
-from .graph import (Graph, external_data_hash, external_files, model_hash,
-                    named_as_trtbisect_names, structure)
+from .graph import Graph, external_data_hash, external_files, model_hash
 from .data.sources import expand, iter_items
 from .data.store import SampleSet, reference_set
 from .inputs import Sample
 from .judge import subset
+from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
+from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
+from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
+                            worst_of, write_and_judge)
 from .judge.criteria import Criteria, Judgement, Verdict
 from .journal import Journal, plan_key
-from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from .render import RenderContext
-from .mixed import Written, graph_model, mixed_model
+from .mixed import Written, graph_model
 from .modules import module_label
 from .outdir import OutputDir
-from .outputs import cache as result_cache
-from .outputs.files import claim, move_file
+from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
 
@@ -48,8 +45,6 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK}
-# verdicts whose plan is written with its renderings
-PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget")
 
 
 def _default_trt_version() -> int:
@@ -200,163 +195,6 @@ def reference_problems(ctx: Context) -> list[str]:
     return problems
 
 
-# ---------------------------------------------------------------- layer-wise comparison
-
-def layerwise(ctx: Context, opts: Options,
-              progress: Callable[[int, int], None] | None = None,
-              plan: frozenset[str] = frozenset(),
-              fp16_first: Sequence[Mapping[str, np.ndarray]] = (),
-              batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
-    """Statistics of every stored float tensor, FP32 vs FP16 (all-FP16, or `plan` applied),
-    worst over all samples.
-
-    The FP32 side comes from the reference graph, the FP16 side from the plan's static graph,
-    both exposing one batch of tensors at a time under the memory budget (ORT keeps every
-    exposed output alive for the whole run); only statistics are kept. `fp16_first`: per
-    sample, the FP16 side of the first batch (`layerwise_batches`, or `batches` when given),
-    already computed (by the judge of the written all-FP16 file, which is the same graph: one
-    judge).
-    """
-    g = ctx.judged
-    producer = {t: g.names[g.producer[t]] if t in g.producer else None  # a body's input: None
-                for t in g.stored_tensors()}
-    stats: dict[str, TensorStats] = {}
-    for v in g.inputs():
-        if g.is_float(v.name):
-            for s in ctx.samples:
-                x = np.asarray(s[v.name], np.float32)
-                _merge(stats, tensor_stats(v.name, None, x, round_fp16(x)))
-    batches = batches or layerwise_batches(ctx, opts)
-    total, done = sum(len(b) for b in batches), 0
-    for k, batch in enumerate(batches):
-        # one session at a time: ONNX Runtime holds its own copy of the weights in each
-        ref = Reference(g, opts.threads)
-        if k == 0 and fp16_first and all(t in fp16_first[0] for t in batch):
-            # the FP16 side is held for every sample while the FP32 side runs, one at a time
-            for s, b in zip(ctx.samples, fp16_first):
-                a = ref.run_tensors(s, batch)
-                for t in batch:
-                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
-                del a
-            ref.close()
-        else:
-            # the FP32 side of a batch is held for every sample while the FP16 side runs
-            fp32 = [ref.run_tensors(s, batch) for s in ctx.samples]
-            ref.close()
-            emu = Emulator(g, opts.threads, expose=batch, active=plan, rules=ctx.rules)
-            for s, a in zip(ctx.samples, fp32):
-                b = emu.run_tensors_for(plan, s, batch)
-                for t in batch:
-                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
-            emu.close()
-            del emu, fp32
-        del ref
-        done += len(batch)
-        if progress is not None:
-            progress(done, total)
-    return stats
-
-
-def layerwise_batches(ctx: Context, opts: Options) -> list[list[str]]:
-    """The stored tensors in the batches `layerwise` exposes: each side of a batch, held for
-    every sample while the other side runs one sample, fits the memory budget."""
-    return _batches(ctx.judged, ctx.samples[0], opts.memory_budget // (len(ctx.samples) + 1))
-
-
-def _cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerprint: dict,
-                      progress: Callable[[int, int], None] | None,
-                      fp16_first: Sequence[Mapping[str, np.ndarray]] = (),
-                      batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
-    """The layer-wise statistics, reused when a resumed run has the same fingerprint."""
-    path = None
-    cache = OutputDir(out_dir).cache() if out_dir is not None and opts.resume else None
-    if cache is not None:
-        key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-        path = cache / f"layerwise-{key}.json"
-        try:
-            rows = result_cache.load_records(path)  # its hash checked
-            if rows is not None:
-                stats = {r["name"]: TensorStats.from_json(r) for r in rows}
-                log.info("layer-wise statistics reused from %s", path)
-                return stats
-        except (ValueError, KeyError, TypeError):
-            pass
-    stats = layerwise(ctx, opts, progress, fp16_first=fp16_first, batches=batches)
-    if path is not None:
-        try:
-            result_cache.save_records(path, [s.to_json() for s in stats.values()])
-        except (OSError, TrtBisectError) as exc:  # a cache: never fail the run over it
-            log.info("layer-wise statistics not cached: %s", exc)
-    return stats
-
-
-def _merge(stats: dict[str, TensorStats], new: TensorStats | None) -> None:
-    if new is not None:
-        stats[new.name] = merge_stats(stats[new.name], new) if new.name in stats else new
-
-
-def _tensor_stats(t: str, producer: str | None, a: np.ndarray,
-                  b: np.ndarray) -> TensorStats | None:
-    """None for a value of an If branch that did not run in this sample (exposed empty), or
-    that ran on one side only."""
-    if a.shape != b.shape or a.size == 0:
-        return None
-    return tensor_stats(t, producer, a, b)
-
-
-def _batches(g: Graph, sample: Sample, budget: int) -> list[list[str]]:
-    sizes = estimate_bytes(g, sample)
-    batches: list[list[str]] = [[]]
-    used = 0
-    for t in g.stored_tensors():
-        size = sizes.get(t, 0)
-        if batches[-1] and used + size > budget:
-            batches.append([])
-            used = 0
-        batches[-1].append(t)
-        used += size
-    return [b for b in batches if b]
-
-
-def estimate_bytes(g: Graph, sample: Sample) -> dict[str, int]:
-    """Bytes of each tensor, from shape inference with the sample's concrete input shapes."""
-    m = structure(g.model)
-    for v in m.graph.input:
-        if v.name in sample:
-            dims = v.type.tensor_type.shape.dim
-            for d, n in zip(dims, sample[v.name].shape):
-                d.Clear()
-                d.dim_value = n
-    try:
-        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:
-        pass
-    known = {}
-    for v in [*m.graph.value_info, *m.graph.output]:
-        dims = v.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            known[v.name] = 4 * int(np.prod([d.dim_value for d in dims]))
-    fallback = max(known.values(), default=max((a.nbytes for a in sample.values()), default=4))
-    return {t: known.get(t, fallback) for t in g.stored_tensors()}
-
-
-def summarize_layerwise(g: Graph, stats: Mapping[str, TensorStats]) -> dict[str, object]:
-    """Where things first go wrong along the topological order."""
-    ordered = [stats[t] for t in g.stored_tensors() if t in stats]
-    first_nonfinite = [s.name for s in ordered if s.new_nonfinite and not _any_input_nonfinite(
-        g, s, stats)]
-    overflow = [s.name for s in ordered if s.overflow or s.fp32_absmax > FP16_MAX]
-    jump = next((s.name for s in ordered if s.rel_err > 0.01), None)
-    return {"tensors": len(ordered), "first_nonfinite": first_nonfinite[:10],
-            "first_overflow": overflow[:10], "first_jump": jump}
-
-
-def _any_input_nonfinite(g: Graph, s: TensorStats, stats: Mapping[str, TensorStats]) -> bool:
-    if s.producer is None:
-        return False
-    return any(stats[t].new_nonfinite for t in g.float_inputs(s.producer) if t in stats)
-
-
 # ---------------------------------------------------------------- evaluation
 
 class Evaluator:
@@ -478,8 +316,8 @@ class Evaluator:
         self.scores[plan] = _severity(m.judged)
         if self.journal is not None:
             self.journal.record(self._key(plan), m.passed, {
-                "rel": {n: _num(e.rel) for n, e in _worst(m.judged).items()},
-                "severity": _num(self.scores[plan]),
+                "rel": {n: json_number(e.rel) for n, e in worst_of(m.judged).items()},
+                "severity": json_number(self.scores[plan]),
                 "nonfinite_tensors": m.nonfinite[:10]})
         return m.passed
 
@@ -491,10 +329,6 @@ class Evaluator:
         return False
 
 
-def _num(x: float) -> float | str:
-    return x if math.isfinite(x) else str(x)
-
-
 def _score(rel: Mapping[str, object]) -> float:
     """A plan's worst relative error over its outputs (journal values may be "inf"/"nan")."""
     values = [float(v) for v in rel.values()]  # type: ignore[arg-type]
@@ -504,7 +338,7 @@ def _score(rel: Mapping[str, object]) -> float:
 def _severity(judged: Iterable[Judgement]) -> float:
     """A judged plan's score for the trade-off plot: its worst severity over samples and
     outputs (under the default criterion: the worst relative error; else 1 at the bound)."""
-    errors = _worst(judged)
+    errors = worst_of(judged)
     return max((e.severity for e in errors.values()), default=math.nan)
 
 
@@ -519,10 +353,6 @@ def _shape_probe(ctx: Context, opts: Options) -> cost.Probe:
         ref.close()
         return out
     return probe
-
-
-def _worst(judged: Iterable[Judgement]) -> dict[str, OutputError]:
-    return worst(j.errors for j in judged)
 
 
 # ---------------------------------------------------------------- run
@@ -676,7 +506,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     fingerprint = _fingerprint(ctx, opts)
     if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
         stage("layer-wise comparison, FP32 vs FP16")
-        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
+        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
     journal = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -688,7 +518,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     stage("all-FP16 evaluation")
     half_began = time.perf_counter()  # what an evaluation costs, roughly (--workers default)
     narrow = subset.wanted(len(ctx.every_sample), opts.search_samples, opts.criteria.pass_rate)
-    first: _Judged | None = None
+    first: Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
     batches: list[list[str]] | None = None  # the layer-wise batches, once known
     if opts.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
@@ -702,7 +532,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
         batches = None if narrow else layerwise_batches(ctx, opts)  # narrow: for the subset
-        first = _write_and_judge(ctx, opts, frozenset(), out_dir,
+        first = write_and_judge(ctx, opts, frozenset(), out_dir,
                                  expose=batches[0] if batches else ())
         all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
@@ -720,7 +550,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
-        stats = _cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, fp16_first,
+        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, fp16_first,
                                   batches)
     fp16_first = []  # memory: the FP16 side is only statistics now
     outcome = None
@@ -729,7 +559,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         suspects = build_prior(ctx.graph, stats,
                                constant_stats(ctx.graph, ctx.rules.weight_rule)).seeds
         outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
-                                            (all_half, _worst(before)))
+                                            (all_half, worst_of(before)))
         if outcome is not None and outcome.applied:
             ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
             g = ctx.judged
@@ -783,7 +613,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                        fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
                        evaluations=search.evaluations + judged,
                        inferences=ev.runs + judged * len(ctx.samples),
-                       errors_before=_worst(before), errors_after=_worst(before),
+                       errors_before=worst_of(before), errors_after=worst_of(before),
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
     result.extra["fp32_layers"] = list(search.fp32) if search.found else []
@@ -802,16 +632,16 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             result.rewritten_model = graph_model(ctx.graph)
     if search.found:
         stage("judging the written plan")
-        _judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
+        judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
     ev.close()  # the workers, if the written plan's judge did not stop them already
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
                               semantics.fused_layer_names(ctx.prepared))
     attach_diagnosis(result, g, constants)
     note_fused(result, units, unit_of)
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
-    if opts.semantics == "trt" and (result.fp32_nodes or opts.report or _absorbed_nodes(ctx)):
+    if opts.semantics == "trt" and (result.fp32_nodes or opts.report or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
-        _compare_with_strict(result, ctx, opts)
+        compare_with_strict(result, ctx, opts)
     elif result.verdict != "reference_invalid":
         semantics_notes(result, g)
     if opts.report and result.verdict == "fixed" and result.fp32_nodes:
@@ -927,192 +757,6 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
     return new
 
 
-STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagrees
-
-
-def _compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
-    """Under trt semantics: all-FP16 judged per node too ("errors_before_strict"), and, when
-    the plan holds under trt but not per node, the BatchNorms / folded constants it takes."""
-    strict = Evaluator(_strict_context(ctx), opts, {}, None)
-    plan = frozenset(result.fp32_nodes)
-    absorbed = _absorbed_nodes(ctx)
-    strict.emulator.ensure(plan | set(absorbed))
-    _, before, _ = strict.measure(frozenset())
-    result.extra["errors_before_strict"] = {k: v.to_json() for k, v in _worst(before).items()}
-    if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
-            or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
-        return
-    needed = list(absorbed)
-    if len(needed) <= STRICT_NARROW_LIMIT:
-        for n in list(needed):
-            if strict.measure(plan | (set(needed) - {n}))[0]:
-                needed.remove(n)
-    notes = {n: "fails only under per-node rounding: " + absorbed[n] for n in needed}
-    result.extra["strict_only_culprits"] = needed
-    note_semantics(result, notes, new_group=True)
-
-
-def _strict_context(ctx: Context) -> Context:
-    return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256,
-                   sources=ctx.sources, data_sha256=ctx.data_sha256,
-                   every_sample=ctx.every_sample, every_reference=ctx.every_reference,
-                   subset=ctx.subset)
-
-
-def _absorbed_nodes(ctx: Context) -> dict[str, str]:
-    """Candidates of the model as given that TensorRT's build-time rewrites take out of FP16
-    (node -> why): BatchNorms as FP32 scale/shift or folded, constant subgraphs."""
-    assert ctx.prepared is not None
-    g, out = ctx.graph, {}
-    cands = set(g.candidates())
-    for n in g.candidates():
-        op = g.node(n).op_type
-        carrier = ctx.prepared.renamed.get(n)
-        if op == "BatchNormalization" and carrier is not None:
-            out[n] = (f"TensorRT folds this BatchNorm into {carrier}'s weights in FP32 at "
-                      "build time")
-        elif op == "BatchNormalization" and n in ctx.judged.index and any(
-                t.endswith("::scale") for t in ctx.judged.node(n).input):
-            out[n] = "TensorRT precomputes this BatchNorm's scale and shift in FP32"
-        elif carrier is not None:
-            out[n] = "TensorRT folds this constant computation in FP32 at build time"
-    return {n: w for n, w in out.items() if n in cands}
-
-
-def semantics_notes(result: RunResult, g: Graph) -> None:
-    """A strict run whose culprit is something TensorRT computes in FP32 at build time."""
-    notes = {}
-    for n in result.fp32_nodes:
-        node = g.node(n)
-        consts = [t for t in node.input[1:] if t in g.initializers and t not in g.producer]
-        if node.op_type == "BatchNormalization" and len(consts) == len(node.input) - 1 >= 4:
-            notes[n] = ("may fail only under per-node rounding (--semantics strict): TensorRT "
-                        "precomputes this BatchNorm's scale in FP32 or folds it into the Conv; "
-                        "try --semantics trt")
-        elif node.input and all(t in g.initializers and t not in g.producer
-                                for t in node.input if t):
-            notes[n] = ("may fail only under per-node rounding (--semantics strict): TensorRT "
-                        "folds this constant computation in FP32; try --semantics trt")
-    note_semantics(result, notes, new_group=False)
-
-
-@dataclass
-class _Judged:
-    """A plan's mixed model, written (staged under --out) and judged as `check` judges it."""
-
-    ctx: Context
-    plan: frozenset[str]
-    checked: "CheckResult"
-    staged: list[str]
-
-
-def _write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
-                     out_dir: Path | None, expose: Sequence[str] = ()) -> _Judged:
-    Rounded.release(ctx.judged)  # memory: the judge holds the file's weights, not the search's
-    written = write_plan(ctx, plan)
-    # staged beside --out (same file system): write_outputs moves these very files into place
-    staging = OutputDir(out_dir).staging() if out_dir is not None else None  # emptied
-    with tempfile.TemporaryDirectory() as tmp:
-        path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
-        files = written.save(path)
-        del written  # saved: the file is the model from here on
-        checked = judge_mixed(path, ctx, opts, expose)
-    return _Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
-
-
-def _judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
-                        plan: frozenset[str], out_dir: Path | None,
-                        judged: _Judged | None = None) -> None:
-    """One judge: write the plan's mixed model, judge the file as `check` does, report that.
-
-    The search's own numbers for the plan must be the file's, bit for bit; a file that fails
-    makes the verdict `no_plan`, never `fixed`. `judged`: the file already written and judged
-    for this plan (the all-FP16 verdict is the file's own: no search number to compare).
-    """
-    if judged is not None and judged.plan == plan and judged.ctx is ctx:
-        searched = judged.checked.judgements
-    else:
-        searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan, full=True)[1]
-        ev.close()  # memory: the judge below holds the file's weights, not the search's
-        judged = _write_and_judge(ctx, opts, plan, out_dir)
-    checked = judged.checked
-    result.staged = judged.staged
-    searched_worst = _worst(searched)
-    same = len(searched) == len(checked.judgements) and all(
-        _same(a, b) for a, b in zip(searched, checked.judgements))
-    result.mixed_check = checked.errors
-    if checked.verdict is not None:
-        result.extra.setdefault("judged", {})["after"] = checked.verdict.to_json()  # type: ignore[index]
-    result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
-    result.errors_after = checked.errors
-    result.extra["one_judge"] = {"search_equals_check": same,
-                                 "search_errors": {k: v.to_json() for k, v in searched_worst.items()}}
-    if not same:
-        log.error("the search measured other numbers than `check` of the written file: "
-                  "trusting the file (please report this)")
-    if result.verdict == "over_budget":  # the best plan within --budget, known to fail
-        result.one_minimal = False
-        if checked.passed:  # the file decides (one judge): it fits the budget and passes
-            result.verdict = "fixed"
-    elif not checked.passed:
-        result.verdict, result.one_minimal = "no_plan", False
-        log.error("the written mixed model fails the tolerance: no plan is reported")
-    margins = _margins(ctx, opts, checked.errors)
-    result.extra["margins"] = margins
-    fragile = [o for o, m in margins.items() if m["fragile"]]
-    result.extra["fragile"] = bool(fragile)
-    if fragile and checked.passed:
-        log.warning("the plan passes by less than FP32 kernel noise on %s: fragile",
-                    ", ".join(fragile))
-
-
-STAGING = ".staging"
-CACHE = ".cache"  # results a resumed run reuses (layer-wise statistics)
-
-
-def write_plan(ctx: Context, fp32_nodes) -> Written:
-    """The plan's mixed model: the judged graph, FP16 weights under the judge's weight rule."""
-    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule)
-
-
-def _bits(e: OutputError) -> tuple:
-    return (e.max_abs, e.mean_abs, e.nonfinite, e.passed,
-            tuple((s.value, s.passed, s.detail) for s in e.scores))
-
-
-def _same(a: Judgement, b: Judgement) -> bool:
-    """One sample judged twice (the search, the written file): the same numbers, bit for bit
-    (nan equal to nan: a hook without a score)."""
-    def key(j: Judgement) -> str:
-        return repr(({o: _bits(e) for o, e in j.errors.items()},
-                     [(s.value, s.passed, s.detail) for s in j.scores]))
-    return key(a) == key(b)
-
-
-# The noise floor (two extra sessions) is measured only for a plan within this fraction of its
-# bound: FP32 kernel noise is ~1e-6 of an output's range, so a wider margin cannot be fragile.
-NOISE_MARGIN = 0.1
-NOISE_WEIGHT_LIMIT = 512 << 20  # bytes of weights above which the noise floor is not measured
-
-
-def _margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> dict[str, dict]:
-    """Per output: how far under its bound the plan lands, against the noise floor of FP32
-    itself (the reference model under ORT's default, optimizing kernels vs the judge's)."""
-    noise: dict[str, float] = {}
-    errors = {k: e for k, e in errors.items() if not e.scores}  # the default criterion's margin
-    close = any(e.passed and e.bound - e.max_abs < NOISE_MARGIN * e.bound for e in errors.values())
-    if close and ctx.graph.weights.total_bytes() <= NOISE_WEIGHT_LIMIT:
-        from .backends.ort import kernel_noise
-        noise = kernel_noise(ctx.graph, ctx.samples, ctx.references, opts.threads)
-    out = {}
-    for name, e in errors.items():
-        margin = e.bound - e.max_abs
-        n = noise.get(name)
-        out[name] = {"margin": _num(margin), "noise_floor": None if n is None else _num(n),
-                     "fragile": bool(n is not None and e.passed and margin <= n)}
-    return out
-
-
 def _fingerprint(ctx: Context, opts: Options) -> dict:
     fp = {"model": ctx.sha256, "model_data": ctx.data_sha256,
           "samples": _samples_hash(ctx.every_sample),
@@ -1190,137 +834,14 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
     """Seconds in all and per stage (the files' writing included in neither), then the files."""
     now = time.perf_counter()
     result.seconds = now - started
-    ends = [t for _, t in marks[1:]] + [now]
+    # Each boundary is rounded once, as an offset from the start, so the stages add up to the
+    # span they cover (never more than the total) however the milliseconds fall.
+    at = [round(t - started, 3) for _, t in marks] + [round(now - started, 3)]
     result.extra["stages"] = [{"stage": msg, "seconds": round(end - begun, 3)}
-                              for (msg, begun), end in zip(marks, ends)]
+                              for (msg, _), begun, end in zip(marks, at, at[1:])]
     if out_dir is not None:
         write_outputs(result, ctx, out_dir, report)
     return result
-
-
-def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
-    """Every file atomically, as one generation that replaces the last (outdir.py): the plan
-    is written last, never beside an earlier run's files. The input model is only read."""
-    with OutputDir(out_dir).generation(keep=ctx.sources) as gen:
-        _write_files(result, ctx, out_dir, report)
-        gen.commit(result.to_json())
-
-
-def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
-    stem = ctx.path.stem
-    if result.verdict in PLAN_VERDICTS:
-        if ctx.graph.inlined or not named_as_trtbisect_names(ctx.model):
-            path = out_dir / f"{stem}.named.onnx"
-            graph_model(ctx.graph).save(path)
-            result.files["named_model"] = str(path)
-        if result.rewritten_model is not None:
-            path = out_dir / f"{stem}.rewritten.onnx"
-            result.rewritten_model.save(path)
-            result.files["rewritten_model"] = str(path)
-        mixed_path = out_dir / f"{stem}.mixed.onnx"
-        if result.staged:  # the files judged in the run, moved into place
-            for f in result.staged:
-                claim(out_dir / Path(f).name)  # listed in the generation before it lands
-                move_file(f, out_dir / Path(f).name)
-            result.staged = []
-        else:
-            if result.mixed_model is None:
-                result.mixed_model = write_plan(ctx, result.fp32_nodes)
-            result.mixed_model.save(mixed_path)
-        result.files["mixed_model"] = str(mixed_path)
-        result.render_context = _render_context(result, ctx, out_dir)
-        r = result.renderings()
-        if r["trtexec_layer_precisions"] is not None:
-            atomic_write_text(out_dir / "layer_precisions.txt", f"{r['trtexec_layer_precisions']}\n")
-            result.files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
-        atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", r["autocast_nodes_to_exclude"])
-        result.files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
-        from .render import commands_script
-        atomic_write_text(out_dir / "commands.sh",
-                          commands_script(result.fp32_nodes, result.render_context))
-        result.files["commands"] = str(out_dir / "commands.sh")
-    if result.stats:
-        atomic_write_records(out_dir / "layerwise.json",
-                             [s.to_json() for s in result.stats.values()])
-        result.files["layerwise"] = str(out_dir / "layerwise.json")
-    if result.search is not None:
-        result.files["journal"] = str(out_dir / "journal.jsonl")
-        atomic_write_json(out_dir / "trace.json", result.search.to_json())
-        result.files["trace"] = str(out_dir / "trace.json")
-    if result.extra.get("culprit_groups"):
-        path = out_dir / f"{stem}.annotated.onnx"
-        meta = {"trtbisect.verdict": result.verdict, "trtbisect.version": __version__,
-                "trtbisect.fp32_nodes": ",".join(result.fp32_nodes)}
-        annotated = annotate(ctx.model, result.extra["culprit_groups"],  # type: ignore[arg-type]
-                             {c.node: c.why for c in result.culprits}, meta)
-        graph_model(ctx.graph, annotated).save(path)
-        result.files["annotated_model"] = str(path)
-    if report:
-        from .report import write_report
-        result.files.update(write_report(result, out_dir))
-    result.files["plan"] = str(out_dir / "precision.json")
-
-
-def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
-    """What every rendering needs to reproduce this run; writes the samples (one .npz each)
-    and a Polygraphy data loader beside the plan."""
-    from .inputs import declared_shape
-    from .render import data_loader_script, npz_bytes, output_bounds, relative_to, shape_ranges
-
-    work = out_dir.resolve()
-    samples = []
-    for k, sample in enumerate(ctx.every_sample):
-        path = out_dir / "inputs" / f"sample_{k:03d}.npz"
-        data = npz_bytes(sample)
-        atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
-        samples.append(relative_to(path, work))
-    for stale in (out_dir / "inputs").glob("sample_*.npz"):  # a previous run's: the folder
-        if relative_to(stale, work) not in samples:  # is the samples (AutoCast, check lines)
-            stale.unlink()
-    atomic_write_text(out_dir / "data_loader.py", data_loader_script(samples))
-    result.files["samples"] = str(out_dir / "inputs")
-    result.files["data_loader"] = str(out_dir / "data_loader.py")
-    emulated = out_dir / f"{ctx.path.stem}.mixed.emulated.onnx"
-    if result.emulated_mixed is None:  # the plan changed since it was judged (TensorRT)
-        fused = ctx.prepared is not None and ctx.prepared.semantics == "trt"
-        result.emulated_mixed = Written(*emulation_of_mixed(
-            Graph.from_path(result.files["mixed_model"]), ctx.rules, fused))
-    result.emulated_mixed.save(emulated)
-    result.emulated_mixed = None
-    result.files["emulated_mixed_model"] = str(emulated)
-    g = ctx.judged  # the plan names its nodes
-    names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
-             onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT32: "int32",
-             onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT8: "int8",
-             onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
-    stem = ctx.path.stem
-    return RenderContext(
-        model=relative_to(result.files.get("rewritten_model")
-                          or result.files.get("named_model", ctx.path), work),
-        mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
-        emulated_model=relative_to(emulated, work),
-        tolerance=result.tolerance, criteria=result.criteria, outputs=tuple(g.output_names()),
-        output_bounds=output_bounds(ctx.every_reference, result.tolerance),
-        shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()},
-                                  ctx.every_sample),
-        samples=tuple(samples), data_loader="data_loader.py",
-        autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
-        true_fp32=not ctx.rules.tf32,
-        trt_version=ctx.prepared.trt_version if ctx.prepared else 11,
-        judge_args=_judge_args(ctx),
-        reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
-        output_types={n: tuple(names.get(g.types.get(t, 0), "other")
-                               for t in g.node(n).output if t) for n in result.fp32_nodes},
-        inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)))
-
-
-def _judge_args(ctx: Context) -> tuple[str, ...]:
-    """The flags that make `trtbisect check` judge as this run did."""
-    if ctx.prepared is None:
-        return ()
-    return ("--semantics", ctx.prepared.semantics, "--trt-version", str(ctx.prepared.trt_version),
-            "--tf32" if ctx.rules.tf32 else "--no-tf32",
-            *(("--fp16-accumulate",) if ctx.rules.accumulate else ()))
 
 
 def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
@@ -1357,32 +878,6 @@ def judge_all_fp16(ctx: Context, opts: Options) -> Verdict:
 
 # ---------------------------------------------------------------- check
 
-@dataclass
-class CheckResult:
-    passed: bool
-    errors: dict[str, OutputError]
-    half_tensors: int
-    samples: int
-    emulated: Written | None = field(default=None, repr=False)  # the graph the judge ran
-    # per sample, the tensors judge_mixed was asked to expose (the layer-wise pass's FP16 side)
-    tensors: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
-    unjudged: list[dict] = field(default_factory=list)  # coverage.unjudged of the file
-    judgements: list[Judgement] = field(default_factory=list, repr=False)  # per sample
-    verdict: Verdict | None = field(default=None, repr=False)
-
-    @property
-    def exit_code(self) -> int:
-        """0 passes, 4 fails, 5 passes on the judged part only (`unjudged`)."""
-        return EXIT_NO_PLAN if not self.passed else EXIT_PARTIAL if self.unjudged else EXIT_OK
-
-    def to_json(self) -> dict:
-        d = {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
-             "errors": {k: v.to_json() for k, v in self.errors.items()},
-             "unjudged": self.unjudged}
-        if self.verdict is not None:
-            d["judged"] = self.verdict.to_json()
-        return d
-
 
 def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> CheckResult:
     """Judge any mixed-precision ONNX against the FP32 reference model on the emulator."""
@@ -1396,32 +891,3 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     return judge_mixed(mixed_path, ctx, opts)
 
 
-def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
-                expose: Sequence[str] = ()) -> CheckResult:
-    """The one judge of a written file: its float16 tensors rounded where produced.
-    `expose`: tensors of the file to return too, per sample (`CheckResult.tensors`)."""
-    graph = Graph.from_path(mixed_path)
-    names = ctx.graph.output_names()
-    missing = set(names) - set(graph.output_names())
-    if missing:
-        raise TrtBisectError(f"{mixed_path} lacks the reference's output(s) "
-                             f"{', '.join(sorted(missing))}")
-    fed = {v.name for v in graph.inputs()}
-    lacking = fed - {v.name for v in ctx.graph.inputs()}
-    if lacking:
-        raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
-                             "reference model does not have")
-    wanted = [t for t in expose if t in graph.producer]
-    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
-                       expose=wanted)
-    judged, tensors = [], []
-    for sample, ref in zip(ctx.every_sample, ctx.every_reference):  # certified on every one
-        outs, exposed = judge.run_tensors(sample)
-        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
-                                          opts.tolerance))
-        if expose:
-            tensors.append({t: exposed[t] for t in wanted})
-    verdict = opts.criteria.verdict(judged)
-    return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(judged),
-                       Written(judge.proto, judge.arrays), tensors,
-                       [c.to_json() for c in coverage.unjudged(graph)], judged, verdict)

@@ -4,9 +4,9 @@ A `Criterion` judges one output of one sample and gives a `Score` (the number it
 reads, the bound it is held to, the verdict); a `Hook` (a user's `--check FILE.py:FUNCTION`)
 judges a whole sample. `Criteria` holds the run's criteria and says, sample by sample, whether
 a plan passes (`judge`) and, over samples, whether it passes as a whole (`verdict`: every
-sample, or at least a fraction `pass_rate` of them). The judge of the search and the judge of a
-written file (pipeline.py), precision.json, the tables, the report and the renderings all read
-these objects; the search only ever sees pass or fail.
+sample, or at least a fraction `pass_rate` of them). The judge of the search and the judge of
+a written file (judge/written.py), precision.json, the tables, the report and the renderings
+all read these objects; the search only ever sees pass or fail.
 
 Adding a criterion is one `Entry` in `REGISTRY`: how to read its arguments, score an output,
 whether it fits an output, and how Polygraphy says it (or why it cannot).

@@ -234,7 +234,7 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
 
 def _activations(ctx: Any, opts: Any) -> int:
     """Bytes of the largest tensors of one inference (a few are alive at once)."""
-    from ..pipeline import estimate_bytes
+    from ..judge.layerwise import estimate_bytes
     try:
         sizes = sorted(estimate_bytes(ctx.judged, ctx.samples[0]).values(), reverse=True)
     except Exception:  # shape inference may fail on exotic models: the inputs' size then

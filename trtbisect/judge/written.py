@@ -1,0 +1,215 @@
+"""The one judge of a written file: a plan's mixed model is written, judged as `trtbisect check`
+judges it, and that verdict is the run's.
+
+The search's own numbers for a plan must be the file's, bit for bit (`same_numbers`); a file
+that fails is never reported `fixed`. `judge_mixed` is `check`'s judge of any mixed-precision
+ONNX.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .. import coverage
+from ..backends.ort import MixedModel, Rounded
+from ..compare import OutputError, worst
+from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
+from ..graph import Graph
+from ..mixed import Written, mixed_model
+from ..outdir import OutputDir
+from .criteria import Judgement, Verdict
+
+if TYPE_CHECKING:
+    from ..pipeline import Context, Evaluator, Options, RunResult
+
+log = logging.getLogger(__name__)
+
+
+def worst_of(judged: Iterable[Judgement]) -> dict[str, OutputError]:
+    """Per output, the worst error over the judged samples."""
+    return worst(j.errors for j in judged)
+
+
+def json_number(x: float) -> float | str:
+    """A float JSON can carry: inf and nan as strings."""
+    return x if math.isfinite(x) else str(x)
+
+
+@dataclass
+class Judged:
+    """A plan's mixed model, written (staged under --out) and judged as `check` judges it."""
+
+    ctx: Context
+    plan: frozenset[str]
+    checked: "CheckResult"
+    staged: list[str]
+
+
+def write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
+                     out_dir: Path | None, expose: Sequence[str] = ()) -> Judged:
+    Rounded.release(ctx.judged)  # memory: the judge holds the file's weights, not the search's
+    written = write_plan(ctx, plan)
+    # staged beside --out (same file system): write_outputs moves these very files into place
+    staging = OutputDir(out_dir).staging() if out_dir is not None else None  # emptied
+    with tempfile.TemporaryDirectory() as tmp:
+        path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
+        files = written.save(path)
+        del written  # saved: the file is the model from here on
+        checked = judge_mixed(path, ctx, opts, expose)
+    return Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
+
+
+def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
+                        plan: frozenset[str], out_dir: Path | None,
+                        judged: Judged | None = None) -> None:
+    """One judge: write the plan's mixed model, judge the file as `check` does, report that.
+
+    The search's own numbers for the plan must be the file's, bit for bit; a file that fails
+    makes the verdict `no_plan`, never `fixed`. `judged`: the file already written and judged
+    for this plan (the all-FP16 verdict is the file's own: no search number to compare).
+    """
+    if judged is not None and judged.plan == plan and judged.ctx is ctx:
+        searched = judged.checked.judgements
+    else:
+        searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan, full=True)[1]
+        ev.close()  # memory: the judge below holds the file's weights, not the search's
+        judged = write_and_judge(ctx, opts, plan, out_dir)
+    checked = judged.checked
+    result.staged = judged.staged
+    searched_worst = worst_of(searched)
+    same = len(searched) == len(checked.judgements) and all(
+        same_numbers(a, b) for a, b in zip(searched, checked.judgements))
+    result.mixed_check = checked.errors
+    if checked.verdict is not None:
+        result.extra.setdefault("judged", {})["after"] = checked.verdict.to_json()  # type: ignore[index]
+    result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
+    result.errors_after = checked.errors
+    result.extra["one_judge"] = {"search_equals_check": same,
+                                 "search_errors": {k: v.to_json() for k, v in searched_worst.items()}}
+    if not same:
+        log.error("the search measured other numbers than `check` of the written file: "
+                  "trusting the file (please report this)")
+    if result.verdict == "over_budget":  # the best plan within --budget, known to fail
+        result.one_minimal = False
+        if checked.passed:  # the file decides (one judge): it fits the budget and passes
+            result.verdict = "fixed"
+    elif not checked.passed:
+        result.verdict, result.one_minimal = "no_plan", False
+        log.error("the written mixed model fails the tolerance: no plan is reported")
+    found = margins(ctx, opts, checked.errors)
+    result.extra["margins"] = found
+    fragile = [o for o, m in found.items() if m["fragile"]]
+    result.extra["fragile"] = bool(fragile)
+    if fragile and checked.passed:
+        log.warning("the plan passes by less than FP32 kernel noise on %s: fragile",
+                    ", ".join(fragile))
+
+
+def write_plan(ctx: Context, fp32_nodes) -> Written:
+    """The plan's mixed model: the judged graph, FP16 weights under the judge's weight rule."""
+    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule)
+
+
+def bits(e: OutputError) -> tuple:
+    return (e.max_abs, e.mean_abs, e.nonfinite, e.passed,
+            tuple((s.value, s.passed, s.detail) for s in e.scores))
+
+
+def same_numbers(a: Judgement, b: Judgement) -> bool:
+    """One sample judged twice (the search, the written file): the same numbers, bit for bit
+    (nan equal to nan: a hook without a score)."""
+    def key(j: Judgement) -> str:
+        return repr(({o: bits(e) for o, e in j.errors.items()},
+                     [(s.value, s.passed, s.detail) for s in j.scores]))
+    return key(a) == key(b)
+
+
+# The noise floor (two extra sessions) is measured only for a plan within this fraction of its
+# bound: FP32 kernel noise is ~1e-6 of an output's range, so a wider margin cannot be fragile.
+NOISE_MARGIN = 0.1
+
+
+NOISE_WEIGHT_LIMIT = 512 << 20  # bytes of weights above which the noise floor is not measured
+
+
+def margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> dict[str, dict]:
+    """Per output: how far under its bound the plan lands, against the noise floor of FP32
+    itself (the reference model under ORT's default, optimizing kernels vs the judge's)."""
+    noise: dict[str, float] = {}
+    errors = {k: e for k, e in errors.items() if not e.scores}  # the default criterion's margin
+    close = any(e.passed and e.bound - e.max_abs < NOISE_MARGIN * e.bound for e in errors.values())
+    if close and ctx.graph.weights.total_bytes() <= NOISE_WEIGHT_LIMIT:
+        from ..backends.ort import kernel_noise
+        noise = kernel_noise(ctx.graph, ctx.samples, ctx.references, opts.threads)
+    out = {}
+    for name, e in errors.items():
+        margin = e.bound - e.max_abs
+        n = noise.get(name)
+        out[name] = {"margin": json_number(margin), "noise_floor": None if n is None else json_number(n),
+                     "fragile": bool(n is not None and e.passed and margin <= n)}
+    return out
+
+
+@dataclass
+class CheckResult:
+    passed: bool
+    errors: dict[str, OutputError]
+    half_tensors: int
+    samples: int
+    emulated: Written | None = field(default=None, repr=False)  # the graph the judge ran
+    # per sample, the tensors judge_mixed was asked to expose (the layer-wise pass's FP16 side)
+    tensors: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
+    unjudged: list[dict] = field(default_factory=list)  # coverage.unjudged of the file
+    judgements: list[Judgement] = field(default_factory=list, repr=False)  # per sample
+    verdict: Verdict | None = field(default=None, repr=False)
+
+    @property
+    def exit_code(self) -> int:
+        """0 passes, 4 fails, 5 passes on the judged part only (`unjudged`)."""
+        return EXIT_NO_PLAN if not self.passed else EXIT_PARTIAL if self.unjudged else EXIT_OK
+
+    def to_json(self) -> dict:
+        d = {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
+             "errors": {k: v.to_json() for k, v in self.errors.items()},
+             "unjudged": self.unjudged}
+        if self.verdict is not None:
+            d["judged"] = self.verdict.to_json()
+        return d
+
+
+def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
+                expose: Sequence[str] = ()) -> CheckResult:
+    """The one judge of a written file: its float16 tensors rounded where produced.
+    `expose`: tensors of the file to return too, per sample (`CheckResult.tensors`)."""
+    graph = Graph.from_path(mixed_path)
+    names = ctx.graph.output_names()
+    missing = set(names) - set(graph.output_names())
+    if missing:
+        raise TrtBisectError(f"{mixed_path} lacks the reference's output(s) "
+                             f"{', '.join(sorted(missing))}")
+    fed = {v.name for v in graph.inputs()}
+    lacking = fed - {v.name for v in ctx.graph.inputs()}
+    if lacking:
+        raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
+                             "reference model does not have")
+    wanted = [t for t in expose if t in graph.producer]
+    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
+                       expose=wanted)
+    judged, tensors = [], []
+    for sample, ref in zip(ctx.every_sample, ctx.every_reference):  # certified on every one
+        outs, exposed = judge.run_tensors(sample)
+        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                          opts.tolerance))
+        if expose:
+            tensors.append({t: exposed[t] for t in wanted})
+    verdict = opts.criteria.verdict(judged)
+    return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(judged),
+                       Written(judge.proto, judge.arrays), tensors,
+                       [c.to_json() for c in coverage.unjudged(graph)], judged, verdict)

@@ -1,0 +1,154 @@
+"""A run's files: the plan and its renderings for every tool, written as one generation.
+
+`write_outputs` replaces the previous generation atomically (outdir.py): the mixed model the
+run judged is moved into place (never rewritten), and precision.json lands last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import onnx
+
+from .. import __version__
+from ..backends.ort import emulation_of_mixed
+from ..diagnose import annotate
+from ..graph import Graph, named_as_trtbisect_names
+from ..judge.written import write_plan
+from ..mixed import Written, graph_model
+from ..outdir import OutputDir
+from ..plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
+from ..render import RenderContext
+from .files import claim, move_file
+
+if TYPE_CHECKING:
+    from ..pipeline import Context, RunResult
+
+# verdicts whose plan is written with its renderings
+PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget")
+
+
+def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
+    """Every file atomically, as one generation that replaces the last (outdir.py): the plan
+    is written last, never beside an earlier run's files. The input model is only read."""
+    with OutputDir(out_dir).generation(keep=ctx.sources) as gen:
+        _write_files(result, ctx, out_dir, report)
+        gen.commit(result.to_json())
+
+
+def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
+    stem = ctx.path.stem
+    if result.verdict in PLAN_VERDICTS:
+        if ctx.graph.inlined or not named_as_trtbisect_names(ctx.model):
+            path = out_dir / f"{stem}.named.onnx"
+            graph_model(ctx.graph).save(path)
+            result.files["named_model"] = str(path)
+        if result.rewritten_model is not None:
+            path = out_dir / f"{stem}.rewritten.onnx"
+            result.rewritten_model.save(path)
+            result.files["rewritten_model"] = str(path)
+        mixed_path = out_dir / f"{stem}.mixed.onnx"
+        if result.staged:  # the files judged in the run, moved into place
+            for f in result.staged:
+                claim(out_dir / Path(f).name)  # listed in the generation before it lands
+                move_file(f, out_dir / Path(f).name)
+            result.staged = []
+        else:
+            if result.mixed_model is None:
+                result.mixed_model = write_plan(ctx, result.fp32_nodes)
+            result.mixed_model.save(mixed_path)
+        result.files["mixed_model"] = str(mixed_path)
+        result.render_context = render_context(result, ctx, out_dir)
+        r = result.renderings()
+        if r["trtexec_layer_precisions"] is not None:
+            atomic_write_text(out_dir / "layer_precisions.txt", f"{r['trtexec_layer_precisions']}\n")
+            result.files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
+        atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", r["autocast_nodes_to_exclude"])
+        result.files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
+        from ..render import commands_script
+        atomic_write_text(out_dir / "commands.sh",
+                          commands_script(result.fp32_nodes, result.render_context))
+        result.files["commands"] = str(out_dir / "commands.sh")
+    if result.stats:
+        atomic_write_records(out_dir / "layerwise.json",
+                             [s.to_json() for s in result.stats.values()])
+        result.files["layerwise"] = str(out_dir / "layerwise.json")
+    if result.search is not None:
+        result.files["journal"] = str(out_dir / "journal.jsonl")
+        atomic_write_json(out_dir / "trace.json", result.search.to_json())
+        result.files["trace"] = str(out_dir / "trace.json")
+    if result.extra.get("culprit_groups"):
+        path = out_dir / f"{stem}.annotated.onnx"
+        meta = {"trtbisect.verdict": result.verdict, "trtbisect.version": __version__,
+                "trtbisect.fp32_nodes": ",".join(result.fp32_nodes)}
+        annotated = annotate(ctx.model, result.extra["culprit_groups"],  # type: ignore[arg-type]
+                             {c.node: c.why for c in result.culprits}, meta)
+        graph_model(ctx.graph, annotated).save(path)
+        result.files["annotated_model"] = str(path)
+    if report:
+        from ..report import write_report
+        result.files.update(write_report(result, out_dir))
+    result.files["plan"] = str(out_dir / "precision.json")
+
+
+def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
+    """What every rendering needs to reproduce this run; writes the samples (one .npz each)
+    and a Polygraphy data loader beside the plan."""
+    from ..inputs import declared_shape
+    from ..render import data_loader_script, npz_bytes, output_bounds, relative_to, shape_ranges
+
+    work = out_dir.resolve()
+    samples = []
+    for k, sample in enumerate(ctx.every_sample):
+        path = out_dir / "inputs" / f"sample_{k:03d}.npz"
+        data = npz_bytes(sample)
+        atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
+        samples.append(relative_to(path, work))
+    for stale in (out_dir / "inputs").glob("sample_*.npz"):  # a previous run's: the folder
+        if relative_to(stale, work) not in samples:  # is the samples (AutoCast, check lines)
+            stale.unlink()
+    atomic_write_text(out_dir / "data_loader.py", data_loader_script(samples))
+    result.files["samples"] = str(out_dir / "inputs")
+    result.files["data_loader"] = str(out_dir / "data_loader.py")
+    emulated = out_dir / f"{ctx.path.stem}.mixed.emulated.onnx"
+    if result.emulated_mixed is None:  # the plan changed since it was judged (TensorRT)
+        fused = ctx.prepared is not None and ctx.prepared.semantics == "trt"
+        result.emulated_mixed = Written(*emulation_of_mixed(
+            Graph.from_path(result.files["mixed_model"]), ctx.rules, fused))
+    result.emulated_mixed.save(emulated)
+    result.emulated_mixed = None
+    result.files["emulated_mixed_model"] = str(emulated)
+    g = ctx.judged  # the plan names its nodes
+    names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
+             onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT32: "int32",
+             onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT8: "int8",
+             onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
+    stem = ctx.path.stem
+    return RenderContext(
+        model=relative_to(result.files.get("rewritten_model")
+                          or result.files.get("named_model", ctx.path), work),
+        mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
+        emulated_model=relative_to(emulated, work),
+        tolerance=result.tolerance, criteria=result.criteria, outputs=tuple(g.output_names()),
+        output_bounds=output_bounds(ctx.every_reference, result.tolerance),
+        shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()},
+                                  ctx.every_sample),
+        samples=tuple(samples), data_loader="data_loader.py",
+        autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
+        true_fp32=not ctx.rules.tf32,
+        trt_version=ctx.prepared.trt_version if ctx.prepared else 11,
+        judge_args=judge_args(ctx),
+        reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
+        output_types={n: tuple(names.get(g.types.get(t, 0), "other")
+                               for t in g.node(n).output if t) for n in result.fp32_nodes},
+        inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)))
+
+
+def judge_args(ctx: Context) -> tuple[str, ...]:
+    """The flags that make `trtbisect check` judge as this run did."""
+    if ctx.prepared is None:
+        return ()
+    return ("--semantics", ctx.prepared.semantics, "--trt-version", str(ctx.prepared.trt_version),
+            "--tf32" if ctx.rules.tf32 else "--no-tf32",
+            *(("--fp16-accumulate",) if ctx.rules.accumulate else ()))
