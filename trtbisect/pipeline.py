@@ -18,8 +18,8 @@ import onnx
 
 from . import __version__, cost, coverage, degenerate, semantics
 from .backends.ort import Emulator, MixedModel, Reference, Rounded, emulation_of_mixed
-from .compare import (FP16_MAX, OutputError, TensorStats, Tolerance, merge_stats,
-                      round_fp16, tensor_stats, validate_tolerance, worst)
+from .compare import (OutputError, TensorStats, Tolerance, merge_stats, tensor_stats,
+                      validate_tolerance, worst)
 from .diagnose import (annotate, attach as attach_diagnosis, group_culprits, note_fused,
                        note_semantics)
 from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
@@ -31,6 +31,7 @@ from .data.store import SampleSet, reference_set
 from .inputs import Sample
 from .judge import subset
 from .judge.criteria import Criteria, Judgement, Verdict
+from .judge.precision import FP16, Precision, of_type, precision as low_precision
 from .journal import Journal, plan_key
 from .plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from .render import RenderContext
@@ -83,6 +84,7 @@ class Options:
     gpu: str = cost.DEFAULT_GPU  # the GPU class plans are priced on (cost.py, docs/cost.md)
     objective: str = "cost"  # cost: the cheapest plan in estimated engine time; count: fewest units
     budget: float | None = None  # --budget PCT: the plan's slowdown against all-FP16 at most this
+    precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
 
     @property
     def accumulate(self) -> int:
@@ -156,10 +158,15 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
                   sources=[path, *external_files(path), *input_files(opts)],
                   data_sha256=data_sha)
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
+    if opts.fp16_accumulate and not low_precision(opts.precision).narrow_range:
+        raise TrtBisectError("--fp16-accumulate models FP16-accumulating kernels; BF16 GEMMs "
+                             "and convolutions accumulate in FP32 (cuBLAS has no BF16 compute "
+                             "type): drop it with --precision bf16")
     if search:
         ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
                                                            opts.trt_version)
-        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate)
+        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate,
+                                        low_precision(opts.precision))
     return ctx
 
 
@@ -221,7 +228,8 @@ def layerwise(ctx: Context, opts: Options,
         if g.is_float(v.name):
             for s in ctx.samples:
                 x = np.asarray(s[v.name], np.float32)
-                _merge(stats, tensor_stats(v.name, None, x, round_fp16(x)))
+                _merge(stats, tensor_stats(v.name, None, x, ctx.rules.precision.round(x),
+                                           ctx.rules.precision))
     batches = batches or layerwise_batches(ctx, opts)
     total, done = sum(len(b) for b in batches), 0
     for k, batch in enumerate(batches):
@@ -232,7 +240,8 @@ def layerwise(ctx: Context, opts: Options,
             for s, b in zip(ctx.samples, fp16_first):
                 a = ref.run_tensors(s, batch)
                 for t in batch:
-                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
+                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t],
+                                                ctx.rules.precision))
                 del a
             ref.close()
         else:
@@ -243,7 +252,8 @@ def layerwise(ctx: Context, opts: Options,
             for s, a in zip(ctx.samples, fp32):
                 b = emu.run_tensors_for(plan, s, batch)
                 for t in batch:
-                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
+                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t],
+                                                ctx.rules.precision))
             emu.close()
             del emu, fp32
         del ref
@@ -291,13 +301,13 @@ def _merge(stats: dict[str, TensorStats], new: TensorStats | None) -> None:
         stats[new.name] = merge_stats(stats[new.name], new) if new.name in stats else new
 
 
-def _tensor_stats(t: str, producer: str | None, a: np.ndarray,
-                  b: np.ndarray) -> TensorStats | None:
+def _tensor_stats(t: str, producer: str | None, a: np.ndarray, b: np.ndarray,
+                  precision: Precision = FP16) -> TensorStats | None:
     """None for a value of an If branch that did not run in this sample (exposed empty), or
     that ran on one side only."""
     if a.shape != b.shape or a.size == 0:
         return None
-    return tensor_stats(t, producer, a, b)
+    return tensor_stats(t, producer, a, b, precision)
 
 
 def _batches(g: Graph, sample: Sample, budget: int) -> list[list[str]]:
@@ -336,12 +346,13 @@ def estimate_bytes(g: Graph, sample: Sample) -> dict[str, int]:
     return {t: known.get(t, fallback) for t in g.stored_tensors()}
 
 
-def summarize_layerwise(g: Graph, stats: Mapping[str, TensorStats]) -> dict[str, object]:
+def summarize_layerwise(g: Graph, stats: Mapping[str, TensorStats],
+                        precision: Precision = FP16) -> dict[str, object]:
     """Where things first go wrong along the topological order."""
     ordered = [stats[t] for t in g.stored_tensors() if t in stats]
     first_nonfinite = [s.name for s in ordered if s.new_nonfinite and not _any_input_nonfinite(
         g, s, stats)]
-    overflow = [s.name for s in ordered if s.overflow or s.fp32_absmax > FP16_MAX]
+    overflow = [s.name for s in ordered if s.overflow or s.fp32_absmax > precision.max]
     jump = next((s.name for s in ordered if s.rel_err > 0.01), None)
     return {"tensors": len(ordered), "first_nonfinite": first_nonfinite[:10],
             "first_overflow": overflow[:10], "first_jump": jump}
@@ -608,7 +619,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
                 strict=opts.strict, criteria=opts.criteria)
-    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate),
+    low = ctx.rules.precision
+    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
+              "precision": low.to_json(),
               "coverage": coverage.record(g)}
     for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
         log.warning("TensorRT's ONNX parser: %s x%d (%s): %s; %s", c.label, len(c.nodes),
@@ -647,7 +660,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
         if stats and not opts.rewrite:  # the prior is known: one session, the search's
-            early = build_prior(g, stats, constant_stats(g, ctx.rules.weight_rule))
+            early = build_prior(g, stats, constant_stats(g, ctx.rules.weight_rule, low), low)
             ev.emulator.ensure(_prefetch(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
@@ -678,7 +691,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
         suspects = build_prior(ctx.graph, stats,
-                               constant_stats(ctx.graph, ctx.rules.weight_rule)).seeds
+                               constant_stats(ctx.graph, ctx.rules.weight_rule, low), low).seeds
         outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
                                             (all_half, _worst(before)))
         if outcome is not None and outcome.applied:
@@ -688,8 +701,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             ev = Evaluator(ctx, opts, stats, journal)
             all_half = outcome.passed
             ev.known[frozenset()] = all_half
-    constants = constant_stats(g, ctx.rules.weight_rule)  # as the judge converts weights
-    prior = build_prior(g, stats, constants)
+    constants = constant_stats(g, ctx.rules.weight_rule, low)  # as the judge converts weights
+    prior = build_prior(g, stats, constants, low)
     if not all_half:
         ev.emulator.ensure(_prefetch(g, prior.seeds, prior.ranking))
     units = semantics.units(ctx.prepared, g.candidates())
@@ -743,8 +756,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage("judging the written plan")
         _judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
-                              semantics.fused_layer_names(ctx.prepared))
-    attach_diagnosis(result, g, constants)
+                              semantics.fused_layer_names(ctx.prepared), low)
+    attach_diagnosis(result, g, constants, low)
     note_fused(result, units, unit_of)
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
     if opts.semantics == "trt" and (result.fp32_nodes or opts.report or _absorbed_nodes(ctx)):
@@ -818,6 +831,7 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     emulator, every sample, against the original model's FP32 reference. `all_fp16`: the
     model's own all-FP16 verdict and errors, when known. Returns the outcome and the context
     of its model (None: it is not one the judge prepared last)."""
+    from .rewrite_rules import rewrites_for
     from .rewrites import try_rewrites
 
     if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
@@ -839,6 +853,7 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     # matches at the suspects go first, one connected group of them after another
     groups = [{"nodes": grp} for grp in group_culprits(ctx.graph, list(suspects))]
     outcome = try_rewrites(ctx.graph.materialize(), ctx.samples, judge, groups=groups,
+                           rewrites=rewrites_for(ctx.rules.precision.narrow_range),
                            ranges=ranges, references=ctx.references, initial=all_fp16)
     kept = next((c for c in last if c.model is outcome.model), None)
     return outcome, kept
@@ -853,7 +868,8 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
                   every_sample=ctx.every_sample, every_reference=ctx.every_reference,
                   subset=ctx.subset)
     new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
-    new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate)
+    new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate,
+                                    ctx.rules.precision)
     return new
 
 
@@ -886,7 +902,7 @@ def _strict_context(ctx: Context) -> Context:
     return Context(ctx.path, ctx.model, ctx.graph, ctx.samples, ctx.references, ctx.sha256,
                    sources=ctx.sources, data_sha256=ctx.data_sha256,
                    every_sample=ctx.every_sample, every_reference=ctx.every_reference,
-                   subset=ctx.subset)
+                   subset=ctx.subset, rules=semantics.Rules(precision=ctx.rules.precision))
 
 
 def _absorbed_nodes(ctx: Context) -> dict[str, str]:
@@ -1002,7 +1018,7 @@ CACHE = ".cache"  # results a resumed run reuses (layer-wise statistics)
 
 def write_plan(ctx: Context, fp32_nodes) -> Written:
     """The plan's mixed model: the judged graph, FP16 weights under the judge's weight rule."""
-    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule)
+    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule, ctx.rules.precision)
 
 
 def _bits(e: OutputError) -> tuple:
@@ -1052,6 +1068,8 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
           # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names them
           # (a journal of an earlier version judged them FP32): never replayed across that
           "judge": "subgraphs"}
+    if opts.precision != FP16.name:  # an FP16 run's fingerprint stays as it was
+        fp["precision"] = opts.precision
     if not opts.criteria.default:
         fp["criteria"] = opts.criteria.fingerprint()
     return fp
@@ -1070,7 +1088,8 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
             constants: Mapping[str, ConstantStats],
-            layers: Mapping[str, str] | None = None) -> list[Culprit]:
+            layers: Mapping[str, str] | None = None,
+            precision: Precision = FP16) -> list[Culprit]:
     """A one-line reason per culprit from the layer-wise numbers (diagnose.py goes deeper);
     `layers`: node -> the TensorRT-style fused layer computing it."""
     out = []
@@ -1078,40 +1097,41 @@ def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats
         node = g.node(name)
         layer = (layers or {}).get(name)
         own = g.own_name(name) if g.is_inner(name) else node.name  # without its holders
-        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants),
+        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants, precision),
                            module_label(own, g.model),  # PyTorch's name, when known
                            layer if layer != name else None))
     return out
 
 
 def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
-         constants: Mapping[str, ConstantStats]) -> str:
+         constants: Mapping[str, ConstantStats], p: Precision = FP16) -> str:
+    top, low = p.max_text, p.label
     for t in g.float_outputs(name):
         s = stats.get(t)
-        if s is not None and (s.fp32_absmax > FP16_MAX or s.overflow):
-            return f"output max {s.fp32_absmax:.3g} > 65504"
+        if s is not None and (s.fp32_absmax > p.max or s.overflow):
+            return f"output max {s.fp32_absmax:.3g} > {top}"
     for t in g.float_inputs(name):
         c = constants.get(t)
         if c is not None and c.overflow:
-            return f"constant {t!r} holds {c.absmax:.3g}, beyond FP16's 65504"
+            return f"constant {t!r} holds {c.absmax:.3g}, beyond {low}'s {top}"
         s = stats.get(t)
-        if s is not None and (s.fp32_absmax > FP16_MAX or s.overflow):
-            return f"reads {t!r} of max {s.fp32_absmax:.3g} > 65504"
+        if s is not None and (s.fp32_absmax > p.max or s.overflow):
+            return f"reads {t!r} of max {s.fp32_absmax:.3g} > {top}"
     for t in [*g.float_inputs(name), *g.float_outputs(name)]:
         c, s = constants.get(t), stats.get(t)
         if c is not None and c.flushed:
-            return f"constant {t!r} has {c.flushed} value(s) that FP16 flushes to zero"
+            return f"constant {t!r} has {c.flushed} value(s) that {low} flushes to zero"
         if c is not None and c.raised:
-            return f"constant {t!r} has {c.raised} value(s) below FP16's smallest subnormal " \
-                   "that TensorRT's FP16 conversion raises to 5.96e-8"
+            return f"constant {t!r} has {c.raised} value(s) below {low}'s smallest subnormal " \
+                   f"that TensorRT's {low} conversion raises to {p.tiny:.3g}".replace("e-0", "e-")
         if s is not None and s.flushed:
-            return f"{t!r}: {s.flushed} of {s.size} values flush to zero in FP16"
+            return f"{t!r}: {s.flushed} of {s.size} values flush to zero in {low}"
     for t in g.float_outputs(name):
         s = stats.get(t)
         if s is not None and s.new_nonfinite:
-            return f"output turns non-finite in FP16 ({s.fp16_nonfinite} values)"
+            return f"output turns non-finite in {low} ({s.fp16_nonfinite} values)"
         if s is not None:
-            return f"FP16 error grows here to {s.rel_err:.2g} of the output's range"
+            return f"{low} error grows here to {s.rel_err:.2g} of the output's range"
     return "needed by the tolerance"
 
 
@@ -1241,7 +1261,8 @@ def _render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCon
         reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")
                                for t in g.node(n).output if t) for n in result.fp32_nodes},
-        inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)))
+        inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)),
+        precision=ctx.rules.precision.name)
 
 
 def _judge_args(ctx: Context) -> tuple[str, ...]:
@@ -1250,7 +1271,9 @@ def _judge_args(ctx: Context) -> tuple[str, ...]:
         return ()
     return ("--semantics", ctx.prepared.semantics, "--trt-version", str(ctx.prepared.trt_version),
             "--tf32" if ctx.rules.tf32 else "--no-tf32",
-            *(("--fp16-accumulate",) if ctx.rules.accumulate else ()))
+            *(("--fp16-accumulate",) if ctx.rules.accumulate else ()),
+            *(("--precision", ctx.rules.precision.name)
+              if ctx.rules.precision.name != FP16.name else ()))
 
 
 def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path) -> None:
@@ -1318,12 +1341,26 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     """Judge any mixed-precision ONNX against the FP32 reference model on the emulator."""
     ctx = prepare(reference_path, opts, search=False)
     # the file's own weights; its layers: judge_mixed
-    ctx.rules = semantics.Rules(tf32=opts.tf32, accumulate=opts.accumulate)
+    ctx.rules = semantics.Rules(tf32=opts.tf32, accumulate=opts.accumulate,
+                                precision=low_precision(opts.precision))
     problems = reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
     return judge_mixed(mixed_path, ctx, opts)
+
+
+def _refuse_other_precision(graph: Graph, ctx: Context, path: str | Path) -> None:
+    """A file whose own low-precision tensors (beyond the reference's) are all of the other
+    type was not written for this --precision: say so rather than judge it under the wrong
+    name. (The judge itself rounds every tensor to the type the file gives it.)"""
+    own = set(ctx.graph.half_typed.values())
+    added = {ty for ty in graph.half_typed.values()} - own
+    low = ctx.rules.precision
+    if added and low.onnx_type not in added:
+        other = ", ".join(sorted(p.name for ty in added if (p := of_type(ty)) is not None))
+        raise TrtBisectError(f"{path} holds {other} tensors, not {low.name}: judge it with "
+                             f"--precision {other}")
 
 
 def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
@@ -1341,6 +1378,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
     if lacking:
         raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
                              "reference model does not have")
+    _refuse_other_precision(graph, ctx, mixed_path)
     wanted = [t for t in expose if t in graph.producer]
     judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
                        expose=wanted)

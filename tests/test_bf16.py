@@ -1,0 +1,232 @@
+"""`--precision bf16` end to end (#24): planted faults in both directions (an overflow FP16
+fails and BF16 holds; a precision loss BF16 fails and FP16 holds), diagnosis in BF16's words,
+the one judge in BF16 (the run's numbers == `check` of its written bfloat16 file, bit for bit),
+a model that is itself bfloat16-typed, and the renderings' BF16 flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+from click.testing import CliRunner
+from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+
+from trtbisect import pipeline, render
+from trtbisect.cli import main
+from trtbisect.judge.precision import BF16
+from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.rewrite_rules import REWRITES, rewrites_for
+
+
+def _save(tmp: Path, name: str, model: onnx.ModelProto, **inputs: np.ndarray) -> tuple[Path, Path]:
+    model.ir_version = 8
+    path, data = tmp / f"{name}.onnx", tmp / f"{name}_in.npz"
+    onnx.save(model, path)
+    np.savez(data, **inputs)
+    return path, data
+
+
+def squares(tmp: Path) -> tuple[Path, Path]:
+    """rms = sqrt(mean(x*x)) of x up to 300: x*x = 9e4 overflows FP16 (65504), not BF16."""
+    g = h.make_graph([h.make_node("Mul", ["x", "x"], ["sq"], name="sq"),
+                      h.make_node("ReduceMean", ["sq"], ["m"], name="mean", axes=[1]),
+                      h.make_node("Sqrt", ["m"], ["y"], name="root")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [4, 16])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4, 1])])
+    x = np.random.default_rng(0).uniform(-300, 300, (4, 16)).astype(np.float32)
+    return _save(tmp, "squares", h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), x=x)
+
+
+def differences(tmp: Path) -> tuple[Path, Path]:
+    """y = 2 * (x_i - x_{i+8}) for x = 8 + U(0, 1): a small difference of large numbers. At 8
+    FP16's spacing is 2^-7 (error well under 1% of y's range), BF16's 2^-4 (about 6%)."""
+    w = np.zeros((16, 8), np.float32)
+    for i in range(8):
+        w[i, i], w[i + 8, i] = 1.0, -1.0
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["d"], name="diff"),
+                      h.make_node("Mul", ["d", "two"], ["y"], name="double")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [4, 16])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4, 8])],
+                     [nh.from_array(w, "W"), nh.from_array(np.float32([2.0]), "two")])
+    x = (8 + np.random.default_rng(0).uniform(0, 1, (4, 16))).astype(np.float32)
+    return _save(tmp, "differences", h.make_model(g, opset_imports=[h.make_opsetid("", 13)]),
+                 x=x)
+
+
+def _types(path: Path) -> set[int]:
+    m = onnx.load(path)
+    return ({t.data_type for t in m.graph.initializer}
+            | {a.i for n in m.graph.node if n.op_type == "Cast" for a in n.attribute})
+
+
+def _one_judge(out: Path, model: Path, inputs: Path, precision: str) -> dict:
+    """precision.json, after asserting its errors are what `check` says of its file."""
+    plan = json.loads((out / "precision.json").read_text())
+    mixed = out / f"{model.stem}.mixed.onnx"
+    checked = check_mixed(mixed, model, Options(inputs=[str(inputs)], precision=precision))
+    assert checked.errors and checked.passed
+    for name, e in checked.errors.items():
+        assert plan["errors_after"][name] == e.to_json()  # bit for bit, through JSON
+    return plan
+
+
+def test_an_fp16_overflow_holds_in_bf16(tmp_path):
+    model, inputs = squares(tmp_path)
+    fp16 = run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16")
+    assert fp16.verdict == "fixed" and "sq" in fp16.fp32_nodes
+    assert fp16.extra["culprit_groups"][0]["cause"] == "overflow"
+    bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    assert bf16.verdict == "fp16_ok" and bf16.fp32_nodes == []  # the verdict's stable name
+    plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
+    assert plan["precision"]["name"] == "bf16" and "bf16_rounding" in plan["semantics"]["rules"]
+    assert TP.BFLOAT16 in _types(tmp_path / "bf16" / "squares.mixed.onnx")
+    assert TP.FLOAT16 not in _types(tmp_path / "bf16" / "squares.mixed.onnx")
+
+
+def test_a_precision_loss_fp16_holds_fails_in_bf16_and_is_said_in_bf16s_words(tmp_path):
+    model, inputs = differences(tmp_path)
+    fp16 = run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16")
+    assert fp16.verdict == "fp16_ok"
+    bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    assert bf16.verdict == "fixed" and "diff" in bf16.fp32_nodes
+    assert bf16.extra["one_judge"]["search_equals_check"]
+    plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
+    (group,) = plan["culprit_groups"]
+    assert group["cause"] == "precision_loss"
+    assert group["evidence"]["bf16_spacing"] > 0 and "fp16_spacing" not in group["evidence"]
+    assert "BF16 keeps 8 significant bits" in group["summary"] and "2^-8" in group["summary"]
+    assert "FP16" not in group["summary"] and "65504" not in group["summary"]
+    assert all("BF16" in c["why"] for c in plan["culprits"])
+
+
+def test_bf16_diagnosis_offers_no_fp16_range_fixes_and_no_range_rewrites():
+    from trtbisect.wording import RANGE_FIXES
+    assert {"scale_before_matmul", "mean_before_sum", "clamp_mask_fill"} <= RANGE_FIXES
+    kept = {r.name for r in rewrites_for(BF16.narrow_range)}
+    assert rewrites_for(True) == REWRITES and kept and kept < {r.name for r in REWRITES}
+    assert all("norm" in name for name in kept)  # the fused norms change how, not where
+
+
+def test_bf16_range_fixes_vanish_from_a_diagnosis(tmp_path):
+    """The same overflow diagnosed as if BF16 had judged it (numbers over BF16's range are
+    impossible here, so the words are checked on the fix list of an FP16-sized overflow)."""
+    from trtbisect.diagnose import diagnose
+    from trtbisect.graph import Graph
+    from trtbisect.suspects import constant_stats
+    model, inputs = squares(tmp_path)
+    ctx = pipeline.prepare(model, Options(inputs=[str(inputs)]))
+    stats = pipeline.layerwise(ctx, Options(inputs=[str(inputs)]))
+    g = Graph.from_path(model)
+    fp16 = diagnose(g, ["sq", "mean"], stats, constant_stats(g))
+    assert any(f.kind == "prescale_norm" for f in fp16[0].fixes)
+    bf16 = diagnose(g, ["sq", "mean"], stats, constant_stats(g), precision=BF16)
+    assert not any(f.kind == "prescale_norm" for f in bf16[0].fixes)
+
+
+def test_one_judge_in_bf16_for_random_unit_plans_under_trt_semantics(tmp_path):
+    """The trt-semantics cases of the FP16 one-judge test, in BF16 (TF32 on and off)."""
+    from tests.test_one_judge import TRT_CASES
+    from trtbisect import semantics
+    for name in sorted(TRT_CASES):
+        model, inputs = TRT_CASES[name]
+        path = tmp_path / "m.onnx"
+        onnx.save(model, path)
+        np.savez(tmp_path / "x.npz", **inputs)
+        for tf32 in (False, True):
+            opts = Options(inputs=[str(tmp_path / "x.npz")], tf32=tf32, precision="bf16")
+            ctx = pipeline.prepare(path, opts)
+            ev = pipeline.Evaluator(ctx, opts, {}, None)
+            units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
+            rng = np.random.default_rng(5)
+            plans = [frozenset(), *(frozenset(n for u in units if rng.random() < p for n in u)
+                                    for p in (0.3, 0.7))]
+            for plan in plans:
+                searched = pipeline._worst(ev.measure(plan)[1])
+                written = pipeline._write_and_judge(ctx, opts, plan, None).checked.errors
+                assert {o: pipeline._bits(e) for o, e in written.items()} == \
+                    {o: pipeline._bits(searched[o]) for o in written}, (name, sorted(plan))
+            ev.close()
+
+
+def bfloat16_model(tmp: Path) -> Path:
+    """A model held back in bfloat16: its input, weight and output are bfloat16."""
+    w = np.random.default_rng(1).normal(0, 1, (16, 8)).astype(np.float32)
+    wb = h.make_tensor("W", TP.BFLOAT16, w.shape,
+                       w.astype(ml_dtypes.bfloat16).view(np.uint16).flatten().tolist())
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                     [h.make_tensor_value_info("x", TP.BFLOAT16, [4, 16])],
+                     [h.make_tensor_value_info("y", TP.BFLOAT16, [4, 8])], [wb])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, tmp / "held.onnx")
+    return tmp / "held.onnx"
+
+
+def test_a_bfloat16_typed_model_runs_compares_and_checks(tmp_path):
+    model = bfloat16_model(tmp_path)
+    r = run(model, Options(precision="bf16"), tmp_path / "out")
+    assert r.verdict in ("fp16_ok", "fixed")
+    assert check_mixed(tmp_path / "out" / "held.mixed.onnx", model,
+                       Options(precision="bf16")).errors
+    cli = CliRunner()
+    done = cli.invoke(main, ["compare", str(model), "--precision", "bf16", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["tensors"]
+    done = cli.invoke(main, ["check", str(tmp_path / "out" / "held.mixed.onnx"), "--reference",
+                             str(model), "--precision", "bf16"])
+    assert done.exit_code == 0 and "bfloat16 tensors" in done.output, done.output
+
+
+def test_check_refuses_a_file_of_the_other_precision_and_both_outside_run(tmp_path):
+    model, inputs = squares(tmp_path)
+    run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16")
+    cli = CliRunner()
+    done = cli.invoke(main, ["check", str(tmp_path / "fp16" / "squares.mixed.onnx"),
+                             "--reference", str(model), "--inputs", str(inputs),
+                             "--precision", "bf16"])
+    assert done.exit_code == 2 and "holds fp16 tensors, not bf16" in done.output
+    done = cli.invoke(main, ["compare", str(model), "--precision", "both"])
+    assert done.exit_code == 2 and "--precision both is for `trtbisect run`" in done.output
+    done = cli.invoke(main, ["run", str(model), "--precision", "bf16", "--fp16-accumulate",
+                             "--out", str(tmp_path / "acc")])
+    assert done.exit_code == 2 and "accumulate in FP32" in done.output
+
+
+def test_bf16_renderings_use_each_tools_bf16_words(tmp_path):
+    ctx = render.RenderContext(model="m.onnx", mixed_model="m.mixed.onnx", engine_stem="m",
+                               precision="bf16")
+    rs = render.render_all(["a"], ctx)
+    assert "--bf16" in rs["trtexec_trt10"].text.split() and "--fp16" not in rs["trtexec_trt10"].text
+    assert "--bf16" in rs["polygraphy"].text.split() and "BF16" in rs["polygraphy"].title
+    assert "--low_precision_type=bf16" in rs["autocast"].text
+    assert 'low_precision_type="bf16"' in rs["autocast_python"].text
+    assert "--precision" not in rs["autocast"].text  # judge_args carry it (pipeline), not here
+    snippet = rs["tensorrt_python"].text
+    assert "trt.BuilderFlag.BF16" in snippet and "trt.bfloat16" in snippet
+    assert "FP16)" not in snippet and "m.bf16.plan" in snippet
+    from tests.test_trt_surface import module_chains, resolves
+    from trtbisect.backends import trt_surface
+    bad = [c for _, c in module_chains(snippet) if not resolves(trt_surface.load("10.13"), c)]
+    assert not bad
+    fp16 = render.render_all(["a"], render.RenderContext(model="m.onnx"))
+    assert "--fp16" in fp16["trtexec_trt10"].text.split()  # the default is unchanged
+    poly = Path(sys.executable).parent / "polygraphy"
+    if poly.exists():  # polygraphy 0.53.6 (dev extra) has the flag the rendering uses
+        helptext = subprocess.run([str(poly), "run", "--help"], capture_output=True,
+                                  text=True).stdout
+        assert "--bf16" in helptext
+
+
+def test_the_run_writes_check_lines_that_judge_in_bf16(tmp_path):
+    model, inputs = differences(tmp_path)
+    run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "out")
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    commands = (tmp_path / "out" / "commands.sh").read_text()
+    assert "--bf16" in commands and "--precision bf16" in commands
+    assert "--low_precision_type=bf16" in plan["renderings"]["autocast"]
