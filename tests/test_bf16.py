@@ -230,3 +230,30 @@ def test_the_run_writes_check_lines_that_judge_in_bf16(tmp_path):
     commands = (tmp_path / "out" / "commands.sh").read_text()
     assert "--bf16" in commands and "--precision bf16" in commands
     assert "--low_precision_type=bf16" in plan["renderings"]["autocast"]
+
+
+def test_run_precision_both_judges_each_and_shows_them_side_by_side(tmp_path):
+    """Two independent runs in <out>/fp16 and <out>/bf16 (each its own one judge), the table
+    on stdout, in --json and in precisions.md; exit 0 when either precision has a plan."""
+    model, inputs = differences(tmp_path)
+    out = tmp_path / "both"
+    cli = CliRunner()
+    done = cli.invoke(main, ["-q", "run", str(model), "--inputs", str(inputs), "--out", str(out),
+                             "--precision", "both", "--json"])
+    assert done.exit_code == 0, done.output
+    got = json.loads(done.output)
+    rows = {r["precision"]: r for r in got["precisions"]}
+    assert rows["fp16"]["verdict"] == "fp16_ok" and rows["fp16"]["fp32_nodes"] == 0
+    assert rows["bf16"]["verdict"] == "fixed" and rows["bf16"]["fp32_nodes"] == 2
+    assert rows["bf16"]["plan_s"] is not None and rows["bf16"]["all_fp32_s"] is not None
+    assert got["runs"]["bf16"]["precision"]["name"] == "bf16"
+    for name in ("fp16", "bf16"):
+        _one_judge(out / name, model, inputs, name)
+    saved = json.loads((out / "precisions.json").read_text())["precisions"]
+    assert [r["verdict"] for r in saved] == ["fp16_ok", "fixed"]
+    md = (out / "precisions.md").read_text()
+    assert "| FP16 | passes as is | 0 of 2 |" in md and "| BF16 | fixed | 2 of 2 |" in md
+    table = cli.invoke(main, ["-q", "run", str(model), "--inputs", str(inputs), "--out",
+                              str(out), "--precision", "both"])
+    assert table.exit_code == 0 and "FP16 and BF16, side by side" in table.output
+    assert "BF16 plan:" in table.output

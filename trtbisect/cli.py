@@ -437,6 +437,18 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     ctx = click.get_current_context()
     ctx.meta["resume_hint"] = (f"run the same command again to resume from {out / 'journal.jsonl'}"
                                " (--no-resume starts afresh)")
+    if opts.precision == "both":  # outputs/both.py: one run per precision, side by side
+        from .outputs.both import run_both
+
+        with terminate_as_interrupt(), OutputDir(out).locked(), \
+                Progress(quiet_level()) as progress:
+            def one(model: str, o, folder: Path, name: str):
+                progress.stage(f"--precision {name}: {folder}")
+                return pipeline.run(model, o, folder, progress.trial, progress.stage,
+                                    progress.layerwise)
+            both = run_both(model, opts, out, one)
+        emit_both(both, as_json)
+        finish(both.exit_code)
     with terminate_as_interrupt(), OutputDir(out).locked(), Progress(quiet_level()) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
         if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
@@ -586,6 +598,24 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
+
+
+def emit_both(both, as_json: bool) -> None:
+    """`run --precision both`: the two runs side by side (outputs/both.py)."""
+    from .outputs.both import table
+
+    if as_json:
+        click.echo(json.dumps(both.to_json(), indent=2))
+        return
+    head, *rows = table(both)
+    t = Table(title="FP16 and BF16, side by side", title_justify="left")
+    for col in head:
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(*(shown(c) for c in row))
+    out.print(t)
+    for r in both.rows():
+        out.print(f"{r['precision'].upper()} plan: {shown(r['plan'])}", soft_wrap=True)
 
 
 def cost_shares(result) -> dict[str, str]:
