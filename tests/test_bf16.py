@@ -257,3 +257,19 @@ def test_run_precision_both_judges_each_and_shows_them_side_by_side(tmp_path):
                               str(out), "--precision", "both"])
     assert table.exit_code == 0 and "FP16 and BF16, side by side" in table.output
     assert "BF16 plan:" in table.output
+
+
+def test_bf16_refuses_a_model_older_than_opset_13_before_any_work(tmp_path):
+    """Cast takes bfloat16 from opset 13 on (the emulator's rounding, the mixed ONNX): an
+    opset-12 model (PP-OCRv4's export) gets a usage error that says how to convert it."""
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4])])
+    path, _ = _save(tmp_path, "old", h.make_model(g, opset_imports=[h.make_opsetid("", 12)]),
+                    x=np.ones(4, np.float32))
+    done = CliRunner().invoke(main, ["run", str(path), "--precision", "bf16", "--out",
+                                     str(tmp_path / "o")])
+    assert done.exit_code == 2 and "needs opset >= 13" in done.output
+    assert "convert_version(model, 13)" in done.output
+    assert not (tmp_path / "o" / "precision.json").exists()
+    assert run(path, Options(), tmp_path / "fp16").verdict == "fp16_ok"  # FP16 is unaffected

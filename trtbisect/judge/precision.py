@@ -49,6 +49,7 @@ class Precision:
     polygraphy_flag: str  # polygraphy run's flag
     autocast_type: str  # ModelOpt AutoCast --low_precision_type
     torch_dtype: str  # torch dtype name ("float16", "bfloat16")
+    min_opset: int = 1  # the first default-domain opset whose Cast takes this type
 
     @property
     def narrow_range(self) -> bool:
@@ -84,6 +85,16 @@ class Precision:
         """An evidence key carrying the precision's name (`spacing` -> `fp16_spacing`)."""
         return f"{self.name}_{base}"
 
+    def require_opset(self, opset: int, path: object) -> None:
+        """Refuse a model whose opset has no Cast to this type (bfloat16 joined Cast at
+        opset 13): the emulator's rounding and the mixed ONNX both need it."""
+        if opset < self.min_opset:
+            raise TrtBisectError(
+                f"{path} is opset {opset}; --precision {self.name} needs opset >= "
+                f"{self.min_opset} (ONNX added {self.trt_type} to Cast there): convert it, e.g. "
+                f"onnx.version_converter.convert_version(model, {self.min_opset}), or use "
+                "--precision fp16")
+
     def to_json(self) -> dict:
         return {"name": self.name, "max": self.max, "min_normal": self.min_normal,
                 "smallest_subnormal": self.tiny, "fraction_bits": self.fraction_bits}
@@ -95,7 +106,7 @@ FP16 = Precision(
 BF16 = Precision(
     "bf16", "BF16", TensorProto.BFLOAT16, np.dtype(ml_dtypes.bfloat16),
     float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), 2.0**-126, 2.0**-133, 7,
-    "3.39e38", "9.2e-41", "bfloat16", "BF16", "--bf16", "--bf16", "bf16", "bfloat16")
+    "3.39e38", "9.2e-41", "bfloat16", "BF16", "--bf16", "--bf16", "bf16", "bfloat16", 13)
 BY_NAME = {p.name: p for p in (FP16, BF16)}
 
 
