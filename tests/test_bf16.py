@@ -273,3 +273,26 @@ def test_bf16_refuses_a_model_older_than_opset_13_before_any_work(tmp_path):
     assert "convert_version(model, 13)" in done.output
     assert not (tmp_path / "o" / "precision.json").exists()
     assert run(path, Options(), tmp_path / "fp16").verdict == "fp16_ok"  # FP16 is unaffected
+
+
+def centered(tmp: Path) -> tuple[Path, Path]:
+    """A LayerNorm's mean subtraction with an offset: y = (x - mean(x)) @ W for x = 4 + U(0, 1).
+    At 4 FP16's spacing is 2^-8, BF16's 2^-5: the centred values keep too few bits in BF16."""
+    w = np.random.default_rng(1).normal(0, 0.2, (64, 8)).astype(np.float32)
+    g = h.make_graph([h.make_node("ReduceMean", ["x"], ["m"], name="mean", axes=[1]),
+                      h.make_node("Sub", ["x", "m"], ["c"], name="center"),
+                      h.make_node("MatMul", ["c", "W"], ["y"], name="proj")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [4, 64])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4, 8])], [nh.from_array(w, "W")])
+    x = (4 + np.random.default_rng(0).uniform(0, 1, (4, 64))).astype(np.float32)
+    return _save(tmp, "centered", h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), x=x)
+
+
+def test_a_mean_subtraction_with_an_offset_holds_in_fp16_and_not_in_bf16(tmp_path):
+    model, inputs = centered(tmp_path)
+    assert run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16").verdict == "fp16_ok"
+    bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    assert bf16.verdict == "fixed" and set(bf16.fp32_nodes) == {"mean", "center"}
+    plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
+    (group,) = plan["culprit_groups"]
+    assert group["cause"] == "precision_loss" and group["evidence"]["bf16_spacing"] > 0

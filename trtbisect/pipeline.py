@@ -144,7 +144,8 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     temporary folder)."""
     path = Path(model_path)
     graph = Graph.from_path(path)
-    low_precision(opts.precision).require_opset(graph.opset, path)  # before any long work
+    if search:  # the emulator rounds with Casts to the low type: before any long work
+        low_precision(opts.precision).require_opset(graph.opset, path)
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
