@@ -114,13 +114,20 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
             "all_fp32_us": 1e6 * c["all_fp32_s"] if c else None,
             "slowdown": c.get("slowdown"),
             "mixed_bytes": mixed.stat().st_size if mixed is not None and mixed.exists() else None,
-            "evaluations": r.evaluations, "seconds": round(seconds, 2),
+            "evaluations": r.evaluations, "one_minimal": r.one_minimal,
+            "seconds": round(seconds, 2),
             "search_equals_check": one_judge}
     return rec
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def _evals(run: dict) -> str:
+    """Evaluations, starred where the plan is not certified 1-minimal (the cap was reached)."""
+    short = run["verdict"] == "fixed" and not run["one_minimal"]
+    return f"{run['evaluations']}{'*' if short else ''}"
 
 
 def _mb(x: int | None) -> str:
@@ -146,8 +153,10 @@ def markdown(records: list[dict], skipped: list[str]) -> str:
             f"{_pct(a['slowdown'])} | {', '.join(a['causes']) or '-'} | {b['verdict']} | "
             f"{b['fp32_nodes']} | {_pct(b['slowdown'])} | {', '.join(b['causes']) or '-'} | "
             f"{_mb(a['mixed_bytes'])} / {_mb(b['mixed_bytes'])} | "
-            f"{a['evaluations']} / {b['evaluations']} | {a['seconds']} / {b['seconds']} | "
+            f"{_evals(a)} / {_evals(b)} | {a['seconds']} / {b['seconds']} | "
             f"{'yes' if judged and all(judged) else ('-' if not judged else 'NO')} |")
+    lines += ["", f"\\* the search stopped at the {MAX_EVALS}-evaluation cap: the plan passes (it "
+              "is the file `check` judged) but is not certified 1-minimal."]
     if skipped:
         lines += ["", "Not measured (time budget spent): " + ", ".join(skipped) + "."]
     lines += ["", END]

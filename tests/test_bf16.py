@@ -296,3 +296,25 @@ def test_a_mean_subtraction_with_an_offset_holds_in_fp16_and_not_in_bf16(tmp_pat
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
     (group,) = plan["culprit_groups"]
     assert group["cause"] == "precision_loss" and group["evidence"]["bf16_spacing"] > 0
+
+
+def test_bench_bf16_measures_one_model_and_rewrites_only_its_section(tmp_path):
+    """scripts/bench_bf16.py on one zoo case end to end: both precisions, both files checked
+    bit for bit, and the doc section replaced between its markers, the rest kept."""
+    import importlib
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        bench = importlib.import_module("bench_bf16")
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    (name, build), = list(bench.cases(lambda n: n == "zoo/reducesum_overflow"))
+    rec = bench.measure(name, build, tmp_path / "w")
+    assert rec["runs"]["fp16"]["verdict"] == "fixed" and rec["runs"]["bf16"]["verdict"] == "fp16_ok"
+    assert rec["runs"]["fp16"]["search_equals_check"] and rec["runs"]["bf16"]["search_equals_check"]
+    doc = tmp_path / "bf16.md"
+    doc.write_text(f"# BF16\n\nbefore\n\n{bench.BEGIN}\nold\n{bench.END}\n\nafter\n")
+    bench.write_section(bench.markdown([rec], ["deep_24"]), doc)
+    text = doc.read_text()
+    assert "before" in text and "after" in text and "old" not in text
+    assert "| zoo/reducesum_overflow | 7 | fixed | 2 |" in text and "deep_24" in text

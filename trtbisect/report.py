@@ -437,7 +437,8 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     if tradeoff_name:
         parts += ["## Error against estimated cost", "", TRADEOFF_NOTE, "",
                   f"![trade-off plot]({tradeoff_name})", ""]
-    parts += _md_table("Error per output", ["output", "all FP16", "with the plan"],
+    parts += _md_table("Error per output", ["output", f"all {low_of(result).label}",
+                                             "with the plan"],
                        output_rows(result), code=(0,))
     parts += _md_stability(result)
     parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
@@ -483,7 +484,8 @@ def _cost_facts(result: "RunResult") -> list[str]:
         budget = (f"; {'within' if c['within_budget'] else 'over'} the {c['budget_pct']:g}% "
                   "budget")
     return [f"- estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
-            f"all FP16 {1e6 * c['all_fp16_s']:.4g} us, the plan {1e6 * c['plan_s']:.4g} us "
+            f"all {low_of(result).label} {1e6 * c['all_fp16_s']:.4g} us, the plan "
+            f"{1e6 * c['plan_s']:.4g} us "
             f"({pct(c['slowdown'])}), all FP32 {1e6 * c['all_fp32_s']:.4g} us; FP32 share "
             f"{100 * c['fp32_flop_share']:.1f}% of FLOPs and {100 * c['fp32_byte_share']:.1f}% "
             f"of bytes; {c['boundary_casts']} boundary Casts{budget}"]
@@ -556,7 +558,8 @@ def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
            f"layers kept FP32: {layers}"]
     strict = result.extra.get("errors_before_strict")
     if isinstance(strict, dict):
-        out += [f"{bullet}all FP16 under per-node rounding (strict), {code(name)}: "
+        out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "
+                f"{code(name)}: "
                 f"{'pass' if e['passed'] else 'FAIL'}, max|d| {e['max_abs']}, rel {e['rel']}"
                 for name, e in strict.items()]
     return out
@@ -730,7 +733,8 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
         body += ["<h2>Error against estimated cost</h2>", f"<p class='muted'>{e(TRADEOFF_NOTE)}</p>",
                  "<img class='plot' alt='error against estimated cost' "
                  f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
-    body += _html_table("Error per output", ["output", "all FP16", "with the plan"],
+    body += _html_table("Error per output", ["output", f"all {low_of(result).label}",
+                                              "with the plan"],
                         output_rows(result))
     body += _html_stability(result)
     body += _html_trace(result)
