@@ -318,3 +318,24 @@ def test_bench_bf16_measures_one_model_and_rewrites_only_its_section(tmp_path):
     text = doc.read_text()
     assert "before" in text and "after" in text and "old" not in text
     assert "| zoo/reducesum_overflow | 7 | fixed | 2 |" in text and "deep_24" in text
+
+
+def test_the_bf16_tensorrt_10_snippet_runs_on_the_10_13_fake_and_forces_the_plan(monkeypatch, zoo,
+                                                                                tmp_path):
+    """tests/test_trt_surface.py's check, in BF16: the snippet runs on the fake TensorRT 10.13
+    (a name its bindings lack raises), sets BuilderFlag.BF16 (not FP16) and forces the plan."""
+    import pickle
+    import runpy
+
+    from tests.test_trt_backend import fake
+    from tests.test_trt_surface import snippet_context
+    ctx, plan = snippet_context(tmp_path, zoo)
+    ctx = render.RenderContext(**{**ctx.__dict__, "precision": "bf16"})
+    (tmp_path / "snippet.py").write_text(render.render_all(plan, ctx)["tensorrt_python"].text)
+    monkeypatch.chdir(tmp_path)
+    fake.install(monkeypatch, version="10.13.0.35")
+    runpy.run_path(str(tmp_path / "snippet.py"))
+    used = {(a.owner, a.name) for a in fake.ACCESSES if a.present}
+    assert ("BuilderFlag", "BF16") in used and ("BuilderFlag", "FP16") not in used
+    built = pickle.loads((tmp_path / "model.bf16.plan").read_bytes())
+    assert not built["fp16"] and sorted(built["forced"]) == sorted(plan)
