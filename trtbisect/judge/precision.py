@@ -1,11 +1,12 @@
 """The low precision a plan targets: FP16 or BF16, one value threaded through the judge.
 
-Everything that used to be an FP16 constant reads it from here: the emulator's rounding Casts
+What depends on the target precision reads it from here: the emulator's rounding Casts
 and the weight conversion (backends/ort.py, semantics.round_weight), the mixed ONNX's low type
 (mixed.py), the range and spacing that diagnosis quotes (compare.py, suspects.py, detect.py,
-wording.py), the tools' precision flags (render.py) and the tensor-core peak a low-precision
-layer is priced at (cost.py). `--precision fp16` (the default) is FP16 exactly as before, bit
-for bit; `--precision bf16` is bfloat16 (8 exponent bits, as FP32; 7 fraction bits).
+wording.py) and the tools' precision flags (render.py). cost.py prices a BF16 layer at the FP16
+tensor-core rate (the GPUs it prices list the same rate for both; docs/bf16.md).
+`--precision fp16` (the default) is FP16 exactly as before, bit for bit; `--precision bf16` is
+bfloat16 (8 exponent bits, as FP32; 7 fraction bits).
 
 Rounding is IEEE round to nearest even in both, overflow to +-inf, subnormals kept: what
 `Cast(to=FLOAT16|BFLOAT16)` does on ONNX Runtime's CPU provider (BF16 checked bit for bit
