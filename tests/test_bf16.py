@@ -13,6 +13,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
+import pytest
 from click.testing import CliRunner
 from onnx import TensorProto as TP, helper as h, numpy_helper as nh
 
@@ -178,6 +179,7 @@ def test_a_bfloat16_typed_model_runs_compares_and_checks(tmp_path):
     done = cli.invoke(main, ["compare", str(model), "--precision", "bf16", "--json"])
     assert done.exit_code == 0, done.output
     assert json.loads(done.output)["tensors"]
+    assert json.loads(done.output)["summary"]["precision"] == "bf16"
     done = cli.invoke(main, ["check", str(tmp_path / "out" / "held.mixed.onnx"), "--reference",
                              str(model), "--precision", "bf16"])
     assert done.exit_code == 0 and "bfloat16 tensors" in done.output, done.output
@@ -339,3 +341,41 @@ def test_the_bf16_tensorrt_10_snippet_runs_on_the_10_13_fake_and_forces_the_plan
     assert ("BuilderFlag", "BF16") in used and ("BuilderFlag", "FP16") not in used
     built = pickle.loads((tmp_path / "model.bf16.plan").read_bytes())
     assert not built["fp16"] and sorted(built["forced"]) == sorted(plan)
+
+
+def test_polygraphy_checks_the_bf16_mixed_model_on_onnx_runtime(tmp_path):
+    """The rendered Polygraphy check (ONNX Runtime, no GPU) passes on the BF16 plan's emulated
+    mixed model and fails on the all-BF16 one: the rendering reproduces the plan in its tool."""
+    import shlex
+    pytest.importorskip("polygraphy")
+    from trtbisect.backends.ort import emulation_of_mixed
+    from trtbisect.graph import Graph
+    from trtbisect.mixed import Written, mixed_model
+    from trtbisect.semantics import Rules
+    poly = Path(sys.executable).parent / "polygraphy"
+    if not poly.exists():
+        pytest.skip("polygraphy is not installed beside the interpreter")
+    model, inputs = differences(tmp_path)
+    out = tmp_path / "out"
+    run(model, Options(inputs=[str(inputs)], precision="bf16"), out)
+    text = json.loads((out / "precision.json").read_text())["renderings"]["polygraphy_check"]
+    save, check = [shlex.split(line) for line in text.splitlines() if line and line[0] != "#"]
+    for argv in (save, check):
+        done = subprocess.run([str(poly), *argv[1:]], cwd=out, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    mixed_model(Graph.from_path(model), [], precision=BF16).save(out / "all.mixed.onnx")
+    Written(*emulation_of_mixed(Graph.from_path(out / "all.mixed.onnx"),
+                                Rules(precision=BF16))).save(out / "all_bf16.onnx")
+    emulated = next(w for w in check if w.endswith(".emulated.onnx"))
+    bad = [str(poly), *[("all_bf16.onnx" if w == emulated else w) for w in check[1:]]]
+    done = subprocess.run(bad, cwd=out, capture_output=True, text=True)
+    assert done.returncode != 0, "the check must be able to fail"
+
+
+def test_a_bf16_run_never_replays_an_fp16_journal_in_the_same_folder(tmp_path):
+    model, inputs = squares(tmp_path)
+    out = tmp_path / "out"
+    assert run(model, Options(inputs=[str(inputs)]), out).verdict == "fixed"
+    assert run(model, Options(inputs=[str(inputs)], precision="bf16"), out).verdict == "fp16_ok"
+    again = run(model, Options(inputs=[str(inputs)]), out)  # and back: FP16's own answer
+    assert again.verdict == "fixed" and "sq" in again.fp32_nodes

@@ -730,7 +730,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         progress.stage(f"layer-wise comparison, FP32 vs {ctx.rules.precision.label}")
         stats = pipeline.layerwise(ctx, opts, progress.layerwise)
     low = ctx.rules.precision
-    summary = pipeline.summarize_layerwise(ctx.graph, stats, low)
+    summary = {**pipeline.summarize_layerwise(ctx.graph, stats, low), "precision": low.name}
     judged = None if opts.criteria.default else pipeline.judge_all_fp16(ctx, opts)
     if as_json:
         click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],
