@@ -379,3 +379,25 @@ def test_a_bf16_run_never_replays_an_fp16_journal_in_the_same_folder(tmp_path):
     assert run(model, Options(inputs=[str(inputs)], precision="bf16"), out).verdict == "fp16_ok"
     again = run(model, Options(inputs=[str(inputs)]), out)  # and back: FP16's own answer
     assert again.verdict == "fixed" and "sq" in again.fp32_nodes
+
+
+@pytest.mark.slow
+def test_autocast_bf16_with_the_rendered_flags_reproduces_the_plan(tmp_path):
+    """Where ModelOpt installs: AutoCast with the rendered `--low_precision_type=bf16` keeps
+    exactly the plan's nodes in FP32 and its file passes `check --precision bf16`. (ModelOpt
+    is not installed on the machine this was written on: skipped there.)"""
+    import shlex
+    pytest.importorskip("modelopt.onnx.autocast")
+    from tests.test_render import fp32_compute_nodes
+    model, inputs = differences(tmp_path)
+    out = tmp_path / "out"
+    result = run(model, Options(inputs=[str(inputs)], precision="bf16"), out)
+    text = json.loads((out / "precision.json").read_text())["renderings"]["autocast"]
+    convert, check = [shlex.split(line) for line in text.splitlines() if line and line[0] != "#"]
+    assert "--low_precision_type=bf16" in convert
+    assert check[check.index("--precision") + 1] == "bf16"  # the check judges in BF16
+    done = subprocess.run([sys.executable, *convert[1:]], cwd=out, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    converted = out / result.render_context.autocast_output
+    assert fp32_compute_nodes(onnx.load(str(converted))) == set(result.fp32_nodes)
+    assert check_mixed(converted, model, Options(inputs=[str(inputs)], precision="bf16")).passed
