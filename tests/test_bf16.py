@@ -101,6 +101,7 @@ def test_a_precision_loss_fp16_holds_fails_in_bf16_and_is_said_in_bf16s_words(tm
     assert group["cause"] == "precision_loss"
     assert group["evidence"]["bf16_spacing"] > 0 and "fp16_spacing" not in group["evidence"]
     assert "BF16 keeps 8 significant bits" in group["summary"] and "2^-8" in group["summary"]
+    assert "spacing 0.0625 at" in group["summary"]  # BF16's spacing at the inputs (8 to 9)
     assert "FP16" not in group["summary"] and "65504" not in group["summary"]
     assert all("BF16" in c["why"] for c in plan["culprits"])
 

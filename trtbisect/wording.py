@@ -174,7 +174,9 @@ def _what(f: Facts, cause: str, pattern: str | None, ev: Evidence) -> str:
     spacing = (f"; values reach {g('magnitude')} where {low} spacing is "
                f"{g(p.key('spacing'))}, then cancel to {g('result_absmax')}"
                if pattern == "cancellation" else "")
-    at = "" if spacing else f"; spacing {g(p.key('spacing'))} at {g('magnitude')}"
+    # where the values are largest (the group's entry or inside it) its spacing is coarsest
+    top = max(_f(ev.get("magnitude")) or 0.0, _f(ev.get("input_absmax")) or 0.0)
+    at = "" if spacing else f"; spacing {num(p.spacing(top))} at {num(top)}"
     bits = ("" if p.narrow_range else
             f" ({low} keeps {p.fraction_bits + 1} significant bits: each rounding moves a value "
             f"by up to 2^-{p.fraction_bits + 1} = {pct(2.0 ** -(p.fraction_bits + 1))} of it{at})")
