@@ -374,10 +374,13 @@ class Pricing:
         """Estimated engine time (seconds) of the plan keeping these units in FP32."""
         plan = frozenset(u for u in fp32_units if u in self.cost)
         if plan not in self._memo:
-            extra = sum(self.cost[u].premium for u in plan)
+            # math.fsum: exactly rounded, so the same plan has the same price whatever order a
+            # set iterates in (it changes with PYTHONHASHSEED): the search's ties between
+            # equally priced units, and so its plan, must not depend on the process
+            extra = math.fsum(self.cost[u].premium for u in plan)
             touched = {k for u in plan for k in self._by_unit.get(u, ())}
-            casts = sum(self._edge_casts(self.edges[k], plan)[0]
-                        - self._edge_casts(self.edges[k], frozenset())[0] for k in touched)
+            casts = math.fsum(self._edge_casts(self.edges[k], plan)[0]
+                              - self._edge_casts(self.edges[k], frozenset())[0] for k in touched)
             if len(self._memo) > 1 << 16:
                 self._memo.clear()
             self._memo[plan] = self.fp16_s + extra + casts
