@@ -222,3 +222,13 @@ def test_torch_takes_the_criterion_flags(tmp_path):
     r = CliRunner().invoke(main, ["-q", "torch", f"{FILE}:overflow", "--mode", "half",
                                   "--check", f"{hook}:check", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "returned int 1" in r.output and "Traceback" not in r.output
+
+
+def test_torch_takes_precision_as_run_does_and_bf16_holds_the_overflow():
+    """`--precision bf16` (the flag run/compare/check take; --dtype still works): bfloat16
+    has FP32's range, so the RMSNorm overflow FP16 needs FP32 for is fine."""
+    for flag in ("--precision", "--dtype"):
+        r = CliRunner().invoke(main, ["-q", "torch", f"{FILE}:overflow", "--mode", "half",
+                                      flag, "bf16", "--device", "cpu", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["verdict"] == "fp16_ok"

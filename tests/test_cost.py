@@ -164,3 +164,35 @@ def test_summary_states_the_price_and_the_shares():
     assert s["fp32_byte_share"] == pytest.approx(3 / 5)  # x, W, h of x, W, h, h, y
     assert s["boundary_casts"] == 2
     assert s["units"]["mm"]["share"] == pytest.approx(p.cost["mm"].premium / p.fp16_s)
+
+
+PRICE_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.models.make_models import deep_model
+from trtbisect.cost import pricing_for
+from trtbisect.graph import Graph
+z = deep_model(blocks=8, overflow_blocks=())
+g = Graph(z.model)
+units = {{n: (n,) for n in g.candidates()}}
+p = pricing_for(g, units, z.inputs, "l4")
+names = sorted(units)
+print(" ".join(p.price(names[k::3]).hex() for k in range(3)))
+"""
+
+
+def test_a_plans_price_does_not_depend_on_the_processs_hash_seed(tmp_path):
+    """Plans are sets: their price is summed exactly (math.fsum), so equally priced units
+    tie the same way in every process, and a resumed or parallel run reaches the same plan
+    (before, ppocr and deep models found different plans under different PYTHONHASHSEEDs)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parent.parent)
+    script = tmp_path / "price.py"
+    script.write_text(PRICE_SCRIPT.format(root=root))
+    got = {subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+           for seed in range(6)}
+    assert len(got) == 1, got

@@ -73,11 +73,12 @@ def test_zoo_plans_identical_with_1_2_3_workers(zoo, tmp_path, name):
 
 @pytest.mark.parametrize("name,kw", [("layernorm_overflow", {"strict": True}),
                                      ("layernorm_overflow", {"semantics": "strict"}),
-                                     ("precision_loss", {"rewrite": True})])
+                                     ("precision_loss", {"rewrite": True}),
+                                     ("precision_loss", {"precision": "bf16"})])
 def test_strict_semantics_and_rewrites_identical_with_workers(zoo, tmp_path, name, kw):
-    """--strict's non-finite watch, per-node rounding, and the rewritten model (saved for the
+    """--strict's non-finite watch, per-node rounding, the rewritten model (saved for the
     workers, who judge it as the parent does; precision_loss still needs a plan after its
-    rewrites)."""
+    rewrites), and BF16 plans (the workers round to bfloat16 too)."""
     model, inputs = save_zoo_model(zoo[name], tmp_path / "in")
     one = _run(model, inputs, tmp_path / "w1", 1, **kw)
     two = _run(model, inputs, tmp_path / "w2", 2, **kw)

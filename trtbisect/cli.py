@@ -29,6 +29,7 @@ from .cost import DEFAULT_GPU, GPUS
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
+from .judge.precision import one_precision, precision_option
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, visible
 
@@ -316,6 +317,7 @@ def input_options(f: Callable) -> Callable:
                      help="Approximate FP16-accumulating kernels: FP16 MatMul/Gemm/Conv sum "
                           "blocks of 32 along the inner dimension, rounding each partial and "
                           "the running sum to FP16 (pessimistic; see docs/semantics.md)."),
+        precision_option(),  # judge/precision.py: --precision fp16|bf16 (run: also both)
     ]
     f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
     for o in reversed(opts):
@@ -323,9 +325,11 @@ def input_options(f: Callable) -> Callable:
     return f
 
 
-def make_options(kw: dict):
+def make_options(kw: dict, both: bool = False):
+    """Options from the shared flags; `both`: the command takes --precision both (run)."""
     from .pipeline import Options
 
+    one_precision(kw.get("precision", "fp16"), both)
     per_output = {}
     for spec in kw.pop("output_tols", ()):
         parts = spec.rsplit(":", 2) if spec.count(":") >= 2 else spec.rsplit(":", 1)
@@ -427,7 +431,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     onnx_path, saved = resolve_model_arg(model, kw.pop("torch_inputs"), out)  # FILE.py:FACTORY
     kw["inputs"] = kw["inputs"] or ((str(saved),) if saved else ())
     model = str(onnx_path)
-    opts = make_options(kw)
+    opts = make_options(kw, both=True)
     opts.resume = not no_resume
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
     opts.search_samples = search_samples
@@ -436,6 +440,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         from .parallel.ray_pool import check_address, require_ray
         require_ray()  # before any work: a one-line install hint,
         check_address(ray_address)  # or a head nobody answers at
+    if backend == "trt" and opts.precision != "fp16":  # backends/trt.py builds FP16 engines
+        raise TrtBisectError("--backend trt verifies FP16 plans only; judge a BF16 plan on the "
+                             "emulator and build it with commands.sh (--bf16, the bf16 mixed "
+                             "ONNX)")
     if backend == "trt" and not opts.criteria.default:  # backends/trt.py: the default only
         raise TrtBisectError("--backend trt judges engines by trtbisect's default criterion "
                              "only; drop --check-error-stat/--metric/--check/--pass-rate, or "
@@ -449,6 +457,18 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     ctx = click.get_current_context()
     ctx.meta["resume_hint"] = (f"run the same command again to resume from {out / 'journal.jsonl'}"
                                " (--no-resume starts afresh)")
+    if opts.precision == "both":  # outputs/both.py: one run per precision, side by side
+        from .outputs.both import run_both
+
+        with terminate_as_interrupt(), OutputDir(out).locked(), \
+                Progress(quiet_level()) as progress:
+            def one(model: str, o, folder: Path, name: str):
+                progress.stage(f"--precision {name}: {folder}")
+                return pipeline.run(model, o, folder, progress.trial, progress.stage,
+                                    progress.layerwise)
+            both = run_both(model, opts, out, one)
+        emit_both(both, as_json)
+        finish(both.exit_code)
     with terminate_as_interrupt(), OutputDir(out).locked(), Progress(quiet_level()) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
         if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
@@ -525,12 +545,13 @@ def emit_run(result, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
-    verdicts = {"fp16_ok": "[green]FP16 already meets the tolerance[/]",
+    low = (result.extra.get("precision") or {}).get("name", "fp16").upper()  # FP16 | BF16
+    verdicts = {"fp16_ok": f"[green]{low} already meets the tolerance[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
                          f"{result.candidates} nodes in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
                 "no_plan": "[red]no plan meets the tolerance[/]",
-                "nothing_to_judge": "[green]nothing to judge in FP16[/]: "
+                "nothing_to_judge": f"[green]nothing to judge in {low}[/]: "
                                     + shown(result.extra.get("nothing_to_judge", "")),
                 "over_budget": f"[red]no plan within the --budget passes[/]: the best within "
                                f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes "
@@ -571,14 +592,14 @@ def emit_run(result, as_json: bool) -> None:
     if result.errors_before:
         t = Table(title="Outputs", title_justify="left")
         t.add_column("output", overflow="fold")
-        t.add_column("all FP16")
+        t.add_column(f"all {low}")
         t.add_column("with the plan")
         for name, before in result.errors_before.items():
             t.add_row(shown(name), error_cell(before), error_cell(result.errors_after.get(name)))
         out.print(t)
         strict = result.extra.get("errors_before_strict") or {}
         for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
-            out.print(f"  all FP16 per node (--semantics strict), {shown(name)}: "
+            out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} max|d| {fmt(float(e['max_abs']))}")
     if result.extra.get("cost") and result.verdict != "reference_invalid":
         out.print(cost_line(result.extra["cost"]))
@@ -597,6 +618,24 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
+
+
+def emit_both(both, as_json: bool) -> None:
+    """`run --precision both`: the two runs side by side (outputs/both.py)."""
+    from .outputs.both import table
+
+    if as_json:
+        click.echo(json.dumps(both.to_json(), indent=2))
+        return
+    head, *rows = table(both)
+    t = Table(title="FP16 and BF16, side by side", title_justify="left")
+    for col in head:
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(*(shown(c) for c in row))
+    out.print(t)
+    for r in both.rows():
+        out.print(f"{r['precision'].upper()} plan: {shown(r['plan'])}", soft_wrap=True)
 
 
 def cost_shares(result) -> dict[str, str]:
@@ -709,33 +748,34 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
             out.print(f"nothing to compare: {shown(nothing)}")
         return
     with Progress(quiet_level() + int(as_json)) as progress:  # --json: stdout is for machines
-        progress.stage("layer-wise comparison, FP32 vs FP16")
+        progress.stage(f"layer-wise comparison, FP32 vs {ctx.rules.precision.label}")
         stats = layerwise.layerwise(ctx, opts, progress.layerwise)
-    summary = layerwise.summarize_layerwise(ctx.graph, stats)
+    low = ctx.rules.precision
+    summary = {**layerwise.summarize_layerwise(ctx.graph, stats, low), "precision": low.name}
     judged = None if opts.criteria.default else pipeline.judge_all_fp16(ctx, opts)
     if as_json:
         click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],
                                **({"all_fp16": judged.to_json()} if judged else {})}, indent=2))
         return
-    t = Table(title=f"FP32 vs all-FP16: {summary['tensors']} stored tensors and "
+    t = Table(title=f"FP32 vs all-{low.label}: {summary['tensors']} stored tensors and "
                     f"{len(stats) - summary['tensors']} graph input(s)", title_justify="left")
     for col in ("tensor", "producer", "FP32 max|x|", "rel err", "non-finite", "overflow", "flushed"):
         t.add_column(col, overflow="fold")
     flagged = [s for s in stats.values() if s.overflow or s.new_nonfinite or s.flushed
-               or s.fp32_absmax > 65504]
+               or s.fp32_absmax > low.max]
     rows = flagged[:top] if flagged else sorted(stats.values(), key=lambda s: -s.rel_err)[:top]
     for s in rows:
         t.add_row(shown(s.name), shown(s.producer or "(input)"), fmt(s.fp32_absmax),
                   rel_cell(s.rel_err, max(s.fp16_nonfinite - s.fp32_nonfinite, 0)),
                   str(s.fp16_nonfinite), str(s.overflow), str(s.flushed))
     out.print(t)
-    for key, label in (("first_nonfinite", "first non-finite in FP16"),
-                       ("first_overflow", "first value beyond 65504"),
+    for key, label in (("first_nonfinite", f"first non-finite in {low.label}"),
+                       ("first_overflow", f"first value beyond {low.max_text}"),
                        ("first_jump", "error first jumps at")):
         if summary.get(key):
             out.print(f"{label}: {shown(summary[key])}")
     if judged is not None:  # the run's criteria, on the all-FP16 outputs
-        out.print(f"all FP16 under {shown(opts.criteria.describe())}: "
+        out.print(f"all {low.label} under {shown(opts.criteria.describe())}: "
                   f"{'[green]pass[/]' if judged.passed else '[red]FAIL[/]'} on "
                   f"{sum(judged.samples)} of {len(judged.samples)} sample(s)", soft_wrap=True)
         for name, e in judged.errors.items():
@@ -762,12 +802,14 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     """
     from . import pipeline
 
+    kw_precision = kw.get("precision")
     result = pipeline.check_mixed(mixed, reference, make_options(kw))
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         out.print(f"{'[green]pass[/]' if result.passed else '[red]fail[/]'}: {shown(mixed)} "
-                  f"({result.half_tensors} float16 tensors, {result.samples} sample(s))",
+                  f"({result.half_tensors} {'bfloat16' if kw_precision == 'bf16' else 'float16'}"
+                  f" tensors, {result.samples} sample(s))",
                   soft_wrap=True)
         for name, e in result.errors.items():
             out.print(f"  {shown(name)}: {error_cell(e)}", soft_wrap=True)

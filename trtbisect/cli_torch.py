@@ -102,8 +102,9 @@ def export_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: i
               show_default=True,
               help="autocast: torch.autocast (AMP). half: model.half(), the way TensorRT FP16 "
                    "stores everything.")
-@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True,
-              help="Reduced precision type.")
+@click.option("--precision", "--dtype", "dtype", type=click.Choice(["fp16", "bf16"]),
+              default="fp16", show_default=True,
+              help="Reduced precision type (--dtype: its earlier name, still accepted).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
               show_default=True, help="auto: cuda when torch sees a GPU, else cpu.")
 @click.option("--kernels", type=click.Choice(["auto", "emulated", "native"]), default="auto",

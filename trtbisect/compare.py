@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .judge.precision import Precision
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0**-24  # smallest positive subnormal
@@ -232,13 +235,18 @@ FP16_OVERFLOW = 65520.0  # the smallest magnitude an FP16 store rounds to inf (R
 FP16_FLUSH = 2.0**-25  # the largest magnitude an FP16 store rounds to zero (RNE)
 
 
-def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray) -> TensorStats:
-    """The numbers of `compare_output` with zero tolerance, and what an FP16 store does to the
-    reference (the layer-wise pass runs this on every stored tensor: no percentile)."""
+def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray,
+                 precision: "Precision | None" = None) -> TensorStats:
+    """The numbers of `compare_output` with zero tolerance, and what a store in the low
+    precision (FP16 unless given) does to the reference (the layer-wise pass runs this on
+    every stored tensor: no percentile). `overflow` and `flushed` count against that
+    precision's range; the `fp16_*` fields hold the low-precision side whichever it is."""
     d = _Diff.of(np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32))
     got_mag = np.abs(d.got)
     max_abs = d.max_abs
-    big = d.ref_mag >= FP16_OVERFLOW
+    overflow_at, flush_at = ((FP16_OVERFLOW, FP16_FLUSH) if precision is None
+                             else (precision.overflow_at, precision.flush_at))
+    big = d.ref_mag >= overflow_at
     return TensorStats(
         name=name,
         producer=producer,
@@ -252,7 +260,7 @@ def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarr
         fp32_nonfinite=0 if d.all_ref else int(d.ref.size - np.count_nonzero(d.finite_ref)),
         fp16_nonfinite=0 if d.all_got else int(d.got.size - np.count_nonzero(d.finite_got)),
         overflow=int(np.count_nonzero(big if d.all_ref else d.finite_ref & big)),
-        flushed=int(np.count_nonzero((d.ref_mag > 0) & (d.ref_mag <= FP16_FLUSH))),
+        flushed=int(np.count_nonzero((d.ref_mag > 0) & (d.ref_mag <= flush_at))),
         size=int(d.ref.size),
     )
 

@@ -374,8 +374,9 @@ class Pricing:
         """Estimated engine time (seconds) of the plan keeping these units in FP32."""
         plan = frozenset(u for u in fp32_units if u in self.cost)
         if plan not in self._memo:
-            # fsum: exactly rounded, so a plan's price never depends on the order its set
-            # iterates in (two equal sets built apart may iterate apart: one judge, #23)
+            # math.fsum: exactly rounded, so the same plan has the same price whatever order a
+            # set iterates in (it changes with PYTHONHASHSEED): the search's ties between
+            # equally priced units, and so its plan, must not depend on the process
             extra = math.fsum(self.cost[u].premium for u in plan)
             touched = {k for u in plan for k in self._by_unit.get(u, ())}
             casts = math.fsum(self._edge_casts(self.edges[k], plan)[0]

@@ -15,19 +15,24 @@ explains the later symptoms (an overflowed value is also a non-finite origin):
   no value out of range (Sqrt of a negative rounding residue, a division by a rounded zero);
 * ``precision_loss``: nothing leaves the range, the error grows along the chain.
 
+The limits are those of the run's low precision (`Facts.p`, judge/precision.py): FP16's above;
+under BF16 the range is FP32's (+-3.39e38, subnormals down to 2^-133), so range causes all but
+vanish and precision loss, with BF16's spacing (7 fraction bits) in its evidence, is what is
+left. Evidence keys that name the precision carry its name (`fp16_spacing`, `bf16_spacing`).
+
 Pure: numpy and onnx only, no runtime.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .compare import FP16_MAX, FP16_TINY, TensorStats
+from .compare import TensorStats
 from .facts import LAYOUT_OPS, Evidence, Facts
 from .graph import Graph
+from .judge.precision import FP16, Precision
 from .suspects import too_small_to_ignore
 
 CAUSES = ("constant_out_of_range", "overflow", "underflow", "non_finite_origin", "precision_loss")
@@ -124,20 +129,21 @@ def _constant_evidence(f: Facts, group: Sequence[str]) -> Evidence | None:
             out = _worst_output(f, n)
             return {"cause": "constant_out_of_range", "node": n, "op": f.op(n),
                     "constant": f.constant_label(src),
-                    "value": value, "fp16_value": _converted(value, c.rule),
+                    "value": value, f.p.key("value"): _converted(value, c.rule, f.p),
                     "weight_rule": c.rule,
-                    "limit": FP16_MAX, "values_out_of_range": c.overflow,
+                    "limit": f.p.max, "values_out_of_range": c.overflow,
                     "input_index": list(f.g.node(n).input).index(t),
-                    "output_nonfinite_fp16": out.fp16_nonfinite if out else 0,
+                    f"output_nonfinite_{f.p.name}": out.fp16_nonfinite if out else 0,
                     "output_size": out.size if out else 0}
     return None
 
 
-def _converted(value: float, rule: str) -> str:
-    """What an out-of-range constant becomes in FP16: inf under a cast, the range's edge
-    under TensorRT's weight conversion (semantics rule weights_clamp_v10)."""
+def _converted(value: float, rule: str, p: Precision = FP16) -> str:
+    """What an out-of-range constant becomes in the low precision: inf under a cast, the
+    range's edge under TensorRT's weight conversion (rules weights_clamp_v10 and
+    weights_clamp_bf16)."""
     if rule == "clamp":
-        return "-65504" if value < 0 else "65504"
+        return f"-{p.max_text}" if value < 0 else p.max_text
     return "-inf" if value < 0 else "inf"
 
 
@@ -154,13 +160,14 @@ def _worst_output(f: Facts, node: str) -> TensorStats | None:
     return max(outs, key=lambda s: (s.fp16_nonfinite, s.fp32_absmax), default=None)
 
 
-def _beyond(s: TensorStats | None) -> bool:
-    return s is not None and (s.fp32_absmax > FP16_MAX or s.overflow > 0)
+def _beyond(s: TensorStats | None, p: Precision = FP16) -> bool:
+    return s is not None and (s.fp32_absmax > p.max or s.overflow > 0)
 
 
 def _overflow_evidence(f: Facts, group: Sequence[str]) -> Evidence | None:
-    written = [f.stats[t] for n in group for t in f.g.float_outputs(n) if _beyond(f.stats.get(t))]
-    read = [f.stats[t] for n in group for t in f.g.float_inputs(n) if _beyond(f.stats.get(t))]
+    written = [f.stats[t] for n in group for t in f.g.float_outputs(n)
+               if _beyond(f.stats.get(t), f.p)]
+    read = [f.stats[t] for n in group for t in f.g.float_inputs(n) if _beyond(f.stats.get(t), f.p)]
     if not written and not read:
         return None
     origin = _origin(f, written) if written else read[0]
@@ -168,19 +175,20 @@ def _overflow_evidence(f: Facts, group: Sequence[str]) -> Evidence | None:
     node = origin.producer if written and origin.producer else next(
         n for n in group if origin.name in f.g.float_inputs(n))
     back = [f.stats[t] for t in f.g.float_outputs(group[-1]) if t in f.stats]
+    top = f.p.max
     return {"cause": "overflow", "node": node, "op": f.op(node), "tensor": origin.name,
             "fp32_absmax": origin.fp32_absmax, "input_absmax": f.in_absmax(node),
-            "peak": peak.fp32_absmax, "peak_tensor": peak.name, "limit": FP16_MAX,
-            "factor": origin.fp32_absmax / FP16_MAX, "peak_factor": peak.fp32_absmax / FP16_MAX,
+            "peak": peak.fp32_absmax, "peak_tensor": peak.name, "limit": top,
+            "factor": origin.fp32_absmax / top, "peak_factor": peak.fp32_absmax / top,
             "values_out_of_range": origin.overflow,
             "size": origin.size, "written_by_group": bool(written),
-            "back_in_range": back[0].fp32_absmax if back and not _beyond(back[0]) else None}
+            "back_in_range": back[0].fp32_absmax if back and not _beyond(back[0], f.p) else None}
 
 
 def _origin(f: Facts, beyond: list[TensorStats]) -> TensorStats:
     """The first out-of-range tensor whose producer read only in-range values."""
     for s in beyond:
-        if s.producer and f.in_absmax(s.producer) <= FP16_MAX:
+        if s.producer and f.in_absmax(s.producer) <= f.p.max:
             return s
     return beyond[0]
 
@@ -191,15 +199,15 @@ def _underflow_evidence(f: Facts, group: Sequence[str]) -> Evidence | None:
     frac = flushed.flushed / max(flushed.size, 1) if flushed else 0.0
     if eps is None and frac < 0.1:
         return None
-    ev: Evidence = {"cause": "underflow", "limit": FP16_TINY, "min_normal": FP16_MIN_NORMAL}
+    ev: Evidence = {"cause": "underflow", "limit": f.p.tiny, "min_normal": f.p.min_normal}
     if flushed is not None and flushed.flushed:
         ev.update(tensor=flushed.name, node=flushed.producer,
                   op=f.op(flushed.producer) if flushed.producer else None,
                   fp32_absmax=flushed.fp32_absmax, flushed=flushed.flushed,
                   size=flushed.size, fraction=frac)
     if eps is not None:
-        ev.update(constant=eps[0], constant_value=eps[1], constant_reader=eps[2],
-                  constant_fp16=eps[3], constant_size=eps[4])
+        ev.update({"constant": eps[0], "constant_value": eps[1], "constant_reader": eps[2],
+                   f"constant_{f.p.name}": eps[3], "constant_size": eps[4]})
         ev.setdefault("node", eps[2])
         ev.setdefault("op", f.op(eps[2]))
     ev.update(_consequence(f, group))
@@ -215,15 +223,15 @@ def _flushed_constant(f: Facts, group: Sequence[str]
             hit = f.constant_at(t)
             if hit is not None and too_small_to_ignore(hit[1]):
                 value = smallest_nonzero(f.constant_array(hit[0]))
-                return (f.constant_label(hit[0]), value, n, _tiny_becomes(value, hit[1].rule),
-                        hit[1].size)
+                return (f.constant_label(hit[0]), value, n,
+                        _tiny_becomes(value, hit[1].rule, f.p), hit[1].size)
     return None
 
 
-def _tiny_becomes(value: float, rule: str) -> float:
-    """A nonzero constant below FP16's smallest subnormal becomes 0 (a cast) or +-2^-24 (the
-    clamp of TensorRT's weight conversion, rule weights_clamp_v10)."""
-    return float(np.copysign(FP16_TINY, value)) if rule == "clamp" else 0.0
+def _tiny_becomes(value: float, rule: str, p: Precision = FP16) -> float:
+    """A nonzero constant below the smallest subnormal becomes 0 (a cast) or +-that subnormal
+    (FP16: 2^-24; the clamp of TensorRT's weight conversion, rule weights_clamp_v10)."""
+    return float(np.copysign(p.tiny, value)) if rule == "clamp" else 0.0
 
 
 def smallest_nonzero(arr: np.ndarray | None) -> float:
@@ -279,15 +287,13 @@ def _precision_evidence(f: Facts, group: Sequence[str]) -> Evidence:
     entry = max((f.absmax(t) for t in f.g.float_inputs(group[0])), default=0.0)
     return {"node": node, "op": f.op(node), "rel_err": out_err, "input_rel_err": in_err,
             "amplification": ratio, "chain_length": len(group), "magnitude": magnitude,
-            "magnitude_node": big, "fp16_spacing": fp16_spacing(magnitude),
+            "magnitude_node": big, f.p.key("spacing"): f.p.spacing(magnitude),
             "result_absmax": f.out_absmax(group[-1]), "input_absmax": entry}
 
 
 def fp16_spacing(x: float) -> float:
     """Distance between neighbouring FP16 values near |x| (10 fraction bits)."""
-    if not math.isfinite(x) or x <= 0:
-        return 0.0
-    return 2.0 ** (max(math.floor(math.log2(x)), -14) - 10)
+    return FP16.spacing(x)
 
 
 # ---------------------------------------------------------------- patterns
@@ -317,7 +323,7 @@ def _constant_pattern(f: Facts, ev: Evidence) -> str | None:
     value, node = ev.get("value"), str(ev.get("node"))
     if f.op(node) == "BatchNormalization" and ev.get("input_index") in (3, 4):
         return "batchnorm_statistics"
-    if isinstance(value, float) and value < -FP16_MAX and reaches(f, node, {"Softmax"}, 6):
+    if isinstance(value, float) and value < -f.p.max and reaches(f, node, {"Softmax"}, 6):
         return "attention_mask"
     return None
 
@@ -409,7 +415,8 @@ def attention_scale(f: Facts, group: Sequence[str]) -> tuple[str, float] | None:
 # ---------------------------------------------------------------- per node
 
 class NodeNumbers(NamedTuple):
-    """The ranges and FP16 errors around one node."""
+    """The ranges and low-precision errors around one node (`fp16_spacing`: the spacing of
+    the run's low precision, FP16's or BF16's)."""
 
     op: str
     input_absmax: float
@@ -424,7 +431,7 @@ def node_numbers(f: Facts, node: str) -> NodeNumbers:
     outs = f.out_absmax(node)
     err_in = max((f.stats[t].rel_err for t in f.g.float_inputs(node) if t in f.stats), default=0.0)
     err_out = max((f.stats[t].rel_err for t in f.g.float_outputs(node) if t in f.stats), default=0.0)
-    return NodeNumbers(f.op(node), f.in_absmax(node), outs, err_in, err_out, fp16_spacing(outs))
+    return NodeNumbers(f.op(node), f.in_absmax(node), outs, err_in, err_out, f.p.spacing(outs))
 
 
 def flushed_at(f: Facts, node: str) -> Evidence | None:
@@ -434,7 +441,7 @@ def flushed_at(f: Facts, node: str) -> Evidence | None:
         if hit is not None and too_small_to_ignore(hit[1]):
             value = smallest_nonzero(f.constant_array(hit[0]))
             return {"constant": f.constant_label(hit[0]), "value": value,
-                    "fp16_value": _tiny_becomes(value, hit[1].rule)}
+                    f.p.key("value"): _tiny_becomes(value, hit[1].rule, f.p)}
     for t in [*f.g.float_outputs(node), *f.g.float_inputs(node)]:
         s = f.stats.get(t)
         if s is not None and s.flushed:

@@ -20,6 +20,7 @@ from .compare import TensorStats
 from .detect import detect, group_culprits, scope_of
 from .facts import Evidence, Facts
 from .graph import Graph, walk, with_node_names
+from .judge.precision import FP16, Precision
 from .suspects import ConstantStats
 from .wording import Fix, fixes_for, node_why, num, pct, summarize
 
@@ -69,10 +70,11 @@ def _jnum(v: object) -> object:
 def diagnose(g: Graph, nodes: Sequence[str], stats: Mapping[str, TensorStats],
              constants: Mapping[str, ConstantStats], applied: bool = True,
              modules: Mapping[str, str | None] | None = None,
-             relax: str | None = None) -> list[CulpritGroup]:
+             relax: str | None = None, precision: Precision = FP16) -> list[CulpritGroup]:
     """One diagnosis per connected group of `nodes`; `applied`: the plan keeps them FP32;
-    `relax`: how to loosen the run's criterion (default: raise --rtol)."""
-    f = Facts(g, stats, constants)
+    `relax`: how to loosen the run's criterion (default: raise --rtol); `precision`: the
+    low precision the statistics compare FP32 with (its range and spacing in the evidence)."""
+    f = Facts(g, stats, constants, precision)
     f.relax = relax or f.relax
     return [_diagnose_group(f, grp, applied, modules) for grp in group_culprits(g, nodes)]
 
@@ -89,7 +91,8 @@ def _diagnose_group(f: Facts, group: list[str], applied: bool,
         why={n: node_why(f, n, cause, ev) for n in group})
 
 
-def attach(result, g: Graph, constants: Mapping[str, ConstantStats]) -> list[CulpritGroup]:
+def attach(result, g: Graph, constants: Mapping[str, ConstantStats],
+           precision: Precision = FP16) -> list[CulpritGroup]:
     """Diagnose a pipeline RunResult in place: `extra["culprit_groups"]` and each Culprit.why.
 
     With a plan, its nodes are diagnosed and the plan applied "keep_fp32". With no plan, the
@@ -100,7 +103,7 @@ def attach(result, g: Graph, constants: Mapping[str, ConstantStats]) -> list[Cul
     crit = getattr(result, "criteria", None)
     relax = None if crit is None or crit.default else f"relax the criterion ({crit.describe()})"
     groups = diagnose(g, nodes, result.stats, constants, applied=result.verdict == "fixed",
-                      modules=modules, relax=relax)
+                      modules=modules, relax=relax, precision=precision)
     whys = {n: w for grp in groups for n, w in grp.why.items()}
     for c in result.culprits:
         c.why = whys.get(c.node, c.why)

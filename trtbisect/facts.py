@@ -13,6 +13,7 @@ from onnx import numpy_helper
 
 from .compare import TensorStats
 from .graph import Graph
+from .judge.precision import FP16, Precision
 from .suspects import ConstantStats
 
 # Nodes that only move data: culprits joined through them are one group, and a constant read
@@ -28,8 +29,9 @@ class Facts:
     """The graph with its layer-wise and constant statistics, and the walks diagnosis needs."""
 
     def __init__(self, g: Graph, stats: Mapping[str, TensorStats],
-                 constants: Mapping[str, ConstantStats]) -> None:
+                 constants: Mapping[str, ConstantStats], precision: Precision = FP16) -> None:
         self.g, self.stats, self.constants = g, stats, constants
+        self.p = precision  # the low precision the statistics compare FP32 with
         self.relax = "raise --rtol"  # how to loosen the run's criterion (judge/criteria.py)
         self._arrays: dict[str, np.ndarray | None] = {}
 

@@ -21,11 +21,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .graph import (FLOAT, SMALL_BYTES, Graph, _mark_stored, flatten, structure, subgraphs,
                     walk, with_node_names)
+from .judge.precision import FP16, Precision, of_type
 from .plan import atomic_write
 from .spill import release_pages, spill
 from .semantics import round_weight
 
-FLOAT16 = TensorProto.FLOAT16
 EMBED_LIMIT = 1 << 28  # weights up to this size are saved inside the .onnx file (256 MiB):
 # above, a single file would mean gathering every weight into one proto (twice the memory)
 
@@ -92,17 +92,24 @@ def graph_model(graph: Graph, proto: onnx.ModelProto | None = None) -> Written:
     return Written(proto, arrays)
 
 
-def mixed_model(graph: Graph, fp32_nodes: Iterable[str], weight_rule: str = "inf") -> Written:
-    """The model with every candidate node outside `fp32_nodes` computing in FP16; FP32
-    weights an FP16 node reads become float16 under `weight_rule` (semantics.round_weight),
-    the rule the judge assumed."""
-    return _MixedWriter(graph, set(fp32_nodes), weight_rule).write()
+def mixed_model(graph: Graph, fp32_nodes: Iterable[str], weight_rule: str = "inf",
+                precision: Precision = FP16) -> Written:
+    """The model with every candidate node outside `fp32_nodes` computing in the low precision
+    (FP16, or BF16: float16 or bfloat16 tensors); FP32 weights such a node reads are converted
+    under `weight_rule` (semantics.round_weight), the rule the judge assumed."""
+    return _MixedWriter(graph, set(fp32_nodes), weight_rule, precision).write()
 
 
 def write_mixed_onnx(model: onnx.ModelProto, fp32_nodes: Iterable[str],
-                     weight_rule: str = "inf") -> onnx.ModelProto:
+                     weight_rule: str = "inf", precision: Precision = FP16) -> onnx.ModelProto:
     """`mixed_model` of a small in-memory model, as one proto."""
-    return mixed_model(Graph(model), fp32_nodes, weight_rule).materialize()
+    return mixed_model(Graph(model), fp32_nodes, weight_rule, precision).materialize()
+
+
+def _suffix(elem_type: int) -> str:
+    """The name suffix of a converted value: its precision's name, else fp32."""
+    p = of_type(elem_type)
+    return p.name if p is not None else "fp32"
 
 
 class _MixedWriter:
@@ -116,10 +123,13 @@ class _MixedWriter:
     Loop and Scan keep the types they declare.
     """
 
-    def __init__(self, graph: Graph, keep: set[str], weight_rule: str = "inf") -> None:
+    def __init__(self, graph: Graph, keep: set[str], weight_rule: str = "inf",
+                 precision: Precision = FP16) -> None:
         self.g = graph
         self.keep = keep
         self.weight_rule = weight_rule
+        self.precision = precision
+        self.low = precision.onnx_type  # the element type of every low-precision value
         self.half = {n for n in graph.candidates() if n not in keep}
         self.sep = _readable_separator(graph)
         # home[t]: the element type tensor t has in the mixed graph
@@ -128,7 +138,7 @@ class _MixedWriter:
         for name in graph.candidates():
             kept = graph.fp32_outputs(name)  # float-only outputs (LayerNormalization's Mean)
             for t in graph.float_outputs(name):
-                self.home[t] = FLOAT16 if name in self.half and t not in kept else FLOAT
+                self.home[t] = self.low if name in self.half and t not in kept else FLOAT
         for v in graph.inputs():
             self.home[v.name] = graph.declared.get(v.name, self.home.get(v.name, FLOAT))
         self.converted: dict[tuple[str, int], str] = {}
@@ -146,13 +156,12 @@ class _MixedWriter:
             return src
         key = (t, want)
         if key not in self.converted:
-            suffix = "fp16" if want == FLOAT16 else "fp32"
-            name = f"{t}{self.sep}{suffix}"
+            name = f"{t}{self.sep}{_suffix(want)}"
             if (t in self.g.initializers and t not in self.g.producer) or t in self.g.inner_weights:
                 arr = np.asarray(self.g.array(t), np.float32)  # a subgraph's weight: hoisted
-                if want == FLOAT16:
-                    self._constant(name, spill(round_weight(arr, self.weight_rule)
-                                               .astype(np.float16)))
+                if want == self.low:
+                    self._constant(name, spill(round_weight(arr, self.weight_rule, self.precision)
+                                               .astype(self.precision.dtype)))
                     release_pages([arr])  # the FP32 weight was only read
                 else:
                     self._constant(name, arr)
@@ -179,7 +188,7 @@ class _MixedWriter:
         for v in og.output:
             declared = g.declared.get(v.name, FLOAT)
             if self.home.get(v.name) != declared and v.name in g.producer:
-                self.renamed[v.name] = f"{v.name}{self.sep}{'fp16' if self.home[v.name] == FLOAT16 else 'fp32'}"
+                self.renamed[v.name] = f"{v.name}{self.sep}{_suffix(self.home[v.name])}"
         for i in range(g.top):
             self.nodes.append(self._node(i))
         self.nodes = _casts_after_producers(self.nodes, set(self.converted.values()))
@@ -248,8 +257,7 @@ class _MixedWriter:
         for v in body.output:  # stored in another type than the graph declares: cast back
             declared = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
             if v.name in made and declared and self.home.get(v.name, declared) != declared:
-                suffix = "fp16" if self.home[v.name] == FLOAT16 else "fp32"
-                self.renamed[v.name] = f"{v.name}{self.sep}{suffix}"
+                self.renamed[v.name] = f"{v.name}{self.sep}{_suffix(self.home[v.name])}"
                 back.append((v.name, declared))
         for j in members:
             self.nodes.append(self._node(j))
@@ -267,11 +275,11 @@ class _MixedWriter:
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.name = name
-        want = FLOAT16 if name in self.half else FLOAT
-        halves = set(g.fp16_inputs(name)) if want == FLOAT16 else set()
+        want = self.low if name in self.half else FLOAT
+        halves = set(g.fp16_inputs(name)) if want == self.low else set()
         for k, t in enumerate(new.input):
             if t in halves:
-                new.input[k] = self.as_type(t, FLOAT16)
+                new.input[k] = self.as_type(t, self.low)
             elif g.is_float(t):
                 new.input[k] = self.as_type(t, FLOAT)
         for a in new.attribute:  # ops that make floats of a set type (RandomNormal, EyeLike...)

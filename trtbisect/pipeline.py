@@ -16,7 +16,7 @@ import onnx
 
 from . import __version__, cost, coverage, degenerate, parallel, semantics
 from .backends.ort import Emulator, Reference
-from .compare import FP16_MAX, OutputError, TensorStats, Tolerance, validate_tolerance
+from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
 from .diagnose import attach as attach_diagnosis, group_culprits, note_fused
 from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, TrtBisectError)
@@ -30,6 +30,7 @@ from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
                             worst_of, write_and_judge)
 from .judge.criteria import Criteria, Judgement, Verdict
+from .judge.precision import FP16, Precision, precision as low_precision
 from .journal import Journal, plan_key
 from .render import RenderContext
 from .mixed import Written, graph_model
@@ -82,6 +83,7 @@ class Options:
     # in this process), or on Ray actors (`ray`: a cluster's address, "" for a local one)
     workers: int | None = 1
     ray: str | None = None
+    precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
 
     @property
     def accumulate(self) -> int:
@@ -141,6 +143,8 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     temporary folder)."""
     path = Path(model_path)
     graph = Graph.from_path(path)
+    if search:  # the emulator rounds with Casts to the low type: before any long work
+        low_precision(opts.precision).require_opset(graph.opset, path)
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
@@ -155,10 +159,15 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
                   sources=[path, *external_files(path), *input_files(opts)],
                   data_sha256=data_sha)
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
+    if opts.fp16_accumulate and not low_precision(opts.precision).narrow_range:
+        raise TrtBisectError("--fp16-accumulate models FP16-accumulating kernels; BF16 GEMMs "
+                             "and convolutions accumulate in FP32 (cuBLAS has no BF16 compute "
+                             "type): drop it with --precision bf16")
     if search:
         ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
                                                            opts.trt_version)
-        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate)
+        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate,
+                                        low_precision(opts.precision))
     return ctx
 
 
@@ -485,7 +494,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
                 strict=opts.strict, criteria=opts.criteria)
-    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate),
+    low = ctx.rules.precision
+    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
+              "precision": low.to_json(),
               "coverage": coverage.record(g)}
     for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
         log.warning("TensorRT's ONNX parser: %s x%d (%s): %s; %s", c.label, len(c.nodes),
@@ -525,7 +536,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
         if stats and not opts.rewrite:  # the prior is known: one session, the search's
-            early = build_prior(g, stats, constant_stats(g, ctx.rules.weight_rule))
+            early = build_prior(g, stats, constant_stats(g, ctx.rules.weight_rule, low), low)
             ev.emulator.ensure(_prefetch(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
@@ -557,7 +568,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
         suspects = build_prior(ctx.graph, stats,
-                               constant_stats(ctx.graph, ctx.rules.weight_rule)).seeds
+                               constant_stats(ctx.graph, ctx.rules.weight_rule, low), low).seeds
         outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
                                             (all_half, worst_of(before)))
         if outcome is not None and outcome.applied:
@@ -567,8 +578,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             ev = Evaluator(ctx, opts, stats, journal)
             all_half = outcome.passed
             ev.known[frozenset()] = all_half
-    constants = constant_stats(g, ctx.rules.weight_rule)  # as the judge converts weights
-    prior = build_prior(g, stats, constants)
+    constants = constant_stats(g, ctx.rules.weight_rule, low)  # as the judge converts weights
+    prior = build_prior(g, stats, constants, low)
     units = semantics.units(ctx.prepared, g.candidates())
     workers = None
     if not all_half:
@@ -635,8 +646,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
     ev.close()  # the workers, if the written plan's judge did not stop them already
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
-                              semantics.fused_layer_names(ctx.prepared))
-    attach_diagnosis(result, g, constants)
+                              semantics.fused_layer_names(ctx.prepared), low)
+    attach_diagnosis(result, g, constants, low)
     note_fused(result, units, unit_of)
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
     if opts.semantics == "trt" and (result.fp32_nodes or opts.report or absorbed_nodes(ctx)):
@@ -718,6 +729,7 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     emulator, every sample, against the original model's FP32 reference. `all_fp16`: the
     model's own all-FP16 verdict and errors, when known. Returns the outcome and the context
     of its model (None: it is not one the judge prepared last)."""
+    from .rewrite_rules import rewrites_for
     from .rewrites import try_rewrites
 
     if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
@@ -739,6 +751,7 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     # matches at the suspects go first, one connected group of them after another
     groups = [{"nodes": grp} for grp in group_culprits(ctx.graph, list(suspects))]
     outcome = try_rewrites(ctx.graph.materialize(), ctx.samples, judge, groups=groups,
+                           rewrites=rewrites_for(ctx.rules.precision.narrow_range),
                            ranges=ranges, references=ctx.references, initial=all_fp16)
     kept = next((c for c in last if c.model is outcome.model), None)
     return outcome, kept
@@ -753,7 +766,8 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
                   every_sample=ctx.every_sample, every_reference=ctx.every_reference,
                   subset=ctx.subset)
     new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
-    new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate)
+    new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate,
+                                    ctx.rules.precision)
     return new
 
 
@@ -766,6 +780,8 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
           # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names them
           # (a journal of an earlier version judged them FP32): never replayed across that
           "judge": "subgraphs"}
+    if opts.precision != FP16.name:  # an FP16 run's fingerprint stays as it was
+        fp["precision"] = opts.precision
     if not opts.criteria.default:
         fp["criteria"] = opts.criteria.fingerprint()
     return fp
@@ -784,7 +800,8 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
 
 def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
             constants: Mapping[str, ConstantStats],
-            layers: Mapping[str, str] | None = None) -> list[Culprit]:
+            layers: Mapping[str, str] | None = None,
+            precision: Precision = FP16) -> list[Culprit]:
     """A one-line reason per culprit from the layer-wise numbers (diagnose.py goes deeper);
     `layers`: node -> the TensorRT-style fused layer computing it."""
     out = []
@@ -792,40 +809,41 @@ def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats
         node = g.node(name)
         layer = (layers or {}).get(name)
         own = g.own_name(name) if g.is_inner(name) else node.name  # without its holders
-        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants),
+        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants, precision),
                            module_label(own, g.model),  # PyTorch's name, when known
                            layer if layer != name else None))
     return out
 
 
 def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
-         constants: Mapping[str, ConstantStats]) -> str:
+         constants: Mapping[str, ConstantStats], p: Precision = FP16) -> str:
+    top, low = p.max_text, p.label
     for t in g.float_outputs(name):
         s = stats.get(t)
-        if s is not None and (s.fp32_absmax > FP16_MAX or s.overflow):
-            return f"output max {s.fp32_absmax:.3g} > 65504"
+        if s is not None and (s.fp32_absmax > p.max or s.overflow):
+            return f"output max {s.fp32_absmax:.3g} > {top}"
     for t in g.float_inputs(name):
         c = constants.get(t)
         if c is not None and c.overflow:
-            return f"constant {t!r} holds {c.absmax:.3g}, beyond FP16's 65504"
+            return f"constant {t!r} holds {c.absmax:.3g}, beyond {low}'s {top}"
         s = stats.get(t)
-        if s is not None and (s.fp32_absmax > FP16_MAX or s.overflow):
-            return f"reads {t!r} of max {s.fp32_absmax:.3g} > 65504"
+        if s is not None and (s.fp32_absmax > p.max or s.overflow):
+            return f"reads {t!r} of max {s.fp32_absmax:.3g} > {top}"
     for t in [*g.float_inputs(name), *g.float_outputs(name)]:
         c, s = constants.get(t), stats.get(t)
         if c is not None and c.flushed:
-            return f"constant {t!r} has {c.flushed} value(s) that FP16 flushes to zero"
+            return f"constant {t!r} has {c.flushed} value(s) that {low} flushes to zero"
         if c is not None and c.raised:
-            return f"constant {t!r} has {c.raised} value(s) below FP16's smallest subnormal " \
-                   "that TensorRT's FP16 conversion raises to 5.96e-8"
+            return f"constant {t!r} has {c.raised} value(s) below {low}'s smallest subnormal " \
+                   f"that TensorRT's {low} conversion raises to {p.tiny:.3g}".replace("e-0", "e-")
         if s is not None and s.flushed:
-            return f"{t!r}: {s.flushed} of {s.size} values flush to zero in FP16"
+            return f"{t!r}: {s.flushed} of {s.size} values flush to zero in {low}"
     for t in g.float_outputs(name):
         s = stats.get(t)
         if s is not None and s.new_nonfinite:
-            return f"output turns non-finite in FP16 ({s.fp16_nonfinite} values)"
+            return f"output turns non-finite in {low} ({s.fp16_nonfinite} values)"
         if s is not None:
-            return f"FP16 error grows here to {s.rel_err:.2g} of the output's range"
+            return f"{low} error grows here to {s.rel_err:.2g} of the output's range"
     return "needed by the tolerance"
 
 
@@ -883,7 +901,8 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     """Judge any mixed-precision ONNX against the FP32 reference model on the emulator."""
     ctx = prepare(reference_path, opts, search=False)
     # the file's own weights; its layers: judge_mixed
-    ctx.rules = semantics.Rules(tf32=opts.tf32, accumulate=opts.accumulate)
+    ctx.rules = semantics.Rules(tf32=opts.tf32, accumulate=opts.accumulate,
+                                precision=low_precision(opts.precision))
     problems = reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",

@@ -58,6 +58,7 @@ import numpy as np
 
 from .compare import Tolerance
 from .judge.criteria import Criteria
+from .judge.precision import FP16, Precision, precision as low_precision
 
 Shape = tuple[int, ...]
 ShapeRange = tuple[Shape, Shape, Shape]  # min, opt, max
@@ -105,6 +106,12 @@ class RenderContext:
     reference_model: str | None = None
     trt_version: int = 11  # the TensorRT the run targeted (--trt-version); both are rendered
     inner_nodes: tuple[str, ...] = ()  # candidates inside If/Loop/Scan subgraphs
+    precision: str = "fp16"  # the low precision of the plan (--precision): fp16 | bf16
+
+    @property
+    def low(self) -> Precision:
+        """The plan's low precision: its flags and names in every tool."""
+        return low_precision(self.precision)
 
 
 @dataclass(frozen=True)
@@ -187,15 +194,17 @@ def trtexec_argv(onnx_path: str, engine_path: str, *, strongly_typed: bool,
                  output_types: Mapping[str, Sequence[str]] | None = None,
                  shape_ranges: Mapping[str, ShapeRange] | None = None,
                  no_tf32: bool = True, known_names: Sequence[str] = (),
-                 profiling: bool = False, layer_info_path: str | None = None) -> list[str]:
-    """argv of trtexec building the plan. Weak typing (TensorRT 10): `--fp16` with precision
-    constraints on `fp32_layers`. Strong typing: `onnx_path` is the mixed model and carries
-    the precisions. Raises Unrenderable when a name cannot be written."""
+                 profiling: bool = False, layer_info_path: str | None = None,
+                 low: Precision = FP16) -> list[str]:
+    """argv of trtexec building the plan. Weak typing (TensorRT 10): `--fp16` (`--bf16` for
+    a BF16 plan) with precision constraints on `fp32_layers`. Strong typing: `onnx_path` is
+    the mixed model and carries the precisions. Raises Unrenderable when a name cannot be
+    written."""
     argv = ["trtexec", f"--onnx={onnx_path}"]
     if strongly_typed:
         argv.append("--stronglyTyped")
     else:
-        argv.append("--fp16")
+        argv.append(low.trtexec_flag)
         names = [trtexec_name(n, known_names) for n in fp32_layers]
         if names:
             types = output_types or {}
@@ -337,13 +346,15 @@ def polygraphy_criterion(ctx: RenderContext) -> list[str]:
 
 def polygraphy_convert_argv(onnx_path: str, engine_path: str, *, strongly_typed: bool,
                             fp32_layers: Sequence[str] = (),
-                            shape_ranges: Mapping[str, ShapeRange] | None = None) -> list[str]:
-    """argv of `polygraphy convert` building the same engine (weak or strong typing)."""
+                            shape_ranges: Mapping[str, ShapeRange] | None = None,
+                            low: Precision = FP16) -> list[str]:
+    """argv of `polygraphy convert` building the same engine (weak or strong typing; `--fp16`
+    or `--bf16`)."""
     argv = ["polygraphy", "convert", onnx_path]
     if strongly_typed:
         argv.append("--strongly-typed")
     else:
-        argv.append("--fp16")
+        argv.append(low.polygraphy_flag)
         if fp32_layers:
             argv += ["--precision-constraints", "obey", "--layer-precisions",
                      *(polygraphy_word(n, "float32") for n in fp32_layers)]
@@ -389,10 +400,10 @@ def _criterion_refusal(key: str, title: str, why: str, instead: str, line: str =
 def _trtexec10(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     key, title = "trtexec_trt10", "TensorRT 10, trtexec (weak typing)"
     try:
-        argv = trtexec_argv(ctx.model, f"{ctx.engine_stem}.fp16.plan", strongly_typed=False,
-                            fp32_layers=plan, output_types=ctx.output_types,
-                            shape_ranges=ctx.shape_ranges, no_tf32=ctx.true_fp32,
-                            known_names=ctx.node_names)
+        argv = trtexec_argv(ctx.model, f"{ctx.engine_stem}.{ctx.low.name}.plan",
+                            strongly_typed=False, fp32_layers=plan,
+                            output_types=ctx.output_types, shape_ranges=ctx.shape_ranges,
+                            no_tf32=ctx.true_fp32, known_names=ctx.node_names, low=ctx.low)
         text = command_line(argv)
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Build the mixed ONNX strongly typed (TensorRT 11 "
@@ -417,9 +428,10 @@ def _data_args(ctx: RenderContext) -> list[str]:
 
 
 def _polygraphy_run(plan: Sequence[str], ctx: RenderContext) -> Rendering:
-    key, title = "polygraphy", "Polygraphy: TensorRT 10 FP16 with the plan vs ONNX Runtime FP32"
+    key = "polygraphy"
+    title = f"Polygraphy: TensorRT 10 {ctx.low.label} with the plan vs ONNX Runtime FP32"
     try:
-        argv = ["polygraphy", "run", ctx.model, "--trt", "--onnxrt", "--fp16",
+        argv = ["polygraphy", "run", ctx.model, "--trt", "--onnxrt", ctx.low.polygraphy_flag,
                 *([] if ctx.true_fp32 else ["--tf32"])]
         if plan:
             argv += ["--precision-constraints", "obey", "--layer-precisions",
@@ -500,7 +512,8 @@ def _autocast_subgraphs(plan: Sequence[str], ctx: RenderContext) -> list[str]:
 
 def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     argv = ["python", "-m", "modelopt.onnx.autocast", f"--onnx_path={ctx.model}",
-            f"--output_path={ctx.autocast_output}", "--low_precision_type=fp16",
+            f"--output_path={ctx.autocast_output}",
+            f"--low_precision_type={ctx.low.autocast_type}",
             "--keep_io_types", "--data_max=inf", "--init_max=inf"]
     calib = _calibration(ctx)
     if calib:
@@ -525,7 +538,7 @@ def _autocast_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
         "",
         "model = convert_to_mixed_precision(",
         f"    onnx_path={ctx.model!r},",
-        '    low_precision_type="fp16",',
+        f'    low_precision_type="{ctx.low.autocast_type}",',
         f"    nodes_to_exclude={json.dumps(autocast_patterns(plan), ensure_ascii=False)},",
         '    data_max=float("inf"),  # keep only the plan\'s nodes, not every output above 512',
         '    init_max=float("inf"),',
@@ -543,6 +556,7 @@ def _autocast_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
 
 def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     """TensorRT 10 weak typing through the Python API (removed in TensorRT 11)."""
+    low = ctx.low
     text = "\n".join([
         "# TensorRT 10 only: TensorRT 11 removed weak typing (no BuilderFlag.FP16, no",
         "# layer.precision); there, build the mixed ONNX (the TensorRT 11 Python snippet).",
@@ -565,7 +579,7 @@ def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
         f"if not parser.parse_from_file({ctx.model!r}):",
         '    raise SystemExit("\\n".join(str(parser.get_error(i)) for i in range(parser.num_errors)))',
         "config = builder.create_builder_config()",
-        "config.set_flag(trt.BuilderFlag.FP16)",
+        f"config.set_flag(trt.BuilderFlag.{low.builder_flag})",
         "config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)",
         *(["config.clear_flag(trt.BuilderFlag.TF32)  # the plan was judged in true FP32"]
           if ctx.true_fp32 else []),
@@ -576,10 +590,10 @@ def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
         "    if onnx_nodes(layer) & wanted:",
         "        layer.precision = trt.float32",
         "        for j in range(layer.num_outputs):",
-        "            if layer.get_output(j).dtype in (trt.float32, trt.float16):",
+        f"            if layer.get_output(j).dtype in (trt.float32, trt.{low.trt_type}):",
         "                layer.set_output_type(j, trt.float32)",
         "engine = builder.build_serialized_network(network, config)",
-        f"with open({ctx.engine_stem + '.fp16.plan'!r}, 'wb') as f:",
+        f"with open({ctx.engine_stem + '.' + low.name + '.plan'!r}, 'wb') as f:",
         "    f.write(engine)",
     ])
     return Rendering("tensorrt_python", "TensorRT 10 Python API (weak typing)", text)
@@ -588,7 +602,8 @@ def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
 def _tensorrt_python11(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     """Strong typing through the Python API: the mixed ONNX carries every precision."""
     text = "\n".join([
-        "# TensorRT 11 (and 10): the mixed ONNX carries the plan as float16 and float32 types;",
+        f"# TensorRT 11 (and 10): the mixed ONNX carries the plan as {ctx.low.trt_type} and "
+        "float32 types;",
         "# nothing is set per layer. STRONGLY_TYPED is how TensorRT 11 always builds and what",
         "# TensorRT 10 needs to respect the types.",
         "import tensorrt as trt",

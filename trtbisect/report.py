@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 from .compare import FP16_MAX, FP16_TINY, OutputError
 from .diagnose import num, pct
 from .errors import require
+from .judge.precision import FP16, Precision, precision as low_precision
 from .outputs.escape import md_code, md_fence, md_table_cell, md_text, visible
 from .plan import atomic_write, atomic_write_text
 
@@ -65,11 +66,18 @@ def _write_bytes(path: str, data: bytes) -> None:
     Path(path).write_bytes(data)
 
 
+def low_of(result: "RunResult") -> Precision:
+    """The run's low precision (precision.json "precision"; FP16 for older runs)."""
+    return low_precision((result.extra.get("precision") or {}).get("name", "fp16"))
+
+
 def verdict_line(result: "RunResult") -> str:
     from .coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
-    return VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
+    line = VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
                                            partial=partial)
+    low = low_of(result)
+    return line.replace("FP16", low.label) if result.verdict == "fp16_ok" else line
 
 
 def groups_of(result: "RunResult") -> list[dict]:
@@ -103,9 +111,10 @@ def plot(result: "RunResult") -> tuple[bytes, list[Column]]:
     stats = list(result.stats.values())
     culprits = {c.node for c in result.culprits}
     marked = [i for i, s in enumerate(stats) if s.producer in culprits]
-    fig.suptitle("Every stored tensor in graph order: FP32 magnitude, and the all-FP16 error",
-                 x=0.01, ha="left", fontsize=11)
-    _plot_magnitude(top, stats, marked)
+    low = low_of(result)
+    fig.suptitle(f"Every stored tensor in graph order: FP32 magnitude, and the all-{low.label} "
+                 "error", x=0.01, ha="left", fontsize=11)
+    _plot_magnitude(top, stats, marked, low)
     plan = plan_errors(result, stats)
     _plot_error(bottom, stats, marked, result.tolerance.rtol, plan)
     _label_x(bottom, stats, marked, _group_starts(result, stats))
@@ -137,13 +146,14 @@ def _positive(values: Iterable[float]) -> list[float]:
     return [v if v > 0 and math.isfinite(v) else math.nan for v in values]
 
 
-def _plot_magnitude(ax, stats: Sequence, marked: list[int]) -> None:
+def _plot_magnitude(ax, stats: Sequence, marked: list[int], low: Precision = FP16) -> None:
     x = range(len(stats))
     ax.semilogy(x, _positive(s.fp32_absmax for s in stats), ".-", color="#1f77b4",
                 lw=1, ms=4, label="FP32 max |x|")
-    ax.axhline(FP16_MAX, color="#d62728", ls="--", lw=1.2, label="FP16 max 65504")
+    if low.narrow_range:  # BF16's edges (3.39e38, 9.2e-41) would only squash the axis
+        ax.axhline(FP16_MAX, color="#d62728", ls="--", lw=1.2, label="FP16 max 65504")
     smallest = min((s.fp32_absmax for s in stats if s.fp32_absmax > 0), default=1.0)
-    if smallest < 1e-2:  # only near underflow: the line would squash the axis otherwise
+    if smallest < 1e-2 and low.narrow_range:  # only near underflow: else it squashes the axis
         ax.axhline(FP16_TINY, color="#9467bd", ls=":", lw=1, label="FP16 smallest subnormal 6e-8")
     if marked:
         ax.semilogy(marked, _positive(stats[i].fp32_absmax for i in marked), "o",
@@ -427,7 +437,8 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     if tradeoff_name:
         parts += ["## Error against estimated cost", "", TRADEOFF_NOTE, "",
                   f"![trade-off plot]({tradeoff_name})", ""]
-    parts += _md_table("Error per output", ["output", "all FP16", "with the plan"],
+    parts += _md_table("Error per output", ["output", f"all {low_of(result).label}",
+                                             "with the plan"],
                        output_rows(result), code=(0,))
     parts += _md_stability(result)
     parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
@@ -473,7 +484,8 @@ def _cost_facts(result: "RunResult") -> list[str]:
         budget = (f"; {'within' if c['within_budget'] else 'over'} the {c['budget_pct']:g}% "
                   "budget")
     return [f"- estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
-            f"all FP16 {1e6 * c['all_fp16_s']:.4g} us, the plan {1e6 * c['plan_s']:.4g} us "
+            f"all {low_of(result).label} {1e6 * c['all_fp16_s']:.4g} us, the plan "
+            f"{1e6 * c['plan_s']:.4g} us "
             f"({pct(c['slowdown'])}), all FP32 {1e6 * c['all_fp32_s']:.4g} us; FP32 share "
             f"{100 * c['fp32_flop_share']:.1f}% of FLOPs and {100 * c['fp32_byte_share']:.1f}% "
             f"of bytes; {c['boundary_casts']} boundary Casts{budget}"]
@@ -546,7 +558,8 @@ def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
            f"layers kept FP32: {layers}"]
     strict = result.extra.get("errors_before_strict")
     if isinstance(strict, dict):
-        out += [f"{bullet}all FP16 under per-node rounding (strict), {code(name)}: "
+        out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "
+                f"{code(name)}: "
                 f"{'pass' if e['passed'] else 'FAIL'}, max|d| {e['max_abs']}, rel {e['rel']}"
                 for name, e in strict.items()]
     return out
@@ -720,7 +733,8 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
         body += ["<h2>Error against estimated cost</h2>", f"<p class='muted'>{e(TRADEOFF_NOTE)}</p>",
                  "<img class='plot' alt='error against estimated cost' "
                  f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
-    body += _html_table("Error per output", ["output", "all FP16", "with the plan"],
+    body += _html_table("Error per output", ["output", f"all {low_of(result).label}",
+                                              "with the plan"],
                         output_rows(result))
     body += _html_stability(result)
     body += _html_trace(result)

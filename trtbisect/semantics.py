@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import TrtBisectError
 from .graph import HALF_TYPES, Graph, data_flow, node_reads, structure, with_node_names
+from .judge.precision import FP16, Precision
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Rule:
     versions: tuple[int, ...]  # TensorRT major versions it applies to
     default: bool  # in the default `trt` semantics (only rules WITH evidence)
     applied: str = "prepare"  # where trtbisect applies it: prepare | emulator | option | note
+    precisions: tuple[str, ...] = ("fp16", "bf16")  # --precision values it applies to
 
 
 RULES: tuple[Rule, ...] = (
@@ -180,7 +182,7 @@ RULES: tuple[Rule, ...] = (
          "Converting to FP16 minimum subnormalized value.\" (TensorRT 8.5 build logs quoted in "
          "https://github.com/NVIDIA/TensorRT/issues/2600 and "
          "https://github.com/NVIDIA/TensorRT/issues/4022 (TensorRT 10 summary form))",
-         (10,), True),
+         (10,), True, "prepare", ("fp16",)),
     Rule("weights_as_typed_v11",
          "TensorRT 11 builds strongly typed networks only: FP16 weights are what the ONNX model "
          "holds. trtbisect's mixed-ONNX writer converts them with the judge's rule (under trt: "
@@ -192,6 +194,33 @@ RULES: tuple[Rule, ...] = (
          "Builder.html; https://docs.nvidia.com/deeplearning/tensorrt/11.0.0/inference-library/"
          "precision-control.html)",
          (11,), True),
+    Rule("bf16_rounding",
+         "With --precision bf16 the emulator, the mixed ONNX and `check` round to bfloat16 "
+         "(8 exponent bits as FP32, 7 fraction bits) wherever they round to FP16 otherwise: "
+         "Cast(bfloat16) -> Cast(float), round to nearest even, subnormals kept, overflow to "
+         "+-inf (only beyond 3.3961e38). Every other rule (folding, fusion, LayerNormalization "
+         "computed in FP32, TF32 for FP32 layers) is unchanged.",
+         "TensorRT's ONNX parser imports BFLOAT16 tensors and lists BF16 kernels for the ops "
+         f"it runs in FP16 (\"TensorRT supports the following ONNX data types: ... FLOAT16, "
+         f"BFLOAT16\"; Conv, MatMul, Softmax, LayerNormalization ... \"FP32, FP16, BF16\", "
+         f"{ONNX_TRT}/docs/operators.md); CUDA's float -> bfloat16 conversion rounds to nearest "
+         "even (cuda_bf16.h `__float2bfloat16`: \"Converts float number to nv_bfloat16 "
+         "precision in round-to-nearest-even mode\", "
+         "https://docs.nvidia.com/cuda/cuda-math-api/group__CUDA__MATH____BFLOAT16__MISC.html)",
+         (10, 11), True, "emulator", ("bf16",)),
+    Rule("weights_clamp_bf16",
+         "With --precision bf16, FP32 weights become bfloat16 under the rule FP16 weights "
+         "follow (`weights_clamp_v10`), with BF16's limits: finite values beyond +-3.39e38 "
+         "(FP32 values within 0.4% of FP32's own max) become +-3.39e38 and nonzero values "
+         "below 2^-133 (FP32 subnormals) become +-2^-133; everything else is rounded to "
+         "nearest even. It differs from a plain cast only at FP32's extremes. TensorRT 11 "
+         "builds the weights the mixed ONNX holds, which the writer converts by this rule.",
+         "No NVIDIA statement documents how TensorRT converts FP32 weights to BF16; its weight "
+         "conversion report is type-generic (\"TensorRT encountered issues when converting "
+         "weights between types and that could affect accuracy\", TensorRT 10 build log in "
+         "https://github.com/NVIDIA/TensorRT/issues/4022), and the FP16 clamp it reports is "
+         "applied with BF16's range by analogy (weights_clamp_v10's evidence)",
+         (10, 11), True, "emulator", ("bf16",)),
     Rule("tf32",
          "FP32 Conv / MatMul / Gemm layers may read their inputs rounded to TF32 (10 explicit "
          "mantissa bits) and accumulate in FP32 unless TF32 is turned off (trtexec --noTF32).",
@@ -330,19 +359,21 @@ def _check(semantics: str, trt_version: int) -> None:
 
 # ------------------------------------------------------------------------------- rounding
 
-def round_weight(arr: np.ndarray, rule: str) -> np.ndarray:
-    """FP32 array of the FP16 values a weight becomes under `rule` ("inf" or "clamp")."""
+def round_weight(arr: np.ndarray, rule: str, precision: Precision = FP16) -> np.ndarray:
+    """FP32 array of the low-precision values (FP16 by default) a weight becomes under `rule`
+    ("inf": a cast; "clamp": beyond the range to +-max, nonzero values below the smallest
+    subnormal to +-that subnormal, then a cast)."""
     a = np.asarray(arr, dtype=np.float32)
     if rule == "inf":
-        with np.errstate(over="ignore"):
-            return a.astype(np.float16).astype(np.float32)
+        return precision.round(a)
     if rule != "clamp":
         raise ValueError(f"unknown weight rule {rule!r}")
     finite = np.isfinite(a)
-    out = np.where(finite, np.clip(a, -FP16_MAX, FP16_MAX), a)
-    tiny = finite & (a != 0) & (np.abs(a) < FP16_MIN_SUBNORMAL)
-    out = np.where(tiny, np.copysign(np.float32(FP16_MIN_SUBNORMAL), a), out)
-    return out.astype(np.float16).astype(np.float32)
+    top = np.float32(precision.max)
+    out = np.where(finite, np.clip(a, -top, top), a)
+    tiny = finite & (a != 0) & (np.abs(a) < precision.tiny)
+    out = np.where(tiny, np.copysign(np.float32(precision.tiny), a), out)
+    return precision.round(out)
 
 
 def tf32_round(arr: np.ndarray) -> np.ndarray:
@@ -1042,6 +1073,7 @@ class Rules:
     weight_rule: str = "inf"  # round_weight rule for weights an FP16 node reads
     tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands
     accumulate: int = 0  # FP16 MatMul/Gemm/Conv accumulate in FP16 over blocks of this (0: off)
+    precision: Precision = FP16  # what a low-precision node rounds to (judge/precision.py)
 
     def tf32_inputs(self, op_type: str) -> tuple[int, ...]:
         return TF32_INPUTS.get(op_type, ()) if self.tf32 else ()
@@ -1056,8 +1088,10 @@ def internal_tensors(layers: Iterable[Layer]) -> frozenset[str]:
     return frozenset(t for layer in layers if layer.certain for t in layer.internal)
 
 
-def rules_for(prepared: Prepared, tf32: bool, accumulate: int = 0) -> Rules:
-    return Rules(internal_tensors(prepared.layers), prepared.weight_rule, tf32, accumulate)
+def rules_for(prepared: Prepared, tf32: bool, accumulate: int = 0,
+              precision: Precision = FP16) -> Rules:
+    return Rules(internal_tensors(prepared.layers), prepared.weight_rule, tf32, accumulate,
+                 precision)
 
 
 def units(prepared: Prepared, candidates: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -1082,19 +1116,25 @@ def units(prepared: Prepared, candidates: Iterable[str]) -> dict[str, tuple[str,
     return out
 
 
-def applied_rules(semantics: str, trt_version: int, tf32: bool, accumulate: int = 0) -> list[str]:
+def applied_rules(semantics: str, trt_version: int, tf32: bool, accumulate: int = 0,
+                  precision: Precision = FP16) -> list[str]:
     """Names of the RULES rows a run applies (for precision.json)."""
     _check(semantics, trt_version)
     names = [] if semantics == "strict" else [
-        r.name for r in RULES if r.default and trt_version in r.versions and r.name != "tf32"]
+        r.name for r in RULES if r.default and trt_version in r.versions and r.name != "tf32"
+        and precision.name in r.precisions]
+    if semantics == "strict" and precision.name != FP16.name:
+        names.append(f"{precision.name}_rounding")
     return names + (["tf32"] if tf32 else []) + (["fp16_accumulation"] if accumulate else [])
 
 
-def record(prepared: Prepared, tf32: bool, accumulate: int = 0) -> dict:
+def record(prepared: Prepared, tf32: bool, accumulate: int = 0,
+           precision: Precision = FP16) -> dict:
     """precision.json's "semantics" entry (`fp16_accumulate`: the block size, 0 when off)."""
     return {"semantics": prepared.semantics, "trt_version": prepared.trt_version, "tf32": tf32,
             "fp16_accumulate": accumulate, "weight_rule": prepared.weight_rule,
-            "rules": applied_rules(prepared.semantics, prepared.trt_version, tf32, accumulate),
+            "rules": applied_rules(prepared.semantics, prepared.trt_version, tf32, accumulate,
+                                   precision),
             "notes": list(prepared.notes)}
 
 

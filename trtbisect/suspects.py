@@ -16,8 +16,9 @@ from typing import Mapping
 import numpy as np
 from onnx import numpy_helper
 
-from .compare import FP16_MAX, FP16_TINY, TensorStats
+from .compare import TensorStats
 from .graph import Graph
+from .judge.precision import FP16, Precision
 from .semantics import round_weight
 from .spill import release_pages
 
@@ -42,9 +43,11 @@ class ConstantStats:
         return self.flushed + self.raised
 
 
-def constant_stats(graph: Graph, weight_rule: str = "inf") -> dict[str, ConstantStats]:
-    """Range facts of every float constant of `graph`, converted to FP16 the way the judge
-    converts weights (`weight_rule`), so diagnosis never says "inf" where TensorRT clamps."""
+def constant_stats(graph: Graph, weight_rule: str = "inf",
+                   precision: Precision = FP16) -> dict[str, ConstantStats]:
+    """Range facts of every float constant of `graph`, converted to the low precision (FP16
+    unless given) the way the judge converts weights (`weight_rule`), so diagnosis never says
+    "inf" where TensorRT clamps."""
     out: dict[str, ConstantStats] = {}
     arrays = {name: graph.array(name) for name in graph.initializers}
     for node in graph.model.graph.node:
@@ -55,19 +58,19 @@ def constant_stats(graph: Graph, weight_rule: str = "inf") -> dict[str, Constant
     for name, arr in arrays.items():
         if arr.dtype != np.float32:
             continue
-        r = round_weight(arr, weight_rule)
+        r = round_weight(arr, weight_rule, precision)
         finite = np.isfinite(arr)
         absmax = float(np.max(np.abs(arr[finite]), initial=0.0))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             rel = np.abs(r.astype(np.float64) - arr) / max(absmax, 1e-30)
-            beyond = np.isinf(r) if weight_rule == "inf" else np.abs(arr) > FP16_MAX
+            beyond = np.isinf(r) if weight_rule == "inf" else np.abs(arr) > precision.max
         out[name] = ConstantStats(
             name, absmax,
             overflow=int(np.count_nonzero(finite & beyond)),
             flushed=int(np.count_nonzero((arr != 0) & (r == 0))),
             rel_err=float(np.nan_to_num(rel, nan=0.0, posinf=math.inf).max(initial=0.0)),
             size=int(arr.size), rule=weight_rule,
-            raised=int(np.count_nonzero((arr != 0) & (np.abs(arr) < FP16_TINY) & (r != 0))),
+            raised=int(np.count_nonzero((arr != 0) & (np.abs(arr) < precision.tiny) & (r != 0))),
         )
         release_pages([arr])  # a memory-mapped weight: read once, not held
     return out
@@ -84,14 +87,15 @@ SMALL_CONSTANT = 16  # elements: scalars, epsilons, per-head scales
 FLUSH_SHARE = 100  # a weight tensor is suspect when 1 in this many of its values flushes
 
 
-def out_of_range(stats: TensorStats | ConstantStats | None) -> bool:
-    """Beyond FP16's range above (anything rounds to inf) or below (most of it flushes to 0)."""
+def out_of_range(stats: TensorStats | ConstantStats | None, precision: Precision = FP16) -> bool:
+    """Beyond the low precision's range above (anything rounds to inf) or below (most of it
+    flushes to 0)."""
     if stats is None:
         return False
     if stats.overflow > 0:
         return True
     if isinstance(stats, TensorStats):
-        return stats.fp32_absmax > FP16_MAX or 2 * stats.flushed >= max(stats.size, 1)
+        return stats.fp32_absmax > precision.max or 2 * stats.flushed >= max(stats.size, 1)
     # a constant: an epsilon or scale that flushes, or a tensor of which a real share does (a
     # few tiny values in a big weight matrix flush harmlessly in every FP16 model)
     small = stats.too_small  # flushed to zero, or raised to 2^-24 by TensorRT's conversion
@@ -108,14 +112,14 @@ def too_small_to_ignore(stats: ConstantStats) -> bool:
 
 
 def build_prior(graph: Graph, stats: Mapping[str, TensorStats],
-                constants: Mapping[str, ConstantStats]) -> Prior:
+                constants: Mapping[str, ConstantStats], precision: Precision = FP16) -> Prior:
     cands = graph.candidates()
     scores: dict[str, float] = {}
     seeds: list[str] = []
     for name in cands:
         ins, outs = graph.float_inputs(name), graph.float_outputs(name)
         touched = [stats.get(t) or constants.get(t) for t in [*ins, *outs]]
-        range_hit = any(out_of_range(s) for s in touched)
+        range_hit = any(out_of_range(s, precision) for s in touched)
         if range_hit:
             seeds.append(name)
         scores[name] = _score(ins, outs, stats, constants, range_hit)

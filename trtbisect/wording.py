@@ -1,7 +1,10 @@
 """Detected causes in words: the summary of a culprit group, each node's `why`, and the fixes.
 
 detect.py finds the cause, the pattern and the numbers; this module only phrases them, in the
-words a deployment engineer uses, with the fix that makes FP32 fallback needless.
+words a deployment engineer uses, with the fix that makes FP32 fallback needless. The words
+are those of the run's low precision (`Facts.p`: FP16 or BF16, its name, range and spacing);
+fixes that only bring values into FP16's range are not offered under BF16, whose range is
+FP32's.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .compare import FP16_MAX, FP16_TINY
-from .detect import FP16_MIN_NORMAL, attention_scale, flushed_at, node_numbers
+from .detect import attention_scale, flushed_at, node_numbers
 from .facts import Evidence, Facts
+from .judge.precision import FP16, Precision
 from .suspects import SMALL_CONSTANT
 
 DOMAIN_OPS = {"Sqrt": "Max(x, 0)", "Log": "Max(x, eps)", "Div": "denominator + eps",
@@ -65,20 +68,27 @@ def _model_fixes(f: Facts, group: Sequence[str], cause: str, pattern: str | None
                               "torch.finfo(torch.float16).min (-65504) instead of "
                               f"{num(_f(ev.get('value')))}, so FP16 holds it"),
         "batchnorm_statistics": Fix("fold_batchnorm", "fold BatchNormalization into the "
-                                    "preceding Conv in FP32 before the FP16 build"),
+                                    f"preceding Conv in FP32 before the {f.p.label} build"),
         "large_reduction": Fix("mean_before_sum", "divide by the element count before summing "
                                "(ReduceMean, or scale the input by 1/N), so the sum stays in range"),
         "power_spectrum": Fix("normalize_spectrum", "normalise the frames (divide by n_fft or "
                               "the window sum) before squaring, so |X|^2 stays below 65504"),
         "exp": Fix("subtract_max_before_exp", "subtract the running max before Exp (as Softmax "
                    "does), or use a fused Softmax/LogSoftmax/Softplus"),
-        "cancellation": Fix("reorder_arithmetic", "avoid cancelling large terms in FP16: "
+        "cancellation": Fix("reorder_arithmetic", f"avoid cancelling large terms in {f.p.label}: "
                             "compute a variance as mean((x - mean)^2), not mean(x^2) - mean^2, "
                             "and fold constant offsets that are added and removed"),
     }
     fixes = [by_pattern[pattern]] if pattern in by_pattern else []
+    if not f.p.narrow_range:  # BF16: rescaling into FP16's range helps nothing
+        fixes = [fx for fx in fixes if fx.kind not in RANGE_FIXES]
     fixes += _cause_fixes(f, cause, ev)
     return fixes
+
+
+# fixes whose only effect is to keep values inside FP16's range (or above its subnormals)
+RANGE_FIXES = frozenset({"clamp_mask_fill", "mean_before_sum", "normalize_spectrum",
+                         "scale_before_matmul", "prescale_norm", "subtract_max_before_exp"})
 
 
 def _nodes(n: int) -> str:
@@ -112,20 +122,21 @@ def _attention_fix(f: Facts, group: Sequence[str]) -> Fix:
 
 
 def _cause_fixes(f: Facts, cause: str, ev: Evidence) -> list[Fix]:
+    p = f.p
     if cause == "underflow":
-        out = [Fix("rescale_input", "rescale the values so they stay above FP16's smallest "
-                   f"normal {num(FP16_MIN_NORMAL)} (subnormals end at {num(FP16_TINY)})")]
+        out = [Fix("rescale_input", f"rescale the values so they stay above {p.label}'s "
+                   f"smallest normal {num(p.min_normal)} (subnormals end at {num(p.tiny)})")]
         if ev.get("constant") is not None and _is_eps(ev):
             out.insert(0, Fix("raise_eps", f"raise eps {ev.get('constant')} = "
                               f"{num(_f(ev.get('constant_value')))} to at least 1e-5"))
         return out
     if cause == "non_finite_origin" and str(ev.get("op")) in DOMAIN_OPS:
         guard = DOMAIN_OPS[str(ev["op"])]
-        return [Fix("guard_domain", f"guard the argument of {ev['op']} ({guard}) so FP16 "
-                    "rounding cannot leave its domain")]
+        return [Fix("guard_domain", f"guard the argument of {ev['op']} ({guard}) so "
+                    f"{p.label} rounding cannot leave its domain")]
     if cause == "constant_out_of_range":
-        return [Fix("clip_constant", f"clip {ev.get('constant')} into FP16's range "
-                    "(|x| <= 65504) before export, if the model tolerates it")]
+        return [Fix("clip_constant", f"clip {ev.get('constant')} into {p.label}'s range "
+                    f"(|x| <= {p.max_text}) before export, if the model tolerates it")]
     if cause == "precision_loss":
         return [Fix("loosen_tolerance", f"if an error of {pct(_f(ev.get('rel_err')))} is "
                     f"acceptable, {f.relax}: the plan would need fewer FP32 nodes")]
@@ -144,31 +155,39 @@ def summarize(f: Facts, group: Sequence[str], cause: str, pattern: str | None, e
 
 def _what(f: Facts, cause: str, pattern: str | None, ev: Evidence) -> str:
     g = lambda k: num(_f(ev.get(k)))  # noqa: E731 - a formatter, local to the sentence
+    p, low = f.p, f.p.label
     if cause == "constant_out_of_range":
-        nan = ev.get("output_nonfinite_fp16") or 0
+        nan = ev.get(f"output_nonfinite_{p.name}") or 0
         tail = f"; {nan} of {ev.get('output_size')} values turn NaN/inf" if nan else ""
         zero = " (0 * -inf = NaN)" if ev.get("op") == "Mul" and nan else ""
         return (f"{ev['op']} {ev['node']} reads constant {ev['constant']} = {g('value')}, which "
-                f"{_converts(ev)} {ev['fp16_value']}{zero}{tail}")
+                f"{_converts(ev, p)} {ev[p.key('value')]}{zero}{tail}")
     if cause == "overflow":
-        return _overflow_words(pattern, ev, g)
+        return _overflow_words(pattern, ev, g, p)
     if cause == "underflow":
-        return _underflow_words(ev, g)
+        return _underflow_words(ev, g, p)
     if cause == "non_finite_origin":
-        fed = "" if ev.get("in_group") else ", fed by these nodes' FP16 outputs"
-        return (f"{ev['op']} {ev['node']} is where FP16 first turns NaN/inf ({ev['nonfinite']} "
+        fed = "" if ev.get("in_group") else f", fed by these nodes' {low} outputs"
+        return (f"{ev['op']} {ev['node']} is where {low} first turns NaN/inf ({ev['nonfinite']} "
                 f"of {ev['size']} values) while FP32 stays finite (max {g('fp32_absmax')}){fed}, "
-                "with no value out of FP16's range")
-    spacing = (f"; values reach {g('magnitude')} where FP16 spacing is {g('fp16_spacing')}, "
-               f"then cancel to {g('result_absmax')}" if pattern == "cancellation" else "")
-    return (f"no value leaves FP16's range, but the FP16 error grows from "
+                f"with no value out of {low}'s range")
+    spacing = (f"; values reach {g('magnitude')} where {low} spacing is "
+               f"{g(p.key('spacing'))}, then cancel to {g('result_absmax')}"
+               if pattern == "cancellation" else "")
+    # where the values are largest (the group's entry or inside it) its spacing is coarsest
+    top = max(_f(ev.get("magnitude")) or 0.0, _f(ev.get("input_absmax")) or 0.0)
+    at = "" if spacing else f"; spacing {num(p.spacing(top))} at {num(top)}"
+    bits = ("" if p.narrow_range else
+            f" ({low} keeps {p.fraction_bits + 1} significant bits: each rounding moves a value "
+            f"by up to 2^-{p.fraction_bits + 1} = {pct(2.0 ** -(p.fraction_bits + 1))} of it{at})")
+    return (f"no value leaves {low}'s range, but the {low} error grows from "
             f"{pct(_f(ev.get('input_rel_err')))} to {pct(_f(ev.get('rel_err')))} of the "
-            f"output's range over {ev['chain_length']} node(s){spacing}")
+            f"output's range over {ev['chain_length']} node(s){spacing}{bits}")
 
 
-def _overflow_words(pattern: str | None, ev: Evidence, g) -> str:
-    over = f"overflows FP16 (max 65504, {num(_f(ev.get('factor')))}x over)"
-    peak_over = f"overflows FP16 (max 65504, {num(_f(ev.get('peak_factor')))}x over)"
+def _overflow_words(pattern: str | None, ev: Evidence, g, p: Precision = FP16) -> str:
+    over = f"overflows {p.label} (max {p.max_text}, {num(_f(ev.get('factor')))}x over)"
+    peak_over = f"overflows {p.label} (max {p.max_text}, {num(_f(ev.get('peak_factor')))}x over)"
     if pattern == "layernorm_decomposed":
         return f"the decomposed LayerNorm squares values of {g('input_absmax')}: " \
                f"(x - mean)^2 = {g('fp32_absmax')} {over}"
@@ -200,20 +219,22 @@ def _is_eps(ev: Evidence) -> bool:
     return not isinstance(size, int) or size <= SMALL_CONSTANT
 
 
-def _underflow_words(ev: Evidence, g) -> str:
-    parts = []
+def _underflow_words(ev: Evidence, g, p: Precision = FP16) -> str:
+    parts, low = [], p.label
     if ev.get("flushed"):
         parts.append(f"{ev['flushed']} of {ev['size']} values of {ev['tensor']} (max "
-                     f"{g('fp32_absmax')}) flush to zero in FP16 (smallest subnormal 6e-8)")
+                     f"{g('fp32_absmax')}) flush to zero in {low} (smallest subnormal "
+                     f"{p.tiny_text})")
     what = "eps" if _is_eps(ev) else "a value of weight"
-    if ev.get("constant") and ev.get("constant_fp16"):  # TensorRT raises it to 2^-24
+    raised = f"constant_{p.name}"
+    if ev.get("constant") and ev.get(raised):  # TensorRT raises it to the smallest subnormal
         parts.append(f"{what if parts else 'constant'} {ev['constant']} = "
-                     f"{g('constant_value')} is below FP16's smallest subnormal: TensorRT's FP16 "
-                     f"conversion raises it to {g('constant_fp16')}")
+                     f"{g('constant_value')} is below {low}'s smallest subnormal: TensorRT's "
+                     f"{low} conversion raises it to {g(raised)}")
     elif ev.get("constant"):
         parts.append(f"{what} {ev['constant']} = {g('constant_value')} flushes to zero too"
                      if parts else f"constant {ev['constant']} = {g('constant_value')} flushes "
-                     "to zero in FP16")
+                     f"to zero in {low}")
     if ev.get("consequence_op"):
         op = str(ev["consequence_op"])
         how = {"Div": "divides by zero (x/0 = inf, 0/0 = NaN)", "Log": "takes log(0) = -inf",
@@ -229,43 +250,45 @@ def node_why(f: Facts, node: str, cause: str, ev: Evidence) -> str:
     """What this one node does wrong, in numbers."""
     nn = node_numbers(f, node)
     op, ins, outs = nn.op, nn.input_absmax, nn.output_absmax
+    p, low = f.p, f.p.label
     if cause == "constant_out_of_range" and node == ev.get("node"):
         return (f"{op} reads constant {ev['constant']} = {num(_f(ev.get('value')))}, which "
-                f"{_converts(ev)} {ev['fp16_value']}")
-    if ins > FP16_MAX or outs > FP16_MAX:
-        return _range_role(op, ins, outs)
+                f"{_converts(ev, p)} {ev[p.key('value')]}")
+    if ins > p.max or outs > p.max:
+        return _range_role(op, ins, outs, p)
     if cause == "underflow":
         flushed = flushed_at(f, node)
         if flushed:
-            return _flushed_words(op, flushed)
+            return _flushed_words(op, flushed, p)
     if cause == "non_finite_origin" and node == ev.get("node"):
-        return f"{op}: first NaN/inf in FP16 ({ev['nonfinite']} of {ev['size']} values), FP32 finite"
-    return (f"{op}: FP16 error {pct(nn.input_rel_err)} -> {pct(nn.output_rel_err)} of the range "
-            f"(values up to {num(outs)}, FP16 spacing {num(nn.fp16_spacing)})")
+        return f"{op}: first NaN/inf in {low} ({ev['nonfinite']} of {ev['size']} values), FP32 finite"
+    return (f"{op}: {low} error {pct(nn.input_rel_err)} -> {pct(nn.output_rel_err)} of the "
+            f"range (values up to {num(outs)}, {low} spacing {num(nn.fp16_spacing)})")
 
 
-def _converts(ev: Evidence) -> str:
-    """How the judge's weight rule turns an out-of-range constant into FP16."""
-    return "TensorRT's FP16 conversion clamps to" if ev.get("weight_rule") == "clamp" \
-        else "FP16 rounds to"
+def _converts(ev: Evidence, p: Precision = FP16) -> str:
+    """How the judge's weight rule turns an out-of-range constant into the low precision."""
+    return f"TensorRT's {p.label} conversion clamps to" if ev.get("weight_rule") == "clamp" \
+        else f"{p.label} rounds to"
 
 
-def _range_role(op: str, ins: float, outs: float) -> str:
-    if ins <= FP16_MAX:
-        return f"{op} writes {num(outs)} ({num(outs / FP16_MAX)}x FP16's 65504) from inputs " \
-               f"of at most {num(ins)}"
-    if outs > FP16_MAX:
-        return f"{op} reads {num(ins)} and writes {num(outs)}, both beyond 65504"
-    return f"{op} reads {num(ins)} (> 65504) and brings it back to {num(outs)}"
+def _range_role(op: str, ins: float, outs: float, p: Precision = FP16) -> str:
+    if ins <= p.max:
+        return f"{op} writes {num(outs)} ({num(outs / p.max)}x {p.label}'s {p.max_text}) " \
+               f"from inputs of at most {num(ins)}"
+    if outs > p.max:
+        return f"{op} reads {num(ins)} and writes {num(outs)}, both beyond {p.max_text}"
+    return f"{op} reads {num(ins)} (> {p.max_text}) and brings it back to {num(outs)}"
 
 
-def _flushed_words(op: str, fl: Evidence) -> str:
-    if "constant" in fl and fl.get("fp16_value"):
+def _flushed_words(op: str, fl: Evidence, p: Precision = FP16) -> str:
+    low = p.label
+    if "constant" in fl and fl.get(p.key("value")):
         return f"{op} reads constant {fl['constant']} = {num(_f(fl['value']))}, which " \
-               f"TensorRT's FP16 conversion raises to {num(_f(fl['fp16_value']))}"
+               f"TensorRT's {low} conversion raises to {num(_f(fl[p.key('value')]))}"
     if "constant" in fl:
-        return f"{op} reads constant {fl['constant']} = {num(_f(fl['value']))}, which FP16 " \
+        return f"{op} reads constant {fl['constant']} = {num(_f(fl['value']))}, which {low} " \
                "flushes to zero"
     verb = "writes" if fl["written"] else "reads"
     return f"{op} {verb} {fl['tensor']}: {fl['flushed']} of {fl['size']} values (max " \
-           f"{num(_f(fl['fp32_absmax']))}) flush to zero in FP16"
+           f"{num(_f(fl['fp32_absmax']))}) flush to zero in {low}"

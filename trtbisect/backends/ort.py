@@ -40,6 +40,7 @@ from ..errors import TrtBisectError
 from ..spill import release_pages, spill
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
                      node_reads, structure, subgraphs, walk, walk_graphs)
+from ..judge.precision import FP16, Precision
 from ..semantics import (MAX_ACCUMULATE_BLOCKS, STRICT, Rules, find_layers, round_weight,
                          tf32_round, tf32_round_nodes)
 
@@ -142,22 +143,25 @@ def run_session(session, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
 
 
 class Rounded:
-    """FP16-rounded copies of a graph's float initializers (under the weight rule), and their
-    TF32-rounded copies, made once and shared by every session over the graph (`Rounded.of`):
-    the weights' FP16 copy exists once."""
+    """Low-precision (FP16 or BF16) copies of a graph's float initializers (under the weight
+    rule), and their TF32-rounded copies, made once and shared by every session over the graph
+    (`Rounded.of`): the weights' FP16 copy exists once."""
 
-    def __init__(self, graph: Graph, weight_rule: str = "inf") -> None:
-        self.graph, self.weight_rule = graph, weight_rule
+    def __init__(self, graph: Graph, weight_rule: str = "inf",
+                 precision: Precision = FP16) -> None:
+        self.graph, self.weight_rule, self.precision = graph, weight_rule, precision
         self._arrays: dict[str, np.ndarray] = {}
         self._tf32: dict[str, np.ndarray] = {}
 
     @classmethod
-    def of(cls, graph: Graph, weight_rule: str = "inf") -> "Rounded":
+    def of(cls, graph: Graph, weight_rule: str = "inf",
+           precision: Precision = FP16) -> "Rounded":
         shared = getattr(graph, "_rounded", None) or {}
-        if weight_rule not in shared:
-            shared[weight_rule] = cls(graph, weight_rule)
+        key = weight_rule if precision is FP16 else f"{weight_rule}:{precision.name}"
+        if key not in shared:
+            shared[key] = cls(graph, weight_rule, precision)
             graph._rounded = shared  # type: ignore[attr-defined]
-        return shared[weight_rule]
+        return shared[key]
 
     @staticmethod
     def release(graph: Graph) -> None:
@@ -167,7 +171,8 @@ class Rounded:
     def array(self, name: str) -> np.ndarray:
         if name not in self._arrays:
             src = self.graph.array(name)
-            self._arrays[name] = spill(round_weight(np.asarray(src, np.float32), self.weight_rule))
+            self._arrays[name] = spill(round_weight(np.asarray(src, np.float32), self.weight_rule,
+                                                    self.precision))
             release_pages([src])  # the FP32 weights' pages: read once, not held
         return self._arrays[name]
 
@@ -240,8 +245,10 @@ class _Builder:
         return self.switch_of[node]
 
     # -- values
-    def round_pair(self, src: str, dst: str, to: int = TensorProto.FLOAT16) -> None:
+    def round_pair(self, src: str, dst: str, to: int | None = None) -> None:
+        """dst = src rounded to type `to` (default: the run's low precision)."""
         half = self.fresh("h")
+        to = self.rules.precision.onnx_type if to is None else to
         self.nodes.append(helper.make_node("Cast", [src], [half], to=to))
         self.nodes.append(helper.make_node("Cast", [half], [dst], to=FLOAT))
 
@@ -344,7 +351,7 @@ class _Builder:
             self.rounded[t] = t
         for t in forced:  # a half-typed value the model itself rounds (a Cast to float16, ...)
             self.round_pair(self.raw[t], t, self.g.half_typed[t])
-            if self.g.half_typed[t] == TensorProto.FLOAT16:
+            if self.g.half_typed[t] == self.rules.precision.onnx_type:
                 self.rounded[t] = t
 
     def _rebuild_bodies(self, i: int, new: onnx.NodeProto) -> None:
@@ -809,7 +816,7 @@ class Emulator:
                 self._part[n] = members
         self.expose, self.watch = list(expose), list(watch)
         self.outputs = graph.output_names()
-        self._rounded = Rounded.of(graph, rules.weight_rule)
+        self._rounded = Rounded.of(graph, rules.weight_rule, rules.precision)
         self.rebuilds = 0
         self.session: Session | None = None
         self._switches: dict[str, frozenset[str]] = {}  # bool input -> the nodes it switches
@@ -964,7 +971,8 @@ def _mixed_builder(graph: Graph, rules: "Rules | None", fused: bool) -> "_MixedB
     state = {n: HALF for n in graph.candidates() if n in half}
     internal = half_layer_internals(graph) if fused else frozenset()
     return _MixedBuilder(graph, state, Rounded.of(graph),
-                         rules=Rules(internal, rules.weight_rule, rules.tf32, rules.accumulate))
+                         rules=Rules(internal, rules.weight_rule, rules.tf32, rules.accumulate,
+                                     rules.precision))
 
 
 class _MixedBuilder(_Builder):
@@ -991,7 +999,8 @@ class _MixedBuilder(_Builder):
         for k, t in enumerate(new.output):
             if t in self.internal:
                 continue  # inside an FP16 fused layer: stays in the kernel
-            if t in self.g.half_typed and not (exact and self.g.half_typed[t] == TensorProto.FLOAT16):
+            if t in self.g.half_typed and not (exact and all(
+                    self.g.half_typed.get(x) == self.g.half_typed[t] for x in ins)):
                 new.output[k] = self.fresh("raw")
                 rounds.append((new.output[k], t))
         self._rebuild_bodies(i, new)

@@ -17,12 +17,13 @@ import numpy as np
 import onnx
 
 from ..backends.ort import Emulator, Reference
-from ..compare import FP16_MAX, TensorStats, merge_stats, round_fp16, tensor_stats
+from ..compare import TensorStats, merge_stats, tensor_stats
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
 from ..inputs import Sample
 from ..outdir import OutputDir
 from ..outputs import cache as result_cache
+from .precision import FP16, Precision
 
 if TYPE_CHECKING:
     from ..pipeline import Context, Options
@@ -53,7 +54,8 @@ def layerwise(ctx: Context, opts: Options,
         if g.is_float(v.name):
             for s in ctx.samples:
                 x = np.asarray(s[v.name], np.float32)
-                _merge(stats, tensor_stats(v.name, None, x, round_fp16(x)))
+                _merge(stats, tensor_stats(v.name, None, x, ctx.rules.precision.round(x),
+                                           ctx.rules.precision))
     batches = batches or layerwise_batches(ctx, opts)
     total, done = sum(len(b) for b in batches), 0
     for k, batch in enumerate(batches):
@@ -64,7 +66,8 @@ def layerwise(ctx: Context, opts: Options,
             for s, b in zip(ctx.samples, fp16_first):
                 a = ref.run_tensors(s, batch)
                 for t in batch:
-                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
+                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t],
+                                                ctx.rules.precision))
                 del a
             ref.close()
         else:
@@ -75,7 +78,8 @@ def layerwise(ctx: Context, opts: Options,
             for s, a in zip(ctx.samples, fp32):
                 b = emu.run_tensors_for(plan, s, batch)
                 for t in batch:
-                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t]))
+                    _merge(stats, _tensor_stats(t, producer[t], a[t], b[t],
+                                                ctx.rules.precision))
             emu.close()
             del emu, fp32
         del ref
@@ -123,13 +127,13 @@ def _merge(stats: dict[str, TensorStats], new: TensorStats | None) -> None:
         stats[new.name] = merge_stats(stats[new.name], new) if new.name in stats else new
 
 
-def _tensor_stats(t: str, producer: str | None, a: np.ndarray,
-                  b: np.ndarray) -> TensorStats | None:
+def _tensor_stats(t: str, producer: str | None, a: np.ndarray, b: np.ndarray,
+                  precision: Precision = FP16) -> TensorStats | None:
     """None for a value of an If branch that did not run in this sample (exposed empty), or
     that ran on one side only."""
     if a.shape != b.shape or a.size == 0:
         return None
-    return tensor_stats(t, producer, a, b)
+    return tensor_stats(t, producer, a, b, precision)
 
 
 def _batches(g: Graph, sample: Sample, budget: int) -> list[list[str]]:
@@ -168,12 +172,13 @@ def estimate_bytes(g: Graph, sample: Sample) -> dict[str, int]:
     return {t: known.get(t, fallback) for t in g.stored_tensors()}
 
 
-def summarize_layerwise(g: Graph, stats: Mapping[str, TensorStats]) -> dict[str, object]:
+def summarize_layerwise(g: Graph, stats: Mapping[str, TensorStats],
+                        precision: Precision = FP16) -> dict[str, object]:
     """Where things first go wrong along the topological order."""
     ordered = [stats[t] for t in g.stored_tensors() if t in stats]
     first_nonfinite = [s.name for s in ordered if s.new_nonfinite and not _any_input_nonfinite(
         g, s, stats)]
-    overflow = [s.name for s in ordered if s.overflow or s.fp32_absmax > FP16_MAX]
+    overflow = [s.name for s in ordered if s.overflow or s.fp32_absmax > precision.max]
     jump = next((s.name for s in ordered if s.rel_err > 0.01), None)
     return {"tensors": len(ordered), "first_nonfinite": first_nonfinite[:10],
             "first_overflow": overflow[:10], "first_jump": jump}

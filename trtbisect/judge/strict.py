@@ -49,7 +49,8 @@ def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
 
 def strict_context(ctx: Context) -> Context:
     """The same model, samples and reference, judged per node (nothing prepared)."""
-    return replace(ctx, search=None, prepared=None, rules=semantics.STRICT)
+    return replace(ctx, search=None, prepared=None,
+                   rules=semantics.Rules(precision=ctx.rules.precision))
 
 
 def absorbed_nodes(ctx: Context) -> dict[str, str]:

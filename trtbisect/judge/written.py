@@ -25,6 +25,7 @@ from ..graph import Graph
 from ..mixed import Written, mixed_model
 from ..outdir import OutputDir
 from .criteria import Judgement, Verdict
+from .precision import of_type
 
 if TYPE_CHECKING:
     from ..pipeline import Context, Evaluator, Options, RunResult
@@ -114,7 +115,7 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
 
 def write_plan(ctx: Context, fp32_nodes) -> Written:
     """The plan's mixed model: the judged graph, FP16 weights under the judge's weight rule."""
-    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule)
+    return mixed_model(ctx.judged, fp32_nodes, ctx.rules.weight_rule, ctx.rules.precision)
 
 
 def bits(e: OutputError) -> tuple:
@@ -184,6 +185,19 @@ class CheckResult:
         return d
 
 
+def _refuse_other_precision(graph: Graph, ctx: Context, path: str | Path) -> None:
+    """A file whose own low-precision tensors (beyond the reference's) are all of the other
+    type was not written for this --precision: say so rather than judge it under the wrong
+    name. (The judge itself rounds every tensor to the type the file gives it.)"""
+    own = set(ctx.graph.half_typed.values())
+    added = {ty for ty in graph.half_typed.values()} - own
+    low = ctx.rules.precision
+    if added and low.onnx_type not in added:
+        other = ", ".join(sorted(p.name for ty in added if (p := of_type(ty)) is not None))
+        raise TrtBisectError(f"{path} holds {other} tensors, not {low.name}: judge it with "
+                             f"--precision {other}")
+
+
 def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
                 expose: Sequence[str] = ()) -> CheckResult:
     """The one judge of a written file: its float16 tensors rounded where produced.
@@ -199,6 +213,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
     if lacking:
         raise TrtBisectError(f"{mixed_path} has input(s) {', '.join(sorted(lacking))} that the "
                              "reference model does not have")
+    _refuse_other_precision(graph, ctx, mixed_path)
     wanted = [t for t in expose if t in graph.producer]
     judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
                        expose=wanted)

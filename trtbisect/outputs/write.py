@@ -15,6 +15,7 @@ from .. import __version__
 from ..backends.ort import emulation_of_mixed
 from ..diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
+from ..judge.precision import FP16
 from ..judge.written import write_plan
 from ..mixed import Written, graph_model
 from ..outdir import OutputDir
@@ -142,7 +143,8 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
         reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")
                                for t in g.node(n).output if t) for n in result.fp32_nodes},
-        inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)))
+        inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)),
+        precision=ctx.rules.precision.name)
 
 
 def judge_args(ctx: Context) -> tuple[str, ...]:
@@ -151,4 +153,6 @@ def judge_args(ctx: Context) -> tuple[str, ...]:
         return ()
     return ("--semantics", ctx.prepared.semantics, "--trt-version", str(ctx.prepared.trt_version),
             "--tf32" if ctx.rules.tf32 else "--no-tf32",
-            *(("--fp16-accumulate",) if ctx.rules.accumulate else ()))
+            *(("--fp16-accumulate",) if ctx.rules.accumulate else ()),
+            *(("--precision", ctx.rules.precision.name)
+              if ctx.rules.precision.name != FP16.name else ()))

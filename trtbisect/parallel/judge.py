@@ -111,6 +111,7 @@ class JudgeSpec:
     tolerance: Tolerance = field(default_factory=Tolerance)
     names: str = ""  # digest of the judged graph: the worker must prepare the same graph
     model_sha256: str | None = None  # checked where the file is not the parent's own path
+    precision: str = "fp16"  # the low precision plans round to (--precision)
 
 
 def graph_digest(graph) -> str:
@@ -164,7 +165,9 @@ class SampleJudge:
         self.criteria = criteria_of(spec.criteria)
         if criteria_fingerprint(self.criteria) != spec.criteria_fingerprint:
             raise TrtBisectError("a --check file changed during the run")
-        rules = semantics.rules_for(prepared, spec.tf32, spec.accumulate)
+        from ..judge.precision import precision
+        rules = semantics.rules_for(prepared, spec.tf32, spec.accumulate,
+                                    precision(spec.precision))
         self.emulator = Emulator(judged, spec.threads, watch=list(spec.watch), rules=rules,
                                  groups=[list(g) for g in spec.groups], active=spec.active)
         self.spec = spec

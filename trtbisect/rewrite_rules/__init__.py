@@ -13,4 +13,17 @@ REWRITES: tuple[Rewrite, ...] = (
     SCALE_BEFORE_SQUARE, FUSE_RMSNORM, RAISE_EPSILON,
 )
 
-__all__ = ["REWRITES", "Match", "Refusal", "Rewrite", "RewriteRefused"]
+# rewrites whose only effect is to keep values inside FP16's range (a mask fill, logits, a sum,
+# a square, an eps above FP16's subnormals): BF16 has FP32's range, so they are not offered there
+RANGE_ONLY = frozenset({CLAMP_MASK_CONSTANT.name, PRESCALE_ATTENTION.name, REDUCESUM_TO_MEAN.name,
+                        SCALE_BEFORE_SQUARE.name, RAISE_EPSILON.name})
+
+
+def rewrites_for(narrow_range: bool) -> tuple[Rewrite, ...]:
+    """The rewrites worth trying for a low precision: all of them for FP16 (`narrow_range`),
+    only those that change how values are computed (fused norms) for BF16."""
+    return REWRITES if narrow_range else tuple(r for r in REWRITES if r.name not in RANGE_ONLY)
+
+
+__all__ = ["RANGE_ONLY", "REWRITES", "Match", "Refusal", "Rewrite", "RewriteRefused",
+           "rewrites_for"]

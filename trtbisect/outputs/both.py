@@ -1,0 +1,111 @@
+"""`trtbisect run --precision both`: FP16 and BF16 judged in one command, side by side.
+
+The simplest honest design: two complete, independent runs of the same model, samples and
+criterion, one per precision, each in its own folder (`<out>/fp16/`, `<out>/bf16/`) with
+everything a single run writes (precision.json, the mixed ONNX, renderings, journal: each
+resumes on its own). Each is its own one judge; nothing is shared between them but the inputs.
+`<out>/precisions.json` and `<out>/precisions.md` hold the side-by-side table: per precision
+its verdict, the plan's size, its estimated engine time against all-low-precision and all-FP32
+(cost.py; FP16 and BF16 run at the same tensor-core rate on the GPUs priced, so the two columns
+are comparable), and the worst output error with the plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..judge.precision import BF16, FP16
+from ..plan import atomic_write_text
+
+PRECISIONS = (FP16, BF16)
+VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no plan",
+                 "over_budget": "over budget", "reference_invalid": "reference invalid",
+                 "nothing_to_judge": "nothing to judge", "partial": "partial"}
+
+
+@dataclass
+class Both:
+    """The two runs, FP16's first."""
+
+    results: dict  # precision name -> pipeline.RunResult
+    folders: dict  # precision name -> its --out folder
+
+    @property
+    def exit_code(self) -> int:
+        """0 when either precision has a passing plan (the user can pick it), else FP16's."""
+        codes = [r.exit_code for r in self.results.values()]
+        return 0 if 0 in codes else codes[0]
+
+    def rows(self) -> list[dict]:
+        out = []
+        for name, r in self.results.items():
+            c = r.extra.get("cost") or {}
+            out.append({
+                "precision": name, "verdict": r.verdict,
+                "fp32_nodes": len(r.fp32_nodes), "candidates": r.candidates,
+                "all_low_s": c.get("all_fp16_s"), "plan_s": c.get("plan_s"),
+                "all_fp32_s": c.get("all_fp32_s"), "slowdown": c.get("slowdown"),
+                "passed_after": all(e.passed for e in r.errors_after.values())
+                if r.errors_after else None,
+                "max_abs_after": {k: e.max_abs for k, e in r.errors_after.items()},
+                "evaluations": r.evaluations, "seconds": round(r.seconds, 3),
+                "plan": str(Path(self.folders[name]) / "precision.json"),
+            })
+        return out
+
+    def to_json(self) -> dict:
+        return {"precisions": self.rows(),
+                "runs": {name: r.to_json() for name, r in self.results.items()}}
+
+
+def run_both(model: str, opts, out: Path,
+             run: Callable[[str, object, Path, str], object]) -> Both:
+    """Both runs, one after the other; `run(model, opts, folder, name)` is one single run
+    (the CLI's, with its progress)."""
+    results, folders = {}, {}
+    for p in PRECISIONS:
+        one = copy.copy(opts)
+        one.precision = p.name
+        folders[p.name] = out / p.name
+        results[p.name] = run(model, one, folders[p.name], p.name)
+    both = Both(results, folders)
+    atomic_write_text(out / "precisions.json", json.dumps({"precisions": both.rows()}, indent=2)
+                      + "\n")
+    atomic_write_text(out / "precisions.md", markdown(both))
+    return both
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{1e6 * x:.4g} us"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def table(both: Both) -> list[list[str]]:
+    """Header and one row per precision, as people read them (stdout and precisions.md)."""
+    rows = [["precision", "verdict", "FP32 nodes", "est. time", "vs all-low", "all FP32",
+             "with the plan"]]
+    for r in both.rows():
+        ok = r["passed_after"]
+        rows.append([r["precision"].upper(), VERDICT_WORDS.get(r["verdict"], r["verdict"]),
+                     f"{r['fp32_nodes']} of {r['candidates']}", _us(r["plan_s"]),
+                     _pct(r["slowdown"]), _us(r["all_fp32_s"]),
+                     "-" if ok is None else ("pass" if ok else "FAIL")])
+    return rows
+
+
+def markdown(both: Both) -> str:
+    rows = table(both)
+    lines = ["# FP16 and BF16, side by side", "",
+             "Two independent runs (`trtbisect run --precision both`), one folder each; engine "
+             "times are cost.py's roofline estimates.", "",
+             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    lines += ["", *(f"- {r['precision'].upper()}: `{r['plan']}`" for r in both.rows())]
+    return "\n".join(lines) + "\n"
