@@ -21,6 +21,7 @@ from .detect import detect, group_culprits, scope_of
 from .facts import Evidence, Facts
 from .graph import Graph, walk, with_node_names
 from .judge.precision import FP16, Precision
+from .modules import module_label
 from .suspects import ConstantStats
 from .wording import Fix, fixes_for, node_why, num, pct, summarize
 
@@ -191,3 +192,71 @@ def _set_props(props, values: Mapping[str, str]) -> None:
             existing[key].value = value
         else:
             props.add(key=key, value=value)
+
+
+# ---------------------------------------------------------------- one line per culprit
+
+@dataclass
+class Culprit:
+    node: str
+    op: str
+    why: str
+    module: str | None = None
+    layer: str | None = None  # the fused TensorRT layer it belongs to (trt semantics)
+
+    def to_json(self) -> dict:
+        d = {"node": self.node, "op": self.op, "why": self.why}
+        if self.module:
+            d["module"] = self.module
+        if self.layer:
+            d["layer"] = self.layer
+        return d
+
+
+def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
+            constants: Mapping[str, ConstantStats],
+            layers: Mapping[str, str] | None = None,
+            precision: Precision = FP16) -> list[Culprit]:
+    """A one-line reason per culprit from the layer-wise numbers (`attach` goes deeper);
+    `layers`: node -> the TensorRT-style fused layer computing it."""
+    out = []
+    for name in fp32_nodes:
+        node = g.node(name)
+        layer = (layers or {}).get(name)
+        own = g.own_name(name) if g.is_inner(name) else node.name  # without its holders
+        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants, precision),
+                           module_label(own, g.model),  # PyTorch's name, when known
+                           layer if layer != name else None))
+    return out
+
+
+def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
+         constants: Mapping[str, ConstantStats], p: Precision = FP16) -> str:
+    top, low = p.max_text, p.label
+    for t in g.float_outputs(name):
+        s = stats.get(t)
+        if s is not None and (s.fp32_absmax > p.max or s.overflow):
+            return f"output max {s.fp32_absmax:.3g} > {top}"
+    for t in g.float_inputs(name):
+        c = constants.get(t)
+        if c is not None and c.overflow:
+            return f"constant {t!r} holds {c.absmax:.3g}, beyond {low}'s {top}"
+        s = stats.get(t)
+        if s is not None and (s.fp32_absmax > p.max or s.overflow):
+            return f"reads {t!r} of max {s.fp32_absmax:.3g} > {top}"
+    for t in [*g.float_inputs(name), *g.float_outputs(name)]:
+        c, s = constants.get(t), stats.get(t)
+        if c is not None and c.flushed:
+            return f"constant {t!r} has {c.flushed} value(s) that {low} flushes to zero"
+        if c is not None and c.raised:
+            return f"constant {t!r} has {c.raised} value(s) below {low}'s smallest subnormal " \
+                   f"that TensorRT's {low} conversion raises to {p.tiny:.3g}".replace("e-0", "e-")
+        if s is not None and s.flushed:
+            return f"{t!r}: {s.flushed} of {s.size} values flush to zero in {low}"
+    for t in g.float_outputs(name):
+        s = stats.get(t)
+        if s is not None and s.new_nonfinite:
+            return f"output turns non-finite in {low} ({s.fp16_nonfinite} values)"
+        if s is not None:
+            return f"{low} error grows here to {s.rel_err:.2g} of the output's range"
+    return "needed by the tolerance"

@@ -17,7 +17,7 @@ import onnx
 from . import __version__, cost, coverage, degenerate, parallel, semantics
 from .backends.ort import Emulator, Reference
 from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
-from .diagnose import attach as attach_diagnosis, group_culprits, note_fused
+from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, TrtBisectError)
 from .graph import Graph, external_data_hash, external_files, model_hash
@@ -30,15 +30,14 @@ from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
                             worst_of, write_and_judge)
 from .judge.criteria import Criteria, Judgement, Verdict
-from .judge.precision import FP16, Precision, precision as low_precision
+from .judge.precision import FP16, precision as low_precision
 from .journal import Journal, plan_key
 from .render import RenderContext
 from .mixed import Written, graph_model
-from .modules import module_label
 from .outdir import OutputDir
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
 from .search import Progress, SearchResult, find_minimal_fp32
-from .suspects import ConstantStats, build_prior, constant_stats
+from .suspects import build_prior, constant_stats
 
 log = logging.getLogger(__name__)
 
@@ -365,22 +364,6 @@ def _shape_probe(ctx: Context, opts: Options) -> cost.Probe:
 
 
 # ---------------------------------------------------------------- run
-
-@dataclass
-class Culprit:
-    node: str
-    op: str
-    why: str
-    module: str | None = None
-    layer: str | None = None  # the fused TensorRT layer it belongs to (trt semantics)
-
-    def to_json(self) -> dict:
-        d = {"node": self.node, "op": self.op, "why": self.why}
-        if self.module:
-            d["module"] = self.module
-        if self.layer:
-            d["layer"] = self.layer
-        return d
 
 
 @dataclass
@@ -796,55 +779,6 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
                              ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1,
                              judge=lambda r, g, s: opts.criteria.judge(r, g, s,
                                                                        opts.tolerance).errors)
-
-
-def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats],
-            constants: Mapping[str, ConstantStats],
-            layers: Mapping[str, str] | None = None,
-            precision: Precision = FP16) -> list[Culprit]:
-    """A one-line reason per culprit from the layer-wise numbers (diagnose.py goes deeper);
-    `layers`: node -> the TensorRT-style fused layer computing it."""
-    out = []
-    for name in fp32_nodes:
-        node = g.node(name)
-        layer = (layers or {}).get(name)
-        own = g.own_name(name) if g.is_inner(name) else node.name  # without its holders
-        out.append(Culprit(name, node.op_type, _why(g, name, stats, constants, precision),
-                           module_label(own, g.model),  # PyTorch's name, when known
-                           layer if layer != name else None))
-    return out
-
-
-def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
-         constants: Mapping[str, ConstantStats], p: Precision = FP16) -> str:
-    top, low = p.max_text, p.label
-    for t in g.float_outputs(name):
-        s = stats.get(t)
-        if s is not None and (s.fp32_absmax > p.max or s.overflow):
-            return f"output max {s.fp32_absmax:.3g} > {top}"
-    for t in g.float_inputs(name):
-        c = constants.get(t)
-        if c is not None and c.overflow:
-            return f"constant {t!r} holds {c.absmax:.3g}, beyond {low}'s {top}"
-        s = stats.get(t)
-        if s is not None and (s.fp32_absmax > p.max or s.overflow):
-            return f"reads {t!r} of max {s.fp32_absmax:.3g} > {top}"
-    for t in [*g.float_inputs(name), *g.float_outputs(name)]:
-        c, s = constants.get(t), stats.get(t)
-        if c is not None and c.flushed:
-            return f"constant {t!r} has {c.flushed} value(s) that {low} flushes to zero"
-        if c is not None and c.raised:
-            return f"constant {t!r} has {c.raised} value(s) below {low}'s smallest subnormal " \
-                   f"that TensorRT's {low} conversion raises to {p.tiny:.3g}".replace("e-0", "e-")
-        if s is not None and s.flushed:
-            return f"{t!r}: {s.flushed} of {s.size} values flush to zero in {low}"
-    for t in g.float_outputs(name):
-        s = stats.get(t)
-        if s is not None and s.new_nonfinite:
-            return f"output turns non-finite in {low} ({s.fp16_nonfinite} values)"
-        if s is not None:
-            return f"{low} error grows here to {s.rel_err:.2g} of the output's range"
-    return "needed by the tolerance"
 
 
 def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float,
