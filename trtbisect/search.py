@@ -374,39 +374,61 @@ def find_minimal_fp32(
     if price is not None:
         return _find_cheapest(candidates, check, seeds, ranking, max_evaluations, progress,
                               price, adjacent or {}, swap_k, swap_share)
+    cand, seed_list, rank = _ordered(candidates, seeds, ranking)
+    oracle = Oracle(check, cand, max_evaluations, progress)
+    try:
+        first = _first_pass(oracle, cand, seed_list, rank)
+        if first is None:
+            return _result(oracle, frozenset(cand), found=False, minimal=False)
+        current, how = first
+        if how == "all-fp16":
+            return _result(oracle, current, found=True, minimal=True)
+        if how == "grown":
+            current = _shrink(oracle, current, rank)
+        return _result(oracle, _certify(oracle, current, rank), found=True, minimal=True)
+    except BudgetExhausted:
+        return _stopped(oracle, cand)
+
+
+def _ordered(candidates: Sequence[str], seeds: Sequence[str],
+             ranking: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """The candidates once each, the seeds among them, and the ranking: seeds first, then the
+    prior's order, then every other candidate."""
     cand = list(dict.fromkeys(candidates))
     cand_set = set(cand)
     seed_list = [n for n in dict.fromkeys(seeds) if n in cand_set]
     rank = [n for n in dict.fromkeys([*seed_list, *ranking, *cand]) if n in cand_set]
-    oracle = Oracle(check, cand, max_evaluations, progress)
-    try:
-        oracle.phase, oracle.remaining = "all-fp16", 1 + len(seed_list)
-        if oracle(()):
-            return _result(oracle, frozenset(), found=True, minimal=True)
-        current: frozenset[str] | None = frozenset(seed_list)
-        oracle.phase = "prior"
-        if not (current and oracle(current)):
-            current = _grow(oracle, rank, len(seed_list))
-            if current is None:
-                return _result(oracle, frozenset(cand), found=False, minimal=False)
-            # The last node the grow phase took is pinned: without it the prefix failed. One
-            # culprit is the common case, so ask first whether it suffices alone.
-            pinned = frozenset(_removal_order(current, rank)[:1])
-            oracle.phase = "pinned"
-            rest = [n for n in cand if n not in current]  # what the ranking left out
-            if len(current) > 1 and oracle(pinned):
-                current = pinned
-            elif 2 * len(current) > len(cand) and rest and oracle(rest):
-                # a prefix of most of the ranking passes, and so does what it left out: the
-                # prefix may pass only as a wide combination. ddmin over the rest (PP-OCRv4
-                # rec under strict semantics: a 295-node prefix, one node outside it suffices)
-                oracle.phase = "ddmin"
-                current = _ddmin(oracle, rest)
-            else:
-                current = _shrink(oracle, current, rank)
-        return _result(oracle, _certify(oracle, current, rank), found=True, minimal=True)
-    except BudgetExhausted:
-        return _stopped(oracle, cand)
+    return cand, seed_list, rank
+
+
+def _first_pass(oracle: Oracle, cand: list[str], seed_list: list[str],
+                rank: list[str]) -> tuple[frozenset[str], str] | None:
+    """The first passing plan both objectives start from, and how it was found: "all-fp16"
+    (the empty plan), "prior" (the seeds), "pinned" or "ddmin" (both already small), or
+    "grown" (a prefix of the ranking, still to shrink). None: nothing passes."""
+    oracle.phase, oracle.remaining = "all-fp16", 1 + len(seed_list)
+    if oracle(()):
+        return frozenset(), "all-fp16"
+    oracle.phase = "prior"
+    if seed_list and oracle(frozenset(seed_list)):
+        return frozenset(seed_list), "prior"
+    current = _grow(oracle, rank, len(seed_list))
+    if current is None:
+        return None
+    # The last node the grow phase took is pinned: without it the prefix failed. One
+    # culprit is the common case, so ask first whether it suffices alone.
+    pinned = frozenset(_removal_order(current, rank)[:1])
+    oracle.phase = "pinned"
+    rest = [n for n in cand if n not in current]  # what the ranking left out
+    if len(current) > 1 and oracle(pinned):
+        return pinned, "pinned"
+    if 2 * len(current) > len(cand) and rest and oracle(rest):
+        # a prefix of most of the ranking passes, and so does what it left out: the
+        # prefix may pass only as a wide combination. ddmin over the rest (PP-OCRv4
+        # rec under strict semantics: a 295-node prefix, one node outside it suffices)
+        oracle.phase = "ddmin"
+        return _ddmin(oracle, rest), "ddmin"
+    return current, "grown"
 
 
 def _stopped(oracle: Oracle, cand: list[str]) -> SearchResult:
@@ -496,30 +518,16 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
     """`find_minimal_fp32` minimizing `price`: the same prior, grow and handover to ddmin;
     then shrink (bisecting failed runs), certify 1-minimal and certify that no single swap
     for a cheaper neighbour passes, the most expensive units tried first throughout."""
-    cand = list(dict.fromkeys(candidates))
-    cand_set = set(cand)
-    seed_list = [n for n in dict.fromkeys(seeds) if n in cand_set]
-    rank = [n for n in dict.fromkeys([*seed_list, *ranking, *cand]) if n in cand_set]
+    cand, seed_list, rank = _ordered(candidates, seeds, ranking)
     pos = {n: i for i, n in enumerate(rank)}
     oracle = Oracle(check, cand, max_evaluations, progress, price=price)
     try:
-        oracle.phase, oracle.remaining = "all-fp16", 1 + len(seed_list)
-        if oracle(()):
-            return _result(oracle, frozenset(), found=True, minimal=True)
-        current: frozenset[str] | None = frozenset(seed_list)
-        oracle.phase = "prior"
-        if not (current and oracle(current)):
-            current = _grow(oracle, rank, len(seed_list))
-            if current is None:
-                return _result(oracle, frozenset(cand), found=False, minimal=False)
-            pinned = frozenset(_removal_order(current, rank)[:1])
-            oracle.phase = "pinned"
-            rest = [n for n in cand if n not in current]
-            if len(current) > 1 and oracle(pinned):
-                current = pinned
-            elif 2 * len(current) > len(cand) and rest and oracle(rest):
-                oracle.phase = "ddmin"
-                current = _ddmin(oracle, rest)
+        first = _first_pass(oracle, cand, seed_list, rank)
+        if first is None:
+            return _result(oracle, frozenset(cand), found=False, minimal=False)
+        current, how = first
+        if how == "all-fp16":
+            return _result(oracle, current, found=True, minimal=True)
         current = _bisecting_shrink(oracle, current, _costliest_first(current, price, pos))
         current = _certify_cost(oracle, current, price, pos)
         allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
