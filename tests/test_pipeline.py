@@ -324,3 +324,26 @@ def test_strict_tolerance_under_trt_semantics_runs_the_per_node_comparison(zoo, 
     r = run(model, Options(strict=True, inputs=[str(inputs)]), tmp_path / "out")
     assert r.verdict == "fixed" and r.mixed_model_passed
     assert "errors_before_strict" in r.extra
+
+
+def test_the_swap_certificate_runs_on_the_prefetched_session(tmp_path, monkeypatch):
+    """The swap certificate tries a neighbouring unit in a plan unit's place: the first session
+    holds the suspects' neighbours, so no swap rebuilds it (each rebuild cost 11 s at 20k
+    nodes). One session for the search, one for the per-node comparison."""
+    from tests.conftest import script_module
+    from trtbisect.backends import ort
+    m = script_module("bench_models").synthetic_transformer(600)
+    onnx.save(m.model, tmp_path / "t.onnx")
+    np.savez(tmp_path / "t.npz", **m.inputs)
+    builds = []
+    real = ort.Emulator._build
+
+    def counting(self, active):
+        builds.append(len(active))
+        return real(self, active)
+    monkeypatch.setattr(ort.Emulator, "_build", counting)
+    r = run(tmp_path / "t.onnx", Options(inputs=[str(tmp_path / "t.npz")], workers=1),
+            tmp_path / "out")
+    phases = [t["phase"] for t in r.search.to_json()["trials"]]
+    assert r.verdict == "fixed" and phases.count("swap") >= 1
+    assert len(builds) == 2, builds
