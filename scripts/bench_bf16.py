@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.pipeline import Options, check_mixed, run  # noqa: E402
+from doc_section import replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "bf16.md"
 BEGIN, END = "<!-- bench_bf16: begin -->", "<!-- bench_bf16: end -->"
@@ -164,13 +165,7 @@ def markdown(records: list[dict], skipped: list[str]) -> str:
 
 
 def write_section(text: str, doc: Path) -> None:
-    old = doc.read_text() if doc.exists() else f"# BF16\n\n{BEGIN}\n{END}\n"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        new = head + text.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    doc.write_text(new)
+    replace_section(doc, text, BEGIN, END, empty=f"# BF16\n\n{BEGIN}\n{END}\n")
 
 
 def main() -> None:

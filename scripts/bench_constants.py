@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_rewrites import flop_share, flop_table  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.semantics import constants_as_initializers  # noqa: E402
+from doc_section import replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "search_benchmark.md"
 BEGIN, END = "<!-- bench_constants: begin -->", "<!-- bench_constants: end -->"
@@ -251,14 +252,7 @@ def render(rows: list[dict], baseline: str | None) -> str:
 
 
 def write_doc(text: str, doc: Path = DOC) -> None:
-    """Replace the marked section, keeping the rest of the page (or append it)."""
-    old = doc.read_text(encoding="utf-8") if doc.is_file() else ""
-    if BEGIN in old and END in old:
-        start, stop = old.index(BEGIN), old.index(END) + len(END)
-        new = old[:start] + text + old[stop:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    doc.write_text(new, encoding="utf-8")
+    replace_section(doc, text, BEGIN, END)
 
 
 def main() -> None:

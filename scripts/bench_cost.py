@@ -50,6 +50,7 @@ from trtbisect.cost import pricing_for  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.pipeline import Evaluator, Options, _shape_probe, check_mixed, prepare, run  # noqa: E402
 from trtbisect.search import ddmin  # noqa: E402
+from doc_section import replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "search_benchmark.md"
 BEGIN, END = "<!-- bench_cost: begin -->", "<!-- bench_cost: end -->"
@@ -260,12 +261,7 @@ def summary(records: list[dict]) -> list[str]:
 
 
 def write_doc(text: str, doc: Path) -> None:
-    old = doc.read_text() if doc.exists() else ""
-    if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + text.rstrip("\n") + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    doc.write_text(new)
+    replace_section(doc, text, BEGIN, END)
 
 
 # ---------------------------------------------------------------- driver

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 DOC = ROOT / "docs" / "search_benchmark.md"
 BEGIN, END = "<!-- bench_workers: begin -->", "<!-- bench_workers: end -->"
 SIM_WIDTH = 8
+from doc_section import replace_section  # noqa: E402
 
 
 @dataclass
@@ -236,14 +237,7 @@ def _s(x: float) -> str:
 
 
 def write_doc(text: str, doc: Path = DOC) -> None:
-    """Replace the marked section, keeping the rest of the page (or append it)."""
-    old = doc.read_text(encoding="utf-8") if doc.is_file() else ""
-    if BEGIN in old and END in old:
-        start, stop = old.index(BEGIN), old.index(END) + len(END)
-        new = old[:start] + text + old[stop:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    doc.write_text(new, encoding="utf-8")
+    replace_section(doc, text, BEGIN, END)
 
 
 def main() -> None:
