@@ -473,7 +473,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
         if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
             progress.stage("verifying the emulator's plan with TensorRT engines")
-            pipeline.verify_on_tensorrt(result, opts, out)
+            pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
     emit_run(result, as_json)
     finish(result.exit_code)
 

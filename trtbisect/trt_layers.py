@@ -379,11 +379,15 @@ class TrtSearchReport:
     polygraphy: str
     warnings: list[str] = field(default_factory=list)
     latency_clock: str = "cuda-events"  # cuda-events (GPU time) or host (enqueue + sync)
+    # --workers N: the GPUs the plans were built on (parallel/trt_pool.py), rounds, speculation
+    parallel: dict | None = None
 
     def to_json(self) -> dict:
         out = dict(self.__dict__)
         out["result"] = self.result.to_json()
         out["precision"] = [p.to_json() for p in self.precision]
+        if self.parallel is None:
+            del out["parallel"]
         return out
 
 
@@ -500,6 +504,8 @@ def _insert(oracle: Oracle, plan_of: Callable[[Sequence[str]], frozenset[str]],
                 return Done(list(state[1]))
             else:  # needed + rest[:lo] fails, needed + rest[:hi] passes
                 _, needed, rest, lo, hi = state
+                if hi == 0:  # needed + rest[:0] both passed (the loop's plan) and failed:
+                    return Done(None)  # never on a taken path, only where a batch looks ahead
                 if hi - lo <= 1:
                     state = ("loop", (*needed, rest[hi - 1]), rest[:hi - 1])
                     continue

@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -540,7 +540,9 @@ class TrtBackend:
             self.shapes = {k: tuple(v.shape) for k, v in feeds.items()}
         key = tl.plan_key(self._bytes, spec.fp32, self.trt_version, reference=spec.reference,
                           marks=spec.marks, mode=spec.mark_mode, strong=self.strong,
-                          shapes=sorted(self.shapes.items()), tf32=self.tf32, device=self.device)
+                          shapes=sorted(self.shapes.items()), tf32=self.tf32,
+                          device=self.device.split("; ", 1)[-1])  # the GPU, not how many are
+                          # visible: a worker seeing one of them shares the parent's engines
         path = self.cache_dir / f"{key}.engine"
         if path.exists():
             self.cache_hits += 1
@@ -648,12 +650,17 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
                    candidates: Sequence[str] | None = None, seeds: Iterable[str] = (),
                    ranking: Sequence[str] = (), max_builds: int | None = None,
                    certify: bool = False, cache_dir: str | Path | None = None,
-                   typing: str = "auto") -> tl.TrtSearchReport:
+                   typing: str = "auto", workers: int | None = None,
+                   say: Callable[[str], None] = log.info,
+                   worker_setup: Callable[[], None] | None = None) -> tl.TrtSearchReport:
     """Emulator plan -> one TensorRT verification -> TensorRT-driven refinement if they disagree.
 
     Builds the FP32 reference, the all-FP16 engine and the final plan (three builds when the
     emulator and TensorRT agree), then writes the final engine, the layer map and the ONNX the
-    rendered trtexec command reads into `out_dir`.
+    rendered trtexec command reads into `out_dir`. With `workers` > 1 and several GPUs visible,
+    the search's plans are built on up to `workers` GPUs at once (parallel/trt_pool.py; the
+    same plan, trace and builds); `say` tells which; `worker_setup` runs in each worker before
+    TensorRT is imported (tests: the fake TensorRT).
     """
     if not samples:
         raise TrtBisectError("the TensorRT search needs at least one input sample")
@@ -670,9 +677,16 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
                        for e in compare_outputs(ref, backend.run(fp32, s), tol).values())
 
         groups = tl.layer_groups(backend.engine_layers((), samples[0]), cand)
-        result = tl.emulator_then_trt(
-            cand, trt_check, emulator_check, emulator_plan, groups, seeds, ranking,
-            max_trt_checks=None if max_builds is None else max(max_builds - 1, 1), certify=certify)
+        gpus, parallel = _gpu_batch(workers, backend, samples, refs, say, worker_setup)
+        try:
+            result = tl.emulator_then_trt(
+                cand, gpus if gpus is not None else trt_check, emulator_check, emulator_plan,
+                groups, seeds, ranking, certify=certify,
+                max_trt_checks=None if max_builds is None else max(max_builds - 1, 1))
+        finally:
+            if gpus is not None:
+                gpus.close()
+                parallel = gpus.summary(parallel)
         plan = result.fp32  # not found: every candidate asked FP32 (and still failing)
         layers = backend.engine_layers(plan, samples[0])
         precision = tl.check_precisions(layers, plan)
@@ -688,11 +702,31 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
         atomic_write_text(Path(files["layer_map"]), json.dumps(tl.layer_map_json(layers), indent=1))
         forced = backend.forced_layers(plan)
         trtexec, poly = _commands(files, list(forced), forced, backend.shapes, backend.strong)
-        return tl.TrtSearchReport(result, backend.trt_version, backend.strong, backend.builds,
-                                  backend.cache_hits, latency, tl.describe_culprits(plan, layers),
-                                  precision, files, trtexec, poly, warnings, latency_clock())
+        builds, hits = backend.builds, backend.cache_hits
+        if gpus is not None:  # the taken plans' engines, built by the workers (the rest apart)
+            builds, hits = builds + gpus.builds, hits + gpus.cache_hits
+        return tl.TrtSearchReport(result, backend.trt_version, backend.strong, builds, hits,
+                                  latency, tl.describe_culprits(plan, layers),
+                                  precision, files, trtexec, poly, warnings, latency_clock(),
+                                  parallel)
     finally:
         backend.close()
+
+
+def _gpu_batch(workers: int | None, backend: TrtBackend, samples: Sequence[Feeds],
+               refs: Sequence[Feeds], say: Callable[[str], None],
+               setup: Callable[[], None] | None) -> tuple[Any, dict | None]:
+    """The GPU workers' batch (None: build in this process) and the report's `parallel`
+    note, when `--workers` > 1 asks for them."""
+    if workers is None or workers <= 1:
+        return None, None
+    from trtbisect.parallel import trt_pool
+    devices, why = trt_pool.choose_gpus(workers)
+    say(why)
+    note = {"gpus": devices, "chosen": why}
+    if len(devices) <= 1:
+        return None, note
+    return trt_pool.start(backend, samples, refs, devices, setup), note
 
 
 def _commands(files: Mapping[str, str], layers: Sequence[str],
