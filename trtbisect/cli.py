@@ -402,7 +402,8 @@ def _trt_version(given: str | None) -> int:
               help="Evaluate plans on N worker processes, each with its own judge (1: in this "
                    "process). Default: as many as the cores and memory allow, when the search "
                    "is long enough to pay for starting them; stderr says what was chosen. The "
-                   "plan is the same for every N.")
+                   "plan is the same for every N. With --backend trt, N>1 also builds the "
+                   "TensorRT search's plans on up to N visible GPUs.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Evaluate plans on Ray actors: on the cluster at ADDRESS (e.g. auto, or "

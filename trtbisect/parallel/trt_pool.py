@@ -30,12 +30,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
 from ..errors import TrtBisectError
-from .pool import LocalPool, Task, TaskResult
+from .pool import LocalPool, Task, TaskResult, _Worker, serve
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class GpuPool(LocalPool):
     """`LocalPool` with one worker per GPU: slot k's worker sees only `devices[k]`."""
 
     def __init__(self, spec: TrtSpec, data: TrtData, devices: Sequence[str]) -> None:
-        self.devices = list(devices)
+        self.devices, self._trt_spec = list(devices), spec
         super().__init__(spec, data, len(self.devices), factory=TrtJudge)  # type: ignore[arg-type]
 
     def map(self, tasks: Sequence[Task]) -> list[TaskResult]:
@@ -182,13 +182,14 @@ class GpuPool(LocalPool):
                     self._died(w, deque(), {}, {}, tasks)  # counted as a failed start
         return super().map(tasks)
 
-    def _start(self, slot: int) -> Any:
-        saved = self._spec
-        self._spec = dataclasses.replace(saved, device=self.devices[slot])  # type: ignore[type-var]
-        try:
-            return super()._start(slot)
-        finally:
-            self._spec = saved
+    def _start(self, slot: int) -> _Worker:
+        spec = dataclasses.replace(self._trt_spec, device=self.devices[slot])
+        parent, child = self._ctx.Pipe()
+        process = self._ctx.Process(target=serve, name=f"trtbisect-gpu-{slot}",
+                                    args=(child, TrtJudge, spec, self._data), daemon=True)
+        process.start()
+        child.close()
+        return _Worker(process, parent, slot)
 
 
 @dataclass
@@ -214,25 +215,27 @@ class TrtBatch:
         results = self.pool.map([Task(tuple(sorted(p)), (0,), 1, True) for p in plans])
         self.evaluated += len(plans)
         self.rounds += 1
-        self._spent += sum(r.results[0].builds for r in results if r.results)
-        self.devices_seen += [(r.results[0].device, r.results[0].pid) for r in results if r.results]
+        verdicts = [v for v in map(_verdict, results) if v is not None]
+        self._spent += sum(v.builds for v in verdicts)
+        self.devices_seen += [(v.device, v.pid) for v in verdicts]
         self.replaced = self.pool.replaced
         return results
 
     def passed(self, outcome: TaskResult) -> bool | None:
         if outcome.error is not None:
             return None
-        return bool(outcome.results and outcome.results[0].passed)
+        verdict = _verdict(outcome)
+        return verdict is not None and verdict.passed
 
     def consume(self, plan: frozenset[str], outcome: TaskResult) -> bool:
         if outcome.error is not None:
             raise TrtBisectError(outcome.error)
         self.taken += 1
-        if not outcome.results:  # it killed MAX_ATTEMPTS workers: failed, as a crash is
+        verdict = _verdict(outcome)
+        if verdict is None:  # it killed MAX_ATTEMPTS workers: failed, as a crash is
             log.warning("a plan of %d FP32 nodes crashed the TensorRT workers; judged failed",
                         len(plan))
             return False
-        verdict: Verdict = outcome.results[0]
         self.builds += verdict.builds
         self.cache_hits += verdict.cache_hits
         return verdict.passed
@@ -247,6 +250,11 @@ class TrtBatch:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _verdict(result: TaskResult) -> Verdict | None:
+    """The worker's verdict (`TrtJudge.chunk` returns one), None for a plan that crashed."""
+    return cast(Verdict, result.results[0]) if result.results else None
 
 
 def start(backend: Any, samples: Sequence[Feeds], refs: Sequence[Feeds],
