@@ -93,7 +93,11 @@ def test_one_visible_gpu_builds_in_this_process(monkeypatch, zoo, tmp_path):
 def test_gpus_come_from_cuda_visible_devices(env, workers, expected):
     def smi():
         raise AssertionError("nvidia-smi is not asked when CUDA_VISIBLE_DEVICES is set")
-    assert trt_pool.choose_gpus(workers, env, smi)[0] == expected
+    devices, why = trt_pool.choose_gpus(workers, env, smi)
+    assert devices == expected
+    assert why.startswith({0: "TensorRT builders: no GPU visible",
+                           1: "TensorRT builders: 1 GPU, in this process"}.get(
+        len(devices), f"TensorRT builders: {len(devices)} GPUs"))
 
 
 def test_gpus_come_from_nvidia_smi_else_one_is_assumed():

@@ -81,6 +81,8 @@ def choose_gpus(workers: int | None, env: Mapping[str, str] | None = None,
     so. One GPU (or none asked): the search builds in this process."""
     gpus, source = visible_gpus(env, smi)
     chosen = gpus[:max(1, workers or 1)]
+    if not gpus:
+        return [], f"TensorRT builders: no GPU visible ({source})"
     if len(chosen) <= 1:
         return chosen, (f"TensorRT builders: 1 GPU, in this process ({len(gpus)} visible, "
                         f"from {source}; --workers {workers or 1})")
