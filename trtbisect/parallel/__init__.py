@@ -11,6 +11,8 @@ Ray's object store, so its numbers are the in-process judge's, bit for bit.
 * `pool.py`: local worker processes (spawned), a dead worker replaced and its task retried.
 * `ray_pool.py`: the same workers as Ray actors (`pip install trtbisect[ray]`).
 * `sizing.py`: how many workers fit the machine's cores and memory.
+* `trt_pool.py`: `--backend trt --workers N`: the TensorRT search's plans built on up to N
+  visible GPUs, one worker process per GPU (tested on the fake TensorRT only).
 * `batch.py`: the search's `Batch` over the run's evaluator and a pool: journal and scores in
   the order the search takes results.
 """
