@@ -37,7 +37,7 @@ from .mixed import Written, graph_model
 from .outdir import OutputDir
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
 from .search import Progress, SearchResult, find_minimal_fp32
-from .suspects import build_prior, constant_stats
+from .suspects import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
 
@@ -484,20 +484,13 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
         log.warning("TensorRT's ONNX parser: %s x%d (%s): %s; %s", c.label, len(c.nodes),
                     ", ".join(c.nodes[:3]) + (", ..." if len(c.nodes) > 3 else ""), c.why, c.fix)
-    problems = reference_problems(ctx)
-    if problems:
-        result = RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
-                           errors_before={}, errors_after={}, reference_problems=problems,
-                           extra=dict(record), **base)
-        return _finish(result, ctx, out_dir, started, opts.report, marks)
-    nothing = degenerate.nothing_to_judge(g)
-    if nothing:  # FP16 cannot change what this model computes: a verdict of its own
-        result = RunResult(degenerate.NOTHING_TO_JUDGE, fp32_nodes=[], evaluations=0,
-                           inferences=0, errors_before={}, errors_after={},
-                           extra={**record, "nothing_to_judge": nothing}, **base)
-        return _finish(result, ctx, out_dir, started, opts.report, marks)
+    unjudgeable = _unjudgeable(ctx, record, base)
+    if unjudgeable is not None:
+        return _finish(unjudgeable, ctx, out_dir, started, opts.report, marks)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)
+    # range facts of every weight, as the judge converts them: one pass over the weights
+    constants = constant_stats(g, ctx.rules.weight_rule, low)
     if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
         stage("layer-wise comparison, FP32 vs FP16")
         stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
@@ -519,7 +512,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
         if stats and not opts.rewrite:  # the prior is known: one session, the search's
-            early = build_prior(g, stats, constant_stats(g, ctx.rules.weight_rule, low), low)
+            early = build_prior(g, stats, constants, low)
             ev.emulator.ensure(_prefetch(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
@@ -550,18 +543,18 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     outcome = None
     if opts.rewrite and not all_half:
         stage("trying FP16-safe rewrites")
-        suspects = build_prior(ctx.graph, stats,
+        suspects = build_prior(ctx.graph, stats, constants if g is ctx.graph else
                                constant_stats(ctx.graph, ctx.rules.weight_rule, low), low).seeds
         outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
                                             (all_half, worst_of(before)))
         if outcome is not None and outcome.applied:
             ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
             g = ctx.judged
+            constants = constant_stats(g, ctx.rules.weight_rule, low)  # the rewritten weights
             base.update(candidates=len(g.candidates()), nodes=len(g.names))
             ev = Evaluator(ctx, opts, stats, journal)
             all_half = outcome.passed
             ev.known[frozenset()] = all_half
-    constants = constant_stats(g, ctx.rules.weight_rule, low)  # as the judge converts weights
     prior = build_prior(g, stats, constants, low)
     units = semantics.units(ctx.prepared, g.candidates())
     unit_of = {n: u for u, nodes in units.items() for n in nodes}
@@ -611,16 +604,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                        errors_before=worst_of(before), errors_after=worst_of(before),
                        one_minimal=search.one_minimal and search.found, search=search,
                        stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
-    result.extra["fp32_layers"] = list(search.fp32) if search.found else []
-    if parallel_summary is not None:
-        result.extra["workers"] = parallel_summary
-    result.extra["cost"] = pricing.summary(search.fp32 if search.found else [], opts.objective,
-                                           opts.budget)
-    result.extra["criteria"] = {**opts.criteria.to_json(),
-                                "description": opts.criteria.describe()}
-    result.extra["judged"] = {"before": opts.criteria.verdict(before).to_json()}
-    if ctx.subset is not None:
-        result.extra["judged"]["search_samples"] = list(ctx.subset)  # type: ignore[index]
+    _record_search(result, ctx, opts, search, pricing, before, parallel_summary)
     if outcome is not None:
         result.extra["rewrites"] = outcome.to_json()
         if rewritten:
@@ -629,6 +613,52 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage("judging the written plan")
         judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
     ev.close()  # the workers, if the written plan's judge did not stop them already
+    _explain(result, ctx, opts, ev, constants, units, unit_of, stage, on_layerwise)
+    return _finish(result, ctx, out_dir, started, opts.report, marks)
+
+
+def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
+                   pricing: cost.Pricing, before: Sequence[Judgement],
+                   parallel_summary: dict | None) -> None:
+    """What precision.json says of the search: its layers, its price, the criterion, the
+    all-FP16 verdict, the samples it judged and the workers it ran on."""
+    found = list(search.fp32) if search.found else []
+    result.extra["fp32_layers"] = found
+    if parallel_summary is not None:
+        result.extra["workers"] = parallel_summary
+    result.extra["cost"] = pricing.summary(found, opts.objective, opts.budget)
+    result.extra["criteria"] = {**opts.criteria.to_json(),
+                                "description": opts.criteria.describe()}
+    judged: dict[str, object] = {"before": opts.criteria.verdict(before).to_json()}
+    if ctx.subset is not None:
+        judged["search_samples"] = list(ctx.subset)
+    result.extra["judged"] = judged
+
+
+def _unjudgeable(ctx: Context, record: dict, base: dict) -> RunResult | None:
+    """The verdicts given before any judgement: an FP32 reference that is already broken, or
+    a model whose computation FP16 cannot change."""
+    problems = reference_problems(ctx)
+    if problems:
+        return RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
+                         errors_before={}, errors_after={}, reference_problems=problems,
+                         extra=dict(record), **base)
+    nothing = degenerate.nothing_to_judge(ctx.judged)
+    if nothing:  # FP16 cannot change what this model computes: a verdict of its own
+        return RunResult(degenerate.NOTHING_TO_JUDGE, fp32_nodes=[], evaluations=0,
+                         inferences=0, errors_before={}, errors_after={},
+                         extra={**record, "nothing_to_judge": nothing}, **base)
+    return None
+
+
+def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
+             constants: Mapping[str, ConstantStats], units: Mapping[str, Sequence[str]],
+             unit_of: Mapping[str, str], stage: Callable[[str], None],
+             on_layerwise: Callable[[int, int], None] | None) -> None:
+    """After the written plan's verdict: why each node, the culprit groups, what per-node
+    rounding says beside TensorRT's, and what the report and --stability ask for."""
+    g, low, stats = ctx.judged, ctx.rules.precision, result.stats
+    plan = frozenset(result.fp32_nodes)
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
                               semantics.fused_layer_names(ctx.prepared), low)
     attach_diagnosis(result, g, constants, low)
@@ -647,7 +677,6 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage(f"stability: {opts.stability} runs per sample")
         result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
     coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
-    return _finish(result, ctx, out_dir, started, opts.report, marks)
 
 
 def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callable[[str], None],
