@@ -229,3 +229,36 @@ def test_a_run_killed_mid_batch_resumes_to_the_uninterrupted_plan(deep, tmp_path
     assert plan["fp32_nodes"] == ref["fp32_nodes"] and plan["one_minimal"]
     assert plan["evaluations"] == ref["evaluations"]
     assert plan["errors_after"] == ref["errors_after"]
+
+
+
+def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, tmp_path,
+                                                                          monkeypatch):
+    """An evaluation reuses its session, so what the search will cost is estimated from the
+    all-FP16 verdict's inference time; building a session must not count (on the 20k-node
+    transformer it did, and started workers for a 10-evaluation search)."""
+    from trtbisect import parallel, pipeline
+    from trtbisect.backends import ort as ort_backend
+
+    z, model, inputs = deep
+    before = ort_backend.run_seconds()
+    session = ort_backend.make_session(z.model)
+    assert ort_backend.run_seconds() == before  # built, not run
+    with np.load(inputs) as d:
+        feeds = {n: d[n][0] for n in d.files}
+    ort_backend.run_session(session, feeds)
+    assert ort_backend.run_seconds() > before
+
+    seen = {}
+    clock = iter([100.0, 103.5])  # the run's two reads: before and after the all-FP16 verdict
+    monkeypatch.setattr(pipeline, "run_seconds", lambda: next(clock))
+    real_start = parallel.start_workers
+
+    def spy(ev, ctx, opts, prefetch, seconds_per_evaluation=None, *a, **kw):
+        seen["estimate"] = seconds_per_evaluation
+        return real_start(ev, ctx, opts, prefetch, seconds_per_evaluation, *a, **kw)
+
+    monkeypatch.setattr(pipeline.parallel, "start_workers", spy)
+    r = run(model, Options(inputs=[str(inputs)], threads=1), tmp_path / "out")
+    assert r.verdict == "fixed"
+    assert seen["estimate"] == pytest.approx(3.5)  # inference seconds, not the stage's wall

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from . import __version__, cost, coverage, degenerate, parallel, semantics
-from .backends.ort import Emulator, Reference
+from .backends.ort import Emulator, Reference, run_seconds
 from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
 from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
@@ -503,7 +503,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         journal = Journal(journal_path, fingerprint)
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
-    half_began = time.perf_counter()  # what an evaluation costs, roughly (--workers default)
+    # what an evaluation costs once its session exists (the default --workers' estimate):
+    # the inference alone; the all-FP16 stage's wall time is mostly building a session
+    half_began = run_seconds()
     narrow = subset.wanted(len(ctx.every_sample), opts.search_samples, opts.criteria.pass_rate)
     first: Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
@@ -527,7 +529,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         first.checked.tensors = []
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
-    half_seconds = time.perf_counter() - half_began
+    half_seconds = run_seconds() - half_began
     ev.known[frozenset()] = all_half
     ev.scores[frozenset()] = _severity(before)
     if narrow and not all_half:  # judge/subset.py: search on the worst samples, certify on all

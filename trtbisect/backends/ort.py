@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections import ChainMap, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
@@ -135,11 +136,23 @@ def make_session(model: onnx.ModelProto, threads: int | None = None):
     return Session(structure(model), arrays, threads).session
 
 
+_ran = [0.0]  # seconds spent inside ORT's run in this process
+
+
+def run_seconds() -> float:
+    """Seconds this process has spent running sessions (not building them): what an
+    evaluation costs once its session exists (the default --workers' estimate)."""
+    return _ran[0]
+
+
 def run_session(session, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None):
+    began = time.perf_counter()
     try:
         return session.run(list(outputs) if outputs is not None else None, dict(feeds))
     except Exception as exc:
         raise TrtBisectError(f"onnxruntime failed to run the model: {_first_line(exc)}") from exc
+    finally:
+        _ran[0] += time.perf_counter() - began
 
 
 class Rounded:
