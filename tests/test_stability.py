@@ -69,3 +69,29 @@ def test_pipeline_stability(zoo, tmp_path):
     plan = st["plans"][0]["outputs"]["y"]
     assert not plan["fragile"] and plan["margin"] > plan["noise"]
     assert st["plans"][1]["outputs"]["y"]["judged_ratio"] > 1  # all-FP16 fails, steadily
+
+
+def test_stability_measures_a_check_hook(zoo, tmp_path):
+    """--stability with --check: the hook's verdict is a row of its own. A hook that passes
+    only on the user's own sample (never on a jittered copy) makes every plan flip under it,
+    while the outputs it alone judges stay steady."""
+    from trtbisect.judge.flags import parse_criteria
+
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    name, value = next(iter(z.inputs.items()))
+    np.save(tmp_path / "orig.npy", value)
+    hook = tmp_path / "hook.py"
+    hook.write_text("import numpy as np\n"
+                    f"ORIG = np.load({str(tmp_path / 'orig.npy')!r})\n"
+                    "def check(fp32, fp16, sample):\n"
+                    f"    return bool(np.array_equal(sample[{name!r}], ORIG))\n")
+    crit = parse_criteria(checks=[f"{hook}:check"])
+    r = run(model, Options(inputs=[str(inputs)], stability=3, criteria=crit), tmp_path / "out")
+    st = r.extra["stability"]
+    assert r.verdict == "fp16_ok"  # the hook passes the user's sample, all FP16
+    rows = st["plans"][0]["outputs"]
+    assert rows["--check"]["flips"] is True and rows["--check"]["judged_ratio"] == 0
+    assert float(rows["--check"]["max_ratio"]) > 1  # "inf": a failing hook with no score
+    assert "all_fp16: --check passes on some runs and fails on others" in st["flags"]
+    assert rows["y"]["flips"] is False  # judged by the hook alone

@@ -823,8 +823,7 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
     return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
                              ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1,
-                             judge=lambda r, g, s: opts.criteria.judge(r, g, s,
-                                                                       opts.tolerance).errors)
+                             judge=lambda r, g, s: opts.criteria.judge(r, g, s, opts.tolerance))
 
 
 def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float,

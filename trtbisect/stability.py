@@ -29,17 +29,18 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .compare import OutputError, Tolerance, compare_outputs
+from .judge.criteria import Judgement, Score
 
 Sample = dict[str, np.ndarray]
 Run = Callable[[Sample], Mapping[str, np.ndarray]]
 FP16_UNIT_ROUNDOFF = 2.0**-11
 
 
-def ratio(e: OutputError) -> float:
+def ratio(e: OutputError | Score) -> float:
     """Error as a fraction of the tolerance bound; inf when non-finite or the bound is 0.
-    Under another criterion than the default (judge/criteria.py), its severity: the same
-    scale, 1 at the bound."""
-    if e.scores:
+    Under another criterion than the default (judge/criteria.py), and for a `--check` hook's
+    score, its severity: the same scale, 1 at the bound."""
+    if isinstance(e, Score) or e.scores:
         return e.severity
     if e.nonfinite:
         return math.inf
@@ -177,11 +178,12 @@ def measure_stability(reference: Run, candidate: Callable[[frozenset[str], Sampl
                       plans: Mapping[str, frozenset[str]], samples: Sequence[Sample],
                       tol: Tolerance, runs: int, jitter: float = FP16_UNIT_ROUNDOFF,
                       seed: int = 0,
-                      judge: Callable[[Mapping, Mapping, Sample], Mapping[str, OutputError]]
-                      | None = None) -> Stability:
+                      judge: Callable[[Mapping, Mapping, Sample], Judgement] | None = None
+                      ) -> Stability:
     """Run every plan on each sample and `runs - 1` jittered copies; the spread is the noise.
-    `judge(ref, got, sample)`: the run's criteria per output (default: the tolerance's)."""
-    judge = judge or (lambda ref, got, sample: compare_outputs(ref, got, tol))
+    `judge(ref, got, sample)`: the run's criteria (default: the tolerance's), per output and
+    per `--check` hook (a row of its own: `--check`, `--check #2`, ...)."""
+    judge = judge or (lambda ref, got, sample: Judgement(compare_outputs(ref, got, tol)))
     variants = [[s, *jittered(s, max(runs - 1, 0), jitter, seed + k)]
                 for k, s in enumerate(samples)]
     refs = [[dict(reference(v)) for v in row] for row in variants]
@@ -189,13 +191,20 @@ def measure_stability(reference: Run, candidate: Callable[[frozenset[str], Sampl
     for name, plan in plans.items():
         spreads: dict[str, list[list[float]]] = {}
         for row, ref_row in zip(variants, refs):
-            errs = [judge(r, candidate(plan, v), v) for v, r in zip(row, ref_row)]
+            errs = [_rows(judge(r, candidate(plan, v), v)) for v, r in zip(row, ref_row)]
             for out in errs[0]:
                 spreads.setdefault(out, []).append([ratio(e[out]) for e in errs])
         result.append(PlanStability(name, len(plan),
                                     {k: OutputSpread(k, v) for k, v in spreads.items()}))
     first = next(iter(plans.values()), frozenset())
     return Stability(runs, len(samples), jitter, _repeatable(candidate, first, samples[0]), result)
+
+
+def _rows(j: Judgement) -> dict[str, OutputError | Score]:
+    """What the stability table shows of one judgement: each output, then each hook."""
+    hooks = {("--check" if len(j.scores) == 1 else f"--check #{k + 1}"): s
+             for k, s in enumerate(j.scores)}
+    return {**j.errors, **hooks}
 
 
 def _repeatable(candidate: Callable[[frozenset[str], Sample], Mapping], plan: frozenset[str],
