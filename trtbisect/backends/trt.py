@@ -675,11 +675,10 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
     out.mkdir(parents=True, exist_ok=True)
     try:
         cand = list(candidates) if candidates is not None else backend.candidates()
-        crit = None if criteria is None or criteria.default else criteria
-        if crit is not None:  # a typo is a usage error before any engine is built
-            crit.validate([o.name for o in backend.model.graph.output])
         refs = [backend.reference(s) for s in samples]
-        if crit is not None:  # and a misfit (top-K of a scalar) before any plan is
+        crit = None if criteria is None or criteria.default else criteria
+        if crit is not None:  # a typo or a misfit is a usage error before any plan is built
+            crit.validate(list(refs[0]))
             crit.check_fit(refs[0])
 
         def trt_check(fp32: frozenset[str]) -> bool:
