@@ -5,11 +5,12 @@ does (search.py's `Batch`); here each plan of a batch is built and run on its ow
 worker process that sees only that GPU (`CUDA_VISIBLE_DEVICES=<it>`, set in the worker before
 TensorRT is imported) and holds one `TrtBackend`. The FP32 reference outputs are the parent's,
 computed once and sent to every worker, so each plan is judged against the same numbers as the
-sequential search judges it, by the run's criteria (`TrtSpec.criteria`: the criterion flags,
-parsed again in the worker, where a `--check` hook is imported again, as the emulator's workers
-do; judge/engine.py is the one rule). Results are taken in the search's order (search.Oracle), so the
-plan, the trace and the builds of taken plans are the sequential search's; engines built for
-plans the search never took are counted apart (`speculative_builds`).
+sequential search judges it, on every sample, by the run's criteria (`TrtSpec.criteria`: the
+criterion flags, parsed again in the worker, where a `--check` hook is imported again, as the
+emulator's workers do; judge/engine.py is the one rule). Results are taken in the search's
+order (search.Oracle), so the plan, the trace and the builds of taken plans are the sequential
+search's; engines built for plans the search never took are counted apart
+(`speculative_builds`).
 
 The workers are `pool.LocalPool`'s (spawned; a worker that dies is replaced, on the same GPU,
 and its plan built again; a plan that kills `journal.MAX_ATTEMPTS` workers is judged failed).
