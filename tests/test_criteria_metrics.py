@@ -284,13 +284,6 @@ def test_compare_judges_all_fp16_under_the_given_criteria(two):
     assert "all FP16 under out_b:cosine:0.5: FAIL" in r.output
 
 
-def test_the_trt_backend_refuses_criteria_it_would_not_apply(two, tmp_path):
-    model, inputs = two
-    r = invoke("-q", "run", model, "--inputs", inputs, "--backend", "trt", "--metric",
-               "cosine:0.99", "--out", tmp_path / "o")
-    assert "--backend trt judges engines by trtbisect's default criterion" in _one_line(r)
-
-
 def test_stability_and_diagnosis_speak_the_runs_criterion(zoo, tmp_path):
     """--stability measures the criterion's severity, and a precision-loss culprit's advice
     is to relax the criterion, not --rtol, when another criterion judged."""

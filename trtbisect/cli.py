@@ -373,7 +373,8 @@ def _trt_version(given: str | None) -> int:
 @click.option("--no-resume", "no_resume", is_flag=True,
               help="Ignore the journal of an earlier, interrupted run in --out.")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
-              help="ort: the CPU FP16 emulator. trt: TensorRT engines on a CUDA GPU.")
+              help="ort: the CPU FP16 emulator. trt: then TensorRT engines on a CUDA GPU, "
+                   "judged by the same criteria (--metric, --check, ...).")
 @click.option("--report", is_flag=True,
               help="Also write report.html (self-contained) and report.md to --out. "
                    "Needs matplotlib: pip install 'trtbisect[report]'.")
@@ -445,10 +446,6 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         raise TrtBisectError("--backend trt verifies FP16 plans only; judge a BF16 plan on the "
                              "emulator and build it with commands.sh (--bf16, the bf16 mixed "
                              "ONNX)")
-    if backend == "trt" and not opts.criteria.default:  # backends/trt.py: the default only
-        raise TrtBisectError("--backend trt judges engines by trtbisect's default criterion "
-                             "only; drop --check-error-stat/--metric/--check/--pass-rate, or "
-                             "run on the emulator and judge the engine with commands.sh")
     if backend == "trt":
         from .backends.trt import trt_available
         usable, why = trt_available()

@@ -381,13 +381,16 @@ class TrtSearchReport:
     latency_clock: str = "cuda-events"  # cuda-events (GPU time) or host (enqueue + sync)
     # --workers N: the GPUs the plans were built on (parallel/trt_pool.py), rounds, speculation
     parallel: dict | None = None
+    # what judged the engines when not trtbisect's default (Criteria.describe)
+    criterion: str | None = None
 
     def to_json(self) -> dict:
         out = dict(self.__dict__)
         out["result"] = self.result.to_json()
         out["precision"] = [p.to_json() for p in self.precision]
-        if self.parallel is None:
-            del out["parallel"]
+        for key in ("parallel", "criterion"):
+            if out[key] is None:
+                del out[key]
         return out
 
 

@@ -37,6 +37,8 @@ from trtbisect import trt_layers as tl
 from trtbisect.compare import Tolerance, compare_outputs
 from trtbisect.errors import TrtBisectError, require
 from trtbisect.graph import Graph, load_model, node_names, with_node_names
+from trtbisect.judge.criteria import Criteria
+from trtbisect.judge.engine import engine_passes
 from trtbisect.plan import atomic_write, atomic_write_text, save_model
 from trtbisect.search import Check
 
@@ -652,7 +654,8 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
                    certify: bool = False, cache_dir: str | Path | None = None,
                    typing: str = "auto", workers: int | None = None,
                    say: Callable[[str], None] = log.info,
-                   worker_setup: Callable[[], None] | None = None) -> tl.TrtSearchReport:
+                   worker_setup: Callable[[], None] | None = None,
+                   criteria: Criteria | None = None) -> tl.TrtSearchReport:
     """Emulator plan -> one TensorRT verification -> TensorRT-driven refinement if they disagree.
 
     Builds the FP32 reference, the all-FP16 engine and the final plan (three builds when the
@@ -660,7 +663,9 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
     rendered trtexec command reads into `out_dir`. With `workers` > 1 and several GPUs visible,
     the search's plans are built on up to `workers` GPUs at once (parallel/trt_pool.py; the
     same plan, trace and builds); `say` tells which; `worker_setup` runs in each worker before
-    TensorRT is imported (tests: the fake TensorRT).
+    TensorRT is imported (tests: the fake TensorRT). `criteria` (the run's `--check-error-stat`,
+    `--metric`, `--check`, `--pass-rate`; judge/criteria.py) judge every engine's outputs as
+    the emulator's judge does (judge/engine.py); None or the default: `tolerance` alone.
     """
     if not samples:
         raise TrtBisectError("the TensorRT search needs at least one input sample")
@@ -671,13 +676,16 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
     try:
         cand = list(candidates) if candidates is not None else backend.candidates()
         refs = [backend.reference(s) for s in samples]
+        crit = None if criteria is None or criteria.default else criteria
+        if crit is not None:  # a typo or a misfit is a usage error before any plan is built
+            crit.validate(list(refs[0]))
+            crit.check_fit(refs[0])
 
         def trt_check(fp32: frozenset[str]) -> bool:
-            return all(e.passed for ref, s in zip(refs, samples)
-                       for e in compare_outputs(ref, backend.run(fp32, s), tol).values())
+            return engine_passes(lambda s: backend.run(fp32, s), samples, refs, crit, tol)
 
         groups = tl.layer_groups(backend.engine_layers((), samples[0]), cand)
-        gpus, parallel = _gpu_batch(workers, backend, samples, refs, say, worker_setup)
+        gpus, parallel = _gpu_batch(workers, backend, samples, refs, say, worker_setup, crit)
         try:
             result = tl.emulator_then_trt(
                 cand, gpus if gpus is not None else trt_check, emulator_check, emulator_plan,
@@ -708,16 +716,18 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
         return tl.TrtSearchReport(result, backend.trt_version, backend.strong, builds, hits,
                                   latency, tl.describe_culprits(plan, layers),
                                   precision, files, trtexec, poly, warnings, latency_clock(),
-                                  parallel)
+                                  parallel, crit.describe() if crit is not None else None)
     finally:
         backend.close()
 
 
 def _gpu_batch(workers: int | None, backend: TrtBackend, samples: Sequence[Feeds],
                refs: Sequence[Feeds], say: Callable[[str], None],
-               setup: Callable[[], None] | None) -> tuple[Any, dict | None]:
+               setup: Callable[[], None] | None,
+               criteria: Criteria | None = None) -> tuple[Any, dict | None]:
     """The GPU workers' batch (None: build in this process) and the report's `parallel`
-    note, when `--workers` > 1 asks for them."""
+    note, when `--workers` > 1 asks for them. `criteria` None: the default criterion (the
+    workers' spec is then what it always was)."""
     if workers is None or workers <= 1:
         return None, None
     from trtbisect.parallel import trt_pool
@@ -726,7 +736,8 @@ def _gpu_batch(workers: int | None, backend: TrtBackend, samples: Sequence[Feeds
     note = {"gpus": devices, "chosen": why}
     if len(devices) <= 1:
         return None, note
-    return trt_pool.start(backend, samples, refs, devices, setup), note
+    judged_by = {} if criteria is None else {"criteria": criteria}
+    return trt_pool.start(backend, samples, refs, devices, setup, **judged_by), note
 
 
 def _commands(files: Mapping[str, str], layers: Sequence[str],

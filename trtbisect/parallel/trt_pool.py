@@ -5,9 +5,12 @@ does (search.py's `Batch`); here each plan of a batch is built and run on its ow
 worker process that sees only that GPU (`CUDA_VISIBLE_DEVICES=<it>`, set in the worker before
 TensorRT is imported) and holds one `TrtBackend`. The FP32 reference outputs are the parent's,
 computed once and sent to every worker, so each plan is judged against the same numbers as the
-sequential search judges it. Results are taken in the search's order (search.Oracle), so the
-plan, the trace and the builds of taken plans are the sequential search's; engines built for
-plans the search never took are counted apart (`speculative_builds`).
+sequential search judges it, on every sample, by the run's criteria (`TrtSpec.criteria`: the
+criterion flags, parsed again in the worker, where a `--check` hook is imported again, as the
+emulator's workers do; judge/engine.py is the one rule). Results are taken in the search's
+order (search.Oracle), so the plan, the trace and the builds of taken plans are the sequential
+search's; engines built for plans the search never took are counted apart
+(`speculative_builds`).
 
 The workers are `pool.LocalPool`'s (spawned; a worker that dies is replaced, on the same GPU,
 and its plan built again; a plan that kills `journal.MAX_ATTEMPTS` workers is judged failed).
@@ -30,12 +33,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
 from ..errors import TrtBisectError
 from .pool import LocalPool, Task, TaskResult, _Worker, serve
+
+if TYPE_CHECKING:
+    from ..judge.criteria import Criteria
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +108,8 @@ class TrtSpec:
     device: str = ""  # this worker's CUDA_VISIBLE_DEVICES
     # runs in the worker before TensorRT is imported; tests install the fake TensorRT with it
     setup: Callable[[], None] | None = None
+    criteria: tuple[str, ...] = ()  # the criterion flags (judge/flags.criteria_flags); none: default
+    criteria_fingerprint: str = ""  # the parent's: a --check file changed since is refused
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,12 @@ class TrtJudge:
         import onnx
 
         from ..backends.trt import TrtBackend
+        from .judge import criteria_fingerprint, criteria_of
         self.tolerance = spec.tolerance
+        self.criteria = criteria_of(spec.criteria) if spec.criteria else None
+        if self.criteria is not None and (criteria_fingerprint(self.criteria)
+                                          != spec.criteria_fingerprint):
+            raise TrtBisectError("a --check file changed during the run")
         self.backend = TrtBackend(onnx.load_from_string(spec.model), shapes=dict(spec.shapes),
                                   tolerance=spec.tolerance, cache_dir=spec.cache_dir,
                                   typing=spec.typing)
@@ -144,13 +157,13 @@ class TrtJudge:
 
     def chunk(self, plan: frozenset[str], pairs: Sequence[tuple[Feeds, Feeds]], total: int,
               stop_early: bool) -> tuple[list[Verdict], bool]:
-        """The sequential search's check (run_trt_search's `trt_check`): every output of
-        every sample within tolerance, stopping at the first that is not."""
-        from ..compare import compare_outputs
+        """The sequential search's check (run_trt_search's `trt_check`): the plan's engine on
+        every sample under the run's criteria, stopping once it cannot pass."""
+        from ..judge.engine import engine_passes
         builds, hits = self.backend.builds, self.backend.cache_hits
-        passed = all(e.passed for sample, ref in pairs
-                     for e in compare_outputs(ref, self.backend.run(plan, sample),
-                                              self.tolerance).values())
+        samples, refs = [s for s, _ in pairs], [r for _, r in pairs]
+        passed = engine_passes(lambda s: self.backend.run(plan, s), samples, refs,
+                               self.criteria, self.tolerance)
         return [Verdict(passed, self.backend.builds - builds, self.backend.cache_hits - hits,
                         os.environ.get("CUDA_VISIBLE_DEVICES", ""), os.getpid())], True
 
@@ -201,6 +214,7 @@ class TrtBatch:
 
     pool: Any
     width: int
+    samples: int = 1  # every plan is judged on all of them, as the sequential search does
     builds: int = 0
     cache_hits: int = 0
     evaluated: int = 0
@@ -214,7 +228,9 @@ class TrtBatch:
         return None  # the TensorRT search keeps no journal: its Oracle memoizes
 
     def evaluate(self, plans: Sequence[frozenset[str]]) -> list[TaskResult]:
-        results = self.pool.map([Task(tuple(sorted(p)), (0,), 1, True) for p in plans])
+        every = tuple(range(self.samples))
+        results = self.pool.map([Task(tuple(sorted(p)), every, self.samples, True)
+                                 for p in plans])
         self.evaluated += len(plans)
         self.rounds += 1
         verdicts = [v for v in map(_verdict, results) if v is not None]
@@ -260,10 +276,19 @@ def _verdict(result: TaskResult) -> Verdict | None:
 
 
 def start(backend: Any, samples: Sequence[Feeds], refs: Sequence[Feeds],
-          devices: Sequence[str], setup: Callable[[], None] | None = None) -> TrtBatch:
-    """Workers on `devices` judging plans of `backend`'s model on `samples` against `refs`."""
+          devices: Sequence[str], setup: Callable[[], None] | None = None,
+          criteria: Criteria | None = None) -> TrtBatch:
+    """Workers on `devices` judging plans of `backend`'s model on `samples` against `refs`,
+    by `criteria` (judge/criteria.Criteria; None: the default criterion)."""
+    from ..judge.flags import criteria_flags
+    from .judge import criteria_fingerprint
+
+    judged_by: dict[str, Any] = {}
+    if criteria is not None and not criteria.default:
+        judged_by = {"criteria": tuple(criteria_flags(criteria)),
+                     "criteria_fingerprint": criteria_fingerprint(criteria)}
     spec = TrtSpec(backend.model.SerializeToString(), tuple(sorted(backend.shapes.items())),
                    backend.tolerance, str(Path(backend.cache_dir)),
-                   "strong" if backend.strong else "weak", setup=setup)
+                   "strong" if backend.strong else "weak", setup=setup, **judged_by)
     pool = GpuPool(spec, TrtData(tuple(samples), tuple(refs)), devices)
-    return TrtBatch(pool, len(devices))
+    return TrtBatch(pool, len(devices), len(samples))
