@@ -133,6 +133,65 @@ def test_a_large_set_streams(tmp_path):
         assert np.array_equal(a["y"], b["y"])
 
 
+def _stack_writers(tmp_path, x):
+    """The three ways an .npz holds a stack: stored (np.savez), deflated
+    (np.savez_compressed), and stored in Fortran order."""
+    np.savez(tmp_path / "stored.npz", x=x)
+    np.savez_compressed(tmp_path / "deflated.npz", x=x)
+    np.savez(tmp_path / "fortran.npz", x=np.asfortranarray(x))
+    return {k: tmp_path / f"{k}.npz" for k in ("stored", "deflated", "fortran")}
+
+
+def test_a_stacked_npz_streams(tmp_path):
+    """One .npz of 40 stacked samples (how `np.savez(f, x=batch)` and `trtbisect export
+    --samples` hand a set over) is read one sample at a time: stored plainly, a sample is read
+    again by its offset; deflated, it is decompressed as a stream and what the budget cannot
+    hold is spooled. The whole stack is never in memory (before, it was read whole, and a
+    sample past the budget was read back by reading the whole file again)."""
+    import tracemalloc
+
+    g = Graph.from_path(_model(tmp_path))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 4096, 16)).astype(np.float32)  # 256 KiB a sample
+    samples = [{"x": row} for row in x]
+    one = x[0].nbytes
+    full = SampleSet(iter_items(g, [str(_folder(tmp_path, samples))], None, {}, 0))
+    for kind, path in _stack_writers(tmp_path, x).items():
+        spool = tmp_path / f"spool-{kind}"
+        tracemalloc.start()
+        s = SampleSet(iter_items(g, [str(path)], None, {}, 0), budget=3 * one, spool=spool)
+        for k, got in enumerate(s):
+            assert np.array_equal(got["x"], x[k])
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert len(s) == 40 and s.in_memory == 3 and s.sha256 == full.sha256
+        _same([s[7], s[-1], s[0]], [samples[7], samples[-1], samples[0]])
+        assert s.where[:2] == [f"{path}[0]", f"{path}[1]"]
+        spooled = list(spool.glob("samples-*/*.npz"))
+        if kind == "fortran":  # a sample is not contiguous: the member is read whole once
+            assert len(spooled) == 37
+            continue
+        assert peak < 12 * one, (kind, peak / one)
+        assert len(spooled) == (0 if kind == "stored" else 37)
+
+
+def test_a_stacked_npz_that_changes_or_breaks_is_one_line(tmp_path):
+    g = Graph.from_path(_model(tmp_path))
+    x = np.random.default_rng(4).standard_normal((6, 64, 16)).astype(np.float32)
+    paths = _stack_writers(tmp_path, x)
+    s = SampleSet(iter_items(g, [str(paths["stored"])], None, {}, 0), budget=x[0].nbytes)
+    assert np.array_equal(s[4]["x"], x[4])
+    np.savez(paths["stored"], x=x + 1)  # rewritten during the run
+    with pytest.raises(TrtBisectError, match="changed during the run"):
+        s[4]
+    raw = bytearray(paths["deflated"].read_bytes())
+    for i in range(len(raw) // 3, len(raw) // 2):  # the deflated data, not the directory
+        raw[i] ^= 0x5A
+    paths["deflated"].write_bytes(bytes(raw))
+    with pytest.raises(TrtBisectError, match="cannot read"):
+        SampleSet(iter_items(g, [str(paths["deflated"])], None, {}, 0))
+
+
 def test_a_run_on_a_folder_reports_each_sample(tmp_path):
     model = _model(tmp_path)
     folder = _folder(tmp_path, _samples())

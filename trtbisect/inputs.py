@@ -165,7 +165,14 @@ def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
 
 def npz_samples(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]) -> list[Sample]:
     """The samples of one .npz (one, or a stack along a leading axis), validated."""
-    part = _split_samples(graph, _read_npz(path), str(path))
+    return validate_npz(graph, _read_npz(path), path, shapes)
+
+
+def validate_npz(graph: Graph, arrays: Mapping[str, np.ndarray], path: str,
+                 shapes: Mapping[str, tuple[int, ...]]) -> list[Sample]:
+    """`arrays` (an .npz's members, or stand-ins of their shape and dtype) split into samples
+    and checked against the model and --shape."""
+    part = _split_samples(graph, arrays, str(path))
     if not part:
         raise TrtBisectError(f"{path} holds no samples (its leading sample axis is empty)")
     for sample in part:
@@ -226,7 +233,10 @@ def _member_name(info: zipfile.ZipInfo, path: str | os.PathLike) -> str:
     return info.filename[:-4]
 
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.PathLike) -> np.ndarray:
+def npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.PathLike
+               ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """A member's shape, Fortran order, dtype and header length, checked against its size
+    before anything is allocated."""
     with zf.open(info) as fh:
         version = np.lib.format.read_magic(fh)
         if version == (1, 0):
@@ -240,6 +250,11 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.Path
     if need > info.file_size - header:
         raise TrtBisectError(f"{path}: {info.filename!r} declares {need} bytes of data but holds "
                              f"{info.file_size - header} (truncated or corrupt)")
+    return tuple(shape), bool(fortran), dtype, header
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.PathLike) -> np.ndarray:
+    npy_header(zf, info, path)
     with zf.open(info) as fh:
         return np.lib.format.read_array(fh, allow_pickle=False)
 

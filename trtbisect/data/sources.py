@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
+from . import npz
 from ..inputs import (Sample, check_sample, check_shape_names, guard_random_samples, npz_samples,
                       random_sample)
 
@@ -97,25 +98,22 @@ def expand(spec: str) -> list[tuple[str, str]]:
 
 def _npz_items(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]
                ) -> Iterator[Item]:
-    samples = npz_samples(graph, path, shapes)
-    if len(samples) == 1:
-        yield Item(path, samples[0], functools.partial(_one_npz, graph, path, shapes))
+    """One sample, read whole; or a stack, one sample at a time (data/npz.py): read again by
+    offset when it is stored plainly, else spooled by the sample set past its budget."""
+    samples, stack = npz.read(graph, path, shapes)
+    if stack is None:
+        for k, sample in enumerate(samples):
+            yield Item(f"{path}[{k}]" if len(samples) > 1 else path, sample,
+                       functools.partial(_one_npz, graph, path, shapes) if len(samples) == 1
+                       else None)
         return
-    for k, sample in enumerate(samples):
-        yield Item(f"{path}[{k}]", sample, functools.partial(_stacked, graph, path, shapes, k))
+    for k, sample in enumerate(stack.rows()):
+        yield Item(f"{path}[{k}]", sample,
+                   functools.partial(stack.row, k) if stack.random_access else None)
 
 
 def _one_npz(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]) -> Sample:
     return npz_samples(graph, path, shapes)[0]
-
-
-def _stacked(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]], k: int) -> Sample:
-    return _last_stack(graph, path, tuple(sorted(shapes.items())))[k]
-
-
-@functools.lru_cache(maxsize=1)  # one stacked file at a time: read in order, it is read once
-def _last_stack(graph: Graph, path: str, shapes: tuple) -> list[Sample]:
-    return npz_samples(graph, path, dict(shapes))
 
 
 # ---------------------------------------------------------------- Polygraphy JSON
