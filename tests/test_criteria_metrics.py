@@ -231,6 +231,23 @@ def test_a_good_hook_judges_and_its_score_is_reported(two, tmp_path):
     assert plan["errors_before"]["out_a"]["scores"][0]["criterion"] == "judged by --check"
 
 
+def test_the_verdict_names_what_was_met(two, tmp_path):
+    """Judged by the user's criteria, the verdict says they were met (console and report),
+    not "the tolerance" the run never used; with none given, it is the tolerance."""
+    model, inputs = two
+    r = invoke("run", model, "--inputs", inputs, "--check", _hook(tmp_path, "good"),
+               "--out", tmp_path / "o", "--report")
+    assert r.exit_code == 0, r.output
+    assert "FP16 already meets the criteria" in r.output
+    assert "FP16 already meets the criteria" in (tmp_path / "o" / "report.md").read_text()
+    assert "tolerance" not in (tmp_path / "o" / "report.md").read_text().split("\n")[2]
+    r = invoke("run", model, "--inputs", inputs, "--metric", "cosine:0.5", "--max-evals", "1",
+               "--out", tmp_path / "o2")  # out_a is NaN in all-FP16, and no budget to fix it
+    assert r.exit_code == 4 and "no plan meets the criteria" in r.output, r.output
+    r = invoke("run", model, "--inputs", inputs, "--out", tmp_path / "o3")
+    assert "meets the criteria" not in r.output
+
+
 def test_a_hook_that_breaks_mid_search_never_leaves_a_verdict(two, tmp_path):
     """The hook judges all-FP16, then raises on the first plan the search tries: every rerun
     exits 2 on that same plan, and the journal never records a verdict for it (not even the

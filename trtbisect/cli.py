@@ -28,6 +28,7 @@ from .degenerate import nothing_to_judge
 from .cost import DEFAULT_GPU, GPUS
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
+from .judge.criteria import standard
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .outdir import OutputDir
@@ -61,16 +62,16 @@ PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the em
            "       \"coverage\"): FP16 is not called fine for them")
 EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, a plan was found and verified, or no node\n"
                                  "       computes in float32/16 (nothing to judge)"), USAGE,
-                             REFERENCE, (4, "no precision plan meets the tolerance"), PARTIAL)
-OVER_BUDGET = (6, "`run --budget PCT`: no plan within the slowdown budget meets the tolerance;\n"
+                             REFERENCE, (4, "no precision plan meets the criteria"), PARTIAL)
+OVER_BUDGET = (6, "`run --budget PCT`: no plan within the slowdown budget meets the criteria;\n"
                "       the best plan within it is written with its measured error")
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
 RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, INTERRUPTED).split("\n", 2)[2]
 COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
-CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the tolerance"), USAGE, REFERENCE,
-                              (4, "the mixed model misses the tolerance"),
-                              (5, "it meets the tolerance, but holds nodes the emulator cannot\n"
+CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the criteria"), USAGE, REFERENCE,
+                              (4, "the mixed model misses the criteria"),
+                              (5, "it meets the criteria, but holds nodes the emulator cannot\n"
                                   "       round (listed): judged in part only"))
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
@@ -544,16 +545,17 @@ def emit_run(result, as_json: bool) -> None:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     low = (result.extra.get("precision") or {}).get("name", "fp16").upper()  # FP16 | BF16
-    verdicts = {"fp16_ok": f"[green]{low} already meets the tolerance[/]",
+    meet = standard(result.extra.get("criteria"))
+    verdicts = {"fp16_ok": f"[green]{low} already meets {meet}[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
                          f"{result.candidates} nodes in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
-                "no_plan": "[red]no plan meets the tolerance[/]",
+                "no_plan": f"[red]no plan meets {meet}[/]",
                 "nothing_to_judge": f"[green]nothing to judge in {low}[/]: "
                                     + shown(result.extra.get("nothing_to_judge", "")),
                 "over_budget": f"[red]no plan within the --budget passes[/]: the best within "
                                f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes "
-                               "in FP32 and misses the tolerance"}
+                               f"in FP32 and misses {meet}"}
     if result.verdict == "partial":
         from .coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"

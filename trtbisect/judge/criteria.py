@@ -224,6 +224,15 @@ class Verdict:
         return d
 
 
+def standard(summary: dict | None) -> str:
+    """What a plan must meet, in a verdict's words: "the tolerance" under trtbisect's default
+    criterion, "the criteria" under the user's (`summary`: precision.json's "criteria")."""
+    summary = summary or {}
+    custom = summary.get("criteria") or summary.get("checks") or \
+        float(summary.get("pass_rate", 1.0)) < 1.0
+    return "the criteria" if custom else "the tolerance"
+
+
 @dataclass(frozen=True)
 class Criteria:
     """The run's criteria. Empty: trtbisect's default criterion on every output.
