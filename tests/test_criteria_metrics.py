@@ -246,6 +246,14 @@ def test_the_verdict_names_what_was_met(two, tmp_path):
     assert r.exit_code == 4 and "no plan meets the criteria" in r.output, r.output
     r = invoke("run", model, "--inputs", inputs, "--out", tmp_path / "o3")
     assert "meets the criteria" not in r.output
+    # all-FP16 under per-node rounding is judged, and shown, by the run's criteria too
+    r = invoke("run", model, "--inputs", inputs, "--metric", "cosine:0.5", "--report",
+               "--out", tmp_path / "o4")
+    assert r.exit_code == 0, r.output
+    strict = json.loads((tmp_path / "o4" / "precision.json").read_text())["errors_before_strict"]
+    assert strict["out_b"]["text"] == "cosine:0.5: 0 (need >= 0.5)"
+    assert ("under per-node rounding (strict), `out_b`: FAIL, cosine:0.5: 0 (need \\>= 0.5), "
+            "max|d|") in (tmp_path / "o4" / "report.md").read_text()
 
 
 def test_a_hook_that_breaks_mid_search_never_leaves_a_verdict(two, tmp_path):

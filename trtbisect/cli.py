@@ -599,8 +599,10 @@ def emit_run(result, as_json: bool) -> None:
         out.print(t)
         strict = result.extra.get("errors_before_strict") or {}
         for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
+            judged = (escape(str(e["text"])) if e.get("text") else
+                      f"max|d| {fmt(float(e['max_abs']))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
-                      f"{'ok' if e['passed'] else 'FAIL'} max|d| {fmt(float(e['max_abs']))}")
+                      f"{'ok' if e['passed'] else 'FAIL'} {judged}")
     if result.extra.get("cost") and result.verdict != "reference_invalid":
         out.print(cost_line(result.extra["cost"]))
     if result.search is not None:

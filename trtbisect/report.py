@@ -561,8 +561,10 @@ def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
     strict = result.extra.get("errors_before_strict")
     if isinstance(strict, dict):
         out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "
-                f"{code(name)}: "
-                f"{'pass' if e['passed'] else 'FAIL'}, max|d| {e['max_abs']}, rel {e['rel']}"
+                f"{code(name)}: {'pass' if e['passed'] else 'FAIL'}, "
+                + ((str(e["text"]) if text else md_text(str(e["text"]))) + ", " if e.get("text")
+                   else "")
+                + f"max|d| {e['max_abs']}, rel {e['rel']}"
                 for name, e in strict.items()]
     return out
 
