@@ -178,3 +178,22 @@ def test_culprit_table_names_the_tensorrt_layer_when_fused(reported):
     head, rows = culprit_rows(fused)
     col = head.index("TensorRT layer")
     assert "Conv_0 + PWN(Add_1, Relu_2)" in {row[col] for row in rows}
+
+
+def test_a_group_without_evidence_or_fixes_shows_no_empty_sections():
+    """A group with nothing to show as evidence or fixes (a BatchNorm that fails only under
+    per-node rounding) has no empty "Evidence:" line or "Fixes" heading, in Markdown or HTML."""
+    from types import SimpleNamespace
+
+    from trtbisect.report import _html_groups, _md_groups
+    bare = {"cause": "per_node_rounding_only", "nodes": ["bn"], "summary": "bn fails only per node",
+            "evidence": {}, "fixes": []}
+    full = {**bare, "evidence": {"max_abs": 7.0e4}, "fixes": [{"kind": "fp32", "text": "keep bn"}]}
+    md = "\n".join(_md_groups(SimpleNamespace(extra={"culprit_groups": [bare]})))
+    html = "".join(_html_groups(SimpleNamespace(extra={"culprit_groups": [bare]})))
+    assert "bn fails only per node" in md and "Evidence" not in md and "Fixes" not in md
+    assert "bn fails only per node" in html and "Fixes" not in html and "<dl" not in html
+    md = "\n".join(_md_groups(SimpleNamespace(extra={"culprit_groups": [full]})))
+    html = "".join(_html_groups(SimpleNamespace(extra={"culprit_groups": [full]})))
+    assert "Evidence: max\\_abs = 7e4" in md and "- keep bn" in md
+    assert "<dt>max_abs</dt>" in html and "keep bn</li>" in html

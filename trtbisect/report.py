@@ -578,12 +578,14 @@ def _md_groups(result: "RunResult") -> list[str]:
     for k, g in enumerate(groups_of(result)):
         pattern = f", pattern {md_code(g['pattern'])}" if g.get("pattern") else ""
         out += [f"### Group {k + 1}: {md_code(g['cause'])}{pattern}", "", md_text(g["summary"]),
-                "", "Evidence: " + ", ".join(f"{md_text(a)} = {md_text(b)}"
-                                             for a, b in evidence_items(g)), "",
-                "Fixes:", ""]
-        out += [f"- {'**applied by the plan:** ' if applied else ''}{md_text(text)}"
-                for applied, text in fix_lines(g)]
-        out.append("")
+                ""]
+        evidence, fixes = evidence_items(g), fix_lines(g)  # a section with nothing is left out
+        if evidence:
+            out += ["Evidence: " + ", ".join(f"{md_text(a)} = {md_text(b)}" for a, b in evidence),
+                    ""]
+        if fixes:
+            out += ["Fixes:", "", *(f"- {'**applied by the plan:** ' if applied else ''}"
+                                    f"{md_text(text)}" for applied, text in fixes), ""]
     return out
 
 
@@ -759,8 +761,8 @@ def _html_groups(result: "RunResult") -> list[str]:
                         f"{e(t)}</li>" for a, t in fix_lines(g))
         out.append(f"<div class='card'><div>{tags}<b>Group {k + 1}</b> "
                    f"<span class='muted'>{e(', '.join(g['nodes']))}</span></div>"
-                   f"<p>{e(g['summary'])}</p><dl class='ev'>{ev}</dl>"
-                   f"<b>Fixes</b><ul class='fixes'>{fixes}</ul></div>")
+                   f"<p>{e(g['summary'])}</p>" + (f"<dl class='ev'>{ev}</dl>" if ev else "")
+                   + (f"<b>Fixes</b><ul class='fixes'>{fixes}</ul>" if fixes else "") + "</div>")
     return out
 
 
