@@ -10,7 +10,9 @@ Per model, on the same emulator, criterion and samples, priced by the same cost 
 * *count*: `trtbisect run --objective count` (the earlier, count-minimal search);
 * *ddmin*: plain ddmin (no prior) over the same units with the pipeline's evaluator;
 * *AutoCast, plan*: ModelOpt AutoCast told to keep the cost plan's nodes in FP32
-  (`nodes_to_exclude`, `data_max=inf`, `init_max=inf`): its file judged by `check_mixed`;
+  (`nodes_to_exclude`, `data_max=inf`, `init_max=inf`), given what the plan's rendering gives
+  it (under trt the graph TensorRT builds, `*.autocast_input.onnx`): its file judged by
+  `check_mixed` against the model as given;
 * *AutoCast, rules*: AutoCast with its own default rules (`data_max=512`), no FP16 check;
   its FP32 nodes priced (a unit with any FP32 node counts FP32) and its file judged.
 
@@ -127,6 +129,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
                 "byte_share": s["fp32_byte_share"], **extra}
 
     cost_plan: list[str] = []
+    autocast_input = path  # what the cost run's AutoCast rendering converts
     for objective in ("cost", "count"):
         t = time.perf_counter()
         r = run(path, Options(inputs=[str(npz)], objective=objective, semantics=sem,
@@ -134,6 +137,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
         layers = list(r.extra.get("fp32_layers") or [])
         if objective == "cost":
             cost_plan = list(r.fp32_nodes)
+            autocast_input = Path(r.files.get("autocast_input", path))
         rec["methods"][objective] = priced(
             layers, verdict=r.verdict, evaluations=r.evaluations,
             passes=r.mixed_model_passed if r.mixed_model_passed is not None else r.verdict == "fp16_ok",
@@ -150,13 +154,17 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
                                      passes=s.found, stopped=s.stopped_early,
                                      seconds=round(time.perf_counter() - t, 2))
     yield_rec(rec)
-    for label, kw in (("autocast_plan", {"plan": cost_plan}), ("autocast_rules", {})):
+    for label, kw in (("autocast_plan", {"plan": cost_plan, "given": autocast_input}),
+                      ("autocast_rules", {})):
         rec["methods"][label] = autocast(path, npz, ctx, unit_of, priced, sem, **kw)
         yield_rec(rec)
     return rec
 
 
-def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, sem: str, plan=None) -> dict:
+def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, sem: str, plan=None,
+             given: Path | None = None) -> dict:
+    """AutoCast on `given` (the plan's rendering converts the graph TensorRT builds, under trt)
+    or on the model; its file judged against the model as given."""
     try:
         from modelopt.onnx.autocast import configure_logging, convert_to_mixed_precision
     except Exception as exc:  # optional: docs/rivals.md says how it installs
@@ -173,14 +181,15 @@ def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, sem: str, plan=N
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = convert_to_mixed_precision(str(path), low_precision_type="fp16",
+            out = convert_to_mixed_precision(str(given or path), low_precision_type="fp16",
                                              keep_io_types=True, calibration_data=str(npz),
                                              providers=["cpu"], **kw)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
     mixed = path.parent / f"autocast_{'plan' if plan is not None else 'rules'}.onnx"
     onnx.save(out, mixed)
-    fp32 = fp32_of_artifact(onnx.load(str(path)), out, ctx.graph.candidates())
+    fp32 = fp32_of_artifact(onnx.load(str(given or path)), out, ctx.judged.candidates()
+                            if given not in (None, path) else ctx.graph.candidates())
     plan_units = sorted({unit_of[n] for n in fp32 if n in unit_of})
     try:
         passes = check_mixed(mixed, path, Options(inputs=[str(npz)], semantics=sem)).passed

@@ -233,6 +233,71 @@ def test_autocast_with_the_rendered_flags_reproduces_the_plan(odd_run):
     assert verdict.passed
 
 
+@pytest.fixture(scope="module")
+def masked_runs(zoo, tmp_path_factory):
+    """The -3.4e38 attention-mask fill, computed from constants: under trt TensorRT folds it in
+    FP32 and clamps it into FP16 (FP16 passes as it is); per node it is -inf."""
+    tmp_path = tmp_path_factory.mktemp("masked")
+    model, inputs = save_zoo_model(zoo["constant_out_of_range"], tmp_path)
+    return {sem: (run(model, Options(inputs=[str(inputs)], semantics=sem),
+                      tmp_path / sem), tmp_path / sem, model, inputs)
+            for sem in ("trt", "strict")}
+
+
+def _autocast_argv(out: Path) -> tuple[list[str], list[str]]:
+    return tuple(_commands(json.loads((out / "precision.json").read_text())
+                           ["renderings"]["autocast"]))
+
+
+def test_autocast_converts_the_graph_tensorrt_builds(masked_runs):
+    """Under trt the AutoCast rendering converts the judged graph (constant subgraphs folded in
+    FP32, written beside the plan), not the model as given; its check line still judges against
+    the model as given. Under strict the judged graph is the model: nothing extra is written."""
+    result, out, model, _ = masked_runs["trt"]
+    assert result.verdict == "fp16_ok"
+    convert, check = _autocast_argv(out)
+    given = out / "constant_out_of_range.autocast_input.onnx"
+    assert f"--onnx_path={given.name}" in convert and result.files["autocast_input"] == str(given)
+    assert check[check.index("--reference") + 1] == str(model)
+    m = onnx.load(str(given))
+    assert not any(n.name.startswith("mask/") for n in m.graph.node)  # folded into a weight
+    folded = [onnx.numpy_helper.to_array(t) for t in m.graph.initializer]
+    assert any(a.dtype == np.float32 and a.min() < -1e38 for a in folded)  # still FP32 as given
+    python = json.loads((out / "precision.json").read_text())["renderings"]["autocast_python"]
+    assert f"onnx_path={given.name!r}" in python
+    result, out, model, _ = masked_runs["strict"]
+    assert result.verdict == "fixed" and "autocast_input" not in result.files
+    assert not list(out.glob("*.autocast_input.onnx"))
+    convert, _ = _autocast_argv(out)
+    assert f"--onnx_path={model}" in convert
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("semantics", ["trt", "strict"])
+def test_autocast_of_the_built_graph_reproduces_the_plan(masked_runs, semantics):
+    """AutoCast run as rendered gives a file the run's judge passes, with the plan's nodes (and
+    only those) in FP32; under trt, AutoCast given the model as is fails, which is why the
+    rendering hands it the built graph."""
+    pytest.importorskip("modelopt.onnx.autocast")
+    result, out, model, inputs = masked_runs[semantics]
+    convert, check = _autocast_argv(out)
+    done = subprocess.run([sys.executable, *convert[1:]], cwd=out, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    converted = out / result.render_context.autocast_output
+    opts = Options(inputs=[str(inputs)], semantics=semantics)
+    assert fp32_compute_nodes(onnx.load(str(converted))) >= set(result.fp32_nodes)
+    assert check_mixed(converted, model, opts).passed
+    if semantics == "trt":
+        as_given = [a if not a.startswith("--onnx_path=") else f"--onnx_path={model}"
+                    for a in convert]
+        as_given[as_given.index(next(a for a in as_given if a.startswith("--output_path=")))] = \
+            "--output_path=as_given.onnx"
+        done = subprocess.run([sys.executable, *as_given[1:]], cwd=out, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not check_mixed(out / "as_given.onnx", model, opts).passed
+
+
 def fp32_compute_nodes(model: onnx.ModelProto) -> set[str]:
     """Non-Cast nodes that read a float32 tensor: the nodes a converter left in FP32."""
     inferred = onnx.shape_inference.infer_shapes(model)

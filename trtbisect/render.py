@@ -107,6 +107,9 @@ class RenderContext:
     trt_version: int = 11  # the TensorRT the run targeted (--trt-version); both are rendered
     inner_nodes: tuple[str, ...] = ()  # candidates inside If/Loop/Scan subgraphs
     precision: str = "fp16"  # the low precision of the plan (--precision): fp16 | bf16
+    # what AutoCast converts, when not `model`: the FP32 model as TensorRT builds it (under
+    # --semantics trt: constant subgraphs and BatchNorms folded in FP32), the judged graph
+    autocast_model: str | None = None
 
     @property
     def low(self) -> Precision:
@@ -510,8 +513,21 @@ def _autocast_subgraphs(plan: Sequence[str], ctx: RenderContext) -> list[str]:
             "#   " + _check_line(ctx.mixed_model, ctx)]
 
 
+def _autocast_input(ctx: RenderContext) -> list[str]:
+    """Comment lines for an AutoCast input that is not the model itself."""
+    if not ctx.autocast_model:
+        return []
+    return ["# AutoCast converts the FP32 model as TensorRT builds it (--onnx_path: constant "
+            "subgraphs and BatchNorms",
+            "# folded in FP32, docs/semantics.md), the graph the plan was judged on. Given the "
+            "model itself, it would",
+            "# compute those folds in FP16 (a -3.4e38 mask fill becomes -inf) where TensorRT "
+            "computes them in FP32."]
+
+
 def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:
-    argv = ["python", "-m", "modelopt.onnx.autocast", f"--onnx_path={ctx.model}",
+    argv = ["python", "-m", "modelopt.onnx.autocast",
+            f"--onnx_path={ctx.autocast_model or ctx.model}",
             f"--output_path={ctx.autocast_output}",
             f"--low_precision_type={ctx.low.autocast_type}",
             "--keep_io_types", "--data_max=inf", "--init_max=inf"]
@@ -522,7 +538,8 @@ def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:
         argv += ["--nodes_to_exclude", *autocast_patterns(plan)]
     key, title = "autocast", "ModelOpt AutoCast (CLI), then trtbisect's judgement of its output"
     try:
-        text = "\n".join([*_autocast_subgraphs(plan, ctx), command_line(argv),
+        text = "\n".join([*_autocast_input(ctx), *_autocast_subgraphs(plan, ctx),
+                          command_line(argv),
                           _check_line(ctx.autocast_output, ctx)])
     except Unrenderable as exc:
         return _refusal(key, title, str(exc), "Use AutoCast's Python API (below).")
@@ -532,12 +549,13 @@ def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:
 def _autocast_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     calib = _calibration(ctx)
     text = "\n".join([
+        *_autocast_input(ctx),
         *_autocast_subgraphs(plan, ctx),
         "import onnx",
         "from modelopt.onnx.autocast import convert_to_mixed_precision",
         "",
         "model = convert_to_mixed_precision(",
-        f"    onnx_path={ctx.model!r},",
+        f"    onnx_path={(ctx.autocast_model or ctx.model)!r},",
         f'    low_precision_type="{ctx.low.autocast_type}",',
         f"    nodes_to_exclude={json.dumps(autocast_patterns(plan), ensure_ascii=False)},",
         '    data_max=float("inf"),  # keep only the plan\'s nodes, not every output above 512',

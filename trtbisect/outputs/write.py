@@ -49,6 +49,10 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
             path = out_dir / f"{stem}.rewritten.onnx"
             result.rewritten_model.save(path)
             result.files["rewritten_model"] = str(path)
+        if _builds_differently(ctx):
+            path = out_dir / f"{stem}.autocast_input.onnx"
+            graph_model(ctx.judged).save(path)
+            result.files["autocast_input"] = str(path)
         mixed_path = out_dir / f"{stem}.mixed.onnx"
         if result.staged:  # the files judged in the run, moved into place
             for f in result.staged:
@@ -91,6 +95,13 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
         from ..report import write_report
         result.files.update(write_report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
+
+
+def _builds_differently(ctx: Context) -> bool:
+    """The graph the plan was judged on is not the model as given: under --semantics trt,
+    TensorRT's build folds constant subgraphs and BatchNorms in FP32 (semantics.prepare), so
+    AutoCast must convert that graph, or it computes those folds in FP16."""
+    return ctx.search is not None and set(ctx.search.names) != set(ctx.graph.names)
 
 
 def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
@@ -144,7 +155,9 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")
                                for t in g.node(n).output if t) for n in result.fp32_nodes},
         inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)),
-        precision=ctx.rules.precision.name)
+        precision=ctx.rules.precision.name,
+        autocast_model=(relative_to(result.files["autocast_input"], work)
+                        if "autocast_input" in result.files else None))
 
 
 def judge_args(ctx: Context) -> tuple[str, ...]:
