@@ -272,6 +272,28 @@ def test_autocast_converts_the_graph_tensorrt_builds(masked_runs):
     assert f"--onnx_path={model}" in convert
 
 
+@pytest.mark.parametrize("fill, written", [(-3.4e38, True), (1e-30, True), (-2.0, False)])
+def test_the_built_graph_is_written_only_when_autocast_would_convert_differently(
+        tmp_path, fill, written):
+    """A Constant node whose value TensorRT clamps as a weight (beyond 65504, or a nonzero below
+    FP16's smallest subnormal) makes AutoCast convert the built graph; an in-range Constant and
+    no fold: AutoCast converts the model as given, and no copy of the weights is written."""
+    from onnx import TensorProto as TP, helper as h
+    c = h.make_node("Constant", [], ["c"], name="fill", value=onnx.numpy_helper.from_array(
+        np.array([0.0, fill, 0.0, 0.0], np.float32)))
+    nodes = [c, h.make_node("Add", ["x", "c"], ["s"], name="add"),
+             h.make_node("Softmax", ["s"], ["y"], name="softmax", axis=-1)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, tmp_path / "m.onnx")
+    result = run(tmp_path / "m.onnx", Options(), tmp_path / "out")
+    assert ("autocast_input" in result.files) is written
+    convert, _ = _autocast_argv(tmp_path / "out")
+    assert (f"--onnx_path={tmp_path / 'm.onnx'}" in convert) is not written
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("semantics", ["trt", "strict"])
 def test_autocast_of_the_built_graph_reproduces_the_plan(masked_runs, semantics):

@@ -589,7 +589,7 @@ class _Work:
                     or len(node.output) != 1 or not node.output[0]
                     or node.output[0] in outputs or node.output[0] in taken):
                 continue
-            tensor = _constant_tensor(node)
+            tensor = constant_tensor(node)
             if tensor is None:
                 continue
             self.g.initializer.append(tensor)
@@ -862,7 +862,7 @@ def _casts_to(node: onnx.NodeProto, to: int) -> bool:
     return node.op_type == "Cast" and any(a.name == "to" and a.i == to for a in node.attribute)
 
 
-def _constant_tensor(node: onnx.NodeProto) -> TensorProto | None:
+def constant_tensor(node: onnx.NodeProto) -> TensorProto | None:
     """A Constant node's value as an initializer named after its output (None: a value
     TensorRT does not import as weights, or one whose data lives in an external file)."""
     name = node.output[0]

@@ -9,9 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
-from .. import __version__
+from .. import __version__, semantics
 from ..backends.ort import emulation_of_mixed
 from ..diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
@@ -98,10 +100,25 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
 
 
 def _builds_differently(ctx: Context) -> bool:
-    """The graph the plan was judged on is not the model as given: under --semantics trt,
-    TensorRT's build folds constant subgraphs and BatchNorms in FP32 (semantics.prepare), so
-    AutoCast must convert that graph, or it computes those folds in FP16."""
-    return ctx.search is not None and set(ctx.search.names) != set(ctx.graph.names)
+    """AutoCast must convert the graph the plan was judged on, not the model as given: under
+    --semantics trt TensorRT's build folds constant subgraphs and BatchNorms in FP32
+    (semantics.prepare: the nodes it `renamed`), which AutoCast would compute in FP16, and it
+    clamps a Constant node's out-of-range value as a weight, which AutoCast would cast (to
+    inf or 0; an initializer's value AutoCast clamps itself). Otherwise the model as given
+    is what it converts: nothing else differs, and no copy of the weights is written."""
+    if ctx.search is None or ctx.prepared is None or ctx.prepared.semantics != "trt":
+        return False
+    if ctx.prepared.renamed:
+        return True
+    low = ctx.rules.precision
+    for node in ctx.model.graph.node:
+        t = semantics.constant_tensor(node) if node.op_type == "Constant" else None
+        a = numpy_helper.to_array(t) if t is not None else None
+        if a is not None and a.dtype.kind == "f" and a.size:
+            mag = np.abs(a[np.isfinite(a)].astype(np.float64))
+            if np.any(mag > low.max) or np.any((mag != 0) & (mag < low.tiny)):
+                return True
+    return False
 
 
 def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
