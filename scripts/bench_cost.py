@@ -185,7 +185,10 @@ def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, sem: str, plan=N
                                              keep_io_types=True, calibration_data=str(npz),
                                              providers=["cpu"], **kw)
     except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
+        words = (str(exc).splitlines() or [""])[0][:120]
+        if words.isdigit():  # a KeyError of an object's id: different on every run
+            words = "an object id"
+        return {"error": f"{type(exc).__name__}: {words}"}
     mixed = path.parent / f"autocast_{'plan' if plan is not None else 'rules'}.onnx"
     onnx.save(out, mixed)
     fp32 = fp32_of_artifact(onnx.load(str(given or path)), out, ctx.judged.candidates()
