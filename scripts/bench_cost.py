@@ -191,8 +191,8 @@ def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, sem: str, plan=N
         return {"error": f"{type(exc).__name__}: {words}"}
     mixed = path.parent / f"autocast_{'plan' if plan is not None else 'rules'}.onnx"
     onnx.save(out, mixed)
-    fp32 = fp32_of_artifact(onnx.load(str(given or path)), out, ctx.judged.candidates()
-                            if given not in (None, path) else ctx.graph.candidates())
+    source = ctx.judged if given not in (None, path) else ctx.graph  # whose names it carries
+    fp32 = fp32_of_artifact(onnx.load(str(given or path)), out, source.candidates())
     plan_units = sorted({unit_of[n] for n in fp32 if n in unit_of})
     try:
         passes = check_mixed(mixed, path, Options(inputs=[str(npz)], semantics=sem)).passed

@@ -28,7 +28,6 @@ from .degenerate import nothing_to_judge
 from .cost import DEFAULT_GPU, GPUS
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
-from .judge.criteria import standard
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .outdir import OutputDir
@@ -536,7 +535,7 @@ def error_cell(e: OutputError | None) -> str:
     mark = "[green]ok[/]" if e.passed else "[red]FAIL[/]"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
     if e.scores:  # judged by other criteria than the default (judge/criteria.py)
-        return f"{mark} " + escape("; ".join(s.text() for s in e.scores)) + extra
+        return f"{mark} " + escape(e.scores_text) + extra
     return f"{mark} max|d| {fmt(e.max_abs)} (bound {fmt(e.bound)}){extra}"
 
 
@@ -545,7 +544,7 @@ def emit_run(result, as_json: bool) -> None:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     low = (result.extra.get("precision") or {}).get("name", "fp16").upper()  # FP16 | BF16
-    meet = standard(result.extra.get("criteria"))
+    meet = result.criteria.standard
     verdicts = {"fp16_ok": f"[green]{low} already meets {meet}[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
                          f"{result.candidates} nodes in FP32",

@@ -77,6 +77,12 @@ class OutputError:
         return d
 
     @property
+    def scores_text(self) -> str:
+        """The criteria's results as the tables say them ("cosine:0.5: 0 (need >= 0.5)");
+        empty under the default criterion."""
+        return "; ".join(s.text() for s in self.scores)
+
+    @property
     def severity(self) -> float:
         """How badly it misses (above 1: fails): under the default criterion the relative
         error, else the worst of its criteria's (judge/criteria.py `Score.severity`)."""

@@ -185,8 +185,7 @@ def partial_words(result) -> str:
     """`FP16 meets the tolerance on the judged part; not judged: FusedMatMul (com.microsoft)
     x1` (the console's and the report's verdict line)."""
     part = result.extra.get("partial") or {}
-    from .judge.criteria import standard
-    judged = (f"FP16 meets {standard(result.extra.get('criteria'))}"
+    judged = (f"FP16 meets {result.criteria.standard}"
               if part.get("judged_verdict") == "fp16_ok" else
               f"fixed by keeping {len(result.fp32_nodes)} of {result.candidates} nodes in FP32")
     ops = ", ".join(f"{c['op']}" + (f" ({c['domain']})" if c["domain"] != "ai.onnx" else "")

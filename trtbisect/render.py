@@ -108,7 +108,7 @@ class RenderContext:
     inner_nodes: tuple[str, ...] = ()  # candidates inside If/Loop/Scan subgraphs
     precision: str = "fp16"  # the low precision of the plan (--precision): fp16 | bf16
     # what AutoCast converts, when not `model`: the FP32 model as TensorRT builds it (under
-    # --semantics trt: constant subgraphs and BatchNorms folded in FP32), the judged graph
+    # --semantics trt: folds in FP32, Constant values as weights; outputs/write.py)
     autocast_model: str | None = None
 
     @property
@@ -519,10 +519,10 @@ def _autocast_input(ctx: RenderContext) -> list[str]:
         return []
     return ["# AutoCast converts the FP32 model as TensorRT builds it (--onnx_path: constant "
             "subgraphs and BatchNorms",
-            "# folded in FP32, docs/semantics.md), the graph the plan was judged on. Given the "
-            "model itself, it would",
-            "# compute those folds in FP16 (a -3.4e38 mask fill becomes -inf) where TensorRT "
-            "computes them in FP32."]
+            "# folded in FP32, Constant values as weights; docs/semantics.md), the graph the plan "
+            "was judged on. Given the model",
+            "# itself, it would compute those in FP16 (a -3.4e38 mask fill becomes -inf) where "
+            "TensorRT clamps or folds them."]
 
 
 def _autocast(plan: Sequence[str], ctx: RenderContext) -> Rendering:

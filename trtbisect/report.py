@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 from .compare import FP16_MAX, FP16_TINY, OutputError
 from .diagnose import num, pct
 from .errors import require
-from .judge.criteria import standard
 from .judge.precision import FP16, Precision, precision as low_precision
 from .outputs.escape import md_code, md_fence, md_table_cell, md_text, visible
 from .plan import atomic_write, atomic_write_text
@@ -77,7 +76,7 @@ def verdict_line(result: "RunResult") -> str:
     partial = partial_words(result) if result.verdict == "partial" else ""
     line = VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
                                            partial=partial,
-                                           meet=standard(result.extra.get("criteria")))
+                                           meet=result.criteria.standard)
     low = low_of(result)
     return line.replace("FP16", low.label) if result.verdict == "fp16_ok" else line
 
@@ -373,7 +372,7 @@ def error_text(e: OutputError | None) -> str:
         return "-"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
     if e.scores:  # judged by other criteria than the default (judge/criteria.py)
-        return (f"{'pass' if e.passed else 'FAIL'}: " + "; ".join(s.text() for s in e.scores)
+        return (f"{'pass' if e.passed else 'FAIL'}: " + e.scores_text
                 + f" (max|d| {num(e.max_abs)}, cosine {e.cosine:.4f}){extra}")
     return (f"{'pass' if e.passed else 'FAIL'}: max|d| {num(e.max_abs)} (bound {num(e.bound)}, "
             f"rel {num(e.rel)}, cosine {e.cosine:.4f}){extra}")
@@ -560,10 +559,10 @@ def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
            f"layers kept FP32: {layers}"]
     strict = result.extra.get("errors_before_strict")
     if isinstance(strict, dict):
+        words = str if text else md_text
         out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "
                 f"{code(name)}: {'pass' if e['passed'] else 'FAIL'}, "
-                + ((str(e["text"]) if text else md_text(str(e["text"]))) + ", " if e.get("text")
-                   else "")
+                + (f"{words(str(e['text']))}, " if e.get("text") else "")
                 + f"max|d| {e['max_abs']}, rel {e['rel']}"
                 for name, e in strict.items()]
     return out

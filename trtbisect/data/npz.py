@@ -38,7 +38,6 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... file name length, ext
 
 @dataclass(frozen=True)
 class Member:
-    name: str
     info: zipfile.ZipInfo
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -158,7 +157,7 @@ def _members(path: str) -> dict[str, Member] | None:
                     if sig == b"PK\x03\x04":
                         data = (info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
                                 + header)
-                out[name] = Member(name, info, shape, dtype, fortran, data)
+                out[name] = Member(info, shape, dtype, fortran, data)
             return out or None
     except _READ_ERRORS:
         return None

@@ -224,15 +224,6 @@ class Verdict:
         return d
 
 
-def standard(summary: dict | None) -> str:
-    """What a plan must meet, in a verdict's words: "the tolerance" under trtbisect's default
-    criterion, "the criteria" under the user's (`summary`: precision.json's "criteria")."""
-    summary = summary or {}
-    custom = summary.get("criteria") or summary.get("checks") or \
-        float(summary.get("pass_rate", 1.0)) < 1.0
-    return "the criteria" if custom else "the tolerance"
-
-
 @dataclass(frozen=True)
 class Criteria:
     """The run's criteria. Empty: trtbisect's default criterion on every output.
@@ -251,6 +242,11 @@ class Criteria:
     @property
     def default(self) -> bool:
         return not self.items and not self.hooks and self.pass_rate == 1.0
+
+    @property
+    def standard(self) -> str:
+        """What a plan must meet, in a verdict's words."""
+        return "the tolerance" if self.default else "the criteria"
 
     def for_output(self, name: str) -> tuple[Criterion, ...]:
         """The criteria judging output `name` (empty: the default criterion)."""

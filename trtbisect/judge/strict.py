@@ -33,9 +33,9 @@ def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
     absorbed = absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))
     _, before, _ = strict.measure(frozenset())
-    result.extra["errors_before_strict"] = {
-        k: {**v.to_json(), **({"text": "; ".join(s.text() for s in v.scores)} if v.scores else {})}
-        for k, v in worst_of(before).items()}  # "text": the run's criteria, as the tables say
+    result.extra["errors_before_strict"] = {  # "text": the run's criteria, as the tables say
+        k: {**v.to_json(), **({"text": v.scores_text} if v.scores else {})}
+        for k, v in worst_of(before).items()}
     if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
             or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
         return

@@ -114,10 +114,10 @@ def _builds_differently(ctx: Context) -> bool:
     for node in ctx.model.graph.node:
         t = semantics.constant_tensor(node) if node.op_type == "Constant" else None
         a = numpy_helper.to_array(t) if t is not None else None
-        if a is not None and a.dtype.kind == "f" and a.size:
-            mag = np.abs(a[np.isfinite(a)].astype(np.float64))
-            if np.any(mag > low.max) or np.any((mag != 0) & (mag < low.tiny)):
-                return True
+        if a is not None and a.dtype.kind == "f" and not np.array_equal(
+                semantics.round_weight(a, "clamp", low), semantics.round_weight(a, "inf", low),
+                equal_nan=True):
+            return True
     return False
 
 
