@@ -226,10 +226,33 @@ def if_branch_constant_weight() -> Planted:
                    "a Constant weight inside a branch, beyond FP16's range")
 
 
+def if_untyped_branch_outputs() -> Planted:
+    """As PyTorch's exporter and silero-vad write an If: the branches' outputs carry no type.
+    The plan keeps the taken branch's last node in FP32 while the other branch's last node is
+    FP16, so a written file must give both branches one type for the If to pass the checker."""
+    root_out = helper.make_graph(
+        [helper.make_node("Mul", ["x", "big"], ["then_a"], name="scale"),
+         helper.make_node("Mul", ["then_a", "then_a"], ["then_b"], name="square"),
+         helper.make_node("Sqrt", ["then_b"], ["then_y"], name="root")],
+        "then", [], [helper.make_empty_tensor_value_info("then_y")])
+    other = _harmless_branch("else", "x", "else_y")
+    other.output[0].CopyFrom(helper.make_empty_tensor_value_info("else_y"))
+    nodes = [*_always_true("x", "c_"),
+             helper.make_node("If", ["c_cond"], ["y0"], then_branch=root_out, else_branch=other,
+                              name="branch"),
+             helper.make_node("Mul", ["y0", "small"], ["y"], name="out")]
+    m = _model(nodes, [_vi("x", [2, 8])], [_vi("y", [2, 8])],
+               [_w("big", 300.0), _w("small", 1e-3), _w("zero", 0.0)])
+    want = frozenset({"branch[then_branch]/square", "branch[then_branch]/root"})
+    return Planted("if_untyped_branch_outputs", m, _sample(), want, want,
+                   "untyped branch outputs; one branch ends FP32 in the plan, the other FP16")
+
+
 def all_planted() -> dict[str, Planted]:
     out = {}
     for make in (if_taken_branch, if_other_branch, nested_if, loop_third_trip, scan_rows,
-                 local_function, contrib_fused_matmul, if_branch_constant_weight):
+                 local_function, contrib_fused_matmul, if_branch_constant_weight,
+                 if_untyped_branch_outputs):
         p = make()
         out[p.name] = p
     return out

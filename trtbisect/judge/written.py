@@ -25,6 +25,7 @@ from ..graph import Graph
 from ..mixed import Written, mixed_model
 from ..outdir import OutputDir
 from .criteria import Judgement, Verdict
+from .loadable import require_loadable, require_written_valid
 from .precision import of_type
 
 if TYPE_CHECKING:
@@ -61,9 +62,9 @@ def write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
     staging = OutputDir(out_dir).staging() if out_dir is not None else None  # emptied
     with tempfile.TemporaryDirectory() as tmp:
         path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
-        files = written.save(path)
+        files = written.save(path, validate=False)  # judge_mixed checks it, as `check` does
         del written  # saved: the file is the model from here on
-        checked = judge_mixed(path, ctx, opts, expose)
+        checked = judge_mixed(path, ctx, opts, expose, ours=True)
     return Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
 
 
@@ -199,10 +200,21 @@ def _refuse_other_precision(graph: Graph, ctx: Context, path: str | Path) -> Non
 
 
 def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
-                expose: Sequence[str] = ()) -> CheckResult:
+                expose: Sequence[str] = (), ours: bool = False) -> CheckResult:
     """The one judge of a written file: its float16 tensors rounded where produced.
-    `expose`: tensors of the file to return too, per sample (`CheckResult.tensors`)."""
+    `expose`: tensors of the file to return too, per sample (`CheckResult.tensors`).
+
+    The file itself must load in ONNX Runtime (judge/loadable.py): the judge runs a graph
+    derived from it, which would forgive what no runtime does. `ours`: a file this run wrote,
+    which must pass the checker's full check as well (a failure is trtbisect's bug)."""
     graph = Graph.from_path(mixed_path)
+    if ours:
+        require_written_valid(mixed_path, graph.weights.total_bytes())
+    else:
+        warning = require_loadable(mixed_path, graph.weights.total_bytes())
+        if warning:
+            log.warning("%s fails %s; ONNX Runtime loads it, so it is judged as it is",
+                        mixed_path, warning)
     names = ctx.graph.output_names()
     missing = set(names) - set(graph.output_names())
     if missing:

@@ -1,0 +1,87 @@
+"""A written ONNX file holds outside the run: it passes the ONNX checker's full check (shape and
+type inference through every subgraph) and ONNX Runtime loads it.
+
+The emulator judges a graph it derives from a file, and that derivation forgives what no
+runtime does (an If whose branches disagree on a type, a value with no type). So every file
+trtbisect writes is checked here after it is written, and `check` refuses a file that fails
+before judging it: a file no runtime loads is never judged `pass`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import onnx
+
+from ..errors import TrtBisectError
+
+# ONNX Runtime loads a copy of the weights; above this many bytes of them only the checker runs
+# (a second copy of gigabytes of weights for a load test would break the memory promise)
+ORT_LOAD_LIMIT = 2 << 30
+
+
+_MARK = re.compile(r"\[(?:Type|Shape)InferenceError\]|\[ValidationError\]")
+_NODE = re.compile(r"node name: ([^)]*)\)")
+
+
+def first_error(exc: BaseException) -> str:
+    """The first error of a checker or ORT message, at its innermost node, on one line (the
+    checker nests a subgraph's errors in its holder's, and lists consequences after them)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    for m in _MARK.finditer(text):
+        rest = text[m.end():].strip(" :")
+        if rest.startswith("Inference error(s)"):
+            continue  # a holder: its first own error is further in
+        rest = re.split(r" \(op_type:", rest, maxsplit=1)[0].strip()
+        nodes = _NODE.findall(text[:m.start()])
+        text = f"{nodes[-1]}: {rest}" if nodes else rest
+        break
+    return text[:400] + ("..." if len(text) > 400 else "")
+
+
+def checker_problem(path: str | Path) -> str | None:
+    """The first error of the ONNX checker's full check of `path`, or None."""
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # the checker raises several types (ValidationError, InferenceError)
+        return f"onnx.checker: {first_error(exc)}"
+    return None
+
+
+def runtime_problem(path: str | Path, weight_bytes: int | None = None) -> str | None:
+    """ONNX Runtime's refusal to load `path` with its optimizations off, or None (also when
+    the weights are too large to load a second copy of)."""
+    if weight_bytes is not None and weight_bytes > ORT_LOAD_LIMIT:
+        return None
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises several unrelated types for unloadable models
+        return f"onnxruntime: {first_error(exc)}"
+    return None
+
+
+def require_written_valid(path: str | Path, weight_bytes: int | None = None) -> None:
+    """A file trtbisect wrote passes the checker's full check and loads in ONNX Runtime;
+    else a one-line TrtBisectError that says the fault is trtbisect's."""
+    why = checker_problem(path) or runtime_problem(path, weight_bytes)
+    if why is not None:
+        raise TrtBisectError(f"trtbisect wrote {Path(path).name}, which fails {why} (a bug in "
+                             "trtbisect: please report it with the model)")
+
+
+def require_loadable(path: str | Path, weight_bytes: int | None = None) -> str | None:
+    """A file given to `check`: ONNX Runtime must load it as it is (else a one-line
+    TrtBisectError naming the first checker error too). Returns the checker's first error
+    for a file ONNX Runtime loads all the same (a warning, not a refusal: TensorRT's parser
+    and ONNX Runtime are what run it)."""
+    checker = checker_problem(path)
+    runtime = runtime_problem(path, weight_bytes)
+    if runtime is not None:
+        raise TrtBisectError(f"{path} does not load: {checker or runtime}")
+    return checker
