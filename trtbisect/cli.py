@@ -554,7 +554,11 @@ def emit_run(result, as_json: bool) -> None:
                                     + shown(result.extra.get("nothing_to_judge", "")),
                 "over_budget": f"[red]no plan within the --budget passes[/]: the best within "
                                f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes "
-                               f"in FP32 and misses {meet}"}
+                               f"in FP32 and misses {meet}",
+                "fragile": f"[yellow]fragile[/]: the plan keeps {len(result.fp32_nodes)} of "
+                           f"{result.candidates} nodes in FP32 and meets {meet} by less than "
+                           "the spread of what the tools compute (see the margins below); no "
+                           "plan has the margin, so it is not called fixed"}
     if result.verdict == "partial":
         from .coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
@@ -602,6 +606,11 @@ def emit_run(result, as_json: bool) -> None:
                       f"max|d| {fmt(float(e['max_abs']))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} {judged}")
+    cert = result.extra.get("certificate")
+    if isinstance(cert, dict):  # judge/spread.py: what `fixed` rests on
+        from .judge.spread import certificate_lines
+        for line in certificate_lines(cert):
+            out.print(f"  {shown(line)}")
     if result.extra.get("cost") and result.verdict != "reference_invalid":
         out.print(cost_line(result.extra["cost"]))
     if result.search is not None:

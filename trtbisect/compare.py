@@ -27,13 +27,22 @@ class Tolerance:
     rtol: float = DEFAULT_RTOL
     atol: float = DEFAULT_ATOL
     per_output: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # per output, a cap on the bound: where a search aims inside the user's bound by the
+    # spread of what the tools compute (judge/spread.py); never set by the user
+    ceiling: Mapping[str, float] = field(default_factory=dict)
 
     def for_output(self, name: str) -> tuple[float, float]:
         return self.per_output.get(name, (self.rtol, self.atol))
 
+    def ceiling_for(self, name: str) -> float:
+        return self.ceiling.get(name, math.inf)
+
     def to_json(self) -> dict:
-        return {"rtol": self.rtol, "atol": self.atol,
-                "per_output": {k: list(v) for k, v in self.per_output.items()}}
+        d = {"rtol": self.rtol, "atol": self.atol,
+             "per_output": {k: list(v) for k, v in self.per_output.items()}}
+        if self.ceiling:  # an aimed search's: the user's own tolerance has none
+            d["ceiling"] = {k: _json_float(v) for k, v in self.ceiling.items()}
+        return d
 
 
 def validate_tolerance(tol: Tolerance, output_names: Sequence[str]) -> None:
@@ -164,10 +173,11 @@ class _Diff:
         return _cosine64(self.ref64[both], self.got64[both])
 
 
-def compare_output(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputError:
+def compare_output(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float,
+                   ceiling: float = math.inf) -> OutputError:
     d = _Diff.of(ref, got)
     bad = 0 if d.all_got else int(np.count_nonzero(d.finite_ref & ~d.finite_got))
-    bound = rtol * d.ref_max + atol
+    bound = min(rtol * d.ref_max + atol, ceiling)
     max_abs = d.max_abs
     with np.errstate(invalid="ignore"):
         p99 = float(np.percentile(d.diff, 99)) if d.diff.size else 0.0
@@ -189,7 +199,7 @@ def compare_outputs(
     result = {}
     for name, r in ref.items():
         rtol, atol = tol.for_output(name)
-        result[name] = compare_output(r, got[name], rtol, atol)
+        result[name] = compare_output(r, got[name], rtol, atol, tol.ceiling_for(name))
     return result
 
 

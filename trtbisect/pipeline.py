@@ -18,7 +18,7 @@ from . import __version__, cost, coverage, degenerate, parallel, semantics
 from .backends.ort import Emulator, Reference, run_seconds
 from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
 from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
-from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
+from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, TrtBisectError)
 from .graph import Graph, external_data_hash, external_files, model_hash
 from .data.sources import expand, iter_items
@@ -27,6 +27,7 @@ from .inputs import Sample
 from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
 from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
+from .judge.spread import AIM_ROUNDS, aimed
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
                             worst_of, write_and_judge)
 from .judge.criteria import Criteria, Judgement, Verdict
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
-                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK}
+                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
+                "fragile": EXIT_FRAGILE}
 
 
 def _default_trt_version() -> int:
@@ -562,16 +564,6 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     unit_of = {n: u for u, nodes in units.items() for n in nodes}
     pricing = cost.pricing_for(g, units, ctx.samples[0], opts.gpu, opts.tf32,
                                _shape_probe(ctx, opts))
-    workers = None
-    if not all_half:
-        prefetch = _prefetch(g, prior.seeds, prior.ranking,
-                             _neighbours(units, unit_of, pricing.adjacent))
-        workers = parallel.start_workers(
-            ev, ctx, opts, prefetch, half_seconds * len(ctx.samples) / len(ctx.every_sample),
-            _likely_evaluations(len(prior.seeds), len(units)), cache, stage,
-            rewritten=outcome is not None and bool(outcome.applied))
-        if workers is None:
-            ev.emulator.ensure(prefetch)
 
     def as_units(nodes: Sequence[str]) -> list[str]:
         return list(dict.fromkeys(unit_of[n] for n in nodes if n in unit_of))
@@ -579,41 +571,110 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     def as_nodes(chosen) -> frozenset[str]:
         return frozenset(n for u in chosen for n in units[u])
 
-    stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
-          f"({len(prior.seeds)} suspects)")
-    check = (workers.for_units(as_nodes) if workers is not None
-             else lambda us: ev.check(as_nodes(us)))
-    search = _certified_search(
-        ctx, opts, ev, stage, as_nodes,
-        lambda budget: find_minimal_fp32(list(units), check, as_units(prior.seeds),
-                                         as_units(prior.ranking), budget, progress,
-                                         **cost.search_args(pricing, opts)))
-    if journal is not None:
-        journal.close()
-    parallel_summary = parallel.summary(workers, search, ev)
-    cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
-    over = cost.within_budget(search, pricing, opts.budget)
-    if over is not None:
-        search = over
-    plan = as_nodes(search.fp32)
+    def searched(ev: Evaluator, sopts: Options, all_half: bool, pool: bool
+                 ) -> tuple[SearchResult, dict | None]:
+        """One search judged by `ev` under `sopts` (the run's options, or aimed inside the
+        bound: judge/spread.py); `pool`: on worker processes when they pay off."""
+        workers = None
+        if not all_half:
+            prefetch = _prefetch(g, prior.seeds, prior.ranking,
+                                 _neighbours(units, unit_of, pricing.adjacent))
+            if pool:
+                workers = parallel.start_workers(
+                    ev, ctx, sopts, prefetch,
+                    half_seconds * len(ctx.samples) / len(ctx.every_sample),
+                    _likely_evaluations(len(prior.seeds), len(units)), cache, stage,
+                    rewritten=outcome is not None and bool(outcome.applied))
+            if workers is None:
+                ev.emulator.ensure(prefetch)
+        stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
+              f"({len(prior.seeds)} suspects)")
+        check = (workers.for_units(as_nodes) if workers is not None
+                 else lambda us: ev.check(as_nodes(us)))
+        search = _certified_search(
+            ctx, sopts, ev, stage, as_nodes,
+            lambda budget: find_minimal_fp32(list(units), check, as_units(prior.seeds),
+                                             as_units(prior.ranking), budget, progress,
+                                             **cost.search_args(pricing, sopts)))
+        summary = parallel.summary(workers, search, ev)
+        cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
+        over = cost.within_budget(search, pricing, opts.budget)
+        return (over if over is not None else search), summary
+
     rewritten = outcome is not None and bool(outcome.applied)
     judged = outcome.judgements if outcome is not None else 0  # each rewrite judged like a plan
-    result = RunResult("no_plan" if not search.found else "over_budget" if search.over_budget else
-                       ("fixed" if plan or rewritten else "fp16_ok"),
-                       fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
-                       evaluations=search.evaluations + judged,
-                       inferences=ev.runs + judged * len(ctx.samples),
-                       errors_before=worst_of(before), errors_after=worst_of(before),
-                       one_minimal=search.one_minimal and search.found, search=search,
-                       stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
-    _record_search(result, ctx, opts, search, pricing, before, parallel_summary)
-    if outcome is not None:
-        result.extra["rewrites"] = outcome.to_json()
-        if rewritten:
-            result.rewritten_model = graph_model(ctx.graph)
+
+    def judged_result(search: SearchResult, ev: Evaluator, summary: dict | None,
+                      spent: tuple[int, int] = (0, 0)) -> RunResult:
+        """The search's plan as a result (not yet judged as a file). `spent`: evaluations
+        and inferences of earlier searches of this run."""
+        plan = as_nodes(search.fp32)
+        result = RunResult(
+            "no_plan" if not search.found else "over_budget" if search.over_budget else
+            ("fixed" if plan or rewritten else "fp16_ok"),
+            fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
+            evaluations=search.evaluations + judged + spent[0],
+            inferences=ev.runs + judged * len(ctx.samples) + spent[1],
+            errors_before=worst_of(before), errors_after=worst_of(before),
+            one_minimal=search.one_minimal and search.found, search=search,
+            stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
+        _record_search(result, ctx, opts, search, pricing, before, summary)
+        if outcome is not None:
+            result.extra["rewrites"] = outcome.to_json()
+            if rewritten:
+                result.rewritten_model = graph_model(ctx.graph)
+        return result
+
+    search, summary = searched(ev, opts, all_half, True)
+    if journal is not None:
+        journal.close()
+    result = judged_result(search, ev, summary)
+    cert = None
     if search.found:
         stage("judging the written plan")
-        judge_written_plan(result, ctx, opts, ev, plan, out_dir, first)
+        cert = judge_written_plan(result, ctx, opts, ev, as_nodes(search.fp32), out_dir, first)
+    sopts, aims = opts, []
+    for aim_round in range(1, AIM_ROUNDS + 1):  # judge/spread.py: aim inside the bound
+        if cert is None or cert.certified or result.verdict not in ("fixed", "fp16_ok"):
+            break
+        tol = cert.aim(sopts.tolerance)
+        if tol is None:
+            break
+        sopts = aimed(opts, tol)
+        stage(f"the plan passes by less than the spread of what the tools compute on "
+              f"{', '.join(cert.uncertified)}: searching again inside the bound")
+        if not stats:  # FP16 passed at first: the prior needs the layer-wise pass now
+            ev.close()
+            stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
+            prior = build_prior(g, stats, constants, low)
+        spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
+        ev.close()
+        ev = Evaluator(ctx, sopts, stats, None)  # not journaled: a resume searches it again
+        again, summary = searched(ev, sopts, False, False)
+        aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
+                     "found": again.found, "fp32_units": len(again.fp32),
+                     "evaluations": again.evaluations})
+        if not again.found:
+            break
+        if result.staged:  # the next judge empties the staging folder: rewrite on writing
+            result.staged, result.mixed_model = [], None
+        nearer = judged_result(again, ev, summary, spent)
+        stage("judging the written plan")
+        nearer_cert = judge_written_plan(nearer, ctx, opts, ev, as_nodes(again.fp32), out_dir)
+        if not nearer.mixed_model_passed:
+            nearer.staged = []
+            break
+        result, cert, search = nearer, nearer_cert, again
+    if aims:
+        result.extra["aimed_searches"] = aims
+        if cert is not None:
+            cert.aim_round = len(aims)
+            result.extra["certificate"] = cert.to_json()
+    if cert is not None and not cert.certified and result.verdict in ("fixed", "fp16_ok"):
+        result.verdict, result.one_minimal = "fragile", False
+        log.warning("the plan passes by less than the spread of what the tools compute on %s "
+                    "(fragile): it is written, but not called fixed",
+                    ", ".join(cert.uncertified))
     ev.close()  # the workers, if the written plan's judge did not stop them already
     _explain(result, ctx, opts, ev, constants, units, unit_of, stage, on_layerwise)
     return _finish(result, ctx, out_dir, started, opts.report, marks)

@@ -36,7 +36,10 @@ VERDICTS = {"fp16_ok": "FP16 already meets {meet}: nothing needs FP32",
             "nothing_to_judge": "nothing to judge in FP16: no node computes in float32 or "
                                 "float16",
             "over_budget": "no plan within the --budget passes: the best within it keeps {n} of "
-                           "{c} nodes in FP32 and misses {meet}"}
+                           "{c} nodes in FP32 and misses {meet}",
+            "fragile": "fragile: the nearest plan keeps {n} of {c} nodes in FP32 and meets "
+                       "{meet} by less than the spread of what the tools compute; no plan has "
+                       "the margin, so it is not called fixed"}
 
 
 def require_matplotlib() -> None:
@@ -441,6 +444,8 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     parts += _md_table("Error per output", ["output", f"all {low_of(result).label}",
                                              "with the plan"],
                        output_rows(result), code=(0,))
+    parts += _md_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
+                       margin_rows(result), code=(0,))
     parts += _md_stability(result)
     parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
                        trace_rows(result))
@@ -449,6 +454,27 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     for title, cmd in command_rows(result):
         parts += [f"### {md_text(title)}", "", *md_fence(cmd, "sh"), ""]
     return "\n".join(parts).rstrip() + "\n"
+
+
+MARGIN_HEAD = ["output", "bound (as rendered)", "margin", "spread", "noise floor", "holds"]
+
+
+def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
+    """Per output, the written plan's margin under the bound the renderings check against the
+    spread of what the tools may compute (judge/spread.py); a row per failing variation."""
+    cert = result.extra.get("certificate")
+    if not isinstance(cert, dict):
+        return []
+    rows = [(name, fmt_num(m["bound"]), fmt_num(m["margin"]), fmt_num(m["spread"]),
+             fmt_num(m["noise_floor"]), "yes" if m["certified"] else "NO (fragile)")
+            for name, m in cert["outputs"].items()]
+    rows += [(f"(every output) under {label}", "", "", "", "", "fails the criteria")
+             for label, ok in cert["variants"].items() if not ok]
+    return rows
+
+
+def fmt_num(x) -> str:
+    return x if isinstance(x, str) else "-" if x is None else f"{x:.3g}"
 
 
 def _md_facts(result: "RunResult") -> list[str]:
@@ -741,6 +767,8 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
     body += _html_table("Error per output", ["output", f"all {low_of(result).label}",
                                               "with the plan"],
                         output_rows(result))
+    body += _html_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
+                        margin_rows(result))
     body += _html_stability(result)
     body += _html_trace(result)
     body += _html_commands(result)

@@ -1075,3 +1075,52 @@ def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
                 d = float(np.max(np.abs(g - r)[finite], initial=0.0))
                 noise[name] = max(noise.get(name, 0.0), d)
     return noise
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way the tools may compute what the judge computes: ONNX Runtime with its default
+    graph optimizations (fusions, constant folding, prepacked weights: what `polygraphy run
+    --onnxrt` and a plain InferenceSession run) or the judge's settings, on some threads."""
+
+    optimized: bool
+    threads: int
+
+    @property
+    def label(self) -> str:
+        opt = "ORT optimizations on" if self.optimized else "ORT optimizations off"
+        return f"{opt}, {self.threads} thread{'s' if self.threads != 1 else ''}"
+
+
+def variants(threads: int | None) -> list[Variant]:
+    """The variations beside the judge's own run (optimizations off on `threads`, None: ORT's
+    default): optimizations on with one thread and with N (every core, at least 2), and
+    optimizations off with whichever of 1 and N the judge does not use."""
+    import os
+
+    n = max(2, os.cpu_count() or 1)
+    out = [Variant(True, 1), Variant(True, n), Variant(False, 1), Variant(False, n)]
+    judge = threads or n
+    return [v for v in dict.fromkeys(out) if v.optimized or v.threads != judge]
+
+
+def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                 samples: Iterable[Mapping[str, np.ndarray]], threads: int | None = None):
+    """For each variant and sample: the FP32 reference and the judged file's emulated graph
+    (what Polygraphy's check of the mixed model runs), both computed under the variant. Yields
+    (variant, sample index, reference outputs, emulated outputs); one variant's two sessions
+    at a time."""
+    names = graph.output_names()
+    b = _Builder(graph, {}, Rounded.of(graph))
+    ref_proto = b.build()
+    ref_arrays = b.weights_of(ref_proto)
+    proto, arrays = emulated
+    for v in variants(threads):
+        ref = Session(ref_proto, ref_arrays, v.threads, judge=not v.optimized)
+        emu = Session(proto, arrays, v.threads, judge=not v.optimized)
+        for k, sample in enumerate(samples):
+            r = dict(zip(names, (np.asarray(x) for x in ref.run(sample, names))))
+            fed = {n: x for n, x in sample.items() if n in emu.inputs}
+            e = dict(zip(names, (np.asarray(x, np.float32) for x in emu.run(fed, names))))
+            yield v, k, r, e
+        del ref, emu

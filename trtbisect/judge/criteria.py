@@ -277,7 +277,7 @@ class Criteria:
         errors: dict[str, OutputError] = {}
         for name, r in ref.items():
             rtol, atol = tol.for_output(name)
-            e = compare_output(r, got[name], rtol, atol)
+            e = compare_output(r, got[name], rtol, atol, tol.ceiling_for(name))
             crits = self.for_output(name)
             if crits:
                 scores = tuple(c.score(r, got[name], rtol, atol) for c in crits)

@@ -13,7 +13,7 @@ import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..mixed import Written, mixed_model
 from ..outdir import OutputDir
 from .criteria import Judgement, Verdict
 from .loadable import require_loadable, require_written_valid
+from .spread import Certificate, certify
 from .precision import of_type
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
 
 def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
                         plan: frozenset[str], out_dir: Path | None,
-                        judged: Judged | None = None) -> None:
+                        judged: Judged | None = None) -> Certificate | None:
     """One judge: write the plan's mixed model, judge the file as `check` does, report that.
 
     The search's own numbers for the plan must be the file's, bit for bit; a file that fails
@@ -105,13 +106,26 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
     elif not checked.passed:
         result.verdict, result.one_minimal = "no_plan", False
         log.error("the written mixed model fails the tolerance: no plan is reported")
-    found = margins(ctx, opts, checked.errors)
-    result.extra["margins"] = found
-    fragile = [o for o, m in found.items() if m["fragile"]]
-    result.extra["fragile"] = bool(fragile)
-    if fragile and checked.passed:
-        log.warning("the plan passes by less than FP32 kernel noise on %s: fragile",
-                    ", ".join(fragile))
+    return certify_written(result, ctx, opts, checked)
+
+
+def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "CheckResult"
+                    ) -> Certificate | None:
+    """The written plan's certificate (judge/spread.py): whether it passes by more than the
+    spread of what the tools may compute. Recorded as `certificate`, with `margins` and
+    `fragile` per output as before; None for a file that fails (nothing to certify)."""
+    if not checked.passed or checked.emulated is None:
+        result.extra.pop("certificate", None)
+        result.extra["margins"], result.extra["fragile"] = {}, False
+        return None
+    cert = certify(ctx, opts, checked.emulated, checked.judgements)
+    result.extra["certificate"] = cert.to_json()
+    result.extra["margins"] = {
+        o: {"margin": json_number(m.margin), "spread": json_number(m.spread),
+            "noise_floor": json_number(m.noise_floor), "fragile": not m.certified}
+        for o, m in cert.outputs.items()}
+    result.extra["fragile"] = not cert.certified
+    return cert
 
 
 def write_plan(ctx: Context, fp32_nodes) -> Written:
@@ -131,32 +145,6 @@ def same_numbers(a: Judgement, b: Judgement) -> bool:
         return repr(({o: bits(e) for o, e in j.errors.items()},
                      [(s.value, s.passed, s.detail) for s in j.scores]))
     return key(a) == key(b)
-
-
-# The noise floor (two extra sessions) is measured only for a plan within this fraction of its
-# bound: FP32 kernel noise is ~1e-6 of an output's range, so a wider margin cannot be fragile.
-NOISE_MARGIN = 0.1
-
-
-NOISE_WEIGHT_LIMIT = 512 << 20  # bytes of weights above which the noise floor is not measured
-
-
-def margins(ctx: Context, opts: Options, errors: Mapping[str, OutputError]) -> dict[str, dict]:
-    """Per output: how far under its bound the plan lands, against the noise floor of FP32
-    itself (the reference model under ORT's default, optimizing kernels vs the judge's)."""
-    noise: dict[str, float] = {}
-    errors = {k: e for k, e in errors.items() if not e.scores}  # the default criterion's margin
-    close = any(e.passed and e.bound - e.max_abs < NOISE_MARGIN * e.bound for e in errors.values())
-    if close and ctx.graph.weights.total_bytes() <= NOISE_WEIGHT_LIMIT:
-        from ..backends.ort import kernel_noise
-        noise = kernel_noise(ctx.graph, ctx.samples, ctx.references, opts.threads)
-    out = {}
-    for name, e in errors.items():
-        margin = e.bound - e.max_abs
-        n = noise.get(name)
-        out[name] = {"margin": json_number(margin), "noise_floor": None if n is None else json_number(n),
-                     "fragile": bool(n is not None and e.passed and margin <= n)}
-    return out
 
 
 @dataclass

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..pipeline import Context, RunResult
 
 # verdicts whose plan is written with its renderings
-PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget")
+PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile")
 
 
 def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:

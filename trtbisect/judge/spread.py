@@ -1,0 +1,170 @@
+"""The certificate behind `fixed`: a written plan passes by more than the spread of what the
+tools may compute.
+
+The judge runs ONNX Runtime with its graph optimizations off on a set number of threads, so
+that the search and `check` agree bit for bit. The tools an engineer checks the plan with do
+not: Polygraphy's `--onnxrt` and a plain InferenceSession run ORT's default optimizations
+(fusions, constant folding, prepacked weights), other thread counts split reductions
+differently, and FP32 itself moves by its noise floor. A plan that passes the judge by less
+than those variations move the error is a coin toss in the tool and on the engine.
+
+So the written file is also run under each variation (`backends.ort.variants`: optimizations
+on with the judge's threads and with one thread, optimizations off with one thread), the FP32
+reference beside it under the same variation, as Polygraphy computes both. Per output judged by
+trtbisect's default criterion:
+
+- the bound is the one the renderings write: the smallest over the samples (Polygraphy takes
+  one `--atol` per output for every sample);
+- the spread is the largest move of max|d| under a variation, on any sample, or the FP32 noise
+  floor (`kernel_noise`: optimized kernels and one-ulp input nudges), whichever is larger;
+- the margin is that bound less the judge's worst max|d|; the output is certified when the
+  margin exceeds the spread.
+
+Under every criterion, each variation's verdict must pass too. A plan is `fixed` (and FP16
+`fp16_ok`) only when certified; else the search aims inside the bound by the spread
+(`aim`: a ceiling on each output's bound) and searches again; when no plan can have the
+margin, the verdict is `fragile` and the nearest passing plan is still written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from ..compare import Tolerance
+from .criteria import Judgement
+
+if TYPE_CHECKING:
+    from ..mixed import Written
+    from ..pipeline import Context, Options
+
+AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
+AIM_ROUNDS = 3  # searches aimed inside the bound before the verdict says `fragile`
+
+
+def _num(x: float) -> float | str | None:
+    if x is None:
+        return None
+    return x if math.isfinite(x) else str(x)
+
+
+@dataclass
+class OutputMargin:
+    """One output's margin under the rendered bound against the spread."""
+
+    bound: float  # the smallest bound over the samples: what the renderings write
+    worst: float  # the judge's largest max|d| over the samples
+    spread: float  # max over variations and samples of |max|d| moved|, or the noise floor
+    noise_floor: float
+    variants: dict[str, float] = field(default_factory=dict)  # each variation's worst max|d|
+
+    @property
+    def margin(self) -> float:
+        return self.bound - self.worst
+
+    @property
+    def certified(self) -> bool:
+        return self.margin > self.spread
+
+    def to_json(self) -> dict:
+        return {"bound": _num(self.bound), "worst": _num(self.worst), "margin": _num(self.margin),
+                "spread": _num(self.spread), "noise_floor": _num(self.noise_floor),
+                "certified": self.certified,
+                "variants": {k: _num(v) for k, v in self.variants.items()}}
+
+
+@dataclass
+class Certificate:
+    """Whether a written plan holds under the variations (module docstring)."""
+
+    outputs: dict[str, OutputMargin]  # per output judged by the default criterion
+    variant_verdicts: dict[str, bool]  # per variation: the run's criteria pass on it
+    aim_round: int = 0  # searches aimed inside the bound before this plan
+
+    @property
+    def certified(self) -> bool:
+        return (all(self.variant_verdicts.values())
+                and all(m.certified for m in self.outputs.values()))
+
+    @property
+    def uncertified(self) -> list[str]:
+        """What fails: outputs with too little margin, variations whose verdict fails."""
+        return ([o for o, m in self.outputs.items() if not m.certified]
+                + [v for v, ok in self.variant_verdicts.items() if not ok])
+
+    def aim(self, previous: Tolerance) -> Tolerance | None:
+        """The tolerance a search aims at: each output's bound capped AIM_FACTOR spreads
+        inside the rendered bound (and inside any earlier aim); None when no output can be
+        aimed (only a variation's verdict fails, under a criterion with no bound)."""
+        ceiling = dict(previous.ceiling)
+        for name, m in self.outputs.items():
+            cap = m.bound - AIM_FACTOR * m.spread
+            if not m.certified or name in ceiling:
+                ceiling[name] = min(cap, ceiling.get(name, math.inf))
+        if ceiling == dict(previous.ceiling):
+            return None
+        return replace(previous, ceiling=ceiling)
+
+    def to_json(self) -> dict:
+        return {"certified": self.certified, "aim_rounds": self.aim_round,
+                "outputs": {k: m.to_json() for k, m in self.outputs.items()},
+                "variants": self.variant_verdicts}
+
+
+def certify(ctx: Context, opts: Options, emulated: Written,
+            judged: Sequence[Judgement]) -> Certificate:
+    """The certificate of the plan whose written file's judge graph is `emulated` and whose
+    judgements (per sample, every sample) are `judged`."""
+    from ..backends.ort import kernel_noise, variant_runs
+
+    assert ctx.every_sample is not None and ctx.every_reference is not None
+    noise = kernel_noise(ctx.graph, ctx.every_sample, ctx.every_reference, opts.threads)
+    default = [o for o in ctx.graph.output_names()
+               if judged and o in judged[0].errors and not judged[0].errors[o].scores]
+    moved: dict[str, float] = {o: 0.0 for o in default}
+    worst_v: dict[str, dict[str, float]] = {o: {} for o in default}
+    per_variant: dict[str, list[Judgement]] = {}
+    for v, k, ref, got in variant_runs(ctx.graph, (emulated.proto, emulated.arrays),
+                                       ctx.every_sample, opts.threads):
+        j = opts.criteria.judge(ref, got, ctx.every_sample[k], opts.tolerance)
+        per_variant.setdefault(v.label, []).append(j)
+        for o in default:
+            a, b = j.errors[o].max_abs, judged[k].errors[o].max_abs
+            d = abs(a - b) if math.isfinite(a) and math.isfinite(b) else (
+                0.0 if a == b else math.inf)
+            moved[o] = max(moved[o], d)
+            worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
+    outputs = {}
+    for o in default:
+        bound = min(j.errors[o].bound for j in judged)
+        worst = max(j.errors[o].max_abs for j in judged)
+        floor = noise.get(o, 0.0)
+        outputs[o] = OutputMargin(bound, worst, max(moved[o], floor), floor, worst_v[o])
+    verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
+    return Certificate(outputs, verdicts)
+
+
+def aimed(opts: Options, tolerance: Tolerance) -> Options:
+    """The run's options with the search aimed at `tolerance` (the user's criteria still judge
+    the written file)."""
+    return replace(opts, tolerance=tolerance)
+
+
+def certificate_lines(cert: Mapping) -> list[str]:
+    """Per output, the margin against the spread, as the console and reports say it."""
+    lines = []
+    for name, m in cert.get("outputs", {}).items():
+        ok = "holds" if m["certified"] else "FRAGILE"
+        lines.append(f"{name}: margin {_fmt(m['margin'])} under the bound {_fmt(m['bound'])}, "
+                     f"spread {_fmt(m['spread'])} (noise floor {_fmt(m['noise_floor'])}): {ok}")
+    for label, ok in cert.get("variants", {}).items():
+        if not ok:
+            lines.append(f"fails the criteria under {label}")
+    return lines
+
+
+def _fmt(x) -> str:
+    if isinstance(x, str) or x is None:
+        return str(x)
+    return f"{x:.3g}"
