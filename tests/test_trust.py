@@ -128,3 +128,144 @@ def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
                                     repr(rtol), "--out", str(tmp_path / "cli"), "--json"])
     assert res.exit_code == 7, res.output
     assert __import__("json").loads(res.stdout)["verdict"] == "fragile"
+
+
+# ---------------------------------------------------------------- renderings pass as written
+
+def _conv_detector(tmp_path):
+    """A small detector head: Conv, BatchNorm, Relu, Conv, Sigmoid, the kind of graph ONNX
+    Runtime's default optimizations rewrite (Conv+BN folding, NCHWc kernels)."""
+    rng = np.random.default_rng(3)
+    f = onnx.numpy_helper.from_array
+    inits = [f(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1"),
+             f(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "scale"),
+             f(rng.standard_normal(8).astype(np.float32), "bias"),
+             f(rng.standard_normal(8).astype(np.float32), "mean"),
+             f(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "var"),
+             f(rng.standard_normal((1, 8, 3, 3)).astype(np.float32) * 0.3, "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("BatchNormalization", ["c1", "scale", "bias", "mean", "var"],
+                              ["b1"], name="bn1"),
+             helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Sigmoid", ["c2"], ["score"], name="head")]
+    g = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 32, 32])], [helper.make_tensor_value_info(
+            "score", TensorProto.FLOAT, [1, 1, 32, 32])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path, inputs = tmp_path / "det.onnx", tmp_path / "det.npz"
+    onnx.save(m, path)
+    np.savez(inputs, x=(rng.standard_normal((1, 3, 32, 32)) * 3).astype(np.float32))
+    return m, path, inputs
+
+
+def _rendered_polygraphy_check(out):
+    import json
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    poly = Path(sys.executable).parent / "polygraphy"
+    text = json.loads((out / "precision.json").read_text())["renderings"]["polygraphy_check"]
+    lines = [shlex.split(ln) for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(lines) == 2 and all(argv[0] == "polygraphy" for argv in lines)
+    for argv in lines:  # as written: Polygraphy's defaults (ORT's graph optimizations on)
+        done = subprocess.run([str(poly), *argv[1:]], cwd=out, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
+    """The two Polygraphy lines commands.sh writes pass, run as written, on the demo, a
+    control-flow model and a detector head whose tolerance sits a hair above all-FP16's error
+    (the plan the search first finds passes the judge by less than ORT's optimizations move
+    it; the certified plan does not)."""
+    import pytest
+
+    pytest.importorskip("polygraphy")
+    from pathlib import Path
+
+    from trtbisect.compare import Tolerance
+    from trtbisect.pipeline import Options, run
+
+    root = Path(__file__).resolve().parents[1]
+    r = run(root / "models" / "demo.onnx",
+            Options(inputs=[str(root / "models" / "demo_inputs.npz")]), tmp_path / "demo")
+    assert r.verdict == "fixed" and r.extra["certificate"]["certified"]
+    _rendered_polygraphy_check(tmp_path / "demo")
+
+    p = if_untyped_branch_outputs()
+    onnx.save(p.model, tmp_path / "cf.onnx")
+    np.savez(tmp_path / "cf.npz", **p.inputs)
+    r = run(tmp_path / "cf.onnx", Options(inputs=[str(tmp_path / "cf.npz")]), tmp_path / "cf")
+    assert r.verdict == "fixed" and set(r.fp32_nodes) == p.strict
+    _rendered_polygraphy_check(tmp_path / "cf")
+
+    m, path, inputs = _conv_detector(tmp_path)
+    from trtbisect.backends.ort import Emulator, Reference
+    from trtbisect.compare import compare_outputs
+    from trtbisect.graph import Graph
+
+    g, x = Graph(m), dict(np.load(inputs))
+    rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
+                          Tolerance(0.0))["score"].rel
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6)),
+                          semantics="strict"), tmp_path / "det")
+    assert r.verdict == "fixed" and r.extra["certificate"]["certified"]
+    m = r.extra["certificate"]["outputs"]["score"]
+    assert m["margin"] > m["spread"] > 0
+    _rendered_polygraphy_check(tmp_path / "det")
+
+
+# ---------------------------------------------------------------- the criterion that fits
+
+def test_concentrated_error_and_probability_maps_point_to_the_criteria_that_fit():
+    from trtbisect.compare import Tolerance, compare_output
+    from trtbisect.judge.hints import criterion_hints, hint_lines
+
+    rng = np.random.default_rng(0)
+    ref = rng.random((1, 1, 64, 64)).astype(np.float32)  # a sigmoid heat map
+    got = ref + 1e-6
+    got[0, 0, 3, 3] += 0.05  # one pixel
+    e = compare_output(ref, got, 1e-2, 0.0)
+    assert not e.passed and e.p99_abs * 100 <= e.max_abs
+    probs = np.full((2, 10), 0.1, np.float32)
+    pe = compare_output(probs, probs * 1.5, 1e-2, 0.0)
+    (det, cls) = criterion_hints({"map": e, "cls": pe}, {"map": ref, "cls": probs},
+                                 Tolerance())
+    assert det["output"] == "map" and "few elements" in det["why"][0]
+    flags = [c["flags"] for c in det["criteria"]]
+    assert flags[0].startswith("--check-error-stat map:quantile --error-quantile map:0.99")
+    assert det["criteria"][0]["all_fp16"].startswith("passes")
+    assert any(f.startswith("--metric map:iou:") for f in flags)
+    assert any(f.startswith("--check ") for f in flags)
+    assert cls["output"] == "cls" and "sums to 1" in cls["why"][0]
+    assert [c["flags"] for c in cls["criteria"]][0] == "--metric cls:topk:1"
+    assert len(hint_lines([det, cls])) == 2 + len(det["criteria"]) + len(cls["criteria"])
+    # nothing to say of an output that passes, or whose error is spread out
+    spread = compare_output(ref, ref * 1.5, 1e-2, 0.0)
+    assert criterion_hints({"ok": compare_output(ref, ref, 1e-2, 0.0), "wide": spread},
+                           {"ok": ref, "wide": ref * 7}, Tolerance()) == []
+
+
+def test_the_console_says_which_criterion_fits(tmp_path):
+    """y = x * 1.0001 (FP16 rounds the weight to 1) on inputs with one huge element: the
+    error sits in that element; the run says the quantile criterion would pass all-FP16."""
+    x = np.full((1, 256), 0.1, np.float32)
+    x[0, 7] = 5000.0
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"], name="scale")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+                          [onnx.numpy_helper.from_array(np.array(1.0001, np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=x)
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--inputs",
+                                  str(tmp_path / "x.npz"), "--rtol", "1e-5", "--out",
+                                  str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "may not be what you mean" in r.output and "quantile" in r.output
+    import json
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    (hint,) = plan["criterion_hints"]
+    assert hint["criteria"][0]["all_fp16"].startswith("passes")

@@ -606,6 +606,12 @@ def emit_run(result, as_json: bool) -> None:
                       f"max|d| {fmt(float(e['max_abs']))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} {judged}")
+    hints = result.extra.get("criterion_hints")
+    if isinstance(hints, list) and hints:  # judge/hints.py
+        from .judge.hints import hint_lines
+        out.print("[yellow]the default criterion may not be what you mean[/]:")
+        for line in hint_lines(hints):
+            out.print(f"  {shown(line)}")
     cert = result.extra.get("certificate")
     if isinstance(cert, dict):  # judge/spread.py: what `fixed` rests on
         from .judge.spread import certificate_lines

@@ -27,6 +27,7 @@ from .inputs import Sample
 from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
 from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
+from .judge.hints import criterion_hints
 from .judge.spread import AIM_ROUNDS, aimed
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
                             worst_of, write_and_judge)
@@ -676,6 +677,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                     "(fragile): it is written, but not called fixed",
                     ", ".join(cert.uncertified))
     ev.close()  # the workers, if the written plan's judge did not stop them already
+    if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
+        hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)
+        if hints:  # judge/hints.py: the default criterion may not be what the user means
+            result.extra["criterion_hints"] = hints
     _explain(result, ctx, opts, ev, constants, units, unit_of, stage, on_layerwise)
     return _finish(result, ctx, out_dir, started, opts.report, marks)
 

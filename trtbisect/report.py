@@ -446,6 +446,8 @@ def render_markdown(result: "RunResult", plot_name: str | None,
                        output_rows(result), code=(0,))
     parts += _md_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
                        margin_rows(result), code=(0,))
+    parts += _md_table("Criteria that may fit better", HINT_HEAD, hint_rows(result),
+                       code=(0, 2))
     parts += _md_stability(result)
     parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
                        trace_rows(result))
@@ -471,6 +473,18 @@ def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
     rows += [(f"(every output) under {label}", "", "", "", "", "fails the criteria")
              for label, ok in cert["variants"].items() if not ok]
     return rows
+
+
+HINT_HEAD = ["output", "why the default criterion may mislead", "criterion", "all FP16"]
+
+
+def hint_rows(result: "RunResult") -> list[tuple[str, ...]]:
+    """judge/hints.py: per output the default judges poorly, each criterion that fits."""
+    hints = result.extra.get("criterion_hints")
+    if not isinstance(hints, list):
+        return []
+    return [(h["output"], "; ".join(h["why"]), c["flags"], c["all_fp16"])
+            for h in hints for c in h["criteria"]]
 
 
 def fmt_num(x) -> str:
@@ -769,6 +783,7 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
                         output_rows(result))
     body += _html_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
                         margin_rows(result))
+    body += _html_table("Criteria that may fit better", HINT_HEAD, hint_rows(result))
     body += _html_stability(result)
     body += _html_trace(result)
     body += _html_commands(result)
