@@ -9,12 +9,15 @@ before judging it: a file no runtime loads is never judged `pass`.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import onnx
 
 from ..errors import TrtBisectError
+
+log = logging.getLogger(__name__)
 
 # ONNX Runtime loads a copy of the weights; above this many bytes of them only the checker runs
 # (a second copy of gigabytes of weights for a load test would break the memory promise)
@@ -62,14 +65,33 @@ def runtime_problem(path: str | Path, weight_bytes: int | None = None) -> str | 
     try:
         ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises several unrelated types for unloadable models
+        if "Could not find an implementation" in str(exc):
+            # the graph resolved (types and shapes check out); the CPU provider only lacks a
+            # kernel for a type, as it does for most bfloat16 ops: TensorRT has them
+            return None
         return f"onnxruntime: {first_error(exc)}"
     return None
 
 
+def _bfloat16_schema_gap(why: str | None) -> bool:
+    """The checker's or ONNX Runtime's refusal is only that this opset's schema of an op does
+    not list bfloat16 (Conv lists it from opset 22 only, Pow from 15). A BF16 file for
+    TensorRT is then still the graph TensorRT builds; no ONNX tool at that opset takes it."""
+    return why is not None and ("unsupported type: tensor(bfloat16)" in why
+                                or ("Type 'tensor(bfloat16)'" in why and "is invalid" in why))
+
+
 def require_written_valid(path: str | Path, weight_bytes: int | None = None) -> None:
     """A file trtbisect wrote passes the checker's full check and loads in ONNX Runtime;
-    else a one-line TrtBisectError that says the fault is trtbisect's."""
+    else a one-line TrtBisectError that says the fault is trtbisect's.
+
+    One exception, warned about: a BF16 file at an opset whose schema of some op does not
+    list bfloat16 (`_bfloat16_schema_gap`)."""
     why = checker_problem(path) or runtime_problem(path, weight_bytes)
+    if _bfloat16_schema_gap(why):
+        log.warning("%s: %s: this opset's schema predates bfloat16 for that op; TensorRT "
+                    "builds it, ONNX tools at this opset refuse it", Path(path).name, why)
+        return
     if why is not None:
         raise TrtBisectError(f"trtbisect wrote {Path(path).name}, which fails {why} (a bug in "
                              "trtbisect: please report it with the model)")
@@ -79,9 +101,9 @@ def require_loadable(path: str | Path, weight_bytes: int | None = None) -> str |
     """A file given to `check`: ONNX Runtime must load it as it is (else a one-line
     TrtBisectError naming the first checker error too). Returns the checker's first error
     for a file ONNX Runtime loads all the same (a warning, not a refusal: TensorRT's parser
-    and ONNX Runtime are what run it)."""
+    and ONNX Runtime are what run it), and the bfloat16 schema gap likewise."""
     checker = checker_problem(path)
     runtime = runtime_problem(path, weight_bytes)
-    if runtime is not None:
+    if runtime is not None and not _bfloat16_schema_gap(runtime):
         raise TrtBisectError(f"{path} does not load: {checker or runtime}")
-    return checker
+    return checker or runtime
