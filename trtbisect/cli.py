@@ -64,9 +64,13 @@ EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, a plan was found and veri
                              REFERENCE, (4, "no precision plan meets the criteria"), PARTIAL)
 OVER_BUDGET = (6, "`run --budget PCT`: no plan within the slowdown budget meets the criteria;\n"
                "       the best plan within it is written with its measured error")
+FRAGILE = (7, "fragile: a plan meets the criteria, but none by more than the spread of what\n"
+           "       the tools compute (ORT optimizations, threads, FP32 noise); the nearest is\n"
+           "       written with its margins")
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
-RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, INTERRUPTED).split("\n", 2)[2]
+RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, FRAGILE,
+                                               INTERRUPTED).split("\n", 2)[2]
 COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
 CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the criteria"), USAGE, REFERENCE,
                               (4, "the mixed model misses the criteria"),
