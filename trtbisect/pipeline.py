@@ -28,11 +28,12 @@ from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
 from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.hints import criterion_hints
+from .judge.settings import JudgeSettings
 from .judge.spread import AIM_ROUNDS, aimed
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
                             worst_of, write_and_judge)
 from .judge.criteria import Criteria, Judgement, Verdict
-from .judge.precision import FP16, precision as low_precision
+from .judge.precision import precision as low_precision
 from .journal import Journal, plan_key
 from .render import RenderContext
 from .mixed import Written, graph_model
@@ -91,6 +92,12 @@ class Options:
     def accumulate(self) -> int:
         """The --fp16-accumulate block size (0: off)."""
         return semantics.FP16_ACCUMULATE_BLOCK if self.fp16_accumulate else 0
+
+    @property
+    def judge_settings(self) -> JudgeSettings:
+        """Every setting a verdict depends on, in one frozen object (judge/settings.py): the
+        journal's fingerprint and the workers' spec are built from it."""
+        return JudgeSettings.of(self)
 
 
 @dataclass
@@ -867,19 +874,14 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
 
 
 def _fingerprint(ctx: Context, opts: Options) -> dict:
-    fp = {"model": ctx.sha256, "model_data": ctx.data_sha256,
-          "samples": _samples_hash(ctx.every_sample),
-          "tolerance": opts.tolerance.to_json(), "strict": opts.strict, "rewrite": opts.rewrite,
-          "version": __version__, "semantics": [opts.semantics, opts.trt_version, opts.tf32,
-                                                     opts.accumulate],
-          # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names them
-          # (a journal of an earlier version judged them FP32): never replayed across that
-          "judge": "subgraphs"}
-    if opts.precision != FP16.name:  # an FP16 run's fingerprint stays as it was
-        fp["precision"] = opts.precision
-    if not opts.criteria.default:
-        fp["criteria"] = opts.criteria.fingerprint()
-    return fp
+    """What a journaled verdict depends on: the model, the samples, the version, and every
+    setting of the judge (judge/settings.py: one object, so none can be left out)."""
+    return {"model": ctx.sha256, "model_data": ctx.data_sha256,
+            "samples": _samples_hash(ctx.every_sample), "rewrite": opts.rewrite,
+            "version": __version__,
+            # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names
+            # them (a journal of an earlier version judged them FP32): never replayed across
+            "judge": "subgraphs", "settings": opts.judge_settings.fingerprint()}
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):

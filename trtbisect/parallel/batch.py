@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import TrtBisectError
 from .data import FolderData
-from .judge import (JudgeSpec, Measured, criteria_fingerprint, graph_digest, merge)
+from .judge import JudgeSpec, Measured, graph_digest, merge
 from .pool import LocalPool, Task, TaskResult
 from .sizing import plan_workers
 
@@ -209,8 +209,6 @@ def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
 
 def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool,
           parent: Path | None) -> tuple[JudgeSpec, str | None]:
-    from ..judge.flags import criteria_flags
-
     model, model_dir = str(ctx.path), None
     if rewritten:  # the rewritten model lives in memory only: saved for the workers
         import tempfile
@@ -221,14 +219,10 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
         model_dir = tempfile.mkdtemp(prefix="model-", dir=parent)
         model = str(Path(model_dir) / f"{ctx.path.stem}.rewritten.onnx")
         graph_model(ctx.graph).save(Path(model))
-    prepared = ctx.prepared
     spec = JudgeSpec(
-        model=model, semantics=prepared.semantics, trt_version=prepared.trt_version,
-        tf32=opts.tf32, accumulate=opts.accumulate, threads=opts.threads, strict=opts.strict,
-        watch=tuple(ev.watch), groups=tuple(tuple(g) for g in ev.groups),
-        active=tuple(prefetch), criteria=tuple(criteria_flags(opts.criteria)),
-        criteria_fingerprint=criteria_fingerprint(opts.criteria), tolerance=opts.tolerance,
-        names=graph_digest(ctx.judged), precision=ctx.rules.precision.name)
+        model=model, judge=opts.judge_settings, watch=tuple(ev.watch),
+        groups=tuple(tuple(g) for g in ev.groups), active=tuple(prefetch),
+        names=graph_digest(ctx.judged))
     return spec, model_dir
 
 

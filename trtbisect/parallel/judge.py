@@ -13,7 +13,7 @@ the sequential loop would have made, with the same count of inferences.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from ..compare import Tolerance
 from ..errors import TrtBisectError
 from ..judge.criteria import Criteria, Judgement
+from ..judge.settings import JudgeSettings, criteria_digest, criteria_from_flags
 
 Arrays = Mapping[str, np.ndarray]
 Result = tuple[Judgement, list[str]]  # one sample: its judgement, its non-finite watched tensors
@@ -97,21 +98,12 @@ class JudgeSpec:
     and the samples travel as paths or object-store references, never pickled arrays)."""
 
     model: str  # the ONNX file the run judges (its rewritten model, saved, under --rewrite)
-    semantics: str
-    trt_version: int
-    tf32: bool
-    accumulate: int
-    threads: int | None  # ORT intra-op threads: part of the judge (ORT's Conv depends on it)
-    strict: bool
+    judge: JudgeSettings  # everything a verdict depends on (judge/settings.py), one object
     watch: tuple[str, ...]  # --strict: the tensors whose non-finite values fail a plan
     groups: tuple[tuple[str, ...], ...]  # nodes plans keep together (the search's units)
     active: tuple[str, ...]  # switchable from the first session on (the prior's prefetch)
-    criteria: tuple[str, ...]  # the criterion flags (judge/flags.criteria_flags)
-    criteria_fingerprint: str  # the parent's: a --check file changed since is refused
-    tolerance: Tolerance = field(default_factory=Tolerance)
     names: str = ""  # digest of the judged graph: the worker must prepare the same graph
     model_sha256: str | None = None  # checked where the file is not the parent's own path
-    precision: str = "fp16"  # the low precision plans round to (--precision)
 
 
 def graph_digest(graph) -> str:
@@ -127,23 +119,11 @@ def graph_digest(graph) -> str:
 
 def criteria_of(flags: Sequence[str]) -> Criteria:
     """`criteria_flags` read back (judge/flags.py promises the round trip)."""
-    from ..judge.flags import parse_criteria
-
-    kinds: dict[str, list[str]] = {"--check-error-stat": [], "--error-quantile": [],
-                                   "--metric": [], "--check": []}
-    rate = 1.0
-    for flag, value in zip(flags[::2], flags[1::2]):
-        if flag == "--pass-rate":
-            rate = float(value)
-        else:
-            kinds[flag].append(value)
-    return parse_criteria(kinds["--check-error-stat"], kinds["--error-quantile"],
-                          kinds["--metric"], kinds["--check"], rate)
+    return criteria_from_flags(flags)
 
 
 def criteria_fingerprint(criteria: Criteria) -> str:
-    import json
-    return hashlib.sha256(json.dumps(criteria.fingerprint(), sort_keys=True).encode()).hexdigest()
+    return criteria_digest(criteria)
 
 
 class SampleJudge:
@@ -158,17 +138,19 @@ class SampleJudge:
             raise TrtBisectError(f"the model {spec.model} a worker reads differs from the "
                                  "run's (give a path every node reads the same file at)")
         graph = Graph.from_path(spec.model)
-        judged, prepared = semantics.prepare_graph(graph, spec.semantics, spec.trt_version)
+        settings = spec.judge
+        judged, prepared = semantics.prepare_graph(graph, settings.semantics,
+                                                   settings.trt_version)
         if spec.names and graph_digest(judged) != spec.names:
             raise TrtBisectError("a worker prepared another graph than the run's (a different "
                                  "trtbisect or onnx version on a worker?)")
-        self.criteria = criteria_of(spec.criteria)
-        if criteria_fingerprint(self.criteria) != spec.criteria_fingerprint:
+        self.criteria = settings.criteria()
+        if criteria_digest(self.criteria) != settings.criteria_fingerprint:
             raise TrtBisectError("a --check file changed during the run")
         from ..judge.precision import precision
-        rules = semantics.rules_for(prepared, spec.tf32, spec.accumulate,
-                                    precision(spec.precision))
-        self.emulator = Emulator(judged, spec.threads, watch=list(spec.watch), rules=rules,
+        rules = semantics.rules_for(prepared, settings.tf32, settings.accumulate,
+                                    precision(settings.precision))
+        self.emulator = Emulator(judged, settings.threads, watch=list(spec.watch), rules=rules,
                                  groups=[list(g) for g in spec.groups], active=spec.active)
         self.spec = spec
 
@@ -181,7 +163,7 @@ class SampleJudge:
         bad: list[str] = []
         for sample, ref in pairs:
             result = judge_one(self.emulator, plan, sample, ref, self.criteria,
-                               self.spec.tolerance, self.spec.strict)
+                               self.spec.judge.tolerance, self.spec.judge.strict)
             out.append(result)
             judged.append(result[0])
             bad += result[1]

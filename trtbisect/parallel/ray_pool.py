@@ -141,7 +141,7 @@ class RayPool:
         from .batch import Stats
 
         ray = require_ray()
-        threads = max(1, spec.threads or 1)
+        threads = max(1, spec.judge.threads or 1)
         started = connect(ray, address, max(plan.cores, requested or 0))
         cpus = int(ray.cluster_resources().get("CPU", 1))
         fit = max(1, cpus // threads)  # more actors than CPUs would wait for CPUs forever
@@ -156,7 +156,7 @@ class RayPool:
         model_ref, spec = _model_for_actors(ray, spec, ctx)
         data = ObjectData.put(ctx.every_sample, ctx.every_reference)
         pool = cls(ray, spec, model_ref, data, width, threads, started)
-        return pool, data, Stats(width, "ray", spec.threads, why)
+        return pool, data, Stats(width, "ray", spec.judge.threads, why)
 
     def _start(self) -> Any:
         return self._remote.remote(self._spec, self._model, self._data)
