@@ -164,3 +164,70 @@ def test_a_loop_with_unknown_trips_is_named_unpriced_and_the_search_falls_back_t
     s = pricing.summary([], "cost")
     assert s["objective"] == "count" and "fell back to count" in s["fallback"]
     assert "Loop 'loop'" in s["fallback"]
+
+
+# ---------------------------------------------------------------- in the run's outputs
+
+def conv_bn_mean(tmp_path):
+    """Conv -> BatchNorm (TensorRT folds it into the Conv: one layer "conv + bn") whose output
+    overflows FP16, then a channel mean and a scale back: every layer is a culprit."""
+    rng = np.random.default_rng(0)
+    c = 4
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+             helper.make_node("ReduceMean", ["n"], ["p"], name="mean", axes=[1], keepdims=1),
+             helper.make_node("Mul", ["p", "milli"], ["y"], name="out")]
+    arrays = {"w": rng.random((c, 3, 3, 3)) * 3000, "s": np.full(c, 4.0), "b": np.zeros(c),
+              "m": np.zeros(c), "v": np.ones(c), "milli": np.array(1e-3)}
+    inits = [numpy_helper.from_array(np.asarray(a, np.float32), k) for k, a in arrays.items()]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 16, 16])],
+                          inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              tmp_path / "cbn.onnx")
+    np.savez(tmp_path / "cbn.npz", x=(1 + rng.random((1, 3, 16, 16))).astype(np.float32))
+    return tmp_path / "cbn.onnx", tmp_path / "cbn.npz"
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from trtbisect.cli import main
+    return CliRunner().invoke(main, ["run", *map(str, args)], env={"COLUMNS": "200"})
+
+
+def test_one_price_per_engine_in_the_run_and_the_table_adds_up(tmp_path):
+    import json
+    model, npz = conv_bn_mean(tmp_path)
+    out = {}
+    for sem in ("trt", "strict"):
+        res = _cli(model, "--inputs", npz, "--out", tmp_path / sem, "--semantics", sem, "--report")
+        assert res.exit_code == 0, res.output
+        out[sem] = (res.output, json.loads((tmp_path / sem / "precision.json").read_text())["cost"])
+    trt, strict = out["trt"][1], out["strict"][1]
+    for key in ("all_fp16_s", "plan_s", "all_fp32_s", "slowdown", "plan_layers", "layers"):
+        assert trt[key] == strict[key], key
+    # the fused layer is priced under the name the table shows, and holds the plan's nodes
+    assert trt["units"]["conv + bn"]["nodes"] == ["conv"]
+    assert strict["units"]["conv + bn"]["nodes"] == ["conv", "bn"]
+    for c in (trt, strict):  # the rows add up to the plan's slowdown
+        rows = [u["share"] for u in c["units"].values()] + [c["boundary_casts_share"]]
+        assert sum(rows) == pytest.approx(c["slowdown"], rel=1e-9)
+        assert c["precision"] == "fp16" and c["all_low_s"] == c["all_fp16_s"]
+    console = out["trt"][0]
+    share = f"+{100 * trt['units']['conv + bn']['share']:.1f}%"
+    assert any(line.startswith("│ conv ") and share in line for line in console.splitlines())
+    assert "(boundary Casts)" in console and "TensorRT layers in FP32" in console
+    md = (tmp_path / "trt" / "report.md").read_text()
+    assert share in md and "(boundary Casts)" in md
+
+
+def test_bf16_runs_say_bf16(tmp_path):
+    import json
+    model, npz = conv_bn_mean(tmp_path)
+    res = _cli(model, "--inputs", npz, "--out", tmp_path / "bf", "--precision", "bf16")
+    assert res.exit_code in (0, 3), res.output
+    c = json.loads((tmp_path / "bf" / "precision.json").read_text())["cost"]
+    assert c["precision"] == "bf16" and "all_bf16_s" in c and "all_fp16_s" not in c
+    assert "all BF16 " in res.output and "all FP16 " not in res.output

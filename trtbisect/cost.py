@@ -837,3 +837,60 @@ def pct(x: float) -> str:
     if not math.isfinite(x):
         return str(x)
     return f"{100 * x:+.1f}%" if abs(x) >= 0.0005 else f"{100 * x:+.2g}%"
+
+
+# ---------------------------------------------------------------- the price in tables
+
+def all_low_s(c: Mapping) -> float | None:
+    """All-FP16's (or all-BF16's) time from precision.json's "cost" (older runs: all_fp16_s)."""
+    v = c.get("all_low_s", c.get("all_fp16_s"))
+    return float(v) if v is not None else None
+
+
+def low_label(c: Mapping) -> str:
+    return str(c.get("precision", "fp16")).upper()
+
+
+def cost_cells(c: Mapping | None, rows: Sequence[tuple[str, str]]) -> list[str]:
+    """The cost column of a table of the plan's nodes (`rows`: (node, TensorRT layer or "")
+    in table order): each FP32 layer's share on the first row of its nodes, empty on the
+    others; keyed as precision.json's "cost" "units" are (its `nodes` name the rows)."""
+    units = (c or {}).get("units") or {}
+    if not isinstance(units, Mapping):
+        return ["" for _ in rows]
+    unit_of: dict[str, str] = {}
+    for key, u in units.items():
+        for n in (u.get("nodes") or []) if isinstance(u, Mapping) else []:
+            unit_of.setdefault(n, key)
+    out, shown = [], set()
+    for node, layer in rows:
+        key = unit_of.get(node) or (layer if layer in units else node)
+        out.append("" if key in shown or key not in units else pct(units[key]["share"]))
+        shown.add(key)
+    return out
+
+
+def boundary_row(c: Mapping | None) -> tuple[str, str] | None:
+    """The boundary Casts' row of the same table: (cost, why), or None (older runs)."""
+    if not c or c.get("boundary_casts_share") is None:
+        return None
+    n = int(c.get("boundary_casts", 0))
+    return (pct(float(c["boundary_casts_share"])),
+            f"{n} Cast(s) between {low_label(c)} and FP32 layers (the {low_label(c)} layers' "
+            "wider reads of FP32 values)")
+
+
+def cost_sentence(c: Mapping, markup: bool = False) -> str:
+    """The plan's price in one line (console and report alike)."""
+    low = low_label(c)
+    budget = ""
+    if c.get("budget_pct") is not None:
+        over = "[red]over[/]" if markup else "over"
+        budget = f"; {'within' if c['within_budget'] else over} the {c['budget_pct']:g}% budget"
+    layers = (f"; the plan keeps {c['plan_layers']} of {c['layers']} TensorRT layers in FP32"
+              if c.get("layers") is not None else "")
+    return (f"all {low} {1e6 * (all_low_s(c) or 0.0):.4g} us, the plan "
+            f"{1e6 * c['plan_s']:.4g} us ({pct(c['slowdown'])}), all FP32 "
+            f"{1e6 * c['all_fp32_s']:.4g} us; FP32 share {100 * c['fp32_flop_share']:.1f}% of "
+            f"FLOPs, {100 * c['fp32_byte_share']:.1f}% of bytes; {c['boundary_casts']} boundary "
+            f"Casts{layers}{budget}")
