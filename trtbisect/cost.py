@@ -1,18 +1,22 @@
 """What a precision plan costs in engine speed: a roofline estimate per TensorRT layer.
 
-A plan keeps some units (fused TensorRT layers, or single nodes) in FP32. Each unit's time in
-each precision is the roofline `max(FLOPs / peak, bytes / bandwidth)` on a GPU class whose
-figures come from NVIDIA's datasheets (`GPUS`, with their addresses): MatMul, Gemm, Conv,
-ConvTranspose and Attention run on the tensor cores (FP16, or TF32 with `--tf32`, else FP32 on
-the CUDA cores); every other op moves its tensors at 2 or 4 bytes per float element. A fused
-layer is priced as one: the tensors it keeps inside cost no memory traffic. Every tensor that
-crosses an FP16/FP32 boundary under the plan costs a Cast (a read and a write), counted the
-way the mixed-ONNX writer places them (one per tensor and target type). docs/cost.md states the
-model, its sources and its limits.
+The price is the engine's: the layers TensorRT is predicted to build (`--semantics trt`'s
+units), whatever rounding the judge uses; a strict plan of nodes is priced by the layers they
+belong to (`PlanPricing`). Each layer's time in each precision is the roofline
+`max(FLOPs / peak, bytes / bandwidth)` on a GPU class whose figures come from NVIDIA's
+datasheets (`GPUS`, with their addresses): MatMul, Gemm, Conv, ConvTranspose and Attention run
+on the tensor cores (FP16, or TF32 with `--tf32`, else FP32 on the CUDA cores); every other op
+moves its tensors. A layer reads each tensor at the width it was stored in and writes at its
+own, so an FP16/FP32 boundary is a wider read, never a kernel of its own, and one layer more in
+FP32 never makes a plan cheaper. A fused layer is priced as one: the tensors it keeps inside
+cost no memory traffic. Nodes inside If branches, Loop and Scan bodies are priced as often as
+they run on the analysed sample (`node_runs`); what cannot be priced is named (`unpriced`) and
+the run falls back to the count search. docs/cost.md states the model, its sources and its
+limits.
 
 No runtime here: the shapes come in (`infer_shapes`: ONNX shape inference on the run's own
 sample shapes, so a dynamic model is priced at the shape it was analysed at), and the search
-receives `Pricing.price`, a pure function of the plan.
+receives `PlanPricing.price`, a pure function of the plan.
 """
 
 from __future__ import annotations
