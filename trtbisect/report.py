@@ -483,7 +483,7 @@ def _cost_facts(result: "RunResult") -> list[str]:
     from .cost import cost_sentence
 
     return [f"- estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
-            f"{cost_sentence(c)}", *([f"- {c['fallback']}"] if c.get("fallback") else [])]
+            f"{cost_sentence(c)}", *([f"- {md_text(c['fallback'])}"] if c.get("fallback") else [])]
 
 
 def _coverage_facts(result: "RunResult") -> list[str]:
