@@ -115,6 +115,15 @@ def test_the_branch_taken_is_priced_and_the_other_is_not():
     assert any("dearer branch (then_branch)" in n for n in blind.engine.flow.notes)
 
 
+def test_nested_branches_multiply_and_a_branch_never_reached_says_nothing():
+    p = all_planted()["nested_if"]
+    e = _priced(p.model, p.inputs, "trt")[0].engine
+    runs = dict(zip(Graph(p.model).names, e.flow.runs))
+    assert runs["outer[then_branch]/inner[then_branch]/square"] == 1
+    assert runs["outer[then_branch]/inner[else_branch]/tanh"] == 0
+    assert runs["outer[else_branch]/tanh"] == 0 and not e.flow.notes
+
+
 def test_loop_and_scan_bodies_are_priced_times_their_trips():
     loop = all_planted()["loop_third_trip"]
     pricing, _ = _priced(loop.model, loop.inputs, "trt")

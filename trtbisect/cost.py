@@ -257,32 +257,33 @@ def node_runs(g: Graph, shapes: Mapping[str, tuple[int, ...]],
     factor: dict[tuple[int, str], float] = {}
     notes: list[str] = []
     unpriced: list[str] = []
-    for i, node in enumerate(g.nodes):
+    runs = [1.0] * len(g.nodes)
+    for i in g.order:  # holders before the nodes of their bodies
+        at = g.where[i]
+        if at is not None:
+            runs[i] = runs[at[0]] * factor.get((at[0], at[1]), 1.0)
+        node = g.nodes[i]
         bodies = [a for a, _ in subgraphs(node)]
         if not bodies:
             continue
-        name = g.names[i]
+        name, ran = g.names[i], runs[i] > 0  # a holder that never runs says nothing
         if node.op_type == "If":
             known = {a: taken[(i, a)] for a in bodies if (i, a) in taken}
             if len(known) < len(bodies):
                 cost = {a: dearer(i, a) if dearer else 0.0 for a in bodies}
                 pick = max(bodies, key=lambda a: (cost[a], a == "then_branch"))
                 known = {a: a == pick for a in bodies}
-                notes.append(f"If {name!r}: the branch taken on the analysed sample is unknown; "
-                             f"its dearer branch ({pick}) is priced")
+                if ran:
+                    notes.append(f"If {name!r}: the branch taken on the analysed sample is "
+                                 f"unknown; its dearer branch ({pick}) is priced")
             factor.update({(i, a): 1.0 if known[a] else 0.0 for a in bodies})
             continue
         trips = (_loop_trips(g, i, shapes) if node.op_type == "Loop" else
                  _scan_trips(g, i, shapes) if node.op_type == "Scan" else 1)
-        if trips is None:
+        if trips is None and ran:
             unpriced.append(f"the body of {node.op_type} {name!r} (its trip count on the "
                             "analysed sample is unknown)")
         factor.update({(i, a): float(trips or 0) for a in bodies})
-    runs = [1.0] * len(g.nodes)
-    for i in g.order:  # holders before the nodes of their bodies
-        at = g.where[i]
-        if at is not None:
-            runs[i] = runs[at[0]] * factor.get((at[0], at[1]), 1.0)
     return Flow(runs, notes, unpriced)
 
 
