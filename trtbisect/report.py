@@ -297,7 +297,7 @@ def tradeoff_png(result: "RunResult") -> bytes | None:
     cost = result.extra.get("cost") or {}
     budget = cost.get("budget_pct") if isinstance(cost, Mapping) else None
     gpu = cost.get("gpu_title", "") if isinstance(cost, Mapping) else ""
-    xlabel = f"estimated slowdown against all-FP16 on {gpu} (%)"
+    xlabel = f"estimated slowdown against all-{low_of(result).label} on {gpu} (%)"
     if not result.criteria.default:  # the points are the criterion's severities
         return plot_tradeoff(points, chosen, 1.0, budget, xlabel,
                              ylabel="worst criterion severity (1 = at its bound)")
