@@ -110,7 +110,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
         rec["runs"][p] = {
             "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes),
             "causes": sorted({g["cause"] for g in r.extra.get("culprit_groups", [])}),
-            "all_low_us": 1e6 * c["all_fp16_s"] if c else None,
+            "all_low_us": 1e6 * c.get("all_low_s", c.get("all_fp16_s")) if c else None,
             "plan_us": 1e6 * c["plan_s"] if c else None,
             "all_fp32_us": 1e6 * c["all_fp32_s"] if c else None,
             "slowdown": c.get("slowdown"),

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from trtbisect import semantics  # noqa: E402
-from trtbisect.cost import pricing_for  # noqa: E402
+from trtbisect.cost import engine_pricing  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.pipeline import Evaluator, Options, _shape_probe, check_mixed, prepare, run  # noqa: E402
 from trtbisect.search import ddmin  # noqa: E402
@@ -116,9 +116,10 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
     g = ctx.judged
     units = semantics.units(ctx.prepared, g.candidates())
     unit_of = {n: u for u, ns in units.items() for n in ns}
-    pricing = pricing_for(g, units, ctx.samples[0], opts.gpu, opts.tf32, _shape_probe(ctx, opts))
+    pricing = engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0], opts.gpu,
+                             opts.tf32, lambda pg: _shape_probe(ctx, opts, pg))
     rec = {"model": name, "semantics": sem, "nodes": len(ctx.graph.names), "candidates": len(g.candidates()),
-           "units": len(units), "gflop": sum(c.flops for c in pricing.cost.values()) / 1e9,
+           "units": len(units), "gflop": sum(c.flops for c in pricing.engine.cost.values()) / 1e9,
            "all_fp16_us": 1e6 * pricing.fp16_s, "all_fp32_us": 1e6 * pricing.fp32_s,
            "date": datetime.date.today().isoformat(), "note": note, "methods": {}}
 

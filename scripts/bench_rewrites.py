@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from trtbisect import semantics  # noqa: E402
 from trtbisect.compare import Tolerance  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
-from trtbisect.cost import pricing_for  # noqa: E402
+from trtbisect.cost import engine_pricing  # noqa: E402
 from trtbisect.pipeline import (Evaluator, Options, RunResult, _shape_probe, prepare,  # noqa: E402
                                 run)
 from trtbisect.search import ddmin  # noqa: E402
@@ -260,8 +260,8 @@ def run_ddmin(path: Path, opts: Options, flops: Mapping[str, int | None], total:
     ev.emulator.close()
     plan = sorted(nodes(s.fp32)) if s.found else []
     verdict = "no_plan" if not s.found else ("fixed" if plan else "fp16_ok")
-    pricing = pricing_for(ctx.judged, units, ctx.samples[0], opts.gpu, opts.tf32,
-                          _shape_probe(ctx, opts))
+    pricing = engine_pricing(ctx.graph, ctx.judged, ctx.prepared, units, ctx.samples[0],
+                             opts.gpu, opts.tf32, lambda pg: _shape_probe(ctx, opts, pg))
     return {"verdict": verdict, "fp32_nodes": len(plan), "plan": plan,
             "slowdown": pricing.slowdown(s.fp32) if s.found else None,
             "flop_share": flop_share(plan, flops, total), "evaluations": s.evaluations,

@@ -40,23 +40,24 @@ def strict_units(g: Graph) -> dict[str, tuple[str, ...]]:
     return {n: (n,) for n in g.candidates()}
 
 
-def test_roofline_per_node_and_casts_at_each_boundary():
+def test_roofline_per_node_and_conversions_at_each_boundary():
+    """A layer reads a tensor at the width it was stored in and writes at its own; a graph
+    output is written in its declared type. So x (an FP32 input) costs 4 bytes an element to
+    the FP16 MatMul, and y (an FP32 output) 4 bytes to the FP16 Relu."""
     g = Graph(matmul_relu())
     p = Pricing(g, strict_units(g), infer_shapes(g, SAMPLE), GPU)
     mm, relu = p.cost["mm"], p.cost["relu"]
     assert mm.flops == MM_FLOPS and mm.float_elements == 3 * E  # x, W, h
-    assert mm.fp16_s == pytest.approx(max(MM_FLOPS / 1e15, 3 * E * 2 / 1e12))  # memory-bound
+    assert mm.fp16_s == pytest.approx(max(MM_FLOPS / 1e15, (4 + 2 + 2) * E / 1e12))  # memory
     assert mm.fp32_s == pytest.approx(max(MM_FLOPS / 1e14, 3 * E * 4 / 1e12))  # math-bound
-    assert relu.flops == 0 and relu.fp16_s == pytest.approx(2 * E * 2 / 1e12)
-    assert relu.fp32_s == pytest.approx(2 * E * 4 / 1e12)
-    cast = E * (4 + 2) / 1e12  # one tensor read in one precision, written in the other
-    # all-FP16: the FP32 input x and the FP32 output y each cross a boundary
-    assert p.fp16_s == pytest.approx(mm.fp16_s + relu.fp16_s + 2 * cast)
-    assert p.casts([]) == (2, pytest.approx(2 * cast))
-    # the MatMul in FP32: x needs no Cast, h does (FP32 MatMul -> FP16 Relu), y does
-    assert p.price({"mm"}) == pytest.approx(mm.fp32_s + relu.fp16_s + 2 * cast)
-    # both FP32: no Cast at all
-    assert p.price({"mm", "relu"}) == pytest.approx(mm.fp32_s + relu.fp32_s)
+    assert relu.flops == 0 and relu.fp16_s == pytest.approx((2 + 4) * E / 1e12)
+    assert relu.fp32_s == relu.fp16_s  # alone in FP32 it still reads h as the MatMul stored it
+    assert p.fp16_s == pytest.approx(mm.fp16_s + relu.fp16_s)
+    assert p.casts([]) == (2, pytest.approx(0))  # the mixed file's Casts at x and y: no kernel
+    # the MatMul in FP32: it stores h in FP32, which the FP16 Relu reads at 4 bytes
+    assert p.price({"mm"}) == pytest.approx(mm.fp32_s + (4 + 4) * E / 1e12)
+    assert p.casts({"mm"}) == (2, pytest.approx(2 * E / 1e12))  # h and y; the wider read of h
+    assert p.price({"mm", "relu"}) == pytest.approx(mm.fp32_s + 8 * E / 1e12)
     assert p.fp32_s == pytest.approx(p.price({"mm", "relu"}))
     assert p.casts({"mm", "relu"})[0] == 0
     assert p.slowdown({"mm"}) == pytest.approx(p.price({"mm"}) / p.fp16_s - 1)
@@ -67,7 +68,7 @@ def test_tf32_prices_fp32_math_at_the_tf32_peak():
     g = Graph(matmul_relu())
     p = Pricing(g, strict_units(g), infer_shapes(g, SAMPLE), GPU, tf32=True)
     assert p.cost["mm"].fp32_s == pytest.approx(max(MM_FLOPS / 5e14, 3 * E * 4 / 1e12))
-    assert p.cost["relu"].fp32_s == pytest.approx(2 * E * 4 / 1e12)  # no math: unchanged
+    assert p.cost["relu"].fp32_s == pytest.approx(6 * E / 1e12)  # no math: unchanged
 
 
 def test_a_fused_layer_is_one_unit_whose_inside_costs_no_traffic():
@@ -80,8 +81,8 @@ def test_a_fused_layer_is_one_unit_whose_inside_costs_no_traffic():
     layer = p.cost["mm + relu"]
     assert layer.float_elements == 3 * E  # x, W, y: h stays inside
     assert layer.fp32_s == pytest.approx(max(MM_FLOPS / 1e14, 3 * E * 4 / 1e12))
-    cast = E * 6 / 1e12
-    assert p.fp16_s == pytest.approx(layer.fp16_s + 2 * cast)
+    assert layer.fp16_s == pytest.approx(max(MM_FLOPS / 1e15, (4 + 2 + 4) * E / 1e12))
+    assert p.fp16_s == pytest.approx(layer.fp16_s)
     assert p.price({"mm + relu"}) == pytest.approx(layer.fp32_s)  # no boundary left
 
 
@@ -164,6 +165,12 @@ def test_summary_states_the_price_and_the_shares():
     assert s["fp32_byte_share"] == pytest.approx(3 / 5)  # x, W, h of x, W, h, h, y
     assert s["boundary_casts"] == 2
     assert s["units"]["mm"]["share"] == pytest.approx(p.cost["mm"].premium / p.fp16_s)
+    assert s["units"]["mm"]["nodes"] == ["mm"] and s["plan_layers"] == 1 and s["layers"] == 2
+    # the rows add up: the units' shares and the boundary conversions make the slowdown
+    assert s["units"]["mm"]["share"] + s["boundary_casts_share"] == pytest.approx(s["slowdown"])
+    assert s["precision"] == "fp16" and s["all_low_s"] == s["all_fp16_s"] == p.fp16_s
+    bf = p.summary(["mm"], low="bf16")
+    assert bf["all_bf16_s"] == bf["all_low_s"] and "all_fp16_s" not in bf
 
 
 PRICE_SCRIPT = """

@@ -25,7 +25,7 @@ from rich.table import Table
 from . import __version__
 from .compare import OutputError, Tolerance
 from .degenerate import nothing_to_judge
-from .cost import DEFAULT_GPU, GPUS
+from .cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
@@ -582,18 +582,23 @@ def emit_run(result, as_json: bool) -> None:
         layers = any(c.layer and c.layer != c.node for c in result.culprits)
         if layers:
             t.add_column("TensorRT layer", overflow="fold")
-        shares = cost_shares(result)
-        if shares:
+        price = result.extra.get("cost")
+        shares = cost_cells(price, [(c.node, c.layer or "") for c in result.culprits])
+        priced = any(shares)
+        if priced:
             t.add_column("cost", overflow="fold")
         t.add_column("why", overflow="fold")
         named: set[str] = set()
-        for c in result.culprits:
+        for c, share in zip(result.culprits, shares):
             layer = c.layer or c.node
             cell = "[dim]same layer[/]" if layer in named else shown(layer)
-            share = "" if layer in named else shares.get(layer, "")
             named.add(layer)
             t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
-                      *([cell] if layers else []), *([share] if shares else []), shown(c.why))
+                      *([cell] if layers else []), *([share] if priced else []), shown(c.why))
+        casts = boundary_row(price) if priced else None
+        if casts is not None:  # the rows add up to the plan's slowdown
+            t.add_row("[dim](boundary Casts)[/]", "Cast", *([""] if modules else []),
+                      *([""] if layers else []), casts[0], escape(casts[1]))
         out.print(t)
     emit_diagnosis(result)
     if result.errors_before:
@@ -658,27 +663,12 @@ def emit_both(both, as_json: bool) -> None:
         out.print(f"{r['precision'].upper()} plan: {shown(r['plan'])}", soft_wrap=True)
 
 
-def cost_shares(result) -> dict[str, str]:
-    """Unit (TensorRT layer or node) -> what keeping it in FP32 adds to all-FP16's time."""
-    from .cost import pct
-
-    units = (result.extra.get("cost") or {}).get("units") or {}
-    return {u: pct(v["share"]) for u, v in units.items()}
-
-
 def cost_line(c: dict) -> str:
-    """The plan's price in one line (precision.json "cost")."""
-    from .cost import pct
-
-    budget = ""
-    if c.get("budget_pct") is not None:
-        budget = (f", {'within' if c['within_budget'] else '[red]over[/]'} the "
-                  f"{c['budget_pct']:g}% budget")
-    return (f"estimated engine time on {escape(c['gpu_title'])}: all FP16 "
-            f"{1e6 * c['all_fp16_s']:.4g} us, the plan {1e6 * c['plan_s']:.4g} us "
-            f"({pct(c['slowdown'])}), all FP32 {1e6 * c['all_fp32_s']:.4g} us; FP32 share "
-            f"{100 * c['fp32_flop_share']:.1f}% of FLOPs, {100 * c['fp32_byte_share']:.1f}% of "
-            f"bytes; {c['boundary_casts']} boundary Casts{budget}")
+    """The plan's price in one line (precision.json "cost"), and what it could not price."""
+    line = f"estimated engine time on {escape(c['gpu_title'])}: {cost_sentence(c, True)}"
+    if c.get("fallback"):
+        line += f"\n[yellow]{escape(c['fallback'])}[/]"
+    return line
 
 
 def emit_samples(result) -> None:

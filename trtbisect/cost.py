@@ -1,18 +1,22 @@
 """What a precision plan costs in engine speed: a roofline estimate per TensorRT layer.
 
-A plan keeps some units (fused TensorRT layers, or single nodes) in FP32. Each unit's time in
-each precision is the roofline `max(FLOPs / peak, bytes / bandwidth)` on a GPU class whose
-figures come from NVIDIA's datasheets (`GPUS`, with their addresses): MatMul, Gemm, Conv,
-ConvTranspose and Attention run on the tensor cores (FP16, or TF32 with `--tf32`, else FP32 on
-the CUDA cores); every other op moves its tensors at 2 or 4 bytes per float element. A fused
-layer is priced as one: the tensors it keeps inside cost no memory traffic. Every tensor that
-crosses an FP16/FP32 boundary under the plan costs a Cast (a read and a write), counted the
-way the mixed-ONNX writer places them (one per tensor and target type). docs/cost.md states the
-model, its sources and its limits.
+The price is the engine's: the layers TensorRT is predicted to build (`--semantics trt`'s
+units), whatever rounding the judge uses; a strict plan of nodes is priced by the layers they
+belong to (`PlanPricing`). Each layer's time in each precision is the roofline
+`max(FLOPs / peak, bytes / bandwidth)` on a GPU class whose figures come from NVIDIA's
+datasheets (`GPUS`, with their addresses): MatMul, Gemm, Conv, ConvTranspose and Attention run
+on the tensor cores (FP16, or TF32 with `--tf32`, else FP32 on the CUDA cores); every other op
+moves its tensors. A layer reads each tensor at the width it was stored in and writes at its
+own, so an FP16/FP32 boundary is a wider read, never a kernel of its own, and one layer more in
+FP32 never makes a plan cheaper. A fused layer is priced as one: the tensors it keeps inside
+cost no memory traffic. Nodes inside If branches, Loop and Scan bodies are priced as often as
+they run on the analysed sample (`node_runs`); what cannot be priced is named (`unpriced`) and
+the run falls back to the count search. docs/cost.md states the model, its sources and its
+limits.
 
 No runtime here: the shapes come in (`infer_shapes`: ONNX shape inference on the run's own
 sample shapes, so a dynamic model is priced at the shape it was analysed at), and the search
-receives `Pricing.price`, a pure function of the plan.
+receives `PlanPricing.price`, a pure function of the plan.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from .errors import TrtBisectError
-from .graph import PARAMETER_INPUTS, Graph, fp16_signature, structure
+from .flow import HOLDERS, branches_taken, node_runs
+from .graph import PARAMETER_INPUTS, Graph, fp16_signature, structure, subgraphs, walk_graphs
 
 FLOAT_BYTES = {16: 2, 32: 4}
 EPS = 1e-12  # slowdowns this close to the budget count as within it (float sums)
@@ -114,11 +119,13 @@ def infer_shapes(g: Graph, sample: Mapping[str, np.ndarray], probe: Probe | None
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # best effort: the probe fills what inference could not
         pass
-    shapes: Shapes = {t.name: tuple(int(d) for d in t.dims) for t in m.graph.initializer}
-    for v in [*m.graph.input, *m.graph.value_info, *m.graph.output]:
-        tt = v.type.tensor_type
-        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            shapes[v.name] = tuple(d.dim_value for d in tt.shape.dim)
+    shapes: Shapes = {}
+    for graph in walk_graphs(m.graph):  # subgraphs too: the bodies of If, Loop and Scan
+        shapes.update({t.name: tuple(int(d) for d in t.dims) for t in graph.initializer})
+        for v in [*graph.input, *graph.value_info, *graph.output]:
+            tt = v.type.tensor_type
+            if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+                shapes.setdefault(v.name, tuple(d.dim_value for d in tt.shape.dim))
     for node in m.graph.node:
         if node.op_type == "Constant" and node.output and node.output[0] not in shapes:
             for a in node.attribute:
@@ -127,10 +134,11 @@ def infer_shapes(g: Graph, sample: Mapping[str, np.ndarray], probe: Probe | None
     for name, arr in sample.items():
         shapes[name] = tuple(np.shape(arr))
     if probe is not None:
-        # top-level tensors only: a value inside a Loop body has a shape per trip, which one
-        # exposed (stacked) value does not give; such nodes are priced on what inference knows
-        missing = [t for name, node in zip(g.names, g.nodes) if not g.is_inner(name)
-                   for t in node.output if t and t not in shapes and g.is_float(t)]
+        # top-level tensors and those inside If branches: a value inside a Loop body has a
+        # shape per trip, which one exposed value does not give (only static ones are exposed);
+        # such nodes are priced on what inference knows, else named unpriced
+        missing = [t for node in g.nodes for t in node.output
+                   if t and t not in shapes and g.is_float(t) and g.exposable(t)]
         if missing:
             shapes.update({t: tuple(int(d) for d in s) for t, s in probe(missing).items()})
     return shapes
@@ -175,7 +183,8 @@ def _itemsize(elem_type: int) -> int:
 
 @dataclass(frozen=True)
 class UnitCost:
-    """One unit's work and its estimated time in each precision."""
+    """One unit's work per inference (a body's times its runs) and its estimated time: in
+    all-FP16, and alone in FP32 (every other unit FP16)."""
 
     flops: float
     float_elements: int  # float elements it reads (weights included) and writes outside itself
@@ -185,47 +194,83 @@ class UnitCost:
 
     @property
     def premium(self) -> float:
-        """Seconds that keeping this unit in FP32 adds, boundary Casts aside."""
+        """Seconds that keeping this unit alone in FP32 adds to its own time."""
         return self.fp32_s - self.fp16_s
+
+
+@dataclass(frozen=True)
+class _Reader:
+    """A unit or a node no plan switches, as the price sees it (per run of its body)."""
+
+    name: str
+    unit: bool  # False: a node no plan switches, FP32 in every plan
+    runs: float
+    flops: float
+    other: int  # bytes of non-float data
+    fixed: int  # float bytes whose width no plan changes (declared inputs and outputs)
+    own: int  # float elements at its own width: the weights it reads, what it writes
+    sources: tuple[tuple[str, int], ...]  # (unit, elements): read as that unit stored them
 
 
 @dataclass(frozen=True)
 class _Edge:
     """A float tensor that may cross a precision boundary: its producer side and consumer
-    sides, each a unit name or a fixed precision (16 / 32)."""
+    sides, each a unit name or a fixed precision (16 / 32). Counts the mixed file's Casts."""
 
     tensor: str
-    elements: int
     producer: str | int
     consumers: tuple[str | int, ...]
 
 
 class Pricing:
-    """Estimated engine time of any plan over `units` (name -> nodes of `g`)."""
+    """Estimated engine time of any plan over `units` (name -> nodes of `g`).
+
+    A layer reads each tensor at the width it was stored in and writes at its own: a boundary
+    between FP16 and FP32 layers is a conversion on load (or, at a graph or body output, on
+    store), never a kernel of its own. So keeping a unit in FP32 never makes a plan cheaper:
+    every plan is priced between all-FP16 and all-FP32 (docs/cost.md)."""
 
     def __init__(self, g: Graph, units: Mapping[str, Sequence[str]], shapes: Mapping[str, tuple],
-                 gpu: GpuClass | str = DEFAULT_GPU, tf32: bool = False) -> None:
+                 gpu: GpuClass | str = DEFAULT_GPU, tf32: bool = False,
+                 taken: Mapping[tuple[int, str], bool] | None = None) -> None:
         self.gpu = gpu if isinstance(gpu, GpuClass) else gpu_class(gpu)
         self.tf32 = tf32
         self._nodes = list(g.nodes)  # every node, subgraphs' too; a list: protobuf indexes slowly
         self._node = dict(zip(g.names, self._nodes))
         self.units = {u: tuple(ns) for u, ns in units.items()}
         self.unit_of = {n: u for u, ns in self.units.items() for n in ns}
-        self.unknown = sorted({t for n in self.unit_of
+        self._shapes = shapes
+        self.flow = node_runs(g, shapes, taken, lambda i, a: self._branch_estimate(g, i, a))
+        self._runs = dict(zip(g.names, self.flow.runs))
+        self.unknown = sorted({t for n in self.unit_of if self._runs[n] > 0
                                for t in [*self._node[n].input, *self._node[n].output]
                                if t and t not in shapes})
-        self._shapes = shapes
-        self.cost = {u: self._unit(g, ns) for u, ns in self.units.items()}
-        self.fixed_s = self._fixed(g)
+        self.unpriced = list(self.flow.unpriced)
+        floats = [t for t in self.unknown if g.is_float(t)]
+        if floats:
+            self.unpriced.append(f"{len(floats)} float tensor(s) whose shape neither inference "
+                                 f"nor the reference run gives: {', '.join(floats[:5])}"
+                                 + (", ..." if len(floats) > 5 else ""))
+        self._constant = self._constants(g)
+        self._body_outputs = {v.name for node in self._nodes for _, b in subgraphs(node)
+                              for v in b.output}
+        self._declared = {v.name: (16 if g.declared.get(v.name) == TensorProto.FLOAT16 else 32)
+                          for v in [*g.model.graph.input, *g.model.graph.output]}
+        self._readers = [self._reader(g, u, ns, True) for u, ns in self.units.items()]
+        self._readers += [self._reader(g, n, (n,), False) for n in g.names
+                          if n not in self.unit_of and self._node[n].op_type
+                          not in NO_DATA_OPS | VIEW_OPS | HOLDERS]
+        self._of_unit = {r.name: k for k, r in enumerate(self._readers) if r.unit}
+        self._dependents: dict[str, list[int]] = {}
+        for k, r in enumerate(self._readers):
+            for u, _ in r.sources:
+                if u != r.name:
+                    self._dependents.setdefault(u, []).append(k)
+        self._base = [self._time(r, frozenset()) for r in self._readers]
+        self.fp16_s = math.fsum(self._base)
+        self.cost = {u: self._unit_cost(u) for u in self.units}
         self.edges = self._edges(g)
-        self._by_unit: dict[str, list[int]] = {}
-        for k, e in enumerate(self.edges):
-            for side in {e.producer, *e.consumers}:
-                if isinstance(side, str):
-                    self._by_unit.setdefault(side, []).append(k)
         self.adjacent = self._adjacency(g)
-        self._base_casts = sum(self._edge_casts(e, frozenset())[0] for e in self.edges)
-        self.fp16_s = self.fixed_s + sum(c.fp16_s for c in self.cost.values()) + self._base_casts
         self._memo: dict[frozenset[str], float] = {}
 
     # ---- one unit
@@ -234,11 +279,28 @@ class Pricing:
         s = self._shapes.get(t)
         return _prod(s) if s is not None else 0
 
-    def _unit(self, g: Graph, nodes: Sequence[str]) -> UnitCost:
+    def _constants(self, g: Graph) -> set[str]:
+        """Values known when the engine is built (weights, constants and what is computed from
+        them alone): converted at build time, read at the reader's width."""
+        constant = set(g.initializers) | set(g.inner_weights)
+        for node in self._nodes:
+            if node.op_type == "Constant" or (node.input and all(not t or t in constant
+                                                                  for t in node.input)):
+                constant.update(t for t in node.output if t)
+        return constant
+
+    def _stored(self, g: Graph, t: str) -> str | int:
+        """The precision tensor t is stored in: its unit's (a name), or a fixed 16 / 32."""
+        p = g.producer.get(t)
+        if p is None:
+            return self._declared.get(t, 16 if t in g.half_typed else 32)
+        return self.unit_of.get(g.names[p], 16 if t in g.half_typed else 32)
+
+    def _reader(self, g: Graph, name: str, nodes: Sequence[str], unit: bool) -> _Reader:
         members = set(nodes)
         produced = {t for n in nodes for t in self._node[n].output if t}
         outputs = set(g.output_names())
-        flops, floats, other = 0.0, 0, 0
+        flops, other, fixed, own = 0.0, 0, 0, 0
         reads: dict[str, None] = {}
         writes: dict[str, None] = {}
         for n in nodes:
@@ -250,61 +312,85 @@ class Pricing:
                 if t and t not in produced:
                     reads[t] = None
             for t in node.output:
-                if t and (t in outputs or any(g.names[c] not in members
-                                              for c in g.consumers.get(t, []))):
+                if t and (t in outputs or t in self._body_outputs
+                          or any(g.names[c] not in members for c in g.consumers.get(t, []))):
                     writes[t] = None
         partial = {self._node[n].input[0]: self._node[n].output[0] for n in nodes
                    if self._node[n].op_type in PARTIAL_READ_OPS and self._node[n].input}
-        for t in {**reads, **writes}:
+        sources: dict[str, int] = {}
+        for t in reads:
             count = self._elements(partial[t]) if t in partial else self._elements(t)
-            if g.is_float(t):
-                floats += count
-            else:
+            if not g.is_float(t):
                 other += count * _itemsize(g.types.get(t, TensorProto.FLOAT))
-        return UnitCost(flops, floats, other, self._roofline(flops, floats, other, 16),
-                        self._roofline(flops, floats, other, 32))
+            elif t in self._constant:
+                own += count
+            else:
+                side = self._stored(g, t)
+                if isinstance(side, str):
+                    sources[side] = sources.get(side, 0) + count
+                else:
+                    fixed += count * FLOAT_BYTES[side]
+        for t in writes:
+            count = self._elements(t)
+            if not g.is_float(t):
+                other += count * _itemsize(g.types.get(t, TensorProto.FLOAT))
+            elif t in outputs:  # written in the declared type (a conversion on store)
+                fixed += count * FLOAT_BYTES[self._declared.get(t, 32)]
+            elif t in self._body_outputs:  # If, Loop and Scan keep their declared types
+                fixed += count * FLOAT_BYTES[16 if t in g.half_typed else 32]
+            else:
+                own += count
+        runs = self._runs[nodes[0]] if nodes else 0.0
+        return _Reader(name, unit, runs, flops, other, fixed, own, tuple(sources.items()))
 
-    def _roofline(self, flops: float, floats: int, other: int, bits: int) -> float:
+    def _roofline(self, flops: float, nbytes: float, bits: int) -> float:
         peak = (self.gpu.fp16_tensor if bits == 16
                 else self.gpu.tf32_tensor if self.tf32 else self.gpu.fp32)
-        return max(flops / peak, (floats * FLOAT_BYTES[bits] + other) / self.gpu.bandwidth)
+        return max(flops / peak, nbytes / self.gpu.bandwidth)
 
-    def _fixed(self, g: Graph) -> float:
-        """Nodes no plan switches (user Casts, ops without FP16 kernels): FP32, every plan."""
-        total = 0.0
-        for i, n in enumerate(g.names):
-            node = self._nodes[i]
-            if n in self.unit_of or node.op_type in NO_DATA_OPS | VIEW_OPS:
-                continue
-            floats = sum(self._elements(t) for t in [*node.input, *node.output] if g.is_float(t))
-            other = sum(self._elements(t) * _itemsize(g.types.get(t, TensorProto.FLOAT))
-                        for t in [*node.input, *node.output] if t and not g.is_float(t))
-            total += self._roofline(node_flops(node, self._shapes), floats, other, 32)
+    def _time(self, r: _Reader, fp32: frozenset[str]) -> float:
+        if not r.runs:
+            return 0.0
+        bits = 32 if (not r.unit or r.name in fp32) else 16
+        nbytes = (r.other + r.fixed + r.own * FLOAT_BYTES[bits]
+                  + sum(n * (4 if u in fp32 else 2) for u, n in r.sources))
+        return r.runs * self._roofline(r.flops, nbytes, bits)
+
+    def _unit_cost(self, u: str) -> UnitCost:
+        r = self._readers[self._of_unit[u]]
+        floats = r.own + sum(n for _, n in r.sources) + r.fixed // 4  # at 4 bytes each
+        return UnitCost(r.runs * r.flops, int(r.runs * floats), int(r.runs * r.other),
+                        self._base[self._of_unit[u]], self._time(r, frozenset((u,))))
+
+    def _branch_estimate(self, g: Graph, i: int, attr: str) -> float:
+        """An If branch's FP32 work, nested bodies counted once: the dearer-branch rule."""
+        todo, total = list(g.body_nodes(i, attr)), 0.0
+        while todo:
+            j = todo.pop()
+            node = self._nodes[j]
+            for a, _ in subgraphs(node):
+                todo.extend(g.body_nodes(j, a))
+            nbytes = 4 * sum(self._elements(t) for t in [*node.input, *node.output] if t)
+            total += self._roofline(node_flops(node, self._shapes), nbytes, 32)
         return total
 
-    # ---- boundaries
+    # ---- boundaries (the Casts the mixed file holds: counted, their price is in the reads)
 
     def _edges(self, g: Graph) -> list[_Edge]:
         """Every float activation whose reads may need a Cast, as mixed.py writes them: an FP16
         node reads its FP16 inputs in FP16 and everything else in FP32; other nodes read FP32
         (Cast, Shape and Size read what they are given); graph inputs and outputs keep their
         declared types. Weights and constants are converted at build time: no Cast."""
-        constant = set(g.initializers)
-        for node in self._nodes:
-            if node.op_type == "Constant" or (node.input and all(not t or t in constant
-                                                                  for t in node.input)):
-                constant.update(t for t in node.output if t)
-        declared = {v.name: (16 if g.declared.get(v.name) == TensorProto.FLOAT16 else 32)
-                    for v in [*g.model.graph.input, *g.model.graph.output]}
         half_in = {n: self._fp16_inputs(g, n) for n in self.unit_of}
         edges = []
         tensors = [v.name for v in g.inputs()] + [t for node in self._nodes for t in node.output]
         for t in dict.fromkeys(tensors):
-            if not t or not g.is_float(t) or t in constant:
+            if not t or not g.is_float(t) or t in self._constant:
                 continue
             p = g.producer.get(t)
-            producer: str | int = (declared.get(t, 32) if p is None
-                                   else self.unit_of.get(g.names[p], 16 if t in g.half_typed else 32))
+            if p is not None and not self._runs[g.names[p]]:
+                continue  # a body that does not run on the analysed sample
+            producer = self._stored(g, t)
             consumers: list[str | int] = []
             for c in g.consumers.get(t, []):
                 name, node = g.names[c], self._nodes[c]
@@ -315,10 +401,10 @@ class Pricing:
                     consumers.append(side if t in half_in[name] else 32)
                 elif node.op_type not in ("Cast", "CastLike", "Shape", "Size"):
                     consumers.append(32)
-            if t in declared and p is not None:
-                consumers.append(declared[t])
+            if t in self._declared and p is not None:
+                consumers.append(self._declared[t])
             if any(isinstance(s, str) for s in (producer, *consumers)):
-                edges.append(_Edge(t, self._elements(t), producer, tuple(consumers)))
+                edges.append(_Edge(t, producer, tuple(consumers)))
         return edges
 
     def _fp16_inputs(self, g: Graph, name: str) -> set[str]:
@@ -331,15 +417,14 @@ class Pricing:
         return {t for k, t in enumerate(node.input)
                 if g.is_float(t) and k in allowed and k not in params}
 
-    def _edge_casts(self, e: _Edge, fp32: frozenset[str]) -> tuple[float, int]:
-        """Seconds and count of the Casts one tensor needs under a plan."""
+    @staticmethod
+    def _edge_casts(e: _Edge, fp32: frozenset[str]) -> int:
+        """How many Casts one tensor needs under a plan (one per target type)."""
         def prec(side: str | int) -> int:
             return (32 if side in fp32 else 16) if isinstance(side, str) else side
 
         home = prec(e.producer)
-        wants = {prec(c) for c in e.consumers} - {home}
-        per = e.elements * (FLOAT_BYTES[home] + FLOAT_BYTES[32 if home == 16 else 16])
-        return len(wants) * per / self.gpu.bandwidth, len(wants)
+        return len({prec(c) for c in e.consumers} - {home})
 
     def _adjacency(self, g: Graph) -> dict[str, tuple[str, ...]]:
         """Units that share a tensor with each unit, directly or through one node no plan
@@ -377,20 +462,28 @@ class Pricing:
             # math.fsum: exactly rounded, so the same plan has the same price whatever order a
             # set iterates in (it changes with PYTHONHASHSEED): the search's ties between
             # equally priced units, and so its plan, must not depend on the process
-            extra = math.fsum(self.cost[u].premium for u in plan)
-            touched = {k for u in plan for k in self._by_unit.get(u, ())}
-            casts = math.fsum(self._edge_casts(self.edges[k], plan)[0]
-                              - self._edge_casts(self.edges[k], frozenset())[0] for k in touched)
+            touched = {self._of_unit[u] for u in plan}
+            touched.update(k for u in plan for k in self._dependents.get(u, ()))
+            extra = math.fsum(self._time(self._readers[k], plan) - self._base[k] for k in touched)
             if len(self._memo) > 1 << 16:
                 self._memo.clear()
-            self._memo[plan] = self.fp16_s + extra + casts
+            self._memo[plan] = self.fp16_s + extra
         return self._memo[plan]
 
+    def own(self, unit: str, fp32_units: Iterable[str]) -> float:
+        """Seconds keeping `unit` in FP32 adds to its own time under the plan."""
+        plan = frozenset(u for u in fp32_units if u in self.cost)
+        k = self._of_unit[unit]
+        return self._time(self._readers[k], plan) - self._base[k]
+
     def casts(self, fp32_units: Iterable[str]) -> tuple[int, float]:
-        """How many boundary Casts the plan's mixed model holds, and their seconds."""
-        plan = frozenset(fp32_units)
-        pairs = [self._edge_casts(e, plan) for e in self.edges]
-        return sum(n for _, n in pairs), sum(s for s, _ in pairs)
+        """How many boundary Casts the plan's mixed model holds, and what the conversions add:
+        the plan's time over all-FP16 less what its FP32 units add to their own time (the
+        wider reads of the FP16 layers and fixed nodes that read FP32 values)."""
+        plan = frozenset(u for u in fp32_units if u in self.cost)
+        count = sum(self._edge_casts(e, plan) for e in self.edges)
+        seconds = self.price(plan) - self.fp16_s - math.fsum(self.own(u, plan) for u in plan)
+        return count, seconds
 
     @property
     def fp32_s(self) -> float:
@@ -401,46 +494,173 @@ class Pricing:
         return self.price(fp32_units) / self.fp16_s - 1 if self.fp16_s > 0 else 0.0
 
     def summary(self, fp32_units: Iterable[str], objective: str = "cost",
-                budget: float | None = None) -> dict:
-        """precision.json's "cost" entry (`budget`: --budget, in percent)."""
+                budget: float | None = None, low: str = "fp16",
+                names: Mapping[str, str] | None = None,
+                nodes: Mapping[str, Sequence[str]] | None = None) -> dict:
+        """precision.json's "cost" entry (`budget`: --budget, in percent; `low`: the run's low
+        precision; `names`: unit -> the TensorRT layer name tables show; `nodes`: unit -> the
+        plan's nodes it holds). The units' shares and the boundary Casts' add up to the
+        slowdown."""
         plan = [u for u in dict.fromkeys(fp32_units) if u in self.cost]
+        names, nodes = names or {}, nodes or {}
         flops = sum(c.flops for c in self.cost.values())
         moved = sum(c.float_elements * 4 + c.other_bytes for c in self.cost.values())
         casts, cast_s = self.casts(plan)
         plan_s = self.price(plan)
+        base = self.fp16_s
         return {
             "gpu": self.gpu.name, "gpu_title": self.gpu.title, "gpu_source": self.gpu.source,
             "tf32": self.tf32, "objective": objective, "model": "roofline (docs/cost.md)",
-            "all_fp16_s": self.fp16_s, "plan_s": plan_s, "all_fp32_s": self.fp32_s,
+            "precision": low, "all_low_s": base, f"all_{low}_s": base,
+            "plan_s": plan_s, "all_fp32_s": self.fp32_s,
             "slowdown": self.slowdown(plan),
             "fp32_flop_share": sum(self.cost[u].flops for u in plan) / flops if flops else 0.0,
             "fp32_byte_share": (sum(self.cost[u].float_elements * 4 + self.cost[u].other_bytes
                                     for u in plan) / moved) if moved else 0.0,
             "boundary_casts": casts, "boundary_casts_s": cast_s,
-            "units": {u: {"fp16_s": self.cost[u].fp16_s, "fp32_s": self.cost[u].fp32_s,
-                          "share": self.share(u)} for u in plan},
+            "boundary_casts_share": cast_s / base if base > 0 else 0.0,
+            "units": {names.get(u, u): {"fp16_s": self.cost[u].fp16_s,
+                                        "fp32_s": self.cost[u].fp16_s + self.own(u, plan),
+                                        "share": self.own(u, plan) / base if base > 0 else 0.0,
+                                        "nodes": list(nodes.get(u, self.units[u]))}
+                      for u in plan},
+            "plan_layers": len(plan), "layers": len(self.units),
             "unknown_shapes": len(self.unknown),
+            **({"unpriced": list(self.unpriced)} if self.unpriced else {}),
+            **({"notes": list(self.flow.notes)} if self.flow.notes else {}),
             **({"budget_pct": budget, "within_budget": self.slowdown(plan) <= budget / 100 + EPS}
                if budget is not None else {}),
         }
 
     def share(self, unit: str) -> float:
         """What keeping this unit alone in FP32 adds, as a fraction of all-FP16's time."""
-        return self.cost[unit].premium / self.fp16_s if self.fp16_s > 0 else 0.0
+        return (self.price((unit,)) - self.fp16_s) / self.fp16_s if self.fp16_s > 0 else 0.0
+
 
 
 # ---------------------------------------------------------------- the run's use of a price
 
-def search_args(pricing: Pricing, options) -> dict:
-    """What `search.find_minimal_fp32` gets for the run's --objective."""
-    if options.objective == "count":
-        return {}
-    if options.objective != "cost":
+class PlanPricing:
+    """The run's prices, over the search's units: always the engine TensorRT is predicted to
+    build (the layers of `--semantics trt`), whatever rounding the judge uses. Under
+    `--semantics strict` a plan of single nodes is priced by the layers its nodes belong to
+    (`engine_of`: search unit -> engine units; a node TensorRT folds away costs nothing)."""
+
+    def __init__(self, engine: Pricing, units: Mapping[str, Sequence[str]],
+                 engine_of: Mapping[str, Sequence[str]] | None = None,
+                 names: Mapping[str, str] | None = None) -> None:
+        self.engine = engine
+        self.search_units = {u: tuple(ns) for u, ns in units.items()}
+        self.engine_of = ({u: tuple(v) for u, v in engine_of.items()} if engine_of is not None
+                          else {u: (u,) for u in units})
+        self.names = dict(names or {})
+        self.adjacent = self._adjacency()
+        self.gpu, self.tf32 = engine.gpu, engine.tf32
+
+    def _adjacency(self) -> dict[str, tuple[str, ...]]:
+        """Search units whose engine layers are adjacent (or the same layer)."""
+        if all(v == (u,) for u, v in self.engine_of.items()):
+            return {u: tuple(x for x in self.engine.adjacent.get(u, ()) if x in self.engine_of)
+                    for u in self.search_units}
+        holders: dict[str, list[str]] = {}
+        for u, es in self.engine_of.items():
+            for e in es:
+                holders.setdefault(e, []).append(u)
+        out = {}
+        for u, es in self.engine_of.items():
+            near = [e2 for e in es for e2 in (e, *self.engine.adjacent.get(e, ()))]
+            out[u] = tuple(dict.fromkeys(v for e in near for v in holders.get(e, ()) if v != u))
+        return out
+
+    def layers(self, plan: Iterable[str]) -> frozenset[str]:
+        """The engine layers a plan of search units keeps in FP32."""
+        return frozenset(e for u in plan for e in self.engine_of.get(u, ()))
+
+    def price(self, plan: Iterable[str]) -> float:
+        return self.engine.price(self.layers(plan))
+
+    def slowdown(self, plan: Iterable[str]) -> float:
+        return self.engine.slowdown(self.layers(plan))
+
+    def casts(self, plan: Iterable[str]) -> tuple[int, float]:
+        return self.engine.casts(self.layers(plan))
+
+    @property
+    def fp16_s(self) -> float:
+        return self.engine.fp16_s
+
+    @property
+    def fp32_s(self) -> float:
+        return self.engine.fp32_s
+
+    @property
+    def unpriced(self) -> list[str]:
+        return self.engine.unpriced
+
+    def summary(self, plan: Sequence[str], objective: str = "cost", budget: float | None = None,
+                low: str = "fp16") -> dict:
+        """`Pricing.summary` of the plan's layers, each keyed by the TensorRT layer name the
+        tables show, with the plan's nodes it holds."""
+        nodes: dict[str, list[str]] = {}
+        for u in plan:
+            for e in self.engine_of.get(u, ()):
+                nodes.setdefault(e, []).extend(self.search_units.get(u, (u,)))
+        layers = [e for u in plan for e in self.engine_of.get(u, ())]
+        out = self.engine.summary(layers, objective, budget, low, self.names, nodes)
+        if self.unpriced and objective == "cost":
+            out["objective"] = "count"
+            out["fallback"] = ("--objective cost fell back to count: the cost model cannot price "
+                               + "; ".join(self.unpriced))
+        return out
+
+
+def engine_pricing(graph: Graph, judged: Graph, prepared, units: Mapping[str, Sequence[str]],
+                   sample: Mapping[str, np.ndarray], gpu: str = DEFAULT_GPU, tf32: bool = False,
+                   probe_for: Callable[[Graph], Probe] | None = None) -> PlanPricing:
+    """The run's prices over its search `units` of `judged`: the layers TensorRT is predicted
+    to build from `graph` (the model as given), priced at the sample's shapes. `prepared`:
+    the run's `semantics.Prepared`; `probe_for(g)`: a shape probe of graph g."""
+    from . import semantics
+
+    if prepared is None or prepared.semantics == "trt":
+        eg, eprep, eunits, engine_of = judged, prepared, units, None
+    else:
+        eg, eprep = semantics.prepare_graph(graph, "trt", prepared.trt_version)
+        eunits = semantics.units(eprep, eg.candidates())
+        layer_of = {n: e for e, ns in eunits.items() for n in ns}
+        for original, carrier in eprep.renamed.items():  # absorbed into another node
+            if carrier in layer_of:
+                layer_of.setdefault(original, layer_of[carrier])
+        engine_of = {u: tuple(dict.fromkeys(layer_of[n] for n in ns if n in layer_of))
+                     for u, ns in units.items()}
+    fused = semantics.fused_layer_names(eprep) if eprep is not None else {}
+    names = {e: fused.get(ns[0], e) if len(ns) == 1 else e for e, ns in eunits.items()}
+    engine = pricing_for(eg, eunits, sample, gpu, tf32,
+                         probe_for(eg) if probe_for is not None else None)
+    return PlanPricing(engine, units, engine_of, names)
+
+
+def search_args(pricing: Pricing | PlanPricing, options,
+                score: Callable[[frozenset[str]], float | None] | None = None) -> dict:
+    """What `search.find_minimal_fp32` gets for the run's --objective and --budget. A model
+    the cost model cannot price wholly is searched by count (precision.json says so); a
+    budget then cannot steer."""
+    if options.objective not in ("cost", "count"):
         raise TrtBisectError(f"unknown objective {options.objective!r}: choose cost or count")
-    return {"price": pricing.price, "adjacent": pricing.adjacent}
+    if pricing.unpriced:
+        return {}
+    out: dict = {}
+    if options.objective == "cost":
+        out.update(price=pricing.price, adjacent=pricing.adjacent)
+    budget = getattr(options, "budget", None)
+    if budget is not None:
+        out.update(price=pricing.price, adjacent=pricing.adjacent,
+                   limit=pricing.fp16_s * (1 + budget / 100) * (1 + EPS),
+                   score=score or (lambda plan: None))
+    return out
 
 
-def score_trials(result, pricing: Pricing, score: Callable[[tuple[str, ...]], float | None]) -> None:
+def score_trials(result, pricing: Pricing | PlanPricing, score: Callable[[tuple[str, ...]], float | None]) -> None:
     """Each evaluated plan with its price and its worst relative error (the trade-off plot's
     points): `score(units)` is what the evaluator measured for it."""
     from dataclasses import replace
@@ -449,7 +669,7 @@ def score_trials(result, pricing: Pricing, score: Callable[[tuple[str, ...]], fl
                      for t in result.trials]
 
 
-def within_budget(result, pricing: Pricing, budget: float | None):
+def within_budget(result, pricing: Pricing | PlanPricing, budget: float | None):
     """--budget PCT: the search's plan when its estimated slowdown against all-FP16 stays
     within PCT%; else the best plan evaluated within it (a passing one, the cheapest; else the
     one with the smallest error), returned as a new, uncertified result with `over_budget`
@@ -477,7 +697,9 @@ def within_budget(result, pricing: Pricing, budget: float | None):
 def pricing_for(g: Graph, units: Mapping[str, Sequence[str]], sample: Mapping[str, np.ndarray],
                 gpu: str = DEFAULT_GPU, tf32: bool = False, probe: Probe | None = None) -> Pricing:
     """The run's price list: shapes at the sample's own input shapes."""
-    return Pricing(g, units, infer_shapes(g, sample, probe), gpu_class(gpu), tf32)
+    shapes = infer_shapes(g, sample, probe)
+    taken = branches_taken(g, probe) if probe is not None else None
+    return Pricing(g, units, shapes, gpu_class(gpu), tf32, taken)
 
 
 def pct(x: float) -> str:
@@ -485,3 +707,60 @@ def pct(x: float) -> str:
     if not math.isfinite(x):
         return str(x)
     return f"{100 * x:+.1f}%" if abs(x) >= 0.0005 else f"{100 * x:+.2g}%"
+
+
+# ---------------------------------------------------------------- the price in tables
+
+def all_low_s(c: Mapping) -> float | None:
+    """All-FP16's (or all-BF16's) time from precision.json's "cost" (older runs: all_fp16_s)."""
+    v = c.get("all_low_s", c.get("all_fp16_s"))
+    return float(v) if v is not None else None
+
+
+def low_label(c: Mapping) -> str:
+    return str(c.get("precision", "fp16")).upper()
+
+
+def cost_cells(c: Mapping | None, rows: Sequence[tuple[str, str]]) -> list[str]:
+    """The cost column of a table of the plan's nodes (`rows`: (node, TensorRT layer or "")
+    in table order): each FP32 layer's share on the first row of its nodes, empty on the
+    others; keyed as precision.json's "cost" "units" are (its `nodes` name the rows)."""
+    units = (c or {}).get("units") or {}
+    if not isinstance(units, Mapping):
+        return ["" for _ in rows]
+    unit_of: dict[str, str] = {}
+    for key, u in units.items():
+        for n in (u.get("nodes") or []) if isinstance(u, Mapping) else []:
+            unit_of.setdefault(n, key)
+    out, shown = [], set()
+    for node, layer in rows:
+        key = unit_of.get(node) or (layer if layer in units else node)
+        out.append("" if key in shown or key not in units else pct(units[key]["share"]))
+        shown.add(key)
+    return out
+
+
+def boundary_row(c: Mapping | None) -> tuple[str, str] | None:
+    """The boundary Casts' row of the same table: (cost, why), or None (older runs)."""
+    if not c or c.get("boundary_casts_share") is None:
+        return None
+    n = int(c.get("boundary_casts", 0))
+    return (pct(float(c["boundary_casts_share"])),
+            f"{n} Cast(s) between {low_label(c)} and FP32 layers (the {low_label(c)} layers' "
+            "wider reads of FP32 values)")
+
+
+def cost_sentence(c: Mapping, markup: bool = False) -> str:
+    """The plan's price in one line (console and report alike)."""
+    low = low_label(c)
+    budget = ""
+    if c.get("budget_pct") is not None:
+        over = "[red]over[/]" if markup else "over"
+        budget = f"; {'within' if c['within_budget'] else over} the {c['budget_pct']:g}% budget"
+    layers = (f"; the plan keeps {c['plan_layers']} of {c['layers']} TensorRT layers in FP32"
+              if c.get("layers") is not None else "")
+    return (f"all {low} {1e6 * (all_low_s(c) or 0.0):.4g} us, the plan "
+            f"{1e6 * c['plan_s']:.4g} us ({pct(c['slowdown'])}), all FP32 "
+            f"{1e6 * c['all_fp32_s']:.4g} us; FP32 share {100 * c['fp32_flop_share']:.1f}% of "
+            f"FLOPs, {100 * c['fp32_byte_share']:.1f}% of bytes; {c['boundary_casts']} boundary "
+            f"Casts{layers}{budget}")

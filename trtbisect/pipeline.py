@@ -360,11 +360,11 @@ def _severity(judged: Iterable[Judgement]) -> float:
     return max((e.severity for e in errors.values()), default=math.nan)
 
 
-def _shape_probe(ctx: Context, opts: Options) -> cost.Probe:
+def _shape_probe(ctx: Context, opts: Options, graph: Graph | None = None) -> cost.Probe:
     """Shapes that shape inference leaves open, as one FP32 inference of the first sample
-    produces them (a batch of tensors at a time)."""
+    produces them (a batch of tensors at a time), on `graph` (default: the judged one)."""
     def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-        ref, out = Reference(ctx.judged, opts.threads), {}
+        ref, out = Reference(graph or ctx.judged, opts.threads), {}
         for k in range(0, len(names), 512):
             out.update({t: tuple(a.shape) for t, a in
                         ref.run_tensors(ctx.samples[0], names[k:k + 512]).items()})
@@ -570,8 +570,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     prior = build_prior(g, stats, constants, low)
     units = semantics.units(ctx.prepared, g.candidates())
     unit_of = {n: u for u, nodes in units.items() for n in nodes}
-    pricing = cost.pricing_for(g, units, ctx.samples[0], opts.gpu, opts.tf32,
-                               _shape_probe(ctx, opts))
+    pricing = cost.engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0], opts.gpu,
+                                  opts.tf32, lambda pg: _shape_probe(ctx, opts, pg))
 
     def as_units(nodes: Sequence[str]) -> list[str]:
         return list(dict.fromkeys(unit_of[n] for n in nodes if n in unit_of))
@@ -603,7 +603,9 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             ctx, sopts, ev, stage, as_nodes,
             lambda budget: find_minimal_fp32(list(units), check, as_units(prior.seeds),
                                              as_units(prior.ranking), budget, progress,
-                                             **cost.search_args(pricing, sopts)))
+                                             **cost.search_args(
+                                                 pricing, sopts,
+                                                 lambda us: ev.scores.get(as_nodes(us)))))
         summary = parallel.summary(workers, search, ev)
         cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
         over = cost.within_budget(search, pricing, opts.budget)
@@ -693,7 +695,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
 
 
 def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
-                   pricing: cost.Pricing, before: Sequence[Judgement],
+                   pricing: cost.PlanPricing, before: Sequence[Judgement],
                    parallel_summary: dict | None) -> None:
     """What precision.json says of the search: its layers, its price, the criterion, the
     all-FP16 verdict, the samples it judged and the workers it ran on."""
@@ -701,7 +703,8 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.extra["fp32_layers"] = found
     if parallel_summary is not None:
         result.extra["workers"] = parallel_summary
-    result.extra["cost"] = pricing.summary(found, opts.objective, opts.budget)
+    result.extra["cost"] = pricing.summary(found, opts.objective, opts.budget,
+                                           ctx.rules.precision.name)
     result.extra["criteria"] = {**opts.criteria.to_json(),
                                 "description": opts.criteria.describe()}
     judged: dict[str, object] = {"before": opts.criteria.verdict(before).to_json()}

@@ -274,9 +274,11 @@ def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, flo
     """The search's evaluated plans as (slowdown %, worst relative error, passed), the
     written plan's point, and the tolerance the error is held to (rtol)."""
     cost = result.extra.get("cost")
-    if result.search is None or not isinstance(cost, Mapping) or not cost.get("all_fp16_s"):
+    from .cost import all_low_s
+
+    if result.search is None or not isinstance(cost, Mapping) or not all_low_s(cost):
         return [], None, result.tolerance.rtol
-    base = float(cost["all_fp16_s"])
+    base = float(all_low_s(cost) or 0.0)
     pts = [(100 * (t.price / base - 1), math.nan if t.score is None else float(t.score),
             t.passed) for t in result.search.trials if t.price is not None]
     chosen = None
@@ -298,7 +300,7 @@ def tradeoff_png(result: "RunResult") -> bytes | None:
     cost = result.extra.get("cost") or {}
     budget = cost.get("budget_pct") if isinstance(cost, Mapping) else None
     gpu = cost.get("gpu_title", "") if isinstance(cost, Mapping) else ""
-    xlabel = f"estimated slowdown against all-FP16 on {gpu} (%)"
+    xlabel = f"estimated slowdown against all-{low_of(result).label} on {gpu} (%)"
     if not result.criteria.default:  # the points are the criterion's severities
         return plot_tradeoff(points, chosen, 1.0, budget, xlabel,
                              ylabel="worst criterion severity (1 = at its bound)")
@@ -518,18 +520,10 @@ def _cost_facts(result: "RunResult") -> list[str]:
     c = result.extra.get("cost")
     if not isinstance(c, Mapping) or result.verdict == "reference_invalid":
         return []
-    from .cost import pct
+    from .cost import cost_sentence
 
-    budget = ""
-    if c.get("budget_pct") is not None:
-        budget = (f"; {'within' if c['within_budget'] else 'over'} the {c['budget_pct']:g}% "
-                  "budget")
     return [f"- estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
-            f"all {low_of(result).label} {1e6 * c['all_fp16_s']:.4g} us, the plan "
-            f"{1e6 * c['plan_s']:.4g} us "
-            f"({pct(c['slowdown'])}), all FP32 {1e6 * c['all_fp32_s']:.4g} us; FP32 share "
-            f"{100 * c['fp32_flop_share']:.1f}% of FLOPs and {100 * c['fp32_byte_share']:.1f}% "
-            f"of bytes; {c['boundary_casts']} boundary Casts{budget}"]
+            f"{cost_sentence(c)}", *([f"- {md_text(c['fallback'])}"] if c.get("fallback") else [])]
 
 
 def _coverage_facts(result: "RunResult") -> list[str]:
@@ -657,27 +651,26 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
     by_node = group_of_node(result)
     modules = any(c.module for c in result.culprits)
     layers = any(c.layer and c.layer != c.node for c in result.culprits)
-    shares = _shares(result)
+    from .cost import boundary_row, cost_cells
+
+    price = result.extra.get("cost")
+    shares = cost_cells(price if isinstance(price, Mapping) else None,
+                        [(c.node, c.layer or "") for c in result.culprits])
+    priced = any(shares)
     head = ["node", "op", *(["module"] if modules else []),
-            *(["TensorRT layer"] if layers else []), *(["cost"] if shares else []),
+            *(["TensorRT layer"] if layers else []), *(["cost"] if priced else []),
             "cause", "why"]
-    rows, seen = [], set()
-    for c in result.culprits:
+    rows = []
+    for c, share in zip(result.culprits, shares):
         unit = c.layer or c.node
-        share = "" if unit in seen else shares.get(unit, "")
-        seen.add(unit)
         rows.append((c.node, c.op, *([c.module or ""] if modules else []),
-                     *([unit] if layers else []), *([share] if shares else []),
+                     *([unit] if layers else []), *([share] if priced else []),
                      by_node.get(c.node, {}).get("cause", ""), c.why))
+    casts = boundary_row(price) if priced and isinstance(price, Mapping) else None
+    if casts is not None:  # the rows add up to the plan's slowdown
+        rows.append(("(boundary Casts)", "Cast", *([""] if modules else []),
+                     *([""] if layers else []), casts[0], "", casts[1]))
     return head, rows
-
-
-def _shares(result: "RunResult") -> dict[str, str]:
-    """Unit -> what keeping it in FP32 adds to all-FP16's estimated time."""
-    from .cost import pct
-
-    units = (result.extra.get("cost") or {}).get("units") or {}
-    return {u: pct(v["share"]) for u, v in units.items()} if isinstance(units, Mapping) else {}
 
 
 def _md_culprits(result: "RunResult") -> list[str]:

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 Check = Callable[[frozenset[str]], bool]
 Price = Callable[[frozenset[str]], float]
+Score = Callable[[frozenset[str]], "float | None"]  # an evaluated plan's error (lower is better)
 SWAP_K = 2  # cheaper neighbours tried per unit of the plan in the swap certificate
 SWAP_SHARE = 0.5  # the swap certificate evaluates at most this share of what came before it
 
@@ -362,6 +363,8 @@ def find_minimal_fp32(
     adjacent: Mapping[str, Sequence[str]] | None = None,
     swap_k: int = SWAP_K,
     swap_share: float | None = SWAP_SHARE,
+    limit: float | None = None,
+    score: Score | None = None,
 ) -> SearchResult:
     """Prior-guided search for a certified 1-minimal FP32 set.
 
@@ -370,7 +373,13 @@ def find_minimal_fp32(
     suspicious. Neither needs to be right: a wrong prior costs evaluations, not correctness.
     `price` (and `adjacent`): minimize the plan's estimated cost instead of its count, and
     certify that no cheaper swap passes (`_find_cheapest`).
+    `limit` (with `price`): --budget, the most a plan may cost; only plans within it are
+    evaluated (`_find_within`), and `score(plan)` (its error once evaluated) picks the best
+    failing one when none passes.
     """
+    if limit is not None and price is not None:
+        return _find_within(candidates, check, seeds, ranking, max_evaluations, progress,
+                            price, adjacent or {}, swap_k, swap_share, limit, score)
     if price is not None:
         return _find_cheapest(candidates, check, seeds, ranking, max_evaluations, progress,
                               price, adjacent or {}, swap_k, swap_share)
@@ -545,6 +554,89 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
         return result
     except BudgetExhausted:
         return _stopped(oracle, cand)
+
+
+def _find_within(candidates: Sequence[str], check: Check, seeds: Iterable[str],
+                 ranking: Sequence[str], max_evaluations: int | None,
+                 progress: Progress | None, price: Price,
+                 adjacent: Mapping[str, Sequence[str]], swap_k: int,
+                 swap_share: float | None, limit: float, score: Score | None) -> SearchResult:
+    """`_find_cheapest` inside a budget: every plan evaluated costs at most `limit`.
+
+    The prior and the grow phase run along the ranking restricted to what fits (each unit, most
+    suspicious first, taken when the plan with it stays within the limit; the engine's price
+    grows with every unit kept FP32, so every prefix fits too). A passing plan is then shrunk,
+    certified and swapped as `_find_cheapest` does (removals and cheaper swaps stay within the
+    limit). When nothing along the ranking passes, the cheapest-first fill (as many units as
+    fit) is tried; when that fails too, the evaluated plan with the smallest `score` is
+    returned, `over_budget`."""
+    cand, seed_list, rank = _ordered(candidates, seeds, ranking)
+    pos = {n: i for i, n in enumerate(rank)}
+    oracle = Oracle(check, cand, max_evaluations, progress, price=price)
+
+    def fill(order: Sequence[str]) -> list[str]:
+        taken: list[str] = []
+        for u in order:
+            if price(frozenset([*taken, u])) <= limit:
+                taken.append(u)
+        return taken
+
+    try:
+        oracle.phase, oracle.remaining = "all-fp16", 1 + len(seed_list)
+        if oracle(()):
+            return _result(oracle, frozenset(), found=True, minimal=True)
+        fitting = fill(rank)
+        seeds_in = [u for u in fitting if u in set(seed_list)]
+        current: frozenset[str] | None = None
+        oracle.phase = "prior"
+        if seeds_in and oracle(frozenset(seeds_in)):
+            current = frozenset(seeds_in)
+        elif fitting:
+            current = _grow(oracle, fitting, len(seeds_in))
+        if current is None:
+            cheap = fill(sorted(cand, key=lambda u: (price(frozenset((u,))), pos.get(u, 0))))
+            oracle.phase = "fill"
+            if cheap and oracle.known(cheap) is None and oracle(cheap):
+                current = frozenset(cheap)
+        if current is None:
+            return _best_within(oracle, price, limit, score)
+        current = _bisecting_shrink(oracle, current, _costliest_first(current, price, pos))
+        current = _certify_cost(oracle, current, price, pos)
+        allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
+                     else len(cand) ** 2)
+        current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
+        result = _result(oracle, current, found=True, minimal=True)
+        result.certificate = {
+            "objective": "cost", "price_s": price(current), "limit_s": limit,
+            "removals": [list(oracle.sorted(current - {x})) for x in oracle.sorted(current)],
+            "swaps": [list(oracle.sorted(s)) for s in swaps],
+            "neighbourhood": f"units adjacent in the data flow and cheaper in the plan's place, "
+                             f"at most {swap_k} per unit, at most {allowance} evaluated"}
+        return result
+    except BudgetExhausted:
+        passing = [t for t in oracle.trials if t.passed and price(frozenset(t.fp32)) <= limit]
+        if passing:
+            best = min(passing, key=lambda t: (price(frozenset(t.fp32)), t.index))
+            return _result(oracle, frozenset(best.fp32), found=True, minimal=False, stopped=True)
+        result = _best_within(oracle, price, limit, score)
+        result.stopped_early = True
+        return result
+
+
+def _best_within(oracle: Oracle, price: Price, limit: float,
+                 score: Score | None) -> SearchResult:
+    """No plan within the limit passed: the evaluated one with the smallest error (then the
+    cheapest), `over_budget`."""
+    def err(plan: frozenset[str]) -> float:
+        e = score(plan) if score is not None else None
+        return float(e) if e is not None and e == e else math.inf
+
+    inside = [t for t in oracle.trials if price(frozenset(t.fp32)) <= limit] or oracle.trials[:1]
+    best = min(inside, key=lambda t: (err(frozenset(t.fp32)), price(frozenset(t.fp32)),
+                                      t.index))
+    result = _result(oracle, frozenset(best.fp32), found=True, minimal=False)
+    result.over_budget = True
+    return result
 
 
 def _costliest_first(plan: Iterable[str], price: Price, pos: Mapping[str, int]) -> list[str]:

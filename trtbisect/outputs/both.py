@@ -48,7 +48,7 @@ class Both:
             out.append({
                 "precision": name, "verdict": r.verdict,
                 "fp32_nodes": len(r.fp32_nodes), "candidates": r.candidates,
-                "all_low_s": c.get("all_fp16_s"), "plan_s": c.get("plan_s"),
+                "all_low_s": c.get("all_low_s", c.get("all_fp16_s")), "plan_s": c.get("plan_s"),
                 "all_fp32_s": c.get("all_fp32_s"), "slowdown": c.get("slowdown"),
                 "passed_after": all(e.passed for e in r.errors_after.values())
                 if r.errors_after else None,
