@@ -363,3 +363,29 @@ def test_the_silero_if_models_are_judged_and_written_whole(name, tmp_path):
     assert name != "silero_vad_if" or any(g.is_inner(n) for n in r.fp32_nodes)  # all inside
     mixed = tmp_path / "out" / f"{name}.mixed.onnx"
     onnx.checker.check_model(onnx.load(mixed), full_check=True)
+    for f in (tmp_path / "out").glob("*.onnx"):
+        assert checker_problem(f) is None and runtime_problem(f) is None, f.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("semantics", ["trt", "strict"])
+def test_silero_streamed_at_1e4_writes_files_every_runtime_loads(semantics, tmp_path):
+    """Issue #32's case: silero_vad.onnx on 4 streamed chunks at --rtol 1e-4 wrote a mixed
+    file whose If branches disagreed on a type (an untyped branch output FP16 in one branch,
+    FP32 in the other) while `check` said pass."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench_control_flow import stream_samples
+
+    path = SILERO / "silero_vad_if.onnx"
+    if not path.is_file():
+        pytest.skip("run `python scripts/fetch_models.py silero_vad_if` first")
+    inputs = []
+    for k, s in enumerate(stream_samples(path)):
+        np.savez(tmp_path / f"chunk{k}.npz", **s)
+        inputs.append(str(tmp_path / f"chunk{k}.npz"))
+    r = run(path, Options(inputs=inputs, tolerance=Tolerance(rtol=1e-4), semantics=semantics),
+            tmp_path / "out")
+    assert r.verdict == "fixed" and r.extra["certificate"]["certified"]
+    for f in (tmp_path / "out").glob("*.onnx"):
+        assert checker_problem(f) is None and runtime_problem(f) is None, f.name
