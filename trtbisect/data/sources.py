@@ -36,6 +36,7 @@ from ..inputs import (Sample, check_sample, check_shape_names, guard_random_samp
                       random_sample)
 
 GLOB_CHARS = "*?["
+_END = object()  # a data loader's iterator is exhausted
 
 
 @dataclass(frozen=True)
@@ -173,11 +174,15 @@ def _decode_ndarray(dct: dict) -> Any:
 
 
 def _feed(feed: Any, graph: Graph, shapes: Mapping[str, tuple[int, ...]], where: str,
-          flag: str) -> Sample:
+          flag: str, copy: bool = False) -> Sample:
+    """`copy`: arrays of the sample's own (a loader may reuse its buffers, or hand over a
+    torch tensor's memory)."""
     if not isinstance(feed, Mapping):
         raise TrtBisectError(f"{flag}: {where} is a {type(feed).__name__}, not a feed dict "
                              "(input name -> array)")
     sample = {str(k): _array(v, where, k) for k, v in feed.items()}
+    if copy:
+        sample = {k: np.array(v, copy=True) for k, v in sample.items()}
     check_sample(graph, sample, shapes, where)
     return sample
 
@@ -196,14 +201,23 @@ def _array(value: Any, where: str, name: Any) -> np.ndarray:
 def loader_items(graph: Graph, spec: str, shapes: Mapping[str, tuple[int, ...]]
                  ) -> Iterator[Item]:
     """Polygraphy's contract: FUNCTION() is iterated, each item a feed dict."""
-    from ..judge.hooks import HookError, load_function
+    from ..judge.hooks import HookError, load_function, user_code
     fn, path, name, _ = load_function(spec, "--data-loader-script", "load_data")
     label = f"{path}:{name}"
     n = 0
     try:
-        for feed in fn():
+        with user_code():  # what it prints goes to stderr, as it runs
+            feeds = iter(fn())
+        while True:
+            with user_code():
+                feed = next(feeds, _END)
+            if feed is _END:
+                break
             where = f"{label} sample {n}"
-            yield Item(where, _feed(feed, graph, shapes, where, "--data-loader-script"), None)
+            # copied: a loader that fills one buffer again for every sample (a common
+            # pattern) would otherwise make every sample held the last one
+            yield Item(where, _feed(feed, graph, shapes, where, "--data-loader-script",
+                                    copy=True), None)
             n += 1
     except TrtBisectError:
         raise
