@@ -30,6 +30,7 @@ from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
+from .limits import limit_options, pop_limits
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, visible
 
@@ -320,6 +321,7 @@ def input_options(f: Callable) -> Callable:
         precision_option(),  # judge/precision.py: --precision fp16|bf16 (run: also both)
     ]
     f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
+    f = limit_options(f)  # limits.py: --max-samples, --max-input-bytes, --eval-timeout, ...
     for o in reversed(opts):
         f = o(f)
     return f
@@ -342,6 +344,7 @@ def make_options(kw: dict, both: bool = False):
                    shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
                    criteria=pop_criteria(kw),
+                   limits=pop_limits(kw),
                    threads=kw.pop("threads") or JUDGE_THREADS,
                    trt_version=_trt_version(kw.pop("trt_version")),
                    **kw)

@@ -169,10 +169,12 @@ def npz_samples(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]) 
 
 
 def validate_npz(graph: Graph, arrays: Mapping[str, np.ndarray], path: str,
-                 shapes: Mapping[str, tuple[int, ...]]) -> list[Sample]:
+                 shapes: Mapping[str, tuple[int, ...]], max_samples: int | None = None
+                 ) -> list[Sample]:
     """`arrays` (an .npz's members, or stand-ins of their shape and dtype) split into samples
-    and checked against the model and --shape."""
-    part = _split_samples(graph, arrays, str(path))
+    and checked against the model and --shape; a stack of more than `max_samples` (default:
+    limits.MAX_SAMPLES) is refused before it is split."""
+    part = _split_samples(graph, arrays, str(path), max_samples=max_samples)
     if not part:
         raise TrtBisectError(f"{path} holds no samples (its leading sample axis is empty)")
     for sample in part:
@@ -260,7 +262,7 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.Path
 
 
 def _split_samples(graph: Graph, arrays: Mapping[str, np.ndarray], source: str,
-                   stacks: bool = True) -> list[Sample]:
+                   stacks: bool = True, max_samples: int | None = None) -> list[Sample]:
     wanted = {v.name: v for v in graph.fed_inputs()}
     missing = sorted(set(wanted) - set(arrays))
     extra = sorted(set(arrays) - set(wanted))
@@ -287,4 +289,6 @@ def _split_samples(graph: Graph, arrays: Mapping[str, np.ndarray], source: str,
         raise TrtBisectError(f"{source}: stack every input along a leading sample axis of the "
                              "same length, or none")
     n = counts.pop()
+    from .limits import DEFAULT, Limits, check_count
+    check_count(n, DEFAULT if max_samples is None else Limits(samples=max_samples), source)
     return [{name: arrays[name][k, ...] for name in wanted} for k in range(n)]  # 0-d stays an array

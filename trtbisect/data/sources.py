@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
+from ..limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
 from . import npz
 from ..inputs import (Sample, check_sample, check_shape_names, guard_random_samples, npz_samples,
                       random_sample)
@@ -50,10 +51,23 @@ class Item:
 
 
 def iter_items(graph: Graph, inputs: Sequence[str], loader: str | None,
-               shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1
-               ) -> Iterator[Item]:
+               shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1,
+               limits: Limits = DEFAULT_LIMITS) -> Iterator[Item]:
     """Every sample a plan must pass on, in order: --inputs, then the data loader's; without
-    either, `count` seeded random samples."""
+    either, `count` seeded random samples. At most `limits.samples` of them: a source that
+    declares more is refused before its samples are made, a data loader is not read past it."""
+    n = 0
+    for item in _items(graph, inputs, loader, shapes, seed, count, limits):
+        n += 1
+        if n > limits.samples:
+            raise too_many_samples(f"more than {limits.samples}" if loader else n, limits,
+                                   "--data-loader-script" if loader else "--inputs")
+        yield item
+
+
+def _items(graph: Graph, inputs: Sequence[str], loader: str | None,
+           shapes: Mapping[str, tuple[int, ...]], seed: int, count: int, limits: Limits
+           ) -> Iterator[Item]:
     check_shape_names(graph, shapes)
     if not inputs and not loader:
         if count < 1:
@@ -66,7 +80,7 @@ def iter_items(graph: Graph, inputs: Sequence[str], loader: str | None,
     for spec in inputs:
         for path, kind in expand(spec):
             if kind == "npz":
-                yield from _npz_items(graph, path, shapes)
+                yield from _npz_items(graph, path, shapes, limits)
             else:
                 yield from _json_items(graph, path, shapes)
     if loader:
@@ -97,11 +111,18 @@ def expand(spec: str) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- .npz
 
-def _npz_items(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]
-               ) -> Iterator[Item]:
+def _npz_items(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]],
+               limits: Limits = DEFAULT_LIMITS) -> Iterator[Item]:
     """One sample, read whole; or a stack, one sample at a time (data/npz.py): read again by
-    offset when it is stored plainly, else spooled by the sample set past its budget."""
-    samples, stack = npz.read(graph, path, shapes)
+    offset when it is stored plainly, else spooled by the sample set past its budget. A stack
+    is held to the limits by what its headers declare, before any sample is read."""
+    samples, stack = npz.read(graph, path, shapes, limits.samples)
+    if stack is not None:
+        declared = stack.count * sum(m.row_bytes for m in stack.members.values())
+        if declared > limits.total_input_bytes:
+            raise TrtBisectError(f"{path} declares {size_text(declared)} of samples, more than "
+                                 f"--max-input-bytes {size_text(limits.total_input_bytes)}; "
+                                 "give less data or a larger --max-input-bytes")
     if stack is None:
         for k, sample in enumerate(samples):
             yield Item(f"{path}[{k}]" if len(samples) > 1 else path, sample,
