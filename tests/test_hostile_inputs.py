@@ -3,16 +3,30 @@ data, no hang, no traceback, no stdout that is not the results."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto as TP, helper as h
 
 from tests.conftest import save_zoo_model
-from tests.test_cli import invoke
+from tests.test_cli import assert_one_line_error, invoke
 from tests.test_data_sources import _loader, _model
 from trtbisect.data.sources import iter_items
+from trtbisect.data.store import SampleSet
+from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
+from trtbisect.limits import Limits
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -98,3 +112,170 @@ def test_json_stays_json_when_a_hook_and_a_loader_print(two, tmp_path):
     assert doc["verdict"] == "fp16_ok"  # the hook asks only for a finite out_b
     for words in ("HOOK-IMPORTED", "HOOK-CALLED", "LOADER-IMPORTED", "LOADER-STARTED", "LOADER-DONE"):
         assert words in r.stderr and words not in r.stdout
+
+
+# ---------------------------------------------------------------- item 2: no hang
+
+
+def loop_model(stop: float | None) -> onnx.ModelProto:
+    """y = x + 1, repeated up to 10^12 times while the sum stays below `stop` (None: forever).
+    With stop 3000 FP32 ends after 3000 trips; in FP16 2048 + 1 rounds back to 2048, so the
+    loop never ends unless its Add (`count[body]/step`) is kept in FP32."""
+    cond = (h.make_node("Less", ["v_out", "stop"], ["cond_out"], name="more") if stop
+            else h.make_node("Identity", ["cond_in"], ["cond_out"], name="more"))
+    body = h.make_graph(
+        [h.make_node("Add", ["v_in", "one"], ["v_out"], name="step"), cond], "body",
+        [h.make_tensor_value_info("i", TP.INT64, []), h.make_tensor_value_info("cond_in", TP.BOOL, []),
+         h.make_tensor_value_info("v_in", TP.FLOAT, [1])],
+        [h.make_tensor_value_info("cond_out", TP.BOOL, []),
+         h.make_tensor_value_info("v_out", TP.FLOAT, [1])],
+        [h.make_tensor("one", TP.FLOAT, [1], [1.0]),
+         h.make_tensor("stop", TP.FLOAT, [1], [stop or 0.0])])
+    g = h.make_graph([h.make_node("Loop", ["trip", "cond", "x"], ["y"], body=body, name="count")],
+                     "g", [h.make_tensor_value_info("x", TP.FLOAT, [1])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1])],
+                     [h.make_tensor("trip", TP.INT64, [], [10**12]),
+                      h.make_tensor("cond", TP.BOOL, [], [True])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _saved_loop(tmp_path, stop):
+    onnx.save(loop_model(stop), tmp_path / "loop.onnx")
+    np.savez(tmp_path / "x.npz", x=np.zeros(1, np.float32))
+    return str(tmp_path / "loop.onnx"), str(tmp_path / "x.npz")
+
+
+def _start(*args) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "trtbisect", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(p: subprocess.Popen, words: str) -> None:
+    for line in p.stderr:
+        if words in line:
+            return
+    raise AssertionError(f"the run ended before {words!r}")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_a_run_stuck_inside_onnx_runtime(tmp_path, sig, code):
+    """The FP32 reference of a Loop that never ends: the signal is seen while ORT runs (its
+    run is stopped through RunOptions.terminate), not only after it returns (never)."""
+    model, inputs = _saved_loop(tmp_path, None)
+    p = _start("run", model, "--inputs", inputs, "--out", tmp_path / "o")
+    _wait_for(p, "running the FP32 reference")
+    p.send_signal(sig)
+    try:
+        _, err = p.communicate(timeout=60)  # without the fix: never (the Loop has 10^12 trips)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    assert p.returncode == code, err
+    assert "Traceback" not in err and "interrupted" in err
+
+
+def test_a_plan_whose_loop_never_ends_fails_by_the_eval_timeout(tmp_path):
+    """FP16 rounding stops the Loop's counter at 2048 (< 3000, the exit): every plan that
+    rounds its Add never finishes. --eval-timeout judges those plans failed, so the plan keeps
+    exactly the Add in FP32; a run interrupted while one hangs resumes from its journal."""
+    model, inputs = _saved_loop(tmp_path, 3000.0)
+    out = tmp_path / "o"
+    p = _start("run", model, "--inputs", inputs, "--out", out)  # default timeout: 600 s
+    _wait_for(p, "all-FP16 evaluation")  # the all-FP16 plan hangs here
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "resume" in err, err
+    lines = (out / "journal.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(ln) for ln in lines)  # whole lines, none cut short
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", out, "--eval-timeout", "0.25",
+               "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "fixed" and doc["fp32_nodes"] == ["count[body]/step"]
+    (score,) = doc["errors_before"]["y"]["scores"]
+    assert score["criterion"] == "eval-timeout" and not score["passed"]
+    r = invoke("check", out / "loop.mixed.onnx", "--reference", model, "--inputs", inputs,
+               "--eval-timeout", "0.25")
+    assert r.exit_code == 0, r.output  # the written plan finishes, and passes
+    fp16 = tmp_path / "fp16.onnx"
+    from trtbisect.mixed import mixed_model
+    mixed_model(Graph.from_path(model), frozenset()).save(fp16)
+    r = invoke("check", fp16, "--reference", model, "--inputs", inputs, "--eval-timeout", "0.25")
+    assert r.exit_code == 4 and "stopped after --eval-timeout 0.25 s" in r.output, r.output
+
+
+def test_a_reference_that_never_ends_is_refused_at_the_eval_timeout(tmp_path):
+    model, inputs = _saved_loop(tmp_path, None)
+    r = invoke("run", model, "--inputs", inputs, "--out", tmp_path / "o", "--eval-timeout", "0.2")
+    assert_one_line_error(r, 2, "--eval-timeout 0.2 s")
+
+
+# ---------------------------------------------------------------- item 3: bounds
+
+
+def _npz_declaring(path, shape) -> None:
+    """An .npz whose one member's header declares `shape` (float32), with no data."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False,
+                                                "shape": shape})
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", head.getvalue())
+
+
+@pytest.mark.parametrize("count, flags", [(10**6, ["--max-samples", "1000"]), (10**9, [])])
+def test_a_tiny_npz_declaring_a_billion_empty_samples_is_refused_from_its_header(
+        tmp_path, count, flags):
+    model = _model(tmp_path)  # x: [n, 16]; a stack of (0, 16) samples is valid data
+    path = tmp_path / "lies.npz"
+    _npz_declaring(path, (count, 0, 16))
+    assert path.stat().st_size < 400
+    r = invoke("run", model, "--inputs", path, "--out", tmp_path / "o", *flags)
+    assert_one_line_error(r, 2, f"gives {count} samples", "--max-samples")
+
+
+def test_a_data_loader_that_never_ends_is_cut_at_the_sample_bound(tmp_path):
+    model = _model(tmp_path)
+    loader = _loader(tmp_path, "def load_data():\n"
+                               "    while True:\n"
+                               "        yield {'x': np.zeros((2, 16), np.float32)}\n")
+    r = invoke("run", model, "--data-loader-script", loader, "--out", tmp_path / "o",
+               "--max-samples", "50")
+    assert_one_line_error(r, 2, "--data-loader-script gives more than 50 samples",
+                          "--max-samples 50")
+
+
+def test_samples_past_the_byte_bound_are_refused(tmp_path):
+    model = _model(tmp_path)
+    rows = np.ones((10, 2, 16), np.float32)  # 128 bytes a sample
+    np.savez(tmp_path / "stack.npz", x=rows)
+    np.savez_compressed(tmp_path / "deflated.npz", x=rows)
+    for name in ("stack.npz", "deflated.npz"):  # declared by headers / counted as read
+        r = invoke("run", model, "--inputs", tmp_path / name, "--out", tmp_path / "o",
+                   "--max-input-bytes", "1K")
+        assert_one_line_error(r, 2, "--max-input-bytes 1 KiB")
+    r = invoke("run", model, "--inputs", tmp_path / "stack.npz", "--out", tmp_path / "o",
+               "--max-input-bytes", "lots")
+    assert_one_line_error(r, 2, "is not a size")
+    g = Graph.from_path(model)
+    assert len(SampleSet(iter_items(g, [str(tmp_path / "stack.npz")], None, {}, 0),
+                         limits=Limits(input_bytes=1280))) == 10  # exactly at the bound
+
+
+def test_spooling_past_its_bound_is_refused(tmp_path):
+    """A data loader's samples past the memory budget are spooled to disk, each byte counted
+    against --max-spool-bytes before it is written."""
+    g = Graph.from_path(_model(tmp_path))
+    loader = _loader(tmp_path, "def load_data():\n"
+                               "    for k in range(40):\n"
+                               "        yield {'x': np.full((2, 16), k, np.float32)}\n")
+    one = 2 * 16 * 4
+    with pytest.raises(TrtBisectError, match=r"spooled to disk pass --max-spool-bytes 2 KiB"):
+        SampleSet(iter_items(g, [], str(loader), {}, 0), budget=3 * one,
+                  spool=tmp_path / "spool", limits=Limits(spool_bytes=2048))
+    s = SampleSet(iter_items(g, [], str(loader), {}, 0), budget=3 * one,
+                  spool=tmp_path / "spool2", limits=Limits(spool_bytes=1 << 20))
+    assert len(s) == 40 and 0 < s.spooled.used <= 1 << 20
+    assert [float(x["x"][0, 0]) for x in s] == list(range(40))
