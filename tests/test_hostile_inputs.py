@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as TP, helper as h
 
 from tests.conftest import save_zoo_model
+from tests.fuzz.make_cases import loop_model
 from tests.test_cli import assert_one_line_error, invoke
 from tests.test_data_sources import _loader, _model
 from trtbisect.data.sources import iter_items
@@ -115,30 +115,6 @@ def test_json_stays_json_when_a_hook_and_a_loader_print(two, tmp_path):
 
 
 # ---------------------------------------------------------------- item 2: no hang
-
-
-def loop_model(stop: float | None) -> onnx.ModelProto:
-    """y = x + 1, repeated up to 10^12 times while the sum stays below `stop` (None: forever).
-    With stop 3000 FP32 ends after 3000 trips; in FP16 2048 + 1 rounds back to 2048, so the
-    loop never ends unless its Add (`count[body]/step`) is kept in FP32."""
-    cond = (h.make_node("Less", ["v_out", "stop"], ["cond_out"], name="more") if stop
-            else h.make_node("Identity", ["cond_in"], ["cond_out"], name="more"))
-    body = h.make_graph(
-        [h.make_node("Add", ["v_in", "one"], ["v_out"], name="step"), cond], "body",
-        [h.make_tensor_value_info("i", TP.INT64, []), h.make_tensor_value_info("cond_in", TP.BOOL, []),
-         h.make_tensor_value_info("v_in", TP.FLOAT, [1])],
-        [h.make_tensor_value_info("cond_out", TP.BOOL, []),
-         h.make_tensor_value_info("v_out", TP.FLOAT, [1])],
-        [h.make_tensor("one", TP.FLOAT, [1], [1.0]),
-         h.make_tensor("stop", TP.FLOAT, [1], [stop or 0.0])])
-    g = h.make_graph([h.make_node("Loop", ["trip", "cond", "x"], ["y"], body=body, name="count")],
-                     "g", [h.make_tensor_value_info("x", TP.FLOAT, [1])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [1])],
-                     [h.make_tensor("trip", TP.INT64, [], [10**12]),
-                      h.make_tensor("cond", TP.BOOL, [], [True])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
 
 
 def _saved_loop(tmp_path, stop):

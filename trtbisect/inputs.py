@@ -213,7 +213,7 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise TrtBisectError(f"{path} is a single .npy array; {hint}")
         arrays: dict[str, np.ndarray] = {}
         with zipfile.ZipFile(path) as zf:
-            members = zf.infolist()
+            members = npz_members(zf, path)
             budget = memory_limit()
             for info in members:
                 arrays[_member_name(info, path)] = _read_member(zf, info, path)
@@ -227,6 +227,19 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError,
             zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
         raise TrtBisectError(f"cannot read {path} as .npz ({exc}); {hint}") from None
+
+
+def npz_members(zf: zipfile.ZipFile, path: str | os.PathLike) -> list[zipfile.ZipInfo]:
+    """The members of an .npz; two of one name are refused (which one is meant is anyone's
+    guess: numpy reads the last, a zip tool may show the first)."""
+    members = zf.infolist()
+    seen: set[str] = set()
+    for info in members:
+        if info.filename in seen:
+            raise TrtBisectError(f"{path} holds two members named {info.filename!r} (a "
+                                 "hand-made or damaged zip?); write it again with np.savez")
+        seen.add(info.filename)
+    return members
 
 
 def _member_name(info: zipfile.ZipInfo, path: str | os.PathLike) -> str:
@@ -248,6 +261,9 @@ def npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.PathLi
         header = fh.tell()
     if dtype.hasobject:
         raise TrtBisectError(f"{path}: {info.filename!r} holds Python objects, not numbers")
+    if any(d < 0 for d in shape):
+        raise TrtBisectError(f"{path}: {info.filename!r} declares the shape {tuple(shape)}, "
+                             "with a negative dimension (a damaged or hand-made file?)")
     need = math.prod(shape) * dtype.itemsize
     if need > info.file_size - header:
         raise TrtBisectError(f"{path}: {info.filename!r} declares {need} bytes of data but holds "

@@ -29,7 +29,8 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..inputs import Sample, _member_name, _read_npz, guard_size, npy_header, validate_npz
+from ..inputs import (Sample, _member_name, _read_npz, guard_size, npy_header, npz_members,
+                      validate_npz)
 from ..limits import MAX_SAMPLES
 
 _READ_ERRORS = (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, struct.error,
@@ -149,7 +150,7 @@ def _members(path: str) -> dict[str, Member] | None:
     try:
         with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
             out = {}
-            for info in zf.infolist():
+            for info in npz_members(zf, path):
                 name = _member_name(info, path)
                 shape, fortran, dtype, header = npy_header(zf, info, path)
                 data = None

@@ -65,7 +65,7 @@ class Hook:
             return bool(out), math.nan
         if (isinstance(out, (tuple, list)) and len(out) == 2
                 and isinstance(out[0], (bool, np.bool_)) and _real(out[1])):
-            return bool(out[0]), float(out[1])
+            return bool(out[0]), _float(out[1])
         raise HookError(f"--check {self.spec} returned {_shown(out)}; it must return a bool "
                         "or a (bool, number) pair")
 
@@ -76,6 +76,15 @@ class Hook:
 def _real(x: Any) -> bool:
     return isinstance(x, (numbers.Real, np.integer, np.floating)) and not isinstance(
         x, (bool, np.bool_))
+
+
+def _float(x: Any) -> float:
+    """A score as a float; one beyond float's range (an int of 10**400) is +-inf, as a float
+    computation would have made it."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
 
 
 def _shown(x: Any) -> str:
