@@ -255,3 +255,45 @@ def test_spooling_past_its_bound_is_refused(tmp_path):
                   spool=tmp_path / "spool2", limits=Limits(spool_bytes=1 << 20))
     assert len(s) == 40 and 0 < s.spooled.used <= 1 << 20
     assert [float(x["x"][0, 0]) for x in s] == list(range(40))
+
+
+# ---------------------------------------------------------------- item 5: long names
+
+
+def _long_names(tmp_path, *flags):
+    from tests.fuzz.make_cases import X, overflow_model
+    up, down = "u" * 100_000, "\x1b[2J" + "d" * 100_000
+    onnx.save(overflow_model((up, "up2", down)), tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=X)
+    r = invoke("run", tmp_path / "m.onnx", "--inputs", tmp_path / "x.npz", "--out",
+               tmp_path / "o", *flags)
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "o" / "precision.json").read_text())
+    assert set(plan["fp32_nodes"]) == {up, "up2", down}  # machines read the names whole
+    return r, up
+
+
+def test_a_100k_character_node_name_is_shortened_on_the_console(tmp_path):
+    r, _ = _long_names(tmp_path)
+    assert len(r.output) < 20_000 and "\x1b" not in r.output  # 1.17 MB before
+    assert "\u2026[100000" in r.output and "chars]\u2026" in r.output  # rich wraps the cell
+    assert "\\x1b[2J" in r.output
+
+
+@pytest.mark.slow  # matplotlib
+def test_a_100k_character_node_name_is_shortened_in_the_reports(tmp_path):
+    _, up = _long_names(tmp_path, "--report")
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert len(md) < 40_000 and "[100000 chars]" in md
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert up not in html and "[100000 chars]" in html
+
+
+def test_shortened_keeps_both_ends_and_says_the_length():
+    from trtbisect.outputs.escape import KEEP, LONG, shortened, shown_text
+    assert shortened("a" * LONG) == "a" * LONG
+    name = "x" * 10 + "m" * 1000 + "y" * 10
+    got = shortened(f"keep {name} in FP32")
+    assert got == f"keep {name[:KEEP]}\u2026[1020 chars]\u2026{name[-KEEP:]} in FP32"
+    assert len(shortened(" ".join(["word"] * 10_000))) < 5000  # a long name with spaces
+    assert shown_text("\x1b" * 300).startswith("\\x1b")  # escaped first, then shortened

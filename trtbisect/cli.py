@@ -32,7 +32,7 @@ from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .limits import limit_options, pop_limits
 from .outdir import OutputDir
-from .outputs.escape import VisibleLog, visible
+from .outputs.escape import VisibleLog, shown_text
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -155,8 +155,9 @@ def fail(message: str, code: int) -> NoReturn:
 def shown(text: object) -> str:
     """A model-controlled string for a rich console: control characters, escape sequences and
     bidi overrides shown escaped (outputs/escape.py), rich markup escaped. Every table cell and
-    line that shows a name goes through it."""
-    return escape(visible(text))
+    line that shows a name goes through it. A name of absurd length is shortened
+    (`shortened`: precision.json keeps it whole)."""
+    return escape(shown_text(text))
 
 
 class NonNegativeFloat(click.ParamType):
@@ -509,7 +510,7 @@ class Progress:
             return False
         now = self.clock()
         if force or now - self.last >= self.interval:
-            self.console.print(visible(msg), markup=False, highlight=False, soft_wrap=True)
+            self.console.print(shown_text(msg), markup=False, highlight=False, soft_wrap=True)
             self.last = now
             return True
         return False
