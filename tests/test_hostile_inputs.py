@@ -297,3 +297,54 @@ def test_shortened_keeps_both_ends_and_says_the_length():
     assert got == f"keep {name[:KEEP]}\u2026[1020 chars]\u2026{name[-KEEP:]} in FP32"
     assert len(shortened(" ".join(["word"] * 10_000))) < 5000  # a long name with spaces
     assert shown_text("\x1b" * 300).startswith("\\x1b")  # escaped first, then shortened
+
+
+# ---------------------------------------------------------------- minor items and tracebacks
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(two, tmp_path, monkeypatch):
+    """A write on a full disk raises ENOSPC naming no file: the one line names it."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    model, inputs = two
+    monkeypatch.setattr(onnx, "save", full)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "o")
+    assert_one_line_error(r, 2, "No space left on device", str(tmp_path / "o"), ".onnx")
+
+
+def test_a_refused_out_leaves_no_lock_in_the_users_folder(two, tmp_path, monkeypatch):
+    model, inputs = two
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    monkeypatch.chdir(mine)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", ".", "--report")
+    assert_one_line_error(r, 2, "report.md")
+    assert sorted(p.name for p in mine.iterdir()) == ["report.md"]
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "o")
+    assert r.exit_code == 0 and (tmp_path / "o" / ".trtbisect.lock").exists()  # a run keeps it
+
+
+@pytest.mark.parametrize("case, words", [
+    ("npz-duplicate_member-run", "holds two members named 'x.npy'"),
+    ("npz-header_negative_dim-run", "negative dimension"),
+    ("model-initializer_raw_longer-run", "initializer 'W' does not match its shape 64x64"),
+])
+def test_damaged_files_are_one_line(tmp_path, case, words):
+    from tests.fuzz.make_cases import cases
+    (build,) = [c.build for c in cases() if c.name == case]
+    r = invoke("-q", *build(tmp_path))
+    assert_one_line_error(r, 2, words)
+
+
+def test_a_hook_score_beyond_float_is_inf(two, tmp_path):
+    model, inputs = two
+    hook = tmp_path / "big.py"
+    hook.write_text("def check(fp32, fp16, sample):\n    return True, -10**400\n")
+    r = invoke("-q", "run", model, "--inputs", inputs, "--check", f"{hook}:check",
+               "--out", tmp_path / "o", "--json")
+    assert r.exit_code == 0, r.output
+    (check,) = json.loads(r.stdout)["judged"]["before"]["checks"]
+    assert check["value"] == "-inf" and check["passed"]
