@@ -55,7 +55,7 @@ def exit_codes(*rows: tuple[int, str]) -> str:
     return "\b\nExit codes:\n" + "".join(f"  {code}  {text}\n" for code, text in rows)
 
 
-USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       a --check hook or data loader that fails, an --out that cannot be written or\n       is in use by another run)")
+USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       a --check hook or data loader that fails, an --out that cannot be written or\n       is in use by another run, inputs past --max-samples/--max-input-bytes/\n       --max-spool-bytes, an FP32 reference past --eval-timeout)")
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
            "       cannot round (contrib-domain or unknown ops; listed, with precision.json's\n"
