@@ -114,6 +114,23 @@ def test_json_stays_json_when_a_hook_and_a_loader_print(two, tmp_path):
         assert words in r.stderr and words not in r.stdout
 
 
+@pytest.mark.slow  # starts two worker processes
+def test_json_stays_json_when_a_hook_prints_on_workers(two, tmp_path):
+    """The hook runs in the worker processes too: what it prints there goes to stderr."""
+    model, inputs = two
+    hook = tmp_path / "chatty.py"
+    hook.write_text("import numpy as np\nprint('HOOK-IMPORTED')\n"
+                    "def check(fp32, fp16, sample):\n    print('HOOK-CALLED')\n"
+                    "    return bool(np.isfinite(fp16['out_a']).all())\n")
+    p = _start("-q", "run", model, "--inputs", inputs, "--check", f"{hook}:check",
+               "--workers", "2", "--json", "--out", tmp_path / "o")
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    doc = json.loads(out)
+    assert doc["workers"]["workers"] == 2 and doc["workers"]["inferences_run"] > 0
+    assert err.count("HOOK-IMPORTED") >= 2 and "HOOK-CALLED" in err  # the parent's and theirs
+
+
 # ---------------------------------------------------------------- item 2: no hang
 
 
