@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 from tests.conftest import save_zoo_model
-from tests.fuzz.make_cases import loop_model
+from tests.fuzz.make_cases import LOOP_START, loop_model
 from tests.test_cli import assert_one_line_error, invoke
 from tests.test_data_sources import _loader, _model
 from trtbisect.data.sources import iter_items
@@ -136,7 +136,7 @@ def test_json_stays_json_when_a_hook_prints_on_workers(two, tmp_path):
 
 def _saved_loop(tmp_path, stop):
     onnx.save(loop_model(stop), tmp_path / "loop.onnx")
-    np.savez(tmp_path / "x.npz", x=np.zeros(1, np.float32))
+    np.savez(tmp_path / "x.npz", x=LOOP_START)
     return str(tmp_path / "loop.onnx"), str(tmp_path / "x.npz")
 
 
@@ -171,10 +171,10 @@ def test_a_signal_ends_a_run_stuck_inside_onnx_runtime(tmp_path, sig, code):
 
 
 def test_a_plan_whose_loop_never_ends_fails_by_the_eval_timeout(tmp_path):
-    """FP16 rounding stops the Loop's counter at 2048 (< 3000, the exit): every plan that
+    """FP16 rounding stops the Loop's counter at 2048 (< 2100, the exit): every plan that
     rounds its Add never finishes. --eval-timeout judges those plans failed, so the plan keeps
     exactly the Add in FP32; a run interrupted while one hangs resumes from its journal."""
-    model, inputs = _saved_loop(tmp_path, 3000.0)
+    model, inputs = _saved_loop(tmp_path, 2100.0)
     out = tmp_path / "o"
     p = _start("run", model, "--inputs", inputs, "--out", out)  # default timeout: 600 s
     _wait_for(p, "all-FP16 evaluation")  # the all-FP16 plan hangs here

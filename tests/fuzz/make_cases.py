@@ -432,8 +432,9 @@ OUT_CODES = {"lock_folder": frozenset({2}), "out_is_file": frozenset({2}),
 
 def loop_model(stop: float | None) -> onnx.ModelProto:
     """y = x + 1, repeated up to 10^12 times while the sum stays below `stop` (None: forever).
-    With stop 3000 FP32 ends after 3000 trips; in FP16 2048 + 1 rounds back to 2048, so the
-    Loop never ends unless its Add (`count[body]/step`) is kept in FP32."""
+    From x = 2040 with stop 2100, FP32 ends after 60 trips (far from any timeout); in FP16
+    2048 + 1 rounds back to 2048, so the Loop never ends unless its Add (`count[body]/step`)
+    is kept in FP32."""
     cond = (h.make_node("Less", ["v_out", "stop"], ["cond_out"], name="more") if stop
             else h.make_node("Identity", ["cond_in"], ["cond_out"], name="more"))
     body = h.make_graph(
@@ -451,6 +452,9 @@ def loop_model(stop: float | None) -> onnx.ModelProto:
                      [h.make_tensor("trip", TP.INT64, [], [10**12]),
                       h.make_tensor("cond", TP.BOOL, [], [True])])
     return _model(g, opset=17)
+
+
+LOOP_START = np.array([2040.0], np.float32)  # loop_model's x: 60 trips below 2100 in FP32
 
 
 def raw_longer_model() -> onnx.ModelProto:
@@ -520,7 +524,7 @@ def hostile_cases() -> list[Case]:
                                                        lambda f: _npz(f, x=np.zeros(1, np.float32)),
                                                        ["--eval-timeout", "0.2"]), frozenset({2})),
             Case("model-loop_stuck_in_fp16-run", _with_model(
-                lambda f: loop_model(3000.0), "run", lambda f: _npz(f, x=np.zeros(1, np.float32)),
+                lambda f: loop_model(2100.0), "run", lambda f: _npz(f, x=LOOP_START),
                 ["--eval-timeout", "0.25"]), frozenset({0})),
             Case("model-initializer_raw_longer-run", _with_model(
                 lambda f: raw_longer_model(), "run",
