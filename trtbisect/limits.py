@@ -35,6 +35,7 @@ T = TypeVar("T")
 MAX_SAMPLES = 100_000  # every evaluation may run each one
 SPOOL_BYTES = 64 << 30
 EVAL_TIMEOUT = 600.0  # seconds of one inference: a generous default (a big model on a slow CPU)
+MAX_TIMEOUT = 365 * 86400.0  # what a wait can be given (threading's bound is far above)
 STOP_GRACE = 10.0  # seconds a runtime told to stop may take before it is left behind
 
 
@@ -162,6 +163,8 @@ def interruptible(fn: Callable[[], T], seconds: float | None, stop: Callable[[],
     KeyboardInterrupt, SIGTERM the CLI's Terminated) and `seconds` bounds the wait. Either way
     `stop()` tells the runtime to end the call, which is given STOP_GRACE seconds to do so;
     then the interruption is raised, or EvalTimeout."""
+    if seconds is not None and not 0 < seconds <= MAX_TIMEOUT:  # a library caller's inf
+        seconds = None
     helper = _helper()
     box: list = []
     done = threading.Event()
@@ -205,6 +208,19 @@ def limit_options(f: Callable) -> Callable:
             except ValueError as exc:
                 self.fail(str(exc), param, ctx)
 
+    class Seconds(click.ParamType):
+        name = "seconds"
+
+        def convert(self, value, param, ctx) -> float:
+            try:
+                x = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not a number of seconds", param, ctx)
+            if not 0 < x <= MAX_TIMEOUT:  # NaN fails too
+                self.fail(f"{value!r} is not a number of seconds above 0 and at most "
+                          f"{MAX_TIMEOUT:.0f} (a year)", param, ctx)
+            return x
+
     opts = [
         click.option("--max-samples", "max_samples", type=click.IntRange(min=1),
                      default=MAX_SAMPLES, show_default=True, metavar="N",
@@ -218,7 +234,7 @@ def limit_options(f: Callable) -> Callable:
                      metavar="SIZE", show_default="64G",
                      help="Bytes of samples and FP32 outputs that do not fit in memory and "
                           "are spooled under --out; past it the run is refused."),
-        click.option("--eval-timeout", "eval_timeout", type=click.FloatRange(min=0, min_open=True),
+        click.option("--eval-timeout", "eval_timeout", type=Seconds(),
                      default=EVAL_TIMEOUT, show_default=True, metavar="SECONDS",
                      help="Longest one inference may run (a Loop that never ends): a plan past "
                           "it is judged failed, an FP32 reference past it is refused."),
