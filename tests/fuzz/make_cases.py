@@ -315,6 +315,7 @@ RUN_OPTIONS: dict[str, list[str]] = {
     "max_samples_0": ["--max-samples", "0"], "max_input_bytes_text": ["--max-input-bytes", "x"],
     "max_spool_bytes_negative": ["--max-spool-bytes", "-1"],
     "eval_timeout_0": ["--eval-timeout", "0"], "eval_timeout_nan": ["--eval-timeout", "nan"],
+    "eval_timeout_inf": ["--eval-timeout", "inf"],
     "max_input_bytes_tiny": ["--max-input-bytes", "8"],
 }
 USAGE_ONLY = {"rtol_negative", "rtol_nan", "rtol_inf", "rtol_text", "atol_negative", "atol_nan",
@@ -326,7 +327,7 @@ USAGE_ONLY = {"rtol_negative", "rtol_nan", "rtol_inf", "rtol_text", "atol_negati
               "max_evals_0", "max_evals_negative", "stability_1", "stability_negative",
               "backend_bogus", "unknown_option", "samples_1e9", "stability_1000",
               "max_samples_0", "max_input_bytes_text", "max_spool_bytes_negative",
-              "eval_timeout_0", "eval_timeout_nan", "max_input_bytes_tiny"}
+              "eval_timeout_0", "eval_timeout_nan", "eval_timeout_inf", "max_input_bytes_tiny"}
 
 
 def _out_setup(kind: str) -> Callable[[Path], Path]:
