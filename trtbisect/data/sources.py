@@ -60,8 +60,9 @@ def iter_items(graph: Graph, inputs: Sequence[str], loader: str | None,
     for item in _items(graph, inputs, loader, shapes, seed, count, limits):
         n += 1
         if n > limits.samples:
-            raise too_many_samples(f"more than {limits.samples}" if loader else n, limits,
-                                   "--data-loader-script" if loader else "--inputs")
+            source = " and ".join(f for f, given in (("--inputs", inputs),
+                                                      ("--data-loader-script", loader)) if given) or "--samples"
+            raise too_many_samples(f"more than {limits.samples}", limits, source)
         yield item
 
 
