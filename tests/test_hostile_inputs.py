@@ -236,8 +236,7 @@ def test_a_data_loader_that_never_ends_is_cut_at_the_sample_bound(tmp_path):
                                "        yield {'x': np.zeros((2, 16), np.float32)}\n")
     r = invoke("run", model, "--data-loader-script", loader, "--out", tmp_path / "o",
                "--max-samples", "50")
-    assert_one_line_error(r, 2, "--data-loader-script gives more than 50 samples",
-                          "--max-samples 50")
+    assert_one_line_error(r, 2, "--data-loader-script gives more samples than --max-samples 50")
 
 
 def test_samples_past_the_byte_bound_are_refused(tmp_path):

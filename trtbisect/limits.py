@@ -68,9 +68,11 @@ class EvalTimeout(TrtBisectError):
 # ---------------------------------------------------------------- the count and the bytes
 
 
-def too_many_samples(count: int | str, limits: Limits, where: str) -> TrtBisectError:
-    return TrtBisectError(f"{where} gives {count} samples, more than --max-samples "
-                          f"{limits.samples}; give fewer samples or a larger --max-samples")
+def too_many_samples(count: int | None, limits: Limits, where: str) -> TrtBisectError:
+    """`count` None: a stream, cut at the bound."""
+    many = "more samples than" if count is None else f"{count} samples, more than"
+    return TrtBisectError(f"{where} gives {many} --max-samples {limits.samples}; give fewer "
+                          "samples or a larger --max-samples")
 
 
 def check_count(count: int, limits: Limits, where: str) -> None:

@@ -62,7 +62,7 @@ def iter_items(graph: Graph, inputs: Sequence[str], loader: str | None,
         if n > limits.samples:
             source = " and ".join(f for f, given in (("--inputs", inputs),
                                                       ("--data-loader-script", loader)) if given) or "--samples"
-            raise too_many_samples(f"more than {limits.samples}", limits, source)
+            raise too_many_samples(None, limits, source)
         yield item
 
 
