@@ -364,3 +364,12 @@ def test_a_hook_score_beyond_float_is_inf(two, tmp_path):
     assert r.exit_code == 0, r.output
     (check,) = json.loads(r.stdout)["judged"]["before"]["checks"]
     assert check["value"] == "-inf" and check["passed"]
+
+
+def test_sizes_read_as_people_write_them():
+    from trtbisect.limits import parse_size
+    assert [parse_size(s) for s in ("100", "1K", "512M", "2G", "1.5GiB", "3t")] == [
+        100, 1024, 512 << 20, 2 << 30, 3 << 29, 3 << 40]
+    for bad in ("", "-1", "1e3", "lots", "5 apples"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
