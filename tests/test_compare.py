@@ -50,11 +50,23 @@ def _stats_by_definition(ref: np.ndarray, got: np.ndarray) -> tuple:
     a, b = ref[both].astype(np.float64), got[both].astype(np.float64)
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     cos = (1.0 if na == nb else 0.0) if na == 0.0 or nb == 0.0 else float(np.dot(a, b) / (na * nb))
+    if np.any(fr & ~fg):  # the candidate non-finite where FP32 is finite: nothing to measure
+        cos = np.nan
     mag = np.abs(ref)
     return (ref_max, float(np.abs(got).max(initial=0.0, where=fg)), max_abs, rel,
             float(diff.mean()) if diff.size else 0.0, cos, int(np.count_nonzero(~fr)),
             int(np.count_nonzero(~fg)), int(np.count_nonzero(fr & (mag >= 65520))),
             int(np.count_nonzero((mag > 0) & (mag <= 2.0**-25))), ref.size)
+
+
+def test_cosine_of_an_output_gone_non_finite_is_nan_not_one():
+    """All-inf (or partly inf) where FP32 is finite: no agreement to measure, never 1.0."""
+    ref = np.linspace(1, 2, 16, dtype=np.float32)
+    for got in (np.full_like(ref, np.inf), np.where(ref > 1.5, np.inf, ref)):
+        e = compare_output(ref, got, 0.01, 0.0)
+        assert np.isnan(e.cosine) and not e.passed and e.nonfinite > 0
+        assert np.isnan(tensor_stats("t", None, ref, got).cosine)
+    assert compare_output(ref, ref, 0.01, 0.0).cosine == 1.0
 
 
 def test_tensor_stats_fast_paths_give_the_numbers_of_the_definition_bit_for_bit():

@@ -13,6 +13,7 @@ import pytest
 from trtbisect.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.settings import JudgeSettings
+from trtbisect.limits import Limits
 from trtbisect.pipeline import Options, _fingerprint, prepare, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,13 +29,15 @@ CHANGES = {
     "tolerance": dict(tolerance=Tolerance(rtol=2e-2)),
     "precision": dict(precision="bf16"),
     "criteria": dict(criteria=parse_criteria(metrics=["cosine:0.999"])),
+    "eval_timeout": dict(limits=Limits(eval_timeout=5.0)),
 }
 
 
 def test_every_field_of_the_settings_is_covered_here():
     fields = {f.name for f in dataclasses.fields(JudgeSettings)}
     covered = {"threads", "semantics", "trt_version", "tf32", "accumulate", "strict",
-               "tolerance", "precision", "criteria_flags", "criteria_fingerprint"}
+               "tolerance", "precision", "criteria_flags", "criteria_fingerprint",
+               "eval_timeout"}
     assert fields == covered  # a new setting needs a row in CHANGES
 
 

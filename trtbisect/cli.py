@@ -30,8 +30,9 @@ from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
+from .limits import limit_options, pop_limits
 from .outdir import OutputDir
-from .outputs.escape import VisibleLog, visible
+from .outputs.escape import VisibleLog, shown_text
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -54,7 +55,7 @@ def exit_codes(*rows: tuple[int, str]) -> str:
     return "\b\nExit codes:\n" + "".join(f"  {code}  {text}\n" for code, text in rows)
 
 
-USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       a --check hook or data loader that fails, an --out that cannot be written or\n       is in use by another run)")
+USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       a --check hook or data loader that fails, an --out that cannot be written or\n       is in use by another run, inputs past --max-samples/--max-input-bytes/\n       --max-spool-bytes, an FP32 reference past --eval-timeout)")
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
            "       cannot round (contrib-domain or unknown ops; listed, with precision.json's\n"
@@ -158,8 +159,9 @@ def fail(message: str, code: int) -> NoReturn:
 def shown(text: object) -> str:
     """A model-controlled string for a rich console: control characters, escape sequences and
     bidi overrides shown escaped (outputs/escape.py), rich markup escaped. Every table cell and
-    line that shows a name goes through it."""
-    return escape(visible(text))
+    line that shows a name goes through it. A name of absurd length is shortened
+    (`shortened`: precision.json keeps it whole)."""
+    return escape(shown_text(text))
 
 
 class NonNegativeFloat(click.ParamType):
@@ -324,6 +326,7 @@ def input_options(f: Callable) -> Callable:
         precision_option(),  # judge/precision.py: --precision fp16|bf16 (run: also both)
     ]
     f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
+    f = limit_options(f)  # limits.py: --max-samples, --max-input-bytes, --eval-timeout, ...
     for o in reversed(opts):
         f = o(f)
     return f
@@ -346,6 +349,7 @@ def make_options(kw: dict, both: bool = False):
                    shapes=parse_shapes(kw.pop("shapes")),
                    seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
                    criteria=pop_criteria(kw),
+                   limits=pop_limits(kw),
                    threads=kw.pop("threads") or JUDGE_THREADS,
                    trt_version=_trt_version(kw.pop("trt_version")),
                    **kw)
@@ -510,7 +514,7 @@ class Progress:
             return False
         now = self.clock()
         if force or now - self.last >= self.interval:
-            self.console.print(visible(msg), markup=False, highlight=False, soft_wrap=True)
+            self.console.print(shown_text(msg), markup=False, highlight=False, soft_wrap=True)
             self.last = now
             return True
         return False

@@ -166,9 +166,13 @@ class _Diff:
         return 0.0 if max_abs == 0 else float("inf")
 
     def cosine(self) -> float:
-        """Over the positions where both are finite."""
+        """Over the positions where both are finite; NaN (no agreement to measure) where the
+        candidate is non-finite and FP32 is not: an all-inf output is not `cosine 1.0`, as
+        its finite positions alone (none) would say."""
         if self.all_ref and self.all_got:
             return _cosine64(self.ref64, self.got64)
+        if not self.all_got and bool(np.any(self.finite_ref & ~self.finite_got)):
+            return math.nan
         both = self.finite_ref & self.finite_got
         return _cosine64(self.ref64[both], self.got64[both])
 
@@ -290,7 +294,8 @@ def merge_stats(a: TensorStats, b: TensorStats) -> TensorStats:
         max_abs_err=max(a.max_abs_err, b.max_abs_err),
         rel_err=max(a.rel_err, b.rel_err),
         mean_abs_err=max(a.mean_abs_err, b.mean_abs_err),
-        cosine=min(a.cosine, b.cosine),
+        cosine=(math.nan if math.isnan(a.cosine) or math.isnan(b.cosine)
+                else min(a.cosine, b.cosine)),
         fp32_nonfinite=max(a.fp32_nonfinite, b.fp32_nonfinite),
         fp16_nonfinite=max(a.fp16_nonfinite, b.fp16_nonfinite),
         overflow=max(a.overflow, b.overflow),

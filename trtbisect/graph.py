@@ -380,6 +380,18 @@ STORE_LOCATION = "trtbisect:store"  # marks an initializer whose data a Weights 
 SMALL_BYTES = 1024  # initializers up to this size stay inside session protos
 
 
+def initializer_array(t: TensorProto) -> np.ndarray:
+    """An embedded tensor's values; data that disagrees with its shape (raw data longer or
+    shorter than the shape needs: a damaged or hand-edited file) is a one-line error."""
+    try:
+        return numpy_helper.to_array(t)
+    except (ValueError, TypeError) as exc:
+        shape = "x".join(map(str, t.dims)) or "scalar"
+        held = f" holds {len(t.raw_data)} bytes of raw data;" if t.raw_data else ""
+        raise TrtBisectError(f"initializer {t.name!r} does not match its shape {shape}:{held} "
+                             f"{_first_line(exc)} (a damaged or hand-edited model?)") from None
+
+
 class Weights:
     """Initializer arrays by name: read once, shared by every session, never copied into a proto.
 
@@ -398,7 +410,7 @@ class Weights:
             for t in model.graph.initializer:
                 if t.data_location != TensorProto.EXTERNAL and _payload_bytes(t) > SMALL_BYTES:
                     from .spill import spill
-                    self._raw[t.name] = spill(numpy_helper.to_array(t))  # on disk, not twice
+                    self._raw[t.name] = spill(initializer_array(t))  # on disk, not twice
                     _mark_stored(t)
 
     def __contains__(self, name: str) -> bool:
@@ -411,7 +423,7 @@ class Weights:
             if self.parent is not None and _is_stored(t) and name in self.parent:
                 return self.parent.raw(name)  # held once, by the graph this one derives from
             self._raw[name] = self._map(t) if t.data_location == TensorProto.EXTERNAL \
-                else numpy_helper.to_array(t)
+                else initializer_array(t)
         return self._raw[name]
 
     def array(self, name: str) -> np.ndarray:
@@ -571,7 +583,7 @@ class Graph:
             for _, body in subgraphs(self.nodes[i]):
                 for t in body.initializer:
                     if self.is_float(t.name) and t.data_location != TensorProto.EXTERNAL:
-                        out[t.name] = numpy_helper.to_array(t).astype(np.float32)
+                        out[t.name] = initializer_array(t).astype(np.float32)
         return out
 
     def node(self, name: str) -> onnx.NodeProto:
@@ -745,7 +757,7 @@ def constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     """The value of a Constant node (None for sparse, string or external values)."""
     for a in node.attribute:
         if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-            return None if a.t.data_location == TensorProto.EXTERNAL else numpy_helper.to_array(a.t)
+            return None if a.t.data_location == TensorProto.EXTERNAL else initializer_array(a.t)
         if a.name == "value_float":
             return np.array(a.f, np.float32)
         if a.name == "value_floats":
@@ -787,7 +799,7 @@ def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
                     t.data_type = FLOAT  # the store hands out float32 for it
                 else:
                     t.CopyFrom(numpy_helper.from_array(
-                        numpy_helper.to_array(t).astype(np.float32), t.name))
+                        initializer_array(t).astype(np.float32), t.name))
         for node in g.node:
             for a in node.attribute:
                 if (a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT
@@ -795,7 +807,7 @@ def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
                     a.i = FLOAT
                 elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in HALF_TYPES:
                     a.t.CopyFrom(numpy_helper.from_array(
-                        numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+                        initializer_array(a.t).astype(np.float32), a.t.name))
     return out
 
 

@@ -169,10 +169,12 @@ def npz_samples(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]) 
 
 
 def validate_npz(graph: Graph, arrays: Mapping[str, np.ndarray], path: str,
-                 shapes: Mapping[str, tuple[int, ...]]) -> list[Sample]:
+                 shapes: Mapping[str, tuple[int, ...]], max_samples: int | None = None
+                 ) -> list[Sample]:
     """`arrays` (an .npz's members, or stand-ins of their shape and dtype) split into samples
-    and checked against the model and --shape."""
-    part = _split_samples(graph, arrays, str(path))
+    and checked against the model and --shape; a stack of more than `max_samples` (default:
+    limits.MAX_SAMPLES) is refused before it is split."""
+    part = _split_samples(graph, arrays, str(path), max_samples=max_samples)
     if not part:
         raise TrtBisectError(f"{path} holds no samples (its leading sample axis is empty)")
     for sample in part:
@@ -211,7 +213,7 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise TrtBisectError(f"{path} is a single .npy array; {hint}")
         arrays: dict[str, np.ndarray] = {}
         with zipfile.ZipFile(path) as zf:
-            members = zf.infolist()
+            members = npz_members(zf, path)
             budget = memory_limit()
             for info in members:
                 arrays[_member_name(info, path)] = _read_member(zf, info, path)
@@ -225,6 +227,19 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError,
             zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
         raise TrtBisectError(f"cannot read {path} as .npz ({exc}); {hint}") from None
+
+
+def npz_members(zf: zipfile.ZipFile, path: str | os.PathLike) -> list[zipfile.ZipInfo]:
+    """The members of an .npz; two of one name are refused (which one is meant is anyone's
+    guess: numpy reads the last, a zip tool may show the first)."""
+    members = zf.infolist()
+    seen: set[str] = set()
+    for info in members:
+        if info.filename in seen:
+            raise TrtBisectError(f"{path} holds two members named {info.filename!r} (a "
+                                 "hand-made or damaged zip?); write it again with np.savez")
+        seen.add(info.filename)
+    return members
 
 
 def _member_name(info: zipfile.ZipInfo, path: str | os.PathLike) -> str:
@@ -246,6 +261,9 @@ def npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.PathLi
         header = fh.tell()
     if dtype.hasobject:
         raise TrtBisectError(f"{path}: {info.filename!r} holds Python objects, not numbers")
+    if any(d < 0 for d in shape):
+        raise TrtBisectError(f"{path}: {info.filename!r} declares the shape {tuple(shape)}, "
+                             "with a negative dimension (a damaged or hand-made file?)")
     need = math.prod(shape) * dtype.itemsize
     if need > info.file_size - header:
         raise TrtBisectError(f"{path}: {info.filename!r} declares {need} bytes of data but holds "
@@ -260,7 +278,7 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | os.Path
 
 
 def _split_samples(graph: Graph, arrays: Mapping[str, np.ndarray], source: str,
-                   stacks: bool = True) -> list[Sample]:
+                   stacks: bool = True, max_samples: int | None = None) -> list[Sample]:
     wanted = {v.name: v for v in graph.fed_inputs()}
     missing = sorted(set(wanted) - set(arrays))
     extra = sorted(set(arrays) - set(wanted))
@@ -287,4 +305,6 @@ def _split_samples(graph: Graph, arrays: Mapping[str, np.ndarray], source: str,
         raise TrtBisectError(f"{source}: stack every input along a leading sample axis of the "
                              "same length, or none")
     n = counts.pop()
+    from .limits import DEFAULT, Limits, check_count
+    check_count(n, DEFAULT if max_samples is None else Limits(samples=max_samples), source)
     return [{name: arrays[name][k, ...] for name in wanted} for k in range(n)]  # 0-d stays an array

@@ -231,10 +231,13 @@ class Journal:
     def _write(self, rec: dict[str, Any]) -> None:
         body = canonical(rec)  # one serialisation: the checksum is spliced in as the last key
         sealed = f'{body[:-1].decode()}{"," if len(body) > 2 else ""}"sum":"{self._seal(body)}"}}'
-        self._fh.write(sealed + "\n")
-        self._fh.flush()  # in the kernel now: survives SIGKILL
-        if time.monotonic() - self._synced_at >= SYNC_SECONDS:
-            self.sync()
+        try:
+            self._fh.write(sealed + "\n")
+            self._fh.flush()  # in the kernel now: survives SIGKILL
+            if time.monotonic() - self._synced_at >= SYNC_SECONDS:
+                self.sync()
+        except OSError as exc:  # a full disk names no file: say which
+            raise files.named(exc, self.path) from None
 
     def close(self) -> None:
         if not self._fh.closed:

@@ -92,17 +92,25 @@ class OutputDir:
         file written under the folder meanwhile is guarded (outputs/files.py)."""
         self._mkdir()
         key = os.path.realpath(self.path)
+        created = False
         if key in _held:
             _held[key][1] += 1
         else:
+            created = files.lstat_or_none(self.path / LOCK) is None
             _held[key] = [self._acquire(), 1]
+        failed = False
         try:
             with files.guarded(self.path):
                 yield self
+        except BaseException:
+            failed = True
+            raise
         finally:
             _held[key][1] -= 1
             if _held[key][1] == 0:
                 self._drop_staging()
+                if created and failed and files.lstat_or_none(self.path / MANIFEST) is None:
+                    self._drop_lock()  # a refused run leaves the user's folder as it was
                 os.close(_held.pop(key)[0])  # closing the descriptor drops the flock
 
     def _mkdir(self) -> None:
@@ -113,7 +121,27 @@ class OutputDir:
         if not self.path.is_dir():
             raise TrtBisectError(f"--out {self.path} is not a folder")
 
+    def _drop_lock(self) -> None:
+        """Unlink the lock file while still holding its flock (`_acquire` makes a run that
+        opened it meanwhile try again on the path)."""
+        try:
+            os.unlink(self.path / LOCK)
+        except OSError:
+            pass
+
     def _acquire(self) -> int:
+        for _ in range(100):
+            fd = self._acquire_once()
+            try:
+                same = os.path.samestat(os.fstat(fd), os.lstat(self.path / LOCK))
+            except OSError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)  # the run that held it unlinked it (`_drop_lock`): take the new one
+        raise TrtBisectError(f"cannot lock {self.path / LOCK}: it keeps being replaced")
+
+    def _acquire_once(self) -> int:
         lock = self.path / LOCK
         try:
             fd = files.open_in_place(lock, os.O_RDWR | os.O_CREAT)

@@ -24,10 +24,12 @@ from .graph import Graph, external_data_hash, external_files, model_hash
 from .data.sources import expand, iter_items
 from .data.store import SampleSet, reference_set
 from .inputs import Sample
+from .limits import Limits, set_eval_timeout
 from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
 from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.hints import criterion_hints
+from .judge.loadable import input_model
 from .judge.settings import JudgeSettings
 from .judge.spread import AIM_ROUNDS, aimed
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
@@ -87,6 +89,8 @@ class Options:
     workers: int | None = 1
     ray: str | None = None
     precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
+    # bounds on samples, spooled bytes and one inference (limits.py, docs/limits.md)
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def accumulate(self) -> int:
@@ -152,17 +156,20 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     temporary folder)."""
     path = Path(model_path)
     graph = Graph.from_path(path)
+    input_model(path)  # judge/loadable.py: what the run's written copies are held to
     if search:  # the emulator rounds with Casts to the low type: before any long work
         low_precision(opts.precision).require_opset(graph.opset, path)
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
     opts.criteria.validate(graph.output_names())
+    set_eval_timeout(opts.limits.eval_timeout)  # every inference of this run (limits.py)
     samples = SampleSet(iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes,
-                                   opts.seed, opts.samples), spool=spool or cache)
+                                   opts.seed, opts.samples, opts.limits),
+                        spool=spool or cache, limits=opts.limits)
     sha, data_sha = model_hash(path), external_data_hash(path)
     references = reference_set(graph, samples, opts.threads, f"{sha}:{data_sha}", cache,
-                               spool or cache)
+                               spool or cache, samples.spooled)
     opts.criteria.check_fit(references[0])
     ctx = Context(path, graph.source, graph, samples, references, sha,
                   sources=[path, *external_files(path), *input_files(opts)],

@@ -20,7 +20,7 @@ from .compare import FP16_MAX, FP16_TINY, OutputError
 from .diagnose import num, pct
 from .errors import require
 from .judge.precision import FP16, Precision, precision as low_precision
-from .outputs.escape import md_code, md_fence, md_table_cell, md_text, visible
+from .outputs.escape import md_code, md_fence, md_table_cell, md_text, shown_text
 from .plan import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ def _label_x(ax, stats: Sequence, marked: list[int], groups: Mapping[int, str]) 
 
 
 def _short(name: str, width: int = 28) -> str:
-    name = visible(name)  # a tick label shows control characters escaped, like every output
+    name = shown_text(name)  # a tick label shows control characters escaped, like every output
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
@@ -743,7 +743,7 @@ img.plot{display:block;width:100%;border:1px solid #dde3ec;border-radius:8px;bac
 def e(value: object) -> str:
     """Text for HTML: escaped, and (a model's names being hostile) every control or bidi
     character shown as `\x1b`, `\u202e`, ... so nothing reorders or hides what is shown."""
-    return html.escape(visible(value), quote=True)
+    return html.escape(shown_text(value), quote=True)
 
 
 def e_lines(text: str) -> str:

@@ -23,9 +23,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto as TP, helper as h, numpy_helper
 
-DOCUMENTED = frozenset({0, 2, 3, 4})
+DOCUMENTED = frozenset({0, 2, 3, 4, 7})  # 7: fragile (a plan without the margin, written)
 ANY = DOCUMENTED
-ACCEPTED = frozenset({0, 3, 4})  # the model was taken and judged
+ACCEPTED = frozenset({0, 3, 4, 7})  # the model was taken and judged
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,20 @@ NPZ: dict[str, Callable[[Path], Path]] = {
     "missing_file": lambda f: f / "absent.npz",
     "compressed": lambda f: (np.savez_compressed(f / "in.npz", x=X), f / "in.npz")[1],
     "utf8_member_name": lambda f: _zip(f, {"x\u00e9.npy": _npy_bytes(X)}),
+    # #35: a negative dimension in a header, one name twice (numpy reads the last)
+    "header_negative_dim": lambda f: _zip(f, {"x.npy": _lying_header((-3, 4))}),
+    "duplicate_member": lambda f: _zip_twice(f, "x.npy", _npy_bytes(X), _npy_bytes(-X)),
 }
+
+
+def _zip_twice(folder: Path, member: str, first: bytes, second: bytes) -> Path:
+    import warnings
+    p = folder / "in.npz"
+    with warnings.catch_warnings(), zipfile.ZipFile(p, "w") as zf:
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate: that is the point
+        zf.writestr(member, first)
+        zf.writestr(member, second)
+    return p
 
 
 def _raw(folder: Path, data: bytes, name: str = "in.npz") -> Path:
@@ -299,6 +312,11 @@ RUN_OPTIONS: dict[str, list[str]] = {
     "stability_1000": ["--stability", "1000"],
     "strict": ["--strict"], "no_resume": ["--no-resume"], "backend_bogus": ["--backend", "tpu"],
     "json": ["--json"], "unknown_option": ["--frobnicate"],
+    "max_samples_0": ["--max-samples", "0"], "max_input_bytes_text": ["--max-input-bytes", "x"],
+    "max_spool_bytes_negative": ["--max-spool-bytes", "-1"],
+    "eval_timeout_0": ["--eval-timeout", "0"], "eval_timeout_nan": ["--eval-timeout", "nan"],
+    "eval_timeout_inf": ["--eval-timeout", "inf"],
+    "max_input_bytes_tiny": ["--max-input-bytes", "8"],
 }
 USAGE_ONLY = {"rtol_negative", "rtol_nan", "rtol_inf", "rtol_text", "atol_negative", "atol_nan",
               "samples_0", "samples_negative", "seed_negative", "seed_text", "threads_0",
@@ -307,7 +325,9 @@ USAGE_ONLY = {"rtol_negative", "rtol_nan", "rtol_inf", "rtol_text", "atol_negati
               "shape_wrong", "shape_huge", "output_tol_typo", "output_tol_nan",
               "output_tol_negative", "output_tol_text", "output_tol_bare", "output_tol_input",
               "max_evals_0", "max_evals_negative", "stability_1", "stability_negative",
-              "backend_bogus", "unknown_option", "samples_1e9", "stability_1000"}
+              "backend_bogus", "unknown_option", "samples_1e9", "stability_1000",
+              "max_samples_0", "max_input_bytes_text", "max_spool_bytes_negative",
+              "eval_timeout_0", "eval_timeout_nan", "eval_timeout_inf", "max_input_bytes_tiny"}
 
 
 def _out_setup(kind: str) -> Callable[[Path], Path]:
@@ -409,6 +429,114 @@ OUT_CODES = {"lock_folder": frozenset({2}), "out_is_file": frozenset({2}),
              "user_files": frozenset({0}), "manifest_lists_outside": frozenset({0})}
 
 
+# ---------------------------------------------------------------- hostile hooks, loaders, files (#35)
+
+def loop_model(stop: float | None) -> onnx.ModelProto:
+    """y = x + 1, repeated up to 10^12 times while the sum stays below `stop` (None: forever).
+    From x = 2040 with stop 2100, FP32 ends after 60 trips (far from any timeout); in FP16
+    2048 + 1 rounds back to 2048, so the Loop never ends unless its Add (`count[body]/step`)
+    is kept in FP32."""
+    cond = (h.make_node("Less", ["v_out", "stop"], ["cond_out"], name="more") if stop
+            else h.make_node("Identity", ["cond_in"], ["cond_out"], name="more"))
+    body = h.make_graph(
+        [h.make_node("Add", ["v_in", "one"], ["v_out"], name="step"), cond], "body",
+        [h.make_tensor_value_info("i", TP.INT64, []),
+         h.make_tensor_value_info("cond_in", TP.BOOL, []),
+         h.make_tensor_value_info("v_in", TP.FLOAT, [1])],
+        [h.make_tensor_value_info("cond_out", TP.BOOL, []),
+         h.make_tensor_value_info("v_out", TP.FLOAT, [1])],
+        [h.make_tensor("one", TP.FLOAT, [1], [1.0]),
+         h.make_tensor("stop", TP.FLOAT, [1], [stop or 0.0])])
+    g = h.make_graph([h.make_node("Loop", ["trip", "cond", "x"], ["y"], body=body, name="count")],
+                     "g", [h.make_tensor_value_info("x", TP.FLOAT, [1])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1])],
+                     [h.make_tensor("trip", TP.INT64, [], [10**12]),
+                      h.make_tensor("cond", TP.BOOL, [], [True])])
+    return _model(g, opset=17)
+
+
+LOOP_START = np.array([2040.0], np.float32)  # loop_model's x: 60 trips below 2100 in FP32
+
+
+def raw_longer_model() -> onnx.ModelProto:
+    """A 64x64 weight (held outside the proto) whose raw data is 16 bytes longer than its
+    shape needs."""
+    w = numpy_helper.from_array(np.full((64, 64), 0.01, np.float32), "W")
+    w.raw_data += bytes(16)
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "long",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [2, 64])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [2, 64])], [w])
+    return _model(g)
+
+
+HOOKS = {  # --check FILE.py:check bodies
+    "score_1e400": "def check(fp32, fp16, sample):\n    return True, 10**400\n",
+    "prints": "print('imported')\ndef check(fp32, fp16, sample):\n    print('called')\n"
+              "    return True\n",
+    "vandal": "import numpy as np\ndef check(fp32, fp16, sample):\n"
+              "    for d in (fp32, fp16, sample):\n        for a in d.values():\n"
+              "            while isinstance(a, np.ndarray):\n"
+              "                try:\n                    a.flags.writeable = True\n"
+              "                    a[...] = 0\n                except ValueError:\n"
+              "                    pass\n                a = a.base\n    return True\n",
+}
+LOADERS = {  # --data-loader-script FILE.py bodies (x: a [2, 4] float32 input)
+    "reused_buffer": "import numpy as np\ndef load_data():\n    buf = np.zeros((2, 4), np.float32)\n"
+                     "    for k in range(3):\n        buf[...] = k\n        yield {'x': buf}\n",
+    "never_ends": "import numpy as np\ndef load_data():\n    while True:\n"
+                  "        yield {'x': np.ones((2, 4), np.float32)}\n",
+    "prints": "import numpy as np\nprint('imported')\ndef load_data():\n    print('loading')\n"
+              "    yield {'x': np.ones((2, 4), np.float32)}\n",
+}
+
+
+def _with_hook(body: str, extra: Sequence[str] = ()):
+    def build(folder: Path) -> list[str]:
+        (folder / "hook.py").write_text(body)
+        return ["run", str(_save(folder, overflow_model())), "--inputs", str(_npz(folder, x=X)),
+                "--check", f"{folder / 'hook.py'}:check", "--out", str(folder / "out"),
+                *extra]
+    return build
+
+
+def _with_loader(body: str, extra: Sequence[str] = ()):
+    def build(folder: Path) -> list[str]:
+        (folder / "loader.py").write_text(body)
+        return ["run", str(_save(folder, overflow_model())), "--data-loader-script",
+                str(folder / "loader.py"), "--out", str(folder / "out"), *extra]
+    return build
+
+
+def _billion_empty_samples(folder: Path) -> list[str]:
+    """A ~200-byte .npz whose header declares 10^9 samples of shape (0, 4)."""
+    path = _zip(folder, {"x.npy": _lying_header((10**9, 0, 4))})
+    return ["run", str(_save(folder, tiny_model(dims=("n", 4)))), "--inputs", str(path),
+            "--out", str(folder / "out")]
+
+
+def hostile_cases() -> list[Case]:
+    # 7 (fragile): a sample of zeros has a bound of 0, which no plan passes with a margin
+    out = [Case(f"hook-{name}-run", _with_hook(body, ["--json"]), frozenset({0, 4, 7}))
+           for name, body in HOOKS.items()]
+    out += [Case(f"loader-{name}-run", _with_loader(body, ["--max-samples", "20"]),
+                 frozenset({2}) if name == "never_ends" else frozenset({0, 4, 7}))
+            for name, body in LOADERS.items()]
+    out += [Case("npz-billion_empty_samples-run", _billion_empty_samples, frozenset({2})),
+            Case("model-loop_forever-run", _with_model(lambda f: loop_model(None), "run",
+                                                       lambda f: _npz(f, x=np.zeros(1, np.float32)),
+                                                       ["--eval-timeout", "0.2"]), frozenset({2})),
+            Case("model-loop_stuck_in_fp16-run", _with_model(
+                lambda f: loop_model(2100.0), "run", lambda f: _npz(f, x=LOOP_START),
+                ["--eval-timeout", "0.25"]), frozenset({0})),
+            Case("model-initializer_raw_longer-run", _with_model(
+                lambda f: raw_longer_model(), "run",
+                lambda f: _npz(f, x=np.ones((2, 64), np.float32))), frozenset({2})),
+            Case("model-node_name_100k-run", _with_model(
+                lambda f: overflow_model(("u" * 100_000, "up2", "d" * 100_000)), "run",
+                NPZ["ok"]), frozenset({0}))]
+    return out
+
+
 # ---------------------------------------------------------------- the corpus
 
 def _with_model(model: Callable[[Path], onnx.ModelProto | bytes], command: str,
@@ -484,6 +612,7 @@ def cases() -> list[Case]:
     out.append(Case("out-locked-by-another-run", _with_out("none"), frozenset({2}),
                     patch="locked"))
     out.append(Case("stacked-scalar-inputs", _scalar_stacked, frozenset({0})))
+    out += hostile_cases()
     # 500 random samples of 400 MB: refused before one is made (their total against memory)
     out.append(Case("option-samples_total_bytes-run", _with_model(
         lambda f: tiny_model(dims=("n", 4)), "run", None,

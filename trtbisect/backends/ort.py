@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .. import limits
 from ..errors import TrtBisectError
 from ..spill import release_pages, spill
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
@@ -146,9 +147,20 @@ def run_seconds() -> float:
 
 
 def run_session(session, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None):
+    """One inference, interruptible (limits.py): Ctrl-C, SIGTERM and --eval-timeout set the
+    run's `terminate` flag, which ORT checks between kernels, inside Loop bodies too."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # a run we stop is ours to report, not ORT's error log
+    names = list(outputs) if outputs is not None else None
     began = time.perf_counter()
     try:
-        return session.run(list(outputs) if outputs is not None else None, dict(feeds))
+        return limits.interruptible(lambda: session.run(names, dict(feeds), options),
+                                    limits.eval_timeout(),
+                                    lambda: setattr(options, "terminate", True))
+    except TrtBisectError:
+        raise
     except Exception as exc:
         raise TrtBisectError(f"onnxruntime failed to run the model: {_first_line(exc)}") from exc
     finally:

@@ -29,7 +29,9 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..inputs import Sample, _member_name, _read_npz, guard_size, npy_header, validate_npz
+from ..inputs import (Sample, _member_name, _read_npz, guard_size, npy_header, npz_members,
+                      validate_npz)
+from ..limits import MAX_SAMPLES
 
 _READ_ERRORS = (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, struct.error,
                 zlib.error, zipfile.BadZipFile, zipfile.LargeZipFile)
@@ -124,17 +126,19 @@ def _read_row(fh, m: Member, path: str) -> np.ndarray:
     return out
 
 
-def read(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]
-         ) -> tuple[list[Sample], Stack | None]:
+def read(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]],
+         max_samples: int = MAX_SAMPLES) -> tuple[list[Sample], Stack | None]:
     """The samples of one .npz, validated: a file of one sample is read (and returned) whole;
-    a stack is validated from its headers and returned as a `Stack`, nothing read yet."""
+    a stack is validated from its headers and returned as a `Stack`, nothing read yet. A stack
+    longer than `max_samples` is refused from its headers (10^9 empty samples fit in 200
+    bytes)."""
     members = _members(path)
     if members is None:  # not a plain zip of .npy: the whole-file reader says what is wrong
-        return validate_npz(graph, _read_npz(path), path, shapes), None
+        return validate_npz(graph, _read_npz(path), path, shapes, max_samples), None
     standins = {n: np.broadcast_to(np.zeros((), m.dtype), m.shape) for n, m in members.items()}
-    part = validate_npz(graph, standins, path, shapes)
+    part = validate_npz(graph, standins, path, shapes, max_samples)
     if all(part[0][n].ndim == len(m.shape) for n, m in members.items()):  # one sample
-        return validate_npz(graph, _read_npz(path), path, shapes), None
+        return validate_npz(graph, _read_npz(path), path, shapes, max_samples), None
     for name, m in members.items():
         guard_size(m.row_shape, m.dtype, f"one sample of {name!r} in {path}")
     return [], Stack(path, members, len(part))
@@ -146,7 +150,7 @@ def _members(path: str) -> dict[str, Member] | None:
     try:
         with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
             out = {}
-            for info in zf.infolist():
+            for info in npz_members(zf, path):
                 name = _member_name(info, path)
                 shape, fortran, dtype, header = npy_header(zf, info, path)
                 data = None

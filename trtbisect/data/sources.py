@@ -31,11 +31,13 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
+from ..limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
 from . import npz
 from ..inputs import (Sample, check_sample, check_shape_names, guard_random_samples, npz_samples,
                       random_sample)
 
 GLOB_CHARS = "*?["
+_END = object()  # a data loader's iterator is exhausted
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,24 @@ class Item:
 
 
 def iter_items(graph: Graph, inputs: Sequence[str], loader: str | None,
-               shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1
-               ) -> Iterator[Item]:
+               shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1,
+               limits: Limits = DEFAULT_LIMITS) -> Iterator[Item]:
     """Every sample a plan must pass on, in order: --inputs, then the data loader's; without
-    either, `count` seeded random samples."""
+    either, `count` seeded random samples. At most `limits.samples` of them: a source that
+    declares more is refused before its samples are made, a data loader is not read past it."""
+    n = 0
+    for item in _items(graph, inputs, loader, shapes, seed, count, limits):
+        n += 1
+        if n > limits.samples:
+            source = " and ".join(f for f, given in (("--inputs", inputs),
+                                                      ("--data-loader-script", loader)) if given) or "--samples"
+            raise too_many_samples(None, limits, source)
+        yield item
+
+
+def _items(graph: Graph, inputs: Sequence[str], loader: str | None,
+           shapes: Mapping[str, tuple[int, ...]], seed: int, count: int, limits: Limits
+           ) -> Iterator[Item]:
     check_shape_names(graph, shapes)
     if not inputs and not loader:
         if count < 1:
@@ -65,7 +81,7 @@ def iter_items(graph: Graph, inputs: Sequence[str], loader: str | None,
     for spec in inputs:
         for path, kind in expand(spec):
             if kind == "npz":
-                yield from _npz_items(graph, path, shapes)
+                yield from _npz_items(graph, path, shapes, limits)
             else:
                 yield from _json_items(graph, path, shapes)
     if loader:
@@ -96,11 +112,18 @@ def expand(spec: str) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- .npz
 
-def _npz_items(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]
-               ) -> Iterator[Item]:
+def _npz_items(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]],
+               limits: Limits = DEFAULT_LIMITS) -> Iterator[Item]:
     """One sample, read whole; or a stack, one sample at a time (data/npz.py): read again by
-    offset when it is stored plainly, else spooled by the sample set past its budget."""
-    samples, stack = npz.read(graph, path, shapes)
+    offset when it is stored plainly, else spooled by the sample set past its budget. A stack
+    is held to the limits by what its headers declare, before any sample is read."""
+    samples, stack = npz.read(graph, path, shapes, limits.samples)
+    if stack is not None:
+        declared = stack.count * sum(m.row_bytes for m in stack.members.values())
+        if declared > limits.total_input_bytes:
+            raise TrtBisectError(f"{path} declares {size_text(declared)} of samples, more than "
+                                 f"--max-input-bytes {size_text(limits.total_input_bytes)}; "
+                                 "give less data or a larger --max-input-bytes")
     if stack is None:
         for k, sample in enumerate(samples):
             yield Item(f"{path}[{k}]" if len(samples) > 1 else path, sample,
@@ -173,11 +196,15 @@ def _decode_ndarray(dct: dict) -> Any:
 
 
 def _feed(feed: Any, graph: Graph, shapes: Mapping[str, tuple[int, ...]], where: str,
-          flag: str) -> Sample:
+          flag: str, copy: bool = False) -> Sample:
+    """`copy`: arrays of the sample's own (a loader may reuse its buffers, or hand over a
+    torch tensor's memory)."""
     if not isinstance(feed, Mapping):
         raise TrtBisectError(f"{flag}: {where} is a {type(feed).__name__}, not a feed dict "
                              "(input name -> array)")
     sample = {str(k): _array(v, where, k) for k, v in feed.items()}
+    if copy:
+        sample = {k: np.array(v, copy=True) for k, v in sample.items()}
     check_sample(graph, sample, shapes, where)
     return sample
 
@@ -196,14 +223,23 @@ def _array(value: Any, where: str, name: Any) -> np.ndarray:
 def loader_items(graph: Graph, spec: str, shapes: Mapping[str, tuple[int, ...]]
                  ) -> Iterator[Item]:
     """Polygraphy's contract: FUNCTION() is iterated, each item a feed dict."""
-    from ..judge.hooks import HookError, load_function
+    from ..judge.hooks import HookError, load_function, user_code
     fn, path, name, _ = load_function(spec, "--data-loader-script", "load_data")
     label = f"{path}:{name}"
     n = 0
     try:
-        for feed in fn():
+        with user_code():  # what it prints goes to stderr, as it runs
+            feeds = iter(fn())
+        while True:
+            with user_code():
+                feed = next(feeds, _END)
+            if feed is _END:
+                break
             where = f"{label} sample {n}"
-            yield Item(where, _feed(feed, graph, shapes, where, "--data-loader-script"), None)
+            # copied: a loader that fills one buffer again for every sample (a common
+            # pattern) would otherwise make every sample held the last one
+            yield Item(where, _feed(feed, graph, shapes, where, "--data-loader-script",
+                                    copy=True), None)
             n += 1
     except TrtBisectError:
         raise

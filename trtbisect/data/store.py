@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..inputs import _read_npz, memory_limit
+from ..limits import DEFAULT as DEFAULT_LIMITS, Limits, Meter
 from ..outputs import cache as result_cache
 from .sources import Item
 
@@ -46,15 +47,25 @@ def update_hash(h, sample: Mapping[str, np.ndarray]) -> None:
         h.update(np.ascontiguousarray(sample[k]).tobytes())
 
 
-class _Spool:
-    """One .npz per index in a folder of its own, removed with its owner."""
+def spool_meter(limits: Limits = DEFAULT_LIMITS) -> Meter:
+    """The bytes a run may spool (samples and references together): --max-spool-bytes."""
+    return Meter(limits.spool_bytes, "--max-spool-bytes", "samples and outputs spooled to disk")
 
-    def __init__(self, owner: object, parent: Path | None, prefix: str) -> None:
+
+class _Spool:
+    """One .npz per index in a folder of its own, removed with its owner; every byte counted
+    against `meter` before it is written."""
+
+    def __init__(self, owner: object, parent: Path | None, prefix: str,
+                 meter: Meter | None = None) -> None:
         self._owner, self._parent, self._prefix = weakref.ref(owner), parent, prefix
         self.folder: Path | None = None
+        self.meter = meter or spool_meter()
 
     def write(self, k: int, arrays: Mapping[str, np.ndarray]) -> Path:
         from ..render import npz_bytes
+        data = npz_bytes(arrays)
+        self.meter.add(len(data), f"{self._prefix.rstrip('-')} {k}")
         if self.folder is None:
             if self._parent is not None:
                 self._parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +74,7 @@ class _Spool:
             if owner is not None:
                 weakref.finalize(owner, shutil.rmtree, self.folder, True)
         path = self.folder / f"{k:07d}.npz"
-        _write_bytes(path, npz_bytes(arrays))
+        _write_bytes(path, data)
         return path
 
 
@@ -153,13 +164,16 @@ class SampleSet(_Stored):
     """Every sample, validated and hashed in one streaming pass over `items`."""
 
     def __init__(self, items: Iterable[Item], budget: int | None = None,
-                 spool: Path | None = None) -> None:
+                 spool: Path | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
         super().__init__(default_budget() if budget is None else budget)
-        self._spool = _Spool(self, spool, "samples-")
+        self.spooled = spool_meter(limits)  # shared with the references (reference_set)
+        self._spool = _Spool(self, spool, "samples-", self.spooled)
         self.where: list[str] = []
         self.digests: list[str] = []  # per sample: the references' cache key
+        total = Meter(limits.total_input_bytes, "--max-input-bytes", "the samples")
         h = hashlib.sha256()
         for item in items:
+            total.add(sum(a.nbytes for a in item.sample.values()), item.where)
             update_hash(h, item.sample)
             one = hashlib.sha256()
             update_hash(one, item.sample)
@@ -176,9 +190,10 @@ class ReferenceSet(_Stored):
     """The FP32 reference outputs, one dict per sample, computed as they are first needed
     and cached per sample under `cache` (when given)."""
 
-    def __init__(self, budget: int | None = None, spool: Path | None = None) -> None:
+    def __init__(self, budget: int | None = None, spool: Path | None = None,
+                 meter: Meter | None = None) -> None:
         super().__init__(default_budget() if budget is None else budget)
-        self._spool = _Spool(self, spool, "references-")
+        self._spool = _Spool(self, spool, "references-", meter)
 
     def add(self, outputs: Arrays, cached: Path | None) -> None:
         names = list(outputs)
@@ -203,13 +218,15 @@ def _reload(path: Path, names: Sequence[str]) -> Arrays:
 
 
 def reference_set(graph, samples: SampleSet, threads: int | None, model_sha: str,
-                  cache: Path | None, spool: Path | None = None) -> ReferenceSet:
+                  cache: Path | None, spool: Path | None = None, meter: Meter | None = None
+                  ) -> ReferenceSet:
     """Every sample's FP32 outputs (the model as given, ORT CPU), one sample at a time; an
-    output set where every output of every sample is empty is refused (nothing to judge)."""
+    output set where every output of every sample is empty is refused (nothing to judge).
+    `meter`: the --max-spool-bytes count the samples began (default: the samples')."""
     from ..backends.ort import Reference
 
     names = graph.output_names()
-    refs = ReferenceSet(spool=spool)
+    refs = ReferenceSet(spool=spool, meter=meter or getattr(samples, "spooled", None))
     ref = None
     judged_elements = 0
     for k, sample in enumerate(samples):

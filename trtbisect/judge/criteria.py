@@ -30,6 +30,9 @@ from ..errors import TrtBisectError
 Arrays = Mapping[str, np.ndarray]
 
 
+TIMEOUT = "eval-timeout"  # a Score's criterion when the inference was stopped (limits.py)
+
+
 @dataclass(frozen=True)
 class Score:
     """One criterion's result on one sample: `value` held to `bound` by the entry's rule."""
@@ -75,6 +78,8 @@ class Score:
         rel = "<=" if not self.higher_is_better else ">="
         if self.criterion == "check":
             return "check" + ("" if math.isnan(self.value) else f" score {self.value:.6g}")
+        if self.criterion == TIMEOUT:
+            return f"stopped after --eval-timeout {self.bound:g} s (never finished)"
         d = dict(self.detail)
         if "rel" in d and "rtol" in d:  # Polygraphy's statistics
             name = f"{self.criterion} {d['quantile']:g}" if "quantile" in d else self.criterion
@@ -199,6 +204,15 @@ class Judgement:
     def severity(self) -> float:
         return max([e.severity for e in self.errors.values()]
                    + [s.severity for s in self.scores], default=0.0)
+
+
+def timed_out(ref: Arrays, seconds: float) -> Judgement:
+    """A sample whose inference was stopped at --eval-timeout (limits.py): every output
+    failed, with no numbers (there are no outputs to measure)."""
+    inf = math.inf
+    return Judgement({name: OutputError(inf, math.nan, inf, inf, inf, math.nan, 0, False,
+                                        (Score(TIMEOUT, name, inf, seconds, False, unit="s"),))
+                      for name in ref})
 
 
 @dataclass(frozen=True)

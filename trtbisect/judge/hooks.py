@@ -3,13 +3,18 @@
 The function is loaded in this process (it is trusted code, like Polygraphy's
 `--data-loader-script`) and called once per sample and plan as
 `FUNCTION(fp32, candidate, sample)`: three dicts of numpy arrays (the FP32 reference outputs,
-the candidate's outputs, the sample's inputs), read-only. It returns a bool, or a
+the candidate's outputs, the sample's inputs), each a read-only copy: a hook that sets the
+`writeable` flag back changes only its own copy, never what the next plan is judged on. It returns a bool, or a
 (bool, number) pair whose number is a score the report shows. Anything else, or an exception,
 is bad input: one line, exit 2, and no verdict is recorded for the plan it was judging.
+
+Whatever the user's code prints goes to stderr (`user_code`): stdout is the results' (`--json`
+is one JSON document), in this process and on every worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import math
@@ -18,7 +23,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -47,7 +52,8 @@ class Hook:
     def score(self, ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
               sample: Mapping[str, np.ndarray]) -> Score:
         try:
-            out = self.fn(_frozen(ref), _frozen(got), _frozen(sample))
+            with user_code():
+                out = self.fn(_frozen(ref), _frozen(got), _frozen(sample))
         except (Exception, SystemExit) as exc:  # the user's code: anything may come out
             raise HookError(f"--check {self.spec} raised {type(exc).__name__}: "
                             f"{_one_line(exc)}") from None
@@ -59,7 +65,7 @@ class Hook:
             return bool(out), math.nan
         if (isinstance(out, (tuple, list)) and len(out) == 2
                 and isinstance(out[0], (bool, np.bool_)) and _real(out[1])):
-            return bool(out[0]), float(out[1])
+            return bool(out[0]), _float(out[1])
         raise HookError(f"--check {self.spec} returned {_shown(out)}; it must return a bool "
                         "or a (bool, number) pair")
 
@@ -72,6 +78,15 @@ def _real(x: Any) -> bool:
         x, (bool, np.bool_))
 
 
+def _float(x: Any) -> float:
+    """A score as a float; one beyond float's range (an int of 10**400) is +-inf, as a float
+    computation would have made it."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
 def _shown(x: Any) -> str:
     text = repr(x)
     return f"{type(x).__name__} {text[:60] + '...' if len(text) > 60 else text}"
@@ -82,13 +97,23 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _frozen(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Read-only views in a fresh dict: a hook cannot change what the next plan is judged on."""
+    """Read-only copies in a fresh dict. Not views: a view's `writeable` flag can be set back
+    (through it or its `.base`) and the array under it written; a copy is the hook's alone.
+    Read-only still, so that an accidental write is the one-line error it always was."""
     out = {}
     for k, v in arrays.items():
-        view = np.asarray(v).view()
-        view.flags.writeable = False
-        out[k] = view
+        copy = np.array(v, copy=True)
+        copy.flags.writeable = False
+        out[k] = copy
     return out
+
+
+@contextlib.contextmanager
+def user_code() -> Iterator[None]:
+    """Around a user's hook or data loader: what it prints goes to stderr, never into the
+    results on stdout."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def split_spec(spec: str, default: str) -> tuple[str, str]:
@@ -116,7 +141,8 @@ def load_function(spec: str, flag: str, default: str) -> tuple[Callable[..., Any
         if loader is None or loader.loader is None:
             raise HookError(f"{flag} {spec}: {path} is not a Python file")
         module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
+        with user_code():
+            loader.loader.exec_module(module)
     except HookError:
         raise
     except (Exception, SystemExit) as exc:

@@ -81,13 +81,35 @@ def _bfloat16_schema_gap(why: str | None) -> bool:
                                 or ("Type 'tensor(bfloat16)'" in why and "is invalid" in why))
 
 
+_input: dict[str, object] = {"path": None, "problem": None, "checked": False}
+
+
+def input_model(path: str | Path | None) -> None:
+    """The model this run reads (pipeline.prepare): a written copy of a model that itself
+    fails the checker is held to what the input holds (ONNX Runtime loads it)."""
+    _input.update(path=path, problem=None, checked=False)
+
+
+def _input_problem() -> str | None:
+    """The input model's own first checker error (checked once, only when needed)."""
+    if not _input["checked"] and _input["path"] is not None:
+        _input.update(problem=checker_problem(str(_input["path"])), checked=True)
+    return _input["problem"]  # type: ignore[return-value]
+
+
 def require_written_valid(path: str | Path, weight_bytes: int | None = None) -> None:
     """A file trtbisect wrote passes the checker's full check and loads in ONNX Runtime;
     else a one-line TrtBisectError that says the fault is trtbisect's.
 
-    One exception, warned about: a BF16 file at an opset whose schema of some op does not
-    list bfloat16 (`_bfloat16_schema_gap`)."""
-    why = checker_problem(path) or runtime_problem(path, weight_bytes)
+    Two exceptions, warned about: a BF16 file at an opset whose schema of some op does not
+    list bfloat16 (`_bfloat16_schema_gap`); and a copy of an input model that fails the
+    checker itself, which ONNX Runtime runs: the copy must then load in ONNX Runtime."""
+    why = checker_problem(path)
+    if why is not None and not _bfloat16_schema_gap(why) and _input_problem() is not None:
+        log.warning("%s fails %s, as the model given does (%s); ONNX Runtime loads it",
+                    Path(path).name, why, _input_problem())
+        why = None
+    why = why or runtime_problem(path, weight_bytes)
     if _bfloat16_schema_gap(why):
         log.warning("%s: %s: this opset's schema predates bfloat16 for that op; TensorRT "
                     "builds it, ONNX tools at this opset refuse it", Path(path).name, why)

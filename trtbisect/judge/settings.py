@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from ..compare import Tolerance
+from ..limits import EVAL_TIMEOUT
 
 if TYPE_CHECKING:
     from .criteria import Criteria
@@ -35,6 +36,7 @@ class JudgeSettings:
     tolerance: Tolerance = field(default_factory=Tolerance)
     criteria_flags: tuple[str, ...] = ()  # judge/flags.criteria_flags: () is the default
     criteria_fingerprint: str = ""  # of the criteria as written, hook code included
+    eval_timeout: float = EVAL_TIMEOUT  # --eval-timeout: a plan past it fails (limits.py)
 
     @classmethod
     def of(cls, opts, criteria: "Criteria | None" = None) -> "JudgeSettings":
@@ -46,7 +48,8 @@ class JudgeSettings:
                    accumulate=opts.accumulate, threads=opts.threads, strict=opts.strict,
                    precision=opts.precision, tolerance=opts.tolerance,
                    criteria_flags=tuple(criteria_flags(crit)),
-                   criteria_fingerprint=criteria_digest(crit))
+                   criteria_fingerprint=criteria_digest(crit),
+                   eval_timeout=opts.limits.eval_timeout)
 
     def criteria(self) -> "Criteria":
         """The criteria again, from their flags (a hook file is imported again)."""
@@ -58,6 +61,8 @@ class JudgeSettings:
         fp: dict = {"tolerance": self.tolerance.to_json(), "strict": self.strict,
                     "semantics": [self.semantics, self.trt_version, self.tf32, self.accumulate],
                     "threads": self.threads}
+        if self.eval_timeout != EVAL_TIMEOUT:  # a plan timed out under another limit
+            fp["eval_timeout"] = self.eval_timeout
         if self.precision != "fp16":
             fp["precision"] = self.precision
         if self.criteria_flags:

@@ -22,9 +22,10 @@ from ..backends.ort import MixedModel, Rounded
 from ..compare import OutputError, worst
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
+from ..limits import EvalTimeout
 from ..mixed import Written, mixed_model
 from ..outdir import OutputDir
-from .criteria import Judgement, Verdict
+from .criteria import Judgement, Verdict, timed_out
 from .loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
 from .precision import of_type
@@ -219,7 +220,13 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
                        expose=wanted)
     judged, tensors = [], []
     for sample, ref in zip(ctx.every_sample, ctx.every_reference):  # certified on every one
-        outs, exposed = judge.run_tensors(sample)
+        try:
+            outs, exposed = judge.run_tensors(sample)
+        except EvalTimeout as exc:  # a Loop that never ends: the file fails on the sample
+            judged.append(timed_out(ref, exc.seconds))
+            tensors = []  # the exposed tensors are all or nothing
+            expose = ()
+            continue
         judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
                                           opts.tolerance))
         if expose:

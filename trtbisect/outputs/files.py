@@ -136,6 +136,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())  # others may deploy it
         os.replace(tmp, path)
+    except OSError as exc:
+        raise named(exc, path) from None
     finally:
         try:
             os.unlink(tmp)
@@ -145,6 +147,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.rmdir(tmpdir)
         except OSError:
             pass
+
+
+def named(exc: OSError, path: str | os.PathLike) -> OSError:
+    """`exc` naming `path` where it names no file (a write on a full disk names none): the
+    one-line error then says where."""
+    if exc.filename is not None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def current_umask() -> int:

@@ -20,8 +20,9 @@ import numpy as np
 
 from ..compare import Tolerance
 from ..errors import TrtBisectError
-from ..judge.criteria import Criteria, Judgement
+from ..judge.criteria import Criteria, Judgement, timed_out
 from ..judge.settings import JudgeSettings, criteria_digest, criteria_from_flags
+from ..limits import EvalTimeout, set_eval_timeout
 
 Arrays = Mapping[str, np.ndarray]
 Result = tuple[Judgement, list[str]]  # one sample: its judgement, its non-finite watched tensors
@@ -40,11 +41,16 @@ class Measured:
 
 def judge_one(emulator, plan: frozenset[str], sample: Arrays, reference: Arrays,
               criteria: Criteria, tolerance: Tolerance, strict: bool) -> Result:
-    """One sample under the plan: what `Evaluator.measure` has always computed per sample."""
-    if strict:
-        outs, bad = emulator.nonfinite(plan, sample)
-    else:
-        outs, bad = emulator.run(plan, sample), []
+    """One sample under the plan: what `Evaluator.measure` has always computed per sample.
+    An inference that runs past --eval-timeout fails the sample (limits.py): an engine whose
+    Loop never ends is no better than one that overflows."""
+    try:
+        if strict:
+            outs, bad = emulator.nonfinite(plan, sample)
+        else:
+            outs, bad = emulator.run(plan, sample), []
+    except EvalTimeout as exc:
+        return timed_out(reference, exc.seconds), []
     return criteria.judge(reference, outs, sample, tolerance), list(bad)
 
 
@@ -134,6 +140,7 @@ class SampleJudge:
         from ..backends.ort import Emulator
         from ..graph import Graph, model_hash
 
+        set_eval_timeout(spec.judge.eval_timeout)
         if spec.model_sha256 is not None and model_hash(spec.model) != spec.model_sha256:
             raise TrtBisectError(f"the model {spec.model} a worker reads differs from the "
                                  "run's (give a path every node reads the same file at)")
