@@ -25,13 +25,15 @@ from rich.table import Table
 from . import __version__
 from .compare import OutputError, Tolerance
 from .degenerate import nothing_to_judge
-from .cost import DEFAULT_GPU, GPUS
+from .cost import DEFAULT_GPU, GPUS, pct
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, visible
+from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, plan_groups, plural,
+                                  rest_text)
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -410,10 +412,17 @@ def _trt_version(given: str | None) -> int:
               help="Evaluate plans on Ray actors: on the cluster at ADDRESS (e.g. auto, or "
                    "ray://head:10001), or alone on a local one. Needs: pip install "
                    "'trtbisect[ray]'. --workers then caps the actors.")
+@click.option("--top", type=click.IntRange(min=1), default=DEFAULT_TOP, show_default=True,
+              metavar="N",
+              help="Rows of the plan (grouped by module, else by TensorRT layer, costliest "
+                   "first) and kinds of cause shown on the console; precision.json has all.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Show every group, every diagnosis and every node of the plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, rewrite: bool, search_samples: int,
-        workers: int | None, ray_address: str | None, **kw) -> None:
+        workers: int | None, ray_address: str | None, top: int, show_all: bool,
+        **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -472,7 +481,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
             progress.stage("verifying the emulator's plan with TensorRT engines")
             pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
-    emit_run(result, as_json)
+    emit_run(result, as_json, None if show_all else top)
     finish(result.exit_code)
 
 
@@ -539,7 +548,9 @@ def error_cell(e: OutputError | None) -> str:
     return f"{mark} max|d| {fmt(e.max_abs)} (bound {fmt(e.bound)}){extra}"
 
 
-def emit_run(result, as_json: bool) -> None:
+def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
+    """The run on stdout; `top`: rows of the grouped plan and of the diagnosis shown (None:
+    all of them, and every node)."""
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
@@ -563,31 +574,10 @@ def emit_run(result, as_json: bool) -> None:
         out.print(f"  {shown(p)}")
     emit_rewrites(result)
     if result.culprits:
-        t = Table(title="Nodes to keep in FP32", title_justify="left")
-        t.add_column("node", overflow="fold")
-        t.add_column("op", overflow="fold")
-        modules = any(c.module for c in result.culprits)
-        if modules:
-            t.add_column("module", overflow="fold")
-        # a fused layer is named once; its other nodes say "same layer" (a layer's name lists
-        # every node it fuses, so repeating it would drown the table)
-        layers = any(c.layer and c.layer != c.node for c in result.culprits)
-        if layers:
-            t.add_column("TensorRT layer", overflow="fold")
-        shares = cost_shares(result)
-        if shares:
-            t.add_column("cost", overflow="fold")
-        t.add_column("why", overflow="fold")
-        named: set[str] = set()
-        for c in result.culprits:
-            layer = c.layer or c.node
-            cell = "[dim]same layer[/]" if layer in named else shown(layer)
-            share = "" if layer in named else shares.get(layer, "")
-            named.add(layer)
-            t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
-                      *([cell] if layers else []), *([share] if shares else []), shown(c.why))
-        out.print(t)
-    emit_diagnosis(result)
+        emit_plan_groups(result, top)
+        if top is None:  # --all: every node too
+            emit_node_table(result)
+    emit_diagnosis(result, top)
     if result.errors_before:
         t = Table(title="Outputs", title_justify="left")
         t.add_column("output", overflow="fold")
@@ -606,8 +596,8 @@ def emit_run(result, as_json: bool) -> None:
         out.print(cost_line(result.extra["cost"]))
     if result.search is not None:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
-        out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
-                  f"{minimal}, {result.seconds:.1f}s")
+        out.print(f"{plural(result.evaluations, 'evaluation')} "
+                  f"({plural(result.inferences, 'inference')}), {minimal}, {result.seconds:.1f}s")
     emit_samples(result)
     if result.files:
         out.print(f"plan: {shown(result.files.get('plan'))}")
@@ -619,6 +609,67 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
+
+
+def emit_plan_groups(result, top: int | None) -> None:
+    """The plan by module (else by TensorRT layer), costliest first, `top` rows (None: all);
+    outputs/plan_groups.py."""
+    groups = plan_groups(result)
+    diag = result.extra.get("culprit_groups") or []
+    by_module = any(g.by_module for g in groups)
+    shown_rows = groups if top is None else groups[:top]
+    t = Table(title=f"Nodes to keep in FP32, by {'module' if by_module else 'TensorRT layer'}"
+                    f" ({len(groups)} row{'s' if len(groups) != 1 else ''})",
+              title_justify="left")
+    t.add_column("module" if by_module else "layer (first node)", overflow="fold")
+    t.add_column("nodes", overflow="fold")
+    t.add_column("ops", overflow="fold")
+    costs = any(g.share is not None for g in groups)
+    if costs:
+        t.add_column("cost", overflow="fold")
+    t.add_column("cause", overflow="fold")
+    rows = [(shown(g.label), g.nodes_text, g,
+             *([pct(g.share) if g.share is not None else ""] if costs else []),
+             shown(cause_text(g, diag))) for g in shown_rows]
+    # the ops cell gets what the other cells leave of the line, so that a row is one line
+    others = sum(max([len(c.header), *(len(str(r[j])) for r in rows)])
+                 for j, c in enumerate(t.columns) if j != 2)
+    width = None if top is None else max(OPS_WIDTH, out.width - 3 * len(t.columns) - 1 - others)
+    for label, nodes, g, *rest in rows:
+        t.add_row(label, nodes, shown(g.ops_text(width)), *rest)
+    out.print(t)
+    rest = groups[len(shown_rows):]
+    if rest:
+        out.print(rest_text(rest) + ": --top N or --all shows them; precision.json lists "
+                  "every node")
+
+
+def emit_node_table(result) -> None:
+    """Every node of the plan with its layer, cost and why (`run --all`)."""
+    t = Table(title="Nodes to keep in FP32", title_justify="left")
+    t.add_column("node", overflow="fold")
+    t.add_column("op", overflow="fold")
+    modules = any(c.module for c in result.culprits)
+    if modules:
+        t.add_column("module", overflow="fold")
+    # a fused layer is named once; its other nodes say "same layer" (a layer's name lists
+    # every node it fuses, so repeating it would drown the table)
+    layers = any(c.layer and c.layer != c.node for c in result.culprits)
+    if layers:
+        t.add_column("TensorRT layer", overflow="fold")
+    shares = cost_shares(result)
+    if shares:
+        t.add_column("cost", overflow="fold")
+    t.add_column("why", overflow="fold")
+    named: set[str] = set()
+    for c in result.culprits:
+        layer = c.layer or c.node
+        cell = "[dim]same layer[/]" if layer in named else shown(layer)
+        share = "" if layer in named else shares.get(layer, "")
+        named.add(layer)
+        t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
+                  *([cell] if layers else []), *([share] if shares else []), shown(c.why))
+    out.print(t)
 
 
 def emit_both(both, as_json: bool) -> None:
@@ -692,18 +743,33 @@ def emit_rewrites(result) -> None:
         out.print(f"{len(rw['refused'])} rewrite(s) refused: see precision.json \"rewrites\"")
 
 
-def emit_diagnosis(result) -> None:
-    """One sentence per culprit group (cause, numbers, fix), then any stability flags."""
-    for k, (g, count) in enumerate(fold_groups(result.extra.get("culprit_groups") or []), 1):
+def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
+    """One sentence per kind of culprit group (cause, pattern: numbered as the plan table's
+    cause column numbers them; the first group of a kind speaks for the others), at most
+    `top` of them (None: every group, identical ones folded), then any stability flags."""
+    groups = result.extra.get("culprit_groups") or []
+    folded = fold_groups(groups) if top is None else fold_kinds(groups)
+    for k, (g, count) in enumerate(folded[:top] if top is not None else folded, 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
-        times = f" (x{count} identical groups)" if count > 1 else ""
+        times = (f" (x{count} identical groups)" if top is None else
+                 f" (x{count} groups; the first of them)") if count > 1 else ""
         out.print(f"[bold]{k}. {shown(g['cause'])}{shown(pattern)}{times}[/]: "
                   f"{shown(g['summary'])}")
+    if top is not None and len(folded) > top:
+        out.print(f"... and {len(folded) - top} more kinds of cause: --all, or report.html")
     stab = result.extra.get("stability")
     if stab:
         flags = stab["flags"] or ["no plan flips or sits within the noise"]
         out.print(f"stability ({stab['runs']} runs x {stab['samples']} sample(s)): "
                   + shown("; ".join(flags)))
+
+
+def fold_kinds(groups: list) -> list[tuple[dict, int]]:
+    """Culprit groups of one cause and pattern, once each (the first) with a count."""
+    folded: dict[tuple, list] = {}
+    for g in groups:
+        folded.setdefault((g.get("cause"), g.get("pattern")), [g, 0])[1] += 1
+    return [(g, n) for g, n in folded.values()]
 
 
 def fold_groups(groups: list) -> list[tuple[dict, int]]:

@@ -586,7 +586,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     search = _certified_search(
         ctx, opts, ev, stage, as_nodes,
         lambda budget: find_minimal_fp32(list(units), check, as_units(prior.seeds),
-                                         as_units(prior.ranking), budget, progress,
+                                         as_units(prior.ranking), budget,
+                                         _counting_nodes(progress, as_nodes),
                                          **cost.search_args(pricing, opts)))
     if journal is not None:
         journal.close()
@@ -708,6 +709,16 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
     result.evaluations, result.trials = evaluations, trials
     result.rounds, result.speculative = rounds, speculative
     return result
+
+
+def _counting_nodes(progress: Progress | None,
+                    as_nodes: Callable[[Sequence[str]], frozenset[str]]) -> Progress | None:
+    """The search's progress with each trial's plan in nodes, as the verdict counts them (a
+    search unit is a whole TensorRT layer, often several nodes)."""
+    if progress is None:
+        return None
+    return lambda trial, remaining: progress(
+        replace(trial, fp32=tuple(sorted(as_nodes(trial.fp32)))), remaining)
 
 
 def _likely_evaluations(suspects: int, units: int) -> int:

@@ -1,0 +1,131 @@
+"""What a person reads about a large plan (issue #37): the console fits one screen, grouped by
+module or TensorRT layer with the costliest rows first; --top and --all choose; progress and
+verdict count the same thing."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from tests.conftest import save_zoo_model
+from tests.models.make_models import norm_stack
+from trtbisect import cli
+from trtbisect.cli import main
+from trtbisect.outputs.plan_groups import PlanGroup, plan_groups
+
+
+@pytest.fixture(scope="module")
+def stack_run(tmp_path_factory):
+    """36 overflowing decomposed LayerNorms: a plan of ~290 nodes, run once (its --out then
+    replays from the journal for the other views)."""
+    tmp = tmp_path_factory.mktemp("stack")
+    model, inputs = save_zoo_model(norm_stack(36), tmp)
+    return model, inputs, tmp / "o"
+
+
+def _console(monkeypatch, width: int = 80) -> Console:
+    console = Console(file=io.StringIO(), width=width)
+    monkeypatch.setattr(cli, "out", console)
+    return console
+
+
+def _run(stack_run, monkeypatch, *extra: str) -> str:
+    model, inputs, out = stack_run
+    console = _console(monkeypatch)
+    res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), "--out",
+                                    str(out), "--workers", "1", "-q", *extra])
+    assert res.exit_code == 0, res.output
+    return console.file.getvalue()
+
+
+def test_a_large_plan_fits_one_screen(stack_run, monkeypatch):
+    text = _run(stack_run, monkeypatch)
+    plan = json.loads((stack_run[2] / "precision.json").read_text())
+    assert len(plan["fp32_nodes"]) >= 250  # a large plan indeed
+    lines = text.splitlines()
+    assert len(lines) <= 42, text
+    rows = [ln for ln in lines if ln.startswith("│ norms.")]
+    assert len(rows) == 10  # the default --top, one line each
+    costs = [float(r.split("│")[4].strip().rstrip("%")) for r in rows]
+    assert costs == sorted(costs, reverse=True)  # costliest first
+    assert "... and 26 more rows" in text and "--all" in text
+    # one diagnosis paragraph for the 36 groups of the same kind, and it is numbered as the
+    # table's cause column says
+    assert text.count("overflow, layernorm_decomposed") == 1 and "x36 groups" in text
+    assert all(r.split("│")[5].strip() == "1. overflow" for r in rows)
+    # the full list stays where it was
+    assert (stack_run[2] / "layer_precisions.txt").exists()
+
+
+def test_top_and_all_choose_how_much(stack_run, monkeypatch):
+    top = _run(stack_run, monkeypatch, "--top", "3")
+    assert len([ln for ln in top.splitlines() if ln.startswith("│ norms.")]) == 3
+    every = _run(stack_run, monkeypatch, "--all")
+    plan = json.loads((stack_run[2] / "precision.json").read_text())
+    assert "more rows" not in every
+    table = re.split(r"Nodes to keep in FP32 *\n", every, maxsplit=1)[1]  # --all's per node
+    cells = "".join(ln.split("│")[1].strip() for ln in table.splitlines()
+                    if ln.startswith("│") and ln.count("│") > 2)
+    assert all(n in cells for n in plan["fp32_nodes"])
+
+
+def test_groups_sum_unit_costs_once_and_fall_back_to_layers():
+    from trtbisect.diagnose import Culprit
+
+    class R:
+        culprits = [Culprit("a/Add", "Add", "", None, "PWN(a/Add, a/Mul)"),
+                    Culprit("a/Mul", "Mul", "", None, "PWN(a/Add, a/Mul)"),
+                    Culprit("b/Pow", "Pow", "", None, None),
+                    Culprit("c/Exp", "Exp", "", None, None)]
+        extra = {"cost": {"units": {"PWN(a/Add, a/Mul)": {"share": 0.01},
+                                    "b/Pow": {"share": 0.03}, "c/Exp": {"share": 0.0}}},
+                 "culprit_groups": [{"nodes": ["a/Add", "a/Mul"], "cause": "overflow"},
+                                    {"nodes": ["b/Pow"], "cause": "underflow"},
+                                    {"nodes": ["c/Exp"], "cause": "overflow"}]}
+
+    groups = plan_groups(R())
+    assert [g.label for g in groups] == ["b/Pow", "a/Add", "c/Exp"]
+    assert [g.share for g in groups] == [0.03, 0.01, 0.0]  # the fused layer's price once
+    assert groups[1].nodes == ["a/Add", "a/Mul"] and groups[1].nodes_text == "2 (1 layers)"
+    assert [g.diagnoses for g in groups] == [[2], [1], [1]]  # kinds, as the paragraphs count
+
+
+def test_ops_cell_keeps_the_commonest_and_counts_the_rest():
+    g = PlanGroup("m", True, ops=["Mul", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul",
+                                  "Add"])
+    assert g.ops_text(None) == "Mul x2, Add x2, Pow, ReduceMean, Sqrt, Div"
+    short = g.ops_text(24)
+    assert len(short) <= 24 and short.endswith("more") and short.startswith("Mul x2")
+
+
+def test_progress_counts_nodes_as_the_verdict_does(stack_run, monkeypatch):
+    """`Evaluation k | ... | N nodes FP32` counts nodes (a fused layer is several), like the
+    verdict's `keeping N of M nodes`."""
+    from trtbisect import pipeline
+
+    model, inputs, _ = stack_run
+    seen = []
+    opts = cli.make_options({**_defaults(), "inputs": (str(inputs),)}, both=True)
+    opts.resume = False
+    result = pipeline.run(str(model), opts, stack_run[2].parent / "p",
+                          lambda t, remaining: seen.append(t))
+    assert any(set(t.fp32) == set(result.fp32_nodes) for t in seen if t.passed)
+    names = set(result.fp32_nodes) | {n for t in seen for n in t.fp32}
+    assert all(n in names for t in seen for n in t.fp32)
+    assert not any(n.startswith("PWN(") for t in seen for n in t.fp32)  # nodes, not layers
+
+
+def _defaults() -> dict:
+    """The shared options' defaults, as click would pass them to `run`."""
+    ctx = main.get_command(None, "run").make_context("run", ["m.onnx"])
+    kw = dict(ctx.params)
+    for k in ("model", "out_dir", "backend", "report", "as_json", "no_resume", "stability",
+              "rewrite", "search_samples", "workers", "ray_address", "top", "show_all",
+              "torch_inputs"):
+        kw.pop(k, None)
+    return kw
