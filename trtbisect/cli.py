@@ -32,8 +32,8 @@ from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, visible
-from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, plan_groups, plural,
-                                  rest_text)
+from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, plan_groups,
+                                  plural, rest_text, search_words)
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -582,12 +582,19 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
         t = Table(title="Outputs", title_justify="left")
         t.add_column("output", overflow="fold")
         t.add_column(f"all {low}")
-        t.add_column("with the plan")
-        for name, before in result.errors_before.items():
-            t.add_row(shown(name), error_cell(before), error_cell(result.errors_after.get(name)))
+        planned = has_plan(result)
+        if planned:
+            t.add_column("with the plan")
+        names = list(result.errors_before)
+        for name in names if top is None else names[:top]:
+            t.add_row(shown(name), error_cell(result.errors_before[name]),
+                      *([error_cell(result.errors_after.get(name))] if planned else []))
         out.print(t)
+        if top is not None and len(names) > top:
+            out.print(f"... and {plural(len(names) - top, 'more output')}: --all, or "
+                      "precision.json \"errors_after\"")
         strict = result.extra.get("errors_before_strict") or {}
-        for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
+        for name, e in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
             judged = (escape(str(e["text"])) if e.get("text") else
                       f"max|d| {fmt(float(e['max_abs']))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
@@ -595,9 +602,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
     if result.extra.get("cost") and result.verdict != "reference_invalid":
         out.print(cost_line(result.extra["cost"]))
     if result.search is not None:
-        minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
-        out.print(f"{plural(result.evaluations, 'evaluation')} "
-                  f"({plural(result.inferences, 'inference')}), {minimal}, {result.seconds:.1f}s")
+        out.print(f"{search_words(result)}, {result.seconds:.1f}s")
     emit_samples(result)
     if result.files:
         out.print(f"plan: {shown(result.files.get('plan'))}")

@@ -131,3 +131,22 @@ def rest_text(rest: Sequence[PlanGroup], shown: str = "row") -> str:
 def plural(n: int, word: str) -> str:
     """`1 evaluation`, `2 evaluations`."""
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def has_plan(result: Any) -> bool:
+    """A plan (FP32 nodes, or a kept rewrite) was written and judged, so "with the plan" has
+    numbers of its own; not for fp16_ok (nothing to apply) or no_plan (nothing written)."""
+    verdict = result.verdict
+    if verdict == "partial":
+        verdict = (result.extra.get("partial") or {}).get("judged_verdict", verdict)
+    return verdict in ("fixed", "over_budget")
+
+
+def search_words(result: Any) -> str:
+    """`5 evaluations (5 inferences), certified 1-minimal`: minimality said only of a plan
+    that has something to be minimal about."""
+    words = (f"{plural(result.evaluations, 'evaluation')} "
+             f"({plural(result.inferences, 'inference')})")
+    if result.fp32_nodes:
+        words += ", certified 1-minimal" if result.one_minimal else ", not certified minimal"
+    return words
