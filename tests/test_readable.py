@@ -129,3 +129,29 @@ def _defaults() -> dict:
               "torch_inputs"):
         kw.pop(k, None)
     return kw
+
+
+def test_report_leads_with_the_answer_and_lists_each_node_once(stack_run, monkeypatch):
+    pytest.importorskip("matplotlib")
+    _run(stack_run, monkeypatch, "--report")
+    page = (stack_run[2] / "report.html").read_text()
+    plan = json.loads((stack_run[2] / "precision.json").read_text())
+    order = [page.index(mark) for mark in ("class='verdict", "class='margin'",
+                                           "Error against estimated cost", "The plan by module",
+                                           "<h2>Diagnosis", "Error per output",
+                                           "<summary>Every node of the plan")]
+    assert order == sorted(order)
+    assert re.search(r"y: the plan uses [0-9.]+% of the bound", page)
+    # the plan's node list appears once, collapsed; what comes before it names a node only
+    # as evidence (a few), never as a list (commands and the plot's hover titles aside)
+    text = re.sub(r"<pre>.*?</pre>|title='[^']*'", "", page, flags=re.S)
+    for node in plan["fp32_nodes"]:
+        assert text.count(f"<td class=''>{node}</td>") == 1, node
+    head = re.sub(r"<dl class='ev'>.*?</dl>", "", text[:text.index("<summary>Every node of")],
+                  flags=re.S)  # each group's evidence names the node it measured
+    assert sum(node in head for node in plan["fp32_nodes"]) <= 5
+    assert "<details><summary>Every node of the plan (" in page
+    assert "35 more overflow, layernorm_decomposed groups" in page
+    # numbers for people: no float printed with its full binary expansion
+    shown = re.sub(r"<[^>]+>|data:image/png;base64,[^'\"]+", " ", text)
+    assert not re.search(r"\d\.\d{6,}", shown), re.search(r".{40}\d\.\d{6,}.{20}", shown)

@@ -21,7 +21,8 @@ from .diagnose import num, pct
 from .errors import require
 from .judge.precision import FP16, Precision, precision as low_precision
 from .outputs.escape import md_code, md_fence, md_table_cell, md_text, visible
-from .outputs.plan_groups import cause_text, has_plan, plan_groups, plural, search_words
+from .outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, plan_groups, plural,
+                                  search_words)
 from .plan import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
@@ -425,7 +426,7 @@ def plan_group_table(result: "RunResult") -> tuple[str, list[str], list[tuple]]:
 
     rows = [(g.label, g.nodes_text, g.ops_text(None),
              *([cost_pct(g.share) if g.share is not None else ""] if costs else []),
-             cause_text(g, diag)) for g in groups]
+             kinds_text(g, diag)) for g in groups]
     return f"The plan by {'module' if by_module else 'TensorRT layer'}", head, rows
 
 
@@ -505,7 +506,8 @@ def render_markdown(result: "RunResult", plot_name: str | None,
                   f"![trade-off plot]({tradeoff_name})", ""]
     parts += _md_table("Error per output", *output_table(result), code=(0,))
     parts += _md_stability(result)
-    parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
+    parts += _md_table("Search trace", ["#", "phase", "FP32 units (TensorRT layers)", "result",
+                                        "units"],
                        trace_rows(result))
     if command_rows(result):
         parts += ["## Apply the plan", ""]
@@ -685,9 +687,11 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
     for c in result.culprits:
         unit = c.layer or c.node
         share = "" if unit in seen else shares.get(unit, "")
+        # a fused layer is named once (its name lists its nodes); a node alone is its layer
+        layer = "same layer" if unit in seen else (c.layer or "") if c.layer != c.node else ""
         seen.add(unit)
         rows.append((c.node, c.op, *([c.module or ""] if modules else []),
-                     *([unit] if layers else []), *([share] if shares else []),
+                     *([layer] if layers else []), *([share] if shares else []),
                      by_node.get(c.node, {}).get("cause", ""), c.why))
     return head, rows
 
@@ -767,6 +771,7 @@ img.plot{display:block;width:100%;border:1px solid #dde3ec;border-radius:8px;bac
 .margin{font-size:15px;margin:6px 0 6px 4px}
 details{background:#fff;border:1px solid #dde3ec;border-radius:8px;padding:8px 14px;margin:12px 0}
 details summary{cursor:pointer;font-weight:600}
+img.plot.narrow{max-width:820px}
 td.num{text-align:right;white-space:nowrap}
 """
 
@@ -792,9 +797,9 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
     body += [f"<p class='margin'>{e(line)}</p>" for line in margin_lines(result)]
     if tradeoff is not None:
         body += ["<h2>Error against estimated cost</h2>", f"<p class='muted'>{e(TRADEOFF_NOTE)}</p>",
-                 "<img class='plot' alt='error against estimated cost' "
+                 "<img class='plot narrow' alt='error against estimated cost' "
                  f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
-    body += _html_table(*plan_group_table(result))
+    body += _html_plan_groups(result)
     body += _html_groups(result)
     body += _html_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
     body += _html_table("Error per output", *output_table(result))
@@ -817,8 +822,26 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
 
 
 def _html_groups(result: "RunResult") -> list[str]:
+    """One card per culprit group; of groups with the same cause and pattern, the first is
+    shown and the others sit collapsed under it."""
     groups = groups_of(result)
     out = ["<h2>Diagnosis</h2>"] if groups else []
+    kinds: dict[tuple, list[int]] = {}
+    for k, g in enumerate(groups):
+        kinds.setdefault((g.get("cause"), g.get("pattern")), []).append(k)
+    cards = _html_cards(groups)
+    for (cause, pattern), members in kinds.items():
+        out.append(cards[members[0]])
+        if len(members) > 1:
+            what = f"{cause}, {pattern}" if pattern else str(cause)
+            out += [f"<details><summary>{len(members) - 1} more {e(what)} group"
+                    f"{'s' if len(members) > 2 else ''}</summary>",
+                    *(cards[k] for k in members[1:]), "</details>"]
+    return out
+
+
+def _html_cards(groups: Sequence[Mapping]) -> list[str]:
+    out = []
     for k, g in enumerate(groups):
         tags = f"<span class='tag cause'>{e(g['cause'])}</span>" + (
             f"<span class='tag'>{e(g['pattern'])}</span>" if g.get("pattern") else "")
@@ -832,6 +855,18 @@ def _html_groups(result: "RunResult") -> list[str]:
                    "“Every node of the plan”)</span></div>"
                    f"<p>{e(g['summary'])}</p>" + (f"<dl class='ev'>{ev}</dl>" if ev else "")
                    + (f"<b>Fixes</b><ul class='fixes'>{fixes}</ul>" if fixes else "") + "</div>")
+    return out
+
+
+def _html_plan_groups(result: "RunResult", top: int = DEFAULT_TOP) -> list[str]:
+    """The plan by module: the `top` costliest rows, the rest collapsed below them."""
+    title, head, rows = plan_group_table(result)
+    if not rows:
+        return []
+    out = _html_table(title, head, rows[:top])
+    if len(rows) > top:
+        out += [f"<details><summary>{len(rows) - top} more rows</summary>",
+                *_html_table("", head, rows[top:]), "</details>"]
     return out
 
 
@@ -864,8 +899,9 @@ def _html_trace(result: "RunResult") -> list[str]:
     total = len(result.search.trials) if result.search else 0
     note = (f"<p class='muted'>First {TRACE_ROWS} of {total} evaluations; trace.json has all."
             "</p>" if total > TRACE_ROWS else "")
+    rows = [row[:4] for row in rows]  # which units: trace.json (the plan's are listed once)
     return [f"<details><summary>Search trace ({plural(total, 'evaluation')})</summary>",
-            *_html_table("", ["#", "phase", "FP32 nodes", "result", "nodes"], rows,
+            *_html_table("", ["#", "phase", "FP32 units (TensorRT layers)", "result"], rows,
                          result_col=3), note, "</details>"]
 
 

@@ -118,6 +118,14 @@ def cause_text(g: PlanGroup, diag: Sequence[Mapping]) -> str:
     return ", ".join(f"{k}. {keys[k - 1][0]}" for k in sorted(g.diagnoses)) or "-"
 
 
+def kinds_text(g: PlanGroup, diag: Sequence[Mapping]) -> str:
+    """`overflow, layernorm_decomposed`: the cause and pattern of the group's nodes in words
+    (the report, where the diagnosis cards are numbered per group, not per kind)."""
+    keys = diagnosis_keys(diag)
+    return "; ".join(", ".join(str(part) for part in keys[k - 1] if part)
+                     for k in sorted(g.diagnoses)) or "-"
+
+
 def rest_text(rest: Sequence[PlanGroup], shown: str = "row") -> str:
     """What the rows left out hold, in one line."""
     nodes = sum(len(g.nodes) for g in rest)
