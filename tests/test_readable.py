@@ -155,3 +155,97 @@ def test_report_leads_with_the_answer_and_lists_each_node_once(stack_run, monkey
     # numbers for people: no float printed with its full binary expansion
     shown = re.sub(r"<[^>]+>|data:image/png;base64,[^'\"]+", " ", text)
     assert not re.search(r"\d\.\d{6,}", shown), re.search(r".{40}\d\.\d{6,}.{20}", shown)
+
+
+@pytest.mark.parametrize("form", ["rsqrt", "weight_first"])
+def test_rmsnorm_advice_is_what_rewrite_then_does(form, tmp_path, monkeypatch):
+    """The diagnosis of an RMSNorm overflow names a fix, says `--rewrite` does it here, and
+    `--rewrite` then fixes the model with no FP32 node (the forms PyTorch and Hugging Face
+    export)."""
+    import numpy as np
+    import onnx
+
+    from tests.test_rewrites import _rms_model
+
+    model = tmp_path / "rms.onnx"
+    onnx.save(_rms_model(form), str(model))
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.random.default_rng(0).standard_normal((1, 4, 16)).astype(np.float32))
+    text = _plain_run(monkeypatch, model, inputs, tmp_path / "a")
+    plan = json.loads((tmp_path / "a" / "precision.json").read_text())
+    (group,) = plan["culprit_groups"]
+    assert group["pattern"] == "rmsnorm_decomposed"
+    fix = next(f for f in group["fixes"] if f["kind"] == "prescale_norm")
+    assert fix["rewrite"]["status"] == "matches", fix
+    assert "`run --rewrite` does this here: scale_before_square" in " ".join(text.split())
+    _plain_run(monkeypatch, model, inputs, tmp_path / "b", "--rewrite")
+    fixed = json.loads((tmp_path / "b" / "precision.json").read_text())
+    assert fixed["verdict"] == "fixed" and fixed["fp32_nodes"] == []
+    assert [a["rewrite"] for a in fixed["rewrites"]["applied"]] == [fix["rewrite"]["rule"]]
+
+
+def _plain_run(monkeypatch, model, inputs, out, *extra: str) -> str:
+    console = _console(monkeypatch)
+    res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), "--out",
+                                    str(out), "-q", "--workers", "1", *extra])
+    assert res.exit_code == 0, res.output
+    return console.file.getvalue()
+
+
+def test_advice_says_why_a_rewrite_does_not_apply():
+    from trtbisect.rewrite_advice import advise_group
+    from trtbisect.rewrite_rules import Refusal
+
+    def group():
+        return {"nodes": ["n/Pow", "n/ReduceMean"], "summary": "x; keep these 2 nodes in FP32, "
+                "or divide x first.", "fixes": [{"kind": "keep_fp32", "text": "keep"},
+                                               {"kind": "prescale_norm", "text": "divide x first"}]}
+
+    refused = Refusal("scale_before_square", ("n/Pow", "n/ReduceMean"), "eps / s^2 too big")
+    g = group()
+    advise_group(g, None, [], [refused])
+    assert g["fixes"][1]["rewrite"]["status"] == "refused"
+    assert "cannot do it here: scale_before_square: eps / s^2 too big" in g["summary"]
+    g = group()
+    advise_group(g, None, [], [])  # no rule matches at all
+    assert g["fixes"][1]["rewrite"]["status"] == "no_match" and "change the source" in g["summary"]
+    g = group()  # the run's own --rewrite refused it: its reason, not a second look
+    advise_group(g, {"applied": [], "refused": [refused.to_json()]})
+    assert "--rewrite tried scale_before_square here and refused it" in g["summary"]
+    assert "keep" == g["fixes"][0]["text"]  # the FP32 fallback is no rewrite's
+
+
+def test_error_trend_words_follow_the_numbers():
+    from trtbisect.wording import _trend
+
+    assert "grows from 0.1% to 1%" in _trend({"input_rel_err": 0.001, "rel_err": 0.01}, "FP16")
+    falls = _trend({"input_rel_err": 0.0141, "rel_err": 0.00997}, "FP16")
+    assert "grows" not in falls and "falls to 0.997%" in falls and "1.41%" in falls
+    assert "stays near 0.0518%" in _trend({"input_rel_err": 0.000522, "rel_err": 0.000518},
+                                          "FP16")
+
+
+def test_loosening_the_criterion_quotes_what_all_fp16_needs():
+    from types import SimpleNamespace
+
+    from trtbisect.compare import OutputError, Tolerance
+    from trtbisect.diagnose import relax_words
+    from trtbisect.judge.criteria import Criteria
+
+    def result(rel: float, nonfinite: int = 0):
+        e = OutputError(rel * 10, 0.1, rel, 0.0, 0.0, 1.0, nonfinite, False)
+        return SimpleNamespace(criteria=Criteria(), errors_before={"y": e},
+                               tolerance=Tolerance(0.01, 0.0))
+
+    near = relax_words(result(0.03))
+    assert "raise --rtol to 0.0303" in near and "all FP16 would pass" in near
+    far = relax_words(result(0.99))
+    assert "--rtol" in far and "raise --rtol" not in far and "--metric" in far
+    assert relax_words(result(0.03, nonfinite=3)) == ""  # no tolerance covers NaN
+
+
+def test_fp16_ok_says_no_plan_words(zoo, tmp_path, monkeypatch):
+    model, inputs = save_zoo_model(zoo["healthy"], tmp_path)
+    text = _plain_run(monkeypatch, model, inputs, tmp_path / "o")
+    assert "already meets" in text
+    assert "with the plan" not in text and "certified" not in text and "evaluations" not in text

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, cost, coverage, degenerate, parallel, semantics
+from . import __version__, cost, coverage, degenerate, parallel, rewrite_advice, semantics
 from .backends.ort import Emulator, Reference, run_seconds
 from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
 from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
@@ -666,6 +666,7 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
                               semantics.fused_layer_names(ctx.prepared), low)
     attach_diagnosis(result, g, constants, low)
     note_fused(result, units, unit_of)
+    rewrite_advice.attach(result, ctx, stats)  # does --rewrite do the fixes it names?
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
     if opts.semantics == "trt" and (result.fp32_nodes or opts.report or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
