@@ -55,7 +55,7 @@ class CulpritGroup:
     def from_json(cls, d: Mapping) -> "CulpritGroup":
         """Back from precision.json (per-node `why` lives in `culprits`, not here)."""
         return cls(list(d["nodes"]), d["cause"], d.get("pattern"), dict(d["evidence"]),
-                   d["summary"], [Fix(f["kind"], f["text"]) for f in d["fixes"]],
+                   d["summary"], [Fix(f["kind"], f["text"], f.get("rewrite")) for f in d["fixes"]],
                    d.get("applied_fix"), d.get("scope"))
 
 

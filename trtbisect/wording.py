@@ -28,9 +28,11 @@ class Fix:
 
     kind: str
     text: str
+    rewrite: dict | None = None  # whether `run --rewrite` does it here (rewrite_advice.py)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "text": self.text}
+        return {"kind": self.kind, "text": self.text,
+                **({"rewrite": self.rewrite} if self.rewrite else {})}
 
 
 def num(x: float | int | None) -> str:
