@@ -572,7 +572,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
         out.print(f"  {shown(p)}")
-    emit_rewrites(result)
+    emit_rewrites(result, top)
     if result.culprits:
         emit_plan_groups(result, top)
         if top is None:  # --all: every node too
@@ -736,7 +736,10 @@ def emit_samples(result) -> None:
               soft_wrap=True)
 
 
-def emit_rewrites(result) -> None:
+REFUSALS_SHOWN = 3  # rewrite refusals on the console unless --all
+
+
+def emit_rewrites(result, top: int | None = DEFAULT_TOP) -> None:
     """The FP16-safe rewrites applied (what, where, FP32 drift), and how many were refused."""
     rw = result.extra.get("rewrites") or {}
     for a in rw.get("applied", []):
@@ -744,8 +747,15 @@ def emit_rewrites(result) -> None:
         where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
         out.print(f"rewrite [bold]{shown(a['rewrite'])}[/] at {shown(where)}: {shown(a['why'])} "
                   f"(FP32 drift {drift.get('rel', 0):.2g} of the output range)", soft_wrap=True)
-    if rw.get("refused"):
-        out.print(f"{len(rw['refused'])} rewrite(s) refused: see precision.json \"rewrites\"")
+    refused = rw.get("refused") or []
+    shown_refused = refused if top is None else refused[:REFUSALS_SHOWN]
+    for r in shown_refused:  # the diagnosis says which of its fixes they are
+        where = r["where"][0] if r.get("where") else "?"
+        out.print(f"rewrite {shown(r['rewrite'])} refused at {shown(where)}: "
+                  f"{shown(r['reason'])}", soft_wrap=True)
+    if len(refused) > len(shown_refused):
+        out.print(f"... and {plural(len(refused) - len(shown_refused), 'more refusal')}: "
+                  "--all, or precision.json \"rewrites\"")
 
 
 def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
