@@ -249,3 +249,64 @@ def test_fp16_ok_says_no_plan_words(zoo, tmp_path, monkeypatch):
     text = _plain_run(monkeypatch, model, inputs, tmp_path / "o")
     assert "already meets" in text
     assert "with the plan" not in text and "certified" not in text and "evaluations" not in text
+
+
+# ---------------------------------------------------------------- papercuts (issue #37)
+
+def test_precision_both_refuses_an_opset_12_model_before_the_fp16_half(tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    from tests.conftest import x_to_y
+
+    model = tmp_path / "old.onnx"
+    onnx.save(x_to_y([helper.make_node("Relu", ["x"], ["y"], name="r")], opset=12), str(model))
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.ones(4, np.float32))
+    res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), "--out",
+                                    str(tmp_path / "o"), "--precision", "both"])
+    assert res.exit_code == 2 and "opset 12" in res.output and "--precision bf16" in res.output
+    assert not (tmp_path / "o" / "fp16").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("command", ["compare", "check"])
+def test_only_run_offers_precision_both(command):
+    helptext = CliRunner().invoke(main, [command, "--help"]).output
+    assert "[fp16|bf16]" in helptext and "both" not in helptext.split("--precision", 1)[1][:200]
+    assert "[fp16|bf16|both]" in CliRunner().invoke(main, ["run", "--help"]).output
+
+
+def test_check_infers_bf16_from_the_file(zoo, tmp_path):
+    from trtbisect.pipeline import Options, run
+
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    mixed = r.files["mixed_model"]
+    res = CliRunner().invoke(main, ["check", mixed, "--reference", str(model), "--inputs",
+                                    str(inputs)])
+    assert res.exit_code in (0, 4) and "bfloat16 tensors" in res.output, res.output
+    res = CliRunner().invoke(main, ["check", mixed, "--reference", str(model), "--inputs",
+                                    str(inputs), "--precision", "fp16"])  # said: obeyed
+    assert res.exit_code == 2 and "judge it with --precision bf16" in res.output
+
+
+@pytest.mark.parametrize("dims, expected", [
+    ([None, 3, None, None], "x:1x3x224x224"),  # an image, NCHW
+    (["batch", "seq_len"], "x:1x128"),  # token ids
+    (["N", 16, "T"], "x:1x16x128"),
+    ([1, "height", "width", 3], "x:1x224x224x3"),  # NHWC
+])
+def test_dynamic_shape_error_suggests_a_shape_that_fits(tmp_path, dims, expected):
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    model = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
+              str(model))
+    res = CliRunner().invoke(main, ["run", str(model), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and f"--shape {expected}" in res.output, res.output

@@ -270,8 +270,8 @@ def quiet_level() -> int:
     return click.get_current_context().find_root().meta.get("quiet", 0)
 
 
-def input_options(f: Callable) -> Callable:
-    """Options every command that runs a model shares."""
+def input_options(f: Callable, both: bool = False) -> Callable:
+    """Options every command that runs a model shares; `both`: --precision takes `both`."""
     opts = [
         click.option("--inputs", "inputs", multiple=True, metavar="NPZ|FOLDER|GLOB|JSON",
                      help="Samples: an .npz keyed by graph input name (samples may be stacked "
@@ -319,7 +319,7 @@ def input_options(f: Callable) -> Callable:
                      help="Approximate FP16-accumulating kernels: FP16 MatMul/Gemm/Conv sum "
                           "blocks of 32 along the inner dimension, rounding each partial and "
                           "the running sum to FP16 (pessimistic; see docs/semantics.md)."),
-        precision_option(),  # judge/precision.py: --precision fp16|bf16 (run: also both)
+        precision_option(both),  # judge/precision.py: --precision fp16|bf16 (run: also both)
     ]
     f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
     for o in reversed(opts):
@@ -356,7 +356,7 @@ def _trt_version(given: str | None) -> int:
 
 @main.command(epilog=RUN_EXIT_CODES)
 @click.argument("model")
-@input_options
+@lambda f: input_options(f, both=True)
 @verbosity_options
 @click.option("--input", "torch_inputs", multiple=True, metavar="NAME:DIMS[:DTYPE]",
               help="For a PyTorch MODEL given as FILE.py:FACTORY (exported to --out first): "
@@ -884,6 +884,11 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     """
     from . import pipeline
 
+    if click.get_current_context().get_parameter_source("precision") is \
+            click.core.ParameterSource.DEFAULT:  # the file says which (judge/precision.py)
+        from .graph import load_model
+        from .judge.precision import of_file
+        kw["precision"] = of_file(load_model(mixed)) or kw["precision"]
     kw_precision = kw.get("precision")
     result = pipeline.check_mixed(mixed, reference, make_options(kw))
     if as_json:
