@@ -310,3 +310,22 @@ def test_dynamic_shape_error_suggests_a_shape_that_fits(tmp_path, dims, expected
               str(model))
     res = CliRunner().invoke(main, ["run", str(model), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and f"--shape {expected}" in res.output, res.output
+
+
+def test_readme_demo_output_is_what_the_demo_prints():
+    """README.md's demo block against a fresh run of its command (scripts/readme_demo.py
+    --write regenerates it): same verdict, same sections in order, no number the demo no
+    longer prints."""
+    from pathlib import Path
+
+    from tests.conftest import script_module
+
+    demo = script_module("readme_demo")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    problems = demo.differences(demo.readme_block(readme), demo.demo_output())
+    assert not problems, "README.md is stale; run python scripts/readme_demo.py --write: " \
+        + "; ".join(problems)
+    # the comparison itself can fail: a stale number, a missing section
+    block = demo.readme_block(readme)
+    assert demo.differences(block.replace("FAIL max|d| ", "FAIL max|d| 9"), block)
+    assert demo.differences(block.replace("\nOutputs", "\nnothing"), block)
