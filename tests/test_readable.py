@@ -16,16 +16,25 @@ from tests.conftest import save_zoo_model
 from tests.models.make_models import norm_stack
 from trtbisect import cli
 from trtbisect.cli import main
-from trtbisect.outputs.plan_groups import PlanGroup, plan_groups
+from trtbisect.outputs.plan_groups import DEFAULT_TOP, PlanGroup, plan_groups
 
 
 @pytest.fixture(scope="module")
 def stack_run(tmp_path_factory):
-    """36 overflowing decomposed LayerNorms: a plan of ~290 nodes, run once (its --out then
-    replays from the journal for the other views)."""
-    tmp = tmp_path_factory.mktemp("stack")
+    """36 overflowing decomposed LayerNorms: a plan of ~290 nodes, run once; the trials the
+    progress callback saw come with it."""
+    return _stack(tmp_path_factory.mktemp("stack"), report=False)
+
+
+def _stack(tmp, report: bool):
+    from trtbisect.pipeline import Options, run
+
     model, inputs = save_zoo_model(norm_stack(36), tmp)
-    return model, inputs, tmp / "o"
+    opts = Options(inputs=[str(inputs)])
+    opts.report, opts.workers = report, 1
+    seen: list = []
+    result = run(model, opts, tmp / "o", lambda trial, remaining: seen.append(trial))
+    return result, tmp / "o", seen
 
 
 def _console(monkeypatch, width: int = 80) -> Console:
@@ -34,21 +43,19 @@ def _console(monkeypatch, width: int = 80) -> Console:
     return console
 
 
-def _run(stack_run, monkeypatch, *extra: str) -> str:
-    model, inputs, out = stack_run
+def _shown(stack_run, monkeypatch, top: int | None = DEFAULT_TOP) -> str:
+    """What `run` prints for the stack's result (`top`: --top N; None: --all)."""
     console = _console(monkeypatch)
-    res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), "--out",
-                                    str(out), "--workers", "1", "-q", *extra])
-    assert res.exit_code == 0, res.output
+    cli.emit_run(stack_run[0], False, top)
     return console.file.getvalue()
 
 
 def test_a_large_plan_fits_one_screen(stack_run, monkeypatch):
-    text = _run(stack_run, monkeypatch)
-    plan = json.loads((stack_run[2] / "precision.json").read_text())
+    text = _shown(stack_run, monkeypatch)
+    plan = json.loads((stack_run[1] / "precision.json").read_text())
     assert len(plan["fp32_nodes"]) >= 250  # a large plan indeed
     lines = text.splitlines()
-    assert len(lines) <= 42, text
+    assert len(lines) <= 44, text  # one screen at 80 columns (long --out paths wrap)
     rows = [ln for ln in lines if ln.startswith("│ norms.")]
     assert len(rows) == 10  # the default --top, one line each
     costs = [float(r.split("│")[4].strip().rstrip("%")) for r in rows]
@@ -59,19 +66,27 @@ def test_a_large_plan_fits_one_screen(stack_run, monkeypatch):
     assert text.count("overflow, layernorm_decomposed") == 1 and "x36 groups" in text
     assert all(r.split("│")[5].strip() == "1. overflow" for r in rows)
     # the full list stays where it was
-    assert (stack_run[2] / "layer_precisions.txt").exists()
+    assert (stack_run[1] / "layer_precisions.txt").exists()
 
 
 def test_top_and_all_choose_how_much(stack_run, monkeypatch):
-    top = _run(stack_run, monkeypatch, "--top", "3")
+    top = _shown(stack_run, monkeypatch, 3)
     assert len([ln for ln in top.splitlines() if ln.startswith("│ norms.")]) == 3
-    every = _run(stack_run, monkeypatch, "--all")
-    plan = json.loads((stack_run[2] / "precision.json").read_text())
+    every = _shown(stack_run, monkeypatch, None)
     assert "more rows" not in every
     table = re.split(r"Nodes to keep in FP32 *\n", every, maxsplit=1)[1]  # --all's per node
     cells = "".join(ln.split("│")[1].strip() for ln in table.splitlines()
                     if ln.startswith("│") and ln.count("│") > 2)
-    assert all(n in cells for n in plan["fp32_nodes"])
+    assert all(n in cells for n in stack_run[0].fp32_nodes)
+
+
+def test_run_takes_top_and_all(zoo, tmp_path, monkeypatch):
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    for flags, per_node in (((), False), (("--top", "1"), False), (("--all",), True)):
+        text = _plain_run(monkeypatch, model, inputs, tmp_path / "o", *flags)
+        assert "Nodes to keep in FP32, by TensorRT layer" in text  # no module names
+        assert bool(re.search(r"Nodes to keep in FP32 *\n", text)) == per_node
+    assert CliRunner().invoke(main, ["run", str(model), "--top", "0"]).exit_code == 2
 
 
 def test_groups_sum_unit_costs_once_and_fall_back_to_layers():
@@ -103,39 +118,24 @@ def test_ops_cell_keeps_the_commonest_and_counts_the_rest():
     assert len(short) <= 24 and short.endswith("more") and short.startswith("Mul x2")
 
 
-def test_progress_counts_nodes_as_the_verdict_does(stack_run, monkeypatch):
+def test_progress_counts_nodes_as_the_verdict_does(stack_run):
     """`Evaluation k | ... | N nodes FP32` counts nodes (a fused layer is several), like the
     verdict's `keeping N of M nodes`."""
-    from trtbisect import pipeline
-
-    model, inputs, _ = stack_run
-    seen = []
-    opts = cli.make_options({**_defaults(), "inputs": (str(inputs),)}, both=True)
-    opts.resume = False
-    result = pipeline.run(str(model), opts, stack_run[2].parent / "p",
-                          lambda t, remaining: seen.append(t))
+    result, _, seen = stack_run
     assert any(set(t.fp32) == set(result.fp32_nodes) for t in seen if t.passed)
-    names = set(result.fp32_nodes) | {n for t in seen for n in t.fp32}
-    assert all(n in names for t in seen for n in t.fp32)
     assert not any(n.startswith("PWN(") for t in seen for n in t.fp32)  # nodes, not layers
+    msgs = io.StringIO()
+    progress = cli.Progress(0, Console(file=msgs, width=200))
+    progress.trial(next(t for t in seen if set(t.fp32) == set(result.fp32_nodes)), 0)
+    assert f"| {len(result.fp32_nodes)} nodes FP32 |" in msgs.getvalue()
 
 
-def _defaults() -> dict:
-    """The shared options' defaults, as click would pass them to `run`."""
-    ctx = main.get_command(None, "run").make_context("run", ["m.onnx"])
-    kw = dict(ctx.params)
-    for k in ("model", "out_dir", "backend", "report", "as_json", "no_resume", "stability",
-              "rewrite", "search_samples", "workers", "ray_address", "top", "show_all",
-              "torch_inputs"):
-        kw.pop(k, None)
-    return kw
-
-
-def test_report_leads_with_the_answer_and_lists_each_node_once(stack_run, monkeypatch):
+@pytest.mark.slow  # ~18 s: the 290-node plan's report (plots, the plan's layer-wise pass)
+def test_report_leads_with_the_answer_and_lists_each_node_once(tmp_path):
     pytest.importorskip("matplotlib")
-    _run(stack_run, monkeypatch, "--report")
-    page = (stack_run[2] / "report.html").read_text()
-    plan = json.loads((stack_run[2] / "precision.json").read_text())
+    _, out, _ = _stack(tmp_path, report=True)
+    page = (out / "report.html").read_text()
+    plan = json.loads((out / "precision.json").read_text())
     order = [page.index(mark) for mark in ("class='verdict", "class='margin'",
                                            "Error against estimated cost", "The plan by module",
                                            "<h2>Diagnosis", "Error per output",
@@ -154,7 +154,7 @@ def test_report_leads_with_the_answer_and_lists_each_node_once(stack_run, monkey
     assert "35 more overflow, layernorm_decomposed groups" in page
     # numbers for people: no float printed with its full binary expansion
     shown = re.sub(r"<[^>]+>|data:image/png;base64,[^'\"]+", " ", text)
-    assert not re.search(r"\d\.\d{6,}", shown), re.search(r".{40}\d\.\d{6,}.{20}", shown)
+    assert not _long_numbers(shown)
 
 
 @pytest.mark.parametrize("form", ["rsqrt", "weight_first"])
@@ -329,3 +329,72 @@ def test_readme_demo_output_is_what_the_demo_prints():
     block = demo.readme_block(readme)
     assert demo.differences(block.replace("FAIL max|d| ", "FAIL max|d| 9"), block)
     assert demo.differences(block.replace("\nOutputs", "\nnothing"), block)
+
+
+@pytest.mark.slow  # ~11 s: torch's import, its search and an export
+def test_torch_and_run_name_the_batchnorm_the_export_folds(tmp_path):
+    """`torch --mode half` keeps the stem Conv + BatchNorm in FP32, `run` on the same factory
+    keeps nothing: both say why (the export folds the BatchNorm into the Conv)."""
+    pytest.importorskip("torch")
+    factory = "tests/models/torch_models.py:amp_conv_overflow"
+    res = CliRunner().invoke(main, ["-q", "torch", factory, "--mode", "half", "--out",
+                                    str(tmp_path / "t")])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((tmp_path / "t" / "torch_plan.json").read_text())
+    assert plan["fp32_modules"]  # PyTorch's own half precision needs the stem
+    said = " ".join(res.output.split())
+    assert "stem.0 (Conv2d) and stem.1 (BatchNorm2d)" in said and "fold" in said
+    res = CliRunner().invoke(main, ["run", factory, "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    run_plan = json.loads((tmp_path / "r" / "precision.json").read_text())
+    assert run_plan["fp32_nodes"] == []  # the folded Conv passes in FP16
+    said = " ".join(res.output.split())
+    assert "folded 1 BatchNorm(s)" in said and "stem.1 (BatchNorm2d) into stem.0 (Conv2d)" in said
+
+
+def test_conv_norm_pairs_and_what_the_export_left():
+    torch = pytest.importorskip("torch")
+    from onnx import helper
+
+    from trtbisect.folding import conv_norm_pairs, folded_at_export
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3)
+            self.act = torch.nn.ReLU()
+            self.conv2, self.bn2 = torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3)
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3), Block())
+    pairs = conv_norm_pairs(m)
+    assert [(p.conv, p.norm) for p in pairs] == [("0", "1"), ("2.conv1", "2.bn1"),
+                                                 ("2.conv2", "2.bn2")]
+    nodes = [helper.make_node("BatchNormalization", [], [], name="/2/bn2/BatchNormalization"),
+             helper.make_node("Conv", [], [], name="/0/Conv")]
+    assert [p.norm for p in folded_at_export(pairs, nodes)] == ["1", "2.bn1"]
+    assert pairs[1].holds("2") and pairs[1].holds("2.bn1") and not pairs[1].holds("2.act")
+
+
+def test_small_report_order_and_numbers(zoo, tmp_path):
+    """The fast twin of the large-plan report test: the answer first, numbers for people."""
+    pytest.importorskip("matplotlib")
+    from trtbisect.pipeline import Options, run
+
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    run(model, Options(inputs=[str(inputs)], report=True), tmp_path / "o")
+    page = (tmp_path / "o" / "report.html").read_text()
+    marks = ("class='verdict", "class='margin'", "The plan by", "<h2>Diagnosis",
+             "Error per output", "<summary>Every node of the plan", "<h2>Run</h2>")
+    assert [page.index(m) for m in marks] == sorted(page.index(m) for m in marks)
+    shown = re.sub(r"<pre>.*?</pre>|<[^>]+>|data:image/png;base64,[^'\"]+|title='[^']*'", " ",
+                   page, flags=re.S)
+    assert not _long_numbers(shown)
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "uses" in md and "of the bound" in md
+    assert not _long_numbers(re.sub(r"```.*?```", "", md, flags=re.S))  # commands aside
+
+
+def _long_numbers(text: str) -> list[str]:
+    """Decimals printed with more than 6 significant digits (raw floats, not for people)."""
+    return [n for n in re.findall(r"\d+\.\d+", text)
+            if len(n.replace(".", "").lstrip("0")) > 6]

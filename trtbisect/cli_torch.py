@@ -151,10 +151,14 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
     out_path = Path(out_dir) if out_dir else _default_out(factory)
     with ModuleProgress(quiet_level()) as progress:
         result = diagnose(tm, opts, out_path, progress.trial, progress.stage)
+    from .folding import conv_norm_pairs, torch_notes
+    notes = torch_notes(conv_norm_pairs(tm.module), result.fp32_modules)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(json.dumps({**result.to_json(), "folded_at_export": notes}, indent=2))
     else:
         emit_torch(result, top)
+        for note in notes:  # why `run` on this factory may keep less (folding.py)
+            out.print(f"note: {shown(note)}", soft_wrap=True)
     finish(result.exit_code)
 
 
