@@ -177,7 +177,7 @@ def test_rmsnorm_advice_is_what_rewrite_then_does(form, tmp_path, monkeypatch):
     assert group["pattern"] == "rmsnorm_decomposed"
     fix = next(f for f in group["fixes"] if f["kind"] == "prescale_norm")
     assert fix["rewrite"]["status"] == "matches", fix
-    assert "`run --rewrite` does this here: scale_before_square" in " ".join(text.split())
+    assert "`run --rewrite` can do this here: scale_before_square" in " ".join(text.split())
     _plain_run(monkeypatch, model, inputs, tmp_path / "b", "--rewrite")
     fixed = json.loads((tmp_path / "b" / "precision.json").read_text())
     assert fixed["verdict"] == "fixed" and fixed["fp32_nodes"] == []

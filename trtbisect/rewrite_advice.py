@@ -88,8 +88,8 @@ def _from_rules(rules: Sequence[str], nodes: set[str], matches: Sequence,
     for rule in rules:
         if any(m.rewrite == rule and _touches(m.where, nodes) for m in matches):
             return {"rule": rule, "status": "matches",
-                    "words": f"`run --rewrite` does this here: {rule}, kept if the judge "
-                             "passes it"}
+                    "words": f"`run --rewrite` can do this here: {rule}, kept only if it "
+                             "helps all FP16 pass"}
     for rule in rules:
         r = next((r for r in refusals if r.rewrite == rule and _touches(r.where, nodes)), None)
         if r is not None:
