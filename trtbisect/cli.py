@@ -354,9 +354,14 @@ def _trt_version(given: str | None) -> int:
     return int(given) if given else default_trt_version()
 
 
+def run_input_options(f: Callable) -> Callable:
+    """`run`'s shared options: its --precision also takes `both`."""
+    return input_options(f, both=True)
+
+
 @main.command(epilog=RUN_EXIT_CODES)
 @click.argument("model")
-@lambda f: input_options(f, both=True)
+@run_input_options
 @verbosity_options
 @click.option("--input", "torch_inputs", multiple=True, metavar="NAME:DIMS[:DTYPE]",
               help="For a PyTorch MODEL given as FILE.py:FACTORY (exported to --out first): "
