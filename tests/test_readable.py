@@ -56,6 +56,9 @@ def test_a_large_plan_fits_one_screen(stack_run, monkeypatch):
     assert len(plan["fp32_nodes"]) >= 250  # a large plan indeed
     lines = text.splitlines()
     assert len(lines) <= 44, text  # one screen at 80 columns (long --out paths wrap)
+    layers = len(plan["fp32_layers"])  # the verdict counts nodes and names the layers too
+    assert lines[0] == (f"verdict: fixed by keeping {len(plan['fp32_nodes'])} of 360 nodes "
+                        f"({layers} TensorRT layers) in FP32") and layers < 250
     rows = [ln for ln in lines if ln.startswith("│ norms.")]
     assert len(rows) == 10  # the default --top, one line each
     costs = [float(r.split("│")[4].strip().rstrip("%")) for r in rows]

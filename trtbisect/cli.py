@@ -32,8 +32,8 @@ from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, visible
-from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, plan_groups,
-                                  plural, rest_text, search_words)
+from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, layers_words,
+                                  plan_groups, plural, rest_text, search_words)
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -563,14 +563,14 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
     meet = result.criteria.standard
     verdicts = {"fp16_ok": f"[green]{low} already meets {meet}[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
-                         f"{result.candidates} nodes in FP32",
+                         f"{result.candidates} nodes{layers_words(result)} in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
                 "no_plan": f"[red]no plan meets {meet}[/]",
                 "nothing_to_judge": f"[green]nothing to judge in {low}[/]: "
                                     + shown(result.extra.get("nothing_to_judge", "")),
                 "over_budget": f"[red]no plan within the --budget passes[/]: the best within "
-                               f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes "
-                               f"in FP32 and misses {meet}"}
+                               f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes"
+                               f"{layers_words(result)} in FP32 and misses {meet}"}
     if result.verdict == "partial":
         from .coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"

@@ -21,8 +21,8 @@ from .diagnose import num, pct
 from .errors import require
 from .judge.precision import FP16, Precision, precision as low_precision
 from .outputs.escape import md_code, md_fence, md_table_cell, md_text, visible
-from .outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, plan_groups, plural,
-                                  search_words)
+from .outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
+                                  plural, search_words)
 from .plan import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
@@ -31,14 +31,14 @@ if TYPE_CHECKING:
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
 TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.json has it all)
 VERDICTS = {"fp16_ok": "FP16 already meets {meet}: nothing needs FP32",
-            "fixed": "fixed by keeping {n} of {c} nodes in FP32",
+            "fixed": "fixed by keeping {n} of {c} nodes{layers} in FP32",
             "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
             "no_plan": "no precision plan meets {meet}",
             "partial": "partial judgement: {partial}",
             "nothing_to_judge": "nothing to judge in FP16: no node computes in float32 or "
                                 "float16",
             "over_budget": "no plan within the --budget passes: the best within it keeps {n} of "
-                           "{c} nodes in FP32 and misses {meet}"}
+                           "{c} nodes{layers} in FP32 and misses {meet}"}
 
 
 def require_matplotlib() -> None:
@@ -77,6 +77,7 @@ def verdict_line(result: "RunResult") -> str:
     from .coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
     line = VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
+                                           layers=layers_words(result),
                                            partial=partial,
                                            meet=result.criteria.standard)
     low = low_of(result)

@@ -158,3 +158,11 @@ def search_words(result: Any) -> str:
     if result.fp32_nodes:
         words += ", certified 1-minimal" if result.one_minimal else ", not certified minimal"
     return words
+
+
+def layers_words(result: Any) -> str:
+    """` (3 TensorRT layers)` after a node count, when the plan's layers (the search's units,
+    layer_precisions.txt's entries) are fewer than its nodes; "" otherwise."""
+    layers = (getattr(result, "extra", {}) or {}).get("fp32_layers")
+    n = len(layers) if isinstance(layers, list) else 0
+    return f" ({plural(n, 'TensorRT layer')})" if n and n != len(result.fp32_nodes) else ""
