@@ -635,11 +635,18 @@ def _names(value: object) -> list[str]:
 
 
 def _md_groups(result: "RunResult") -> list[str]:
+    """Each group's heading and summary; evidence and fixes for the first of each kind (cause
+    and pattern) only: the others of that kind repeat them with other numbers."""
     out = ["## Diagnosis", ""] if groups_of(result) else []
+    seen: set[tuple] = set()
     for k, g in enumerate(groups_of(result)):
         pattern = f", pattern {md_code(g['pattern'])}" if g.get("pattern") else ""
         out += [f"### Group {k + 1}: {md_code(g['cause'])}{pattern}", "", md_text(g["summary"]),
                 ""]
+        kind = (g.get("cause"), g.get("pattern"))
+        if kind in seen:
+            continue
+        seen.add(kind)
         evidence, fixes = evidence_items(g), fix_lines(g)  # a section with nothing is left out
         if evidence:
             out += ["Evidence: " + ", ".join(f"{md_text(a)} = {md_text(b)}" for a, b in evidence),
