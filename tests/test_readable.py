@@ -155,6 +155,8 @@ def test_report_leads_with_the_answer_and_lists_each_node_once(tmp_path):
     assert sum(node in head for node in plan["fp32_nodes"]) <= 5
     assert "<details><summary>Every node of the plan (" in page
     assert "35 more overflow, layernorm_decomposed groups" in page
+    md = (out / "report.md").read_text()  # evidence and fixes once for the 36 of one kind
+    assert md.count("### Group ") == 36 and md.count("Evidence: ") == 1
     # numbers for people: no float printed with its full binary expansion
     shown = re.sub(r"<[^>]+>|data:image/png;base64,[^'\"]+", " ", text)
     assert not _long_numbers(shown)
