@@ -78,8 +78,9 @@ def cases(work: Path) -> list[tuple[str, str, list[str]]]:
         ("PP-OCRv4 det, 3 samples", det, inputs(_det_samples(work, 3))),
         ("silero-vad (If), 4 samples, rtol 1e-4", str(fetch("silero_vad_if", quiet=True)),
          [*inputs(_silero_samples(work)), "--rtol", "1e-4"]),
-        ("magika", str(fetch("magika", quiet=True)), []),
-        ("MiniLM-L3, strict", str(fetch("minilm_l3", quiet=True)), ["--semantics", "strict"]),
+        ("magika", str(fetch("magika", quiet=True)), ["--shape", "bytes:1x2048"]),
+        ("MiniLM-L3, strict", str(fetch("minilm_l3", quiet=True)),
+         ["--semantics", "strict", "--shape", "input_ids:1x64", "--shape", "attention_mask:1x64"]),
         ("demo", str(ROOT / "models" / "demo.onnx"),
          ["--inputs", str(ROOT / "models" / "demo_inputs.npz")]),
     ]
@@ -92,6 +93,7 @@ def loads(path: Path) -> bool:
     try:
         onnx.checker.check_model(str(path), full_check=True)
         so = ort.SessionOptions()
+        so.log_severity_level = 3
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception:

@@ -31,7 +31,7 @@ def test_run_table_keeps_whole_names_at_80_columns_piped(zoo, tmp_path, monkeypa
     model, inputs = _renamed_zoo(zoo, tmp_path, long)
     monkeypatch.setattr(cli, "out", Console(file=io.StringIO(), width=80))
     res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs),
-                                    "--out", str(tmp_path / "o")])
+                                    "--out", str(tmp_path / "o"), "--all"])  # every node
     assert res.exit_code == 0, res.output
     text = cli.out.file.getvalue()
     assert "…" not in text

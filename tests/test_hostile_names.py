@@ -61,7 +61,7 @@ def run(folder: Path, model: onnx.ModelProto, input_name: str):
                                    .reshape(2, 4)})
     result = CliRunner(env={"COLUMNS": "2000"}).invoke(
         main, ["-vv", "run", str(folder / "m.onnx"), "--inputs", str(folder / "in.npz"),
-               "--out", str(folder / "out"), "--report"])
+               "--out", str(folder / "out"), "--report", "--all"])  # --all: every name shown
     assert result.exit_code == 0, (result.output, result.exception)
     return result, folder / "out"
 

@@ -318,3 +318,87 @@ def test_find_all_reads_one_view_of_the_model_and_finds_what_each_rule_finds(zoo
     found = [(type(i).__name__, i.rewrite, tuple(i.where)) for i in [*matches, *refusals]]
     assert sorted(found) == sorted(alone) and any(k == "Match" for k, _, _ in found)
     assert core.View.of(model) is not core.View.of(model)  # shared only inside find_all
+
+
+def _rms_model(form: str, d: int = 16) -> onnx.ModelProto:
+    """A decomposed RMSNorm of a 1e3-scaled input (x^2 ~ 1e6 overflows FP16), written the
+    way each exporter writes it: `div` x / sqrt(v) * w (TorchScript), `rsqrt` x *
+    Reciprocal(sqrt(v)) * w (Hugging Face's LlamaRMSNorm, nn.RMSNorm through dynamo),
+    `div_one` x * (1 / sqrt(v)) * w, `weight_first` (w * x) / sqrt(v)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+             (("big", 1e3), ("two", 2.0), ("eps", 1e-6), ("one", 1.0))]
+    inits.append(numpy_helper.from_array((1 + 0.1 * rng.standard_normal(d)).astype(np.float32),
+                                         "w"))
+    inits.append(numpy_helper.from_array(np.array([-1], np.int64), "axes"))
+    n = helper.make_node
+    nodes = [n("Mul", ["x", "big"], ["h"], name="/rms/pre"),
+             n("Pow", ["h", "two"], ["sq"], name="/rms/Pow"),
+             n("ReduceMean", ["sq", "axes"], ["var"], name="/rms/ReduceMean", keepdims=1),
+             n("Add", ["var", "eps"], ["ve"], name="/rms/Add"),
+             n("Sqrt", ["ve"], ["std"], name="/rms/Sqrt")]
+    if form == "div":
+        nodes += [n("Div", ["h", "std"], ["normed"], name="/rms/Div"),
+                  n("Mul", ["normed", "w"], ["y"], name="/rms/Mul")]
+    elif form == "rsqrt":
+        nodes += [n("Reciprocal", ["std"], ["inv"], name="/rms/Reciprocal"),
+                  n("Mul", ["h", "inv"], ["normed"], name="/rms/Mul"),
+                  n("Mul", ["w", "normed"], ["y"], name="/rms/Mul_1")]
+    elif form == "div_one":
+        nodes += [n("Div", ["one", "std"], ["inv"], name="/rms/Div"),
+                  n("Mul", ["inv", "h"], ["normed"], name="/rms/Mul"),
+                  n("Mul", ["normed", "w"], ["y"], name="/rms/Mul_1")]
+    else:
+        nodes.insert(1, n("Mul", ["w", "h"], ["wh"], name="/rms/Mul"))
+        nodes.append(n("Div", ["wh", "std"], ["y"], name="/rms/Div"))
+    graph = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 4, d])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 4, d])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+RMS_FORMS = ("div", "rsqrt", "div_one", "weight_first")
+
+
+@pytest.mark.parametrize("form", RMS_FORMS)
+@pytest.mark.parametrize("rule", ["fuse_rmsnorm", "scale_before_square"])
+def test_every_exported_rmsnorm_form_is_rewritten(form, rule):
+    """Each rule alone fixes each form: all-FP16 fails before, passes after, FP32 unchanged."""
+    model = _rms_model(form)
+    samples = [{"x": np.random.default_rng(0).standard_normal((1, 4, 16)).astype(np.float32)}]
+    assert not emulator_judge(model, samples)(model)[0]  # x^2 ~ 1e6 overflows FP16
+    rewrite = next(r for r in REWRITES if r.name == rule)
+    out = _outcome(model, samples, rewrites=(rewrite,))
+    assert [a.rewrite for a in out.applied] == [rule] and out.passed
+    assert out.applied[0].drift.rel <= 1e-4
+    ops = [nd.op_type for nd in out.model.graph.node]
+    if rule == "fuse_rmsnorm":  # the whole chain, its weight included, is one op
+        assert ops == ["Mul", "RMSNormalization"], ops
+    else:  # x is scaled once; every reader of x reads the scaled x
+        readers = [nd for nd in out.model.graph.node if "h" in nd.input]
+        assert [nd.op_type for nd in readers] == ["Mul"]
+
+
+@pytest.mark.parametrize("form", RMS_FORMS)
+def test_rmsnorm_match_covers_the_whole_tail(form):
+    from trtbisect.rewrite_rules.norm import find_rmsnorm
+
+    model = _rms_model(form)
+    found = find_rmsnorm(model)
+    assert len(found) == 1 and isinstance(found[0], Match), found
+    names = {nd.name for nd in model.graph.node} - {"/rms/pre"}
+    assert set(found[0].where) == names
+
+
+def test_rmsnorm_tail_that_is_not_a_division_of_x_is_refused():
+    from trtbisect.rewrite_rules.norm import find_rmsnorm
+
+    model = _rms_model("rsqrt")
+    for nd in model.graph.node:  # 1/sqrt(v) times something else than x
+        if nd.name == "/rms/Mul":
+            nd.input[0] = "x"
+    found = find_rmsnorm(model)
+    assert len(found) == 1 and isinstance(found[0], Refusal)
+    assert "not multiplied by x alone" in found[0].reason

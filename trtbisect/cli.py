@@ -25,7 +25,7 @@ from rich.table import Table
 from . import __version__
 from .compare import OutputError, Tolerance
 from .degenerate import nothing_to_judge
-from .cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence
+from .cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
 from .errors import EXIT_USAGE, TrtBisectError
 from .inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
@@ -33,6 +33,8 @@ from .judge.precision import one_precision, precision_option
 from .limits import limit_options, pop_limits
 from .outdir import OutputDir
 from .outputs.escape import VisibleLog, shown_text
+from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, layers_words,
+                                  plan_groups, plural, rest_text, search_words)
 
 log = logging.getLogger("trtbisect")
 err = Console(stderr=True)
@@ -274,8 +276,8 @@ def quiet_level() -> int:
     return click.get_current_context().find_root().meta.get("quiet", 0)
 
 
-def input_options(f: Callable) -> Callable:
-    """Options every command that runs a model shares."""
+def input_options(f: Callable, both: bool = False) -> Callable:
+    """Options every command that runs a model shares; `both`: --precision takes `both`."""
     opts = [
         click.option("--inputs", "inputs", multiple=True, metavar="NPZ|FOLDER|GLOB|JSON",
                      help="Samples: an .npz keyed by graph input name (samples may be stacked "
@@ -323,7 +325,7 @@ def input_options(f: Callable) -> Callable:
                      help="Approximate FP16-accumulating kernels: FP16 MatMul/Gemm/Conv sum "
                           "blocks of 32 along the inner dimension, rounding each partial and "
                           "the running sum to FP16 (pessimistic; see docs/semantics.md)."),
-        precision_option(),  # judge/precision.py: --precision fp16|bf16 (run: also both)
+        precision_option(both),  # judge/precision.py: --precision fp16|bf16 (run: also both)
     ]
     f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
     f = limit_options(f)  # limits.py: --max-samples, --max-input-bytes, --eval-timeout, ...
@@ -360,9 +362,14 @@ def _trt_version(given: str | None) -> int:
     return int(given) if given else default_trt_version()
 
 
+def run_input_options(f: Callable) -> Callable:
+    """`run`'s shared options: its --precision also takes `both`."""
+    return input_options(f, both=True)
+
+
 @main.command(epilog=RUN_EXIT_CODES)
 @click.argument("model")
-@input_options
+@run_input_options
 @verbosity_options
 @click.option("--input", "torch_inputs", multiple=True, metavar="NAME:DIMS[:DTYPE]",
               help="For a PyTorch MODEL given as FILE.py:FACTORY (exported to --out first): "
@@ -418,10 +425,17 @@ def _trt_version(given: str | None) -> int:
               help="Evaluate plans on Ray actors: on the cluster at ADDRESS (e.g. auto, or "
                    "ray://head:10001), or alone on a local one. Needs: pip install "
                    "'trtbisect[ray]'. --workers then caps the actors.")
+@click.option("--top", type=click.IntRange(min=1), default=DEFAULT_TOP, show_default=True,
+              metavar="N",
+              help="Rows of the plan (grouped by module, else by TensorRT layer, costliest "
+                   "first) and kinds of cause shown on the console; precision.json has all.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Show every group, every diagnosis and every node of the plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, rewrite: bool, search_samples: int,
-        workers: int | None, ray_address: str | None, **kw) -> None:
+        workers: int | None, ray_address: str | None, top: int, show_all: bool,
+        **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -480,7 +494,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
             progress.stage("verifying the emulator's plan with TensorRT engines")
             pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
-    emit_run(result, as_json)
+    emit_run(result, as_json, None if show_all else top)
     finish(result.exit_code)
 
 
@@ -547,7 +561,9 @@ def error_cell(e: OutputError | None) -> str:
     return f"{mark} max|d| {fmt(e.max_abs)} (bound {fmt(e.bound)}){extra}"
 
 
-def emit_run(result, as_json: bool) -> None:
+def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
+    """The run on stdout; `top`: rows of the grouped plan and of the diagnosis shown (None:
+    all of them, and every node)."""
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
@@ -555,66 +571,47 @@ def emit_run(result, as_json: bool) -> None:
     meet = result.criteria.standard
     verdicts = {"fp16_ok": f"[green]{low} already meets {meet}[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
-                         f"{result.candidates} nodes in FP32",
+                         f"{result.candidates} nodes{layers_words(result)} in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
                 "no_plan": f"[red]no plan meets {meet}[/]",
                 "nothing_to_judge": f"[green]nothing to judge in {low}[/]: "
                                     + shown(result.extra.get("nothing_to_judge", "")),
                 "over_budget": f"[red]no plan within the --budget passes[/]: the best within "
-                               f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes "
-                               f"in FP32 and misses {meet}",
+                               f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes"
+                               f"{layers_words(result)} in FP32 and misses {meet}",
                 "fragile": f"[yellow]fragile[/]: the plan keeps {len(result.fp32_nodes)} of "
-                           f"{result.candidates} nodes in FP32 and meets {meet} by less than "
-                           "the spread of what the tools compute (see the margins below); no "
-                           "plan has the margin, so it is not called fixed"}
+                           f"{result.candidates} nodes{layers_words(result)} in FP32 and meets "
+                           f"{meet} by less than the spread of what the tools compute (see the "
+                           "margins below); no plan has the margin, so it is not called fixed"}
     if result.verdict == "partial":
         from .coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
         out.print(f"  {shown(p)}")
-    emit_rewrites(result)
+    emit_rewrites(result, top)
     if result.culprits:
-        t = Table(title="Nodes to keep in FP32", title_justify="left")
-        t.add_column("node", overflow="fold")
-        t.add_column("op", overflow="fold")
-        modules = any(c.module for c in result.culprits)
-        if modules:
-            t.add_column("module", overflow="fold")
-        # a fused layer is named once; its other nodes say "same layer" (a layer's name lists
-        # every node it fuses, so repeating it would drown the table)
-        layers = any(c.layer and c.layer != c.node for c in result.culprits)
-        if layers:
-            t.add_column("TensorRT layer", overflow="fold")
-        price = result.extra.get("cost")
-        shares = cost_cells(price, [(c.node, c.layer or "") for c in result.culprits])
-        priced = any(shares)
-        if priced:
-            t.add_column("cost", overflow="fold")
-        t.add_column("why", overflow="fold")
-        named: set[str] = set()
-        for c, share in zip(result.culprits, shares):
-            layer = c.layer or c.node
-            cell = "[dim]same layer[/]" if layer in named else shown(layer)
-            named.add(layer)
-            t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
-                      *([cell] if layers else []), *([share] if priced else []), shown(c.why))
-        casts = boundary_row(price) if priced else None
-        if casts is not None:  # the rows add up to the plan's slowdown
-            t.add_row("[dim](boundary Casts)[/]", "Cast", *([""] if modules else []),
-                      *([""] if layers else []), casts[0], escape(casts[1]))
-        out.print(t)
-    emit_diagnosis(result)
+        emit_plan_groups(result, top)
+        if top is None:  # --all: every node too
+            emit_node_table(result)
+    emit_diagnosis(result, top)
     if result.errors_before:
         t = Table(title="Outputs", title_justify="left")
         t.add_column("output", overflow="fold")
         t.add_column(f"all {low}")
-        t.add_column("with the plan")
-        for name, before in result.errors_before.items():
-            t.add_row(shown(name), error_cell(before), error_cell(result.errors_after.get(name)))
+        planned = has_plan(result)
+        if planned:
+            t.add_column("with the plan")
+        names = list(result.errors_before)
+        for name in names if top is None else names[:top]:
+            t.add_row(shown(name), error_cell(result.errors_before[name]),
+                      *([error_cell(result.errors_after.get(name))] if planned else []))
         out.print(t)
+        if top is not None and len(names) > top:
+            out.print(f"... and {plural(len(names) - top, 'more output')}: --all, or "
+                      "precision.json \"errors_after\"")
         strict = result.extra.get("errors_before_strict") or {}
-        for name, e in strict.items():  # both all-FP16 verdicts (docs/semantics.md)
+        for name, e in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
             judged = (escape(str(e["text"])) if e.get("text") else
                       f"max|d| {fmt(float(e['max_abs']))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
@@ -633,9 +630,7 @@ def emit_run(result, as_json: bool) -> None:
     if result.extra.get("cost") and result.verdict != "reference_invalid":
         out.print(cost_line(result.extra["cost"]))
     if result.search is not None:
-        minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
-        out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), "
-                  f"{minimal}, {result.seconds:.1f}s")
+        out.print(f"{search_words(result)}, {result.seconds:.1f}s")
     emit_samples(result)
     if result.files:
         out.print(f"plan: {shown(result.files.get('plan'))}")
@@ -647,6 +642,72 @@ def emit_run(result, as_json: bool) -> None:
             out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
+
+
+def emit_plan_groups(result, top: int | None) -> None:
+    """The plan by module (else by TensorRT layer), costliest first, `top` rows (None: all);
+    outputs/plan_groups.py."""
+    groups = plan_groups(result)
+    diag = result.extra.get("culprit_groups") or []
+    by_module = any(g.by_module for g in groups)
+    shown_rows = groups if top is None else groups[:top]
+    t = Table(title=f"Nodes to keep in FP32, by {'module' if by_module else 'TensorRT layer'}"
+                    f" ({len(groups)} row{'s' if len(groups) != 1 else ''})",
+              title_justify="left")
+    t.add_column("module" if by_module else "layer (first node)", overflow="fold")
+    t.add_column("nodes", overflow="fold")
+    t.add_column("ops", overflow="fold")
+    costs = any(g.share is not None for g in groups)
+    if costs:
+        t.add_column("cost", overflow="fold")
+    t.add_column("cause", overflow="fold")
+    rows = [(shown(g.label), g.nodes_text, g,
+             *([pct(g.share) if g.share is not None else ""] if costs else []),
+             shown(cause_text(g, diag))) for g in shown_rows]
+    # the ops cell gets what the other cells leave of the line, so that a row is one line
+    others = sum(max([len(c.header), *(len(str(r[j])) for r in rows)])
+                 for j, c in enumerate(t.columns) if j != 2)
+    width = None if top is None else max(OPS_WIDTH, out.width - 3 * len(t.columns) - 1 - others)
+    for label, nodes, g, *rest in rows:
+        t.add_row(label, nodes, shown(g.ops_text(width)), *rest)
+    out.print(t)
+    rest = groups[len(shown_rows):]
+    if rest:
+        out.print(rest_text(rest) + ": --top N or --all shows them; precision.json lists "
+                  "every node")
+
+
+def emit_node_table(result) -> None:
+    """Every node of the plan with its layer, cost and why (`run --all`)."""
+    t = Table(title="Nodes to keep in FP32", title_justify="left")
+    t.add_column("node", overflow="fold")
+    t.add_column("op", overflow="fold")
+    modules = any(c.module for c in result.culprits)
+    if modules:
+        t.add_column("module", overflow="fold")
+    # a fused layer is named once; its other nodes say "same layer" (a layer's name lists
+    # every node it fuses, so repeating it would drown the table)
+    layers = any(c.layer and c.layer != c.node for c in result.culprits)
+    if layers:
+        t.add_column("TensorRT layer", overflow="fold")
+    price = result.extra.get("cost")
+    shares = cost_cells(price, [(c.node, c.layer or "") for c in result.culprits])
+    priced = any(shares)
+    if priced:
+        t.add_column("cost", overflow="fold")
+    t.add_column("why", overflow="fold")
+    named: set[str] = set()
+    for c, share in zip(result.culprits, shares):
+        layer = c.layer or c.node
+        cell = "[dim]same layer[/]" if layer in named else shown(layer)
+        named.add(layer)
+        t.add_row(shown(c.node), shown(c.op), *([shown(c.module or "")] if modules else []),
+                  *([cell] if layers else []), *([share] if priced else []), shown(c.why))
+    casts = boundary_row(price) if priced else None
+    if casts is not None:  # the rows add up to the plan's slowdown
+        t.add_row("[dim](boundary Casts)[/]", "Cast", *([""] if modules else []),
+                  *([""] if layers else []), casts[0], escape(casts[1]))
+    out.print(t)
 
 
 def emit_both(both, as_json: bool) -> None:
@@ -693,7 +754,10 @@ def emit_samples(result) -> None:
               soft_wrap=True)
 
 
-def emit_rewrites(result) -> None:
+REFUSALS_SHOWN = 3  # rewrite refusals on the console unless --all
+
+
+def emit_rewrites(result, top: int | None = DEFAULT_TOP) -> None:
     """The FP16-safe rewrites applied (what, where, FP32 drift), and how many were refused."""
     rw = result.extra.get("rewrites") or {}
     for a in rw.get("applied", []):
@@ -701,22 +765,44 @@ def emit_rewrites(result) -> None:
         where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
         out.print(f"rewrite [bold]{shown(a['rewrite'])}[/] at {shown(where)}: {shown(a['why'])} "
                   f"(FP32 drift {drift.get('rel', 0):.2g} of the output range)", soft_wrap=True)
-    if rw.get("refused"):
-        out.print(f"{len(rw['refused'])} rewrite(s) refused: see precision.json \"rewrites\"")
+    refused = rw.get("refused") or []
+    shown_refused = refused if top is None else refused[:REFUSALS_SHOWN]
+    for r in shown_refused:  # the diagnosis says which of its fixes they are
+        where = r["where"][0] if r.get("where") else "?"
+        out.print(f"rewrite {shown(r['rewrite'])} refused at {shown(where)}: "
+                  f"{shown(r['reason'])}", soft_wrap=True)
+    if len(refused) > len(shown_refused):
+        out.print(f"... and {plural(len(refused) - len(shown_refused), 'more refusal')}: "
+                  "--all, or precision.json \"rewrites\"")
 
 
-def emit_diagnosis(result) -> None:
-    """One sentence per culprit group (cause, numbers, fix), then any stability flags."""
-    for k, (g, count) in enumerate(fold_groups(result.extra.get("culprit_groups") or []), 1):
+def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
+    """One sentence per kind of culprit group (cause, pattern: numbered as the plan table's
+    cause column numbers them; the first group of a kind speaks for the others), at most
+    `top` of them (None: every group, identical ones folded), then any stability flags."""
+    groups = result.extra.get("culprit_groups") or []
+    folded = fold_groups(groups) if top is None else fold_kinds(groups)
+    for k, (g, count) in enumerate(folded[:top] if top is not None else folded, 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
-        times = f" (x{count} identical groups)" if count > 1 else ""
+        times = (f" (x{count} identical groups)" if top is None else
+                 f" (x{count} groups; the first of them)") if count > 1 else ""
         out.print(f"[bold]{k}. {shown(g['cause'])}{shown(pattern)}{times}[/]: "
                   f"{shown(g['summary'])}")
+    if top is not None and len(folded) > top:
+        out.print(f"... and {len(folded) - top} more kinds of cause: --all, or report.html")
     stab = result.extra.get("stability")
     if stab:
         flags = stab["flags"] or ["no plan flips or sits within the noise"]
         out.print(f"stability ({stab['runs']} runs x {stab['samples']} sample(s)): "
                   + shown("; ".join(flags)))
+
+
+def fold_kinds(groups: list) -> list[tuple[dict, int]]:
+    """Culprit groups of one cause and pattern, once each (the first) with a count."""
+    folded: dict[tuple, list] = {}
+    for g in groups:
+        folded.setdefault((g.get("cause"), g.get("pattern")), [g, 0])[1] += 1
+    return [(g, n) for g, n in folded.values()]
 
 
 def fold_groups(groups: list) -> list[tuple[dict, int]]:
@@ -816,6 +902,11 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
     """
     from . import pipeline
 
+    if click.get_current_context().get_parameter_source("precision") is \
+            click.core.ParameterSource.DEFAULT:  # the file says which (judge/precision.py)
+        from .graph import load_model
+        from .judge.precision import of_file
+        kw["precision"] = of_file(load_model(mixed)) or kw["precision"]
     kw_precision = kw.get("precision")
     result = pipeline.check_mixed(mixed, reference, make_options(kw))
     if as_json:

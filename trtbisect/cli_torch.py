@@ -151,10 +151,14 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
     out_path = Path(out_dir) if out_dir else _default_out(factory)
     with ModuleProgress(quiet_level()) as progress:
         result = diagnose(tm, opts, out_path, progress.trial, progress.stage)
+    from .folding import conv_norm_pairs, torch_notes
+    notes = torch_notes(conv_norm_pairs(tm.module), result.fp32_modules)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(json.dumps({**result.to_json(), "folded_at_export": notes}, indent=2))
     else:
         emit_torch(result, top)
+        for note in notes:  # why `run` on this factory may keep less (folding.py)
+            out.print(f"note: {shown(note)}", soft_wrap=True)
     finish(result.exit_code)
 
 
@@ -190,15 +194,19 @@ def emit_torch(result, top: int) -> None:
         t = Table(title="Outputs", title_justify="left")
         t.add_column("output", overflow="fold")
         t.add_column(f"all {p.mode} {p.dtype}")
-        t.add_column("with the plan")
+        planned = result.verdict == "fixed"  # a column of its own only with a plan
+        if planned:
+            t.add_column("with the plan")
         for name, before in result.errors_before.items():
-            after = result.errors_after.get(name) if result.verdict == "fixed" else None
-            t.add_row(shown(name), error_cell(before), error_cell(after))
+            after = [error_cell(result.errors_after.get(name))] if planned else []
+            t.add_row(shown(name), error_cell(before), *after)
         out.print(t)
     if result.search is not None:
-        minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
-        out.print(f"{result.evaluations} evaluations ({result.inferences} inferences), {minimal}, "
-                  f"{result.seconds:.1f}s")
+        from .outputs.plan_groups import plural
+        minimal = ("" if not result.fp32_modules else ", certified 1-minimal"
+                   if result.one_minimal else ", not certified minimal")
+        out.print(f"{plural(result.evaluations, 'evaluation')} "
+                  f"({plural(result.inferences, 'inference')}){minimal}, {result.seconds:.1f}s")
     for key, label in (("plan", "plan"), ("snippet", "apply it with"), ("layerwise", "layer-wise")):
         if key in result.files:
             out.print(f"{label}: {result.files[key]}")

@@ -55,7 +55,7 @@ class CulpritGroup:
     def from_json(cls, d: Mapping) -> "CulpritGroup":
         """Back from precision.json (per-node `why` lives in `culprits`, not here)."""
         return cls(list(d["nodes"]), d["cause"], d.get("pattern"), dict(d["evidence"]),
-                   d["summary"], [Fix(f["kind"], f["text"]) for f in d["fixes"]],
+                   d["summary"], [Fix(f["kind"], f["text"], f.get("rewrite")) for f in d["fixes"]],
                    d.get("applied_fix"), d.get("scope"))
 
 
@@ -76,7 +76,8 @@ def diagnose(g: Graph, nodes: Sequence[str], stats: Mapping[str, TensorStats],
     `relax`: how to loosen the run's criterion (default: raise --rtol); `precision`: the
     low precision the statistics compare FP32 with (its range and spacing in the evidence)."""
     f = Facts(g, stats, constants, precision)
-    f.relax = relax or f.relax
+    if relax is not None:
+        f.relax = relax
     return [_diagnose_group(f, grp, applied, modules) for grp in group_culprits(g, nodes)]
 
 
@@ -101,15 +102,41 @@ def attach(result, g: Graph, constants: Mapping[str, ConstantStats],
     """
     nodes = result.fp32_nodes or (result.prior_seeds if result.verdict == "no_plan" else [])
     modules = {c.node: c.module for c in result.culprits}
-    crit = getattr(result, "criteria", None)
-    relax = None if crit is None or crit.default else f"relax the criterion ({crit.describe()})"
     groups = diagnose(g, nodes, result.stats, constants, applied=result.verdict == "fixed",
-                      modules=modules, relax=relax, precision=precision)
+                      modules=modules, relax=relax_words(result, precision), precision=precision)
     whys = {n: w for grp in groups for n, w in grp.why.items()}
     for c in result.culprits:
         c.why = whys.get(c.node, c.why)
     result.extra["culprit_groups"] = [grp.to_json() for grp in groups]
     return groups
+
+
+RTOL_REACH = 5  # beyond 5x the run's rtol, a larger --rtol is no longer an honest fix
+
+
+def relax_words(result, precision: Precision = FP16) -> str | None:
+    """How loosening the run's criterion would shrink the plan, in the numbers all-FP16
+    showed: the --rtol that lets every output pass, when it is near the run's; a task
+    criterion when it is not; nothing when all FP16 turns outputs non-finite (no tolerance
+    covers NaN). None: no outputs judged (the generic words)."""
+    crit = getattr(result, "criteria", None)
+    before = getattr(result, "errors_before", None) or {}
+    if crit is not None and not crit.default:
+        return f"if the outputs' error is acceptable, relax the criterion ({crit.describe()})" \
+               ": the plan would need fewer FP32 nodes"
+    if not before:
+        return None
+    if any(e.nonfinite for e in before.values()):
+        return ""
+    rtol, low = result.tolerance.rtol, precision.label
+    worst = max(before.values(), key=lambda e: e.rel)
+    if worst.rel <= RTOL_REACH * max(rtol, 1e-12):
+        return (f"if {pct(worst.rel)} of an output's range is acceptable (all {low}'s worst; "
+                f"--rtol is {rtol:g}), raise --rtol to {num(worst.rel * 1.01)}: all {low} "
+                "would pass")
+    return (f"judge by what the task needs (--metric cosine:MIN, topk:K, iou:T:MIN, or "
+            f"--check) instead of max|d|: all {low}'s worst error is {pct(worst.rel)} of an "
+            f"output's range, {num(worst.rel / max(rtol, 1e-12))}x the --rtol of {rtol:g}")
 
 
 RANGE_WORDS = ("65504", "non-finite", "flush")
@@ -258,5 +285,11 @@ def _why(g: Graph, name: str, stats: Mapping[str, TensorStats],
         if s is not None and s.new_nonfinite:
             return f"output turns non-finite in {low} ({s.fp16_nonfinite} values)"
         if s is not None:
-            return f"{low} error grows here to {s.rel_err:.2g} of the output's range"
+            entering = max((stats[i].rel_err for i in g.float_inputs(name) if i in stats),
+                           default=0.0)
+            if s.rel_err > 1.05 * entering:
+                return (f"{low} error grows here from {entering:.2g} to {s.rel_err:.2g} of "
+                        "the tensor's range")
+            return (f"{low} error {s.rel_err:.2g} of the tensor's range here ({entering:.2g} "
+                    "where its inputs enter)")
     return "needed by the tolerance"

@@ -325,6 +325,8 @@ def export_model(tm: TorchModel, onnx_path: str | Path, opts: ExportOptions,
         notes.append(f"the dynamo exporter wrote opset {opset}, not the requested {opts.opset} "
                      "(it targets opset 18 and newer)")
     notes += layernorm_warnings(module, opset)
+    from .folding import conv_norm_pairs, export_note, folded_at_export
+    notes += export_note(folded_at_export(conv_norm_pairs(module), model.graph.node))
     graph_inputs = [v.name for v in model.graph.input
                     if v.name not in {t.name for t in model.graph.initializer}]
     dropped = [n for n in tm.input_names if n not in graph_inputs]

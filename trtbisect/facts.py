@@ -32,7 +32,10 @@ class Facts:
                  constants: Mapping[str, ConstantStats], precision: Precision = FP16) -> None:
         self.g, self.stats, self.constants = g, stats, constants
         self.p = precision  # the low precision the statistics compare FP32 with
-        self.relax = "raise --rtol"  # how to loosen the run's criterion (judge/criteria.py)
+        # how to loosen the run's criterion (diagnose.relax_words; "": it would not help)
+        self.relax = ("if the outputs' error is acceptable, raise --rtol or judge by what the "
+                      "task needs (--metric, --check-error-stat): the plan would need fewer "
+                      "FP32 nodes")
         self._arrays: dict[str, np.ndarray | None] = {}
 
     def op(self, node: str) -> str:

@@ -117,9 +117,29 @@ def resolve_shape(value: onnx.ValueInfoProto, shapes: Mapping[str, tuple[int, ..
     if any(not isinstance(d, int) or d <= 0 for d in declared):
         shown = "x".join(str(d) if d else "?" for d in declared)
         raise TrtBisectError(
-            f"input {value.name!r} has a dynamic shape [{shown}]; give one with "
-            f"--shape {value.name}:{'x'.join(str(d) if isinstance(d, int) and d > 0 else '1' for d in declared)}")
+            f"input {value.name!r} has a dynamic shape [{shown}]; give the size you deploy "
+            f"with, e.g. --shape {value.name}:{'x'.join(map(str, suggest_shape(declared)))}")
     return tuple(int(d) for d in declared)  # type: ignore[arg-type]
+
+
+def suggest_shape(declared: Sequence[int | str | None]) -> list[int]:
+    """A plausible shape for the dynamic-shape error: known dimensions kept, a batch of 1,
+    224 for the spatial dimensions of an image (rank 4), 128 for a sequence; a dimension's
+    name (`height`, `seq_len`, ...) decides where it has one."""
+    rank, out = len(declared), []
+    for i, d in enumerate(declared):
+        name = d.lower() if isinstance(d, str) else ""
+        if isinstance(d, int) and d > 0:
+            out.append(d)
+        elif "batch" in name or i == 0:
+            out.append(1)
+        elif any(w in name for w in ("height", "width")) or (rank == 4 and not name):
+            out.append(224)
+        elif any(w in name for w in ("seq", "len", "token", "time")) or rank in (2, 3):
+            out.append(128)
+        else:
+            out.append(16)
+    return out
 
 
 def _check_shape(name: str, declared: Sequence[int | str | None], got: Sequence[int], source: str) -> None:

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, cost, coverage, degenerate, parallel, semantics
+from . import __version__, cost, coverage, degenerate, parallel, rewrite_advice, semantics
 from .backends.ort import Emulator, Reference, run_seconds
 from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
 from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
@@ -609,7 +609,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         search = _certified_search(
             ctx, sopts, ev, stage, as_nodes,
             lambda budget: find_minimal_fp32(list(units), check, as_units(prior.seeds),
-                                             as_units(prior.ranking), budget, progress,
+                                             as_units(prior.ranking), budget,
+                                             _counting_nodes(progress, as_nodes),
                                              **cost.search_args(
                                                  pricing, sopts,
                                                  lambda us: ev.scores.get(as_nodes(us)))))
@@ -748,6 +749,7 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
                               semantics.fused_layer_names(ctx.prepared), low)
     attach_diagnosis(result, g, constants, low)
     note_fused(result, units, unit_of)
+    rewrite_advice.attach(result, ctx, stats)  # does --rewrite do the fixes it names?
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
     if opts.semantics == "trt" and (result.fp32_nodes or opts.report or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
@@ -791,6 +793,16 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
     result.evaluations, result.trials = evaluations, trials
     result.rounds, result.speculative = rounds, speculative
     return result
+
+
+def _counting_nodes(progress: Progress | None,
+                    as_nodes: Callable[[Sequence[str]], frozenset[str]]) -> Progress | None:
+    """The search's progress with each trial's plan in nodes, as the verdict counts them (a
+    search unit is a whole TensorRT layer, often several nodes)."""
+    if progress is None:
+        return None
+    return lambda trial, remaining: progress(
+        replace(trial, fp32=tuple(sorted(as_nodes(trial.fp32)))), remaining)
 
 
 def _likely_evaluations(suspects: int, units: int) -> int:

@@ -21,6 +21,8 @@ from .diagnose import num, pct
 from .errors import require
 from .judge.precision import FP16, Precision, precision as low_precision
 from .outputs.escape import md_code, md_fence, md_table_cell, md_text, shown_text
+from .outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
+                                  plural, search_words)
 from .plan import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
@@ -29,17 +31,17 @@ if TYPE_CHECKING:
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
 TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.json has it all)
 VERDICTS = {"fp16_ok": "FP16 already meets {meet}: nothing needs FP32",
-            "fixed": "fixed by keeping {n} of {c} nodes in FP32",
+            "fixed": "fixed by keeping {n} of {c} nodes{layers} in FP32",
             "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
             "no_plan": "no precision plan meets {meet}",
             "partial": "partial judgement: {partial}",
             "nothing_to_judge": "nothing to judge in FP16: no node computes in float32 or "
                                 "float16",
             "over_budget": "no plan within the --budget passes: the best within it keeps {n} of "
-                           "{c} nodes in FP32 and misses {meet}",
-            "fragile": "fragile: the nearest plan keeps {n} of {c} nodes in FP32 and meets "
-                       "{meet} by less than the spread of what the tools compute; no plan has "
-                       "the margin, so it is not called fixed"}
+                           "{c} nodes{layers} in FP32 and misses {meet}",
+            "fragile": "fragile: the nearest plan keeps {n} of {c} nodes{layers} in FP32 and "
+                       "meets {meet} by less than the spread of what the tools compute; no "
+                       "plan has the margin, so it is not called fixed"}
 
 
 def require_matplotlib() -> None:
@@ -78,6 +80,7 @@ def verdict_line(result: "RunResult") -> str:
     from .coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
     line = VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
+                                           layers=layers_words(result),
                                            partial=partial,
                                            meet=result.criteria.standard)
     low = low_of(result)
@@ -367,9 +370,70 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
 
 # ---------------------------------------------------------------- shared rows
 
-def output_rows(result: "RunResult") -> list[tuple[str, str, str]]:
-    return [(name, error_text(before), error_text(result.errors_after.get(name)))
+def output_rows(result: "RunResult") -> list[tuple[str, ...]]:
+    """Per output: all-low-precision's error, and the plan's when a plan was judged."""
+    planned = has_plan(result)
+    return [(name, error_text(before),
+             *([error_text(result.errors_after.get(name))] if planned else []))
             for name, before in result.errors_before.items()]
+
+
+def output_table(result: "RunResult") -> tuple[list[str], list[tuple[str, ...]]]:
+    head = ["output", f"all {low_of(result).label}",
+            *(["with the plan"] if has_plan(result) else [])]
+    return head, output_rows(result)
+
+
+def margin_lines(result: "RunResult") -> list[str]:
+    """How far under its bound each output lands (the plan's, else all-low-precision's), and
+    against FP32's own noise where it was measured: the number the verdict rests on."""
+    errors = result.errors_after if has_plan(result) else result.errors_before
+    who = "the plan" if has_plan(result) else f"all {low_of(result).label}"
+    margins = result.extra.get("margins") or {}
+    out = []
+    for name, err in list(errors.items())[:5]:
+        if err.scores:
+            out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
+                       f"{err.scores_text}")
+            continue
+        used = err.max_abs / err.bound if err.bound > 0 else math.inf
+        m = margins.get(name) if isinstance(margins, Mapping) else None
+        spread = m.get("spread") if isinstance(m, Mapping) else None
+        floor = (f"; what the tools compute spreads by {num(float(spread))}"
+                 + (" (fragile: the margin is within it)" if m.get("fragile") else "")
+                 if isinstance(spread, (int, float)) else "")
+        verb = "uses" if err.passed and not err.nonfinite else "misses: reaches"
+        out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound (max|d| "
+                   f"{num(err.max_abs)} of {num(err.bound)}"
+                   + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + f"){floor}")
+    if len(errors) > 5:
+        out.append(f"... and {plural(len(errors) - 5, 'more output')} under “Error per output”")
+    return out
+
+
+def pct_of(x: float) -> str:
+    """A fraction as a percentage people read: 3.5%, 0.0012%, >1000%."""
+    if not math.isfinite(x):
+        return "inf%"
+    return ">1000%" if x > 10 else f"{num(100 * x)}%"
+
+
+def plan_group_table(result: "RunResult") -> tuple[str, list[str], list[tuple]]:
+    """The plan by module (else by TensorRT layer), costliest first (outputs/plan_groups.py)."""
+    groups = plan_groups(result)
+    if not groups:
+        return "", [], []
+    by_module = any(g.by_module for g in groups)
+    diag = groups_of(result)
+    costs = any(g.share is not None for g in groups)
+    head = ["module" if by_module else "layer (first node)", "nodes", "ops",
+            *(["cost"] if costs else []), "cause"]
+    from .cost import pct as cost_pct
+
+    rows = [(g.label, g.nodes_text, g.ops_text(None),
+             *([cost_pct(g.share) if g.share is not None else ""] if costs else []),
+             kinds_text(g, diag)) for g in groups]
+    return f"The plan by {'module' if by_module else 'TensorRT layer'}", head, rows
 
 
 def error_text(e: OutputError | None) -> str:
@@ -432,7 +496,10 @@ def evidence_items(group: Mapping) -> list[tuple[str, str]]:
 def render_markdown(result: "RunResult", plot_name: str | None,
                     tradeoff_name: str | None = None) -> str:
     parts = [f"# trtbisect report: {md_code(Path(result.model_path).name)}", "",
-             f"**Verdict: {md_text(verdict_line(result))}.**", "", *_md_facts(result), ""]
+             f"**Verdict: {md_text(verdict_line(result))}.**", "",
+             *(f"- {md_text(line)}" for line in margin_lines(result)), "", *_md_facts(result), ""]
+    title, head, rows = plan_group_table(result)
+    parts += _md_table(title, head, rows, code=(0,))
     parts += _md_groups(result)
     parts += _md_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result),
                        code=(1,))
@@ -443,15 +510,14 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     if tradeoff_name:
         parts += ["## Error against estimated cost", "", TRADEOFF_NOTE, "",
                   f"![trade-off plot]({tradeoff_name})", ""]
-    parts += _md_table("Error per output", ["output", f"all {low_of(result).label}",
-                                             "with the plan"],
-                       output_rows(result), code=(0,))
+    parts += _md_table("Error per output", *output_table(result), code=(0,))
     parts += _md_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
                        margin_rows(result), code=(0,))
     parts += _md_table("Criteria that may fit better", HINT_HEAD, hint_rows(result),
                        code=(0, 2))
     parts += _md_stability(result)
-    parts += _md_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"],
+    parts += _md_table("Search trace", ["#", "phase", "FP32 units (TensorRT layers)", "result",
+                                        "units"],
                        trace_rows(result))
     if command_rows(result):
         parts += ["## Apply the plan", ""]
@@ -499,9 +565,7 @@ def _md_facts(result: "RunResult") -> list[str]:
             f"- tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
             f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
             *_criteria_facts(result),
-            f"- search: {result.evaluations} evaluations, {result.inferences} inferences, "
-            f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
-            f"{result.seconds:.1f}s",
+            f"- search: {search_words(result)}, {result.seconds:.1f}s",
             *_semantics_facts(result),
             *_coverage_facts(result),
             *_cost_facts(result),
@@ -550,9 +614,7 @@ def _facts_text(result: "RunResult") -> list[str]:
             f"nodes, {result.candidates} candidates)",
             f"tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
             f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
-            f"search: {result.evaluations} evaluations, {result.inferences} inferences, "
-            f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}, "
-            f"{result.seconds:.1f}s",
+            f"search: {search_words(result)}, {result.seconds:.1f}s",
             *_semantics_facts(result, text=True),
             *[f"problem: {p}" for p in result.reference_problems]]
 
@@ -587,17 +649,17 @@ def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
         return []
     code = str if text else md_code
     bullet = "" if text else "- "
-    layers = ", ".join(code(n) for n in _names(result.extra.get("fp32_layers"))) or "none"
+    layers = len(_names(result.extra.get("fp32_layers")))  # named in layer_precisions.txt
     out = [f"{bullet}semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
            f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
-           f"layers kept FP32: {layers}"]
+           f"{plural(layers, 'TensorRT layer')} kept FP32"]
     strict = result.extra.get("errors_before_strict")
     if isinstance(strict, dict):
         words = str if text else md_text
         out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "
                 f"{code(name)}: {'pass' if e['passed'] else 'FAIL'}, "
                 + (f"{words(str(e['text']))}, " if e.get("text") else "")
-                + f"max|d| {e['max_abs']}, rel {e['rel']}"
+                + f"max|d| {_g(e['max_abs'])}, rel {_g(e['rel'])}"
                 for name, e in strict.items()]
     return out
 
@@ -607,11 +669,18 @@ def _names(value: object) -> list[str]:
 
 
 def _md_groups(result: "RunResult") -> list[str]:
+    """Each group's heading and summary; evidence and fixes for the first of each kind (cause
+    and pattern) only: the others of that kind repeat them with other numbers."""
     out = ["## Diagnosis", ""] if groups_of(result) else []
+    seen: set[tuple] = set()
     for k, g in enumerate(groups_of(result)):
         pattern = f", pattern {md_code(g['pattern'])}" if g.get("pattern") else ""
         out += [f"### Group {k + 1}: {md_code(g['cause'])}{pattern}", "", md_text(g["summary"]),
                 ""]
+        kind = (g.get("cause"), g.get("pattern"))
+        if kind in seen:
+            continue
+        seen.add(kind)
         evidence, fixes = evidence_items(g), fix_lines(g)  # a section with nothing is left out
         if evidence:
             out += ["Evidence: " + ", ".join(f"{md_text(a)} = {md_text(b)}" for a, b in evidence),
@@ -639,8 +708,9 @@ def rewrite_rows(result: "RunResult") -> list[tuple]:
 
 
 def _g(v: object) -> str:
+    """A number for people (3 significant digits, 5.5e6), "-" for none."""
     try:
-        return f"{float(v):.3g}"  # type: ignore[arg-type]
+        return num(float(v))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return "-"
 
@@ -660,11 +730,13 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
     head = ["node", "op", *(["module"] if modules else []),
             *(["TensorRT layer"] if layers else []), *(["cost"] if priced else []),
             "cause", "why"]
-    rows = []
+    rows, seen = [], set()
     for c, share in zip(result.culprits, shares):
         unit = c.layer or c.node
+        layer = "same layer" if unit in seen else (c.layer or "") if c.layer != c.node else ""
+        seen.add(unit)
         rows.append((c.node, c.op, *([c.module or ""] if modules else []),
-                     *([unit] if layers else []), *([share] if priced else []),
+                     *([layer] if layers else []), *([share] if priced else []),
                      by_node.get(c.node, {}).get("cause", ""), c.why))
     casts = boundary_row(price) if priced and isinstance(price, Mapping) else None
     if casts is not None:  # the rows add up to the plan's slowdown
@@ -683,7 +755,7 @@ def _md_stability(result: "RunResult") -> list[str]:
     st = result.extra.get("stability")
     if not isinstance(st, dict):
         return []
-    rows = [(p["plan"], out, str(o["judged_ratio"]), str(o["noise"]), str(o["margin"]),
+    rows = [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),
              "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
             for p in st["plans"] for out, o in p["outputs"].items()]
     head = ["## Stability", "", f"{md_text(st['method'])}; deterministic reruns: "
@@ -737,6 +809,11 @@ dl.ev dt{color:#5b6577}dl.ev dd{margin:0;font-family:ui-monospace,monospace;
 .plotbox{position:relative}.plotbox .col{position:absolute}.plotbox .col:hover{background:rgba(31,119,180,.12)}
 img.plot{display:block;width:100%;border:1px solid #dde3ec;border-radius:8px;background:#fff}
 .flag{color:#b23c17;font-weight:600}
+.margin{font-size:15px;margin:6px 0 6px 4px}
+details{background:#fff;border:1px solid #dde3ec;border-radius:8px;padding:8px 14px;margin:12px 0}
+details summary{cursor:pointer;font-weight:600}
+img.plot.narrow{max-width:820px}
+td.num{text-align:right;white-space:nowrap}
 """
 
 
@@ -753,13 +830,23 @@ def e_lines(text: str) -> str:
 
 def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column] = (),
                 tradeoff: bytes | None = None) -> str:
+    """The page leads with what a person decides on (the verdict, the margin, the trade-off,
+    the plan by module); node lists sit collapsed, each in one place only."""
     ok = result.verdict in ("fixed", "fp16_ok")
     body = [f"<h1>trtbisect report: {e(Path(result.model_path).name)}</h1>",
-            "<div class='muted'>" + "<br>".join(e(f) for f in _facts_text(result)) + "</div>",
             f"<div class='verdict {'ok' if ok else 'bad'}'>{e(verdict_line(result))}</div>"]
+    body += [f"<p class='margin'>{e(line)}</p>" for line in margin_lines(result)]
+    if tradeoff is not None:
+        body += ["<h2>Error against estimated cost</h2>", f"<p class='muted'>{e(TRADEOFF_NOTE)}</p>",
+                 "<img class='plot narrow' alt='error against estimated cost' "
+                 f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
+    body += _html_plan_groups(result)
     body += _html_groups(result)
     body += _html_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
-    body += _html_culprits(result)
+    body += _html_table("Error per output", *output_table(result))
+    body += _html_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
+                        margin_rows(result))
+    body += _html_table("Criteria that may fit better", HINT_HEAD, hint_rows(result))
     if png is not None:
         hover = "".join(f"<span class='col' title='{e(t)}' style='left:{x:.3f}%;top:{y:.3f}%;"
                         f"width:{w:.3f}%;height:{h:.3f}%'></span>" for t, x, y, w, h in columns)
@@ -767,42 +854,73 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
                  "<div class='plotbox'><img class='plot' alt='per-tensor magnitude and FP16 error' "
                  f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>{hover}</div>",
                  "<div class='muted'>Hover over the plot for each tensor's name and numbers.</div>"]
-    if tradeoff is not None:
-        body += ["<h2>Error against estimated cost</h2>", f"<p class='muted'>{e(TRADEOFF_NOTE)}</p>",
-                 "<img class='plot' alt='error against estimated cost' "
-                 f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
-    body += _html_table("Error per output", ["output", f"all {low_of(result).label}",
-                                              "with the plan"],
-                        output_rows(result))
-    body += _html_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
-                        margin_rows(result))
-    body += _html_table("Criteria that may fit better", HINT_HEAD, hint_rows(result))
+    body += _html_culprits(result)
     body += _html_stability(result)
     body += _html_trace(result)
     body += _html_commands(result)
+    body += ["<h2>Run</h2>", "<div class='muted'>" + "<br>".join(e(f) for f in _facts_text(result))
+             + "</div>"]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>trtbisect: {e(Path(result.model_path).name)}</title><style>{CSS}</style>"
             "</head><body><main>" + "\n".join(body) + "</main></body></html>\n")
 
 
 def _html_groups(result: "RunResult") -> list[str]:
+    """One card per culprit group; of groups with the same cause and pattern, the first is
+    shown and the others sit collapsed under it."""
     groups = groups_of(result)
     out = ["<h2>Diagnosis</h2>"] if groups else []
+    kinds: dict[tuple, list[int]] = {}
+    for k, g in enumerate(groups):
+        kinds.setdefault((g.get("cause"), g.get("pattern")), []).append(k)
+    cards = _html_cards(groups)
+    for (cause, pattern), members in kinds.items():
+        out.append(cards[members[0]])
+        if len(members) > 1:
+            what = f"{cause}, {pattern}" if pattern else str(cause)
+            out += [f"<details><summary>{len(members) - 1} more {e(what)} group"
+                    f"{'s' if len(members) > 2 else ''}</summary>",
+                    *(cards[k] for k in members[1:]), "</details>"]
+    return out
+
+
+def _html_cards(groups: Sequence[Mapping]) -> list[str]:
+    out = []
     for k, g in enumerate(groups):
         tags = f"<span class='tag cause'>{e(g['cause'])}</span>" + (
             f"<span class='tag'>{e(g['pattern'])}</span>" if g.get("pattern") else "")
         ev = "".join(f"<dt>{e(a)}</dt><dd>{e(b)}</dd>" for a, b in evidence_items(g))
         fixes = "".join(f"<li class='{'applied' if a else ''}'>{'✔ applied by the plan: ' if a else ''}"
                         f"{e(t)}</li>" for a, t in fix_lines(g))
+        count = len(g.get("nodes") or [])
+        where = f"{g['scope']}, " if g.get("scope") else ""
         out.append(f"<div class='card'><div>{tags}<b>Group {k + 1}</b> "
-                   f"<span class='muted'>{e(', '.join(g['nodes']))}</span></div>"
+                   f"<span class='muted'>{e(where)}{e(plural(count, 'node'))} (listed under "
+                   "“Every node of the plan”)</span></div>"
                    f"<p>{e(g['summary'])}</p>" + (f"<dl class='ev'>{ev}</dl>" if ev else "")
                    + (f"<b>Fixes</b><ul class='fixes'>{fixes}</ul>" if fixes else "") + "</div>")
     return out
 
 
+def _html_plan_groups(result: "RunResult", top: int = DEFAULT_TOP) -> list[str]:
+    """The plan by module: the `top` costliest rows, the rest collapsed below them."""
+    title, head, rows = plan_group_table(result)
+    if not rows:
+        return []
+    out = _html_table(title, head, rows[:top])
+    if len(rows) > top:
+        out += [f"<details><summary>{len(rows) - top} more rows</summary>",
+                *_html_table("", head, rows[top:]), "</details>"]
+    return out
+
+
 def _html_culprits(result: "RunResult") -> list[str]:
-    return _html_table("Nodes to keep in FP32", *culprit_rows(result))
+    """Every node of the plan, collapsed: the one place the page lists them."""
+    head, rows = culprit_rows(result)
+    if not rows:
+        return []
+    return [f"<details><summary>Every node of the plan ({len(rows)})</summary>",
+            *_html_table("", head, rows), "</details>"]
 
 
 def _html_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
@@ -825,15 +943,17 @@ def _html_trace(result: "RunResult") -> list[str]:
     total = len(result.search.trials) if result.search else 0
     note = (f"<p class='muted'>First {TRACE_ROWS} of {total} evaluations; trace.json has all."
             "</p>" if total > TRACE_ROWS else "")
-    return _html_table("Search trace", ["#", "phase", "FP32 nodes", "result", "nodes"], rows,
-                       result_col=3) + [note]
+    rows = [row[:4] for row in rows]  # which units: trace.json (the plan's are listed once)
+    return [f"<details><summary>Search trace ({plural(total, 'evaluation')})</summary>",
+            *_html_table("", ["#", "phase", "FP32 units (TensorRT layers)", "result"], rows,
+                         result_col=3), note, "</details>"]
 
 
 def _html_stability(result: "RunResult") -> list[str]:
     st = result.extra.get("stability")
     if not isinstance(st, dict):
         return []
-    rows = [(p["plan"], out, o["judged_ratio"], o["noise"], o["margin"],
+    rows = [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),
              "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
             for p in st["plans"] for out, o in p["outputs"].items()]
     flags = "".join(f"<li class='flag'>{e(f)}</li>" for f in st["flags"]) or \
@@ -847,5 +967,6 @@ def _html_commands(result: "RunResult") -> list[str]:
     rows = command_rows(result)
     if not rows:
         return []
-    return ["<h2>Apply the plan</h2>"] + [f"<h3>{e(t)}</h3><pre>{e_lines(c)}</pre>"
-                                          for t, c in rows]
+    return ["<h2>Apply the plan</h2>", "<p class='muted'>commands.sh in the run's folder holds "
+            "every one of them.</p>"] + [f"<details><summary>{e(t)}</summary><pre>{e_lines(c)}"
+                                         "</pre></details>" for t, c in rows]

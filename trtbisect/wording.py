@@ -28,9 +28,11 @@ class Fix:
 
     kind: str
     text: str
+    rewrite: dict | None = None  # whether `run --rewrite` does it here (rewrite_advice.py)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "text": self.text}
+        return {"kind": self.kind, "text": self.text,
+                **({"rewrite": self.rewrite} if self.rewrite else {})}
 
 
 def num(x: float | int | None) -> str:
@@ -51,7 +53,7 @@ def num(x: float | int | None) -> str:
 def fixes_for(f: Facts, group: Sequence[str], cause: str, pattern: str | None,
               ev: Evidence) -> list[Fix]:
     """Keeping FP32 first (what the plan does), then the model changes that make it needless."""
-    keep = Fix("keep_fp32", f"keep {_nodes(len(group))} in FP32: {', '.join(group)}")
+    keep = Fix("keep_fp32", f"keep {_nodes(len(group))} in FP32")  # listed in "nodes"
     return [keep, *_model_fixes(f, group, cause, pattern, ev)]
 
 
@@ -137,9 +139,8 @@ def _cause_fixes(f: Facts, cause: str, ev: Evidence) -> list[Fix]:
     if cause == "constant_out_of_range":
         return [Fix("clip_constant", f"clip {ev.get('constant')} into {p.label}'s range "
                     f"(|x| <= {p.max_text}) before export, if the model tolerates it")]
-    if cause == "precision_loss":
-        return [Fix("loosen_tolerance", f"if an error of {pct(_f(ev.get('rel_err')))} is "
-                    f"acceptable, {f.relax}: the plan would need fewer FP32 nodes")]
+    if cause == "precision_loss" and f.relax:  # "": loosening would not help (NaN/inf)
+        return [Fix("loosen_tolerance", f.relax)]
     return []
 
 
@@ -180,9 +181,26 @@ def _what(f: Facts, cause: str, pattern: str | None, ev: Evidence) -> str:
     bits = ("" if p.narrow_range else
             f" ({low} keeps {p.fraction_bits + 1} significant bits: each rounding moves a value "
             f"by up to 2^-{p.fraction_bits + 1} = {pct(2.0 ** -(p.fraction_bits + 1))} of it{at})")
-    return (f"no value leaves {low}'s range, but the {low} error grows from "
-            f"{pct(_f(ev.get('input_rel_err')))} to {pct(_f(ev.get('rel_err')))} of the "
-            f"output's range over {ev['chain_length']} node(s){spacing}{bits}")
+    return (f"no value leaves {low}'s range, but {_trend(ev, low)} over "
+            f"{_count(ev['chain_length'], 'node')}{spacing}{bits}")
+
+
+def _trend(ev: Evidence, low: str) -> str:
+    """How the error moves across the group, in the words its two numbers allow."""
+    before, after = _f(ev.get("input_rel_err")), _f(ev.get("rel_err"))
+    span = f"{pct(before)} to {pct(after)} of the tensor's range"
+    if before is None or after is None or not (math.isfinite(before) and math.isfinite(after)):
+        return f"the {low} error goes from {span}"
+    if after > 1.05 * before:
+        return f"the {low} error grows from {span}"
+    if after < before / 1.05:  # each rounding still counts: the search needed these nodes
+        return f"the {low} error, already {pct(before)} where the values enter, falls to " \
+               f"{pct(after)} and still adds to what the outputs miss by"
+    return f"the {low} error stays near {pct(after)} of the tensor's range"
+
+
+def _count(n: object, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _overflow_words(pattern: str | None, ev: Evidence, g, p: Precision = FP16) -> str:

@@ -402,3 +402,22 @@ _BUILDERS: tuple[Callable[[], ZooModel], ...] = (
 def zoo() -> dict[str, ZooModel]:
     """Every small zoo model by name (built fresh each call; they are cheap)."""
     return {m.name: m for m in (build() for build in _BUILDERS)}
+
+
+def norm_stack(norms: int = 36, d: int = 16, seq: int = 4, seed: int = 0) -> ZooModel:
+    """`norms` decomposed LayerNorms in a row, each fed its input scaled by 1e3, so every
+    one's x^2 overflows: a plan of ~7 nodes per norm under --semantics trt (the whole fused
+    tail), 4 under strict. For what a person reads about a 250-node plan (issue #37)."""
+    b = _Builder(seed)
+    x = "x"
+    for i in range(norms):
+        p = f"norms.{i}"
+        h = b.op("Mul", f"/{p}/pre_scale", [x, b.const(f"{p}.pre_scale", 1e3)])
+        x = _layernorm(b, h, f"/{p}", d, out="y" if i == norms - 1 else None)
+    model = b.build(f"norm_stack_{norms}", {"x": [1, seq, d]}, ["y"])
+    expected = set().union(*(_overflow_chain(f"/norms.{i}") for i in range(norms)))
+    return ZooModel(
+        f"norm_stack_{norms}", model, {"x": b.normal([1, seq, d])}, frozenset(expected),
+        "fixed", "overflow", "layernorm_decomposed",
+        f"{norms} decomposed LayerNorms, each reading a 1e3-scaled input whose x^2 overflows.",
+    )

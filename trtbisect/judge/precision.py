@@ -127,17 +127,35 @@ def of_type(onnx_type: int) -> Precision | None:
     return next((p for p in BY_NAME.values() if p.onnx_type == onnx_type), None)
 
 
-def precision_option() -> Callable:
-    """`--precision`, shared by run, compare and check (cli.input_options) and torch."""
+def precision_option(both: bool = False) -> Callable:
+    """`--precision`, shared by run, compare and check (cli.input_options) and torch;
+    `both`: the command takes `both` too (run), and only then does its help offer it."""
     import click
 
     return click.option(
-        "--precision", type=click.Choice([*PRECISIONS, BOTH]), default=FP16.name,
-        show_default=True,
+        "--precision", type=click.Choice([*PRECISIONS, *([BOTH] if both else [])]),
+        default=FP16.name, show_default=True,
         help="The low precision plans target: fp16, or bf16 (bfloat16: FP32's range, 8 "
-             "significant bits; TensorRT 10 --bf16, a bfloat16 mixed ONNX for TensorRT 11). "
-             "`run --precision both` judges both and shows them side by side "
-             "(docs/bf16.md).")
+             "significant bits; TensorRT 10 --bf16, a bfloat16 mixed ONNX for TensorRT 11)"
+             + (". both: judge both and show them side by side" if both else "")
+             + " (docs/bf16.md). `check` infers it from the file when not given.")
+
+
+def of_file(model: Any) -> str | None:
+    """The precision a mixed-precision file was written for: bf16 when it holds bfloat16
+    tensors and no float16 ones, fp16 for the reverse, None when it says neither (`check`
+    without --precision)."""
+    from ..graph import walk_graphs
+
+    seen: set[int] = set()
+    for g in walk_graphs(model.graph):
+        seen.update(t.data_type for t in g.initializer)
+        seen.update(v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info])
+        for n in g.node:
+            if n.op_type == "Cast":
+                seen.update(a.i for a in n.attribute if a.name == "to")
+    halves = {p.name for p in BY_NAME.values() if p.onnx_type in seen}
+    return halves.pop() if len(halves) == 1 else None
 
 
 def one_precision(name: str, both: bool = False) -> None:

@@ -155,9 +155,9 @@ def certificate_lines(cert: Mapping) -> list[str]:
     """Per output, the margin against the spread, as the console and reports say it."""
     lines = []
     for name, m in cert.get("outputs", {}).items():
-        ok = "holds" if m["certified"] else "FRAGILE"
-        lines.append(f"{name}: margin {_fmt(m['margin'])} under the bound {_fmt(m['bound'])}, "
-                     f"spread {_fmt(m['spread'])} (noise floor {_fmt(m['noise_floor'])}): {ok}")
+        ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
+        lines.append(f"{name}: margin {_fmt(m['margin'])} of {_fmt(m['bound'])} {ok} "
+                     f"{_fmt(m['spread'])}")
     for label, ok in cert.get("variants", {}).items():
         if not ok:
             lines.append(f"fails the criteria under {label}")

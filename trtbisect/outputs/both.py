@@ -66,7 +66,14 @@ class Both:
 def run_both(model: str, opts, out: Path,
              run: Callable[[str, object, Path, str], object]) -> Both:
     """Both runs, one after the other; `run(model, opts, folder, name)` is one single run
-    (the CLI's, with its progress)."""
+    (the CLI's, with its progress). A model one of them cannot judge (BF16 needs opset 13)
+    is refused before either runs, not after the FP16 half."""
+    from ..graph import load_model
+
+    opset = next((o.version for o in load_model(model).opset_import
+                  if o.domain in ("", "ai.onnx")), 1)
+    for p in PRECISIONS:
+        p.require_opset(opset, model)
     results, folders = {}, {}
     for p in PRECISIONS:
         one = copy.copy(opts)

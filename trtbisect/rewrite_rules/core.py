@@ -314,3 +314,54 @@ def _drop_unused_initializers(model: onnx.ModelProto) -> None:
     if len(keep) != len(model.graph.initializer):
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
+
+
+@dataclass
+class NormTail:
+    """What follows Sqrt(variance + eps) in a decomposed norm, in any of the forms exporters
+    write: x / sqrt(v) (TorchScript), x * Reciprocal(sqrt(v)) (torch.rsqrt: Hugging Face's
+    RMSNorm, nn.RMSNorm through the dynamo exporter), x * Div(1, sqrt(v)), and
+    (w * x) / sqrt(v) with a constant w (a weight applied first)."""
+
+    nodes: list[onnx.NodeProto]  # the nodes after Sqrt (and the w * x Mul), in data order
+    numerator: onnx.NodeProto  # the node that reads x: the Div, the Mul, or the w * x Mul
+    out: str  # the normalised (and, for w * x, scaled) value
+    weight: str | None = None  # w's tensor when w * x comes first
+
+
+def norm_tail(view: View, sqrt: onnx.NodeProto, x: str) -> NormTail | str:
+    """The tail that divides x by `sqrt`'s output, or why there is none."""
+    s = sqrt.output[0]
+    u = view.only_user(s)
+    if u is None:
+        return "sqrt(variance + eps) is used by more than one node"
+    if u.op_type == "Div" and list(u.input) == [x, s]:
+        return NormTail([u], u, u.output[0])
+    if u.op_type == "Div" and u.input[1] == s:
+        pre = view.prod(u.input[0])
+        w = _other(pre, x) if pre is not None and pre.op_type == "Mul" else None
+        if w is not None and view.const(w) is not None and view.only_user(pre.output[0]) is u:
+            return NormTail([pre, u], pre, u.output[0], w)
+        if u.input[0] != x and view.scalar(u.input[0]) == 1.0:
+            return _times_x(view, [u], x)
+        return "the Div after Sqrt divides neither x nor a constant times x"
+    if u.op_type == "Reciprocal":
+        return _times_x(view, [u], x)
+    return (f"sqrt(variance + eps) feeds {u.op_type}, not a Div of x, a Reciprocal or "
+            "Div(1, .) times x")
+
+
+def _other(node: onnx.NodeProto, x: str) -> str | None:
+    """The other input of a two-input node that reads x once."""
+    if len(node.input) != 2 or list(node.input).count(x) != 1:
+        return None
+    return node.input[1] if node.input[0] == x else node.input[0]
+
+
+def _times_x(view: View, nodes: list[onnx.NodeProto], x: str) -> NormTail | str:
+    """1/sqrt(v) (the last of `nodes`) multiplied by x."""
+    inv = nodes[-1].output[0]
+    mul = view.only_user(inv)
+    if mul is None or mul.op_type != "Mul" or sorted(mul.input) != sorted([x, inv]):
+        return "1/sqrt(variance + eps) is not multiplied by x alone"
+    return NormTail([*nodes, mul], mul, mul.output[0])

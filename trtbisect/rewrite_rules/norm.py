@@ -10,7 +10,8 @@ https://github.com/NVIDIA/TensorRT/issues/3657: "target the latest ONNX opset th
 corresponding function ops, for example: opset 17 for LayerNormalization"). The fused op keeps
 its statistics in FP32 (stash_type=1), which is also how the emulator runs it.
 
-RMSNorm (x / sqrt(mean(x^2) + eps)) -> RMSNormalization exists only from opset 23 (onnx >= 1.18;
+RMSNorm (x / sqrt(mean(x^2) + eps), x * rsqrt(...) as Hugging Face and nn.RMSNorm export it,
+x * (1 / sqrt(...)), or w * x / sqrt(...); core.norm_tail) -> RMSNormalization exists only from opset 23 (onnx >= 1.18;
 onnxruntime runs it on CPU). Raising an opset is allowed only through onnx.version_converter
 followed by the full ONNX checker: a model with an op the converter cannot carry is refused.
 """
@@ -23,8 +24,8 @@ import numpy as np
 import onnx
 from onnx import version_converter
 
-from .core import (Editor, Match, Ranges, Refusal, Rewrite, RewriteRefused, View, opset_of,
-                   normalized_axes, square_of)
+from .core import (Editor, Match, Ranges, Refusal, Rewrite, RewriteRefused, View, norm_tail,
+                   normalized_axes, opset_of, square_of)
 
 LN, RMS = "fuse_layernorm", "fuse_rmsnorm"
 
@@ -133,13 +134,23 @@ def _chain(view: View, rule: str, sq: onnx.NodeProto, num: str, head: list[str],
     if eps.size != 1:
         return refuse(f"eps {eps_t} is not a scalar (shape {list(eps.shape)})")
     sqrt = view.only_user(add.output[0])
-    div = view.only_user(sqrt.output[0]) if sqrt is not None and sqrt.op_type == "Sqrt" else None
-    if div is None or div.op_type != "Div" or list(div.input) != [num, sqrt.output[0]]:
-        return refuse("variance + eps is not followed by Sqrt and a Div of the normalised value")
-    where += [view.name(sqrt), view.name(div)]
-    drop = [sq.output[0], var.output[0], add.output[0], sqrt.output[0], div.output[0]]
-    chain = Chain(where, drop, div.output[0], k, float(eps.reshape(-1)[0]), None, None)
-    return _affine(view, chain, num, rule, beta)
+    if sqrt is None or sqrt.op_type != "Sqrt":
+        return refuse("variance + eps is not followed by a single Sqrt")
+    tail = norm_tail(view, sqrt, num)
+    if isinstance(tail, str):
+        return refuse(tail)
+    where += [view.name(sqrt), *(view.name(n) for n in tail.nodes)]
+    drop = [sq.output[0], var.output[0], add.output[0], sqrt.output[0],
+            *(n.output[0] for n in tail.nodes)]
+    chain = Chain(where, drop, tail.out, k, float(eps.reshape(-1)[0]), None, None)
+    chain = _affine(view, chain, num, rule, beta)
+    if isinstance(chain, Chain) and tail.weight is not None:  # w * x / sqrt(...): w is gamma
+        w = _fit(view.const(tail.weight), view.shape(num)[-k:])
+        if w is None:
+            return refuse(f"the weight {tail.weight} applied before the division does not fit "
+                          "the normalised shape")
+        chain.gamma = chain.gamma * w
+    return chain
 
 
 def _trailing(view: View, x: str, axes: list[int] | None, mean_axes: list[int] | None) -> int | str:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from .core import (FP16_MAX, FP16_MIN_NORMAL, LAYOUT_OPS, Editor, Match, Ranges, Refusal, Rewrite, View,
-                   normalized_axes, square_of)
+                   norm_tail, normalized_axes, square_of)
 
 ATTENTION_PATH = LAYOUT_OPS | {"Add", "Where", "Sub"}
 
@@ -205,18 +205,22 @@ def _choose_scale(amax: float, norm: dict | None) -> tuple[float, str | None]:
 
 
 def _norm_tail(view: View, mean: onnx.NodeProto, x: str) -> dict | None:
-    """ReduceMean -> Add(eps) -> Sqrt -> Div(x, .): where the scale cancels exactly."""
+    """ReduceMean -> Add(eps) -> Sqrt -> x / sqrt (in any form core.norm_tail knows: a Div,
+    x * rsqrt, x * (1 / sqrt), w * x / sqrt): where the scale cancels exactly."""
     add = view.only_user(mean.output[0])
     if add is None or add.op_type != "Add":
         return None
     eps_t = add.input[1] if add.input[0] == mean.output[0] else add.input[0]
     eps = view.scalar(eps_t)
     sqrt = view.only_user(add.output[0])
-    div = view.only_user(sqrt.output[0]) if sqrt is not None and sqrt.op_type == "Sqrt" else None
-    if eps is None or div is None or div.op_type != "Div" or list(div.input) != [x, sqrt.output[0]]:
+    if eps is None or sqrt is None or sqrt.op_type != "Sqrt":
         return None
-    return {"add": add.output[0], "eps_input": eps_t, "eps": eps, "div": div.output[0],
-            "where": (view.name(add), view.name(sqrt), view.name(div))}
+    tail = norm_tail(view, sqrt, x)
+    if isinstance(tail, str):
+        return None
+    return {"add": add.output[0], "eps_input": eps_t, "eps": eps,
+            "div": tail.numerator.output[0],  # the node that reads x: it reads x/s instead
+            "where": (view.name(add), view.name(sqrt), *(view.name(n) for n in tail.nodes))}
 
 
 def apply_square(model: onnx.ModelProto, match: Match) -> onnx.ModelProto:
