@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -18,10 +18,10 @@ from .backends.ort import Emulator, Reference, run_seconds
 # the run's nouns live in context.py; named here too for the imports that know them here
 from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
                       prepare, reference_problems)
-from .compare import OutputError, TensorStats, Tolerance
-from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
-from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
-                     EXIT_REFERENCE_INVALID, TrtBisectError)
+from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
+from .compare import OutputError, TensorStats
+from .diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
+from .errors import (EXIT_REFERENCE_INVALID, TrtBisectError)
 from .graph import Graph
 from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
@@ -30,24 +30,16 @@ from .judge.hints import criterion_hints
 from .judge.spread import AIM_ROUNDS, aimed
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
                             worst_of, write_and_judge)
-from .judge.criteria import Criteria, Judgement, Verdict
+from .judge.criteria import Judgement, Verdict
 from .judge.precision import precision as low_precision
 from .journal import Journal, plan_key
-from .render import RenderContext
-from .mixed import Written, graph_model
+from .mixed import graph_model
 from .outdir import OutputDir
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
-
-BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
-VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
-                "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
-                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
-                "fragile": EXIT_FRAGILE}
-
 
 # ---------------------------------------------------------------- evaluation
 
@@ -210,88 +202,6 @@ def _shape_probe(ctx: Context, opts: Options, graph: Graph | None = None) -> cos
 
 
 # ---------------------------------------------------------------- run
-
-
-@dataclass
-class RunResult:
-    verdict: str
-    model_path: str
-    model_sha256: str
-    fp32_nodes: list[str]
-    candidates: int
-    nodes: int
-    evaluations: int
-    inferences: int
-    samples: int
-    tolerance: Tolerance
-    strict: bool
-    errors_before: dict[str, OutputError]
-    errors_after: dict[str, OutputError]
-    culprits: list[Culprit] = field(default_factory=list)
-    one_minimal: bool = False
-    search: SearchResult | None = None
-    reference_problems: list[str] = field(default_factory=list)
-    mixed_check: dict[str, OutputError] | None = None
-    mixed_model: Written | None = field(default=None, repr=False)  # for fp32_nodes
-    rewritten_model: Written | None = field(default=None, repr=False)  # FP32, rewrites applied
-    staged: list[str] = field(default_factory=list)  # judged files waiting in --out/.staging
-    emulated_mixed: Written | None = field(default=None, repr=False)  # the judge's own graph
-    stats: dict[str, TensorStats] = field(default_factory=dict)
-    prior_seeds: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
-    render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
-    model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
-    criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
-
-    @property
-    def mixed_model_passed(self) -> bool | None:
-        if self.mixed_check is None:
-            return None
-        return all(e.passed for e in self.mixed_check.values())
-
-    @property
-    def exit_code(self) -> int:
-        return VERDICT_EXIT[self.verdict]
-
-    def to_json(self) -> dict:
-        return {
-            "tool": "trtbisect", "version": __version__, "backend": "ort-emulator",
-            "model": {"path": self.model_path, "sha256": self.model_sha256, "nodes": self.nodes,
-                      "candidates": self.candidates,
-                      **({"external_data_sha256": self.model_data_sha256}
-                         if self.model_data_sha256 else {})},
-            "verdict": self.verdict,
-            "fp32_nodes": self.fp32_nodes,
-            "one_minimal": self.one_minimal,
-            "evaluations": self.evaluations,
-            "inferences": self.inferences,
-            "samples": self.samples,
-            "tolerance": {**self.tolerance.to_json(), "strict": self.strict},
-            "errors_before": {k: v.to_json() for k, v in self.errors_before.items()},
-            "errors_after": {k: v.to_json() for k, v in self.errors_after.items()},
-            "culprits": [c.to_json() for c in self.culprits],
-            "prior_seeds": self.prior_seeds,
-            "reference_problems": self.reference_problems,
-            "mixed_model_passed": self.mixed_model_passed,
-            "mixed_model_check": ({k: v.to_json() for k, v in self.mixed_check.items()}
-                                  if self.mixed_check is not None else None),
-            "renderings": self.renderings(),
-            "files": self.files,
-            "seconds": round(self.seconds, 3),
-            **{k: v for k, v in self.extra.items() if k not in BULKY_EXTRAS},
-        }
-
-    def renderings(self) -> dict[str, object]:
-        """Every tool's rendering of the plan (render.py); paths as `render_context` gives them."""
-        from .render import RenderContext, renderings_json
-
-        model = self.files.get("rewritten_model") or self.files.get("named_model", self.model_path)
-        rc = self.render_context or RenderContext(
-            model=model, mixed_model=self.files.get("mixed_model", "<mixed>.onnx"),
-            tolerance=self.tolerance, criteria=self.criteria)
-        return renderings_json(self.fp32_nodes, rc)
 
 
 def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
