@@ -13,8 +13,7 @@ from ..context import Context, Options
 from ..errors import TrtBisectError
 from ..journal import Journal, plan_key
 from . import subset
-from .criteria import Judgement
-from .written import json_number, worst_of
+from .criteria import Judgement, json_number, worst_of
 
 
 class Evaluator:
