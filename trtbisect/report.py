@@ -14,7 +14,7 @@ import html
 import io
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .compare import FP16_MAX, FP16_TINY, OutputError
 from .diagnose import num, pct
@@ -22,9 +22,7 @@ from .errors import require
 from .judge.precision import FP16, Precision, precision as low_precision
 from .outputs.escape import md_code, md_fence, md_table_cell, md_text, visible
 from .plan import atomic_write, atomic_write_text
-
-if TYPE_CHECKING:
-    from .pipeline import RunResult
+from .result import RunResult
 
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
 TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.json has it all)

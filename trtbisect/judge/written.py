@@ -12,24 +12,24 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .. import coverage
 from ..backends.ort import MixedModel, Rounded
 from ..compare import OutputError
+from ..context import Context, Options
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
 from ..mixed import Written, mixed_model
 from ..outdir import OutputDir
+from ..result import RunResult
 from .criteria import Judgement, Verdict, json_number, worst_of
+from .evaluator import Evaluator
 from .loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
 from .precision import of_type
-
-if TYPE_CHECKING:
-    from ..pipeline import Context, Evaluator, Options, RunResult
 
 log = logging.getLogger(__name__)
 

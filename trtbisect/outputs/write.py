@@ -7,7 +7,6 @@ run judged is moved into place (never rewritten), and precision.json lands last.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -15,6 +14,7 @@ from onnx import numpy_helper
 
 from .. import __version__, semantics
 from ..backends.ort import emulation_of_mixed
+from ..context import Context
 from ..diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
 from ..judge.precision import FP16
@@ -23,10 +23,8 @@ from ..mixed import Written, graph_model
 from ..outdir import OutputDir
 from ..plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from ..render import RenderContext
+from ..result import RunResult
 from .files import claim, move_file
-
-if TYPE_CHECKING:
-    from ..pipeline import Context, RunResult
 
 # verdicts whose plan is written with its renderings
 PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile")
