@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import TrtBisectError
 from .data import FolderData
 from .judge import JudgeSpec, Measured, graph_digest, merge
-from .pool import LocalPool, Task, TaskResult
+from .pool import LocalPool, Stats, Task, TaskResult  # noqa: F401 (Stats: moved there)
 from .sizing import plan_workers
 
 log = logging.getLogger(__name__)
@@ -41,27 +41,6 @@ class Outcome:
     measured: Measured | None
     error: str | None = None
     crashed: int = 0
-
-
-@dataclass
-class Stats:
-    """What the parallel evaluation cost, beside what the search took."""
-
-    workers: int
-    kind: str
-    threads: int | None
-    why: str
-    inferences: int = 0  # every sample judged by a worker, taken or not
-    tasks: int = 0
-    seconds_waiting: float = 0.0
-    peak_rss: dict[int, int] = field(default_factory=dict)
-    replaced: int = 0
-
-    def to_json(self) -> dict:
-        return {"workers": self.workers, "backend": self.kind, "threads": self.threads,
-                "chosen": self.why, "inferences_run": self.inferences, "tasks": self.tasks,
-                "seconds_waiting": round(self.seconds_waiting, 3), "replaced": self.replaced,
-                "peak_rss_mib": [round(v / (1 << 20), 1) for _, v in sorted(self.peak_rss.items())]}
 
 
 def chunks(indices: Sequence[int], parts: int) -> list[tuple[int, ...]]:
