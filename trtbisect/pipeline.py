@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import __version__, cost, coverage, degenerate, parallel, semantics
+from . import __version__, cost, coverage, degenerate, semantics
 from .backends.ort import Emulator, Reference, run_seconds
 # the run's nouns live in context.py; named here too for the imports that know them here
 from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
@@ -36,6 +36,7 @@ from .judge.precision import precision as low_precision
 from .journal import Journal
 from .mixed import graph_model
 from .outdir import OutputDir
+from .parallel import batch as parallel_batch
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
@@ -191,7 +192,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             prefetch = _prefetch(g, prior.seeds, prior.ranking,
                                  _neighbours(units, unit_of, pricing.adjacent))
             if pool:
-                workers = parallel.start_workers(
+                workers = parallel_batch.start_workers(
                     ev, ctx, sopts, prefetch,
                     half_seconds * len(ctx.samples) / len(ctx.every_sample),
                     _likely_evaluations(len(prior.seeds), len(units)), cache, stage,
@@ -209,7 +210,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                              **cost.search_args(
                                                  pricing, sopts,
                                                  lambda us: ev.scores.get(as_nodes(us)))))
-        summary = parallel.summary(workers, search, ev)
+        summary = parallel_batch.summary(workers, search, ev)
         cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
         over = cost.within_budget(search, pricing, opts.budget)
         return (over if over is not None else search), summary

@@ -4,7 +4,7 @@ process or on the workers (parallel/), each verdict scored and journaled."""
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from .. import parallel, semantics
 from ..backends.ort import Emulator
@@ -14,6 +14,16 @@ from ..errors import TrtBisectError
 from ..journal import Journal, plan_key
 from . import subset
 from .criteria import Judgement, json_number, worst_of
+
+
+class Workers(Protocol):
+    """What the evaluator asks of its workers (parallel/batch.py's `ParallelJudge`, which
+    drives this evaluator and so is above it): a plan judged on some samples, and to stop."""
+
+    def measure(self, plan: frozenset[str], indices: Sequence[int], stop_early: bool
+                ) -> parallel.Measured: ...
+
+    def close(self) -> None: ...
 
 
 class Evaluator:
@@ -31,7 +41,8 @@ class Evaluator:
         self.groups = [list(g) for g in groups]
         self._emulator_args = dict(watch=self.watch, rules=ctx.rules, groups=self.groups)
         self._emulator: Emulator | None = None
-        self.workers: parallel.ParallelJudge | None = None  # evaluations on worker processes
+        self.workers: Workers | None = None  # evaluations on worker processes
+        self.parallel_note: dict | None = None  # why the run judged in this process
         self.runs = 0  # inferences, for cost accounting
         self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
         self.last_plan: frozenset[str] | None = None
@@ -52,7 +63,7 @@ class Evaluator:
             self.workers.close()
             self.workers = None
 
-    def use_workers(self, workers: "parallel.ParallelJudge") -> None:
+    def use_workers(self, workers: Workers) -> None:
         """Judge on `workers` from now on (parallel/): this process's session goes."""
         if self._emulator is not None:
             self._emulator.close()

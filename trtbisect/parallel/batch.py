@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..context import Context, Options
 from ..errors import TrtBisectError
+from ..judge.evaluator import Evaluator
+from ..judge.layerwise import estimate_bytes
+from ..search import SearchResult
 from .data import FolderData
 from .judge import JudgeSpec, Measured, graph_digest, merge
 from .pool import LocalPool, Stats, Task, TaskResult  # noqa: F401 (Stats: moved there)
@@ -56,10 +60,10 @@ def chunks(indices: Sequence[int], parts: int) -> list[tuple[int, ...]]:
 
 
 class ParallelJudge:
-    """`search.Batch` for the run's `Evaluator` (pipeline.py): plans in units, mapped to
+    """`search.Batch` for the run's `Evaluator` (judge/evaluator.py): plans in units, mapped to
     nodes by `to_nodes`; `measure` also serves the evaluator's own whole-sample verdicts."""
 
-    def __init__(self, ev: Any, pool: Any, data: Any, stats: Stats,
+    def __init__(self, ev: Evaluator, pool: Any, data: Any, stats: Stats,
                  to_nodes: Callable[[frozenset[str]], frozenset[str]] = lambda p: p) -> None:
         self.ev, self.pool, self.data, self.stats = ev, pool, data, stats
         self.to_nodes = to_nodes
@@ -141,7 +145,7 @@ class ParallelJudge:
             shutil.rmtree(self.model_dir, ignore_errors=True)
 
 
-def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
+def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str],
                   seconds_per_evaluation: float | None = None, evaluations: int = 0,
                   cache: Path | None = None, say: Callable[[str], None] = log.info,
                   rewritten: bool = False) -> ParallelJudge | None:
@@ -186,7 +190,7 @@ def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
     return judge
 
 
-def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool,
+def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], rewritten: bool,
           parent: Path | None) -> tuple[JudgeSpec, str | None]:
     model, model_dir = str(ctx.path), None
     if rewritten:  # the rewritten model lives in memory only: saved for the workers
@@ -205,9 +209,8 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
     return spec, model_dir
 
 
-def _activations(ctx: Any, opts: Any) -> int:
+def _activations(ctx: Context, opts: Options) -> int:
     """Bytes of the largest tensors of one inference (a few are alive at once)."""
-    from ..judge.layerwise import estimate_bytes
     try:
         sizes = sorted(estimate_bytes(ctx.judged, ctx.samples[0]).values(), reverse=True)
     except Exception:  # shape inference may fail on exotic models: the inputs' size then
@@ -215,7 +218,8 @@ def _activations(ctx: Any, opts: Any) -> int:
     return sum(sizes[:2])
 
 
-def summary(judge: ParallelJudge | None, search: Any, ev: Any = None) -> dict | None:
+def summary(judge: ParallelJudge | None, search: SearchResult, ev: Evaluator | None = None
+            ) -> dict | None:
     """precision.json's `workers`: rounds against evaluations, the speculation, the pool (or
     why the default judged in this process)."""
     if judge is None:
