@@ -37,6 +37,7 @@ from .journal import Journal
 from .mixed import graph_model
 from .outdir import OutputDir
 from .parallel import batch as parallel_batch
+from .report import write_report
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
@@ -512,7 +513,7 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
     result.extra["stages"] = [{"stage": msg, "seconds": round(end - begun, 3)}
                               for (msg, _), begun, end in zip(marks, at, at[1:])]
     if out_dir is not None:
-        write_outputs(result, ctx, out_dir, report)
+        write_outputs(result, ctx, out_dir, write_report if report else None)
     return result
 
 

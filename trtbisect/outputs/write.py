@@ -7,6 +7,7 @@ run judged is moved into place (never rewritten), and precision.json lands last.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -29,16 +30,22 @@ from .files import claim, move_file
 # verdicts whose plan is written with its renderings
 PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile")
 
+# report.py's write_report, handed down by the caller (the report sits above the writers)
+ReportWriter = Callable[[RunResult, Path], dict[str, str]]
 
-def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
+
+def write_outputs(result: RunResult, ctx: Context, out_dir: Path,
+                  report: ReportWriter | None = None) -> None:
     """Every file atomically, as one generation that replaces the last (outdir.py): the plan
-    is written last, never beside an earlier run's files. The input model is only read."""
+    is written last, never beside an earlier run's files. The input model is only read.
+    `report`: writes report.html and report.md into the same generation (None: no report)."""
     with OutputDir(out_dir).generation(keep=ctx.sources) as gen:
         _write_files(result, ctx, out_dir, report)
         gen.commit(result.to_json())
 
 
-def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
+def _write_files(result: RunResult, ctx: Context, out_dir: Path,
+                 report: ReportWriter | None = None) -> None:
     stem = ctx.path.stem
     if result.verdict in PLAN_VERDICTS:
         if ctx.graph.inlined or not named_as_trtbisect_names(ctx.model):
@@ -91,9 +98,8 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
                              {c.node: c.why for c in result.culprits}, meta)
         graph_model(ctx.graph, annotated).save(path)
         result.files["annotated_model"] = str(path)
-    if report:
-        from ..report import write_report
-        result.files.update(write_report(result, out_dir))
+    if report is not None:
+        result.files.update(report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
 
 
