@@ -290,7 +290,7 @@ def _long_names(tmp_path, *flags):
 
 
 def test_a_100k_character_node_name_is_shortened_on_the_console(tmp_path):
-    r, _ = _long_names(tmp_path)
+    r, _ = _long_names(tmp_path, "--all")  # --all: the node table names every node
     assert len(r.output) < 20_000 and "\x1b" not in r.output  # 1.17 MB before
     assert "\u2026[100000" in r.output and "chars]\u2026" in r.output  # rich wraps the cell
     assert "\\x1b[2J" in r.output

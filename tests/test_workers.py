@@ -237,7 +237,8 @@ def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, 
     """An evaluation reuses its session, so what the search will cost is estimated from the
     all-FP16 verdict's inference time; building a session must not count (on the 20k-node
     transformer it did, and started workers for a 10-evaluation search)."""
-    from trtbisect import parallel, pipeline
+    from trtbisect import pipeline
+    from trtbisect.parallel import batch
     from trtbisect.backends import ort as ort_backend
 
     z, model, inputs = deep
@@ -252,13 +253,13 @@ def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, 
     seen = {}
     clock = iter([100.0, 103.5])  # the run's two reads: before and after the all-FP16 verdict
     monkeypatch.setattr(pipeline, "run_seconds", lambda: next(clock))
-    real_start = parallel.start_workers
+    real_start = batch.start_workers
 
     def spy(ev, ctx, opts, prefetch, seconds_per_evaluation=None, *a, **kw):
         seen["estimate"] = seconds_per_evaluation
         return real_start(ev, ctx, opts, prefetch, seconds_per_evaluation, *a, **kw)
 
-    monkeypatch.setattr(pipeline.parallel, "start_workers", spy)
+    monkeypatch.setattr(batch, "start_workers", spy)
     r = run(model, Options(inputs=[str(inputs)], threads=1), tmp_path / "out")
     assert r.verdict == "fixed"
     assert seen["estimate"] == pytest.approx(3.5)  # inference seconds, not the stage's wall

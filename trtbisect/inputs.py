@@ -15,6 +15,7 @@ from onnx import helper
 
 from .errors import TrtBisectError
 from .graph import Graph
+from .limits import memory_limit  # noqa: F401 (its home is limits.py; imported from here too)
 
 Sample = dict[str, np.ndarray]
 
@@ -47,14 +48,6 @@ def check_shape_names(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> No
         what = "an output" if name in graph.output_names() else "no input"
         raise TrtBisectError(f"--shape {name!r} names {what} of the model; its inputs: "
                              f"{', '.join(inputs) or 'none'}")
-
-
-def memory_limit() -> int:
-    """Bytes of input data we allow ourselves: half of this machine's physical memory."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (ValueError, OSError, AttributeError):
-        return 1 << 33
 
 
 def guard_size(shape: Sequence[int], dtype: np.dtype, what: str) -> None:

@@ -48,8 +48,15 @@ class Limits:
 
     @property
     def total_input_bytes(self) -> int:
-        from .inputs import memory_limit
         return memory_limit() if self.input_bytes is None else self.input_bytes
+
+
+def memory_limit() -> int:
+    """Bytes of input data we allow ourselves: half of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 1 << 33
 
 
 DEFAULT = Limits()

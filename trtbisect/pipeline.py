@@ -3,368 +3,49 @@ comparison, prior, search, verify, write. The CLI only parses, calls and formats
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
-from . import __version__, cost, coverage, degenerate, parallel, rewrite_advice, semantics
+from . import __version__, cost, coverage, degenerate, rewrite_advice, semantics
+from .rewrites import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
-from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
-from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
-from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
-                     EXIT_REFERENCE_INVALID, TrtBisectError)
-from .graph import Graph, external_data_hash, external_files, model_hash
-from .data.sources import expand, iter_items
-from .data.store import SampleSet, reference_set
-from .inputs import Sample
-from .limits import Limits, set_eval_timeout
+# the run's nouns live in context.py; named here too for the imports that know them here
+from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
+                      prepare, reference_problems)
+from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
+from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
+from .compare import OutputError, TensorStats
+from .diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
+from .errors import EXIT_REFERENCE_INVALID, TrtBisectError
+from .graph import Graph
 from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
 from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.hints import criterion_hints
-from .judge.loadable import input_model
-from .judge.settings import JudgeSettings
 from .judge.spread import AIM_ROUNDS, aimed
-from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, json_number,
-                            worst_of, write_and_judge)
-from .judge.criteria import Criteria, Judgement, Verdict
+from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, worst_of,
+                            write_and_judge)
+from .judge.criteria import Judgement, Verdict
 from .judge.precision import precision as low_precision
-from .journal import Journal, plan_key
-from .render import RenderContext
-from .mixed import Written, graph_model
+from .journal import Journal
+from .mixed import graph_model
 from .outdir import OutputDir
+from .parallel import batch as parallel_batch
+from .report import write_report
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
 from .search import Progress, SearchResult, find_minimal_fp32
 from .suspects import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
 
-BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
-VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
-                "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
-                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
-                "fragile": EXIT_FRAGILE}
-
-
-def _default_trt_version() -> int:
-    from .backends.trt import default_trt_version
-    return default_trt_version()
-
-
-@dataclass
-class Options:
-    inputs: Sequence[str] = ()
-    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    seed: int = 0
-    samples: int = 1  # random samples when no --inputs are given
-    data_loader: str | None = None  # Polygraphy's --data-loader-script FILE.py[:FUNCTION]
-    search_samples: int = subset.SEARCH_SAMPLES  # above this many, search on a subset first
-    tolerance: Tolerance = field(default_factory=Tolerance)
-    criteria: Criteria = field(default_factory=Criteria)  # default: the tolerance's max error
-    strict: bool = False
-    max_evaluations: int | None = None
-    threads: int | None = None
-    memory_budget: int = 1 << 30  # bytes of intermediate tensors held at once (layer-wise)
-    resume: bool = True
-    stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
-    report: bool = False  # also write report.html / report.md (needs matplotlib)
-    rewrite: bool = False  # try verified FP16-safe graph rewrites before any FP32 fallback
-    semantics: str = "trt"  # trt: round where TensorRT rounds; strict: every node (docs/semantics.md)
-    # the weight-conversion rule and renderings' target: the installed TensorRT's major, else 11
-    trt_version: int = field(default_factory=_default_trt_version)
-    tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
-    fp16_accumulate: bool = False  # FP16 MatMul/Gemm/Conv accumulate in FP16 (an approximation)
-    gpu: str = cost.DEFAULT_GPU  # the GPU class plans are priced on (cost.py, docs/cost.md)
-    objective: str = "cost"  # cost: the cheapest plan in estimated engine time; count: fewest units
-    budget: float | None = None  # --budget PCT: the plan's slowdown against all-FP16 at most this
-    # evaluations on N worker processes (parallel/; None: as the cores and memory allow; 1:
-    # in this process), or on Ray actors (`ray`: a cluster's address, "" for a local one)
-    workers: int | None = 1
-    ray: str | None = None
-    precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
-    # bounds on samples, spooled bytes and one inference (limits.py, docs/limits.md)
-    limits: Limits = field(default_factory=Limits)
-
-    @property
-    def accumulate(self) -> int:
-        """The --fp16-accumulate block size (0: off)."""
-        return semantics.FP16_ACCUMULATE_BLOCK if self.fp16_accumulate else 0
-
-    @property
-    def judge_settings(self) -> JudgeSettings:
-        """Every setting a verdict depends on, in one frozen object (judge/settings.py): the
-        journal's fingerprint and the workers' spec are built from it."""
-        return JudgeSettings.of(self)
-
-
-@dataclass
-class Context:
-    """A loaded model with its samples and FP32 reference outputs."""
-
-    path: Path
-    model: onnx.ModelProto
-    graph: Graph
-    samples: Sequence[Sample]  # what the search judges on: every sample, or a subset of them
-    references: Sequence[dict[str, np.ndarray]]
-    sha256: str
-    # what the search judges: the model after TensorRT's build-time rewrites (trt semantics) or
-    # `graph` itself (strict); the FP32 reference is always `graph`, the model as given
-    search: Graph | None = None
-    prepared: semantics.Prepared | None = None
-    rules: semantics.Rules = semantics.STRICT
-    sources: list[Path] = field(default_factory=list)  # the run's input files: never moved
-    data_sha256: str | None = None  # of the external data files, when the model has some
-    # every sample and its reference (streamed, data/store.py): what a written plan is
-    # certified on; `samples`/`references` unless the search judges a subset
-    every_sample: Sequence[Sample] | None = None
-    every_reference: Sequence[dict[str, np.ndarray]] | None = None
-    subset: tuple[int, ...] | None = None  # indices into every_sample the search judges on
-
-    def __post_init__(self) -> None:
-        if self.every_sample is None:
-            self.every_sample, self.every_reference = self.samples, self.references
-
-    @property
-    def judged(self) -> Graph:
-        return self.search if self.search is not None else self.graph
-
-    def narrow(self, subset: Sequence[int] | None) -> None:
-        """Let the search judge on `subset` of the samples (None: on every sample)."""
-        from .data.store import View
-        assert self.every_sample is not None and self.every_reference is not None
-        if subset is None or len(subset) == len(self.every_sample):
-            self.samples, self.references, self.subset = (self.every_sample,
-                                                          self.every_reference, None)
-        else:
-            self.subset = tuple(subset)
-            self.samples = View(self.every_sample, subset)
-            self.references = View(self.every_reference, subset)
-
-
-def prepare(model_path: str | Path, opts: Options, search: bool = True,
-            cache: Path | None = None, spool: Path | None = None) -> Context:
-    """Load, reference outputs, and (`search`) the graph the emulator judges under
-    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs;
-    `spool`: where samples and references that do not fit in memory go (default: a
-    temporary folder)."""
-    path = Path(model_path)
-    graph = Graph.from_path(path)
-    input_model(path)  # judge/loadable.py: what the run's written copies are held to
-    if search:  # the emulator rounds with Casts to the low type: before any long work
-        low_precision(opts.precision).require_opset(graph.opset, path)
-    if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
-        degenerate.check_judgeable(graph, path)
-    validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
-    opts.criteria.validate(graph.output_names())
-    set_eval_timeout(opts.limits.eval_timeout)  # every inference of this run (limits.py)
-    samples = SampleSet(iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes,
-                                   opts.seed, opts.samples, opts.limits),
-                        spool=spool or cache, limits=opts.limits)
-    sha, data_sha = model_hash(path), external_data_hash(path)
-    references = reference_set(graph, samples, opts.threads, f"{sha}:{data_sha}", cache,
-                               spool or cache, samples.spooled)
-    opts.criteria.check_fit(references[0])
-    ctx = Context(path, graph.source, graph, samples, references, sha,
-                  sources=[path, *external_files(path), *input_files(opts)],
-                  data_sha256=data_sha)
-    semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
-    if opts.fp16_accumulate and not low_precision(opts.precision).narrow_range:
-        raise TrtBisectError("--fp16-accumulate models FP16-accumulating kernels; BF16 GEMMs "
-                             "and convolutions accumulate in FP32 (cuBLAS has no BF16 compute "
-                             "type): drop it with --precision bf16")
-    if search:
-        ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
-                                                           opts.trt_version)
-        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate,
-                                        low_precision(opts.precision))
-    return ctx
-
-
-def input_files(opts: "Options") -> list[Path]:
-    """The files the run's samples come from (folders and globs expanded): never moved."""
-    found = [Path(p) for spec in opts.inputs for p, _ in expand(spec)]
-    if opts.data_loader:
-        found.append(Path(opts.data_loader.rsplit(":", 1)[0]
-                          if not opts.data_loader.endswith(".py") else opts.data_loader))
-    return found
-
-
-def _samples_hash(samples: Sequence[Sample]) -> str:
-    sha = getattr(samples, "sha256", None)  # a SampleSet hashed itself while reading
-    if sha is not None:
-        return sha
-    h = hashlib.sha256()
-    for s in samples:
-        for k in sorted(s):
-            h.update(k.encode())
-            h.update(str(s[k].dtype).encode() + str(s[k].shape).encode())
-            h.update(np.ascontiguousarray(s[k]).tobytes())
-    return h.hexdigest()
-
-
-def reference_problems(ctx: Context) -> list[str]:
-    problems = []
-    for k, outs in enumerate(ctx.every_reference):
-        for name, value in outs.items():
-            if np.issubdtype(value.dtype, np.floating):
-                bad = int(value.size - np.count_nonzero(np.isfinite(value)))
-                if bad:
-                    problems.append(f"output {name!r} of sample {k} has {bad} non-finite value(s)")
-    return problems
-
-
 # ---------------------------------------------------------------- evaluation
-
-class Evaluator:
-    """Runs a plan on every sample and judges it; journals each judgement."""
-
-    def __init__(self, ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
-                 journal: Journal | None, groups: Iterable[Iterable[str]] | None = None) -> None:
-        """`groups`: nodes that plans keep together (default: the search's units)."""
-        self.ctx, self.opts, self.journal = ctx, opts, journal
-        self.watch = [t for t in ctx.judged.stored_tensors()
-                      if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
-        if groups is None:
-            groups = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
-                      if ctx.prepared is not None else ())
-        self.groups = [list(g) for g in groups]
-        self._emulator_args = dict(watch=self.watch, rules=ctx.rules, groups=self.groups)
-        self._emulator: Emulator | None = None
-        self.workers: parallel.ParallelJudge | None = None  # evaluations on worker processes
-        self.runs = 0  # inferences, for cost accounting
-        self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
-        self.last_plan: frozenset[str] | None = None
-        self.last_errors: list[Judgement] = []  # per sample, for `last_plan`
-        self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst severity
-
-    @property
-    def emulator(self) -> Emulator:
-        """Built on first use: a verdict the written file decides alone never needs it."""
-        if self._emulator is None:
-            self._emulator = Emulator(self.ctx.judged, self.opts.threads, **self._emulator_args)
-        return self._emulator
-
-    def close(self) -> None:
-        if self._emulator is not None:
-            self._emulator.close()
-        if self.workers is not None:
-            self.workers.close()
-            self.workers = None
-
-    def use_workers(self, workers: "parallel.ParallelJudge") -> None:
-        """Judge on `workers` from now on (parallel/): this process's session goes."""
-        if self._emulator is not None:
-            self._emulator.close()
-        self.workers = workers
-
-    def sample_indices(self, full: bool = False) -> list[int]:
-        """Indices into every sample of those a verdict judges (`full`: all of them)."""
-        assert self.ctx.every_sample is not None
-        if full or self.ctx.subset is None:
-            return list(range(len(self.ctx.every_sample)))
-        return list(self.ctx.subset)
-
-    def measure(self, plan: frozenset[str], stop_early: bool = False, full: bool = False
-                ) -> tuple[bool, list[Judgement], list[str]]:
-        """The plan judged on the search's samples (`full`: on every sample) under the run's
-        criteria (judge/criteria.py); `stop_early`: stop once the plan cannot pass any more.
-        One rule for this process and the workers (parallel/judge.py)."""
-        crit, opts = self.opts.criteria, self.opts
-        full = full or self.ctx.subset is None
-        if self.workers is not None:
-            m = self.workers.measure(plan, self.sample_indices(full), stop_early)
-        else:
-            samples = self.ctx.every_sample if full else self.ctx.samples
-            references = self.ctx.every_reference if full else self.ctx.references
-            assert samples is not None and references is not None
-            m = parallel.take((parallel.judge_one(self.emulator, plan, s, r, crit, opts.tolerance,
-                                                  opts.strict)
-                               for s, r in zip(samples, references)), crit, len(samples),
-                              stop_early)
-        self.runs += len(m.judged)
-        if full and not m.stopped:
-            self.last_plan, self.last_errors = plan, m.judged  # every sample: reusable as is
-        return m.passed, m.judged, m.nonfinite
-
-    def widened(self) -> None:
-        """The search's samples grew (judge/subset.py): what passed on fewer may not now;
-        what failed still fails."""
-        self.known = {p: ok for p, ok in self.known.items() if not ok}
-
-    def _key(self, plan: frozenset[str]) -> str:
-        key = plan_key(plan)
-        if self.ctx.subset is not None:  # a verdict on these samples only
-            key += "@" + subset.signature(self.ctx.subset)
-        return key
-
-    def known_verdict(self, plan: frozenset[str]) -> bool | None:
-        """The verdict `check` gives without judging (known, or in a resumed run's journal);
-        nothing written."""
-        if plan in self.known:
-            return self.known[plan]
-        return self.journal.peek(self._key(plan)) if self.journal is not None else None
-
-    def check(self, plan: frozenset[str]) -> bool:
-        if plan in self.known:
-            return self.known[plan]
-        key = self._key(plan)
-        if self.journal is not None:
-            rec = self.journal.lookup(key)
-            if rec is not None:
-                severity = rec.get("severity")
-                self.scores[plan] = (float(severity) if severity is not None
-                                     else _score(rec.get("rel", {})))
-                return bool(rec["passed"])
-            self.journal.start(key)
-        try:
-            passed, judged, bad = self.measure(plan, stop_early=True)
-        except TrtBisectError:  # bad input (a --check hook raised): no verdict to record
-            if self.journal is not None:
-                self.journal.abandon(key)
-            raise
-        return self.commit(plan, parallel.Measured(passed, judged, bad))
-
-    def commit(self, plan: frozenset[str], m: "parallel.Measured", taken: bool = False) -> bool:
-        """A judged plan's verdict, scored and journaled. `taken`: measured by the workers
-        and taken by the search now (its inferences count from here)."""
-        if taken:
-            self.runs += len(m.judged)
-            if self.ctx.subset is None and not m.stopped:
-                self.last_plan, self.last_errors = plan, m.judged
-        self.scores[plan] = _severity(m.judged)
-        if self.journal is not None:
-            self.journal.record(self._key(plan), m.passed, {
-                "rel": {n: json_number(e.rel) for n, e in worst_of(m.judged).items()},
-                "severity": json_number(self.scores[plan]),
-                "nonfinite_tensors": m.nonfinite[:10]})
-        return m.passed
-
-    def crashed(self, plan: frozenset[str], attempts: int) -> bool:
-        """A plan that killed `attempts` workers: judged failed, as the journal judges a plan
-        that crashes the process."""
-        if self.journal is not None:
-            self.journal.record(self._key(plan), False, {"crashed": True, "attempts": attempts})
-        return False
-
-
-def _score(rel: Mapping[str, object]) -> float:
-    """A plan's worst relative error over its outputs (journal values may be "inf"/"nan")."""
-    values = [float(v) for v in rel.values()]  # type: ignore[arg-type]
-    return max(values) if values else math.nan
-
-
-def _severity(judged: Iterable[Judgement]) -> float:
-    """A judged plan's score for the trade-off plot: its worst severity over samples and
-    outputs (under the default criterion: the worst relative error; else 1 at the bound)."""
-    errors = worst_of(judged)
-    return max((e.severity for e in errors.values()), default=math.nan)
 
 
 def _shape_probe(ctx: Context, opts: Options, graph: Graph | None = None) -> cost.Probe:
@@ -381,88 +62,6 @@ def _shape_probe(ctx: Context, opts: Options, graph: Graph | None = None) -> cos
 
 
 # ---------------------------------------------------------------- run
-
-
-@dataclass
-class RunResult:
-    verdict: str
-    model_path: str
-    model_sha256: str
-    fp32_nodes: list[str]
-    candidates: int
-    nodes: int
-    evaluations: int
-    inferences: int
-    samples: int
-    tolerance: Tolerance
-    strict: bool
-    errors_before: dict[str, OutputError]
-    errors_after: dict[str, OutputError]
-    culprits: list[Culprit] = field(default_factory=list)
-    one_minimal: bool = False
-    search: SearchResult | None = None
-    reference_problems: list[str] = field(default_factory=list)
-    mixed_check: dict[str, OutputError] | None = None
-    mixed_model: Written | None = field(default=None, repr=False)  # for fp32_nodes
-    rewritten_model: Written | None = field(default=None, repr=False)  # FP32, rewrites applied
-    staged: list[str] = field(default_factory=list)  # judged files waiting in --out/.staging
-    emulated_mixed: Written | None = field(default=None, repr=False)  # the judge's own graph
-    stats: dict[str, TensorStats] = field(default_factory=dict)
-    prior_seeds: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
-    render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
-    model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
-    criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
-
-    @property
-    def mixed_model_passed(self) -> bool | None:
-        if self.mixed_check is None:
-            return None
-        return all(e.passed for e in self.mixed_check.values())
-
-    @property
-    def exit_code(self) -> int:
-        return VERDICT_EXIT[self.verdict]
-
-    def to_json(self) -> dict:
-        return {
-            "tool": "trtbisect", "version": __version__, "backend": "ort-emulator",
-            "model": {"path": self.model_path, "sha256": self.model_sha256, "nodes": self.nodes,
-                      "candidates": self.candidates,
-                      **({"external_data_sha256": self.model_data_sha256}
-                         if self.model_data_sha256 else {})},
-            "verdict": self.verdict,
-            "fp32_nodes": self.fp32_nodes,
-            "one_minimal": self.one_minimal,
-            "evaluations": self.evaluations,
-            "inferences": self.inferences,
-            "samples": self.samples,
-            "tolerance": {**self.tolerance.to_json(), "strict": self.strict},
-            "errors_before": {k: v.to_json() for k, v in self.errors_before.items()},
-            "errors_after": {k: v.to_json() for k, v in self.errors_after.items()},
-            "culprits": [c.to_json() for c in self.culprits],
-            "prior_seeds": self.prior_seeds,
-            "reference_problems": self.reference_problems,
-            "mixed_model_passed": self.mixed_model_passed,
-            "mixed_model_check": ({k: v.to_json() for k, v in self.mixed_check.items()}
-                                  if self.mixed_check is not None else None),
-            "renderings": self.renderings(),
-            "files": self.files,
-            "seconds": round(self.seconds, 3),
-            **{k: v for k, v in self.extra.items() if k not in BULKY_EXTRAS},
-        }
-
-    def renderings(self) -> dict[str, object]:
-        """Every tool's rendering of the plan (render.py); paths as `render_context` gives them."""
-        from .render import RenderContext, renderings_json
-
-        model = self.files.get("rewritten_model") or self.files.get("named_model", self.model_path)
-        rc = self.render_context or RenderContext(
-            model=model, mixed_model=self.files.get("mixed_model", "<mixed>.onnx"),
-            tolerance=self.tolerance, criteria=self.criteria)
-        return renderings_json(self.fp32_nodes, rc)
 
 
 def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
@@ -595,7 +194,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             prefetch = _prefetch(g, prior.seeds, prior.ranking,
                                  _neighbours(units, unit_of, pricing.adjacent))
             if pool:
-                workers = parallel.start_workers(
+                workers = parallel_batch.start_workers(
                     ev, ctx, sopts, prefetch,
                     half_seconds * len(ctx.samples) / len(ctx.every_sample),
                     _likely_evaluations(len(prior.seeds), len(units)), cache, stage,
@@ -614,7 +213,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                              **cost.search_args(
                                                  pricing, sopts,
                                                  lambda us: ev.scores.get(as_nodes(us)))))
-        summary = parallel.summary(workers, search, ev)
+        summary = parallel_batch.summary(workers, search, ev)
         cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
         over = cost.within_budget(search, pricing, opts.budget)
         return (over if over is not None else search), summary
@@ -843,7 +442,6 @@ def _neighbours(units: Mapping[str, Sequence[str]], unit_of: Mapping[str, str],
 # 2.5 GB model, writing and judging the all-FP16 file took 35 s, the emulator about 15 s.
 FILE_FIRST_WEIGHT_BYTES = 256 << 20
 
-REWRITE_WEIGHT_LIMIT = 1 << 30  # rewrites work on one in-memory proto: models up to this size
 
 
 def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
@@ -927,7 +525,7 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
     result.extra["stages"] = [{"stage": msg, "seconds": round(end - begun, 3)}
                               for (msg, _), begun, end in zip(marks, at, at[1:])]
     if out_dir is not None:
-        write_outputs(result, ctx, out_dir, report)
+        write_outputs(result, ctx, out_dir, write_report if report else None)
     return result
 
 

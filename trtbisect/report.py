@@ -14,7 +14,7 @@ import html
 import io
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .compare import FP16_MAX, FP16_TINY, OutputError
 from .diagnose import num, pct
@@ -24,9 +24,7 @@ from .outputs.escape import md_code, md_fence, md_table_cell, md_text, shown_tex
 from .outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
                                   plural, search_words)
 from .plan import atomic_write, atomic_write_text
-
-if TYPE_CHECKING:
-    from .pipeline import RunResult
+from .result import RunResult
 
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
 TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.json has it all)

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DRIFT_RTOL = 1e-4  # FP32 drift allowed per output, as a fraction of max|reference|
 IMPROVEMENT = 0.9  # a kept non-passing rewrite must cut the excess error to <= 90%
+REWRITE_WEIGHT_LIMIT = 1 << 30  # rewrites work on one in-memory proto: models up to this size
 
 Judge = Callable[[onnx.ModelProto], "tuple[bool, Mapping[str, OutputError]]"]
 Sample = Mapping[str, np.ndarray]

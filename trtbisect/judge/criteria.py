@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -368,3 +368,13 @@ class Criteria:
 
 
 DEFAULT = Criteria()
+
+
+def worst_of(judged: Iterable[Judgement]) -> dict[str, OutputError]:
+    """Per output, the worst error over the judged samples."""
+    return worst(j.errors for j in judged)
+
+
+def json_number(x: float) -> float | str:
+    """A float JSON can carry: inf and nan as strings."""
+    return x if math.isfinite(x) else str(x)

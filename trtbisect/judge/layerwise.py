@@ -11,13 +11,14 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from ..backends.ort import Emulator, Reference
 from ..compare import TensorStats, merge_stats, tensor_stats
+from ..context import Context, Options
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
 from ..inputs import Sample
@@ -25,9 +26,6 @@ from ..limits import EvalTimeout
 from ..outdir import OutputDir
 from ..outputs import cache as result_cache
 from .precision import FP16, Precision
-
-if TYPE_CHECKING:
-    from ..pipeline import Context, Options
 
 log = logging.getLogger(__name__)
 

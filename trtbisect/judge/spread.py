@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..compare import Tolerance
+from ..context import Context, Options
+from ..mixed import Written
 from .criteria import Judgement
-
-if TYPE_CHECKING:
-    from ..mixed import Written
-    from ..pipeline import Context, Options
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 3  # searches aimed inside the bound before the verdict says `fragile`

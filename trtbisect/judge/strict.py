@@ -9,16 +9,14 @@ under trt and fails per node names them, so the user knows which answer depends 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from .. import semantics
+from ..context import Context, Options
 from ..diagnose import note_semantics
 from ..graph import Graph
+from ..result import RunResult
+from .evaluator import Evaluator
 from .written import worst_of
-
-if TYPE_CHECKING:
-    from ..pipeline import Context, Options, RunResult
-
 
 STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagrees
 
@@ -26,8 +24,6 @@ STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagree
 def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
     """Under trt semantics: all-FP16 judged per node too ("errors_before_strict"), and, when
     the plan holds under trt but not per node, the BatchNorms / folded constants it takes."""
-    from ..pipeline import Evaluator  # the search's evaluator, on the per-node context
-
     strict = Evaluator(strict_context(ctx), opts, {}, None)
     plan = frozenset(result.fp32_nodes)
     absorbed = absorbed_nodes(ctx)

@@ -9,41 +9,30 @@ ONNX.
 from __future__ import annotations
 
 import logging
-import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .. import coverage
 from ..backends.ort import MixedModel, Rounded
-from ..compare import OutputError, worst
+from ..compare import OutputError
+from ..context import Context, Options
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
 from ..limits import EvalTimeout
 from ..mixed import Written, mixed_model
 from ..outdir import OutputDir
-from .criteria import Judgement, Verdict, timed_out
+from ..result import RunResult
+from .criteria import Judgement, Verdict, json_number, timed_out, worst_of
+from .evaluator import Evaluator
 from .loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
 from .precision import of_type
 
-if TYPE_CHECKING:
-    from ..pipeline import Context, Evaluator, Options, RunResult
-
 log = logging.getLogger(__name__)
-
-
-def worst_of(judged: Iterable[Judgement]) -> dict[str, OutputError]:
-    """Per output, the worst error over the judged samples."""
-    return worst(j.errors for j in judged)
-
-
-def json_number(x: float) -> float | str:
-    """A float JSON can carry: inf and nan as strings."""
-    return x if math.isfinite(x) else str(x)
 
 
 @dataclass

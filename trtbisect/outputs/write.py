@@ -7,7 +7,7 @@ run judged is moved into place (never rewritten), and precision.json lands last.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -15,6 +15,7 @@ from onnx import numpy_helper
 
 from .. import __version__, semantics
 from ..backends.ort import emulation_of_mixed
+from ..context import Context
 from ..diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
 from ..judge.precision import FP16
@@ -23,24 +24,28 @@ from ..mixed import Written, graph_model
 from ..outdir import OutputDir
 from ..plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from ..render import RenderContext
+from ..result import RunResult
 from .files import claim, move_file
-
-if TYPE_CHECKING:
-    from ..pipeline import Context, RunResult
 
 # verdicts whose plan is written with its renderings
 PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile")
 
+# report.py's write_report, handed down by the caller (the report sits above the writers)
+ReportWriter = Callable[[RunResult, Path], dict[str, str]]
 
-def write_outputs(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
+
+def write_outputs(result: RunResult, ctx: Context, out_dir: Path,
+                  report: ReportWriter | None = None) -> None:
     """Every file atomically, as one generation that replaces the last (outdir.py): the plan
-    is written last, never beside an earlier run's files. The input model is only read."""
+    is written last, never beside an earlier run's files. The input model is only read.
+    `report`: writes report.html and report.md into the same generation (None: no report)."""
     with OutputDir(out_dir).generation(keep=ctx.sources) as gen:
         _write_files(result, ctx, out_dir, report)
         gen.commit(result.to_json())
 
 
-def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = False) -> None:
+def _write_files(result: RunResult, ctx: Context, out_dir: Path,
+                 report: ReportWriter | None = None) -> None:
     stem = ctx.path.stem
     if result.verdict in PLAN_VERDICTS:
         if ctx.graph.inlined or not named_as_trtbisect_names(ctx.model):
@@ -93,9 +98,8 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path, report: bool = 
                              {c.node: c.why for c in result.culprits}, meta)
         graph_model(ctx.graph, annotated).save(path)
         result.files["annotated_model"] = str(path)
-    if report:
-        from ..report import write_report
-        result.files.update(write_report(result, out_dir))
+    if report is not None:
+        result.files.update(report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
 
 

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..context import Context, Options
 from ..errors import TrtBisectError
+from ..judge.evaluator import Evaluator
+from ..judge.layerwise import estimate_bytes
+from ..search import SearchResult
 from .data import FolderData
 from .judge import JudgeSpec, Measured, graph_digest, merge
-from .pool import LocalPool, Task, TaskResult
+from .pool import LocalPool, Stats, Task, TaskResult  # noqa: F401 (Stats: moved there)
 from .sizing import plan_workers
 
 log = logging.getLogger(__name__)
@@ -43,27 +47,6 @@ class Outcome:
     crashed: int = 0
 
 
-@dataclass
-class Stats:
-    """What the parallel evaluation cost, beside what the search took."""
-
-    workers: int
-    kind: str
-    threads: int | None
-    why: str
-    inferences: int = 0  # every sample judged by a worker, taken or not
-    tasks: int = 0
-    seconds_waiting: float = 0.0
-    peak_rss: dict[int, int] = field(default_factory=dict)
-    replaced: int = 0
-
-    def to_json(self) -> dict:
-        return {"workers": self.workers, "backend": self.kind, "threads": self.threads,
-                "chosen": self.why, "inferences_run": self.inferences, "tasks": self.tasks,
-                "seconds_waiting": round(self.seconds_waiting, 3), "replaced": self.replaced,
-                "peak_rss_mib": [round(v / (1 << 20), 1) for _, v in sorted(self.peak_rss.items())]}
-
-
 def chunks(indices: Sequence[int], parts: int) -> list[tuple[int, ...]]:
     """`indices` in `parts` consecutive runs as even as can be (none empty)."""
     parts = max(1, min(parts, len(indices)))
@@ -77,10 +60,10 @@ def chunks(indices: Sequence[int], parts: int) -> list[tuple[int, ...]]:
 
 
 class ParallelJudge:
-    """`search.Batch` for the run's `Evaluator` (pipeline.py): plans in units, mapped to
+    """`search.Batch` for the run's `Evaluator` (judge/evaluator.py): plans in units, mapped to
     nodes by `to_nodes`; `measure` also serves the evaluator's own whole-sample verdicts."""
 
-    def __init__(self, ev: Any, pool: Any, data: Any, stats: Stats,
+    def __init__(self, ev: Evaluator, pool: Any, data: Any, stats: Stats,
                  to_nodes: Callable[[frozenset[str]], frozenset[str]] = lambda p: p) -> None:
         self.ev, self.pool, self.data, self.stats = ev, pool, data, stats
         self.to_nodes = to_nodes
@@ -162,7 +145,7 @@ class ParallelJudge:
             shutil.rmtree(self.model_dir, ignore_errors=True)
 
 
-def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
+def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str],
                   seconds_per_evaluation: float | None = None, evaluations: int = 0,
                   cache: Path | None = None, say: Callable[[str], None] = log.info,
                   rewritten: bool = False) -> ParallelJudge | None:
@@ -197,6 +180,7 @@ def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
         from .ray_pool import RayPool
         pool, data, stats = RayPool.start(spec, ctx, opts.ray, requested, plan)
     else:
+        assert ctx.every_sample is not None and ctx.every_reference is not None  # __post_init__
         data = FolderData.write(ctx.every_sample, ctx.every_reference, data_parent)
         pool = LocalPool(spec, data, plan.workers)
         stats = Stats(plan.workers, "local", opts.threads, plan.why)
@@ -207,7 +191,7 @@ def start_workers(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str],
     return judge
 
 
-def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool,
+def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], rewritten: bool,
           parent: Path | None) -> tuple[JudgeSpec, str | None]:
     model, model_dir = str(ctx.path), None
     if rewritten:  # the rewritten model lives in memory only: saved for the workers
@@ -226,9 +210,8 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
     return spec, model_dir
 
 
-def _activations(ctx: Any, opts: Any) -> int:
+def _activations(ctx: Context, opts: Options) -> int:
     """Bytes of the largest tensors of one inference (a few are alive at once)."""
-    from ..judge.layerwise import estimate_bytes
     try:
         sizes = sorted(estimate_bytes(ctx.judged, ctx.samples[0]).values(), reverse=True)
     except Exception:  # shape inference may fail on exotic models: the inputs' size then
@@ -236,7 +219,8 @@ def _activations(ctx: Any, opts: Any) -> int:
     return sum(sizes[:2])
 
 
-def summary(judge: ParallelJudge | None, search: Any, ev: Any = None) -> dict | None:
+def summary(judge: ParallelJudge | None, search: SearchResult, ev: Evaluator | None = None
+            ) -> dict | None:
     """precision.json's `workers`: rounds against evaluations, the speculation, the pool (or
     why the default judged in this process)."""
     if judge is None:

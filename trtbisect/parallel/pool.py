@@ -22,7 +22,7 @@ import signal
 import traceback
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
@@ -37,6 +37,27 @@ START_FAILURES = 3  # workers that die while starting, per slot, before the run 
 # and dies there (exit 9), so a test kills exactly one worker mid-evaluation, at no time chosen
 # by a clock (tests/test_workers.py). Never set in normal use.
 DIE_ONCE_ENV = "TRTBISECT_TEST_WORKER_DIES_ONCE"
+
+
+@dataclass
+class Stats:
+    """What the parallel evaluation cost, beside what the search took."""
+
+    workers: int
+    kind: str
+    threads: int | None
+    why: str
+    inferences: int = 0  # every sample judged by a worker, taken or not
+    tasks: int = 0
+    seconds_waiting: float = 0.0
+    peak_rss: dict[int, int] = field(default_factory=dict)
+    replaced: int = 0
+
+    def to_json(self) -> dict:
+        return {"workers": self.workers, "backend": self.kind, "threads": self.threads,
+                "chosen": self.why, "inferences_run": self.inferences, "tasks": self.tasks,
+                "seconds_waiting": round(self.seconds_waiting, 3), "replaced": self.replaced,
+                "peak_rss_mib": [round(v / (1 << 20), 1) for _, v in sorted(self.peak_rss.items())]}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from ..errors import TrtBisectError, require
 from ..journal import MAX_ATTEMPTS
 from .data import ObjectData
 from .judge import JudgeSpec, SampleJudge
-from .pool import Task, TaskResult, _maybe_die, peak_rss
+from .pool import Stats, Task, TaskResult, _maybe_die, peak_rss
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,6 @@ class RayPool:
     @classmethod
     def start(cls, spec: JudgeSpec, ctx: Any, address: str, requested: int | None,
               plan: Any) -> tuple["RayPool", ObjectData, Any]:
-        from .batch import Stats
-
         ray = require_ray()
         threads = max(1, spec.judge.threads or 1)
         started = connect(ray, address, max(plan.cores, requested or 0))

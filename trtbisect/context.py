@@ -1,0 +1,193 @@
+"""The run's nouns: its options (`Options`), the loaded model with its samples and FP32
+reference (`Context`) and `prepare`, which builds one. Below the judge, the searches and
+the writers that use them; `pipeline.py` orchestrates."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from . import cost, degenerate, semantics
+from .compare import Tolerance, validate_tolerance
+from .data.sources import expand, iter_items
+from .data.store import SampleSet, reference_set
+from .errors import TrtBisectError
+from .graph import Graph, external_data_hash, external_files, model_hash
+from .inputs import Sample
+from .judge import subset
+from .judge.criteria import Criteria
+from .judge.precision import precision as low_precision
+from .judge.loadable import input_model
+from .judge.settings import JudgeSettings
+from .limits import Limits, set_eval_timeout
+
+def _default_trt_version() -> int:
+    from .backends.trt import default_trt_version
+    return default_trt_version()
+
+
+@dataclass
+class Options:
+    inputs: Sequence[str] = ()
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    seed: int = 0
+    samples: int = 1  # random samples when no --inputs are given
+    data_loader: str | None = None  # Polygraphy's --data-loader-script FILE.py[:FUNCTION]
+    search_samples: int = subset.SEARCH_SAMPLES  # above this many, search on a subset first
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    criteria: Criteria = field(default_factory=Criteria)  # default: the tolerance's max error
+    strict: bool = False
+    max_evaluations: int | None = None
+    threads: int | None = None
+    memory_budget: int = 1 << 30  # bytes of intermediate tensors held at once (layer-wise)
+    resume: bool = True
+    stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
+    report: bool = False  # also write report.html / report.md (needs matplotlib)
+    rewrite: bool = False  # try verified FP16-safe graph rewrites before any FP32 fallback
+    semantics: str = "trt"  # trt: round where TensorRT rounds; strict: every node (docs/semantics.md)
+    # the weight-conversion rule and renderings' target: the installed TensorRT's major, else 11
+    trt_version: int = field(default_factory=_default_trt_version)
+    tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
+    fp16_accumulate: bool = False  # FP16 MatMul/Gemm/Conv accumulate in FP16 (an approximation)
+    gpu: str = cost.DEFAULT_GPU  # the GPU class plans are priced on (cost.py, docs/cost.md)
+    objective: str = "cost"  # cost: the cheapest plan in estimated engine time; count: fewest units
+    budget: float | None = None  # --budget PCT: the plan's slowdown against all-FP16 at most this
+    # evaluations on N worker processes (parallel/; None: as the cores and memory allow; 1:
+    # in this process), or on Ray actors (`ray`: a cluster's address, "" for a local one)
+    workers: int | None = 1
+    ray: str | None = None
+    precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
+    # bounds on samples, spooled bytes and one inference (limits.py, docs/limits.md)
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def accumulate(self) -> int:
+        """The --fp16-accumulate block size (0: off)."""
+        return semantics.FP16_ACCUMULATE_BLOCK if self.fp16_accumulate else 0
+
+    @property
+    def judge_settings(self) -> JudgeSettings:
+        """Every setting a verdict depends on, in one frozen object (judge/settings.py): the
+        journal's fingerprint and the workers' spec are built from it."""
+        return JudgeSettings.of(self)
+
+
+@dataclass
+class Context:
+    """A loaded model with its samples and FP32 reference outputs."""
+
+    path: Path
+    model: onnx.ModelProto
+    graph: Graph
+    samples: Sequence[Sample]  # what the search judges on: every sample, or a subset of them
+    references: Sequence[dict[str, np.ndarray]]
+    sha256: str
+    # what the search judges: the model after TensorRT's build-time rewrites (trt semantics) or
+    # `graph` itself (strict); the FP32 reference is always `graph`, the model as given
+    search: Graph | None = None
+    prepared: semantics.Prepared | None = None
+    rules: semantics.Rules = semantics.STRICT
+    sources: list[Path] = field(default_factory=list)  # the run's input files: never moved
+    data_sha256: str | None = None  # of the external data files, when the model has some
+    # every sample and its reference (streamed, data/store.py): what a written plan is
+    # certified on; `samples`/`references` unless the search judges a subset
+    every_sample: Sequence[Sample] | None = None
+    every_reference: Sequence[dict[str, np.ndarray]] | None = None
+    subset: tuple[int, ...] | None = None  # indices into every_sample the search judges on
+
+    def __post_init__(self) -> None:
+        if self.every_sample is None:
+            self.every_sample, self.every_reference = self.samples, self.references
+
+    @property
+    def judged(self) -> Graph:
+        return self.search if self.search is not None else self.graph
+
+    def narrow(self, subset: Sequence[int] | None) -> None:
+        """Let the search judge on `subset` of the samples (None: on every sample)."""
+        from .data.store import View
+        assert self.every_sample is not None and self.every_reference is not None
+        if subset is None or len(subset) == len(self.every_sample):
+            self.samples, self.references, self.subset = (self.every_sample,
+                                                          self.every_reference, None)
+        else:
+            self.subset = tuple(subset)
+            self.samples = View(self.every_sample, subset)
+            self.references = View(self.every_reference, subset)
+
+
+def prepare(model_path: str | Path, opts: Options, search: bool = True,
+            cache: Path | None = None, spool: Path | None = None) -> Context:
+    """Load, reference outputs, and (`search`) the graph the emulator judges under
+    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs;
+    `spool`: where samples and references that do not fit in memory go (default: a
+    temporary folder)."""
+    path = Path(model_path)
+    graph = Graph.from_path(path)
+    input_model(path)  # judge/loadable.py: what the run's written copies are held to
+    if search:  # the emulator rounds with Casts to the low type: before any long work
+        low_precision(opts.precision).require_opset(graph.opset, path)
+    if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
+        degenerate.check_judgeable(graph, path)
+    validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
+    opts.criteria.validate(graph.output_names())
+    set_eval_timeout(opts.limits.eval_timeout)  # every inference of this run (limits.py)
+    samples = SampleSet(iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes,
+                                   opts.seed, opts.samples, opts.limits),
+                        spool=spool or cache, limits=opts.limits)
+    sha, data_sha = model_hash(path), external_data_hash(path)
+    references = reference_set(graph, samples, opts.threads, f"{sha}:{data_sha}", cache,
+                               spool or cache, samples.spooled)
+    opts.criteria.check_fit(references[0])
+    ctx = Context(path, graph.source, graph, samples, references, sha,
+                  sources=[path, *external_files(path), *input_files(opts)],
+                  data_sha256=data_sha)
+    semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
+    if opts.fp16_accumulate and not low_precision(opts.precision).narrow_range:
+        raise TrtBisectError("--fp16-accumulate models FP16-accumulating kernels; BF16 GEMMs "
+                             "and convolutions accumulate in FP32 (cuBLAS has no BF16 compute "
+                             "type): drop it with --precision bf16")
+    if search:
+        ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
+                                                           opts.trt_version)
+        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate,
+                                        low_precision(opts.precision))
+    return ctx
+
+
+def input_files(opts: "Options") -> list[Path]:
+    """The files the run's samples come from (folders and globs expanded): never moved."""
+    found = [Path(p) for spec in opts.inputs for p, _ in expand(spec)]
+    if opts.data_loader:
+        found.append(Path(opts.data_loader.rsplit(":", 1)[0]
+                          if not opts.data_loader.endswith(".py") else opts.data_loader))
+    return found
+
+
+def _samples_hash(samples: Sequence[Sample]) -> str:
+    sha = getattr(samples, "sha256", None)  # a SampleSet hashed itself while reading
+    if sha is not None:
+        return sha
+    h = hashlib.sha256()
+    for s in samples:
+        for k in sorted(s):
+            h.update(k.encode())
+            h.update(str(s[k].dtype).encode() + str(s[k].shape).encode())
+            h.update(np.ascontiguousarray(s[k]).tobytes())
+    return h.hexdigest()
+
+
+def reference_problems(ctx: Context) -> list[str]:
+    problems = []
+    for k, outs in enumerate(ctx.every_reference):
+        for name, value in outs.items():
+            if np.issubdtype(value.dtype, np.floating):
+                bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+                if bad:
+                    problems.append(f"output {name!r} of sample {k} has {bad} non-finite value(s)")
+    return problems

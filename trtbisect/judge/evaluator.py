@@ -1,0 +1,172 @@
+"""The run's evaluator: a plan judged on every sample under the run's criteria, in this
+process or on the workers (parallel/), each verdict scored and journaled."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping, Protocol, Sequence
+
+from .. import parallel, semantics
+from ..backends.ort import Emulator
+from ..compare import TensorStats
+from ..context import Context, Options
+from ..errors import TrtBisectError
+from ..journal import Journal, plan_key
+from . import subset
+from .criteria import Judgement, json_number, worst_of
+
+
+class Workers(Protocol):
+    """What the evaluator asks of its workers (parallel/batch.py's `ParallelJudge`, which
+    drives this evaluator and so is above it): a plan judged on some samples, and to stop."""
+
+    def measure(self, plan: frozenset[str], indices: Sequence[int], stop_early: bool
+                ) -> parallel.Measured: ...
+
+    def close(self) -> None: ...
+
+
+class Evaluator:
+    """Runs a plan on every sample and judges it; journals each judgement."""
+
+    def __init__(self, ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
+                 journal: Journal | None, groups: Iterable[Iterable[str]] | None = None) -> None:
+        """`groups`: nodes that plans keep together (default: the search's units)."""
+        self.ctx, self.opts, self.journal = ctx, opts, journal
+        self.watch = [t for t in ctx.judged.stored_tensors()
+                      if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
+        if groups is None:
+            groups = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
+                      if ctx.prepared is not None else ())
+        self.groups = [list(g) for g in groups]
+        self._emulator_args = dict(watch=self.watch, rules=ctx.rules, groups=self.groups)
+        self._emulator: Emulator | None = None
+        self.workers: Workers | None = None  # evaluations on worker processes
+        self.parallel_note: dict | None = None  # why the run judged in this process
+        self.runs = 0  # inferences, for cost accounting
+        self.known: dict[frozenset[str], bool] = {}  # judged outside the search (all-FP16)
+        self.last_plan: frozenset[str] | None = None
+        self.last_errors: list[Judgement] = []  # per sample, for `last_plan`
+        self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst severity
+
+    @property
+    def emulator(self) -> Emulator:
+        """Built on first use: a verdict the written file decides alone never needs it."""
+        if self._emulator is None:
+            self._emulator = Emulator(self.ctx.judged, self.opts.threads, **self._emulator_args)
+        return self._emulator
+
+    def close(self) -> None:
+        if self._emulator is not None:
+            self._emulator.close()
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
+    def use_workers(self, workers: Workers) -> None:
+        """Judge on `workers` from now on (parallel/): this process's session goes."""
+        if self._emulator is not None:
+            self._emulator.close()
+        self.workers = workers
+
+    def sample_indices(self, full: bool = False) -> list[int]:
+        """Indices into every sample of those a verdict judges (`full`: all of them)."""
+        assert self.ctx.every_sample is not None
+        if full or self.ctx.subset is None:
+            return list(range(len(self.ctx.every_sample)))
+        return list(self.ctx.subset)
+
+    def measure(self, plan: frozenset[str], stop_early: bool = False, full: bool = False
+                ) -> tuple[bool, list[Judgement], list[str]]:
+        """The plan judged on the search's samples (`full`: on every sample) under the run's
+        criteria (judge/criteria.py); `stop_early`: stop once the plan cannot pass any more.
+        One rule for this process and the workers (parallel/judge.py)."""
+        crit, opts = self.opts.criteria, self.opts
+        full = full or self.ctx.subset is None
+        if self.workers is not None:
+            m = self.workers.measure(plan, self.sample_indices(full), stop_early)
+        else:
+            samples = self.ctx.every_sample if full else self.ctx.samples
+            references = self.ctx.every_reference if full else self.ctx.references
+            assert samples is not None and references is not None
+            m = parallel.take((parallel.judge_one(self.emulator, plan, s, r, crit, opts.tolerance,
+                                                  opts.strict)
+                               for s, r in zip(samples, references)), crit, len(samples),
+                              stop_early)
+        self.runs += len(m.judged)
+        if full and not m.stopped:
+            self.last_plan, self.last_errors = plan, m.judged  # every sample: reusable as is
+        return m.passed, m.judged, m.nonfinite
+
+    def widened(self) -> None:
+        """The search's samples grew (judge/subset.py): what passed on fewer may not now;
+        what failed still fails."""
+        self.known = {p: ok for p, ok in self.known.items() if not ok}
+
+    def _key(self, plan: frozenset[str]) -> str:
+        key = plan_key(plan)
+        if self.ctx.subset is not None:  # a verdict on these samples only
+            key += "@" + subset.signature(self.ctx.subset)
+        return key
+
+    def known_verdict(self, plan: frozenset[str]) -> bool | None:
+        """The verdict `check` gives without judging (known, or in a resumed run's journal);
+        nothing written."""
+        if plan in self.known:
+            return self.known[plan]
+        return self.journal.peek(self._key(plan)) if self.journal is not None else None
+
+    def check(self, plan: frozenset[str]) -> bool:
+        if plan in self.known:
+            return self.known[plan]
+        key = self._key(plan)
+        if self.journal is not None:
+            rec = self.journal.lookup(key)
+            if rec is not None:
+                severity = rec.get("severity")
+                self.scores[plan] = (float(severity) if severity is not None
+                                     else _score(rec.get("rel", {})))
+                return bool(rec["passed"])
+            self.journal.start(key)
+        try:
+            passed, judged, bad = self.measure(plan, stop_early=True)
+        except TrtBisectError:  # bad input (a --check hook raised): no verdict to record
+            if self.journal is not None:
+                self.journal.abandon(key)
+            raise
+        return self.commit(plan, parallel.Measured(passed, judged, bad))
+
+    def commit(self, plan: frozenset[str], m: "parallel.Measured", taken: bool = False) -> bool:
+        """A judged plan's verdict, scored and journaled. `taken`: measured by the workers
+        and taken by the search now (its inferences count from here)."""
+        if taken:
+            self.runs += len(m.judged)
+            if self.ctx.subset is None and not m.stopped:
+                self.last_plan, self.last_errors = plan, m.judged
+        self.scores[plan] = _severity(m.judged)
+        if self.journal is not None:
+            self.journal.record(self._key(plan), m.passed, {
+                "rel": {n: json_number(e.rel) for n, e in worst_of(m.judged).items()},
+                "severity": json_number(self.scores[plan]),
+                "nonfinite_tensors": m.nonfinite[:10]})
+        return m.passed
+
+    def crashed(self, plan: frozenset[str], attempts: int) -> bool:
+        """A plan that killed `attempts` workers: judged failed, as the journal judges a plan
+        that crashes the process."""
+        if self.journal is not None:
+            self.journal.record(self._key(plan), False, {"crashed": True, "attempts": attempts})
+        return False
+
+
+def _score(rel: Mapping[str, object]) -> float:
+    """A plan's worst relative error over its outputs (journal values may be "inf"/"nan")."""
+    values = [float(v) for v in rel.values()]  # type: ignore[arg-type]
+    return max(values) if values else math.nan
+
+
+def _severity(judged: Iterable[Judgement]) -> float:
+    """A judged plan's score for the trade-off plot: its worst severity over samples and
+    outputs (under the default criterion: the worst relative error; else 1 at the bound)."""
+    errors = worst_of(judged)
+    return max((e.severity for e in errors.values()), default=math.nan)
