@@ -141,9 +141,12 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     `spool`: where samples and references that do not fit in memory go (default: a
     temporary folder)."""
     path = Path(model_path)
-    graph = Graph.from_path(path)
-    if search:  # the emulator rounds with Casts to the low type: before any long work
-        low_precision(opts.precision).require_opset(graph.opset, path)
+    # the emulator rounds with Casts to the low type: an older opset is judged as converted
+    graph = Graph.from_path(path, low_precision(opts.precision).min_opset if search else 1,
+                            opts.shapes)
+    if graph.repairs:
+        from .repair import say
+        log.warning("%s", say(path, graph.repairs))
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)

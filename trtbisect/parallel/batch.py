@@ -228,7 +228,8 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
         watch=tuple(ev.watch), groups=tuple(tuple(g) for g in ev.groups),
         active=tuple(prefetch), criteria=tuple(criteria_flags(opts.criteria)),
         criteria_fingerprint=criteria_fingerprint(opts.criteria), tolerance=opts.tolerance,
-        names=graph_digest(ctx.judged), precision=ctx.rules.precision.name)
+        names=graph_digest(ctx.judged), precision=ctx.rules.precision.name,
+        shapes=tuple((k, tuple(v)) for k, v in opts.shapes.items()))
     return spec, model_dir
 
 

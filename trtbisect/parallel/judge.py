@@ -112,6 +112,8 @@ class JudgeSpec:
     names: str = ""  # digest of the judged graph: the worker must prepare the same graph
     model_sha256: str | None = None  # checked where the file is not the parent's own path
     precision: str = "fp16"  # the low precision plans round to (--precision)
+    # --shape: what a graph input declaring no shape is given in the run's copy (repair.py)
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def graph_digest(graph) -> str:
@@ -157,7 +159,9 @@ class SampleJudge:
         if spec.model_sha256 is not None and model_hash(spec.model) != spec.model_sha256:
             raise TrtBisectError(f"the model {spec.model} a worker reads differs from the "
                                  "run's (give a path every node reads the same file at)")
-        graph = Graph.from_path(spec.model)
+        from ..judge.precision import precision
+        graph = Graph.from_path(spec.model, precision(spec.precision).min_opset,
+                                dict(spec.shapes))
         judged, prepared = semantics.prepare_graph(graph, spec.semantics, spec.trt_version)
         if spec.names and graph_digest(judged) != spec.names:
             raise TrtBisectError("a worker prepared another graph than the run's (a different "
@@ -165,7 +169,6 @@ class SampleJudge:
         self.criteria = criteria_of(spec.criteria)
         if criteria_fingerprint(self.criteria) != spec.criteria_fingerprint:
             raise TrtBisectError("a --check file changed during the run")
-        from ..judge.precision import precision
         rules = semantics.rules_for(prepared, spec.tf32, spec.accumulate,
                                     precision(spec.precision))
         self.emulator = Emulator(judged, spec.threads, watch=list(spec.watch), rules=rules,
