@@ -13,6 +13,7 @@ EXIT_REFERENCE_INVALID = 3  # the FP32 reference itself is non-finite
 EXIT_NO_PLAN = 4  # no precision plan meets the tolerance
 EXIT_PARTIAL = 5  # the judged part passes, but the emulator could not round every node
 EXIT_OVER_BUDGET = 6  # --budget: no plan within the slowdown budget meets the tolerance
+EXIT_REFERENCE_UNSTABLE = 7  # two FP32 runs differ (random ops): nothing can be judged
 
 
 class TrtBisectError(Exception):

@@ -19,7 +19,7 @@ from .backends.ort import Emulator, Reference, run_seconds
 from .compare import OutputError, TensorStats, Tolerance, validate_tolerance
 from .diagnose import Culprit, attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import (EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
-                     EXIT_REFERENCE_INVALID, TrtBisectError)
+                     EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError)
 from .graph import Graph, external_data_hash, external_files, model_hash
 from .data.sources import expand, iter_items
 from .data.store import SampleSet, reference_set
@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
-                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK}
+                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
+                "reference_unstable": EXIT_REFERENCE_UNSTABLE}
 
 
 def _default_trt_version() -> int:
@@ -484,10 +485,12 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
               "precision": low.to_json(),
               "coverage": coverage.record(g)}
+    if ctx.graph.repairs:  # what trtbisect's copy changed (repair.py, docs/input_models.md)
+        record["model_copy"] = list(ctx.graph.repairs)
     for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
         log.warning("TensorRT's ONNX parser: %s x%d (%s): %s; %s", c.label, len(c.nodes),
                     ", ".join(c.nodes[:3]) + (", ..." if len(c.nodes) > 3 else ""), c.why, c.fix)
-    unjudgeable = _unjudgeable(ctx, record, base)
+    unjudgeable = _unjudgeable(ctx, record, base, opts.threads)
     if unjudgeable is not None:
         return _finish(unjudgeable, ctx, out_dir, started, opts.report, marks)
     stats: dict[str, TensorStats] = {}
@@ -640,13 +643,21 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.extra["judged"] = judged
 
 
-def _unjudgeable(ctx: Context, record: dict, base: dict) -> RunResult | None:
-    """The verdicts given before any judgement: an FP32 reference that is already broken, or
-    a model whose computation FP16 cannot change."""
+def _unjudgeable(ctx: Context, record: dict, base: dict,
+                 threads: int | None = None) -> RunResult | None:
+    """The verdicts given before any judgement: an FP32 reference that is already broken or
+    that two runs do not reproduce (random ops), or a model whose computation FP16 cannot
+    change."""
     problems = reference_problems(ctx)
     if problems:
         return RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                          errors_before={}, errors_after={}, reference_problems=problems,
+                         extra=dict(record), **base)
+    from .judge.reproducible import unstable
+    moving = unstable(ctx.graph, ctx.every_sample[0], threads)
+    if moving:
+        return RunResult("reference_unstable", fp32_nodes=[], evaluations=0, inferences=0,
+                         errors_before={}, errors_after={}, reference_problems=moving,
                          extra=dict(record), **base)
     nothing = degenerate.nothing_to_judge(ctx.judged)
     if nothing:  # FP16 cannot change what this model computes: a verdict of its own
@@ -892,6 +903,11 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
+    from .judge.reproducible import unstable
+    moving = unstable(ctx.graph, ctx.every_sample[0], opts.threads)
+    if moving:
+        raise TrtBisectError(f"the FP32 reference is not reproducible: {'; '.join(moving)}",
+                             EXIT_REFERENCE_UNSTABLE)
     return judge_mixed(mixed_path, ctx, opts)
 
 

@@ -24,6 +24,7 @@ from ..plan import atomic_write_text
 PRECISIONS = (FP16, BF16)
 VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no plan",
                  "over_budget": "over budget", "reference_invalid": "reference invalid",
+                 "reference_unstable": "reference unstable",
                  "nothing_to_judge": "nothing to judge", "partial": "partial"}
 
 
