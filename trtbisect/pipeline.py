@@ -143,8 +143,9 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     temporary folder)."""
     path = Path(model_path)
     # the emulator rounds with Casts to the low type: an older opset is judged as converted
+    from .repair import npz_shapes
     graph = Graph.from_path(path, low_precision(opts.precision).min_opset if search else 1,
-                            opts.shapes)
+                            {**npz_shapes(list(opts.inputs)), **opts.shapes})
     if graph.repairs:
         from .repair import say
         log.warning("%s", say(path, graph.repairs))

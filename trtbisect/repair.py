@@ -190,7 +190,7 @@ def _add_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> 
         if v.name not in shapes:
             raise TrtBisectError(
                 f"input {v.name!r} declares no shape, not even its rank: give it with --shape "
-                f"{v.name}:DIMS (e.g. --shape {v.name}:1x3x224x224)")
+                f"{v.name}:DIMS (e.g. --shape {v.name}:1x3x224x224) or an --inputs .npz")
         _set_shape(v, shapes[v.name])
     if bare_out:
         from .graph import structure
@@ -206,12 +206,43 @@ def _add_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> 
             elif v.name in {t.name for t in g.initializer}:
                 t = next(t for t in g.initializer if t.name == v.name)
                 _set_shape(v, t.dims)
-    what = [f"give input(s) {_list([v.name for v in bare_in])} the --shape given"] if bare_in \
-        else []
+    what = [f"give input(s) {_list([v.name for v in bare_in])} the shape of --shape or of the "
+            "first --inputs file"] if bare_in else []
     if bare_out:
         what.append(f"give output(s) {_list([v.name for v in bare_out])} the shapes inference "
                     "finds")
     return what
+
+
+def npz_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The array shapes of the first --inputs .npz, from its headers (nothing is read): what
+    a graph input that declares no shape is given (one sample, as the array is). Empty where
+    it cannot be read; reading the samples then says why."""
+    import zipfile
+
+    from .data.sources import expand
+    from .inputs import _member_name, npy_header
+    try:
+        path, kind = expand(specs[0])[0] if specs else ("", "")
+        if kind != "npz":
+            return {}
+        with zipfile.ZipFile(path) as zf:
+            return {_member_name(i, path): tuple(npy_header(zf, i, path)[0])
+                    for i in zf.infolist()}
+    except (TrtBisectError, OSError, ValueError, EOFError, zipfile.BadZipFile, IndexError):
+        return {}
+
+
+def input_shapes(model: onnx.ModelProto) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The graph inputs whose every dim is a number, with their dims (what a worker's copy
+    gives a graph input the file declares without a shape)."""
+    out = []
+    for v in model.graph.input:
+        t = v.type.tensor_type
+        if v.type.HasField("tensor_type") and t.HasField("shape") and all(
+                d.HasField("dim_value") for d in t.shape.dim):
+            out.append((v.name, tuple(int(d.dim_value) for d in t.shape.dim)))
+    return tuple(out)
 
 
 def _shapeless(v: onnx.ValueInfoProto) -> bool:

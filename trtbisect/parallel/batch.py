@@ -222,6 +222,7 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
         model = str(Path(model_dir) / f"{ctx.path.stem}.rewritten.onnx")
         graph_model(ctx.graph).save(Path(model))
     prepared = ctx.prepared
+    from ..repair import input_shapes
     spec = JudgeSpec(
         model=model, semantics=prepared.semantics, trt_version=prepared.trt_version,
         tf32=opts.tf32, accumulate=opts.accumulate, threads=opts.threads, strict=opts.strict,
@@ -229,7 +230,7 @@ def _spec(ev: Any, ctx: Any, opts: Any, prefetch: Sequence[str], rewritten: bool
         active=tuple(prefetch), criteria=tuple(criteria_flags(opts.criteria)),
         criteria_fingerprint=criteria_fingerprint(opts.criteria), tolerance=opts.tolerance,
         names=graph_digest(ctx.judged), precision=ctx.rules.precision.name,
-        shapes=tuple((k, tuple(v)) for k, v in opts.shapes.items()))
+        shapes=input_shapes(ctx.graph.source))
     return spec, model_dir
 
 
