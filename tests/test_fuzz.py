@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.fuzz.make_cases import DOCUMENTED, Case, cases
+from tests.fuzz.make_cases import DOCUMENTED, INPUT_CLASSES, Case, cases
 from trtbisect.cli import main
 
 CORPUS = cases()
@@ -116,7 +116,9 @@ ISSUE_CASES = ["model-elem_type_0-run", "model-elem_type_999-compare", "option-s
                "model-int64_compute-run", "model-bool_compute-run", "model-double_compute-run",
                "model-no_nodes-run", "model-hostile_names-run", "model-hostile_names-compare",
                "option-samples_1e9-run", "option-samples_total_bytes-run",
-               "option-stability_1000-run"]
+               "option-stability_1000-run",
+               # #34: every class of input model, run on random samples and on an .npz
+               *(f"model-class_{n}-run{s}" for n in INPUT_CLASSES for s in ("", "-inputs"))]
 BY_NAME = {c.name: c for c in CORPUS}
 
 
@@ -134,5 +136,5 @@ def test_fuzz_corpus(case, tmp_path, monkeypatch):
 
 def test_corpus_has_the_breadth_of_the_issue():
     names = [c.name for c in CORPUS]
-    assert len(names) == len(set(names)) and len(names) >= 538
+    assert len(names) == len(set(names)) and len(names) >= 628
     assert all(n in BY_NAME for n in ISSUE_CASES)

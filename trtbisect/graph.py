@@ -751,7 +751,7 @@ class Graph:
         out.CopyFrom(self.model)
         for t in out.graph.initializer:
             if t.data_location == TensorProto.EXTERNAL:
-                t.CopyFrom(numpy_helper.from_array(np.asarray(self.array(t.name, order="C")),
+                t.CopyFrom(numpy_helper.from_array(np.asarray(self.array(t.name), order="C"),
                                                    t.name))
         return out
 

@@ -23,7 +23,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto as TP, helper as h, numpy_helper
 
-DOCUMENTED = frozenset({0, 2, 3, 4})
+from tests.models import input_models
+
+DOCUMENTED = frozenset({0, 2, 3, 4, 7})  # 7: reference_unstable (a model drawing random numbers)
 ANY = DOCUMENTED
 ACCEPTED = frozenset({0, 3, 4})  # the model was taken and judged
 
@@ -183,6 +185,11 @@ MODEL_MUTATIONS: dict[str, tuple[Callable[[Path], onnx.ModelProto | bytes], str 
     "zeros": (lambda f: bytes(4096), None),
     "random_bytes": (lambda f: random.Random(7).randbytes(2048), None),
 }
+# #34: what exporters of every year write and ONNX Runtime runs (old IR versions and opsets,
+# defaulted and sparse initializers, shapeless I/O, unsorted nodes, random ops ...)
+INPUT_CLASSES = {**input_models.JUDGED, **input_models.UNSTABLE}
+MODEL_MUTATIONS.update({f"class_{name}": ((lambda f, b=build: b()), None)
+                        for name, build in INPUT_CLASSES.items()})
 
 
 def _truncated(fraction: float) -> Callable[[Path], bytes]:
