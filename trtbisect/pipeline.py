@@ -909,6 +909,22 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     if moving:
         raise TrtBisectError(f"the FP32 reference is not reproducible: {'; '.join(moving)}",
                              EXIT_REFERENCE_UNSTABLE)
+    _declares_the_reference_shapes(mixed_path, ctx.every_reference[0])
     return judge_mixed(mixed_path, ctx, opts)
+
+
+def _declares_the_reference_shapes(mixed_path: str | Path, ref: Mapping[str, np.ndarray]) -> None:
+    """A file whose output declares another static shape than the reference computes is
+    another model: refused in one line, before it is run."""
+    from .graph import load_model
+    from .inputs import declared_shape
+    for v in load_model(mixed_path).graph.output:
+        dims = declared_shape(v) if v.type.tensor_type.HasField("shape") else None
+        if v.name in ref and dims is not None and all(isinstance(d, int) and d > 0 for d in dims) \
+                and tuple(dims) != np.shape(ref[v.name]):
+            raise TrtBisectError(
+                f"{mixed_path}: output {v.name!r} declares shape {list(dims)}, the reference "
+                f"computes {list(np.shape(ref[v.name]))}: is it a mixed-precision copy of the "
+                "reference model?")
 
 
