@@ -158,7 +158,20 @@ def test_a_seed_is_named_with_what_the_fp16_copy_draws(tmp_path):
     assert "its FP16 copy, seeded alike, draws the same numbers (rounded)" in flat
 
 
-def test_check_refuses_a_reference_that_moves(tmp_path):
+def test_check_and_compare_refuse_a_reference_that_moves(tmp_path):
     path, _, _ = _save(tmp_path, im.dropout_training())
-    r = CliRunner().invoke(main, ["check", str(path), "--reference", str(path)])
-    assert r.exit_code == 7 and "not reproducible" in r.output
+    for args in (["check", str(path), "--reference", str(path)], ["compare", str(path)]):
+        r = CliRunner().invoke(main, ["-q", *args])
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == 7 and len(lines) == 1 and "not reproducible" in lines[0]
+        assert "'drop' (Dropout)" in lines[0]
+
+
+def test_a_fed_default_value_is_refused_saying_why(tmp_path):
+    """TensorRT's parser makes a weight of an input with an initializer: feeding it another
+    value would judge a model TensorRT never builds."""
+    path, _, _ = _save(tmp_path, im.defaulted_input_used())
+    np.savez(tmp_path / "fed.npz", x=im.X, k2=np.eye(4, dtype=np.float32))
+    r = CliRunner().invoke(main, ["-q", "run", str(path), "--inputs", str(tmp_path / "fed.npz"),
+                                  "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "k2: a default value (an initializer)" in r.stderr

@@ -70,7 +70,8 @@ INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); 
                "       resumes when started again with the same arguments")
 RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, UNSTABLE,
                                               INTERRUPTED).split("\n", 2)[2]
-COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
+COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE,
+                                UNSTABLE)
 CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the criteria"), USAGE, REFERENCE,
                               (4, "the mixed model misses the criteria"),
                               (5, "it meets the criteria, but holds nodes the emulator cannot\n"
@@ -745,6 +746,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
     problems = pipeline.reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}", 3)
+    pipeline.require_reproducible(ctx, opts.threads)
     nothing = nothing_to_judge(ctx.judged)
     if nothing:
         if as_json:

@@ -904,13 +904,19 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
+    require_reproducible(ctx, opts.threads)
+    _declares_the_reference_shapes(mixed_path, ctx.every_reference[0])
+    return judge_mixed(mixed_path, ctx, opts)
+
+
+def require_reproducible(ctx: Context, threads: int | None) -> None:
+    """`check` and `compare`: a reference two runs do not reproduce (random ops) is refused,
+    exit 7, naming the op (`run` gives it a verdict of its own)."""
     from .judge.reproducible import unstable
-    moving = unstable(ctx.graph, ctx.every_sample[0], opts.threads)
+    moving = unstable(ctx.graph, ctx.every_sample[0], threads)
     if moving:
         raise TrtBisectError(f"the FP32 reference is not reproducible: {'; '.join(moving)}",
                              EXIT_REFERENCE_UNSTABLE)
-    _declares_the_reference_shapes(mixed_path, ctx.every_reference[0])
-    return judge_mixed(mixed_path, ctx, opts)
 
 
 def _declares_the_reference_shapes(mixed_path: str | Path, ref: Mapping[str, np.ndarray]) -> None:
