@@ -64,6 +64,10 @@ def test_every_class_gets_the_planted_plan_and_valid_files(tmp_path, caplog, nam
     assert len(written) >= 2  # the mixed model, its emulation, the annotated model ...
     for f in written:
         _loads(f)
+    checked = CliRunner().invoke(main, ["-q", "check", files["mixed_model"], "--reference",
+                                        str(path), "--inputs", str(inputs), "--semantics",
+                                        semantics])
+    assert checked.exit_code == 0, checked.output  # the file judged again against the file
     plan = json.loads((tmp_path / "o" / "precision.json").read_text())
     said = [r.getMessage() for r in caplog.records if "trtbisect's copies" in r.getMessage()]
     if plan.get("model_copy"):  # what the copy changed: one line, and the named copy
