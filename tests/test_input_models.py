@@ -179,3 +179,30 @@ def test_a_fed_default_value_is_refused_saying_why(tmp_path):
     r = CliRunner().invoke(main, ["-q", "run", str(path), "--inputs", str(tmp_path / "fed.npz"),
                                   "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "k2: a default value (an initializer)" in r.stderr
+
+
+def test_densify_takes_flat_indices_and_coordinates():
+    from onnx import helper as h, numpy_helper as nh
+
+    from trtbisect.repair import densify
+    values = nh.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")
+    flat = h.make_sparse_tensor(values, nh.from_array(np.array([0, 5, 11], np.int64), "i"),
+                                [3, 4])
+    coords = h.make_sparse_tensor(values, nh.from_array(np.array([[0, 0], [1, 1], [2, 3]],
+                                                                 np.int64), "i"), [3, 4])
+    want = np.zeros((3, 4), np.float32)
+    want[0, 0], want[1, 1], want[2, 3] = 1, 2, 3
+    np.testing.assert_array_equal(densify(flat), want)
+    np.testing.assert_array_equal(densify(coords), want)
+
+
+def test_the_sort_keeps_the_files_order_wherever_it_is_one():
+    from trtbisect.repair import topological_order
+    g = im.unsorted_nodes().graph  # down, up2, up1: reversed
+    assert topological_order(g) == [2, 1, 0]
+    assert topological_order(im.overflow().graph) == [0, 1, 2]
+    # two independent chains keep their file order: the earliest ready node first
+    from onnx import helper as h
+    nodes = [h.make_node("Relu", ["b"], ["c"], name="late"), h.make_node("Relu", ["x"], ["a"]),
+             h.make_node("Relu", ["x"], ["b"])]
+    assert topological_order(h.make_graph(nodes, "g", [], [])) == [1, 2, 0]
