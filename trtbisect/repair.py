@@ -14,7 +14,7 @@ trtbisect holds. What it changes, and why (docs/input_models.md):
   onnx's version converter;
 - where the model fails onnx.checker: nodes sorted into execution order, an empty graph name
   filled in, graph outputs without a shape given the one shape inference finds, graph inputs
-  without one given --shape's.
+  without one given --shape's (or the first --inputs .npz's array's: `npz_shapes`).
 
 Nodes without a name are given trtbisect's names (`<op_type>_<i>`, by their place in the
 user's file) before anything reorders or adds nodes, so the plan names the user's nodes.
