@@ -206,3 +206,18 @@ def test_the_sort_keeps_the_files_order_wherever_it_is_one():
     nodes = [h.make_node("Relu", ["b"], ["c"], name="late"), h.make_node("Relu", ["x"], ["a"]),
              h.make_node("Relu", ["x"], ["b"])]
     assert topological_order(h.make_graph(nodes, "g", [], [])) == [1, 2, 0]
+
+
+@pytest.mark.parametrize("declared", ["static", "dynamic"])
+def test_check_refuses_a_file_computing_other_output_shapes(tmp_path, declared):
+    """A scalar where the reference computes 2x4: one line, never compare's ValueError."""
+    other = im.scalar_output()
+    if declared == "dynamic":
+        shape = other.graph.output[0].type.tensor_type.shape
+        shape.dim.add().dim_param = "n"
+    onnx.save(other, tmp_path / "other.onnx")
+    onnx.save(im.overflow(), tmp_path / "ref.onnx")
+    r = CliRunner().invoke(main, ["-q", "check", str(tmp_path / "other.onnx"), "--reference",
+                                  str(tmp_path / "ref.onnx")])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "a mixed-precision copy" in lines[0]

@@ -906,7 +906,14 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
                              EXIT_REFERENCE_INVALID)
     require_reproducible(ctx, opts.threads)
     _declares_the_reference_shapes(mixed_path, ctx.every_reference[0])
-    return judge_mixed(mixed_path, ctx, opts)
+    try:
+        return judge_mixed(mixed_path, ctx, opts)
+    except ValueError as exc:  # a file of the user's computing other shapes (declared dynamic)
+        if not str(exc).startswith("shape mismatch"):
+            raise
+        raise TrtBisectError(f"{mixed_path} computes another output shape than the reference "
+                             f"({exc}): is it a mixed-precision copy of the reference model?"
+                             ) from exc
 
 
 def require_reproducible(ctx: Context, threads: int | None) -> None:
