@@ -264,19 +264,36 @@ def test_run_precision_both_judges_each_and_shows_them_side_by_side(tmp_path):
     assert "BF16 plan:" in table.output
 
 
-def test_bf16_refuses_a_model_older_than_opset_13_before_any_work(tmp_path):
+def test_bf16_judges_a_model_older_than_opset_13_through_a_converted_copy(tmp_path, caplog,
+                                                                           monkeypatch):
     """Cast takes bfloat16 from opset 13 on (the emulator's rounding, the mixed ONNX): an
-    opset-12 model (PP-OCRv4's export) gets a usage error that says how to convert it."""
+    opset-12 model (PP-OCRv4's export) is judged through onnx.version_converter's copy, said
+    in one line, its nodes named as in the file; only a conversion that fails is refused."""
     g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="r")], "g",
                      [h.make_tensor_value_info("x", TP.FLOAT, [4])],
                      [h.make_tensor_value_info("y", TP.FLOAT, [4])])
     path, _ = _save(tmp_path, "old", h.make_model(g, opset_imports=[h.make_opsetid("", 12)]),
                     x=np.ones(4, np.float32))
-    done = CliRunner().invoke(main, ["run", str(path), "--precision", "bf16", "--out",
-                                     str(tmp_path / "o")])
-    assert done.exit_code == 2 and "needs opset >= 13" in done.output
-    assert "convert_version(model, 13)" in done.output
-    assert not (tmp_path / "o" / "precision.json").exists()
+    before = path.read_bytes()
+    with caplog.at_level("WARNING"):
+        done = run(path, Options(precision="bf16"), tmp_path / "o")
+    assert done.verdict == "fp16_ok"
+    said = [r.getMessage() for r in caplog.records if "converted from 12" in r.getMessage()]
+    assert len(said) == 1 and "opset 13" in said[0] and "untouched" in said[0]
+    mixed = onnx.load(str(tmp_path / "o" / "old.mixed.onnx"))
+    onnx.checker.check_model(mixed, full_check=True)
+    assert mixed.opset_import[0].version == 13 and [n.name for n in mixed.graph.node
+                                                    if n.op_type == "Relu"] == ["r"]
+    assert path.read_bytes() == before
+
+    def fails(model, target):
+        raise RuntimeError("No adapter for op Frob")
+    monkeypatch.setattr("onnx.version_converter.convert_version", fails)
+    refused = CliRunner().invoke(main, ["run", str(path), "--precision", "bf16", "--out",
+                                        str(tmp_path / "r")])
+    assert refused.exit_code == 2 and "could not convert it: No adapter for op Frob" in \
+        refused.output
+    assert not (tmp_path / "r" / "precision.json").exists()
     assert run(path, Options(), tmp_path / "fp16").verdict == "fp16_ok"  # FP16 is unaffected
 
 

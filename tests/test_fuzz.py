@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.fuzz.make_cases import DOCUMENTED, Case, cases
+from tests.fuzz.make_cases import DOCUMENTED, INPUT_CLASSES, Case, cases
 from trtbisect.cli import main
 
 CORPUS = cases()
@@ -125,7 +125,9 @@ ISSUE_CASES = ["model-elem_type_0-run", "model-elem_type_999-compare", "option-s
                "model-node_name_100k-run", "npz-header_negative_dim-run",
                "npz-duplicate_member-run", "npz-duplicate_member-check",
                "option-eval_timeout_0-run", "option-eval_timeout_nan-run",
-               "option-eval_timeout_inf-run", "option-max_input_bytes_tiny-run"]
+               "option-eval_timeout_inf-run", "option-max_input_bytes_tiny-run",
+               # #34: every class of input model, run on random samples and on an .npz
+               *(f"model-class_{n}-run{s}" for n in INPUT_CLASSES for s in ("", "-inputs"))]
 BY_NAME = {c.name: c for c in CORPUS}
 
 
@@ -143,5 +145,5 @@ def test_fuzz_corpus(case, tmp_path, monkeypatch):
 
 def test_corpus_has_the_breadth_of_the_issue():
     names = [c.name for c in CORPUS]
-    assert len(names) == len(set(names)) and len(names) >= 562
+    assert len(names) == len(set(names)) and len(names) >= 628 + 24
     assert all(n in BY_NAME for n in ISSUE_CASES)

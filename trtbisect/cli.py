@@ -62,6 +62,8 @@ REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
            "       cannot round (contrib-domain or unknown ops; listed, with precision.json's\n"
            "       \"coverage\"): FP16 is not called fine for them")
+UNSTABLE = (8, "reference_unstable: two FP32 runs differ (the model draws random numbers:\n"
+            "       Random*, Multinomial, Bernoulli, Dropout in training mode; named)")
 EXIT_CODES_HELP = exit_codes((0, "FP16 already passes, a plan was found and verified, or no node\n"
                                  "       computes in float32/16 (nothing to judge)"), USAGE,
                              REFERENCE, (4, "no precision plan meets the criteria"), PARTIAL)
@@ -72,13 +74,14 @@ FRAGILE = (7, "fragile: a plan meets the criteria, but none by more than the spr
            "       written with its margins")
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
-RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, FRAGILE,
+RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, FRAGILE, UNSTABLE,
                                                INTERRUPTED).split("\n", 2)[2]
-COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE)
+COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE,
+                                UNSTABLE)
 CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the criteria"), USAGE, REFERENCE,
                               (4, "the mixed model misses the criteria"),
                               (5, "it meets the criteria, but holds nodes the emulator cannot\n"
-                                  "       round (listed): judged in part only"))
+                                  "       round (listed): judged in part only"), UNSTABLE)
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
@@ -573,6 +576,8 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
                          f"{result.candidates} nodes{layers_words(result)} in FP32",
                 "reference_invalid": "[red]the FP32 reference is already non-finite[/]",
+                "reference_unstable": "[red]two FP32 runs of the model differ[/]: nothing can "
+                                      "be judged against a reference that moves",
                 "no_plan": f"[red]no plan meets {meet}[/]",
                 "nothing_to_judge": f"[green]nothing to judge in {low}[/]: "
                                     + shown(result.extra.get("nothing_to_judge", "")),
@@ -839,6 +844,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
     problems = pipeline.reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}", 3)
+    pipeline.require_reproducible(ctx, opts.threads)
     nothing = nothing_to_judge(ctx.judged)
     if nothing:
         if as_json:

@@ -5,6 +5,7 @@ the writers that use them; `pipeline.py` orchestrates."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -25,10 +26,14 @@ from .judge.precision import precision as low_precision
 from .judge.loadable import input_model
 from .judge.settings import JudgeSettings
 from .limits import Limits, set_eval_timeout
+from .data.sources import npz_shapes
+from .repair import say
 
 def _default_trt_version() -> int:
     from .backends.trt import default_trt_version
     return default_trt_version()
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,10 +133,12 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     `spool`: where samples and references that do not fit in memory go (default: a
     temporary folder)."""
     path = Path(model_path)
-    graph = Graph.from_path(path)
+    # the emulator rounds with Casts to the low type: an older opset is judged as converted
+    graph = Graph.from_path(path, low_precision(opts.precision).min_opset if search else 1,
+                            {**npz_shapes(list(opts.inputs)), **opts.shapes})
+    if graph.repairs:
+        log.warning("%s", say(path, graph.repairs))
     input_model(path)  # judge/loadable.py: what the run's written copies are held to
-    if search:  # the emulator rounds with Casts to the low type: before any long work
-        low_precision(opts.precision).require_opset(graph.opset, path)
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)

@@ -14,6 +14,7 @@ EXIT_NO_PLAN = 4  # no precision plan meets the tolerance
 EXIT_PARTIAL = 5  # the judged part passes, but the emulator could not round every node
 EXIT_OVER_BUDGET = 6  # --budget: no plan within the slowdown budget meets the tolerance
 EXIT_FRAGILE = 7  # the plan passes, but by less than the spread of what the tools compute
+EXIT_REFERENCE_UNSTABLE = 8  # two FP32 runs differ (random ops): nothing can be judged
 
 
 class TrtBisectError(Exception):

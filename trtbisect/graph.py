@@ -31,8 +31,12 @@ PASS_THROUGH_OPS = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "C
 PROTOBUF_LIMIT = 2**31 - 1
 
 
-def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load and validate an ONNX file, weights left where they are.
+def load_model(path: str | os.PathLike, min_opset: int = 1,
+               shapes: Mapping[str, Sequence[int]] | None = None,
+               notes: list[str] | None = None) -> onnx.ModelProto:
+    """Load and validate an ONNX file, weights left where they are, as trtbisect's own copy
+    (repair.py: what ONNX Runtime runs but the checker or the run's copies refuse is mended;
+    `notes` gets a phrase per change). `min_opset`: the opset the copies need (13 for BF16).
 
     External data stays on disk (the returned proto points at it; `Graph.from_path` maps it), so
     a model of any size, beyond protobuf's 2 GiB too, loads in the memory of its graph alone.
@@ -54,11 +58,16 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     for t in external:
         _check_external(p, t)
     check_weight_sizes(p, external)  # before anything reads (or hashes) the data
+    problem = None
     try:
         # by path: the checker reads the file itself and never needs the weights in one proto
         onnx.checker.check_model(str(p))
     except (onnx.checker.ValidationError, ValueError, OSError) as exc:
-        raise TrtBisectError(f"{p} is not a valid ONNX model: {_first_line(exc)}") from exc
+        problem = _first_line(exc)
+    from .repair import own_copy
+    model, changed = own_copy(model, p, min_opset, shapes, problem)
+    if notes is not None:
+        notes.extend(changed)
     return model
 
 
@@ -530,12 +539,18 @@ class Graph:
     declared: dict[str, int] = field(init=False)
     static: frozenset[str] = field(init=False)  # tensors whose inferred shape is static
     source: onnx.ModelProto = field(init=False, repr=False)
+    repairs: tuple[str, ...] = field(default=(), init=False)  # what load_model's copy changed
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike) -> "Graph":
-        """Load a model file; its weights stay on disk or are held once, in the store."""
+    def from_path(cls, path: str | os.PathLike, min_opset: int = 1,
+                  shapes: Mapping[str, Sequence[int]] | None = None) -> "Graph":
+        """Load a model file; its weights stay on disk or are held once, in the store.
+        `repairs` says what trtbisect's copy changed (repair.py)."""
         p = Path(path)
-        return cls(load_model(p), base_dir=p.parent, own=True)
+        notes: list[str] = []
+        graph = cls(load_model(p, min_opset, shapes, notes), base_dir=p.parent, own=True)
+        graph.repairs = tuple(notes)
+        return graph
 
     def __post_init__(self) -> None:
         check_names(self.model)
@@ -748,7 +763,7 @@ class Graph:
         out.CopyFrom(self.model)
         for t in out.graph.initializer:
             if t.data_location == TensorProto.EXTERNAL:
-                t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(self.array(t.name)),
+                t.CopyFrom(numpy_helper.from_array(np.asarray(self.array(t.name), order="C"),
                                                    t.name))
         return out
 

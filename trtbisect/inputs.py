@@ -299,8 +299,12 @@ def _split_samples(graph: Graph, arrays: Mapping[str, np.ndarray], source: str,
         raise TrtBisectError(f"{source} lacks input(s) {', '.join(missing)}; it has "
                              f"{', '.join(sorted(arrays)) or 'nothing'}")
     if extra:
+        weights = [n for n in extra if n in graph.initializers]
+        why = (f"; {', '.join(weights)}: a default value (an initializer) the model holds, judged "
+               "as the constant TensorRT's parser makes of it (docs/input_models.md)"
+               if weights else "")
         raise TrtBisectError(f"{source} has array(s) {', '.join(extra)} that are not graph inputs "
-                             f"(inputs: {', '.join(sorted(wanted))})")
+                             f"(inputs: {', '.join(sorted(wanted))}){why}")
     stacked: dict[str, bool] = {}
     for name, value in wanted.items():
         arr, dtype, declared = arrays[name], input_dtype(value), declared_shape(value)

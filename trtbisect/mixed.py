@@ -47,7 +47,7 @@ class Written:
         out.CopyFrom(self.proto)
         for t in out.graph.initializer:
             if t.name in self.arrays:
-                t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(self.arrays[t.name]),
+                t.CopyFrom(numpy_helper.from_array(np.asarray(self.arrays[t.name], order="C"),
                                                    t.name))
         return out
 
@@ -74,7 +74,7 @@ class Written:
             with open(tmp, "wb") as fh:
                 for t in proto.graph.initializer:
                     if t.name in self.arrays:
-                        arr = np.ascontiguousarray(self.arrays[t.name])
+                        arr = np.asarray(self.arrays[t.name], order="C")
                         pad = (-fh.tell()) % 64
                         fh.write(b"\0" * pad)
                         offsets[t.name] = (fh.tell(), arr.nbytes)
@@ -182,7 +182,7 @@ class _MixedWriter:
 
     def _constant(self, name: str, arr: np.ndarray) -> None:
         if arr.nbytes <= SMALL_BYTES:
-            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+            self.inits.append(numpy_helper.from_array(np.asarray(arr, order="C"), name))
             return
         t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
         t.dims.extend(arr.shape)
@@ -209,6 +209,7 @@ class _MixedWriter:
         del og.node[:]
         og.node.extend(self.nodes)
         used = {t for n in walk(self.nodes) for t in n.input}  # subgraphs read outer weights
+        used |= {v.name for v in og.output}  # an initializer that is a graph output stays
         keep_inits = [t for t in og.initializer if t.name in used]
         del og.initializer[:]
         og.initializer.extend(keep_inits)

@@ -23,7 +23,7 @@ from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved t
 from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
 from .compare import OutputError, TensorStats
 from .diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
-from .errors import EXIT_REFERENCE_INVALID, TrtBisectError
+from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
 from .graph import Graph
 from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
@@ -97,10 +97,12 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
               "precision": low.to_json(),
               "coverage": coverage.record(g)}
+    if ctx.graph.repairs:  # what trtbisect's copy changed (repair.py, docs/input_models.md)
+        record["model_copy"] = list(ctx.graph.repairs)
     for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
         log.warning("TensorRT's ONNX parser: %s x%d (%s): %s; %s", c.label, len(c.nodes),
                     ", ".join(c.nodes[:3]) + (", ..." if len(c.nodes) > 3 else ""), c.why, c.fix)
-    unjudgeable = _unjudgeable(ctx, record, base)
+    unjudgeable = _unjudgeable(ctx, record, base, opts.threads)
     if unjudgeable is not None:
         return _finish(unjudgeable, ctx, out_dir, started, opts.report, marks)
     stats: dict[str, TensorStats] = {}
@@ -320,13 +322,21 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.extra["judged"] = judged
 
 
-def _unjudgeable(ctx: Context, record: dict, base: dict) -> RunResult | None:
-    """The verdicts given before any judgement: an FP32 reference that is already broken, or
-    a model whose computation FP16 cannot change."""
+def _unjudgeable(ctx: Context, record: dict, base: dict,
+                 threads: int | None = None) -> RunResult | None:
+    """The verdicts given before any judgement: an FP32 reference that is already broken or
+    that two runs do not reproduce (random ops), or a model whose computation FP16 cannot
+    change."""
     problems = reference_problems(ctx)
     if problems:
         return RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                          errors_before={}, errors_after={}, reference_problems=problems,
+                         extra=dict(record), **base)
+    from .judge.reproducible import unstable
+    moving = unstable(ctx.graph, ctx.every_sample[0], threads)
+    if moving:
+        return RunResult("reference_unstable", fp32_nodes=[], evaluations=0, inferences=0,
+                         errors_before={}, errors_after={}, reference_problems=moving,
                          extra=dict(record), **base)
     nothing = degenerate.nothing_to_judge(ctx.judged)
     if nothing:  # FP16 cannot change what this model computes: a verdict of its own
@@ -577,6 +587,40 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
-    return judge_mixed(mixed_path, ctx, opts)
+    require_reproducible(ctx, opts.threads)
+    _declares_the_reference_shapes(mixed_path, ctx.every_reference[0])
+    try:
+        return judge_mixed(mixed_path, ctx, opts)
+    except ValueError as exc:  # a file of the user's computing other shapes (declared dynamic)
+        if not str(exc).startswith("shape mismatch"):
+            raise
+        raise TrtBisectError(f"{mixed_path} computes another output shape than the reference "
+                             f"({exc}): is it a mixed-precision copy of the reference model?"
+                             ) from exc
+
+
+def require_reproducible(ctx: Context, threads: int | None) -> None:
+    """`check` and `compare`: a reference two runs do not reproduce (random ops) is refused,
+    exit 8, naming the op (`run` gives it a verdict of its own)."""
+    from .judge.reproducible import unstable
+    moving = unstable(ctx.graph, ctx.every_sample[0], threads)
+    if moving:
+        raise TrtBisectError(f"the FP32 reference is not reproducible: {'; '.join(moving)}",
+                             EXIT_REFERENCE_UNSTABLE)
+
+
+def _declares_the_reference_shapes(mixed_path: str | Path, ref: Mapping[str, np.ndarray]) -> None:
+    """A file whose output declares another static shape than the reference computes is
+    another model: refused in one line, before it is run."""
+    from .graph import load_model
+    from .inputs import declared_shape
+    for v in load_model(mixed_path).graph.output:
+        dims = declared_shape(v) if v.type.tensor_type.HasField("shape") else None
+        if v.name in ref and dims is not None and all(isinstance(d, int) and d > 0 for d in dims) \
+                and tuple(dims) != np.shape(ref[v.name]):
+            raise TrtBisectError(
+                f"{mixed_path}: output {v.name!r} declares shape {list(dims)}, the reference "
+                f"computes {list(np.shape(ref[v.name]))}: is it a mixed-precision copy of the "
+                "reference model?")
 
 

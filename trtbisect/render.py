@@ -751,7 +751,7 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
         for name, value in arrays.items():
             with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
-                np.lib.format.write_array(fh, np.ascontiguousarray(value), allow_pickle=False)
+                np.lib.format.write_array(fh, np.asarray(value, order="C"), allow_pickle=False)
     return buf.getvalue()
 
 

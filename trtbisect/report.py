@@ -31,6 +31,8 @@ TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.
 VERDICTS = {"fp16_ok": "FP16 already meets {meet}: nothing needs FP32",
             "fixed": "fixed by keeping {n} of {c} nodes{layers} in FP32",
             "reference_invalid": "the FP32 reference is already non-finite: FP16 is not to blame",
+            "reference_unstable": "two FP32 runs of the model differ (it draws random numbers): "
+                                  "nothing can be judged against a reference that moves",
             "no_plan": "no precision plan meets {meet}",
             "partial": "partial judgement: {partial}",
             "nothing_to_judge": "nothing to judge in FP16: no node computes in float32 or "

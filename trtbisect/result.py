@@ -9,7 +9,7 @@ from . import __version__, degenerate
 from .compare import OutputError, TensorStats, Tolerance
 from .diagnose import Culprit
 from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
-                     EXIT_REFERENCE_INVALID)
+                     EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE)
 from .judge.criteria import Criteria
 from .mixed import Written
 from .render import RenderContext
@@ -19,7 +19,7 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
-                "fragile": EXIT_FRAGILE}
+                "fragile": EXIT_FRAGILE, "reference_unstable": EXIT_REFERENCE_UNSTABLE}
 
 
 @dataclass

@@ -304,7 +304,7 @@ class _Builder:
 
     def _constant(self, name: str, arr: np.ndarray) -> None:
         if arr.nbytes <= SMALL_BYTES:
-            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+            self.inits.append(numpy_helper.from_array(np.asarray(arr, order="C"), name))
             return
         t = TensorProto(name=name, data_type=FLOAT)
         t.dims.extend(arr.shape)
@@ -562,7 +562,7 @@ class _Builder:
         del gr.node[:]
         gr.node.extend(self.nodes)
         gr.initializer.extend(self.inits)
-        used = {t for n in walk(self.nodes) for t in n.input}
+        used = {t for n in walk(self.nodes) for t in n.input} | {v.name for v in gr.output}
         # ORT drops unused initializers before it takes ours by reference (one pass: removing
         # them one by one rescans the list, 1.4 s for 4,000 of 6,000)
         kept = [t for t in gr.initializer if t.name in used]

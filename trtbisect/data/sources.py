@@ -33,8 +33,8 @@ from ..errors import TrtBisectError
 from ..graph import Graph
 from ..limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
 from . import npz
-from ..inputs import (Sample, check_sample, check_shape_names, guard_random_samples, npz_samples,
-                      random_sample)
+from ..inputs import (Sample, _member_name, check_sample, check_shape_names, guard_random_samples,
+                      npy_header, npz_samples, random_sample)
 
 GLOB_CHARS = "*?["
 _END = object()  # a data loader's iterator is exhausted
@@ -248,3 +248,20 @@ def loader_items(graph: Graph, spec: str, shapes: Mapping[str, tuple[int, ...]]
                         f"after {n} sample(s): {' '.join(str(exc).split())[:200]}") from None
     if n == 0:
         raise HookError(f"--data-loader-script {spec}: {name} yielded no samples")
+
+
+def npz_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The array shapes of the first --inputs .npz, from its headers (nothing is read): what
+    a graph input that declares no shape is given (one sample, as the array is). Empty where
+    it cannot be read; reading the samples then says why."""
+    import zipfile
+
+    try:
+        path, kind = expand(specs[0])[0] if specs else ("", "")
+        if kind != "npz":
+            return {}
+        with zipfile.ZipFile(path) as zf:
+            return {_member_name(i, path): tuple(npy_header(zf, i, path)[0])
+                    for i in zf.infolist()}
+    except (TrtBisectError, OSError, ValueError, EOFError, zipfile.BadZipFile, IndexError):
+        return {}

@@ -86,16 +86,6 @@ class Precision:
         """An evidence key carrying the precision's name (`spacing` -> `fp16_spacing`)."""
         return f"{self.name}_{base}"
 
-    def require_opset(self, opset: int, path: object) -> None:
-        """Refuse a model whose opset has no Cast to this type (bfloat16 joined Cast at
-        opset 13): the emulator's rounding and the mixed ONNX both need it."""
-        if opset < self.min_opset:
-            raise TrtBisectError(
-                f"{path} is opset {opset}; --precision {self.name} needs opset >= "
-                f"{self.min_opset} (ONNX added {self.trt_type} to Cast there): convert it, e.g. "
-                f"onnx.version_converter.convert_version(model, {self.min_opset}), or use "
-                "--precision fp16")
-
     def to_json(self) -> dict:
         return {"name": self.name, "max": self.max, "min_normal": self.min_normal,
                 "smallest_subnormal": self.tiny, "fraction_bits": self.fraction_bits}

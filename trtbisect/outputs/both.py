@@ -24,6 +24,7 @@ from ..plan import atomic_write_text
 PRECISIONS = (FP16, BF16)
 VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no plan",
                  "over_budget": "over budget", "reference_invalid": "reference invalid",
+                 "reference_unstable": "reference unstable",
                  "nothing_to_judge": "nothing to judge", "partial": "partial",
                  "fragile": "fragile"}
 
@@ -66,14 +67,14 @@ class Both:
 def run_both(model: str, opts, out: Path,
              run: Callable[[str, object, Path, str], object]) -> Both:
     """Both runs, one after the other; `run(model, opts, folder, name)` is one single run
-    (the CLI's, with its progress). A model one of them cannot judge (BF16 needs opset 13)
-    is refused before either runs, not after the FP16 half."""
+    (the CLI's, with its progress). A model one of them cannot judge (BF16 needs opset 13:
+    an older model is converted, and refused only where the conversion fails) is refused
+    before either runs, not after the FP16 half."""
     from ..graph import load_model
 
-    opset = next((o.version for o in load_model(model).opset_import
-                  if o.domain in ("", "ai.onnx")), 1)
     for p in PRECISIONS:
-        p.require_opset(opset, model)
+        if p.min_opset > 1:
+            load_model(model, min_opset=p.min_opset)  # raises the one-line refusal
     results, folders = {}, {}
     for p in PRECISIONS:
         one = copy.copy(opts)

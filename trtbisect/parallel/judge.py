@@ -110,6 +110,8 @@ class JudgeSpec:
     active: tuple[str, ...]  # switchable from the first session on (the prior's prefetch)
     names: str = ""  # digest of the judged graph: the worker must prepare the same graph
     model_sha256: str | None = None  # checked where the file is not the parent's own path
+    # --shape: what a graph input declaring no shape is given in the run's copy (repair.py)
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def graph_digest(graph) -> str:
@@ -144,8 +146,10 @@ class SampleJudge:
         if spec.model_sha256 is not None and model_hash(spec.model) != spec.model_sha256:
             raise TrtBisectError(f"the model {spec.model} a worker reads differs from the "
                                  "run's (give a path every node reads the same file at)")
-        graph = Graph.from_path(spec.model)
+        from ..judge.precision import precision
         settings = spec.judge
+        graph = Graph.from_path(spec.model, precision(settings.precision).min_opset,
+                                dict(spec.shapes))
         judged, prepared = semantics.prepare_graph(graph, settings.semantics,
                                                    settings.trt_version)
         if spec.names and graph_digest(judged) != spec.names:
@@ -154,7 +158,6 @@ class SampleJudge:
         self.criteria = settings.criteria()
         if criteria_digest(self.criteria) != settings.criteria_fingerprint:
             raise TrtBisectError("a --check file changed during the run")
-        from ..judge.precision import precision
         rules = semantics.rules_for(prepared, settings.tf32, settings.accumulate,
                                     precision(settings.precision))
         self.emulator = Emulator(judged, settings.threads, watch=list(spec.watch), rules=rules,

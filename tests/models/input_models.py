@@ -1,0 +1,180 @@
+"""Models as exporters of every year write them (#34): what ONNX Runtime CPU loads and runs in
+FP32, each built with onnx.helper around one planted fault (tests/test_input_models.py and the
+fuzz corpus use them).
+
+The fault: y = ((x @ 1000 I) @ 1000 I) @ 1e-6 I. FP16 overflows after `up2` (values of 2e6), so
+the plan is exactly {up2, down} under either semantics: `up1` writes at most 2e3, and `down`
+reads the 2e6. MatMul runs in ONNX Runtime at every opset, the oldest too.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+
+X = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
+PLAN = {"up1": False, "up2": True, "down": True}  # node -> kept in FP32
+SCALES = (("k1", 1000.0), ("k2", 1000.0), ("k3", 1e-6))
+
+
+def _weights() -> list[onnx.TensorProto]:
+    return [nh.from_array(np.eye(4, dtype=np.float32) * v, n) for n, v in SCALES]
+
+
+def _nodes(names=("up1", "up2", "down"), out: str = "y") -> list[onnx.NodeProto]:
+    return [h.make_node("MatMul", ["x", "k1"], ["a"], name=names[0]),
+            h.make_node("MatMul", ["a", "k2"], ["b"], name=names[1]),
+            h.make_node("MatMul", ["b", "k3"], [out], name=names[2])]
+
+
+def _vi(name: str, shape=(2, 4)) -> onnx.ValueInfoProto:
+    return h.make_tensor_value_info(name, TP.FLOAT, None if shape is None else list(shape))
+
+
+def _model(g: onnx.GraphProto, opset: int = 13, ir: int = 10,
+           extra: tuple[tuple[str, int], ...] = ()) -> onnx.ModelProto:
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset),
+                                       *(h.make_opsetid(d, v) for d, v in extra)],
+                     producer_name="input_models")
+    m.ir_version = ir
+    return m
+
+
+def overflow(opset: int = 13, ir: int = 10) -> onnx.ModelProto:
+    return _model(h.make_graph(_nodes(), "ovf", [_vi("x")], [_vi("y")], _weights()), opset, ir)
+
+
+def ir3_weights_as_inputs() -> onnx.ModelProto:
+    """IR version 3 (a 2017-2018 export): every initializer is a graph input too."""
+    w = _weights()
+    g = h.make_graph(_nodes(), "ir3", [_vi("x"), *(_vi(t.name, (4, 4)) for t in w)], [_vi("y")], w)
+    return _model(g, opset=8, ir=3)
+
+
+def opset4_casts() -> onnx.ModelProto:
+    """Opset 4, IR 3: a Cast wants a string `to` there (ORT has no kernel for it)."""
+    m = ir3_weights_as_inputs()
+    m.opset_import[0].version = 4
+    return m
+
+
+def defaulted_input_used() -> onnx.ModelProto:
+    """k2 is a graph input with a default value (its initializer): Polygraphy's instancenorm."""
+    g = h.make_graph(_nodes(), "dflt", [_vi("x"), _vi("k2", (4, 4))], [_vi("y")], _weights())
+    return _model(g)
+
+
+def defaulted_input_unused() -> onnx.ModelProto:
+    """An input with a default value that no node reads (onnx's light_resnet50): it must not
+    become required."""
+    w = [*_weights(), nh.from_array(np.ones(3, np.float32), "unused")]
+    g = h.make_graph(_nodes(), "dflt_unused", [_vi("x"), _vi("unused", (3,))], [_vi("y")], w)
+    return _model(g)
+
+
+def sparse_initializer() -> onnx.ModelProto:
+    """k2 as a sparse_initializer (4 non-zeros: onnx-graphsurgeon's sparse_nnz.onnx)."""
+    w = [t for t in _weights() if t.name != "k2"]
+    values = nh.from_array(np.full(4, 1000.0, np.float32), "k2")
+    indices = nh.from_array(np.array([0, 5, 10, 15], np.int64), "k2_indices")
+    g = h.make_graph(_nodes(), "sparse", [_vi("x")], [_vi("y")], w)
+    g.sparse_initializer.extend([h.make_sparse_tensor(values, indices, [4, 4])])
+    return _model(g)
+
+
+def initializer_output() -> onnx.ModelProto:
+    """A graph output that is an initializer (initializer_is_output.onnx)."""
+    g = h.make_graph(_nodes(), "init_out", [_vi("x")], [_vi("y"), _vi("k1", (4, 4))], _weights())
+    return _model(g)
+
+
+def shapeless_io() -> onnx.ModelProto:
+    """No shape field on the graph's input and output: what onnx-graphsurgeon writes for a
+    tensor whose shape is None. Needs --shape or an --inputs .npz for the input."""
+    g = h.make_graph(_nodes(), "gs", [_vi("x", None)], [_vi("y", None)], _weights())
+    return _model(g)
+
+
+def shapeless_output() -> onnx.ModelProto:
+    """No shape field on the output only (Polygraphy's conv.onnx)."""
+    g = h.make_graph(_nodes(), "gs_out", [_vi("x")], [_vi("y", None)], _weights())
+    return _model(g)
+
+
+def empty_graph_name() -> onnx.ModelProto:
+    return _model(h.make_graph(_nodes(), "", [_vi("x")], [_vi("y")], _weights()))
+
+
+def unsorted_nodes() -> onnx.ModelProto:
+    """The nodes in reverse execution order."""
+    return _model(h.make_graph(_nodes()[::-1], "unsorted", [_vi("x")], [_vi("y")], _weights()))
+
+
+def unsorted_unnamed() -> onnx.ModelProto:
+    """Reverse order and no names: the plan must name them by their place in the file
+    (down is MatMul_0, up2 MatMul_1, up1 MatMul_2)."""
+    nodes = _nodes(("", "", ""))[::-1]
+    return _model(h.make_graph(nodes, "unsorted", [_vi("x")], [_vi("y")], _weights()))
+
+
+def scalar_output() -> onnx.ModelProto:
+    """A rank-0 output: the largest value of the overflow chain's result, and a scalar weight."""
+    nodes = [*_nodes(out="c"), h.make_node("ReduceMax", ["c"], ["s"], name="max", keepdims=0),
+             h.make_node("Mul", ["s", "half"], ["y"], name="scale")]
+    w = [*_weights(), nh.from_array(np.array(0.5, np.float32), "half")]
+    return _model(h.make_graph(nodes, "scalar", [_vi("x")], [_vi("y", ())], w))
+
+
+def _random(op: str, **given) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        attrs = dict(given)
+        nodes = _nodes(out="c")
+        w = _weights()
+        opset = 15
+        if op == "Dropout":
+            w += [nh.from_array(np.array(0.5, np.float32), "ratio"),
+                  nh.from_array(np.array(attrs.pop("training")), "training")]
+            nodes.append(h.make_node("Dropout", ["c", "ratio", "training"], ["y"], name="drop",
+                                     **attrs))
+        elif op == "Bernoulli":
+            nodes += [h.make_node("Sigmoid", ["c"], ["p"], name="sig"),
+                      h.make_node("Bernoulli", ["p"], ["y"], name="draw", **attrs)]
+        elif op == "Multinomial":
+            nodes += [h.make_node("Multinomial", ["c"], ["i"], name="draw", sample_size=3,
+                                  **attrs),
+                      h.make_node("Cast", ["i"], ["y"], name="tofloat", to=TP.FLOAT)]
+            return _model(h.make_graph(nodes, op, [_vi("x")], [_vi("y", (2, 3))], w), opset)
+        else:
+            nodes += [h.make_node(op, ["c"], ["r"], name="draw", **attrs),
+                      h.make_node("Add", ["c", "r"], ["y"], name="noise")]
+        return _model(h.make_graph(nodes, op, [_vi("x")], [_vi("y")], w), opset)
+    return build
+
+
+random_normal_like = _random("RandomNormalLike")
+random_uniform_like_seeded = _random("RandomUniformLike", seed=7.0)
+dropout_training = _random("Dropout", training=True)
+dropout_inference = _random("Dropout", training=False)
+bernoulli = _random("Bernoulli")
+multinomial = _random("Multinomial")
+
+# name -> (builder, fed an .npz?) : every class of #34 that is judged
+JUDGED: dict[str, Callable[[], onnx.ModelProto]] = {
+    "ir3_weights_as_inputs": ir3_weights_as_inputs, "opset4_casts": opset4_casts,
+    "defaulted_input_used": defaulted_input_used,
+    "defaulted_input_unused": defaulted_input_unused,
+    "sparse_initializer": sparse_initializer, "initializer_output": initializer_output,
+    "shapeless_io": shapeless_io, "shapeless_output": shapeless_output,
+    "empty_graph_name": empty_graph_name, "unsorted_nodes": unsorted_nodes,
+    "unsorted_unnamed": unsorted_unnamed, "scalar_output": scalar_output,
+    "dropout_inference": dropout_inference,
+}
+# name -> builder: models whose two FP32 runs differ (reference_unstable), the drawing op's name
+UNSTABLE: dict[str, Callable[[], onnx.ModelProto]] = {
+    "random_normal_like": random_normal_like,
+    "random_uniform_like_seeded": random_uniform_like_seeded,
+    "dropout_training": dropout_training, "bernoulli": bernoulli, "multinomial": multinomial,
+}
