@@ -1,0 +1,84 @@
+"""The quantized judge: a plan (layers un-quantized) is a model, run on ONNX Runtime's CPU
+provider under the one judging configuration (backends/ort.py `session_options`: graph
+optimizations off, so every QuantizeLinear/DequantizeLinear runs as written, int8, uint8 and
+float8 alike, and no QDQ pattern is fused into an integer kernel), and judged against the
+reference outputs by the run's criteria (judge/criteria.py). The search's check and the
+written file's check are this one function: the file is judged bit for bit as the search
+judged its plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from ..compare import Tolerance
+from ..judge.criteria import Criteria, Verdict
+from .qdq import Layer, dequantized_weights, unquantize
+
+
+def session(model: onnx.ModelProto | str | Path, threads: int | None = None):
+    """An ORT session under the judge's options, over an in-memory model or a file."""
+    import onnxruntime as ort
+
+    from ..backends.ort import session_options
+    from ..errors import TrtBisectError
+
+    what = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(what, session_options(threads),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises several unrelated types for unloadable models
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrtBisectError(f"onnxruntime cannot load the quantized model: {first}") from exc
+
+
+def run_outputs(sess, sample: Mapping[str, np.ndarray], names: Sequence[str]
+                ) -> dict[str, np.ndarray]:
+    from ..backends.ort import run_session
+
+    fed = {i.name: sample[i.name] for i in sess.get_inputs()}
+    return {n: np.asarray(v) for n, v in zip(names, run_session(sess, fed, list(names)))}
+
+
+class QuantJudge:
+    """Judges plans (sets of layer names run un-quantized) on every sample; memoized."""
+
+    def __init__(self, model: onnx.ModelProto, layers: Sequence[Layer],
+                 samples: Sequence[Mapping[str, np.ndarray]],
+                 references: Sequence[Mapping[str, np.ndarray]], criteria: Criteria,
+                 tolerance: Tolerance, threads: int | None = None) -> None:
+        self.model, self.layers = model, list(layers)
+        self.by_name = {layer.name: layer for layer in self.layers}
+        self.samples, self.references = samples, references
+        self.criteria, self.tolerance, self.threads = criteria, tolerance, threads
+        self.weights = dequantized_weights(model, [e for la in self.layers for e in la.edges])
+        self.verdicts: dict[frozenset[str], Verdict] = {}
+        self.runs = 0  # inferences
+
+    def model_for(self, plan: frozenset[str] | Sequence[str]) -> onnx.ModelProto:
+        """The model with `plan`'s layers un-quantized (in graph order)."""
+        chosen = set(plan)
+        return unquantize(self.model, [la for la in self.layers if la.name in chosen],
+                          self.weights)
+
+    def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
+        """Any model (a plan's, or a written file) on every sample under the criteria."""
+        sess = session(model, self.threads)
+        judged = []
+        for sample, ref in zip(self.samples, self.references):
+            got = run_outputs(sess, sample, list(ref))
+            judged.append(self.criteria.judge(ref, got, sample, self.tolerance))
+            self.runs += 1
+        return self.criteria.verdict(judged)
+
+    def measure(self, plan: frozenset[str]) -> Verdict:
+        key = frozenset(plan)
+        if key not in self.verdicts:
+            self.verdicts[key] = self.judge_model(self.model_for(key))
+        return self.verdicts[key]
+
+    def check(self, plan: frozenset[str]) -> bool:
+        return self.measure(plan).passed

@@ -1,0 +1,292 @@
+"""`trtbisect run model_qdq.onnx`: find the cheapest set of quantized layers to run in float.
+
+Load the explicitly quantized model, find its quantized layers (qdq.py), build the reference
+(every layer un-quantized, or the user's --reference FP32 model), judge the model as given; if
+it fails, search for a 1-minimal set of layers to un-quantize with the search every run uses
+(search.py: the prior is the diagnosis's ranking), write the plan's model, judge *that file*
+with the same judge (one judge, bit for bit), and say why each layer of the plan fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx
+
+from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
+from ..judge.criteria import Verdict
+from ..outputs.escape import visible
+from ..search import Progress, find_minimal_fp32
+from . import qdq
+from .diagnose import SAMPLES, Finding, diagnose
+from .judge import QuantJudge
+from .render import renderings
+
+log = logging.getLogger(__name__)
+
+VERDICTS = {"quantized_ok": EXIT_OK, "fixed": EXIT_OK, "no_plan": EXIT_NO_PLAN,
+            "reference_invalid": EXIT_REFERENCE_INVALID}
+
+
+@dataclass
+class QuantResult:
+    verdict: str  # quantized_ok | fixed | no_plan | reference_invalid
+    model_path: str
+    layers: list[qdq.Layer]
+    plan: list[str]  # layers to run un-quantized, in graph order
+    before: Verdict | None  # the model as given
+    after: Verdict | None  # the written plan's file (one judge)
+    search_after: Verdict | None = None  # the search's own verdict of the plan
+    evaluations: int = 0
+    one_minimal: bool = False
+    trials: list = field(default_factory=list)
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    reference: str = "the model with its Q/DQ removed"
+    files: dict[str, str] = field(default_factory=dict)
+    renderings: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    criteria: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICTS[self.verdict]
+
+    @property
+    def one_judge(self) -> bool | None:
+        """The written file's errors equal the search's, bit for bit (None: not compared)."""
+        if self.after is None or self.search_after is None:
+            return None
+        return _same(self.after, self.search_after)
+
+    def layer(self, name: str) -> qdq.Layer:
+        return next(la for la in self.layers if la.name == name)
+
+    def to_json(self) -> dict:
+        from .. import __version__
+
+        def errors(v: Verdict | None) -> dict:
+            return {k: e.to_json() for k, e in v.errors.items()} if v is not None else {}
+
+        formats: dict[str, int] = {}
+        for la in self.layers:
+            for f in la.formats:
+                formats[f] = formats.get(f, 0) + 1
+        return {
+            "tool": "trtbisect", "version": __version__, "mode": "quantized",
+            "model": self.model_path, "verdict": self.verdict, "reference": self.reference,
+            "quantized_layers": len(self.layers), "formats": formats,
+            "unquantized_layers": self.plan,
+            "plan": [{**self.layer(n).to_json(),
+                      "findings": [f.to_json() for f in self.findings.get(n, [])]}
+                     for n in self.plan],
+            "errors_before": errors(self.before), "errors_after": errors(self.after),
+            "judged": {"before": self.before.to_json() if self.before else None,
+                       "after": self.after.to_json() if self.after else None},
+            "one_judge": {"search_equals_check": self.one_judge,
+                          "search": errors(self.search_after)},
+            "criteria": self.criteria, "evaluations": self.evaluations,
+            "one_minimal": self.one_minimal,
+            "trials": [t.to_json() for t in self.trials], "renderings": self.renderings,
+            "reference_problems": self.problems, "files": self.files,
+            "seconds": round(self.seconds, 3),
+            "layers": [la.to_json() for la in self.layers]}
+
+
+def _same(a: Verdict, b: Verdict) -> bool:
+    if a.passed != b.passed or set(a.errors) != set(b.errors):
+        return False
+    return all(a.errors[k].max_abs == b.errors[k].max_abs
+               or (np.isnan(a.errors[k].max_abs) and np.isnan(b.errors[k].max_abs))
+               for k in a.errors)
+
+
+def load(path: str | Path) -> onnx.ModelProto:
+    """The model with its weights in one proto (one-line errors as for every model)."""
+    from ..graph import load_model
+
+    p = Path(path)
+    model = load_model(p)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(model, str(p.parent))
+    return model
+
+
+def is_quantized_file(path: str | Path) -> bool:
+    """The CLI's hook: does this ONNX file hold Q/DQ (explicit quantization)? False for
+    anything that is not a readable ONNX file (the FP16 run then says what is wrong)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not ours to report: the normal run reports it
+        return False
+    return qdq.is_quantized(model)
+
+
+def _check_reference(model: onnx.ModelProto, ref: onnx.ModelProto, where: str) -> None:
+    mine = sorted(o.name for o in model.graph.output)
+    theirs = sorted(o.name for o in ref.graph.output)
+    if mine != theirs:
+        raise TrtBisectError(f"--reference {where} has outputs {visible(theirs)}, the quantized "
+                             f"model {visible(mine)}: give the FP32 model it was quantized from")
+    ins = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    rins = {i.name for i in ref.graph.input} - {t.name for t in ref.graph.initializer}
+    if ins != rins:
+        raise TrtBisectError(f"--reference {where} has inputs {visible(sorted(rins))}, the "
+                             f"quantized model {visible(sorted(ins))}")
+
+
+def activation_values(ref_model: onnx.ModelProto, layers: Sequence[qdq.Layer],
+                      samples, threads: int | None) -> dict[str, list[np.ndarray]]:
+    """The reference's values of every quantized activation's float source, on the first
+    few samples."""
+    from .judge import run_outputs, session
+
+    sources = sorted({e.source for la in layers for e in la.edges if not e.weight})
+    inputs = {i.name for i in ref_model.graph.input}
+    produced = {t for n in ref_model.graph.node for t in n.output}
+    inner = [s for s in sources if s in produced and s not in inputs]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(ref_model)
+    have = {o.name for o in probe.graph.output}
+    for t in inner:
+        if t not in have:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
+    sess = session(probe, threads) if inner else None
+    values: dict[str, list[np.ndarray]] = {s: [] for s in sources}
+    for k, sample in enumerate(samples):
+        if k >= SAMPLES:
+            break
+        got = run_outputs(sess, sample, inner) if sess is not None else {}
+        for s in sources:
+            v = got.get(s, sample.get(s))
+            if v is not None and np.issubdtype(np.asarray(v).dtype, np.floating):
+                values[s].append(np.asarray(v, np.float32))
+    return values
+
+
+def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]]) -> list[str]:
+    """Most suspicious first: the findings' kinds, then the measured quantization noise."""
+    weight = {"saturation": 4.0, "activation_outlier": 3.0, "oversized_scale": 3.0,
+              "softmax_input": 2.0,
+              "layernorm_input": 2.0, "weight_channel_range": 2.0}
+
+    def score(la: qdq.Layer) -> float:
+        fs = findings.get(la.name, [])
+        noise = max([f.evidence.get("noise", 0.0) for f in fs
+                     if isinstance(f.evidence.get("noise"), float)
+                     and not np.isnan(f.evidence["noise"])] + [0.0])
+        return max([weight.get(f.kind, 0.0) for f in fs] + [0.0]) + noise
+    order = {la.name: i for i, la in enumerate(layers)}
+    return sorted(order, key=lambda n: (-score(next(la for la in layers if la.name == n)),
+                                        order[n]))
+
+
+def run(model_path: str | Path, opts, out_dir: Path | None = None,
+        reference_path: str | Path | None = None, progress: Progress | None = None,
+        stage: Callable[[str], None] = log.info) -> QuantResult:
+    """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
+    samples, criteria, tolerance, threads and --max-evals are used)."""
+    from ..data.sources import iter_items
+    from ..data.store import SampleSet, reference_set
+    from ..graph import Graph, model_hash
+
+    started = time.perf_counter()
+    path = Path(model_path)
+    model = load(path)
+    layers = qdq.analyse(model)
+    if not layers:
+        raise TrtBisectError(f"{path} holds DequantizeLinear nodes but no quantized layer "
+                             "trtbisect can un-quantize (a DQ of a quantized graph input?)")
+    stage(f"{len(layers)} quantized layers ({', '.join(sorted({f for la in layers for f in la.formats}))})")
+    if reference_path is not None:
+        ref_model = load(reference_path)
+        _check_reference(model, ref_model, str(reference_path))
+        where = f"{reference_path}"
+    else:
+        ref_model = qdq.reference(model, layers)
+        where = "the model with its Q/DQ removed"
+    opts.criteria.validate([o.name for o in ref_model.graph.output])
+    ref_graph = Graph(ref_model)
+    samples = SampleSet(iter_items(ref_graph, list(opts.inputs), opts.data_loader, opts.shapes,
+                                   opts.seed, opts.samples))
+    references = reference_set(ref_graph, samples, opts.threads,
+                               f"quant:{model_hash(path)}:{reference_path}", None)
+    opts.criteria.check_fit(references[0])
+    result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
+                         criteria=opts.criteria.describe())
+    from ..pipeline import reference_problems
+
+    class _Refs:  # reference_problems reads ctx.every_reference
+        every_reference = references
+    result.problems = reference_problems(_Refs)  # type: ignore[arg-type]
+    if result.problems:
+        result.verdict = "reference_invalid"
+        result.seconds = time.perf_counter() - started
+        return result
+    judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
+                       opts.threads)
+    stage("judging the quantized model as given")
+    result.before = judge.measure(frozenset())
+    stage("diagnosing the quantized layers")
+    values = activation_values(ref_model, layers, samples, opts.threads)
+    findings = {la.name: diagnose(model, la, values, judge.weights) for la in layers}
+    if result.before.passed:
+        result.verdict = "quantized_ok"
+    else:
+        stage(f"searching which of {len(layers)} quantized layers to run in float")
+        search = find_minimal_fp32([la.name for la in layers], judge.check,
+                                   ranking=_ranking(layers, findings),
+                                   max_evaluations=opts.max_evaluations, progress=progress)
+        result.evaluations, result.trials = search.evaluations, search.trials
+        result.one_minimal = search.one_minimal
+        if search.found:
+            result.plan = list(search.fp32)
+            result.search_after = judge.measure(frozenset(result.plan))
+            result.verdict = "fixed"
+    result.findings = {n: findings[n] for n in result.plan}
+    result.renderings = renderings(result, model)
+    result.seconds = time.perf_counter() - started
+    _write(result, judge, path, out_dir, [path, *_sources(opts), *(
+        [Path(reference_path)] if reference_path else [])])
+    return result
+
+
+def _sources(opts) -> list[Path]:
+    from ..pipeline import input_files
+    return input_files(opts)
+
+
+def _write(result: QuantResult, judge: QuantJudge, path: Path, out_dir: Path | None,
+           keep: Sequence[Path]) -> None:
+    """The plan's model (judged again from the file: one judge), commands.sh and
+    precision.json, as one generation of --out. Without --out the in-memory model is judged."""
+    from ..outdir import OutputDir
+    from ..plan import atomic_write_text, save_model
+
+    if result.verdict != "fixed":
+        if out_dir is not None:
+            with OutputDir(out_dir).generation(keep=keep) as gen:
+                gen.commit(result.to_json())
+        return
+    mixed = judge.model_for(frozenset(result.plan))
+    if out_dir is None:
+        result.after = judge.judge_model(mixed)
+    else:
+        with OutputDir(out_dir).generation(keep=keep) as gen:
+            name = f"{path.stem}.unquantized.onnx"
+            save_model(out_dir / name, mixed)
+            result.files["mixed_qdq_model"] = str(out_dir / name)
+            result.after = judge.judge_model(out_dir / name)  # the file, as check judges it
+            atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
+            result.files["commands"] = str(out_dir / "commands.sh")
+            if not result.after.passed:
+                result.verdict = "no_plan"
+            gen.commit(result.to_json())
+    if not result.after.passed:
+        result.verdict = "no_plan"  # a file that fails is never `fixed`
