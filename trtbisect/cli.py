@@ -410,10 +410,14 @@ def _trt_version(given: str | None) -> int:
               help="Evaluate plans on Ray actors: on the cluster at ADDRESS (e.g. auto, or "
                    "ray://head:10001), or alone on a local one. Needs: pip install "
                    "'trtbisect[ray]'. --workers then caps the actors.")
+@click.option("--reference", "quant_reference", default=None, metavar="FP32.onnx",
+              help="For a quantized (Q/DQ) MODEL: the FP32 model it was quantized from, to "
+                   "judge against. Default: MODEL with its Q/DQ removed (docs/quantization.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, rewrite: bool, search_samples: int,
-        workers: int | None, ray_address: str | None, **kw) -> None:
+        workers: int | None, ray_address: str | None, quant_reference: str | None,
+        **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -425,6 +429,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     Examples:
       trtbisect run model.onnx --inputs inputs.npz --out runs/model
       trtbisect run model.onnx --shape x:1x3x224x224 --samples 4 --strict --json
+      trtbisect run model_qdq.onnx --inputs val.npz   (INT8/FP8 Q/DQ: layers to un-quantize)
     """
     from . import pipeline
     from .export import resolve_model_arg
@@ -438,6 +443,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
     opts.search_samples = search_samples
     opts.workers, opts.ray = workers, ray_address
+    from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
+    if wants_quantized(model, opts.precision, quant_reference):
+        from .quant.console import run_and_emit
+        finish(run_and_emit(model, opts, out, quant_reference, backend, as_json))
     if ray_address is not None:
         from .parallel.ray_pool import check_address, require_ray
         require_ray()  # before any work: a one-line install hint,

@@ -7,7 +7,7 @@ diagnose.py: why a layer fails quantized; run.py: the run; render.py: ModelOpt's
 """
 
 from .qdq import Edge, Layer, analyse, is_quantized, unquantize
-from .run import QuantResult, is_quantized_file, run
+from .run import QuantResult, is_quantized_file, run, wants_quantized
 
 __all__ = ["Edge", "Layer", "QuantResult", "analyse", "is_quantized", "is_quantized_file",
-           "run", "unquantize"]
+           "run", "unquantize", "wants_quantized"]

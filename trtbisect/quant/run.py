@@ -128,6 +128,19 @@ def is_quantized_file(path: str | Path) -> bool:
     return qdq.is_quantized(model)
 
 
+def wants_quantized(model: str | Path, precision: str, reference: str | None) -> bool:
+    """The CLI's hook: `run` takes the quantized road for a model holding Q/DQ, or for
+    `--precision int8|fp8`; `--reference` belongs to that road only."""
+    from ..judge.precision import QUANTIZED
+
+    if precision in QUANTIZED or is_quantized_file(model):
+        return True
+    if reference is not None:
+        raise TrtBisectError("--reference is for a quantized (Q/DQ) model or --precision "
+                             f"int8|fp8; {model} holds no DequantizeLinear")
+    return False
+
+
 def _check_reference(model: onnx.ModelProto, ref: onnx.ModelProto, where: str) -> None:
     mine = sorted(o.name for o in model.graph.output)
     theirs = sorted(o.name for o in ref.graph.output)
@@ -272,6 +285,7 @@ def _write(result: QuantResult, judge: QuantJudge, path: Path, out_dir: Path | N
     if result.verdict != "fixed":
         if out_dir is not None:
             with OutputDir(out_dir).generation(keep=keep) as gen:
+                result.files["plan"] = str(out_dir / "precision.json")
                 gen.commit(result.to_json())
         return
     mixed = judge.model_for(frozenset(result.plan))
@@ -283,6 +297,7 @@ def _write(result: QuantResult, judge: QuantJudge, path: Path, out_dir: Path | N
             save_model(out_dir / name, mixed)
             result.files["mixed_qdq_model"] = str(out_dir / name)
             result.after = judge.judge_model(out_dir / name)  # the file, as check judges it
+            result.files["plan"] = str(out_dir / "precision.json")
             atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
             result.files["commands"] = str(out_dir / "commands.sh")
             if not result.after.passed:

@@ -1,0 +1,101 @@
+"""What `trtbisect run` prints for a quantized model (the CLI calls `emit`)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+def verdict_line(result) -> str:
+    meet = "the criteria" if "default" not in result.criteria else "the tolerance"
+    n, total = len(result.plan), len(result.layers)
+    return {"quantized_ok": f"[green]the quantized model already meets {meet}[/] ({total} "
+                            "quantized layers)",
+            "fixed": f"[green]fixed[/] by running {n} of {total} quantized layers un-quantized "
+                     "(their Q/DQ removed)",
+            "no_plan": f"[red]no plan meets {meet}[/]",
+            "reference_invalid": "[red]the reference is already non-finite[/]"}[result.verdict]
+
+
+def emit(result, as_json: bool) -> None:
+    from rich.table import Table
+
+    from ..cli import error_cell, out, shown
+
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    out.print(f"verdict: {verdict_line(result)}")
+    for p in result.problems:
+        out.print(f"  {shown(p)}")
+    if result.plan:
+        t = Table(title="Layers to run un-quantized", title_justify="left")
+        for col in ("layer", "op", "quantized inputs", "why"):
+            t.add_column(col, overflow="fold")
+        for name in result.plan:
+            layer = result.layer(name)
+            edges = ", ".join(f"{e.source} ({e.format}{', weight' if e.weight else ''}"
+                              f"{', per-channel' if e.per_channel else ''})" for e in layer.edges)
+            why = "; ".join(f.text for f in result.findings.get(name, []))
+            t.add_row(shown(name), shown(layer.op), shown(edges), shown(why))
+        out.print(t)
+        k = 0
+        for name in result.plan:
+            for f in result.findings.get(name, []):
+                k += 1
+                out.print(f"{k}. {shown(f.kind)}: {shown(name)}: fix: {shown(f.fix)}")
+    if result.before is not None:
+        t = Table(title="Outputs", title_justify="left")
+        t.add_column("output", overflow="fold")
+        t.add_column("quantized as given")
+        t.add_column("with the plan")
+        for name, before in result.before.errors.items():
+            after = result.after.errors.get(name) if result.after is not None else None
+            t.add_row(shown(name), error_cell(before), error_cell(after))
+        out.print(t)
+    out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
+              "ONNX Runtime CPU (Q/DQ run as written)")
+    if result.evaluations:
+        minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
+        out.print(f"{result.evaluations} evaluations, {minimal}, {result.seconds:.1f}s")
+    if result.files:
+        if "mixed_qdq_model" in result.files:
+            out.print(f"the plan's Q/DQ ONNX (TensorRT 10 and 11): "
+                      f"{shown(result.files['mixed_qdq_model'])}")
+        if "commands" in result.files:
+            out.print(f"commands (ModelOpt nodes_to_exclude, trtexec): "
+                      f"{shown(result.files['commands'])}")
+        out.print(f"plan: {shown(result.files.get('plan'))}")
+
+
+def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
+                 as_json: bool) -> int:
+    """`trtbisect run` for a quantized model (or --precision int8|fp8): run, print, and
+    return the exit code."""
+    import tempfile
+    from pathlib import Path
+
+    from ..cli import Progress, quiet_level, terminate_as_interrupt
+    from ..errors import TrtBisectError
+    from ..outdir import OutputDir
+    from .run import is_quantized_file, run
+
+    if backend == "trt":
+        raise TrtBisectError("--backend trt builds FP16 engines; a quantized model's plan is "
+                             "judged on ONNX Runtime CPU: build the written "
+                             "<model>.unquantized.onnx with trtexec --stronglyTyped")
+    if opts.precision == "fp8" and opts.gpu == "a100":
+        raise TrtBisectError("--precision fp8 --gpu a100: the A100 has no FP8 tensor cores "
+                             "(Ampere); use --precision int8, or --gpu h100 or l4")
+    out_dir = Path(out_dir)
+    with terminate_as_interrupt(), OutputDir(out_dir).locked(), \
+            Progress(quiet_level()) as progress, tempfile.TemporaryDirectory(
+                prefix="trtbisect-ptq-") as scratch:
+        if not is_quantized_file(model):  # --precision int8|fp8 on a float model
+            from .ptq import quantize_samples
+            reference, model = model, str(quantize_samples(model, opts, Path(scratch),
+                                                           progress.stage))
+        result = run(model, opts, out_dir, reference, progress.trial, progress.stage)
+    emit(result, as_json)
+    return result.exit_code

@@ -1,0 +1,53 @@
+"""`run --precision int8|fp8` on an FP32 model: quantize it first with ModelOpt's ONNX PTQ
+(`modelopt.onnx.quantization.quantize`) on the user's samples, then bisect the quantized file
+against the FP32 model. ModelOpt is an optional extra, imported here only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import TrtBisectError, require
+from .render import INSTALL
+
+MODES = ("int8", "fp8")
+
+
+def calibration(samples: Sequence[dict]) -> dict[str, np.ndarray]:
+    """The samples stacked on their leading axis, as ModelOpt's calibration_data takes them."""
+    names = list(samples[0])
+    return {n: np.concatenate([np.asarray(s[n]) for s in samples], axis=0) for n in names}
+
+
+def quantize(model_path: Path, mode: str, samples: Sequence[dict], out_path: Path) -> Path:
+    """The FP32 model quantized by ModelOpt (`mode`: int8 | fp8), FP32 elsewhere."""
+    if mode not in MODES:
+        raise TrtBisectError(f"--precision {mode}: ModelOpt quantizes to {' or '.join(MODES)}")
+    mq = require("modelopt.onnx.quantization",
+                 f"--precision {mode} quantizes with NVIDIA ModelOpt: {INSTALL}")
+    try:
+        mq.quantize(onnx_path=str(model_path), quantize_mode=mode,
+                    calibration_data=calibration(samples), output_path=str(out_path),
+                    high_precision_dtype="fp32")
+    except Exception as exc:  # ModelOpt raises what it likes; one line and exit 2
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrtBisectError(f"ModelOpt could not quantize {model_path}: {first}") from exc
+    return out_path
+
+
+def quantize_samples(model: str, opts, scratch: Path, stage) -> Path:
+    """The run's samples (--inputs, or seeded random ones) as ModelOpt's calibration data,
+    and the quantized model written under `scratch`."""
+    from ..data.sources import iter_items
+    from ..graph import Graph
+
+    require("modelopt.onnx.quantization",
+            f"--precision {opts.precision} quantizes with NVIDIA ModelOpt: {INSTALL}")
+    graph = Graph.from_path(model)
+    samples = [item.sample for item in iter_items(graph, list(opts.inputs), opts.data_loader,
+                                                  opts.shapes, opts.seed, opts.samples)]
+    stage(f"quantizing to {opts.precision} with ModelOpt's ONNX PTQ on {len(samples)} samples")
+    return quantize(Path(model), opts.precision, samples,
+                    scratch / f"{Path(model).stem}.{opts.precision}.onnx")
