@@ -85,9 +85,9 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         raise TrtBisectError("--backend trt builds FP16 engines; a quantized model's plan is "
                              "judged on ONNX Runtime CPU: build the written "
                              "<model>.unquantized.onnx with trtexec --stronglyTyped")
-    if opts.precision == "fp8" and opts.gpu == "a100":
-        raise TrtBisectError("--precision fp8 --gpu a100: the A100 has no FP8 tensor cores "
-                             "(Ampere); use --precision int8, or --gpu h100 or l4")
+    if opts.precision in ("int8", "fp8"):
+        from ..cost import quantized_peak
+        quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
     out_dir = Path(out_dir)
     with terminate_as_interrupt(), OutputDir(out_dir).locked(), \
             Progress(quiet_level()) as progress, tempfile.TemporaryDirectory(
