@@ -4,6 +4,8 @@ against the FP32 model. ModelOpt is an optional extra, imported here only."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -27,10 +29,12 @@ def quantize(model_path: Path, mode: str, samples: Sequence[dict], out_path: Pat
         raise TrtBisectError(f"--precision {mode}: ModelOpt quantizes to {' or '.join(MODES)}")
     mq = require("modelopt.onnx.quantization",
                  f"--precision {mode} quantizes with NVIDIA ModelOpt: {INSTALL}")
-    try:
-        mq.quantize(onnx_path=str(model_path), quantize_mode=mode,
-                    calibration_data=calibration(samples), output_path=str(out_path),
-                    high_precision_dtype="fp32")
+    try:  # ModelOpt logs to the stdout of the moment: stderr here (stdout carries --json)
+        with contextlib.redirect_stdout(sys.stderr):
+            mq.quantize(onnx_path=str(model_path), quantize_mode=mode,
+                        calibration_data=calibration(samples), output_path=str(out_path),
+                        high_precision_dtype="fp32", calibration_eps=["cpu"],
+                        log_level="WARNING")
     except Exception as exc:  # ModelOpt raises what it likes; one line and exit 2
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise TrtBisectError(f"ModelOpt could not quantize {model_path}: {first}") from exc

@@ -18,7 +18,8 @@ import onnx
 if TYPE_CHECKING:
     from .run import QuantResult
 
-INSTALL = "pip install --no-deps nvidia-modelopt==0.47.0 onnx-graphsurgeon onnxslim"
+INSTALL = ("pip install --no-deps nvidia-modelopt==0.47.0 && pip install onnx-graphsurgeon tqdm "
+           "nvidia-ml-py onnxslim onnxscript lief 'trtbisect[torch]' (docs/quantization.md)")
 
 
 def quantize_mode(formats) -> str:
@@ -39,11 +40,12 @@ def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
         "from modelopt.onnx.quantization import quantize\n"
         f"quantize(onnx_path={ref!r}, quantize_mode={mode!r},\n"
         "         calibration_data=CALIBRATION,  # the samples the file was calibrated on\n"
+        "         high_precision_dtype='fp32', calibration_eps=['cpu'],\n"
         f"         nodes_to_exclude={excl!r},\n"
         "         output_path='model.quant.onnx')\n")
     cli = ["python", "-m", "modelopt.onnx.quantization", f"--onnx_path={ref}",
-           f"--quantize_mode={mode}", "--calibration_data=calib.npz",
-           "--output_path=model.quant.onnx"]
+           f"--quantize_mode={mode}", "--calibration_data_path=calib.npz",
+           "--high_precision_dtype=fp32", "--output_path=model.quant.onnx"]
     if excl:
         cli += ["--nodes_to_exclude", *excl]
     cli_line = shlex.join(cli)
