@@ -42,9 +42,14 @@ class QBuilder:
     """Q/DQ on activations and weights, INT8 (symmetric, zero point 0) or FP8 E4M3."""
 
     fmt: str = "int8"
+    half: bool = False  # float16 scales and float weights (a file FP16 elsewhere)
     nodes: list = field(default_factory=list)
     inits: list = field(default_factory=list)
     count: int = 0
+
+    @property
+    def float(self) -> type:
+        return np.float16 if self.half else np.float32
 
     @property
     def top(self) -> float:
@@ -62,7 +67,7 @@ class QBuilder:
         """Q -> DQ of `t` with the scale amax / top (per tensor, or per `axis` for an array)."""
         k, self.count = self.count, self.count + 1
         s = f"{t}_scale"
-        scale = (np.asarray(amax, np.float32) / self.top).astype(np.float32)
+        scale = (np.asarray(amax, np.float32) / self.top).astype(self.float)
         self.inits.append(numpy_helper.from_array(scale, s))
         zp = self._zp(f"{t}_zp", scale.shape)
         attrs = {"axis": axis} if axis is not None else {}
@@ -79,7 +84,7 @@ class QBuilder:
         for FP8) the float weight behind Q -> DQ (TensorRT quantizes it at build time)."""
         amax = np.abs(w).max(axis=0) if per_channel else np.array(np.abs(w).max())
         if self.fmt == "fp8" or not stored:
-            self.inits.append(numpy_helper.from_array(w.astype(np.float32), name))
+            self.inits.append(numpy_helper.from_array(w.astype(self.float), name))
             return self.act(name, amax, 1 if per_channel else None)
         scale = (amax / 127.0).astype(np.float32)
         q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
@@ -196,6 +201,30 @@ def channels() -> Planted:
     _tail(b, hs, rng, _amax((x @ w1) * gain))
     return Planted("channels", b.model({"x": x}, ["y"]), {"x": x}, {"mm1"},
                    "weight_channel_range")
+
+
+def fp16_side() -> Planted:
+    """A file FP16 elsewhere (as ModelOpt writes by default) with a culprit on each side: the
+    outlier layer `mm1`, and an FP16 `amp` -> `back` pair after the last layer whose middle
+    value overflows 65504.
+    Plan: layer {mm1} un-quantized and nodes {amp, back} in FP32."""
+    rng = _rng(6)
+    x = rng.standard_normal((N, C)).astype(np.float32)
+    x[:, 3] *= 100.0
+    w1 = _w(rng)
+    w1[3, :] *= 0.01
+    b = QBuilder(half=True)
+    xh = b.node("Cast", ["x"], "xh", "cast_in", to=TensorProto.FLOAT16)
+    h = b.node("MatMul", [b.act(xh, _amax(x)), b.weight("w1", w1, stored=False)], "h", "mm1")
+    b.inits += [numpy_helper.from_array(np.array(2.0 ** 15, np.float16), "gain"),
+                numpy_helper.from_array(np.array(2.0 ** -15, np.float16), "ungain")]
+    out = b.node("MatMul", [b.act(h, _amax(x @ w1)), b.weight("w2", _w(rng), stored=False)],
+                 "yh", "mm2")
+    big = b.node("Mul", [out, "gain"], "big", "amp")  # |yh| > 2 overflows 65504
+    back = b.node("Mul", [big, "ungain"], "hb", "back")
+    b.node("Cast", [back], "y", "cast_out", to=TensorProto.FLOAT)
+    return Planted("fp16_side", b.model({"x": x}, ["y"], opset=19), {"x": x}, {"mm1"},
+                   "activation_outlier")
 
 
 PLANTED = (outlier, fp8_saturation, softmax, residual, channels)

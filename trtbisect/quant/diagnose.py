@@ -93,13 +93,14 @@ def roundtrip(model: onnx.ModelProto, edge: Edge, values: np.ndarray) -> np.ndar
         c.CopyFrom(inits[t])
         c.name = t
         inits_used.append(c)
+    elem = inits[q.input[1]].data_type  # the scale's type is the float side's (a float16 file)
     g = helper.make_graph(copies, "probe",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, values.shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          inits_used)
+                          [helper.make_tensor_value_info("x", elem, values.shape)],
+                          [helper.make_tensor_value_info("y", elem, None)], inits_used)
     m = helper.make_model(g, opset_imports=list(model.opset_import))
     m.ir_version = model.ir_version
-    return np.asarray(session(m).run(["y"], {"x": values.astype(np.float32)})[0])
+    fed = values.astype(helper.tensor_dtype_to_np_dtype(elem))
+    return np.asarray(session(m).run(["y"], {"x": fed})[0], np.float32)
 
 
 def edge_stats(model: onnx.ModelProto, edge: Edge, values: Sequence[np.ndarray]) -> EdgeStats:

@@ -16,7 +16,10 @@ import onnx
 
 from ..compare import Tolerance
 from ..judge.criteria import Criteria, Verdict
+from . import half
 from .qdq import Layer, dequantized_weights, unquantize
+
+FP32_PREFIX = "fp32:"  # a search unit that keeps an FP16 node in FP32 (a layer's is its name)
 
 
 def session(model: onnx.ModelProto | str | Path, threads: int | None = None):
@@ -49,8 +52,18 @@ class QuantJudge:
     def __init__(self, model: onnx.ModelProto, layers: Sequence[Layer],
                  samples: Sequence[Mapping[str, np.ndarray]],
                  references: Sequence[Mapping[str, np.ndarray]], criteria: Criteria,
-                 tolerance: Tolerance, threads: int | None = None) -> None:
+                 tolerance: Tolerance, threads: int | None = None,
+                 half_nodes: Sequence[str] = ()) -> None:
+        """`half_nodes`: FP16 nodes of the file that plans may keep in FP32 (half.py); their
+        units are named FP32_PREFIX + node name (`units`)."""
         self.model, self.layers = model, list(layers)
+        self.half: dict[str, str] = {}
+        for n in half_nodes:
+            unit = FP32_PREFIX + n
+            while unit in self.by_name_set(layers) or unit in self.half:
+                unit = FP32_PREFIX + unit
+            self.half[unit] = n
+        self.types = half.types(model) if self.half else {}
         self.by_name = {layer.name: layer for layer in self.layers}
         self.samples, self.references = samples, references
         self.criteria, self.tolerance, self.threads = criteria, tolerance, threads
@@ -58,11 +71,22 @@ class QuantJudge:
         self.verdicts: dict[frozenset[str], Verdict] = {}
         self.runs = 0  # inferences
 
+    @staticmethod
+    def by_name_set(layers: Sequence[Layer]) -> set[str]:
+        return {la.name for la in layers}
+
+    @property
+    def units(self) -> list[str]:
+        """Every search unit: the quantized layers, then the FP16 nodes (in graph order)."""
+        return [la.name for la in self.layers] + list(self.half)
+
     def model_for(self, plan: frozenset[str] | Sequence[str]) -> onnx.ModelProto:
-        """The model with `plan`'s layers un-quantized (in graph order)."""
+        """The model with `plan`'s layers un-quantized and its FP16 nodes in FP32."""
         chosen = set(plan)
-        return unquantize(self.model, [la for la in self.layers if la.name in chosen],
-                          self.weights)
+        m = unquantize(self.model, [la for la in self.layers if la.name in chosen],
+                       self.weights)
+        nodes = [n for u, n in self.half.items() if u in chosen]
+        return half.to_fp32(m, nodes, self.types) if nodes else m
 
     def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
         """Any model (a plan's, or a written file) on every sample under the criteria."""

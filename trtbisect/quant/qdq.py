@@ -204,7 +204,7 @@ def dequantized_weights(model: onnx.ModelProto, edges: Iterable[Edge]) -> dict[s
     m.ir_version = model.ir_version
     session = make_session(m)
     values = session.run(None, {})
-    return {name: np.asarray(v, np.float32)
+    return {name: np.asarray(v)  # the DQ's own output type (float16 in a float16 file)
             for name, v in zip([nm for nm in names if nm in wanted], values)}
 
 

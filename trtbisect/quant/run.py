@@ -46,6 +46,10 @@ class QuantResult:
     one_minimal: bool = False
     trials: list = field(default_factory=list)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
+    fp32_nodes: list[str] = field(default_factory=list)  # FP16 nodes of the file kept in FP32
+    half_nodes: int = 0  # FP16 nodes the file has (candidates on the float side)
+    fp32_reasons: dict[str, str] = field(default_factory=dict)
+    units: list[str] = field(default_factory=list)  # the search's plan (judge.py's unit names)
     reference: str = "the model with its Q/DQ removed"
     files: dict[str, str] = field(default_factory=dict)
     renderings: dict = field(default_factory=dict)
@@ -81,7 +85,11 @@ class QuantResult:
             "tool": "trtbisect", "version": __version__, "mode": "quantized",
             "model": self.model_path, "verdict": self.verdict, "reference": self.reference,
             "quantized_layers": len(self.layers), "formats": formats,
-            "unquantized_layers": self.plan,
+            "unquantized_layers": self.plan, "fp32_nodes": self.fp32_nodes,
+            "fp16_nodes_in_file": self.half_nodes,
+            "sides": {**{n: "quantized" for n in self.plan},
+                      **{n: "fp16" for n in self.fp32_nodes}},
+            "fp32_node_reasons": self.fp32_reasons,
             "plan": [{**self.layer(n).to_json(),
                       "findings": [f.to_json() for f in self.findings.get(n, [])]}
                      for n in self.plan],
@@ -155,17 +163,21 @@ def _check_reference(model: onnx.ModelProto, ref: onnx.ModelProto, where: str) -
 
 
 def activation_values(ref_model: onnx.ModelProto, layers: Sequence[qdq.Layer],
-                      samples, threads: int | None) -> dict[str, list[np.ndarray]]:
-    """The reference's values of every quantized activation's float source, on the first
-    few samples."""
+                      samples, threads: int | None, extra: Sequence[str] = ()
+                      ) -> dict[str, list[np.ndarray]]:
+    """The reference's values of every quantized activation's float source (and of `extra`
+    tensors), on the first few samples."""
     from .judge import run_outputs, session
 
-    sources = sorted({e.source for la in layers for e in la.edges if not e.weight})
+    sources = sorted({e.source for la in layers for e in la.edges if not e.weight} | set(extra))
     inputs = {i.name for i in ref_model.graph.input}
     produced = {t for n in ref_model.graph.node for t in n.output}
     inner = [s for s in sources if s in produced and s not in inputs]
-    probe = onnx.ModelProto()
-    probe.CopyFrom(ref_model)
+    if _half(ref_model):  # the FP32 view of a float16 file: the values the reference has
+        probe = _fp32_view(ref_model)
+    else:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(ref_model)
     have = {o.name for o in probe.graph.output}
     for t in inner:
         if t not in have:
@@ -183,8 +195,50 @@ def activation_values(ref_model: onnx.ModelProto, layers: Sequence[qdq.Layer],
     return values
 
 
-def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]]) -> list[str]:
-    """Most suspicious first: the findings' kinds, then the measured quantization noise."""
+def _half(model: onnx.ModelProto) -> bool:
+    from .half import HALF
+    return any(t.data_type in HALF for t in model.graph.initializer) or any(
+        a.name == "to" and a.i in HALF for n in model.graph.node for a in n.attribute)
+
+
+def _fp32_view(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A float16 model computing in FP32 (graph.py's upcast), weights included."""
+    from onnx import numpy_helper
+
+    from ..graph import Graph
+    g = Graph(model)
+    out = onnx.ModelProto()
+    out.CopyFrom(g.model)
+    for t in out.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(g.array(t.name)), t.name))
+    return out
+
+
+FP16_MAX = 65504.0
+
+
+def half_reasons(model: onnx.ModelProto, nodes: Sequence[str],
+                 values: dict[str, list[np.ndarray]]) -> dict[str, str]:
+    """Why an FP16 node of the file needs FP32: what it writes in the reference."""
+    outs = {n.name: [o for o in n.output if o] for n in model.graph.node}
+    reasons = {}
+    for name in nodes:
+        top = max([float(np.max(np.abs(v))) for o in outs.get(name, ())
+                   for v in values.get(o, ()) if np.size(v)] + [0.0])
+        reasons[name] = (f"writes {top:.3g} in FP32, beyond FP16's 65504"
+                         if top > FP16_MAX else
+                         f"its FP16 rounding alone breaks the criteria (it writes at most "
+                         f"{top:.3g})")
+    return reasons
+
+
+def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
+             half_units: dict[str, str] | None = None,
+             values: dict[str, list[np.ndarray]] | None = None,
+             model: onnx.ModelProto | None = None) -> list[str]:
+    """Most suspicious first: FP16 nodes that overflow, the layers by their findings' kinds
+    and measured quantization noise, then the other FP16 nodes in graph order."""
     weight = {"saturation": 4.0, "activation_outlier": 3.0, "oversized_scale": 3.0,
               "softmax_input": 2.0,
               "layernorm_input": 2.0, "weight_channel_range": 2.0}
@@ -196,8 +250,18 @@ def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]]) ->
                      and not np.isnan(f.evidence["noise"])] + [0.0])
         return max([weight.get(f.kind, 0.0) for f in fs] + [0.0]) + noise
     order = {la.name: i for i, la in enumerate(layers)}
-    return sorted(order, key=lambda n: (-score(next(la for la in layers if la.name == n)),
-                                        order[n]))
+    ranked = sorted(order, key=lambda n: (-score(next(la for la in layers if la.name == n)),
+                                          order[n]))
+    if not half_units:
+        return ranked
+    over = set()
+    if model is not None and values is not None:
+        outs = {n.name: [o for o in n.output if o] for n in model.graph.node}
+        over = {u for u, n in half_units.items()
+                if any(np.size(v) and float(np.max(np.abs(v))) > FP16_MAX
+                       for o in outs.get(n, ()) for v in values.get(o, ()))}
+    rest = [u for u in half_units if u not in over]
+    return [u for u in half_units if u in over] + ranked + rest
 
 
 def run(model_path: str | Path, opts, out_dir: Path | None = None,
@@ -211,7 +275,10 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
 
     started = time.perf_counter()
     path = Path(model_path)
-    model = load(path)
+    from ..graph import with_node_names
+    from .half import half_nodes
+
+    model = with_node_names(load(path))  # unnamed nodes get trtbisect's names (graph.py)
     layers = qdq.analyse(model)
     if not layers:
         raise TrtBisectError(f"{path} holds DequantizeLinear nodes but no quantized layer "
@@ -242,27 +309,35 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         result.verdict = "reference_invalid"
         result.seconds = time.perf_counter() - started
         return result
+    halves = half_nodes(model)
+    result.half_nodes = len(halves)
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
-                       opts.threads)
+                       opts.threads, halves)
     stage("judging the quantized model as given")
     result.before = judge.measure(frozenset())
     stage("diagnosing the quantized layers")
-    values = activation_values(ref_model, layers, samples, opts.threads)
+    outs = [o for n in model.graph.node if n.name in set(halves) for o in n.output if o]
+    values = activation_values(ref_model, layers, samples, opts.threads, outs)
     findings = {la.name: diagnose(model, la, values, judge.weights) for la in layers}
     if result.before.passed:
         result.verdict = "quantized_ok"
     else:
-        stage(f"searching which of {len(layers)} quantized layers to run in float")
-        search = find_minimal_fp32([la.name for la in layers], judge.check,
-                                   ranking=_ranking(layers, findings),
+        stage(f"searching which of {len(layers)} quantized layers to run in float"
+              + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
+        search = find_minimal_fp32(judge.units, judge.check,
+                                   ranking=_ranking(layers, findings, judge.half, values,
+                                                    model),
                                    max_evaluations=opts.max_evaluations, progress=progress)
         result.evaluations, result.trials = search.evaluations, search.trials
         result.one_minimal = search.one_minimal
         if search.found:
-            result.plan = list(search.fp32)
-            result.search_after = judge.measure(frozenset(result.plan))
+            result.plan = [u for u in search.fp32 if u not in judge.half]
+            result.fp32_nodes = [judge.half[u] for u in search.fp32 if u in judge.half]
+            result.search_after = judge.measure(frozenset(search.fp32))
             result.verdict = "fixed"
+            result.units = list(search.fp32)
     result.findings = {n: findings[n] for n in result.plan}
+    result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
     result.renderings = renderings(result, model)
     result.seconds = time.perf_counter() - started
     _write(result, judge, path, out_dir, [path, *_sources(opts), *(
@@ -288,7 +363,7 @@ def _write(result: QuantResult, judge: QuantJudge, path: Path, out_dir: Path | N
                 result.files["plan"] = str(out_dir / "precision.json")
                 gen.commit(result.to_json())
         return
-    mixed = judge.model_for(frozenset(result.plan))
+    mixed = judge.model_for(frozenset(result.units))
     if out_dir is None:
         result.after = judge.judge_model(mixed)
     else:
