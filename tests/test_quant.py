@@ -49,6 +49,37 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
     assert written["one_judge"]["search_equals_check"] is True
 
 
+def test_a_file_fp16_elsewhere_gets_one_search_over_both_sides(tmp_path):
+    """ModelOpt's default writes the float part in FP16: the search takes quantized layers
+    and FP16 nodes together, and says which side each culprit is on."""
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert r.verdict == "fixed" and r.one_minimal and r.one_judge is True
+    assert r.plan == ["mm1"] and r.fp32_nodes == ["amp", "back"]
+    assert r.before.errors["y"].nonfinite > 0  # the overflow, judged with FP16 stores explicit
+    assert "beyond FP16's 65504" in r.fp32_reasons["amp"]
+    assert "activation_outlier" in {f.kind for f in r.findings["mm1"]}
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["sides"] == {"mm1": "quantized", "amp": "fp16", "back": "fp16"}
+    m = onnx.load(tmp_path / "out" / "fp16_side.unquantized.onnx")
+    onnx.checker.check_model(m, full_check=True)
+    amp = next(n for n in m.graph.node if n.name == "amp")
+    back = next(n for n in m.graph.node if n.name == "back")
+    assert back.input[0] == amp.output[0]  # handed over in FP32, never stored in FP16
+
+
+def test_ort_alone_hides_an_fp16_overflow_between_two_fp16_ops():
+    """Why half.emulate exists: run as it is, ORT's CPU provider computes the FP16 Muls in
+    FP32 and the overflow of `big` never reaches the output."""
+    p = qm.fp16_side()
+    y = session(p.model).run(["y"], p.inputs)[0]
+    assert np.isfinite(y).all()
+    from trtbisect.quant import half
+    emulated = half.emulate(p.model, half.types(p.model))
+    assert not np.isfinite(session(emulated).run(["y"], p.inputs)[0]).all()
+
+
 def test_layers_follow_tensorrts_fusion(tmp_path):
     """R2: a DQ'd activation and a DQ'd weight feeding a MatMul are one layer of two edges;
     R3: an Add with both inputs DQ'd is one layer; R1: a DQ moved past a Reshape belongs to

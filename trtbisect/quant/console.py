@@ -13,7 +13,9 @@ def verdict_line(result) -> str:
     return {"quantized_ok": f"[green]the quantized model already meets {meet}[/] ({total} "
                             "quantized layers)",
             "fixed": f"[green]fixed[/] by running {n} of {total} quantized layers un-quantized "
-                     "(their Q/DQ removed)",
+                     "(their Q/DQ removed)" + (
+                         f" and keeping {len(result.fp32_nodes)} of {result.half_nodes} FP16 "
+                         "nodes in FP32" if result.fp32_nodes else ""),
             "no_plan": f"[red]no plan meets {meet}[/]",
             "reference_invalid": "[red]the reference is already non-finite[/]"}[result.verdict]
 
@@ -45,6 +47,16 @@ def emit(result, as_json: bool) -> None:
             for f in result.findings.get(name, []):
                 k += 1
                 out.print(f"{k}. {shown(f.kind)}: {shown(name)}: fix: {shown(f.fix)}")
+    if result.fp32_nodes:
+        ops = result.fp32_ops
+        t = Table(title="FP16 nodes to keep in FP32 (the file's float side)",
+                  title_justify="left")
+        for col in ("node", "op", "why"):
+            t.add_column(col, overflow="fold")
+        for name in result.fp32_nodes:
+            t.add_row(shown(name), shown(ops.get(name, "")),
+                      shown(result.fp32_reasons.get(name, "")))
+        out.print(t)
     if result.before is not None:
         t = Table(title="Outputs", title_justify="left")
         t.add_column("output", overflow="fold")
@@ -55,7 +67,8 @@ def emit(result, as_json: bool) -> None:
             t.add_row(shown(name), error_cell(before), error_cell(after))
         out.print(t)
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
-              "ONNX Runtime CPU (Q/DQ run as written)")
+              "ONNX Runtime CPU (Q/DQ run as written"
+              + ("; FP16 stores emulated)" if result.emulated else ")"))
     if result.evaluations:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations, {minimal}, {result.seconds:.1f}s")

@@ -114,3 +114,76 @@ def to_fp32(model: onnx.ModelProto, names: Iterable[str],
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def fp32_view(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every float16/bfloat16 type made float32 (graph.py's upcast), weights
+    included (upcast exactly)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from ..graph import Graph
+
+    g = Graph(model)
+    out = onnx.ModelProto()
+    out.CopyFrom(g.model)
+    for t in out.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(g.array(t.name)), t.name))
+    return out
+
+
+def emulate(model: onnx.ModelProto, value_types: dict[str, int]) -> onnx.ModelProto:
+    """The file's FP16 storage made explicit, as the FP16 emulator does (README "The CPU FP16
+    emulator"): computed in FP32, and every value the file types float16 rounded where it is
+    written, by a Cast(float16) -> Cast(float) pair that ONNX Runtime keeps. Run as it is, ORT's
+    CPU provider computes most float16 ops in float32 and drops the Casts between them, so an
+    FP16 overflow between two such ops never shows (tests/test_quant.py's fp16_side). Graph
+    inputs and outputs keep their declared types."""
+    half_values = {t for t, ty in value_types.items() if ty in HALF}
+    if not half_values:
+        return model
+    out = fp32_view(model)
+    g = out.graph
+    declared = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input,
+                                                                 *model.graph.output]}
+    taken = {t for n in g.node for t in [*n.input, *n.output]} | {i.name for i in g.input}
+
+    def fresh(base: str) -> str:
+        name = base
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        return name
+
+    nodes: list[onnx.NodeProto] = []
+    for v in g.input:  # a float16 graph input: fed as float16, widened once
+        if declared.get(v.name) in HALF:
+            wide = fresh(f"{v.name}_fp32")
+            v.type.tensor_type.elem_type = declared[v.name]
+            for n in g.node:
+                n.input[:] = [wide if t == v.name else t for t in n.input]
+            nodes.append(helper.make_node("Cast", [v.name], [wide], fresh(f"{v.name}/widen"),
+                                          to=TensorProto.FLOAT))
+    for n in g.node:
+        nodes.append(n)
+        for k, o in enumerate(n.output):
+            if o in half_values:
+                raw, low = fresh(f"{o}_raw"), fresh(f"{o}_rounded")
+                n.output[k] = raw
+                to = value_types[o]
+                nodes += [helper.make_node("Cast", [raw], [low], fresh(f"{o}/round"), to=to),
+                          helper.make_node("Cast", [low], [o], fresh(f"{o}/back"),
+                                           to=TensorProto.FLOAT)]
+    for v in g.output:
+        if declared.get(v.name) in HALF:  # written as the file declares it
+            wide = fresh(f"{v.name}_fp32")
+            for n in nodes:
+                n.output[:] = [wide if t == v.name else t for t in n.output]
+                n.input[:] = [wide if t == v.name else t for t in n.input]
+            nodes.append(helper.make_node("Cast", [wide], [v.name], fresh(f"{v.name}/narrow"),
+                                          to=declared[v.name]))
+            v.type.tensor_type.elem_type = declared[v.name]
+    del g.node[:]
+    g.node.extend(nodes)
+    return out

@@ -63,7 +63,8 @@ class QuantJudge:
             while unit in self.by_name_set(layers) or unit in self.half:
                 unit = FP32_PREFIX + unit
             self.half[unit] = n
-        self.types = half.types(model) if self.half else {}
+        self.types = half.types(model)
+        self.emulated = any(t in half.HALF for t in self.types.values())
         self.by_name = {layer.name: layer for layer in self.layers}
         self.samples, self.references = samples, references
         self.criteria, self.tolerance, self.threads = criteria, tolerance, threads
@@ -88,8 +89,19 @@ class QuantJudge:
         nodes = [n for u, n in self.half.items() if u in chosen]
         return half.to_fp32(m, nodes, self.types) if nodes else m
 
+    def judged_model(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """What runs for `model`: itself, or for a file with float16 values, its emulation
+        (half.emulate: FP16 stores made explicit)."""
+        if not self.emulated:
+            return model
+        return half.emulate(model, half.types(model))
+
     def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
         """Any model (a plan's, or a written file) on every sample under the criteria."""
+        if self.emulated:
+            if not isinstance(model, onnx.ModelProto):
+                model = onnx.load(str(model))
+            model = self.judged_model(model)
         sess = session(model, self.threads)
         judged = []
         for sample, ref in zip(self.samples, self.references):

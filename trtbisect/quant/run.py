@@ -50,6 +50,8 @@ class QuantResult:
     half_nodes: int = 0  # FP16 nodes the file has (candidates on the float side)
     fp32_reasons: dict[str, str] = field(default_factory=dict)
     units: list[str] = field(default_factory=list)  # the search's plan (judge.py's unit names)
+    fp32_ops: dict[str, str] = field(default_factory=dict)  # op of each FP32 node
+    emulated: bool = False  # the file has float16 values: judged with its FP16 stores explicit
     reference: str = "the model with its Q/DQ removed"
     files: dict[str, str] = field(default_factory=dict)
     renderings: dict = field(default_factory=dict)
@@ -98,7 +100,8 @@ class QuantResult:
                        "after": self.after.to_json() if self.after else None},
             "one_judge": {"search_equals_check": self.one_judge,
                           "search": errors(self.search_after)},
-            "criteria": self.criteria, "evaluations": self.evaluations,
+            "criteria": self.criteria, "fp16_stores_emulated": self.emulated,
+            "evaluations": self.evaluations,
             "one_minimal": self.one_minimal,
             "trials": [t.to_json() for t in self.trials], "renderings": self.renderings,
             "reference_problems": self.problems, "files": self.files,
@@ -174,7 +177,8 @@ def activation_values(ref_model: onnx.ModelProto, layers: Sequence[qdq.Layer],
     produced = {t for n in ref_model.graph.node for t in n.output}
     inner = [s for s in sources if s in produced and s not in inputs]
     if _half(ref_model):  # the FP32 view of a float16 file: the values the reference has
-        probe = _fp32_view(ref_model)
+        from .half import fp32_view
+        probe = fp32_view(ref_model)
     else:
         probe = onnx.ModelProto()
         probe.CopyFrom(ref_model)
@@ -201,35 +205,28 @@ def _half(model: onnx.ModelProto) -> bool:
         a.name == "to" and a.i in HALF for n in model.graph.node for a in n.attribute)
 
 
-def _fp32_view(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A float16 model computing in FP32 (graph.py's upcast), weights included."""
-    from onnx import numpy_helper
-
-    from ..graph import Graph
-    g = Graph(model)
-    out = onnx.ModelProto()
-    out.CopyFrom(g.model)
-    for t in out.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(g.array(t.name)), t.name))
-    return out
-
-
 FP16_MAX = 65504.0
 
 
 def half_reasons(model: onnx.ModelProto, nodes: Sequence[str],
                  values: dict[str, list[np.ndarray]]) -> dict[str, str]:
-    """Why an FP16 node of the file needs FP32: what it writes in the reference."""
-    outs = {n.name: [o for o in n.output if o] for n in model.graph.node}
+    """Why an FP16 node of the file needs FP32: what it reads and writes in the reference."""
+    def top(names) -> float:
+        return max([float(np.max(np.abs(v))) for t in names for v in values.get(t, ())
+                    if np.size(v)] + [0.0])
+    by_name = {n.name: n for n in model.graph.node}
     reasons = {}
     for name in nodes:
-        top = max([float(np.max(np.abs(v))) for o in outs.get(name, ())
-                   for v in values.get(o, ()) if np.size(v)] + [0.0])
-        reasons[name] = (f"writes {top:.3g} in FP32, beyond FP16's 65504"
-                         if top > FP16_MAX else
-                         f"its FP16 rounding alone breaks the criteria (it writes at most "
-                         f"{top:.3g})")
+        node = by_name[name]
+        reads, writes = top(node.input), top(node.output)
+        if writes > FP16_MAX:
+            reasons[name] = f"writes {writes:.3g} in FP32, beyond FP16's 65504"
+        elif reads > FP16_MAX:
+            reasons[name] = (f"reads {reads:.3g} (beyond FP16's 65504) and brings it back to "
+                             f"{writes:.3g}")
+        else:
+            reasons[name] = ("its FP16 rounding breaks the criteria (it reads at most "
+                             f"{reads:.3g} and writes at most {writes:.3g})")
     return reasons
 
 
@@ -290,7 +287,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         where = f"{reference_path}"
     else:
         ref_model = qdq.reference(model, layers)
-        where = "the model with its Q/DQ removed"
+        where = "the model with its Q/DQ removed" + (", in FP32" if _half(model) else "")
     opts.criteria.validate([o.name for o in ref_model.graph.output])
     ref_graph = Graph(ref_model)
     samples = SampleSet(iter_items(ref_graph, list(opts.inputs), opts.data_loader, opts.shapes,
@@ -299,7 +296,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
                                f"quant:{model_hash(path)}:{reference_path}", None)
     opts.criteria.check_fit(references[0])
     result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
-                         criteria=opts.criteria.describe())
+                         criteria=opts.criteria.describe(), emulated=_half(model))
     from ..pipeline import reference_problems
 
     class _Refs:  # reference_problems reads ctx.every_reference
@@ -316,7 +313,8 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     stage("judging the quantized model as given")
     result.before = judge.measure(frozenset())
     stage("diagnosing the quantized layers")
-    outs = [o for n in model.graph.node if n.name in set(halves) for o in n.output if o]
+    outs = [t for n in model.graph.node if n.name in set(halves)
+            for t in [*n.input, *n.output] if t]
     values = activation_values(ref_model, layers, samples, opts.threads, outs)
     findings = {la.name: diagnose(model, la, values, judge.weights) for la in layers}
     if result.before.passed:
@@ -338,6 +336,8 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
             result.units = list(search.fp32)
     result.findings = {n: findings[n] for n in result.plan}
     result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
+    result.fp32_ops = {n.name: n.op_type for n in model.graph.node
+                       if n.name in set(result.fp32_nodes)}
     result.renderings = renderings(result, model)
     result.seconds = time.perf_counter() - started
     _write(result, judge, path, out_dir, [path, *_sources(opts), *(
