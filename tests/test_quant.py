@@ -62,6 +62,9 @@ def test_a_file_fp16_elsewhere_gets_one_search_over_both_sides(tmp_path):
     assert "activation_outlier" in {f.kind for f in r.findings["mm1"]}
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["sides"] == {"mm1": "quantized", "amp": "fp16", "back": "fp16"}
+    # ModelOpt keeps FP16 nodes in FP32 by op type only: the rendering says so
+    assert written["renderings"]["modelopt_op_types_to_exclude_fp16"] == ["Mul"]
+    assert "--high_precision_dtype=fp16" in written["renderings"]["modelopt_cli"]
     m = onnx.load(tmp_path / "out" / "fp16_side.unquantized.onnx")
     onnx.checker.check_model(m, full_check=True)
     amp = next(n for n in m.graph.node if n.name == "amp")

@@ -36,18 +36,25 @@ def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
     mode = quantize_mode({f for la in result.layers for f in la.formats})
     excl = patterns(result.plan)
     ref = result.reference if result.reference.endswith(".onnx") else "model_fp32.onnx"
+    # a file FP16 elsewhere is rewritten so; ModelOpt keeps FP16 nodes in FP32 by op type only
+    high = "fp16" if result.half_nodes else "fp32"
+    fp32_ops = sorted(set(result.fp32_ops.values()))
     python = (
         "from modelopt.onnx.quantization import quantize\n"
         f"quantize(onnx_path={ref!r}, quantize_mode={mode!r},\n"
         "         calibration_data=CALIBRATION,  # the samples the file was calibrated on\n"
-        "         high_precision_dtype='fp32', calibration_eps=['cpu'],\n"
+        f"         high_precision_dtype={high!r}, calibration_eps=['cpu'],\n"
         f"         nodes_to_exclude={excl!r},\n"
-        "         output_path='model.quant.onnx')\n")
+        + (f"         op_types_to_exclude_fp16={fp32_ops!r},  # by op type: coarser than "
+           "the plan's nodes\n" if fp32_ops else "")
+        + "         output_path='model.quant.onnx')\n")
     cli = ["python", "-m", "modelopt.onnx.quantization", f"--onnx_path={ref}",
            f"--quantize_mode={mode}", "--calibration_data_path=calib.npz",
-           "--high_precision_dtype=fp32", "--output_path=model.quant.onnx"]
+           f"--high_precision_dtype={high}", "--output_path=model.quant.onnx"]
     if excl:
         cli += ["--nodes_to_exclude", *excl]
+    if fp32_ops:
+        cli += ["--op_types_to_exclude_fp16", *fp32_ops]
     cli_line = shlex.join(cli)
     lines = ["#!/bin/sh", "# trtbisect: the quantized plan for other tools (precision.json has "
              "the plan and its reasons)",
@@ -57,6 +64,7 @@ def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
         stem = result.model_path.rsplit("/", 1)[-1].removesuffix(".onnx")
         lines += ["# TensorRT (strongly typed: precision comes from the Q/DQ in the file):",
                   shlex.join(["trtexec", f"--onnx={stem}.unquantized.onnx", "--stronglyTyped"])]
-    return {"modelopt_nodes_to_exclude": excl, "modelopt_python": python,
+    return {"modelopt_nodes_to_exclude": excl, "modelopt_op_types_to_exclude_fp16": fp32_ops,
+            "modelopt_python": python,
             "modelopt_cli": cli_line, "quantize_mode": mode,
             "commands_sh": "\n".join(lines) + "\n"}
