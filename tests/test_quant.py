@@ -31,6 +31,11 @@ def _opts(inputs, rtol) -> Options:
     return Options(inputs=[str(inputs)], tolerance=Tolerance(rtol, 0.0), threads=1)
 
 
+# the fix trtbisect applies and verifies for each planted culprit (None: none it can verify)
+VERIFIED = {"outlier": "SmoothQuant", "fp8_saturation": "max calibration",
+            "softmax": None, "residual": None, "channels": "per-channel weight scales"}
+
+
 @pytest.mark.parametrize("make", qm.PLANTED, ids=lambda m: m.__name__)
 def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path):
     p = make()
@@ -44,8 +49,15 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
     assert r.one_judge is True
     kinds = {f.kind for f in r.findings[next(iter(p.plan))]}
     assert p.finding in kinds, [f.text for fs in r.findings.values() for f in fs]
+    (layer,) = p.plan
+    verified = [f["fix"] for f in r.fixes.get(layer, []) if f["passed"]]
+    if VERIFIED[p.name] is None:
+        assert verified == []
+    else:
+        assert any(VERIFIED[p.name] in v for v in verified), r.fixes
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["verdict"] == "fixed" and set(written["unquantized_layers"]) == p.plan
+    assert written["plan"][0]["fixes_judged"] == r.fixes.get(layer, [])
     assert written["one_judge"]["search_equals_check"] is True
 
 

@@ -47,6 +47,13 @@ def emit(result, as_json: bool) -> None:
             for f in result.findings.get(name, []):
                 k += 1
                 out.print(f"{k}. {shown(f.kind)}: {shown(name)}: fix: {shown(f.fix)}")
+            for fx in result.fixes.get(name, []):
+                rel = max((e.get("rel", 0) for e in fx.get("errors", {}).values()
+                           if isinstance(e.get("rel"), (int, float))), default=None)
+                said = f" (max relative error {rel:.3g})" if rel is not None else ""
+                out.print(f"   {'[green]verified[/]' if fx['passed'] else '[yellow]tried[/]'}: "
+                          f"{shown(fx['fix'])} {'lets' if fx['passed'] else 'does not let'} "
+                          f"{shown(name)} stay quantized{said}")
     if result.fp32_nodes:
         ops = result.fp32_ops
         t = Table(title="FP16 nodes to keep in FP32 (the file's float side)",

@@ -81,11 +81,13 @@ class QuantJudge:
         """Every search unit: the quantized layers, then the FP16 nodes (in graph order)."""
         return [la.name for la in self.layers] + list(self.half)
 
-    def model_for(self, plan: frozenset[str] | Sequence[str]) -> onnx.ModelProto:
-        """The model with `plan`'s layers un-quantized and its FP16 nodes in FP32."""
+    def model_for(self, plan: frozenset[str] | Sequence[str],
+                  base: onnx.ModelProto | None = None) -> onnx.ModelProto:
+        """The model (or `base`, a variant of it with the same layers: fixes.py) with `plan`'s
+        layers un-quantized and its FP16 nodes in FP32."""
         chosen = set(plan)
-        m = unquantize(self.model, [la for la in self.layers if la.name in chosen],
-                       self.weights)
+        m = unquantize(base if base is not None else self.model,
+                       [la for la in self.layers if la.name in chosen], self.weights)
         nodes = [n for u, n in self.half.items() if u in chosen]
         return half.to_fp32(m, nodes, self.types) if nodes else m
 

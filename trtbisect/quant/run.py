@@ -52,6 +52,7 @@ class QuantResult:
     units: list[str] = field(default_factory=list)  # the search's plan (judge.py's unit names)
     fp32_ops: dict[str, str] = field(default_factory=dict)  # op of each FP32 node
     emulated: bool = False  # the file has float16 values: judged with its FP16 stores explicit
+    fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
     reference: str = "the model with its Q/DQ removed"
     files: dict[str, str] = field(default_factory=dict)
     renderings: dict = field(default_factory=dict)
@@ -93,7 +94,8 @@ class QuantResult:
                       **{n: "fp16" for n in self.fp32_nodes}},
             "fp32_node_reasons": self.fp32_reasons,
             "plan": [{**self.layer(n).to_json(),
-                      "findings": [f.to_json() for f in self.findings.get(n, [])]}
+                      "findings": [f.to_json() for f in self.findings.get(n, [])],
+                      "fixes_judged": self.fixes.get(n, [])}
                      for n in self.plan],
             "errors_before": errors(self.before), "errors_after": errors(self.after),
             "judged": {"before": self.before.to_json() if self.before else None,
@@ -335,6 +337,9 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
             result.verdict = "fixed"
             result.units = list(search.fp32)
     result.findings = {n: findings[n] for n in result.plan}
+    if result.plan:
+        stage("judging the fixes diagnosis names, where trtbisect can apply them")
+        result.fixes = judge_fixes(judge, model, result, values)
     result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
@@ -343,6 +348,29 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     _write(result, judge, path, out_dir, [path, *_sources(opts), *(
         [Path(reference_path)] if reference_path else [])])
     return result
+
+
+def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
+                values: dict[str, list[np.ndarray]]) -> dict[str, list[dict]]:
+    """Each plan layer kept quantized with a fix applied (fixes.py), the rest of the plan as
+    it is, judged by the run's judge: does the fix alone make the layer pass?"""
+    from .fixes import variants
+
+    out: dict[str, list[dict]] = {}
+    for name in result.plan:
+        rest = frozenset(u for u in result.units if u != name)
+        for what, variant in variants(model, result.layer(name), result.findings[name],
+                                      values, judge.weights):
+            try:
+                v = judge.judge_model(judge.model_for(rest, base=variant))
+            except TrtBisectError as exc:  # a variant ORT refuses: said, never fatal
+                out.setdefault(name, []).append({"fix": what, "passed": False,
+                                                 "error": str(exc)})
+                continue
+            out.setdefault(name, []).append({
+                "fix": what, "passed": v.passed,
+                "errors": {k: e.to_json() for k, e in v.errors.items()}})
+    return out
 
 
 def _sources(opts) -> list[Path]:
