@@ -272,3 +272,27 @@ def test_hostile_names_reach_sentences_escaped(tmp_path):
     assert r.plan == ["mm1"]
     text = " ".join(f.text for f in r.findings["mm1"])
     assert "\x1b" not in text and "\\x1b" in text and "\\u202e" in text
+
+
+def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
+    """A compute-bound quantized MatMul costs FP16's time over 2 on an L4 (INT8 242.5 dense
+    TOPS against FP16's 121 TFLOPS); un-quantizing it in a file FP32 elsewhere costs the FP32
+    rate; an FP8 file priced on an A100 is refused."""
+    from trtbisect.cost import GPUS, QUANT_PEAKS
+    from trtbisect.errors import TrtBisectError
+    from trtbisect.quant.cost import QuantPricing, _Node, pricing_for
+
+    pr = QuantPricing("l4", "int8", half_file=False,
+                      nodes=[_Node("mm", "MatMul", 1e15, 0, 0, 0)], layer_of={"mm": "mm"})
+    assert pr.price(()) == pytest.approx(1e15 / QUANT_PEAKS["l4"]["int8"])
+    assert pr.all_fp16() == pytest.approx(1e15 / GPUS["l4"].fp16_tensor)
+    assert pr.price({"mm"}) == pytest.approx(1e15 / GPUS["l4"].fp32)
+    assert pr.all_fp16() / pr.price(()) == pytest.approx(242.5 / 121)
+    p = qm.fp8_saturation()
+    with pytest.raises(TrtBisectError, match="no FP8 tensor cores"):
+        pricing_for(p.model, analyse(p.model), {}, p.inputs, "a100", False)
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert r.cost["format"] == "fp8" and r.cost["plan_s"] > r.cost["all_quantized_s"] > 0
+    assert_one_line_error(invoke("run", model, "--inputs", inputs, "--gpu", "a100", "--out",
+                                 tmp_path / "o"), 2, "no FP8 tensor cores")

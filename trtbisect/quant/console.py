@@ -73,6 +73,15 @@ def emit(result, as_json: bool) -> None:
             after = result.after.errors.get(name) if result.after is not None else None
             t.add_row(shown(name), error_cell(before), error_cell(after))
         out.print(t)
+    c = result.cost
+    if c and result.verdict != "reference_invalid":
+        def us(x: float) -> str:
+            return f"{x * 1e6:.4g} us"
+        vs = c.get("plan_vs_all_quantized")
+        out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
+                  f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
+                  f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
+                                           if vs is not None and result.units else ""))
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
               "ONNX Runtime CPU (Q/DQ run as written"
               + ("; FP16 stores emulated)" if result.emulated else ")"))

@@ -53,6 +53,7 @@ class QuantResult:
     fp32_ops: dict[str, str] = field(default_factory=dict)  # op of each FP32 node
     emulated: bool = False  # the file has float16 values: judged with its FP16 stores explicit
     fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
+    cost: dict = field(default_factory=dict)  # estimated engine times (quant/cost.py)
     reference: str = "the model with its Q/DQ removed"
     files: dict[str, str] = field(default_factory=dict)
     renderings: dict = field(default_factory=dict)
@@ -103,6 +104,7 @@ class QuantResult:
             "one_judge": {"search_equals_check": self.one_judge,
                           "search": errors(self.search_after)},
             "criteria": self.criteria, "fp16_stores_emulated": self.emulated,
+            "cost": self.cost,
             "evaluations": self.evaluations,
             "one_minimal": self.one_minimal,
             "trials": [t.to_json() for t in self.trials], "renderings": self.renderings,
@@ -312,6 +314,8 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     result.half_nodes = len(halves)
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
                        opts.threads, halves)
+    from .cost import pricing_for
+    pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated)
     stage("judging the quantized model as given")
     result.before = judge.measure(frozenset())
     stage("diagnosing the quantized layers")
@@ -327,7 +331,9 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         search = find_minimal_fp32(judge.units, judge.check,
                                    ranking=_ranking(layers, findings, judge.half, values,
                                                     model),
-                                   max_evaluations=opts.max_evaluations, progress=progress)
+                                   max_evaluations=opts.max_evaluations, progress=progress,
+                                   **({"price": pricing.price, "adjacent": {}}
+                                      if opts.objective == "cost" else {}))
         result.evaluations, result.trials = search.evaluations, search.trials
         result.one_minimal = search.one_minimal
         if search.found:
@@ -343,6 +349,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
+    result.cost = {**pricing.summary(result.units), "objective": opts.objective}
     result.renderings = renderings(result, model)
     result.seconds = time.perf_counter() - started
     _write(result, judge, path, out_dir, [path, *_sources(opts), *(
