@@ -44,3 +44,23 @@ def test_precision_int8_quantizes_then_bisects_and_the_exclusions_reproduce_the_
     r = invoke("-q", "run", out, "--inputs", tmp_path / "in.npz", "--rtol", p.rtol,
                "--reference", fp32, "--out", tmp_path / "out2", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["verdict"] == "quantized_ok", r.output
+
+
+@pytest.mark.slow
+def test_calibration_samples_are_given_apart(tmp_path):
+    """--calibration: ModelOpt calibrates on those samples, the plan is judged on --inputs.
+    Calibrated on the samples scaled down 100x, every scale is too small: both layers
+    saturate."""
+    p = qm.outlier()
+    fp32 = tmp_path / "outlier_fp32.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), fp32)
+    np.savez(tmp_path / "in.npz", **p.inputs)
+    np.savez(tmp_path / "quiet.npz", x=p.inputs["x"] / 100)
+    r = invoke("-q", "run", fp32, "--precision", "int8", "--inputs", tmp_path / "in.npz",
+               "--calibration", tmp_path / "quiet.npz", "--rtol", p.rtol, "--out",
+               tmp_path / "out", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["unquantized_layers"] == ["mm1", "mm2"]
+    kinds = {f["kind"] for layer in got["plan"] for f in layer["findings"]}
+    assert "saturation" in kinds

@@ -410,6 +410,9 @@ def _trt_version(given: str | None) -> int:
               help="Evaluate plans on Ray actors: on the cluster at ADDRESS (e.g. auto, or "
                    "ray://head:10001), or alone on a local one. Needs: pip install "
                    "'trtbisect[ray]'. --workers then caps the actors.")
+@click.option("--calibration", "calibration", multiple=True, metavar="NPZ|FOLDER|GLOB|JSON",
+              help="With --precision int8|fp8: the samples ModelOpt calibrates on (as "
+                   "--inputs; repeatable). Default: the --inputs samples.")
 @click.option("--reference", "quant_reference", default=None, metavar="FP32.onnx",
               help="For a quantized (Q/DQ) MODEL: the FP32 model it was quantized from, to "
                    "judge against. Default: MODEL with its Q/DQ removed (docs/quantization.md).")
@@ -417,7 +420,7 @@ def _trt_version(given: str | None) -> int:
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, rewrite: bool, search_samples: int,
         workers: int | None, ray_address: str | None, quant_reference: str | None,
-        **kw) -> None:
+        calibration: tuple[str, ...], **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -444,9 +447,9 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts.search_samples = search_samples
     opts.workers, opts.ray = workers, ray_address
     from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
-    if wants_quantized(model, opts.precision, quant_reference):
+    if wants_quantized(model, opts.precision, quant_reference, calibration):
         from .quant.console import run_and_emit
-        finish(run_and_emit(model, opts, out, quant_reference, backend, as_json))
+        finish(run_and_emit(model, opts, out, quant_reference, backend, as_json, calibration))
     if ray_address is not None:
         from .parallel.ray_pool import check_address, require_ray
         require_ray()  # before any work: a one-line install hint,

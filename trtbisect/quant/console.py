@@ -99,7 +99,7 @@ def emit(result, as_json: bool) -> None:
 
 
 def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
-                 as_json: bool) -> int:
+                 as_json: bool, calibration: tuple[str, ...] = ()) -> int:
     """`trtbisect run` for a quantized model (or --precision int8|fp8): run, print, and
     return the exit code."""
     import tempfile
@@ -124,7 +124,7 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         if not is_quantized_file(model):  # --precision int8|fp8 on a float model
             from .ptq import quantize_samples
             reference, model = model, str(quantize_samples(model, opts, Path(scratch),
-                                                           progress.stage))
+                                                           progress.stage, calibration))
         result = run(model, opts, out_dir, reference, progress.trial, progress.stage)
     emit(result, as_json)
     return result.exit_code

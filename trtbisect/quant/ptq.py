@@ -41,17 +41,22 @@ def quantize(model_path: Path, mode: str, samples: Sequence[dict], out_path: Pat
     return out_path
 
 
-def quantize_samples(model: str, opts, scratch: Path, stage) -> Path:
-    """The run's samples (--inputs, or seeded random ones) as ModelOpt's calibration data,
-    and the quantized model written under `scratch`."""
+def quantize_samples(model: str, opts, scratch: Path, stage,
+                     calibration: Sequence[str] = ()) -> Path:
+    """`calibration`'s samples (else the run's: --inputs, or seeded random ones) as ModelOpt's
+    calibration data, and the quantized model written under `scratch`."""
     from ..data.sources import iter_items
     from ..graph import Graph
 
     require("modelopt.onnx.quantization",
             f"--precision {opts.precision} quantizes with NVIDIA ModelOpt: {INSTALL}")
     graph = Graph.from_path(model)
-    samples = [item.sample for item in iter_items(graph, list(opts.inputs), opts.data_loader,
-                                                  opts.shapes, opts.seed, opts.samples)]
+    if calibration:
+        items = iter_items(graph, list(calibration), None, opts.shapes, opts.seed)
+    else:
+        items = iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes, opts.seed,
+                           opts.samples)
+    samples = [item.sample for item in items]
     stage(f"quantizing to {opts.precision} with ModelOpt's ONNX PTQ on {len(samples)} samples")
     return quantize(Path(model), opts.precision, samples,
                     scratch / f"{Path(model).stem}.{opts.precision}.onnx")

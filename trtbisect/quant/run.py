@@ -143,12 +143,19 @@ def is_quantized_file(path: str | Path) -> bool:
     return qdq.is_quantized(model)
 
 
-def wants_quantized(model: str | Path, precision: str, reference: str | None) -> bool:
+def wants_quantized(model: str | Path, precision: str, reference: str | None,
+                    calibration: Sequence[str] = ()) -> bool:
     """The CLI's hook: `run` takes the quantized road for a model holding Q/DQ, or for
-    `--precision int8|fp8`; `--reference` belongs to that road only."""
+    `--precision int8|fp8`; `--reference` belongs to that road only, `--calibration` to
+    `--precision int8|fp8` on a float model."""
     from ..judge.precision import QUANTIZED
 
-    if precision in QUANTIZED or is_quantized_file(model):
+    quantized = is_quantized_file(model)
+    if calibration and (precision not in QUANTIZED or quantized):
+        raise TrtBisectError("--calibration gives ModelOpt its samples: it goes with "
+                             "--precision int8|fp8 on an FP32 model"
+                             + (f" ({model} is already quantized)" if quantized else ""))
+    if precision in QUANTIZED or quantized:
         return True
     if reference is not None:
         raise TrtBisectError("--reference is for a quantized (Q/DQ) model or --precision "
