@@ -296,3 +296,38 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
     assert r.cost["format"] == "fp8" and r.cost["plan_s"] > r.cost["all_quantized_s"] > 0
     assert_one_line_error(invoke("run", model, "--inputs", inputs, "--gpu", "a100", "--out",
                                  tmp_path / "o"), 2, "no FP8 tensor cores")
+
+
+def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
+    """ONNX Runtime's quantizer (QDQ, uint8 activations, per-channel int8 weights) quantizes
+    the graph output too (its Q fuses into the last layer) and drops the Relu before a Q
+    whose zero point is 0 (the Q clamps negatives): un-quantized, that edge keeps a Relu, so
+    the reference is the FP32 model's computation again."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    p = qm.outlier()
+    fp32, qdq_path = tmp_path / "fp32.onnx", tmp_path / "ort_qdq.onnx"
+    plain = unquantize(p.model, analyse(p.model))
+    onnx.save(plain, fp32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = [dict(p.inputs)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+    quantize_static(str(fp32), str(qdq_path), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
+    m = onnx.load(qdq_path)
+    assert "Relu" not in {n.op_type for n in m.graph.node}  # folded into the Q
+    layers = analyse(m)
+    assert [la.name for la in layers] == ["mm1", "mm2"]
+    assert any(e.slot == -1 for e in layers[1].edges)  # the output's Q/DQ, fused into mm2
+    ref = unquantize(m, layers)
+    np.testing.assert_allclose(session(ref).run(["y"], p.inputs)[0],
+                               session(plain).run(["y"], p.inputs)[0], rtol=1e-5, atol=1e-5)
+    np.savez(tmp_path / "in.npz", **p.inputs)
+    r = run(qdq_path, _opts(tmp_path / "in.npz", p.rtol), tmp_path / "out")
+    assert r.verdict == "fixed" and r.plan == ["mm1"] and r.one_judge is True

@@ -55,6 +55,7 @@ class EdgeStats:
     scale: np.ndarray
     clipped: float  # share of values beyond the format's largest times the scale
     below_step: float  # share of |x| below one quantization step (integer formats)
+    covers: tuple[float, float] = (0.0, 0.0)  # the range the scale and zero point cover
 
 
 def _g(x: float) -> str:
@@ -103,6 +104,23 @@ def roundtrip(model: onnx.ModelProto, edge: Edge, values: np.ndarray) -> np.ndar
     return np.asarray(session(m).run(["y"], {"x": fed})[0], np.float32)
 
 
+def covered(model: onnx.ModelProto, edge: Edge) -> tuple[float, float]:
+    """The float range a per-tensor Q covers: (qmin - zp) * s to (qmax - zp) * s for the
+    integer formats, +-largest * s for FP8 (whose zero point is 0)."""
+    inits = _initializers(model)
+    s = float(np.abs(_array(inits[edge.scale])).reshape(-1).max())
+    if edge.format in FP8_MAX:
+        return -FP8_MAX[edge.format] * s, FP8_MAX[edge.format] * s
+    qmin, qmax = INT_RANGE.get(edge.format, (-128, 127))
+    zp = 0.0
+    nodes = dict(zip(_names(model), model.graph.node))
+    dq = nodes.get(edge.dq)
+    if dq is not None and len(dq.input) > 2 and dq.input[2] in inits:
+        zp = float(np.asarray(numpy_helper.to_array(inits[dq.input[2]]),
+                              np.float64).reshape(-1)[0])
+    return (qmin - zp) * s, (qmax - zp) * s
+
+
 def edge_stats(model: onnx.ModelProto, edge: Edge, values: Sequence[np.ndarray]) -> EdgeStats:
     """The edge's numbers on `values` (one array per sample, or the weight)."""
     inits = _initializers(model)
@@ -116,17 +134,17 @@ def edge_stats(model: onnx.ModelProto, edge: Edge, values: Sequence[np.ndarray])
         noise = float(np.sqrt(noise_num / noise_den)) if noise_den > 0 else 0.0
     else:
         noise = float("nan")
-    flat = np.concatenate([np.abs(np.asarray(v, np.float32)).reshape(-1) for v in values]) \
+    signed = np.concatenate([np.asarray(v, np.float32).reshape(-1) for v in values]) \
         if values else np.zeros(0, np.float32)
+    flat = np.abs(signed)
     step = float(scale.max()) if scale.size else 0.0
     clipped = below = 0.0
+    lo, hi = covered(model, edge)
     if flat.size and not edge.per_channel and step > 0:
-        top = FP8_MAX.get(edge.format) or float(max(abs(x) for x in INT_RANGE.get(edge.format,
-                                                                                  (127,))))
-        clipped = float(np.mean(flat > top * step * (1 + 1e-6)))
+        clipped = float(np.mean((signed < lo * (1 + 1e-6)) | (signed > hi * (1 + 1e-6))))
         if edge.format in INT_RANGE:
             below = float(np.mean(flat < step))
-    return EdgeStats(flat, noise, scale, clipped, below)
+    return EdgeStats(flat, noise, scale, clipped, below, (lo, hi))
 
 
 def _channel_ranges(w: np.ndarray, op: str, slot: int, node: onnx.NodeProto) -> np.ndarray | None:
@@ -190,18 +208,19 @@ def _edge_findings(layer: Layer, e: Edge, s: EdgeStats, node: onnx.NodeProto) ->
     name = e.source
     if s.clipped > 0:
         top = FP8_MAX.get(e.format)
-        limit = (f"{e.format.upper()}'s largest value {top:g}" if top else
-                 f"{e.format}'s range")
+        limit = (f"{e.format.upper()}'s largest value {top:g} times the scale "
+                 f"{_g(float(s.scale.max()))}" if top else
+                 f"the range [{_g(s.covers[0])}, {_g(s.covers[1])}] its {e.format} scale and "
+                 "zero point cover")
         out.append(Finding(
             "saturation", name,
-            f"{_pct(s.clipped)} of the values of {_q(name)} exceed {limit} times the scale "
-            f"{_g(float(s.scale.max()))} (up to {_g(float(s.values.max()))}, the scale covers "
-            f"{_g((top or 127) * float(s.scale.max()))}): QuantizeLinear clamps them",
+            f"{_pct(s.clipped)} of the values of {_q(name)} fall outside {limit} (they reach "
+            f"{_g(float(s.values.max()))} in magnitude): QuantizeLinear clamps them",
             "recalibrate so the scale covers the tensor's range (amax / "
-            + (f"{top:g}" if top else "127") + "; ModelOpt calibration_method='max'), or "
-            "exclude the layer",
+            + (f"{top:g}" if top else "the format's largest") + "; ModelOpt "
+            "calibration_method='max'), or exclude the layer",
             {"clipped_share": s.clipped, "max_abs": float(s.values.max()),
-             "scale": float(s.scale.max())}))
+             "scale": float(s.scale.max()), "covered": list(s.covers)}))
     if not e.weight and s.below_step >= OUTLIER_SHARE and s.values.size:
         step, top = float(s.scale.max()), float(s.values.max())
         covers, median = step * 127, float(np.median(s.values))

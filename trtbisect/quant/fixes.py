@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .diagnose import Finding, _array
 from .qdq import DQ, FP8_MAX, Q, Edge, Layer, _initializers, _names
 
-TOP = {"int8": 127.0, "uint8": 255.0, **FP8_MAX}
+TOP = {"int8": 127.0, **FP8_MAX}  # symmetric formats (zero point 0): the fixes' scales
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -61,6 +61,10 @@ class Edge:
     scale: str  # the scale tensor's name
     per_channel: bool  # more than one scale
     axis: int  # DQ's axis attribute (per-channel axis)
+    # the Q's range starts at 0 (zero point at the format's minimum): it clamps negatives as a
+    # ReLU would, and ONNX Runtime's quantizer drops a Relu before such a Q; un-quantized, the
+    # edge keeps that clamp (a Relu), so the reference computes what the model did
+    clamps_at_zero: bool = False
 
     def to_json(self) -> dict:
         return {"consumer": self.consumer, "input": self.slot, "dq": self.dq, "q": self.q,
@@ -128,6 +132,7 @@ def analyse(model: onnx.ModelProto) -> list[Layer]:
             if t:
                 consumers.setdefault(t, []).append((i, k))
     inits = _initializers(model)
+    outputs = {o.name for o in model.graph.output}
     edges: dict[int, list[Edge]] = {}
     for d, node in enumerate(nodes):
         if node.op_type != DQ or node.domain not in ("", "ai.onnx"):
@@ -152,10 +157,40 @@ def analyse(model: onnx.ModelProto) -> list[Layer]:
                 continue
             edges.setdefault(owner, []).append(Edge(
                 names[c], slot, names[d], names[p] if q_node is not None else None, source,
-                weight, fmt, scale, per_channel, _attr(node, "axis", 1)))
+                weight, fmt, scale, per_channel, _attr(node, "axis", 1),
+                q_node is not None and not weight and _clamps_at_zero(q_node, inits, fmt)
+                and _op(nodes, producer, source) != "Relu"))
+        if node.output[0] in outputs and q_node is not None:
+            # a quantized graph output: its Q fuses into the layer writing it (R2, output
+            # quantized), its DQ gives the graph its float output; un-quantized, the DQ node
+            # becomes an Identity of the Q's input (the output keeps its name)
+            owner = producer.get(source)
+            if owner is not None and nodes[owner].op_type not in (Q, DQ):
+                edges.setdefault(owner, []).append(Edge(
+                    names[d], -1, names[d], names[p], source, False, fmt, scale, per_channel,
+                    _attr(node, "axis", 1), _clamps_at_zero(q_node, inits, fmt)
+                    and nodes[owner].op_type != "Relu"))
     return [Layer(names[i], nodes[i].op_type, tuple(edges[i]),
                   "R2" if nodes[i].op_type in WEIGHTED else "R3")
             for i in sorted(edges)]
+
+
+def _op(nodes: Sequence[onnx.NodeProto], producer: Mapping[str, int], t: str) -> str | None:
+    return nodes[producer[t]].op_type if t in producer else None
+
+
+def _clamps_at_zero(q_node: onnx.NodeProto, inits: Mapping[str, TensorProto], fmt: str
+                    ) -> bool:
+    """A per-tensor integer Q whose zero point is the format's minimum covers [0, max]."""
+    if fmt not in INT_RANGE:
+        return False
+    if len(q_node.input) > 2 and q_node.input[2]:
+        zp = inits.get(q_node.input[2])
+        if zp is None:
+            return False
+        values = np.asarray(numpy_helper.to_array(zp)).reshape(-1)
+        return values.size == 1 and int(values[0]) == INT_RANGE[fmt][0]
+    return INT_RANGE[fmt][0] == 0  # no zero point: 0, the minimum of uint8
 
 
 def _q_format(q_node: onnx.NodeProto, inits: Mapping[str, TensorProto]) -> int:
@@ -230,10 +265,33 @@ def unquantize(model: onnx.ModelProto, layers: Sequence[Layer],
     made: set[str] = set()
     taken = {t for n in out.graph.node for t in [*n.input, *n.output]}
     taken |= {t.name for t in out.graph.initializer}
+    relus: dict[str, str] = {}
+
+    def source(e: Edge) -> str:
+        """The float tensor the edge reads un-quantized (through the Q's ReLU clamp, kept)."""
+        if not e.clamps_at_zero:
+            return e.source
+        if e.source not in relus:
+            name = f"{e.source}_relu"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            relus[e.source] = name
+            q = by_name[e.q]  # type: ignore[index]
+            at = list(out.graph.node).index(q)
+            out.graph.node.insert(at, helper.make_node("Relu", [e.source], [name],
+                                                       f"{e.q}/relu"))
+        return relus[e.source]
+
     for e in edges:
         node = by_name[e.consumer]
+        if e.slot < 0:  # a quantized graph output: its DQ becomes an Identity
+            node.op_type, node.domain = "Identity", ""
+            node.input[:] = [source(e)]
+            del node.attribute[:]
+            continue
         if e.q is not None:
-            node.input[e.slot] = e.source
+            node.input[e.slot] = source(e)
             continue
         name = f"{e.source}_dequantized"
         while name in taken and name not in made:
