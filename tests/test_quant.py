@@ -205,6 +205,8 @@ def test_cli_run_on_a_quantized_model(tmp_path):
     assert "oversized_scale" in r.output
     sh = (tmp_path / "out" / "commands.sh").read_text()
     assert "--nodes_to_exclude 'add$'" in sh and "--quantize_mode=int8" in sh
+    assert "trtexec --onnx=residual.unquantized.onnx --stronglyTyped" in sh
+    assert "polygraphy run residual.unquantized.onnx --trt --strongly-typed" in sh
     # against an FP32 model that computes something else, even all un-quantized fails
     other = unquantize(p.model, analyse(p.model))
     for t in other.graph.initializer:

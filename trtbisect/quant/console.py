@@ -93,7 +93,7 @@ def emit(result, as_json: bool) -> None:
             out.print(f"the plan's Q/DQ ONNX (TensorRT 10 and 11): "
                       f"{shown(result.files['mixed_qdq_model'])}")
         if "commands" in result.files:
-            out.print(f"commands (ModelOpt nodes_to_exclude, trtexec): "
+            out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
                       f"{shown(result.files['commands'])}")
         out.print(f"plan: {shown(result.files.get('plan'))}")
 

@@ -32,6 +32,10 @@ def patterns(names) -> list[str]:
     return [re.escape(n) + "$" for n in names]
 
 
+def stem_of(result: "QuantResult") -> str:
+    return result.model_path.rsplit("/", 1)[-1].removesuffix(".onnx")
+
+
 def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
     mode = quantize_mode({f for la in result.layers for f in la.formats})
     excl = patterns(result.plan)
@@ -60,11 +64,20 @@ def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
              "the plan and its reasons)",
              f"# ModelOpt ONNX PTQ, the plan's {len(result.plan)} layer(s) left in float "
              f"({INSTALL}):", cli_line]
-    if "mixed_qdq_model" in result.files or result.plan:
-        stem = result.model_path.rsplit("/", 1)[-1].removesuffix(".onnx")
+    if result.units:
+        plan_file = f"{stem_of(result)}.unquantized.onnx"
         lines += ["# TensorRT (strongly typed: precision comes from the Q/DQ in the file):",
-                  shlex.join(["trtexec", f"--onnx={stem}.unquantized.onnx", "--stronglyTyped"])]
+                  shlex.join(["trtexec", f"--onnx={plan_file}", "--stronglyTyped"]),
+                  "# Polygraphy: the reference's outputs on ONNX Runtime, then the plan's "
+                  "engine against them (give the run's tolerance; precision.json has its "
+                  "bounds)",
+                  shlex.join(["polygraphy", "run", ref, "--onnxrt", "--save-outputs",
+                              "reference_outputs.json"]),
+                  shlex.join(["polygraphy", "run", plan_file, "--trt", "--strongly-typed",
+                              "--load-outputs", "reference_outputs.json"])]
     return {"modelopt_nodes_to_exclude": excl, "modelopt_op_types_to_exclude_fp16": fp32_ops,
+            "trtexec": shlex.join(["trtexec", f"--onnx={stem_of(result)}.unquantized.onnx",
+                                   "--stronglyTyped"]) if result.units else None,
             "modelopt_python": python,
             "modelopt_cli": cli_line, "quantize_mode": mode,
             "commands_sh": "\n".join(lines) + "\n"}
