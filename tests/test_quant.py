@@ -55,7 +55,8 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
         assert verified == []
     else:
         assert any(VERIFIED[p.name] in v for v in verified), r.fixes
-    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    text = (tmp_path / "out" / "precision.json").read_text()
+    written = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert written["verdict"] == "fixed" and set(written["unquantized_layers"]) == p.plan
     assert written["plan"][0]["fixes_judged"] == r.fixes.get(layer, [])
     assert written["one_judge"]["search_equals_check"] is True

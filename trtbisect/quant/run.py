@@ -10,7 +10,9 @@ with the same judge (one judge, bit for bit), and say why each layer of the plan
 from __future__ import annotations
 
 import logging
+import math
 import time
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -76,6 +78,9 @@ class QuantResult:
         return next(la for la in self.layers if la.name == name)
 
     def to_json(self) -> dict:
+        return _finite(self._json())
+
+    def _json(self) -> dict:
         from .. import __version__
 
         def errors(v: Verdict | None) -> dict:
@@ -111,6 +116,17 @@ class QuantResult:
             "reference_problems": self.problems, "files": self.files,
             "seconds": round(self.seconds, 3),
             "layers": [la.to_json() for la in self.layers]}
+
+
+def _finite(obj):
+    """JSON has no NaN or infinity: they are written as strings ("nan", "inf")."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _same(a: Verdict, b: Verdict) -> bool:
@@ -310,9 +326,8 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
                          criteria=opts.criteria.describe(), emulated=_half(model))
     from ..pipeline import reference_problems
 
-    class _Refs:  # reference_problems reads ctx.every_reference
-        every_reference = references
-    result.problems = reference_problems(_Refs)  # type: ignore[arg-type]
+    result.problems = reference_problems(  # it reads ctx.every_reference only
+        SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
     if result.problems:
         result.verdict = "reference_invalid"
         result.seconds = time.perf_counter() - started
