@@ -334,3 +334,21 @@ def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
     np.savez(tmp_path / "in.npz", **p.inputs)
     r = run(qdq_path, _opts(tmp_path / "in.npz", p.rtol), tmp_path / "out")
     assert r.verdict == "fixed" and r.plan == ["mm1"] and r.one_judge is True
+
+
+def test_hostile_layer_names_reach_commands_sh_whole(tmp_path):
+    """A layer named with quotes, a newline and regex syntax: commands.sh hands ModelOpt
+    exactly one pattern that matches that name alone."""
+    import shlex
+
+    p = qm.outlier()
+    evil = "mm1'; rm -rf ~\n.*(x)"
+    for n in p.model.graph.node:
+        if n.name == "mm1":
+            n.name = evil
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert r.plan == [evil]
+    sh = (tmp_path / "out" / "commands.sh").read_text()
+    line = next(x for x in shlex.split(sh, comments=True) if x.startswith("mm1"))
+    assert re.match(line, evil) and not re.match(line, "mm1") and not re.match(line, "mm2")
