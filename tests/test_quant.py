@@ -352,3 +352,14 @@ def test_hostile_layer_names_reach_commands_sh_whole(tmp_path):
     sh = (tmp_path / "out" / "commands.sh").read_text()
     line = next(x for x in shlex.split(sh, comments=True) if x.startswith("mm1"))
     assert re.match(line, evil) and not re.match(line, "mm1") and not re.match(line, "mm2")
+
+
+def test_a_non_finite_reference_is_refused_with_exit_3(tmp_path):
+    p = qm.outlier()
+    p.inputs["x"][0, 0] = np.inf
+    model, inputs = _files(p, tmp_path)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out", "--json")
+    assert r.exit_code == 3, r.output
+    assert json.loads(r.stdout)["verdict"] == "reference_invalid"
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["verdict"] == "reference_invalid" and written["reference_problems"]

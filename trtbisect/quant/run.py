@@ -56,6 +56,7 @@ class QuantResult:
     emulated: bool = False  # the file has float16 values: judged with its FP16 stores explicit
     fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
     cost: dict = field(default_factory=dict)  # estimated engine times (quant/cost.py)
+    judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
     files: dict[str, str] = field(default_factory=dict)
     renderings: dict = field(default_factory=dict)
@@ -292,51 +293,77 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         reference_path: str | Path | None = None, progress: Progress | None = None,
         stage: Callable[[str], None] = log.info) -> QuantResult:
     """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
-    samples, criteria, tolerance, threads and --max-evals are used)."""
-    from ..data.sources import iter_items
-    from ..data.store import SampleSet, reference_set
-    from ..graph import Graph, model_hash
+    samples, criteria, tolerance, threads, gpu, objective and --max-evals are used)."""
+    from ..pipeline import reference_problems
 
     started = time.perf_counter()
     path = Path(model_path)
+    keep = [path, *_sources(opts), *([Path(reference_path)] if reference_path else [])]
+    model, layers, ref_model, where = _load(path, reference_path, stage)
+    opts.criteria.validate([o.name for o in ref_model.graph.output])
+    samples, references = _samples(ref_model, opts, path, reference_path)
+    result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
+                         criteria=opts.criteria.describe(), emulated=_half(model))
+    result.problems = reference_problems(  # it reads ctx.every_reference only
+        SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
+    if result.problems:
+        result.verdict = "reference_invalid"
+        result.seconds = time.perf_counter() - started
+        _write(result, None, path, out_dir, keep)
+        return result
+    _search(result, model, ref_model, samples, references, opts, progress, stage)
+    result.seconds = time.perf_counter() - started
+    _write(result, result.judge, path, out_dir, keep)
+    return result
+
+
+def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], None]):
+    """The model (nodes named), its quantized layers, the reference model and its words."""
     from ..graph import with_node_names
-    from .half import half_nodes
 
     model = with_node_names(load(path))  # unnamed nodes get trtbisect's names (graph.py)
     layers = qdq.analyse(model)
     if not layers:
         raise TrtBisectError(f"{path} holds DequantizeLinear nodes but no quantized layer "
                              "trtbisect can un-quantize (a DQ of a quantized graph input?)")
-    stage(f"{len(layers)} quantized layers ({', '.join(sorted({f for la in layers for f in la.formats}))})")
+    formats = ", ".join(sorted({f for la in layers for f in la.formats}))
+    stage(f"{len(layers)} quantized layers ({formats})")
     if reference_path is not None:
         ref_model = load(reference_path)
         _check_reference(model, ref_model, str(reference_path))
-        where = f"{reference_path}"
-    else:
-        ref_model = qdq.reference(model, layers)
-        where = "the model with its Q/DQ removed" + (", in FP32" if _half(model) else "")
-    opts.criteria.validate([o.name for o in ref_model.graph.output])
-    ref_graph = Graph(ref_model)
+        return model, layers, ref_model, f"{reference_path}"
+    where = "the model with its Q/DQ removed" + (", in FP32" if _half(model) else "")
+    return model, layers, qdq.reference(model, layers), where
+
+
+def _samples(ref_model: onnx.ModelProto, opts, path: Path, reference_path):
+    """The run's samples (validated against the reference's inputs) and FP32 outputs."""
+    from ..data.sources import iter_items
+    from ..data.store import SampleSet, reference_set
+    from ..graph import Graph, model_hash
+
+    ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)
     samples = SampleSet(iter_items(ref_graph, list(opts.inputs), opts.data_loader, opts.shapes,
                                    opts.seed, opts.samples))
     references = reference_set(ref_graph, samples, opts.threads,
                                f"quant:{model_hash(path)}:{reference_path}", None)
     opts.criteria.check_fit(references[0])
-    result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
-                         criteria=opts.criteria.describe(), emulated=_half(model))
-    from ..pipeline import reference_problems
+    return samples, references
 
-    result.problems = reference_problems(  # it reads ctx.every_reference only
-        SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
-    if result.problems:
-        result.verdict = "reference_invalid"
-        result.seconds = time.perf_counter() - started
-        return result
+
+def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelProto,
+            samples, references, opts, progress: Progress | None,
+            stage: Callable[[str], None]) -> None:
+    """Judge the file, diagnose its layers, search the plan, judge the fixes, price it."""
+    from .cost import pricing_for
+    from .half import half_nodes
+
+    layers = result.layers
     halves = half_nodes(model)
     result.half_nodes = len(halves)
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
                        opts.threads, halves)
-    from .cost import pricing_for
+    result.judge = judge
     pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated)
     stage("judging the quantized model as given")
     result.before = judge.measure(frozenset())
@@ -359,11 +386,11 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         result.evaluations, result.trials = search.evaluations, search.trials
         result.one_minimal = search.one_minimal
         if search.found:
+            result.units = list(search.fp32)
             result.plan = [u for u in search.fp32 if u not in judge.half]
             result.fp32_nodes = [judge.half[u] for u in search.fp32 if u in judge.half]
             result.search_after = judge.measure(frozenset(search.fp32))
             result.verdict = "fixed"
-            result.units = list(search.fp32)
     result.findings = {n: findings[n] for n in result.plan}
     if result.plan:
         stage("judging the fixes diagnosis names, where trtbisect can apply them")
@@ -373,10 +400,6 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
                        if n.name in set(result.fp32_nodes)}
     result.cost = {**pricing.summary(result.units), "objective": opts.objective}
     result.renderings = renderings(result, model)
-    result.seconds = time.perf_counter() - started
-    _write(result, judge, path, out_dir, [path, *_sources(opts), *(
-        [Path(reference_path)] if reference_path else [])])
-    return result
 
 
 def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
@@ -407,7 +430,7 @@ def _sources(opts) -> list[Path]:
     return input_files(opts)
 
 
-def _write(result: QuantResult, judge: QuantJudge, path: Path, out_dir: Path | None,
+def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
            keep: Sequence[Path]) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh and
     precision.json, as one generation of --out. Without --out the in-memory model is judged."""
@@ -420,6 +443,7 @@ def _write(result: QuantResult, judge: QuantJudge, path: Path, out_dir: Path | N
                 result.files["plan"] = str(out_dir / "precision.json")
                 gen.commit(result.to_json())
         return
+    assert judge is not None
     mixed = judge.model_for(frozenset(result.units))
     if out_dir is None:
         result.after = judge.judge_model(mixed)
