@@ -363,3 +363,21 @@ def test_a_non_finite_reference_is_refused_with_exit_3(tmp_path):
     assert json.loads(r.stdout)["verdict"] == "reference_invalid"
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["verdict"] == "reference_invalid" and written["reference_problems"]
+
+
+def test_check_judges_the_written_file_as_run_did(tmp_path):
+    """`trtbisect check` of the written Q/DQ file against the reference gives run's numbers
+    bit for bit (a file FP16 elsewhere: FP16 stores explicit in both)."""
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    ref = tmp_path / "ref.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    written = tmp_path / "out" / "fp16_side.unquantized.onnx"
+    c = invoke("-q", "check", written, "--reference", ref, "--inputs", inputs, "--rtol",
+               p.rtol, "--json")
+    assert c.exit_code == 0, c.output
+    got = json.loads(c.stdout)
+    assert got["errors"]["y"]["max_abs"] == r.after.errors["y"].max_abs
+    c = invoke("-q", "check", model, "--reference", ref, "--inputs", inputs, "--rtol", p.rtol)
+    assert c.exit_code == 4 and "fail" in c.stdout

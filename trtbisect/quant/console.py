@@ -128,3 +128,22 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         result = run(model, opts, out_dir, reference, progress.trial, progress.stage)
     emit(result, as_json)
     return result.exit_code
+
+
+def check_and_emit(mixed: str, reference: str, opts, as_json: bool) -> int:
+    """`trtbisect check` of a quantized (Q/DQ) file: pass or fail, per output; exit 0 or 4."""
+    from ..cli import error_cell, out, shown
+    from ..errors import EXIT_NO_PLAN, EXIT_OK
+    from .run import check_file
+
+    v = check_file(mixed, reference, opts)
+    if as_json:
+        click.echo(json.dumps({"passed": v.passed, "mode": "quantized",
+                               "errors": {k: e.to_json() for k, e in v.errors.items()},
+                               "judged": v.to_json()}, indent=2))
+    else:
+        out.print(f"{'[green]pass[/]' if v.passed else '[red]fail[/]'}: {shown(mixed)} "
+                  f"(quantized, {len(v.samples)} sample(s))", soft_wrap=True)
+        for name, e in v.errors.items():
+            out.print(f"  {shown(name)}: {error_cell(e)}", soft_wrap=True)
+    return EXIT_OK if v.passed else EXIT_NO_PLAN

@@ -402,6 +402,33 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.renderings = renderings(result, model)
 
 
+def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verdict:
+    """`trtbisect check` of a quantized file: judged against the reference model exactly as
+    `run` judges its plans and writes (the same QuantJudge, FP16 stores made explicit in a
+    float16 file)."""
+    from .half import half_nodes
+
+    path = Path(mixed_path)
+    model = with_names(load(path))
+    ref_model = load(reference_path)
+    _check_reference(model, ref_model, str(reference_path))
+    opts.criteria.validate([o.name for o in ref_model.graph.output])
+    samples, references = _samples(ref_model, opts, path, reference_path)
+    from ..pipeline import reference_problems
+    problems = reference_problems(SimpleNamespace(every_reference=references))  # type: ignore
+    if problems:
+        raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
+                             EXIT_REFERENCE_INVALID)
+    judge = QuantJudge(model, qdq.analyse(model), samples, references, opts.criteria,
+                       opts.tolerance, opts.threads, half_nodes(model))
+    return judge.judge_model(model)
+
+
+def with_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    from ..graph import with_node_names
+    return with_node_names(model)
+
+
 def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
                 values: dict[str, list[np.ndarray]]) -> dict[str, list[dict]]:
     """Each plan layer kept quantized with a fix applied (fixes.py), the rest of the plan as
