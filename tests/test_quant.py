@@ -244,6 +244,8 @@ def test_cli_refusals_are_one_line(tmp_path, monkeypatch):
     assert_one_line_error(invoke("run", model, "--precision", "fp8", "--gpu", "a100",
                                  "--out", tmp_path / "o"), 2, "has no FP8 tensor cores")
     assert_one_line_error(invoke("compare", model, "--precision", "int8"), 2, "trtbisect run")
+    assert_one_line_error(invoke("run", model, "--report", "--out", tmp_path / "o"), 2,
+                          "--report: not available for a quantized model")
     # --precision int8 on a float model needs ModelOpt: without it, how to install it
     import builtins
     real = builtins.__import__
