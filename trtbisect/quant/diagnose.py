@@ -75,8 +75,10 @@ def _array(t: TensorProto) -> np.ndarray:
     return np.asarray(numpy_helper.to_array(t)).astype(np.float32)
 
 
-def roundtrip(model: onnx.ModelProto, edge: Edge, values: np.ndarray) -> np.ndarray:
-    """DQ(Q(values)) with the edge's own Q and DQ nodes, on ONNX Runtime."""
+def roundtrip(model: onnx.ModelProto, edge: Edge, values: Sequence[np.ndarray]
+              ) -> list[np.ndarray]:
+    """DQ(Q(v)) for each of `values`, with the edge's own Q and DQ nodes on ONNX Runtime (one
+    probe session per edge)."""
     from .judge import session
 
     names = _names(model)
@@ -96,12 +98,14 @@ def roundtrip(model: onnx.ModelProto, edge: Edge, values: np.ndarray) -> np.ndar
         inits_used.append(c)
     elem = inits[q.input[1]].data_type  # the scale's type is the float side's (a float16 file)
     g = helper.make_graph(copies, "probe",
-                          [helper.make_tensor_value_info("x", elem, values.shape)],
+                          [helper.make_tensor_value_info("x", elem, None)],
                           [helper.make_tensor_value_info("y", elem, None)], inits_used)
     m = helper.make_model(g, opset_imports=list(model.opset_import))
     m.ir_version = model.ir_version
-    fed = values.astype(helper.tensor_dtype_to_np_dtype(elem))
-    return np.asarray(session(m).run(["y"], {"x": fed})[0], np.float32)
+    sess = session(m)
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    return [np.asarray(sess.run(["y"], {"x": np.asarray(v).astype(dtype)})[0], np.float32)
+            for v in values]
 
 
 def covered(model: onnx.ModelProto, edge: Edge) -> tuple[float, float]:
@@ -127,8 +131,7 @@ def edge_stats(model: onnx.ModelProto, edge: Edge, values: Sequence[np.ndarray])
     scale = np.abs(_array(inits[edge.scale])).reshape(-1)
     if edge.q is not None and values:
         noise_num = noise_den = 0.0
-        for v in values:
-            back = roundtrip(model, edge, v)
+        for v, back in zip(values, roundtrip(model, edge, values)):
             noise_num += float(np.sum((back.astype(np.float64) - v) ** 2))
             noise_den += float(np.sum(v.astype(np.float64) ** 2))
         noise = float(np.sqrt(noise_num / noise_den)) if noise_den > 0 else 0.0
@@ -169,6 +172,7 @@ def diagnose(model: onnx.ModelProto, layer: Layer, values: Mapping[str, Sequence
     inits = _initializers(model)
     nodes = dict(zip(_names(model), model.graph.node))
     found: list[Finding] = []
+    measured: list[EdgeStats] = []
     for e in layer.edges:
         if e.weight:
             w = weights.get(e.dq) if e.q is None else _array(inits[e.source])
@@ -176,6 +180,8 @@ def diagnose(model: onnx.ModelProto, layer: Layer, values: Mapping[str, Sequence
         else:
             vals = list(values.get(e.source, ()))
         s = edge_stats(model, e, vals)
+        if not e.weight:
+            measured.append(s)
         found += _edge_findings(layer, e, s, nodes[layer.name])
         if e.weight and vals:
             found += weight_findings(layer, e, vals[0], nodes[layer.name])
@@ -189,8 +195,7 @@ def diagnose(model: onnx.ModelProto, layer: Layer, values: Mapping[str, Sequence
             f"exclude the op type: ModelOpt op_types_to_exclude=['{layer.op}'] (or "
             f"--op_types_to_exclude {layer.op}); TensorRT runs it in float then"))
     if not found:
-        worst = max((edge_stats(model, e, list(values.get(e.source, ()))) for e in layer.edges
-                     if not e.weight), key=lambda s: -1 if np.isnan(s.noise) else s.noise,
+        worst = max(measured, key=lambda s: -1 if np.isnan(s.noise) else s.noise,
                     default=None)
         noise = worst.noise if worst is not None else float("nan")
         found.append(Finding(
