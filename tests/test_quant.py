@@ -383,3 +383,19 @@ def test_check_judges_the_written_file_as_run_did(tmp_path):
     assert got["errors"]["y"]["max_abs"] == r.after.errors["y"].max_abs
     c = invoke("-q", "check", model, "--reference", ref, "--inputs", inputs, "--rtol", p.rtol)
     assert c.exit_code == 4 and "fail" in c.stdout
+
+
+def test_a_rerun_replays_the_journaled_evaluations(tmp_path):
+    """Every search evaluation is journaled in --out; the same run again replays them (the
+    same plan, no search inference), --no-resume starts afresh."""
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+    first = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    again = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert again.units == first.units and again.evaluations == first.evaluations
+    assert len(again.judge.verdicts) < len(first.judge.verdicts)  # searched plans: replayed
+    assert '"done"' in (tmp_path / "out" / "journal.jsonl").read_text()
+    fresh = _opts(inputs, p.rtol)
+    fresh.resume = False
+    afresh = run(model, fresh, tmp_path / "out")
+    assert len(afresh.judge.verdicts) == len(first.judge.verdicts)

@@ -125,6 +125,9 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         from ..cost import quantized_peak
         quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
     out_dir = Path(out_dir)
+    click.get_current_context().meta["resume_hint"] = (
+        f"run the same command again to resume from {out_dir / 'journal.jsonl'} "
+        "(--no-resume starts afresh)")
     with terminate_as_interrupt(), OutputDir(out_dir).locked(), \
             Progress(quiet_level()) as progress, tempfile.TemporaryDirectory(
                 prefix="trtbisect-ptq-") as scratch:

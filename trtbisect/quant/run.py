@@ -311,7 +311,12 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         result.seconds = time.perf_counter() - started
         _write(result, None, path, out_dir, keep)
         return result
-    _search(result, model, ref_model, samples, references, opts, progress, stage)
+    journal = _journal(out_dir, opts, path, reference_path, samples)
+    try:
+        _search(result, model, ref_model, samples, references, opts, progress, stage, journal)
+    finally:
+        if journal is not None:
+            journal.close()
     result.seconds = time.perf_counter() - started
     _write(result, result.judge, path, out_dir, keep)
     return result
@@ -351,9 +356,50 @@ def _samples(ref_model: onnx.ModelProto, opts, path: Path, reference_path):
     return samples, references
 
 
+def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
+    """The run's journal (journal.py) in --out: a killed run started again with the same
+    arguments replays the evaluations it finished. None without --out."""
+    from .. import __version__
+    from ..graph import model_hash
+    from ..journal import Journal
+
+    if out_dir is None:
+        return None
+    fingerprint = {
+        "mode": "quantized", "version": __version__, "model": model_hash(path),
+        "reference": model_hash(reference_path) if reference_path else None,
+        "samples": samples.sha256, "tolerance": opts.tolerance.to_json(),
+        "criteria": opts.criteria.fingerprint(), "objective": opts.objective, "gpu": opts.gpu,
+        "threads": opts.threads}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    journal_path = out_dir / "journal.jsonl"
+    if not opts.resume and journal_path.exists():
+        journal_path.unlink()
+    return Journal(journal_path, fingerprint)
+
+
+def _journaled(judge: QuantJudge, journal) -> Callable[[frozenset[str]], bool]:
+    """The search's check: a journaled verdict is replayed, any other judged and recorded
+    (marked started first, so a plan that kills the process is not run forever)."""
+    from ..journal import plan_key
+
+    def check(plan: frozenset[str]) -> bool:
+        if journal is None:
+            return judge.check(plan)
+        key = plan_key(plan)
+        rec = journal.lookup(key)
+        if rec is not None:
+            return bool(rec["passed"])
+        journal.start(key)
+        v = judge.measure(plan)
+        journal.record(key, v.passed, {"rel": {k: e.rel for k, e in v.errors.items()}})
+        return v.passed
+    return check
+
+
 def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelProto,
             samples, references, opts, progress: Progress | None,
-            stage: Callable[[str], None]) -> None:
+            stage: Callable[[str], None], journal=None) -> None:
     """Judge the file, diagnose its layers, search the plan, judge the fixes, price it."""
     from .cost import pricing_for
     from .half import half_nodes
@@ -377,7 +423,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     else:
         stage(f"searching which of {len(layers)} quantized layers to run in float"
               + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
-        search = find_minimal_fp32(judge.units, judge.check,
+        search = find_minimal_fp32(judge.units, _journaled(judge, journal),
                                    ranking=_ranking(layers, findings, judge.half, values,
                                                     model),
                                    max_evaluations=opts.max_evaluations, progress=progress,
