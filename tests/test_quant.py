@@ -399,3 +399,20 @@ def test_a_rerun_replays_the_journaled_evaluations(tmp_path):
     fresh.resume = False
     afresh = run(model, fresh, tmp_path / "out")
     assert len(afresh.judge.verdicts) == len(first.judge.verdicts)
+
+
+def test_detection_reads_big_files_in_chunks(tmp_path):
+    """The CLI's hook looks for the op type's bytes before parsing anything: a word split
+    across chunks is found, a model without it is never parsed."""
+    from trtbisect.quant.run import _mentions, is_quantized_file
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x" * 20 + b"DequantizeLinear" + b"y" * 5)
+    assert all(_mentions(f, b"DequantizeLinear", chunk=c) for c in (1, 3, 8, 16, 17, 100))
+    assert not _mentions(f, b"QuantizeLinearX", chunk=8)
+    p = qm.outlier()
+    model, _ = _files(p, tmp_path)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), plain)
+    assert is_quantized_file(model) and not is_quantized_file(plain)
+    assert not is_quantized_file(tmp_path / "missing.onnx") and not is_quantized_file(tmp_path)

@@ -153,11 +153,31 @@ def load(path: str | Path) -> onnx.ModelProto:
 def is_quantized_file(path: str | Path) -> bool:
     """The CLI's hook: does this ONNX file hold Q/DQ (explicit quantization)? False for
     anything that is not a readable ONNX file (the FP16 run then says what is wrong)."""
+    if not _mentions(path, b"DequantizeLinear"):  # most models: no parse at all
+        return False
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 - not ours to report: the normal run reports it
         return False
     return qdq.is_quantized(model)
+
+
+def _mentions(path: str | Path, word: bytes, chunk: int = 1 << 24) -> bool:
+    """Does the file hold `word` anywhere (an op type is stored as plain UTF-8)? Read in
+    chunks: a big model is never held twice."""
+    try:
+        with open(path, "rb") as fh:
+            tail = b""
+            while True:
+                block = fh.read(chunk)
+                if not block:
+                    return False
+                window = tail + block
+                if word in window:
+                    return True
+                tail = window[-(len(word) - 1):]
+    except OSError:
+        return False
 
 
 def wants_quantized(model: str | Path, precision: str, reference: str | None,
