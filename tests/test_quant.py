@@ -416,3 +416,14 @@ def test_detection_reads_big_files_in_chunks(tmp_path):
     onnx.save(unquantize(p.model, analyse(p.model)), plain)
     assert is_quantized_file(model) and not is_quantized_file(plain)
     assert not is_quantized_file(tmp_path / "missing.onnx") and not is_quantized_file(tmp_path)
+
+
+@pytest.mark.parametrize("make", [qm.outlier, qm.fp16_side], ids=lambda m: m.__name__)
+def test_the_count_objective_finds_the_same_plans(make, tmp_path):
+    p = make()
+    model, inputs = _files(p, tmp_path)
+    opts = _opts(inputs, p.rtol)
+    opts.objective = "count"
+    r = run(model, opts, tmp_path / "out")
+    cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
+    assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
