@@ -246,6 +246,8 @@ def test_cli_refusals_are_one_line(tmp_path, monkeypatch):
     assert_one_line_error(invoke("compare", model, "--precision", "int8"), 2, "trtbisect run")
     assert_one_line_error(invoke("run", model, "--report", "--out", tmp_path / "o"), 2,
                           "--report: not available for a quantized model")
+    assert_one_line_error(invoke("run", model, "--precision", "bf16", "--out", tmp_path / "o"),
+                          2, "is quantized")
     # --precision int8 on a float model needs ModelOpt: without it, how to install it
     import builtins
     real = builtins.__import__

@@ -110,6 +110,10 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
     from ..outdir import OutputDir
     from .run import is_quantized_file, run
 
+    if opts.precision in ("bf16", "both"):
+        raise TrtBisectError(f"--precision {opts.precision}: {model} is quantized (Q/DQ); its "
+                             "float side computes in the type the file gives it: drop "
+                             "--precision (docs/quantization.md)")
     unsupported = [flag for flag, used in (
         ("--report", opts.report), ("--stability", opts.stability >= 2),
         ("--rewrite", opts.rewrite), ("--strict", opts.strict),
