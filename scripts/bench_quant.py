@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Quantized runs on real models (docs/quantization.md, "Benchmark"): each model quantized by
 ModelOpt's ONNX PTQ (`trtbisect run --precision int8|fp8`, FP32 elsewhere) on 4 seeded samples
+(`--samples N`)
 from scripts/fetch_models.py, then bisected. One line per model and format: the verdict, layers
 un-quantized, evaluations, errors before and after, the estimated engine times, wall time.
 
@@ -27,10 +28,10 @@ from fetch_models import MODELS, fetch  # noqa: E402
 SAMPLES = 4
 
 
-def one(name: str, fmt: str, extra: list[str], folder: Path) -> str:
+def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMPLES) -> str:
     path = fetch(name)
     inputs = []
-    for k in range(SAMPLES):
+    for k in range(samples):
         f = folder / f"{name}_{k}.npz"
         np.savez(f, **MODELS[name].make_inputs(seed=k))
         inputs += ["--inputs", str(f)]
@@ -61,6 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+", choices=sorted(MODELS))
     ap.add_argument("--formats", nargs="+", default=["int8", "fp8"], choices=["int8", "fp8"])
+    ap.add_argument("--samples", type=int, default=SAMPLES, help="seeded samples per model")
     args = ap.parse_args(argv)
     print("| model | format | verdict | layers un-quantized | evaluations | rel. error before "
           "| after | est. all FP16 (us) | all quantized (us) | plan (us) | wall |")
@@ -68,7 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
         for name in args.models:
             for fmt in args.formats:
-                print(one(name, fmt, extra, Path(tmp)), flush=True)
+                print(one(name, fmt, extra, Path(tmp), args.samples), flush=True)
 
 
 if __name__ == "__main__":
