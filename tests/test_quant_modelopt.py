@@ -25,9 +25,11 @@ def test_precision_int8_quantizes_then_bisects_and_the_exclusions_reproduce_the_
     fp32 = tmp_path / "outlier_fp32.onnx"
     onnx.save(unquantize(p.model, analyse(p.model)), fp32)
     np.savez(tmp_path / "in.npz", **p.inputs)
+    before = fp32.read_bytes()
     r = invoke("-q", "run", fp32, "--precision", "int8", "--inputs", tmp_path / "in.npz",
                "--rtol", p.rtol, "--out", tmp_path / "out", "--json")
     assert r.exit_code == 0, r.output
+    assert fp32.read_bytes() == before  # ModelOpt rewrites its input: it gets a copy
     got = json.loads(r.stdout)
     assert got["verdict"] == "fixed" and got["unquantized_layers"] == ["mm1"]
     assert got["reference"] == str(fp32)
