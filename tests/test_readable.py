@@ -282,7 +282,7 @@ def test_precision_both_judges_an_opset_12_model_in_both_through_a_converted_cop
 def test_only_run_offers_precision_both(command):
     helptext = CliRunner().invoke(main, [command, "--help"]).output
     assert "[fp16|bf16]" in helptext and "both" not in helptext.split("--precision", 1)[1][:200]
-    assert "[fp16|bf16|both]" in CliRunner().invoke(main, ["run", "--help"]).output
+    assert "[fp16|bf16|both|int8|fp8]" in CliRunner().invoke(main, ["run", "--help"]).output
 
 
 def test_check_infers_bf16_from_the_file(zoo, tmp_path):

@@ -434,11 +434,17 @@ def run_input_options(f: Callable) -> Callable:
                    "first) and kinds of cause shown on the console; precision.json has all.")
 @click.option("--all", "show_all", is_flag=True,
               help="Show every group, every diagnosis and every node of the plan.")
+@click.option("--calibration", "calibration", multiple=True, metavar="NPZ|FOLDER|GLOB|JSON",
+              help="With --precision int8|fp8: the samples ModelOpt calibrates on (as "
+                   "--inputs; repeatable). Default: the --inputs samples.")
+@click.option("--reference", "quant_reference", default=None, metavar="FP32.onnx",
+              help="For a quantized (Q/DQ) MODEL: the FP32 model it was quantized from, to "
+                   "judge against. Default: MODEL with its Q/DQ removed (docs/quantization.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, rewrite: bool, search_samples: int,
         workers: int | None, ray_address: str | None, top: int, show_all: bool,
-        **kw) -> None:
+        quant_reference: str | None, calibration: tuple[str, ...], **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
     Runs the FP32 reference, compares all-FP16 layer by layer, searches for a 1-minimal FP32
@@ -450,6 +456,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     Examples:
       trtbisect run model.onnx --inputs inputs.npz --out runs/model
       trtbisect run model.onnx --shape x:1x3x224x224 --samples 4 --strict --json
+      trtbisect run model_qdq.onnx --inputs val.npz   (INT8/FP8 Q/DQ: layers to un-quantize)
     """
     from . import pipeline
     from .export import resolve_model_arg
@@ -463,6 +470,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
     opts.search_samples = search_samples
     opts.workers, opts.ray = workers, ray_address
+    from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
+    if wants_quantized(model, opts.precision, quant_reference, calibration):
+        from .quant.console import run_and_emit
+        finish(run_and_emit(model, opts, out, quant_reference, backend, as_json, calibration))
     if ray_address is not None:
         from .parallel.ray_pool import check_address, require_ray
         require_ray()  # before any work: a one-line install hint,
@@ -907,7 +918,11 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
           --inputs models/demo_inputs.npz
     """
     from . import pipeline
+    from .quant import is_quantized_file
 
+    if is_quantized_file(mixed):  # a Q/DQ file: judged as `run` judges one (trtbisect/quant/)
+        from .quant.console import check_and_emit
+        finish(check_and_emit(mixed, reference, make_options(kw), as_json))
     if click.get_current_context().get_parameter_source("precision") is \
             click.core.ParameterSource.DEFAULT:  # the file says which (judge/precision.py)
         from .graph import load_model

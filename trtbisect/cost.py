@@ -99,6 +99,29 @@ def gpu_class(name: str) -> GpuClass:
                              f"(e.g. --gpu {DEFAULT_GPU})") from None
 
 
+# Quantized tensor-core peaks (trtbisect/quant/, issue #38), dense, in OP/s, from the same
+# datasheets as GPUS (INT8 TOPS and FP8 TFLOPS; the sparse figures halved as above). None: the
+# class has no such tensor cores (FP8 arrived with Ada and Hopper; Ampere has none).
+QUANT_PEAKS: dict[str, dict[str, float | None]] = {
+    "h100": {"int8": 1979 * T, "fp8": 1979 * T},  # 3,958 TOPS / TFLOPS with sparsity
+    "a100": {"int8": 624 * T, "fp8": None},  # 624 TOPS dense (1,248 with sparsity); no FP8
+    "l4": {"int8": 242.5 * T, "fp8": 242.5 * T},  # 485 TOPS / TFLOPS with sparsity
+    "a10": {"int8": 250 * T, "fp8": None},  # 250 TOPS dense (500 with sparsity); no FP8
+    "orin": {"int8": 85 * T, "fp8": None},  # 170 sparse INT8 TOPS (the GPU's, see GPUS)
+}
+
+
+def quantized_peak(gpu: str, fmt: str) -> float:
+    """Dense tensor-core peak of `gpu` for `fmt` (int8 | fp8); a usage error where the class
+    has no such tensor cores (`--precision fp8 --gpu a100`)."""
+    peak = QUANT_PEAKS[gpu_class(gpu).name].get(fmt)
+    if peak is None:
+        raise TrtBisectError(f"--precision {fmt} --gpu {gpu}: the {GPUS[gpu].title} has no "
+                             f"{fmt.upper()} tensor cores; use --precision int8, or a GPU class "
+                             "with FP8 (h100, l4)")
+    return peak
+
+
 # ---------------------------------------------------------------- shapes and FLOPs
 
 Shapes = dict[str, tuple[int, ...]]

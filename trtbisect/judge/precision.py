@@ -28,6 +28,7 @@ from ..errors import TrtBisectError
 
 PRECISIONS = ("fp16", "bf16")  # --precision (run also takes "both")
 BOTH = "both"
+QUANTIZED = ("int8", "fp8")  # run only: quantize with ModelOpt, then bisect (trtbisect/quant/)
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,13 @@ def precision_option(both: bool = False) -> Callable:
     import click
 
     return click.option(
-        "--precision", type=click.Choice([*PRECISIONS, *([BOTH] if both else [])]),
+        "--precision", type=click.Choice([*PRECISIONS, *([BOTH, *QUANTIZED] if both else [])]),
         default=FP16.name, show_default=True,
         help="The low precision plans target: fp16, or bf16 (bfloat16: FP32's range, 8 "
              "significant bits; TensorRT 10 --bf16, a bfloat16 mixed ONNX for TensorRT 11)"
-             + (". both: judge both and show them side by side" if both else "")
+             + (". both: judge both and show them side by side; int8|fp8: quantize with "
+                "ModelOpt's ONNX PTQ on the samples, then find the layers to leave "
+                "un-quantized (docs/quantization.md)" if both else "")
              + " (docs/bf16.md). `check` infers it from the file when not given.")
 
 
@@ -150,6 +153,9 @@ def of_file(model: Any) -> str | None:
 
 def one_precision(name: str, both: bool = False) -> None:
     """Refuse `both` where a command judges one precision only (a usage error)."""
+    if name in QUANTIZED and not both:
+        raise TrtBisectError(f"--precision {name} is for `trtbisect run` (it quantizes the "
+                             "model, then bisects it); give fp16 or bf16 here")
     if name == BOTH and not both:
         raise TrtBisectError("--precision both is for `trtbisect run` (it judges FP16 and BF16 "
                              "side by side); give fp16 or bf16 here")

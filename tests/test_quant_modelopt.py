@@ -1,0 +1,68 @@
+"""`run --precision int8` with NVIDIA ModelOpt's ONNX PTQ (an optional extra: these tests
+skip without it, as in CI), and the rendered `nodes_to_exclude` applied by ModelOpt itself."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.models import quant_models as qm
+from tests.test_cli import invoke
+from trtbisect.quant import analyse, unquantize
+
+pytest.importorskip("modelopt.onnx.quantization")
+
+
+@pytest.mark.slow  # ModelOpt's import alone takes seconds
+def test_precision_int8_quantizes_then_bisects_and_the_exclusions_reproduce_the_plan(tmp_path):
+    from modelopt.onnx.quantization import quantize
+
+    p = qm.outlier()
+    fp32 = tmp_path / "outlier_fp32.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), fp32)
+    np.savez(tmp_path / "in.npz", **p.inputs)
+    before = fp32.read_bytes()
+    r = invoke("-q", "run", fp32, "--precision", "int8", "--inputs", tmp_path / "in.npz",
+               "--rtol", p.rtol, "--out", tmp_path / "out", "--json")
+    assert r.exit_code == 0, r.output
+    assert fp32.read_bytes() == before  # ModelOpt rewrites its input: it gets a copy
+    got = json.loads(r.stdout)
+    assert got["verdict"] == "fixed" and got["unquantized_layers"] == ["mm1"]
+    assert got["reference"] == str(fp32)
+    # ModelOpt given the rendered exclusions leaves exactly the plan's layer un-quantized,
+    # and that file passes the judge the plan passed
+    cli = shlex.split(got["renderings"]["modelopt_cli"])
+    excl = cli[cli.index("--nodes_to_exclude") + 1:]
+    out = tmp_path / "excluded.onnx"
+    quantize(onnx_path=str(fp32), quantize_mode="int8", calibration_data=p.inputs,
+             nodes_to_exclude=excl, output_path=str(out), high_precision_dtype="fp32",
+             calibration_eps=["cpu"])
+    names = {la.name for la in analyse(onnx.load(out))}
+    assert "mm1" not in names and "mm2" in names
+    r = invoke("-q", "run", out, "--inputs", tmp_path / "in.npz", "--rtol", p.rtol,
+               "--reference", fp32, "--out", tmp_path / "out2", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["verdict"] == "quantized_ok", r.output
+
+
+@pytest.mark.slow
+def test_calibration_samples_are_given_apart(tmp_path):
+    """--calibration: ModelOpt calibrates on those samples, the plan is judged on --inputs.
+    Calibrated on the samples scaled down 100x, every scale is too small: both layers
+    saturate."""
+    p = qm.outlier()
+    fp32 = tmp_path / "outlier_fp32.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), fp32)
+    np.savez(tmp_path / "in.npz", **p.inputs)
+    np.savez(tmp_path / "quiet.npz", x=p.inputs["x"] / 100)
+    r = invoke("-q", "run", fp32, "--precision", "int8", "--inputs", tmp_path / "in.npz",
+               "--calibration", tmp_path / "quiet.npz", "--rtol", p.rtol, "--out",
+               tmp_path / "out", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["unquantized_layers"] == ["mm1", "mm2"]
+    kinds = {f["kind"] for layer in got["plan"] for f in layer["findings"]}
+    assert "saturation" in kinds

@@ -1,0 +1,163 @@
+"""What `trtbisect run` prints for a quantized model (the CLI calls `emit`)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+def verdict_line(result) -> str:
+    meet = "the criteria" if "default" not in result.criteria else "the tolerance"
+    n, total = len(result.plan), len(result.layers)
+    return {"quantized_ok": f"[green]the quantized model already meets {meet}[/] ({total} "
+                            "quantized layers)",
+            "fixed": f"[green]fixed[/] by running {n} of {total} quantized layers un-quantized "
+                     "(their Q/DQ removed)" + (
+                         f" and keeping {len(result.fp32_nodes)} of {result.half_nodes} FP16 "
+                         "nodes in FP32" if result.fp32_nodes else ""),
+            "no_plan": f"[red]no plan meets {meet}[/]",
+            "reference_invalid": "[red]the reference is already non-finite[/]"}[result.verdict]
+
+
+def emit(result, as_json: bool) -> None:
+    from rich.table import Table
+
+    from ..cli import error_cell, out, shown
+
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    out.print(f"verdict: {verdict_line(result)}")
+    for p in result.problems:
+        out.print(f"  {shown(p)}")
+    if result.plan:
+        t = Table(title="Layers to run un-quantized", title_justify="left")
+        for col in ("layer", "op", "quantized inputs", "why"):
+            t.add_column(col, overflow="fold")
+        for name in result.plan:
+            layer = result.layer(name)
+            edges = ", ".join(f"{e.source} ({e.format}{', weight' if e.weight else ''}"
+                              f"{', per-channel' if e.per_channel else ''})" for e in layer.edges)
+            why = "; ".join(f.text for f in result.findings.get(name, []))
+            t.add_row(shown(name), shown(layer.op), shown(edges), shown(why))
+        out.print(t)
+        k = 0
+        for name in result.plan:
+            for f in result.findings.get(name, []):
+                k += 1
+                out.print(f"{k}. {shown(f.kind)}: {shown(name)}: fix: {shown(f.fix)}")
+            for fx in result.fixes.get(name, []):
+                rel = max((e.get("rel", 0) for e in fx.get("errors", {}).values()
+                           if isinstance(e.get("rel"), (int, float))), default=None)
+                said = f" (max relative error {rel:.3g})" if rel is not None else ""
+                out.print(f"   {'[green]verified[/]' if fx['passed'] else '[yellow]tried[/]'}: "
+                          f"{shown(fx['fix'])} {'lets' if fx['passed'] else 'does not let'} "
+                          f"{shown(name)} stay quantized{said}")
+    if result.fp32_nodes:
+        ops = result.fp32_ops
+        t = Table(title="FP16 nodes to keep in FP32 (the file's float side)",
+                  title_justify="left")
+        for col in ("node", "op", "why"):
+            t.add_column(col, overflow="fold")
+        for name in result.fp32_nodes:
+            t.add_row(shown(name), shown(ops.get(name, "")),
+                      shown(result.fp32_reasons.get(name, "")))
+        out.print(t)
+    if result.before is not None:
+        t = Table(title="Outputs", title_justify="left")
+        t.add_column("output", overflow="fold")
+        t.add_column("quantized as given")
+        t.add_column("with the plan")
+        for name, before in result.before.errors.items():
+            after = result.after.errors.get(name) if result.after is not None else None
+            t.add_row(shown(name), error_cell(before), error_cell(after))
+        out.print(t)
+    c = result.cost
+    if c and result.verdict != "reference_invalid":
+        def us(x: float) -> str:
+            return f"{x * 1e6:.4g} us"
+        vs = c.get("plan_vs_all_quantized")
+        out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
+                  f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
+                  f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
+                                           if vs is not None and result.units else ""))
+    out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
+              "ONNX Runtime CPU (Q/DQ run as written"
+              + ("; FP16 stores emulated)" if result.emulated else ")"))
+    if result.evaluations:
+        minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
+        out.print(f"{result.evaluations} evaluations, {minimal}, {result.seconds:.1f}s")
+    if result.files:
+        if "mixed_qdq_model" in result.files:
+            out.print(f"the plan's Q/DQ ONNX (TensorRT 10 and 11): "
+                      f"{shown(result.files['mixed_qdq_model'])}")
+        if "commands" in result.files:
+            out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
+                      f"{shown(result.files['commands'])}")
+        out.print(f"plan: {shown(result.files.get('plan'))}")
+
+
+def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
+                 as_json: bool, calibration: tuple[str, ...] = ()) -> int:
+    """`trtbisect run` for a quantized model (or --precision int8|fp8): run, print, and
+    return the exit code."""
+    import tempfile
+    from pathlib import Path
+
+    from ..cli import Progress, quiet_level, terminate_as_interrupt
+    from ..errors import TrtBisectError
+    from ..outdir import OutputDir
+    from .run import is_quantized_file, run
+
+    if opts.precision in ("bf16", "both"):
+        raise TrtBisectError(f"--precision {opts.precision}: {model} is quantized (Q/DQ); its "
+                             "float side computes in the type the file gives it: drop "
+                             "--precision (docs/quantization.md)")
+    unsupported = [flag for flag, used in (
+        ("--report", opts.report), ("--stability", opts.stability >= 2),
+        ("--rewrite", opts.rewrite), ("--strict", opts.strict),
+        ("--budget", opts.budget is not None), ("--ray", opts.ray is not None)) if used]
+    if unsupported:
+        raise TrtBisectError(f"{', '.join(unsupported)}: not available for a quantized model "
+                             "yet (docs/quantization.md, 'Not done yet'); drop it")
+    if backend == "trt":
+        raise TrtBisectError("--backend trt builds FP16 engines; a quantized model's plan is "
+                             "judged on ONNX Runtime CPU: build the written "
+                             "<model>.unquantized.onnx with trtexec --stronglyTyped")
+    if opts.precision in ("int8", "fp8"):
+        from ..cost import quantized_peak
+        quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
+    out_dir = Path(out_dir)
+    click.get_current_context().meta["resume_hint"] = (
+        f"run the same command again to resume from {out_dir / 'journal.jsonl'} "
+        "(--no-resume starts afresh)")
+    with terminate_as_interrupt(), OutputDir(out_dir).locked(), \
+            Progress(quiet_level()) as progress, tempfile.TemporaryDirectory(
+                prefix="trtbisect-ptq-") as scratch:
+        if not is_quantized_file(model):  # --precision int8|fp8 on a float model
+            from .ptq import quantize_samples
+            reference, model = model, str(quantize_samples(model, opts, Path(scratch),
+                                                           progress.stage, calibration))
+        result = run(model, opts, out_dir, reference, progress.trial, progress.stage)
+    emit(result, as_json)
+    return result.exit_code
+
+
+def check_and_emit(mixed: str, reference: str, opts, as_json: bool) -> int:
+    """`trtbisect check` of a quantized (Q/DQ) file: pass or fail, per output; exit 0 or 4."""
+    from ..cli import error_cell, out, shown
+    from ..errors import EXIT_NO_PLAN, EXIT_OK
+    from .run import check_file
+
+    v = check_file(mixed, reference, opts)
+    if as_json:
+        click.echo(json.dumps({"passed": v.passed, "mode": "quantized",
+                               "errors": {k: e.to_json() for k, e in v.errors.items()},
+                               "judged": v.to_json()}, indent=2))
+    else:
+        out.print(f"{'[green]pass[/]' if v.passed else '[red]fail[/]'}: {shown(mixed)} "
+                  f"(quantized, {len(v.samples)} sample(s))", soft_wrap=True)
+        for name, e in v.errors.items():
+            out.print(f"  {shown(name)}: {error_cell(e)}", soft_wrap=True)
+    return EXIT_OK if v.passed else EXIT_NO_PLAN

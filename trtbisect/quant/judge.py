@@ -1,0 +1,122 @@
+"""The quantized judge: a plan (layers un-quantized) is a model, run on ONNX Runtime's CPU
+provider under the one judging configuration (backends/ort.py `session_options`: graph
+optimizations off, so every QuantizeLinear/DequantizeLinear runs as written, int8, uint8 and
+float8 alike, and no QDQ pattern is fused into an integer kernel), and judged against the
+reference outputs by the run's criteria (judge/criteria.py). The search's check and the
+written file's check are this one function: the file is judged bit for bit as the search
+judged its plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from ..compare import Tolerance
+from ..judge.criteria import Criteria, Verdict
+from . import half
+from .qdq import Layer, dequantized_weights, unquantize
+
+FP32_PREFIX = "fp32:"  # a search unit that keeps an FP16 node in FP32 (a layer's is its name)
+
+
+def session(model: onnx.ModelProto | str | Path, threads: int | None = None):
+    """An ORT session under the judge's options, over an in-memory model or a file."""
+    import onnxruntime as ort
+
+    from ..backends.ort import session_options
+    from ..errors import TrtBisectError
+
+    what = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(what, session_options(threads),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises several unrelated types for unloadable models
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrtBisectError(f"onnxruntime cannot load the quantized model: {first}") from exc
+
+
+def run_outputs(sess, sample: Mapping[str, np.ndarray], names: Sequence[str]
+                ) -> dict[str, np.ndarray]:
+    from ..backends.ort import run_session
+
+    fed = {i.name: sample[i.name] for i in sess.get_inputs()}
+    return {n: np.asarray(v) for n, v in zip(names, run_session(sess, fed, list(names)))}
+
+
+class QuantJudge:
+    """Judges plans (sets of layer names run un-quantized) on every sample; memoized."""
+
+    def __init__(self, model: onnx.ModelProto, layers: Sequence[Layer],
+                 samples: Sequence[Mapping[str, np.ndarray]],
+                 references: Sequence[Mapping[str, np.ndarray]], criteria: Criteria,
+                 tolerance: Tolerance, threads: int | None = None,
+                 half_nodes: Sequence[str] = ()) -> None:
+        """`half_nodes`: FP16 nodes of the file that plans may keep in FP32 (half.py); their
+        units are named FP32_PREFIX + node name (`units`)."""
+        self.model, self.layers = model, list(layers)
+        self.half: dict[str, str] = {}
+        for n in half_nodes:
+            unit = FP32_PREFIX + n
+            while unit in self.by_name_set(layers) or unit in self.half:
+                unit = FP32_PREFIX + unit
+            self.half[unit] = n
+        self.types = half.types(model)
+        self.emulated = any(t in half.HALF for t in self.types.values())
+        self.by_name = {layer.name: layer for layer in self.layers}
+        self.samples, self.references = samples, references
+        self.criteria, self.tolerance, self.threads = criteria, tolerance, threads
+        self.weights = dequantized_weights(model, [e for la in self.layers for e in la.edges])
+        self.verdicts: dict[frozenset[str], Verdict] = {}
+        self.runs = 0  # inferences
+
+    @staticmethod
+    def by_name_set(layers: Sequence[Layer]) -> set[str]:
+        return {la.name for la in layers}
+
+    @property
+    def units(self) -> list[str]:
+        """Every search unit: the quantized layers, then the FP16 nodes (in graph order)."""
+        return [la.name for la in self.layers] + list(self.half)
+
+    def model_for(self, plan: frozenset[str] | Sequence[str],
+                  base: onnx.ModelProto | None = None) -> onnx.ModelProto:
+        """The model (or `base`, a variant of it with the same layers: fixes.py) with `plan`'s
+        layers un-quantized and its FP16 nodes in FP32."""
+        chosen = set(plan)
+        m = unquantize(base if base is not None else self.model,
+                       [la for la in self.layers if la.name in chosen], self.weights)
+        nodes = [n for u, n in self.half.items() if u in chosen]
+        return half.to_fp32(m, nodes, self.types) if nodes else m
+
+    def judged_model(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """What runs for `model`: itself, or for a file with float16 values, its emulation
+        (half.emulate: FP16 stores made explicit)."""
+        if not self.emulated:
+            return model
+        return half.emulate(model, half.types(model))
+
+    def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
+        """Any model (a plan's, or a written file) on every sample under the criteria."""
+        if self.emulated:
+            if not isinstance(model, onnx.ModelProto):
+                model = onnx.load(str(model))
+            model = self.judged_model(model)
+        sess = session(model, self.threads)
+        judged = []
+        for sample, ref in zip(self.samples, self.references):
+            got = run_outputs(sess, sample, list(ref))
+            judged.append(self.criteria.judge(ref, got, sample, self.tolerance))
+            self.runs += 1
+        return self.criteria.verdict(judged)
+
+    def measure(self, plan: frozenset[str]) -> Verdict:
+        key = frozenset(plan)
+        if key not in self.verdicts:
+            self.verdicts[key] = self.judge_model(self.model_for(key))
+        return self.verdicts[key]
+
+    def check(self, plan: frozenset[str]) -> bool:
+        return self.measure(plan).passed

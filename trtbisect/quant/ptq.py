@@ -1,0 +1,85 @@
+"""`run --precision int8|fp8` on an FP32 model: quantize it first with ModelOpt's ONNX PTQ
+(`modelopt.onnx.quantization.quantize`) on the user's samples, then bisect the quantized file
+against the FP32 model. ModelOpt is an optional extra, imported here only."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import TrtBisectError, require
+from .render import INSTALL
+
+MODES = ("int8", "fp8")
+
+
+def calibration(samples: Sequence[dict]) -> dict[str, np.ndarray]:
+    """The samples stacked on their leading axis, as ModelOpt's calibration_data takes them."""
+    names = list(samples[0])
+    return {n: np.concatenate([np.asarray(s[n]) for s in samples], axis=0) for n in names}
+
+
+def quantize(model_path: Path, mode: str, samples: Sequence[dict], out_path: Path) -> Path:
+    """The FP32 model quantized by ModelOpt (`mode`: int8 | fp8), FP32 elsewhere. ModelOpt
+    is handed a copy: its ONNX PTQ rewrites the file it is given (0.47.0, trt_utils.py
+    load_onnx_model: `onnx.shape_inference.infer_shapes_path(onnx_path)` writes the inferred
+    model back over it), and the user's input is never modified."""
+    if mode not in MODES:
+        raise TrtBisectError(f"--precision {mode}: ModelOpt quantizes to {' or '.join(MODES)}")
+    mq = require("modelopt.onnx.quantization",
+                 f"--precision {mode} quantizes with NVIDIA ModelOpt: {INSTALL}")
+    model_path = _copy_in(model_path, out_path.parent / "input")
+    try:  # ModelOpt logs to the stdout of the moment: stderr here (stdout carries --json)
+        with contextlib.redirect_stdout(sys.stderr):
+            mq.quantize(onnx_path=str(model_path), quantize_mode=mode,
+                        calibration_data=calibration(samples), output_path=str(out_path),
+                        high_precision_dtype="fp32", calibration_eps=["cpu"],
+                        log_level="WARNING")
+    except Exception as exc:  # ModelOpt raises what it likes; one line and exit 2
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrtBisectError(f"ModelOpt could not quantize {model_path}: {first}") from exc
+    return out_path
+
+
+def _copy_in(model_path: Path, folder: Path) -> Path:
+    """The model file and its external data files, copied into `folder` (same layout)."""
+    from ..graph import external_files
+
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / model_path.name
+    shutil.copyfile(model_path, copy)
+    for f in external_files(model_path):
+        rel = Path(f).relative_to(model_path.parent)
+        if ".." in rel.parts:
+            raise TrtBisectError(f"{model_path}'s external data {rel} lies outside its folder: "
+                                 "move it beside the model for --precision int8|fp8")
+        target = folder / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+    return copy
+
+
+def quantize_samples(model: str, opts, scratch: Path, stage,
+                     calibration: Sequence[str] = ()) -> Path:
+    """`calibration`'s samples (else the run's: --inputs, or seeded random ones) as ModelOpt's
+    calibration data, and the quantized model written under `scratch`."""
+    from ..data.sources import iter_items
+    from ..graph import Graph
+
+    require("modelopt.onnx.quantization",
+            f"--precision {opts.precision} quantizes with NVIDIA ModelOpt: {INSTALL}")
+    graph = Graph.from_path(model)
+    if calibration:
+        items = iter_items(graph, list(calibration), None, opts.shapes, opts.seed)
+    else:
+        items = iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes, opts.seed,
+                           opts.samples)
+    samples = [item.sample for item in items]
+    stage(f"quantizing to {opts.precision} with ModelOpt's ONNX PTQ on {len(samples)} samples")
+    return quantize(Path(model), opts.precision, samples,
+                    scratch / f"{Path(model).stem}.{opts.precision}.onnx")

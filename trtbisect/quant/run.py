@@ -1,0 +1,556 @@
+"""`trtbisect run model_qdq.onnx`: find the cheapest set of quantized layers to run in float.
+
+Load the explicitly quantized model, find its quantized layers (qdq.py), build the reference
+(every layer un-quantized, or the user's --reference FP32 model), judge the model as given; if
+it fails, search for a 1-minimal set of layers to un-quantize with the search every run uses
+(search.py: the prior is the diagnosis's ranking), write the plan's model, judge *that file*
+with the same judge (one judge, bit for bit), and say why each layer of the plan fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from types import SimpleNamespace
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx
+
+from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
+from ..judge.criteria import Verdict
+from ..outputs.escape import visible
+from ..search import Progress, find_minimal_fp32
+from . import qdq
+from .diagnose import SAMPLES, Finding, diagnose
+from .judge import QuantJudge
+from .render import renderings
+
+log = logging.getLogger(__name__)
+
+VERDICTS = {"quantized_ok": EXIT_OK, "fixed": EXIT_OK, "no_plan": EXIT_NO_PLAN,
+            "reference_invalid": EXIT_REFERENCE_INVALID}
+
+
+@dataclass
+class QuantResult:
+    verdict: str  # quantized_ok | fixed | no_plan | reference_invalid
+    model_path: str
+    layers: list[qdq.Layer]
+    plan: list[str]  # layers to run un-quantized, in graph order
+    before: Verdict | None  # the model as given
+    after: Verdict | None  # the written plan's file (one judge)
+    search_after: Verdict | None = None  # the search's own verdict of the plan
+    evaluations: int = 0
+    one_minimal: bool = False
+    trials: list = field(default_factory=list)
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    fp32_nodes: list[str] = field(default_factory=list)  # FP16 nodes of the file kept in FP32
+    half_nodes: int = 0  # FP16 nodes the file has (candidates on the float side)
+    fp32_reasons: dict[str, str] = field(default_factory=dict)
+    units: list[str] = field(default_factory=list)  # the search's plan (judge.py's unit names)
+    fp32_ops: dict[str, str] = field(default_factory=dict)  # op of each FP32 node
+    emulated: bool = False  # the file has float16 values: judged with its FP16 stores explicit
+    fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
+    cost: dict = field(default_factory=dict)  # estimated engine times (quant/cost.py)
+    judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
+    reference: str = "the model with its Q/DQ removed"
+    files: dict[str, str] = field(default_factory=dict)
+    renderings: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    criteria: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICTS[self.verdict]
+
+    @property
+    def one_judge(self) -> bool | None:
+        """The written file's errors equal the search's, bit for bit (None: not compared)."""
+        if self.after is None or self.search_after is None:
+            return None
+        return _same(self.after, self.search_after)
+
+    def layer(self, name: str) -> qdq.Layer:
+        return next(la for la in self.layers if la.name == name)
+
+    def to_json(self) -> dict:
+        return _finite(self._json())
+
+    def _json(self) -> dict:
+        from .. import __version__
+
+        def errors(v: Verdict | None) -> dict:
+            return {k: e.to_json() for k, e in v.errors.items()} if v is not None else {}
+
+        formats: dict[str, int] = {}
+        for la in self.layers:
+            for f in la.formats:
+                formats[f] = formats.get(f, 0) + 1
+        return {
+            "tool": "trtbisect", "version": __version__, "mode": "quantized",
+            "model": self.model_path, "verdict": self.verdict, "reference": self.reference,
+            "quantized_layers": len(self.layers), "formats": formats,
+            "unquantized_layers": self.plan, "fp32_nodes": self.fp32_nodes,
+            "fp16_nodes_in_file": self.half_nodes,
+            "sides": {**{n: "quantized" for n in self.plan},
+                      **{n: "fp16" for n in self.fp32_nodes}},
+            "fp32_node_reasons": self.fp32_reasons,
+            "plan": [{**self.layer(n).to_json(),
+                      "findings": [f.to_json() for f in self.findings.get(n, [])],
+                      "fixes_judged": self.fixes.get(n, [])}
+                     for n in self.plan],
+            "errors_before": errors(self.before), "errors_after": errors(self.after),
+            "judged": {"before": self.before.to_json() if self.before else None,
+                       "after": self.after.to_json() if self.after else None},
+            "one_judge": {"search_equals_check": self.one_judge,
+                          "search": errors(self.search_after)},
+            "criteria": self.criteria, "fp16_stores_emulated": self.emulated,
+            "cost": self.cost,
+            "evaluations": self.evaluations,
+            "one_minimal": self.one_minimal,
+            "trials": [t.to_json() for t in self.trials], "renderings": self.renderings,
+            "reference_problems": self.problems, "files": self.files,
+            "seconds": round(self.seconds, 3),
+            "layers": [la.to_json() for la in self.layers]}
+
+
+def _finite(obj):
+    """JSON has no NaN or infinity: they are written as strings ("nan", "inf")."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _same(a: Verdict, b: Verdict) -> bool:
+    if a.passed != b.passed or set(a.errors) != set(b.errors):
+        return False
+    return all(a.errors[k].max_abs == b.errors[k].max_abs
+               or (np.isnan(a.errors[k].max_abs) and np.isnan(b.errors[k].max_abs))
+               for k in a.errors)
+
+
+def load(path: str | Path) -> onnx.ModelProto:
+    """The model with its weights in one proto (one-line errors as for every model)."""
+    from ..graph import load_model
+
+    p = Path(path)
+    model = load_model(p)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(model, str(p.parent))
+    return model
+
+
+def is_quantized_file(path: str | Path) -> bool:
+    """The CLI's hook: does this ONNX file hold Q/DQ (explicit quantization)? False for
+    anything that is not a readable ONNX file (the FP16 run then says what is wrong)."""
+    if not _mentions(path, b"DequantizeLinear"):  # most models: no parse at all
+        return False
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not ours to report: the normal run reports it
+        return False
+    return qdq.is_quantized(model)
+
+
+def _mentions(path: str | Path, word: bytes, chunk: int = 1 << 24) -> bool:
+    """Does the file hold `word` anywhere (an op type is stored as plain UTF-8)? Read in
+    chunks: a big model is never held twice."""
+    try:
+        with open(path, "rb") as fh:
+            tail = b""
+            while True:
+                block = fh.read(chunk)
+                if not block:
+                    return False
+                window = tail + block
+                if word in window:
+                    return True
+                tail = window[-(len(word) - 1):]
+    except OSError:
+        return False
+
+
+def wants_quantized(model: str | Path, precision: str, reference: str | None,
+                    calibration: Sequence[str] = ()) -> bool:
+    """The CLI's hook: `run` takes the quantized road for a model holding Q/DQ, or for
+    `--precision int8|fp8`; `--reference` belongs to that road only, `--calibration` to
+    `--precision int8|fp8` on a float model."""
+    from ..judge.precision import QUANTIZED
+
+    quantized = is_quantized_file(model)
+    if calibration and (precision not in QUANTIZED or quantized):
+        raise TrtBisectError("--calibration gives ModelOpt its samples: it goes with "
+                             "--precision int8|fp8 on an FP32 model"
+                             + (f" ({model} is already quantized)" if quantized else ""))
+    if precision in QUANTIZED or quantized:
+        return True
+    if reference is not None:
+        raise TrtBisectError("--reference is for a quantized (Q/DQ) model or --precision "
+                             f"int8|fp8; {model} holds no DequantizeLinear")
+    return False
+
+
+def _check_reference(model: onnx.ModelProto, ref: onnx.ModelProto, where: str) -> None:
+    mine = sorted(o.name for o in model.graph.output)
+    theirs = sorted(o.name for o in ref.graph.output)
+    if mine != theirs:
+        raise TrtBisectError(f"--reference {where} has outputs {visible(theirs)}, the quantized "
+                             f"model {visible(mine)}: give the FP32 model it was quantized from")
+    ins = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    rins = {i.name for i in ref.graph.input} - {t.name for t in ref.graph.initializer}
+    if ins != rins:
+        raise TrtBisectError(f"--reference {where} has inputs {visible(sorted(rins))}, the "
+                             f"quantized model {visible(sorted(ins))}")
+
+
+def activation_values(ref_model: onnx.ModelProto, layers: Sequence[qdq.Layer],
+                      samples, threads: int | None, extra: Sequence[str] = ()
+                      ) -> dict[str, list[np.ndarray]]:
+    """The reference's values of every quantized activation's float source (and of `extra`
+    tensors), on the first few samples."""
+    from .judge import run_outputs, session
+
+    sources = sorted({e.source for la in layers for e in la.edges if not e.weight} | set(extra))
+    inputs = {i.name for i in ref_model.graph.input}
+    produced = {t for n in ref_model.graph.node for t in n.output}
+    inner = [s for s in sources if s in produced and s not in inputs]
+    if _half(ref_model):  # the FP32 view of a float16 file: the values the reference has
+        from .half import fp32_view
+        probe = fp32_view(ref_model)
+    else:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(ref_model)
+    have = {o.name for o in probe.graph.output}
+    for t in inner:
+        if t not in have:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
+    sess = session(probe, threads) if inner else None
+    values: dict[str, list[np.ndarray]] = {s: [] for s in sources}
+    for k, sample in enumerate(samples):
+        if k >= SAMPLES:
+            break
+        got = run_outputs(sess, sample, inner) if sess is not None else {}
+        for s in sources:
+            v = got.get(s, sample.get(s))
+            if v is not None and np.issubdtype(np.asarray(v).dtype, np.floating):
+                values[s].append(np.asarray(v, np.float32))
+    return values
+
+
+def _half(model: onnx.ModelProto) -> bool:
+    from .half import HALF
+    return any(t.data_type in HALF for t in model.graph.initializer) or any(
+        a.name == "to" and a.i in HALF for n in model.graph.node for a in n.attribute)
+
+
+FP16_MAX = 65504.0
+
+
+def half_reasons(model: onnx.ModelProto, nodes: Sequence[str],
+                 values: dict[str, list[np.ndarray]]) -> dict[str, str]:
+    """Why an FP16 node of the file needs FP32: what it reads and writes in the reference."""
+    def top(names) -> float:
+        return max([float(np.max(np.abs(v))) for t in names for v in values.get(t, ())
+                    if np.size(v)] + [0.0])
+    by_name = {n.name: n for n in model.graph.node}
+    reasons = {}
+    for name in nodes:
+        node = by_name[name]
+        reads, writes = top(node.input), top(node.output)
+        if writes > FP16_MAX:
+            reasons[name] = f"writes {writes:.3g} in FP32, beyond FP16's 65504"
+        elif reads > FP16_MAX:
+            reasons[name] = (f"reads {reads:.3g} (beyond FP16's 65504) and brings it back to "
+                             f"{writes:.3g}")
+        else:
+            reasons[name] = ("its FP16 rounding breaks the criteria (it reads at most "
+                             f"{reads:.3g} and writes at most {writes:.3g})")
+    return reasons
+
+
+def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
+             half_units: dict[str, str] | None = None,
+             values: dict[str, list[np.ndarray]] | None = None,
+             model: onnx.ModelProto | None = None) -> list[str]:
+    """Most suspicious first: FP16 nodes that overflow, the layers by their findings' kinds
+    and measured quantization noise, then the other FP16 nodes in graph order."""
+    weight = {"saturation": 4.0, "activation_outlier": 3.0, "oversized_scale": 3.0,
+              "softmax_input": 2.0,
+              "layernorm_input": 2.0, "weight_channel_range": 2.0}
+
+    def score(la: qdq.Layer) -> float:
+        fs = findings.get(la.name, [])
+        noise = max([f.evidence.get("noise", 0.0) for f in fs
+                     if isinstance(f.evidence.get("noise"), float)
+                     and not np.isnan(f.evidence["noise"])] + [0.0])
+        return max([weight.get(f.kind, 0.0) for f in fs] + [0.0]) + noise
+    order = {la.name: i for i, la in enumerate(layers)}
+    ranked = sorted(order, key=lambda n: (-score(next(la for la in layers if la.name == n)),
+                                          order[n]))
+    if not half_units:
+        return ranked
+    over = set()
+    if model is not None and values is not None:
+        outs = {n.name: [o for o in n.output if o] for n in model.graph.node}
+        over = {u for u, n in half_units.items()
+                if any(np.size(v) and float(np.max(np.abs(v))) > FP16_MAX
+                       for o in outs.get(n, ()) for v in values.get(o, ()))}
+    rest = [u for u in half_units if u not in over]
+    return [u for u in half_units if u in over] + ranked + rest
+
+
+def run(model_path: str | Path, opts, out_dir: Path | None = None,
+        reference_path: str | Path | None = None, progress: Progress | None = None,
+        stage: Callable[[str], None] = log.info) -> QuantResult:
+    """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
+    samples, criteria, tolerance, threads, gpu, objective and --max-evals are used)."""
+    from ..context import reference_problems
+
+    started = time.perf_counter()
+    path = Path(model_path)
+    keep = [path, *_sources(opts), *([Path(reference_path)] if reference_path else [])]
+    model, layers, ref_model, where = _load(path, reference_path, stage)
+    opts.criteria.validate([o.name for o in ref_model.graph.output])
+    samples, references = _samples(ref_model, opts, path, reference_path)
+    result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
+                         criteria=opts.criteria.describe(), emulated=_half(model))
+    result.problems = reference_problems(  # it reads ctx.every_reference only
+        SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
+    if result.problems:
+        result.verdict = "reference_invalid"
+        result.seconds = time.perf_counter() - started
+        _write(result, None, path, out_dir, keep)
+        return result
+    journal = _journal(out_dir, opts, path, reference_path, samples)
+    try:
+        _search(result, model, ref_model, samples, references, opts, progress, stage, journal)
+    finally:
+        if journal is not None:
+            journal.close()
+    result.seconds = time.perf_counter() - started
+    _write(result, result.judge, path, out_dir, keep)
+    return result
+
+
+def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], None]):
+    """The model (nodes named), its quantized layers, the reference model and its words."""
+    from ..graph import with_node_names
+
+    model = with_node_names(load(path))  # unnamed nodes get trtbisect's names (graph.py)
+    layers = qdq.analyse(model)
+    if not layers:
+        raise TrtBisectError(f"{path} holds DequantizeLinear nodes but no quantized layer "
+                             "trtbisect can un-quantize (a DQ of a quantized graph input?)")
+    formats = ", ".join(sorted({f for la in layers for f in la.formats}))
+    stage(f"{len(layers)} quantized layers ({formats})")
+    if reference_path is not None:
+        ref_model = load(reference_path)
+        _check_reference(model, ref_model, str(reference_path))
+        return model, layers, ref_model, f"{reference_path}"
+    where = "the model with its Q/DQ removed" + (", in FP32" if _half(model) else "")
+    return model, layers, qdq.reference(model, layers), where
+
+
+def _samples(ref_model: onnx.ModelProto, opts, path: Path, reference_path):
+    """The run's samples (validated against the reference's inputs) and FP32 outputs."""
+    from ..data.sources import iter_items
+    from ..data.store import SampleSet, reference_set
+    from ..graph import Graph, model_hash
+
+    ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)
+    samples = SampleSet(iter_items(ref_graph, list(opts.inputs), opts.data_loader, opts.shapes,
+                                   opts.seed, opts.samples))
+    references = reference_set(ref_graph, samples, opts.threads,
+                               f"quant:{model_hash(path)}:{reference_path}", None)
+    opts.criteria.check_fit(references[0])
+    return samples, references
+
+
+def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
+    """The run's journal (journal.py) in --out: a killed run started again with the same
+    arguments replays the evaluations it finished. None without --out."""
+    from .. import __version__
+    from ..graph import model_hash
+    from ..journal import Journal
+
+    if out_dir is None:
+        return None
+    fingerprint = {
+        "mode": "quantized", "version": __version__, "model": model_hash(path),
+        "reference": model_hash(reference_path) if reference_path else None,
+        "samples": samples.sha256, "tolerance": opts.tolerance.to_json(),
+        "criteria": opts.criteria.fingerprint(), "objective": opts.objective, "gpu": opts.gpu,
+        "threads": opts.threads}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    journal_path = out_dir / "journal.jsonl"
+    if not opts.resume and journal_path.exists():
+        journal_path.unlink()
+    return Journal(journal_path, fingerprint)
+
+
+def _journaled(judge: QuantJudge, journal) -> Callable[[frozenset[str]], bool]:
+    """The search's check: a journaled verdict is replayed, any other judged and recorded
+    (marked started first, so a plan that kills the process is not run forever)."""
+    from ..journal import plan_key
+
+    def check(plan: frozenset[str]) -> bool:
+        if journal is None:
+            return judge.check(plan)
+        key = plan_key(plan)
+        rec = journal.lookup(key)
+        if rec is not None:
+            return bool(rec["passed"])
+        journal.start(key)
+        v = judge.measure(plan)
+        journal.record(key, v.passed, {"rel": {k: e.rel for k, e in v.errors.items()}})
+        return v.passed
+    return check
+
+
+def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelProto,
+            samples, references, opts, progress: Progress | None,
+            stage: Callable[[str], None], journal=None) -> None:
+    """Judge the file, diagnose its layers, search the plan, judge the fixes, price it."""
+    from .cost import pricing_for
+    from .half import half_nodes
+
+    layers = result.layers
+    halves = half_nodes(model)
+    result.half_nodes = len(halves)
+    judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
+                       opts.threads, halves)
+    result.judge = judge
+    pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated)
+    stage("judging the quantized model as given")
+    result.before = judge.measure(frozenset())
+    stage("diagnosing the quantized layers")
+    outs = [t for n in model.graph.node if n.name in set(halves)
+            for t in [*n.input, *n.output] if t]
+    values = activation_values(ref_model, layers, samples, opts.threads, outs)
+    findings = {la.name: diagnose(model, la, values, judge.weights) for la in layers}
+    if result.before.passed:
+        result.verdict = "quantized_ok"
+    else:
+        stage(f"searching which of {len(layers)} quantized layers to run in float"
+              + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
+        search = find_minimal_fp32(judge.units, _journaled(judge, journal),
+                                   ranking=_ranking(layers, findings, judge.half, values,
+                                                    model),
+                                   max_evaluations=opts.max_evaluations, progress=progress,
+                                   **({"price": pricing.price, "adjacent": {}}
+                                      if opts.objective == "cost" else {}))
+        result.evaluations, result.trials = search.evaluations, search.trials
+        result.one_minimal = search.one_minimal
+        if search.found:
+            result.units = list(search.fp32)
+            result.plan = [u for u in search.fp32 if u not in judge.half]
+            result.fp32_nodes = [judge.half[u] for u in search.fp32 if u in judge.half]
+            result.search_after = judge.measure(frozenset(search.fp32))
+            result.verdict = "fixed"
+    result.findings = {n: findings[n] for n in result.plan}
+    if result.plan:
+        stage("judging the fixes diagnosis names, where trtbisect can apply them")
+        result.fixes = judge_fixes(judge, model, result, values)
+    result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
+    result.fp32_ops = {n.name: n.op_type for n in model.graph.node
+                       if n.name in set(result.fp32_nodes)}
+    result.cost = {**pricing.summary(result.units), "objective": opts.objective}
+    result.renderings = renderings(result, model)
+
+
+def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verdict:
+    """`trtbisect check` of a quantized file: judged against the reference model exactly as
+    `run` judges its plans and writes (the same QuantJudge, FP16 stores made explicit in a
+    float16 file)."""
+    from .half import half_nodes
+
+    path = Path(mixed_path)
+    model = with_names(load(path))
+    ref_model = load(reference_path)
+    _check_reference(model, ref_model, str(reference_path))
+    opts.criteria.validate([o.name for o in ref_model.graph.output])
+    samples, references = _samples(ref_model, opts, path, reference_path)
+    from ..context import reference_problems
+    problems = reference_problems(SimpleNamespace(every_reference=references))  # type: ignore
+    if problems:
+        raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
+                             EXIT_REFERENCE_INVALID)
+    judge = QuantJudge(model, qdq.analyse(model), samples, references, opts.criteria,
+                       opts.tolerance, opts.threads, half_nodes(model))
+    return judge.judge_model(model)
+
+
+def with_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    from ..graph import with_node_names
+    return with_node_names(model)
+
+
+def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
+                values: dict[str, list[np.ndarray]]) -> dict[str, list[dict]]:
+    """Each plan layer kept quantized with a fix applied (fixes.py), the rest of the plan as
+    it is, judged by the run's judge: does the fix alone make the layer pass?"""
+    from .fixes import variants
+
+    out: dict[str, list[dict]] = {}
+    for name in result.plan:
+        rest = frozenset(u for u in result.units if u != name)
+        for what, variant in variants(model, result.layer(name), result.findings[name],
+                                      values, judge.weights):
+            try:
+                v = judge.judge_model(judge.model_for(rest, base=variant))
+            except TrtBisectError as exc:  # a variant ORT refuses: said, never fatal
+                out.setdefault(name, []).append({"fix": what, "passed": False,
+                                                 "error": str(exc)})
+                continue
+            out.setdefault(name, []).append({
+                "fix": what, "passed": v.passed,
+                "errors": {k: e.to_json() for k, e in v.errors.items()}})
+    return out
+
+
+def _sources(opts) -> list[Path]:
+    from ..context import input_files
+    return input_files(opts)
+
+
+def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
+           keep: Sequence[Path]) -> None:
+    """The plan's model (judged again from the file: one judge), commands.sh and
+    precision.json, as one generation of --out. Without --out the in-memory model is judged."""
+    from ..outdir import OutputDir
+    from ..plan import atomic_write_text, save_model
+
+    if result.verdict != "fixed":
+        if out_dir is not None:
+            with OutputDir(out_dir).generation(keep=keep) as gen:
+                result.files["plan"] = str(out_dir / "precision.json")
+                gen.commit(result.to_json())
+        return
+    assert judge is not None
+    mixed = judge.model_for(frozenset(result.units))
+    if out_dir is None:
+        result.after = judge.judge_model(mixed)
+    else:
+        with OutputDir(out_dir).generation(keep=keep) as gen:
+            name = f"{path.stem}.unquantized.onnx"
+            save_model(out_dir / name, mixed)
+            result.files["mixed_qdq_model"] = str(out_dir / name)
+            result.after = judge.judge_model(out_dir / name)  # the file, as check judges it
+            result.files["plan"] = str(out_dir / "precision.json")
+            atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
+            result.files["commands"] = str(out_dir / "commands.sh")
+            if not result.after.passed:
+                result.verdict = "no_plan"
+            gen.commit(result.to_json())
+    if not result.after.passed:
+        result.verdict = "no_plan"  # a file that fails is never `fixed`
