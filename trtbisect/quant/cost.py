@@ -23,7 +23,9 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from ..cost import GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, gpu_class, node_flops, quantized_peak
+from ..cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, gpu_class, infer_shapes, node_flops,
+                    quantized_peak)
+from ..graph import Graph
 from .qdq import DQ, Q, WEIGHTED, Layer
 
 FLOAT_BYTES = {"fp16": 2, "fp32": 4}
@@ -90,25 +92,8 @@ class QuantPricing:
 
 
 def _shapes(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple]:
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for v in m.graph.input:
-        if v.name in sample:
-            t = v.type.tensor_type
-            t.shape.Clear()
-            for d in np.shape(sample[v.name]):
-                t.shape.dim.add().dim_value = int(d)
-    try:
-        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:  # noqa: BLE001 - best effort: unknown shapes price as zero
-        pass
-    shapes = {t.name: tuple(int(d) for d in t.dims) for t in m.graph.initializer}
-    for v in [*m.graph.input, *m.graph.value_info, *m.graph.output]:
-        tt = v.type.tensor_type
-        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            shapes[v.name] = tuple(d.dim_value for d in tt.shape.dim)
-    shapes.update({k: tuple(np.shape(a)) for k, a in sample.items()})
-    return shapes
+    """Static shapes at the sample's input shapes (cost.infer_shapes, the FP16 pricing's)."""
+    return dict(infer_shapes(Graph(model), sample))
 
 
 def pricing_for(model: onnx.ModelProto, layers: Sequence[Layer], half_units: Mapping[str, str],

@@ -18,6 +18,8 @@ from typing import Iterable
 import onnx
 from onnx import TensorProto, helper
 
+from .qdq import namer, outer_reads
+
 HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 NOT_CANDIDATES = frozenset({
     "Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Constant", "ConstantOfShape",
@@ -41,15 +43,6 @@ def types(model: onnx.ModelProto) -> dict[str, int]:
     return out
 
 
-def _outer(body: onnx.GraphProto) -> set[str]:
-    found = {t for n in body.node for t in n.input}
-    for n in body.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                found |= _outer(a.g)
-    return found
-
-
 def half_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of the main graph's nodes that compute in FP16/BF16, in graph order."""
     ty = types(model)
@@ -70,12 +63,7 @@ def to_fp32(model: onnx.ModelProto, names: Iterable[str],
     taken = {t for n in out.graph.node for t in [*n.input, *n.output]}
     taken |= {t.name for t in out.graph.initializer} | {i.name for i in out.graph.input}
 
-    def fresh(base: str) -> str:
-        name = base
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        return name
+    fresh = namer(taken)
 
     outputs = {o.name for o in out.graph.output}
     readers: dict[str, set[str]] = {}
@@ -84,7 +72,7 @@ def to_fp32(model: onnx.ModelProto, names: Iterable[str],
             readers.setdefault(t, set()).add(n.name)
         for a in n.attribute:  # a subgraph reading an outer value reads the FP16 one
             if a.type == onnx.AttributeProto.GRAPH:
-                for t in _outer(a.g):
+                for t in outer_reads(a.g):
                     readers.setdefault(t, set()).add("")
     nodes: list[onnx.NodeProto] = []
     upcast: dict[str, str] = {}  # a float16 value -> its float32 copy (one Cast per value)
@@ -149,12 +137,7 @@ def emulate(model: onnx.ModelProto, value_types: dict[str, int]) -> onnx.ModelPr
                                                                  *model.graph.output]}
     taken = {t for n in g.node for t in [*n.input, *n.output]} | {i.name for i in g.input}
 
-    def fresh(base: str) -> str:
-        name = base
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        return name
+    fresh = namer(taken)
 
     nodes: list[onnx.NodeProto] = []
     for v in g.input:  # a float16 graph input: fed as float16, widened once

@@ -312,7 +312,7 @@ def _drop_dead(model: onnx.ModelProto) -> None:
     while True:
         read = {t for n in g.node for t in n.input} | outputs
         read |= {t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
-                 for t in _outer_reads(a.g)}
+                 for t in outer_reads(a.g)}
         dead = [n for n in g.node if n.op_type in (Q, DQ) and not any(o in read for o in n.output)]
         if not dead:
             break
@@ -320,17 +320,30 @@ def _drop_dead(model: onnx.ModelProto) -> None:
             g.node.remove(n)
     read = {t for n in g.node for t in n.input} | outputs
     read |= {t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
-             for t in _outer_reads(a.g)}
+             for t in outer_reads(a.g)}
     for t in [t for t in g.initializer if t.name not in read]:
         g.initializer.remove(t)
 
 
-def _outer_reads(body: onnx.GraphProto) -> set[str]:
+def namer(taken: set[str]):
+    """A function giving `base`, or `base` with underscores, never a name in `taken` (which
+    it extends)."""
+    def fresh(base: str) -> str:
+        name = base
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        return name
+    return fresh
+
+
+def outer_reads(body: onnx.GraphProto) -> set[str]:
+    """Every value a body's nodes (and their bodies') read: outer-scope names among them."""
     out = {t for n in body.node for t in n.input}
     for n in body.node:
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                out |= _outer_reads(a.g)
+                out |= outer_reads(a.g)
     return out
 
 
