@@ -680,17 +680,20 @@ def emit_plan_groups(result, top: int | None) -> None:
     rows = [(shown(g.label), g.nodes_text, g,
              *([pct(g.share) if g.share is not None else ""] if costs else []),
              shown(cause_text(g, diag))) for g in shown_rows]
+    casts = boundary_row(result.extra.get("cost")) if costs else None
+    if casts is not None:  # with the rows (and the rest line) it adds up to the slowdown
+        rows.append(("(Casts)", "", None, casts[0], ""))
     # the ops cell gets what the other cells leave of the line, so that a row is one line
     others = sum(max([len(c.header), *(len(str(r[j])) for r in rows)])
                  for j, c in enumerate(t.columns) if j != 2)
     width = None if top is None else max(OPS_WIDTH, out.width - 3 * len(t.columns) - 1 - others)
     for label, nodes, g, *rest in rows:
-        t.add_row(label, nodes, shown(g.ops_text(width)), *rest)
+        t.add_row(label, nodes, "boundary Casts" if g is None else shown(g.ops_text(width)),
+                  *rest)
     out.print(t)
     rest = groups[len(shown_rows):]
     if rest:
-        out.print(rest_text(rest) + ": --top N or --all shows them; precision.json lists "
-                  "every node")
+        out.print(rest_text(rest) + ": --top N or --all shows them")
 
 
 def emit_node_table(result) -> None:
