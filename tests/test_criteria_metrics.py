@@ -290,7 +290,9 @@ def test_metrics_change_what_passes(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["healthy"], tmp_path)
     tight = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol=1e-7)),
                 tmp_path / "tight")
-    assert tight.verdict in ("fixed", "no_plan") and (tight.fp32_nodes or tight.verdict == "no_plan")
+    # (1e-7 of the range is below FP32's own noise: the plan found has no margin, `fragile`)
+    assert tight.verdict in ("fixed", "no_plan", "fragile")
+    assert tight.fp32_nodes or tight.verdict == "no_plan"
     loose = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol=1e-7),
                                criteria=parse_criteria(metrics=["cosine:0.999"])),
                 tmp_path / "cos")

@@ -255,7 +255,7 @@ def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatc
     assert calls and fresh.verdict == "fixed"
 
 
-@pytest.mark.parametrize("budget", [1 << 30, 40_000])
+@pytest.mark.parametrize("budget", [1 << 30, pytest.param(40_000, marks=pytest.mark.slow)])
 def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_path, monkeypatch,
                                                                              budget):
     """A failing all-FP16 file's judge also returns the FP16 side of the first layer-wise
