@@ -109,7 +109,7 @@ def test_groups_sum_unit_costs_once_and_fall_back_to_layers():
     groups = plan_groups(R())
     assert [g.label for g in groups] == ["b/Pow", "a/Add", "c/Exp"]
     assert [g.share for g in groups] == [0.03, 0.01, 0.0]  # the fused layer's price once
-    assert groups[1].nodes == ["a/Add", "a/Mul"] and groups[1].nodes_text == "2 (1 layers)"
+    assert groups[1].nodes == ["a/Add", "a/Mul"] and groups[1].nodes_text == "2 (1 layer)"
     assert [g.diagnoses for g in groups] == [[2], [1], [1]]  # kinds, as the paragraphs count
 
 

@@ -53,7 +53,8 @@ class PlanGroup:
     @property
     def nodes_text(self) -> str:
         layers = len(self.units)
-        return f"{len(self.nodes)}" + (f" ({layers} layers)" if layers != len(self.nodes) else "")
+        return f"{len(self.nodes)}" + (f" ({plural(layers, 'layer')})"
+                                        if layers != len(self.nodes) else "")
 
 
 def unit_shares(extra: Mapping[str, Any]) -> dict[str, float]:
