@@ -269,3 +269,21 @@ def test_the_console_says_which_criterion_fits(tmp_path):
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     (hint,) = plan["criterion_hints"]
     assert hint["criteria"][0]["all_fp16"].startswith("passes")
+
+
+def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
+    """--pass-rate 0.5 on two samples, the second overflowing FP16 (a failure the rate
+    allows): the margin is measured on the sample that passes, so all-FP16 holds."""
+    from trtbisect.judge.flags import parse_criteria
+    from trtbisect.pipeline import Options, run
+
+    m, path, _ = _matmul(tmp_path)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    np.savez(tmp_path / "a.npz", x=x)
+    np.savez(tmp_path / "b.npz", x=x * 1e4)  # |y| ~ 1.6e5: beyond 65504
+    r = run(path, Options(inputs=[str(tmp_path / "a.npz"), str(tmp_path / "b.npz")],
+                          criteria=parse_criteria(pass_rate=0.5)), tmp_path / "out")
+    assert r.verdict == "fp16_ok", r.extra.get("certificate")
+    y = r.extra["certificate"]["outputs"]["y"]
+    assert y["certified"] and y["margin"] > y["spread"]

@@ -123,20 +123,27 @@ def certify(ctx: Context, opts: Options, emulated: Written,
     moved: dict[str, float] = {o: 0.0 for o in default}
     worst_v: dict[str, dict[str, float]] = {o: {} for o in default}
     per_variant: dict[str, list[Judgement]] = {}
+    # under --pass-rate a sample may fail: the margin is that of the samples that pass
+    keep = {k for k, j in enumerate(judged) if j.passed or opts.criteria.pass_rate >= 1}
     for v, k, ref, got in variant_runs(ctx.graph, (emulated.proto, emulated.arrays),
                                        ctx.every_sample, opts.threads):
         j = opts.criteria.judge(ref, got, ctx.every_sample[k], opts.tolerance)
         per_variant.setdefault(v.label, []).append(j)
         for o in default:
+            if k not in keep:
+                continue
             a, b = j.errors[o].max_abs, judged[k].errors[o].max_abs
             d = abs(a - b) if math.isfinite(a) and math.isfinite(b) else (
                 0.0 if a == b else math.inf)
             moved[o] = max(moved[o], d)
             worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
     outputs = {}
+    counted = [judged[k] for k in sorted(keep)]
     for o in default:
-        bound = min(j.errors[o].bound for j in judged)
-        worst = max(j.errors[o].max_abs for j in judged)
+        if not counted:
+            break
+        bound = min(j.errors[o].bound for j in counted)
+        worst = max(j.errors[o].max_abs for j in counted)
         floor = noise.get(o, 0.0)
         outputs[o] = OutputMargin(bound, worst, max(moved[o], floor), floor, worst_v[o])
     verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
