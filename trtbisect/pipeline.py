@@ -261,7 +261,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             break
         sopts = aimed(opts, tol)
         stage(f"the plan passes by less than the spread of what the tools compute on "
-              f"{', '.join(cert.uncertified)}: searching again inside the bound")
+              f"{'; '.join(cert.uncertified)}: searching again inside the bound")
         if not stats:  # FP16 passed at first: the prior needs the layer-wise pass now
             ev.close()
             stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
@@ -293,7 +293,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result.verdict, result.one_minimal = "fragile", False
         log.warning("the plan passes by less than the spread of what the tools compute on %s "
                     "(fragile): it is written, but not called fixed",
-                    ", ".join(cert.uncertified))
+                    "; ".join(cert.uncertified))
     ev.close()  # the workers, if the written plan's judge did not stop them already
     if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
         hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)

@@ -89,7 +89,7 @@ class Certificate:
     def uncertified(self) -> list[str]:
         """What fails: outputs with too little margin, variations whose verdict fails."""
         return ([o for o, m in self.outputs.items() if not m.certified]
-                + [v for v, ok in self.variant_verdicts.items() if not ok])
+                + [f"the criteria under {v}" for v, ok in self.variant_verdicts.items() if not ok])
 
     def aim(self, previous: Tolerance) -> Tolerance | None:
         """The tolerance a search aims at: each output's bound capped AIM_FACTOR spreads
