@@ -287,3 +287,27 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
     assert r.verdict == "fp16_ok", r.extra.get("certificate")
     y = r.extra["certificate"]["outputs"]["y"]
     assert y["certified"] and y["margin"] > y["spread"]
+
+
+def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
+    """The aimed rounds judge in the run's process; the first search on 2 workers: the plan,
+    the certificate and the evaluations are those of one process."""
+    from trtbisect.compare import Tolerance
+    from trtbisect.pipeline import Options, run
+
+    m, path, inputs = _conv_detector(tmp_path)
+    from trtbisect.backends.ort import Emulator, Reference
+    from trtbisect.compare import compare_outputs
+    from trtbisect.graph import Graph
+
+    g, x = Graph(m), dict(np.load(inputs))
+    rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
+                          Tolerance(0.0))["score"].rel
+    runs = [run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * 0.5),
+                              semantics="strict", workers=w), tmp_path / f"w{w}")
+            for w in (1, 2)]
+    one, two = runs
+    assert two.extra["workers"]["workers"] == 2  # the first search ran on worker processes
+    assert one.verdict == two.verdict == "fixed"
+    assert one.fp32_nodes == two.fp32_nodes and one.evaluations == two.evaluations
+    assert one.extra["certificate"] == two.extra["certificate"]
