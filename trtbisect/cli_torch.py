@@ -142,7 +142,9 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
     from .export import import_torch, load_torch_model
 
     import_torch()
-    from .amp import TorchOptions, diagnose, pick_precision
+    from .torch.driver import diagnose
+    from .torch.precision import pick_precision
+    from .torch.result import TorchOptions
 
     precision = pick_precision(mode, dtype, device, kernels)
     tm = load_torch_model(factory, input_specs, seed, samples)

@@ -1,0 +1,76 @@
+"""What a `trtbisect torch` run writes: torch_plan.json, torch_layerwise.json,
+torch_trace.json and fp32_plan.py."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from pathlib import Path
+
+from .result import TorchResult
+from .snippet import SNIPPET_FUNCTIONS
+
+
+def _finish(result: TorchResult, out_dir: Path | None, started: float) -> TorchResult:
+    result.seconds = time.perf_counter() - started
+    if out_dir is not None:
+        write_outputs(result, out_dir)
+    return result
+
+
+def write_outputs(result: TorchResult, out_dir: Path) -> None:
+    from ..plan import atomic_write_json, atomic_write_records, atomic_write_text
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if result.stats:
+        atomic_write_records(out_dir / "torch_layerwise.json",
+                             [s.to_json() for s in result.stats.values()])
+        result.files["layerwise"] = str(out_dir / "torch_layerwise.json")
+    if result.verdict in ("fixed", "fp16_ok"):
+        atomic_write_text(out_dir / "fp32_plan.py", render_snippet(result))
+        result.files["snippet"] = str(out_dir / "fp32_plan.py")
+    if result.search is not None:
+        atomic_write_json(out_dir / "torch_trace.json", result.search.to_json())
+        result.files["trace"] = str(out_dir / "torch_trace.json")
+    result.files["plan"] = str(out_dir / "torch_plan.json")
+    atomic_write_json(out_dir / "torch_plan.json", result.to_json())
+
+
+def render_snippet(result: TorchResult) -> str:
+    """fp32_plan.py: the plan and the exact code that was verified, ready to paste."""
+    p = result.precision
+    dtype = "torch.float16" if p.dtype == "fp16" else "torch.bfloat16"
+    if p.mode == "half":
+        usage = (f"    model = apply_trtbisect_plan(model)  # the rest becomes {dtype}\n"
+                 f"    y = model(x.to({dtype}))")
+    else:
+        usage = ("    model = apply_trtbisect_plan(model)\n"
+                 f"    with torch.autocast(\"{p.device}\", dtype={dtype}):\n"
+                 "        y = model(x)")
+    lines = [
+        f'"""trtbisect plan for {result.source}: keep {len(result.fp32_modules)} module(s) in '
+        f"FP32 under {p.mode} {p.dtype}.",
+        "",
+        f"Found with {p.describe()}; verdict: {result.verdict}.",
+        "",
+        "Usage:",
+        usage,
+        '"""',
+        "",
+        "import functools",
+        "",
+        "import torch",
+        "",
+        f"FP32_MODULES = {json.dumps(result.fp32_modules, indent=4)}",
+        f'MODE = "{p.mode}"',
+        f"DTYPE = {dtype}",
+        "",
+        "",
+        "def apply_trtbisect_plan(model):",
+        '    """Apply the plan to `model` in place and return it."""',
+        "    return apply_plan(model, FP32_MODULES, MODE, DTYPE)",
+        "",
+    ]
+    for fn in SNIPPET_FUNCTIONS:
+        lines += ["", inspect.getsource(fn).rstrip(), ""]
+    return "\n".join(lines)
