@@ -120,7 +120,7 @@ def det_cases(work: Path, codes: dict[str, Path], done: dict[str, dict]) -> list
 
 
 def rxn_cases(work: Path, codes: dict[str, Path], done: dict[str, dict]) -> list[dict]:
-    from trtbisect.export import ExportOptions, export
+    from trtbisect.torch.export import ExportOptions, export
 
     model = work / "rxn_like.onnx"
     res = export(f"{ROOT / 'scripts' / 'rxn_like.py'}:rxn_like", [], model,

@@ -24,7 +24,7 @@ from trtbisect.torch.precision import pick_precision, reduced  # noqa: E402
 from trtbisect.torch.result import TorchOptions  # noqa: E402
 from trtbisect.torch.runner import TorchRunner  # noqa: E402
 from trtbisect.cli import main  # noqa: E402
-from trtbisect.export import load_torch_model  # noqa: E402
+from trtbisect.torch.export import load_torch_model  # noqa: E402
 
 FILE = Path(__file__).parent / "models" / "torch_models.py"
 

@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 from trtbisect.cli import main  # noqa: E402
 from trtbisect.errors import TrtBisectError  # noqa: E402
-from trtbisect.export import (ExportOptions, export, load_torch_model,  # noqa: E402
+from trtbisect.torch.export import (ExportOptions, export, load_torch_model,  # noqa: E402
                               parse_input_specs, resolve_model_arg)
-from trtbisect.modules import module_of  # noqa: E402
+from trtbisect.torch.modules import module_of  # noqa: E402
 
 FILE = Path(__file__).parent / "models" / "torch_models.py"
 

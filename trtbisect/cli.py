@@ -459,7 +459,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
       trtbisect run model_qdq.onnx --inputs val.npz   (INT8/FP8 Q/DQ: layers to un-quantize)
     """
     from . import pipeline
-    from .export import resolve_model_arg
+    from .torch.export import resolve_model_arg
 
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
     onnx_path, saved = resolve_model_arg(model, kw.pop("torch_inputs"), out)  # FILE.py:FACTORY

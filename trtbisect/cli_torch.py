@@ -74,7 +74,7 @@ def export_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: i
       trtbisect export model.py:build --input x:1x3x224x224 -o model.onnx
       trtbisect run model.onnx --inputs model_inputs.npz
     """
-    from .export import ExportOptions, export, export_failure, import_torch
+    from .torch.export import ExportOptions, export, export_failure, import_torch
     from .errors import TrtBisectError
 
     import_torch()
@@ -139,7 +139,7 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
       trtbisect torch model.py:build --input x:1x3x224x224 --mode half
       trtbisect torch model.py:build --mode autocast --dtype bf16 --device cuda --out runs/amp
     """
-    from .export import import_torch, load_torch_model
+    from .torch.export import import_torch, load_torch_model
 
     import_torch()
     from .torch.driver import diagnose

@@ -12,10 +12,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..compare import OutputError, Tolerance, worst
-from ..export import TorchModel, flatten_outputs, to_numpy
 from ..judge.criteria import Criteria
 from ..search import Progress, SearchResult, find_minimal_fp32
 from .explain import explain
+from .export import TorchModel, flatten_outputs, to_numpy
 from .layerwise import layerwise, summarize
 from .outputs import _finish
 from .precision import Precision, reduced, reduced_args

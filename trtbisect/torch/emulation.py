@@ -11,7 +11,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-
 _NATIVE_OPS = frozenset({torch.ops.aten._to_copy.default, torch.ops.aten.clone.default,
                          torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default})
 

@@ -12,8 +12,8 @@ from typing import Mapping
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..export import TorchModel
 from .emulation import ReducedStorage
+from .export import TorchModel
 from .runner import TorchRunner
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..modules import ancestors
 from .layerwise import ModuleStats
+from .modules import ancestors
 
 # Modules that compute nothing a reduced dtype could change (moves, max, exact clamps):
 # keeping one FP32 never fixes anything, so they are not search candidates.

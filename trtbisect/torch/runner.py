@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from ..errors import TrtBisectError
-from ..export import Sample, TorchModel, flatten_outputs, to_numpy
-from ..modules import within
+from .export import Sample, TorchModel, flatten_outputs, to_numpy
+from .modules import within
 from .precision import Precision, reduced, reduced_args
 from .snippet import _fp32_forward
 
