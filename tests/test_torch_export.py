@@ -125,3 +125,13 @@ def test_run_accepts_a_pytorch_factory_and_names_modules(tmp_path):
 def test_run_rejects_input_for_an_onnx_model(tmp_path):
     r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--input", "x:1x2"])
     assert r.exit_code == 2 and "--shape" in r.output
+
+
+def test_a_forward_that_fails_on_the_given_shape_is_one_line(tmp_path):
+    """`--input x:2x8` for a Linear(16, ...): the module's own error, in one line (exit 2)."""
+    r = CliRunner().invoke(main, ["export", f"{FILE}:overflow", "--input", "x:2x8", "-o",
+                                  str(tmp_path / "m.onnx")])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "fails on the given inputs" in lines[0] and "--input" in lines[0]
+    assert "Traceback" not in r.output

@@ -313,7 +313,12 @@ def export_model(tm: TorchModel, onnx_path: str | Path, opts: ExportOptions,
     module = tm.module.float()
     args = tm.args(tm.samples[0])
     with torch.no_grad():
-        reference = [to_numpy(flatten_outputs(module(*tm.args(s)))) for s in tm.samples]
+        try:
+            reference = [to_numpy(flatten_outputs(module(*tm.args(s)))) for s in tm.samples]
+        except Exception as exc:  # the user's forward on the --input shapes: bad input
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TrtBisectError(f"{tm.source} fails on the given inputs ({type(exc).__name__}: "
+                                 f"{first}); check --input's shapes and dtypes") from exc
     output_names = list(reference[0])
     if not output_names:
         raise TrtBisectError(f"{tm.source} returned no tensors; return a tensor, tuple or dict")
