@@ -309,6 +309,49 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
                                  tmp_path / "o"), 2, "no FP8 tensor cores")
 
 
+def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traffic():
+    """x -> mm1 -> mm2 -> mm3, each MatMul quantized (INT8, FP32 elsewhere). All quantized,
+    the only reformat is the graph input's Q (x read in FP32, written in INT8): the Qs of h1
+    and h2 fuse into mm1 and mm2. Un-quantizing mm2 drops h1's Q/DQ but leaves h2's Q for
+    mm3 with no quantized layer to fuse into: a Q kernel of its own (h2 read at 4 bytes,
+    written at 1), priced at the L4's bandwidth. The cost rows add up to the plan's slowdown
+    against all-quantized."""
+    from trtbisect.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
+    b = qm.QBuilder()
+    t = "x"
+    for k in (1, 2, 3):
+        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
+    model = b.model({"x": x}, ["h3"])
+    layers = analyse(model)
+    assert [la.name for la in layers] == ["mm1", "mm2", "mm3"]
+    pr = pricing_for(model, layers, {}, {"x": x}, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.boundary(()) == (1, n * (4 + 1) / bw)  # x's Q only
+    assert pr.boundary({"mm2"}) == (2, 2 * n * (4 + 1) / bw)  # and h2's Q
+    assert pr.boundary({"mm1"}) == (1, n * (4 + 1) / bw)  # h1's Q fuses into mm1 no more,
+    # but x's Q goes with mm1 and h1's Q takes its place
+    assert pr.boundary({"mm1", "mm2", "mm3"}) == (0, 0.0)  # no Q/DQ left
+    c = pr.summary(["mm2"])
+    rows = {r["row"]: r for r in c["rows"]}
+    assert rows["Q/DQ boundaries"]["added_s"] == pytest.approx(n * 5 / bw)
+    assert c["qdq_boundaries"]["plan"]["kernels"] == 2
+    assert sum(r["share"] for r in c["rows"]) == pytest.approx(c["plan_vs_all_quantized"])
+    assert c["plan_s"] - c["all_quantized_s"] == pytest.approx(
+        sum(r["added_s"] for r in c["rows"]))
+    # a graph output quantized (R2': Q fused into the layer, its DQ a reformat of its own)
+    b2 = qm.QBuilder()
+    h = b2.node("MatMul", [b2.act("x", 4.0), b2.weight("w1", qm._w(rng))], "h", "mm1")
+    b2.act(h, 4.0)
+    m2 = b2.model({"x": x}, ["h_dq"])
+    pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
+    assert pr2.boundary(()) == (2, (n * 5 + n * 5) / bw)  # x's Q, h's DQ (1 byte in, 4 out)
+    assert pr2.boundary({"mm1"}) == (0, 0.0)
+
+
 def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
     """ONNX Runtime's quantizer (QDQ, uint8 activations, per-channel int8 weights) quantizes
     the graph output too (its Q fuses into the last layer) and drops the Relu before a Q

@@ -81,7 +81,8 @@ def emit(result, as_json: bool) -> None:
         out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
                   f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
                   f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
-                                           if vs is not None and result.units else ""))
+                                           if vs is not None and result.units else "")
+                  + _boundary_words(c))
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
               "ONNX Runtime CPU (Q/DQ run as written"
               + ("; FP16 stores emulated)" if result.emulated else ")"))
@@ -96,6 +97,14 @@ def emit(result, as_json: bool) -> None:
             out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
                       f"{shown(result.files['commands'])}")
         out.print(f"plan: {shown(result.files.get('plan'))}")
+
+
+def _boundary_words(c: dict) -> str:
+    """The plan's Q/DQ reformat kernels (quant/cost.py `Boundary`), as the cost line ends."""
+    b = (c.get("qdq_boundaries") or {}).get("plan")
+    if not b:
+        return ""
+    return f"; Q/DQ reformats {b['kernels']} kernel(s), {b['s'] * 1e6:.4g} us"
 
 
 def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
