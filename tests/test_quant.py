@@ -245,8 +245,8 @@ def test_cli_refusals_are_one_line(tmp_path, monkeypatch):
                                  "--out", tmp_path / "o"), 2, "has no FP8 tensor cores")
     assert_one_line_error(invoke("compare", model, "--precision", "int8"), 2,
                           "'int8' is not one of")  # only `run` offers int8|fp8
-    assert_one_line_error(invoke("run", model, "--report", "--out", tmp_path / "o"), 2,
-                          "--report: not available for a quantized model")
+    assert_one_line_error(invoke("run", model, "--stability", "3", "--out", tmp_path / "o"),
+                          2, "--stability: not available for a quantized model")
     assert_one_line_error(invoke("run", model, "--precision", "bf16", "--out", tmp_path / "o"),
                           2, "is quantized")
     # --precision int8 on a float model needs ModelOpt: without it, how to install it
@@ -350,6 +350,31 @@ def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traff
     pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
     assert pr2.boundary(()) == (2, (n * 5 + n * 5) / bw)  # x's Q, h's DQ (1 byte in, 4 out)
     assert pr2.boundary({"mm1"}) == (0, 0.0)
+
+
+def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
+    """`--report` on a quantized run writes the trade-off plot: one point per evaluated plan
+    at its estimated time and the error its judge measured, the file as given (all quantized)
+    at its own error, the written plan's point at the written file's error."""
+    pytest.importorskip("matplotlib")
+    from trtbisect.quant.report import tradeoff_points, worst_rel
+
+    p = qm.residual()
+    model, inputs = _files(p, tmp_path)
+    res = invoke("run", model, "--inputs", inputs, "--rtol", str(p.rtol), "--report",
+                 "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    png = tmp_path / "out" / "report_tradeoff.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["files"]["report_tradeoff"] == str(png)
+    assert all("price_s" in t and "score" in t for t in written["trials"])
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "o2")
+    points, chosen, given = tradeoff_points(r)
+    assert len(points) == 1 + r.evaluations
+    assert given == (1e6 * r.cost["all_quantized_s"], worst_rel(r.before.errors), False)
+    assert chosen == (1e6 * r.cost["plan_s"], worst_rel(r.after.errors), True)
+    assert [pt[2] for pt in points[1:]] == [t.passed for t in r.trials]
 
 
 def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
