@@ -67,11 +67,12 @@ def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMP
         vals = [e["rel"] for e in errors.values() if isinstance(e.get("rel"), float)]
         return f"{max(vals):.3g}" if vals else "-"
     weighted = sum(1 for la in d["layers"] if la["op"] in WEIGHTED)
-    certified = "certified" if d["one_minimal"] else "not certified"
+    certified = ("" if not d["evaluations"] else " (certified)" if d["one_minimal"]
+                 else " (not certified)")
     plan = (f"{len(d['unquantized_layers'])} layers + {len(d['fp32_nodes'])} FP32 nodes"
             if d["fp32_nodes"] else f"{len(d['unquantized_layers'])}")
     return (f"| {name} | {fmt} | {weighted} of {weighted_ops(path)} | {d['verdict']} | {plan} "
-            f"of {d['quantized_layers']} | {d['evaluations']} ({certified}) | "
+            f"of {d['quantized_layers']} | {d['evaluations']}{certified} | "
             f"{worst(d['errors_before'])} | "
             f"{worst(d['errors_after'])} | {c['all_fp16_s'] * 1e6:.1f} | "
             f"{c['all_quantized_s'] * 1e6:.1f} | {c['plan_s'] * 1e6:.1f} | {wall:.0f} s |")
