@@ -352,6 +352,24 @@ def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traff
     assert pr2.boundary({"mm1"}) == (0, 0.0)
 
 
+def test_a_reformat_reads_the_float_width_its_writer_has_under_the_plan():
+    """In a file FP16 elsewhere a Q reformat reads 2 bytes per element, 4 where the plan also
+    keeps the layer writing its input in FP32: fp16_side's xh (written by a Cast) always has
+    one; un-quantizing mm1 removes it and leaves h's Q, mm1's output, a kernel of its own."""
+    from trtbisect.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+    from trtbisect.quant.half import half_nodes
+    from trtbisect.quant.judge import FP32_PREFIX
+
+    p = qm.fp16_side()
+    units = {FP32_PREFIX + n: n for n in half_nodes(p.model)}
+    pr = pricing_for(p.model, analyse(p.model), units, p.inputs, "l4", True)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.boundary(()) == (1, n * (2 + 1) / bw)  # xh's Q
+    assert pr.boundary({"mm1"}) == (1, n * (2 + 1) / bw)  # h's Q instead
+    assert pr.boundary({"mm1", FP32_PREFIX + "mm1"}) == (1, n * (4 + 1) / bw)
+
+
 def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
     """`--report` on a quantized run writes the trade-off plot: one point per evaluated plan
     at its estimated time and the error its judge measured, the file as given (all quantized)
