@@ -6,8 +6,13 @@ from scripts/fetch_models.py, then bisected. One line per model and format: the 
 un-quantized, evaluations, errors before and after, the estimated engine times, wall time.
 
 Needs ModelOpt (docs/quantization.md has the install line) and the fetched models.
+`--max-evals N` bounds each search (the row then says whether the plan is certified). The
+"ModelOpt default" column is what ModelOpt's own default exclusions leave: of the model's
+Conv/ConvTranspose/MatMul/Gemm nodes, how many it quantized (the file as given: the "before"
+error and the "all quantized" time are that file's).
 
     python scripts/bench_quant.py magika ppocr_det --formats int8 fp8 -- --rtol 2e-4
+    python scripts/bench_quant.py minilm_l3 --max-evals 40
 """
 
 from __future__ import annotations
@@ -26,9 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fetch_models import MODELS, fetch  # noqa: E402
 
 SAMPLES = 4
+# per model: what `run` needs besides its samples (MiniLM's dynamic axes, fixed for ModelOpt)
+EXTRA = {"minilm_l3": ["--shape", "input_ids:1x64", "--shape", "attention_mask:1x64"]}
+WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
-def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMPLES) -> str:
+def weighted_ops(path: Path) -> int:
+    import onnx
+    m = onnx.load(str(path), load_external_data=False)
+    return sum(1 for n in m.graph.node if n.op_type in WEIGHTED)
+
+
+def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMPLES,
+        max_evals: int | None = None) -> str:
     path = fetch(name)
     inputs = []
     for k in range(samples):
@@ -36,9 +51,11 @@ def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMP
         np.savez(f, **MODELS[name].make_inputs(seed=k))
         inputs += ["--inputs", str(f)]
     began = time.perf_counter()
+    bound = ["--max-evals", str(max_evals)] if max_evals else []
     r = subprocess.run([sys.executable, "-m", "trtbisect", "-q", "run", str(path),
                         "--precision", fmt, *inputs, "--out", str(folder / f"{name}-{fmt}"),
-                        "--json", *extra], capture_output=True, text=True)
+                        "--json", *EXTRA.get(name, []), *bound, *extra],
+                       capture_output=True, text=True)
     wall = time.perf_counter() - began
     try:
         d = json.loads(r.stdout)
@@ -49,8 +66,14 @@ def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMP
     def worst(errors: dict) -> str:
         vals = [e["rel"] for e in errors.values() if isinstance(e.get("rel"), float)]
         return f"{max(vals):.3g}" if vals else "-"
-    return (f"| {name} | {fmt} | {d['verdict']} | {len(d['unquantized_layers'])} of "
-            f"{d['quantized_layers']} | {d['evaluations']} | {worst(d['errors_before'])} | "
+    weighted = sum(1 for la in d["layers"] if la["op"] in WEIGHTED)
+    certified = ("" if not d["evaluations"] else " (certified)" if d["one_minimal"]
+                 else " (not certified)")
+    plan = (f"{len(d['unquantized_layers'])} layers + {len(d['fp32_nodes'])} FP32 nodes"
+            if d["fp32_nodes"] else f"{len(d['unquantized_layers'])}")
+    return (f"| {name} | {fmt} | {weighted} of {weighted_ops(path)} | {d['verdict']} | {plan} "
+            f"of {d['quantized_layers']} | {d['evaluations']}{certified} | "
+            f"{worst(d['errors_before'])} | "
             f"{worst(d['errors_after'])} | {c['all_fp16_s'] * 1e6:.1f} | "
             f"{c['all_quantized_s'] * 1e6:.1f} | {c['plan_s'] * 1e6:.1f} | {wall:.0f} s |")
 
@@ -63,14 +86,17 @@ def main() -> None:
     ap.add_argument("models", nargs="+", choices=sorted(MODELS))
     ap.add_argument("--formats", nargs="+", default=["int8", "fp8"], choices=["int8", "fp8"])
     ap.add_argument("--samples", type=int, default=SAMPLES, help="seeded samples per model")
+    ap.add_argument("--max-evals", type=int, default=None, help="bound each search")
     args = ap.parse_args(argv)
-    print("| model | format | verdict | layers un-quantized | evaluations | rel. error before "
-          "| after | est. all FP16 (us) | all quantized (us) | plan (us) | wall |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | format | ModelOpt default: weighted ops quantized | verdict | layers "
+          "un-quantized | evaluations | rel. error before (ModelOpt default) | after | est. all "
+          "FP16 (us) | all quantized (us) | plan (us) | wall |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
         for name in args.models:
             for fmt in args.formats:
-                print(one(name, fmt, extra, Path(tmp), args.samples), flush=True)
+                print(one(name, fmt, extra, Path(tmp), args.samples, args.max_evals),
+                      flush=True)
 
 
 if __name__ == "__main__":

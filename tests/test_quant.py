@@ -245,8 +245,8 @@ def test_cli_refusals_are_one_line(tmp_path, monkeypatch):
                                  "--out", tmp_path / "o"), 2, "has no FP8 tensor cores")
     assert_one_line_error(invoke("compare", model, "--precision", "int8"), 2,
                           "'int8' is not one of")  # only `run` offers int8|fp8
-    assert_one_line_error(invoke("run", model, "--report", "--out", tmp_path / "o"), 2,
-                          "--report: not available for a quantized model")
+    assert_one_line_error(invoke("run", model, "--stability", "3", "--out", tmp_path / "o"),
+                          2, "--stability: not available for a quantized model")
     assert_one_line_error(invoke("run", model, "--precision", "bf16", "--out", tmp_path / "o"),
                           2, "is quantized")
     # --precision int8 on a float model needs ModelOpt: without it, how to install it
@@ -307,6 +307,92 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
     assert r.cost["format"] == "fp8" and r.cost["plan_s"] > r.cost["all_quantized_s"] > 0
     assert_one_line_error(invoke("run", model, "--inputs", inputs, "--gpu", "a100", "--out",
                                  tmp_path / "o"), 2, "no FP8 tensor cores")
+
+
+def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traffic():
+    """x -> mm1 -> mm2 -> mm3, each MatMul quantized (INT8, FP32 elsewhere). All quantized,
+    the only reformat is the graph input's Q (x read in FP32, written in INT8): the Qs of h1
+    and h2 fuse into mm1 and mm2. Un-quantizing mm2 drops h1's Q/DQ but leaves h2's Q for
+    mm3 with no quantized layer to fuse into: a Q kernel of its own (h2 read at 4 bytes,
+    written at 1), priced at the L4's bandwidth. The cost rows add up to the plan's slowdown
+    against all-quantized."""
+    from trtbisect.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
+    b = qm.QBuilder()
+    t = "x"
+    for k in (1, 2, 3):
+        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
+    model = b.model({"x": x}, ["h3"])
+    layers = analyse(model)
+    assert [la.name for la in layers] == ["mm1", "mm2", "mm3"]
+    pr = pricing_for(model, layers, {}, {"x": x}, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.boundary(()) == (1, n * (4 + 1) / bw)  # x's Q only
+    assert pr.boundary({"mm2"}) == (2, 2 * n * (4 + 1) / bw)  # and h2's Q
+    assert pr.boundary({"mm1"}) == (1, n * (4 + 1) / bw)  # h1's Q fuses into mm1 no more,
+    # but x's Q goes with mm1 and h1's Q takes its place
+    assert pr.boundary({"mm1", "mm2", "mm3"}) == (0, 0.0)  # no Q/DQ left
+    c = pr.summary(["mm2"])
+    rows = {r["row"]: r for r in c["rows"]}
+    assert rows["Q/DQ boundaries"]["added_s"] == pytest.approx(n * 5 / bw)
+    assert c["qdq_boundaries"]["plan"]["kernels"] == 2
+    assert sum(r["share"] for r in c["rows"]) == pytest.approx(c["plan_vs_all_quantized"])
+    assert c["plan_s"] - c["all_quantized_s"] == pytest.approx(
+        sum(r["added_s"] for r in c["rows"]))
+    # a graph output quantized (R2': Q fused into the layer, its DQ a reformat of its own)
+    b2 = qm.QBuilder()
+    h = b2.node("MatMul", [b2.act("x", 4.0), b2.weight("w1", qm._w(rng))], "h", "mm1")
+    b2.act(h, 4.0)
+    m2 = b2.model({"x": x}, ["h_dq"])
+    pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
+    assert pr2.boundary(()) == (2, (n * 5 + n * 5) / bw)  # x's Q, h's DQ (1 byte in, 4 out)
+    assert pr2.boundary({"mm1"}) == (0, 0.0)
+
+
+def test_a_reformat_reads_the_float_width_its_writer_has_under_the_plan():
+    """In a file FP16 elsewhere a Q reformat reads 2 bytes per element, 4 where the plan also
+    keeps the layer writing its input in FP32: fp16_side's xh (written by a Cast) always has
+    one; un-quantizing mm1 removes it and leaves h's Q, mm1's output, a kernel of its own."""
+    from trtbisect.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+    from trtbisect.quant.half import half_nodes
+    from trtbisect.quant.judge import FP32_PREFIX
+
+    p = qm.fp16_side()
+    units = {FP32_PREFIX + n: n for n in half_nodes(p.model)}
+    pr = pricing_for(p.model, analyse(p.model), units, p.inputs, "l4", True)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.boundary(()) == (1, n * (2 + 1) / bw)  # xh's Q
+    assert pr.boundary({"mm1"}) == (1, n * (2 + 1) / bw)  # h's Q instead
+    assert pr.boundary({"mm1", FP32_PREFIX + "mm1"}) == (1, n * (4 + 1) / bw)
+
+
+def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
+    """`--report` on a quantized run writes the trade-off plot: one point per evaluated plan
+    at its estimated time and the error its judge measured, the file as given (all quantized)
+    at its own error, the written plan's point at the written file's error."""
+    pytest.importorskip("matplotlib")
+    from trtbisect.quant.report import tradeoff_points, worst_rel
+
+    p = qm.residual()
+    model, inputs = _files(p, tmp_path)
+    res = invoke("run", model, "--inputs", inputs, "--rtol", str(p.rtol), "--report",
+                 "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    png = tmp_path / "out" / "report_tradeoff.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["files"]["report_tradeoff"] == str(png)
+    assert all("price_s" in t and "score" in t for t in written["trials"])
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "o2")
+    points, chosen, given = tradeoff_points(r)
+    assert len(points) == 1 + r.evaluations
+    assert given == (1e6 * r.cost["all_quantized_s"], worst_rel(r.before.errors), False)
+    assert chosen == (1e6 * r.cost["plan_s"], worst_rel(r.after.errors), True)
+    assert [pt[2] for pt in points[1:]] == [t.passed for t in r.trials]
 
 
 def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):

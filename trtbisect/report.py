@@ -312,7 +312,8 @@ def tradeoff_png(result: "RunResult") -> bytes | None:
 
 def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: float | None = None,
                   budget: float | None = None, xlabel: str = "estimated cost",
-                  ylabel: str = "worst relative error (max|d| / max|ref|)") -> bytes:
+                  ylabel: str = "worst relative error (max|d| / max|ref|)",
+                  marks: Sequence[tuple[float, str]] = ()) -> bytes:
     """The trade-off plot from (cost, score, passed) points: passing plans, failing ones,
     the Pareto front, `chosen` (the written plan), the criterion's `limit` and the `budget`.
     A criterion with its own score feeds its points here unchanged."""
@@ -350,6 +351,8 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
         ax.axhline(limit, color="#ff7f0e", ls="--", lw=1.1, label=f"tolerance {limit:g}")
     if budget is not None:
         ax.axvline(budget, color="#9467bd", ls=":", lw=1.3, label=f"budget {budget:g}%")
+    for (x, label), color in zip(marks, ("#8c564b", "#e377c2", "#7f7f7f")):  # `marks`: x, name
+        ax.axvline(x, color=color, ls="-.", lw=1.1, label=label)
     if nonfinite:
         ax.axhline(ceiling, color="#999999", lw=0.6)
         ax.text(0.5, ceiling, "NaN / inf", transform=ax.get_yaxis_transform(), va="bottom",

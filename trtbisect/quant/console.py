@@ -81,7 +81,8 @@ def emit(result, as_json: bool) -> None:
         out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
                   f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
                   f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
-                                           if vs is not None and result.units else ""))
+                                           if vs is not None and result.units else "")
+                  + _boundary_words(c))
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
               "ONNX Runtime CPU (Q/DQ run as written"
               + ("; FP16 stores emulated)" if result.emulated else ")"))
@@ -95,7 +96,17 @@ def emit(result, as_json: bool) -> None:
         if "commands" in result.files:
             out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
                       f"{shown(result.files['commands'])}")
+        if "report_tradeoff" in result.files:
+            out.print(f"trade-off plot: {shown(result.files['report_tradeoff'])}")
         out.print(f"plan: {shown(result.files.get('plan'))}")
+
+
+def _boundary_words(c: dict) -> str:
+    """The plan's Q/DQ reformat kernels (quant/cost.py `Boundary`), as the cost line ends."""
+    b = (c.get("qdq_boundaries") or {}).get("plan")
+    if not b:
+        return ""
+    return f"; Q/DQ reformats {b['kernels']} kernel(s), {b['s'] * 1e6:.4g} us"
 
 
 def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
@@ -115,7 +126,7 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
                              "float side computes in the type the file gives it: drop "
                              "--precision (docs/quantization.md)")
     unsupported = [flag for flag, used in (
-        ("--report", opts.report), ("--stability", opts.stability >= 2),
+        ("--stability", opts.stability >= 2),
         ("--rewrite", opts.rewrite), ("--strict", opts.strict),
         ("--budget", opts.budget is not None), ("--ray", opts.ray is not None)) if used]
     if unsupported:
@@ -125,6 +136,15 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         raise TrtBisectError("--backend trt builds FP16 engines; a quantized model's plan is "
                              "judged on ONNX Runtime CPU: build the written "
                              "<model>.unquantized.onnx with trtexec --stronglyTyped")
+    draw = None
+    if opts.report:  # before a long search, not after it
+        from functools import partial
+
+        from ..report import plot_tradeoff, require_matplotlib
+        from .report import tradeoff_png
+        require_matplotlib()
+        draw = partial(tradeoff_png, rtol=opts.tolerance.rtol, default=opts.criteria.default,
+                       plot_tradeoff=plot_tradeoff)
     if opts.precision in ("int8", "fp8"):
         from ..cost import quantized_peak
         quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
@@ -139,7 +159,7 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
             from .ptq import quantize_samples
             reference, model = model, str(quantize_samples(model, opts, Path(scratch),
                                                            progress.stage, calibration))
-        result = run(model, opts, out_dir, reference, progress.trial, progress.stage)
+        result = run(model, opts, out_dir, reference, progress.trial, progress.stage, draw)
     emit(result, as_json)
     return result.exit_code
 

@@ -9,10 +9,16 @@ roofline `max(FLOPs / peak, bytes / bandwidth)` per node on the run's GPU class.
   2 bytes per element) in a file FP16 elsewhere, FP32 (CUDA cores, 4 bytes) in one FP32
   elsewhere, as TensorRT builds a strongly typed network; an FP16 node the plan keeps in FP32
   costs FP32;
-* the all-FP16 engine prices every node in FP16, Q/DQ removed.
-Q/DQ nodes are taken as fused into their layers (no time of their own), and a Q/DQ pair left
-for another reader of a tensor a plan un-quantizes is not priced: an estimate, stated in
-docs/quantization.md with its limits.
+* the all-FP16 engine prices every node in FP16, Q/DQ removed;
+* Q/DQ boundary traffic (`Boundary`): a Q fuses into the quantized layer writing its input
+  (through ops that commute with it, rule R1, and a Relu, which TensorRT fuses into the
+  convolution or GEMM before it), and a DQ into the quantized layer reading it; where a
+  quantized layer meets an un-quantized one, or the graph's inputs and outputs, the Q or DQ
+  is a reformat of its own: a Q reads the float tensor and writes 1 byte per element, a
+  graph output's DQ reads 1 byte and writes the float tensor, priced at the GPU class's
+  bandwidth as cost.py prices a precision boundary. A Q/DQ pair left for another reader of a
+  tensor a plan un-quantizes is priced as long as a quantized layer reads it.
+An estimate, stated in docs/quantization.md with its limits.
 """
 
 from __future__ import annotations
@@ -20,13 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+import math
+
 import numpy as np
 import onnx
 
 from ..cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, gpu_class, infer_shapes, node_flops,
                     quantized_peak)
 from ..graph import Graph
-from .qdq import DQ, Q, WEIGHTED, Layer
+from .qdq import COMMUTING, DQ, Q, WEIGHTED, Layer
 
 FLOAT_BYTES = {"fp16": 2, "fp32": 4}
 
@@ -42,6 +50,34 @@ class _Node:
 
 
 @dataclass
+class Boundary:
+    """One quantized activation (a QuantizeLinear and the DQs reading it) and where it may
+    need a reformat kernel of its own."""
+
+    q: str  # the QuantizeLinear node
+    elements: int
+    float_bytes: int  # bytes per element of the float tensor on the other side
+    writer: str | None  # the quantized layer the Q fuses into (None: a graph input, another
+    # node: always a reformat of its own)
+    writer_node: str | None  # the node writing the Q's input (an FP16 node a plan may keep in FP32)
+    readers: frozenset[str]  # the quantized layers reading it through a DQ (fused there)
+    output_of: str | None = None  # the layer whose graph output this DQ gives (R2')
+
+    def kernels(self, plan: frozenset[str]) -> tuple[bool, bool]:
+        """Under the plan: is the Q a kernel of its own, is the graph output's DQ?"""
+        out = self.output_of is not None and self.output_of not in plan
+        lives = bool(self.readers - plan) or out
+        return lives and (self.writer is None or self.writer in plan), out
+
+    def bytes(self, plan: frozenset[str], fp32_nodes: frozenset[str]) -> int:
+        """Bytes the standalone Q and DQ kernels of this tensor move under the plan."""
+        q, dq = self.kernels(plan)
+        fb = 4 if self.writer_node in fp32_nodes else self.float_bytes
+        return (self.elements * (fb + 1) if q else 0) + (  # Q: float read, 1 byte written
+            self.elements * (1 + self.float_bytes) if dq else 0)  # DQ: 1 byte, float
+
+
+@dataclass
 class QuantPricing:
     gpu: str
     fmt: str  # int8 | fp8: the peak quantized layers run at
@@ -49,6 +85,7 @@ class QuantPricing:
     nodes: list[_Node] = field(default_factory=list)
     layer_of: dict[str, str] = field(default_factory=dict)  # node -> its quantized layer
     half_units: dict[str, str] = field(default_factory=dict)  # unit -> FP16 node
+    boundaries: list[Boundary] = field(default_factory=list)
 
     def _time(self, n: _Node, prec: str) -> float:
         g = GPUS[self.gpu]
@@ -65,30 +102,64 @@ class QuantPricing:
         compute = n.flops / peak if (n.flops and peak) else 0.0
         return max(compute, bytes_ / g.bandwidth)
 
-    def price(self, units: Iterable[str]) -> float:
-        """Estimated seconds of the engine with `units` (layers un-quantized, FP16 nodes in
-        FP32) applied to the file."""
+    def node_times(self, units: Iterable[str]) -> dict[str, float]:
+        """Seconds of each node (Q/DQ aside) with `units` applied to the file."""
         chosen = set(units)
         fp32_nodes = {n for u, n in self.half_units.items() if u in chosen}
         base = "fp16" if self.half_file else "fp32"
-        total = 0.0
+        out = {}
         for n in self.nodes:
             layer = self.layer_of.get(n.name)
             if layer is not None and layer not in chosen:
-                total += self._time(n, "q")
+                out[n.name] = self._time(n, "q")
             else:
-                total += self._time(n, "fp32" if n.name in fp32_nodes else base)
-        return total
+                out[n.name] = self._time(n, "fp32" if n.name in fp32_nodes else base)
+        return out
+
+    def boundary(self, units: Iterable[str]) -> tuple[int, float]:
+        """The standalone Q/DQ kernels under the plan: how many, and their seconds."""
+        chosen = frozenset(units)
+        fp32_nodes = frozenset(n for u, n in self.half_units.items() if u in chosen)
+        moved = [b.bytes(chosen, fp32_nodes) for b in self.boundaries]
+        kernels = sum(sum(b.kernels(chosen)) for b in self.boundaries)
+        return kernels, math.fsum(moved) / GPUS[self.gpu].bandwidth
+
+    def price(self, units: Iterable[str]) -> float:
+        """Estimated seconds of the engine with `units` (layers un-quantized, FP16 nodes in
+        FP32) applied to the file: its nodes and its standalone Q/DQ kernels."""
+        chosen = frozenset(units)
+        return math.fsum(self.node_times(chosen).values()) + self.boundary(chosen)[1]
 
     def all_fp16(self) -> float:
-        return sum(self._time(n, "fp16") for n in self.nodes)
+        return math.fsum(self._time(n, "fp16") for n in self.nodes)
 
     def summary(self, units: Sequence[str]) -> dict:
+        """precision.json's "cost": the three engines, and `rows`: what each unit of the plan
+        adds to its own nodes' time and what the Q/DQ boundaries add, each against
+        all-quantized; the rows add up to the plan's slowdown against all-quantized."""
         plan, quantized, fp16 = self.price(units), self.price(()), self.all_fp16()
+        before, after = self.node_times(()), self.node_times(units)
+        (k0, b0), (k1, b1) = self.boundary(()), self.boundary(units)
+        added: dict[str, float] = {u: 0.0 for u in units}
+        unit_of = {**{n: u for u, n in self.half_units.items()}, **self.layer_of}
+        for name, t in after.items():
+            u = unit_of.get(name)
+            if u is not None and u in added:
+                added[u] += t - before[name]
+
+        def share(s: float) -> float | None:
+            return s / quantized if quantized else None
+        rows = [{"row": u, "kind": "fp16" if u in self.half_units else "quantized",
+                 "added_s": s, "share": share(s)} for u, s in added.items()]
+        rows.append({"row": "Q/DQ boundaries", "kind": "qdq", "added_s": b1 - b0,
+                     "share": share(b1 - b0)})
         return {"gpu": self.gpu, "title": gpu_class(self.gpu).title, "format": self.fmt,
                 "all_fp16_s": fp16, "all_quantized_s": quantized, "plan_s": plan,
                 "plan_vs_all_quantized": plan / quantized - 1 if quantized else None,
-                "plan_vs_all_fp16": plan / fp16 - 1 if fp16 else None}
+                "plan_vs_all_fp16": plan / fp16 - 1 if fp16 else None,
+                "qdq_boundaries": {"all_quantized": {"kernels": k0, "s": b0},
+                                   "plan": {"kernels": k1, "s": b1}},
+                "rows": rows}
 
 
 def _shapes(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple]:
@@ -119,4 +190,42 @@ def pricing_for(model: onnx.ModelProto, layers: Sequence[Layer], half_units: Map
         out.nodes.append(_Node(n.name, n.op_type, flops, q_in, f_in,
                                sum(elems(t) for t in n.output if t)))
     out.layer_of = {la.name: la.name for la in layers}
+    out.boundaries = _boundaries(model, layers, elems, 2 if half_file else 4)
+    return out
+
+
+# pointwise activations TensorRT fuses into the convolution or GEMM before them (Best
+# Practices guide, "Types of Fusions": convolution and ReLU), so a Q after one still fuses
+FUSED_ACTIVATIONS = frozenset({"Relu"})
+
+
+def _boundaries(model: onnx.ModelProto, layers: Sequence[Layer], elems, float_bytes: int
+                ) -> list[Boundary]:
+    """Every quantized activation: the layer its Q fuses into, the layers reading its DQs."""
+    producer = {t: n for n in model.graph.node for t in n.output if t}
+    readers: dict[str, set[str]] = {}
+    output_of: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for la in layers:
+        for e in la.edges:
+            if e.weight or e.q is None:
+                continue
+            source[e.q] = e.source
+            if e.slot < 0:
+                output_of[e.q] = la.name
+            else:
+                readers.setdefault(e.q, set()).add(la.name)
+    names = {la.name for la in layers}
+    out = []
+    for q in dict.fromkeys([*readers, *output_of]):
+        t = source[q]
+        writer = producer.get(t)
+        while writer is not None and (writer.op_type in COMMUTING or writer.op_type
+                                      in FUSED_ACTIVATIONS) and writer.input:
+            writer = producer.get(writer.input[0])  # R1: the Q moves back past it
+        layer = writer.name if writer is not None and writer.name in names else None
+        direct = producer.get(t)
+        out.append(Boundary(q, elems(t), float_bytes, layer,
+                            direct.name if direct is not None else None,
+                            frozenset(readers.get(q, ())), output_of.get(q)))
     return out

@@ -311,9 +311,11 @@ def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
 
 def run(model_path: str | Path, opts, out_dir: Path | None = None,
         reference_path: str | Path | None = None, progress: Progress | None = None,
-        stage: Callable[[str], None] = log.info) -> QuantResult:
+        stage: Callable[[str], None] = log.info,
+        draw: Callable[[QuantResult], bytes | None] | None = None) -> QuantResult:
     """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
-    samples, criteria, tolerance, threads, gpu, objective and --max-evals are used)."""
+    samples, criteria, tolerance, threads, gpu, objective and --max-evals are used);
+    `draw`: --report's trade-off plot (quant/report.py), written into --out."""
     from ..context import reference_problems
 
     started = time.perf_counter()
@@ -338,7 +340,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         if journal is not None:
             journal.close()
     result.seconds = time.perf_counter() - started
-    _write(result, result.judge, path, out_dir, keep)
+    _write(result, result.judge, path, out_dir, keep, draw)
     return result
 
 
@@ -449,7 +451,8 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                                    max_evaluations=opts.max_evaluations, progress=progress,
                                    **({"price": pricing.price, "adjacent": {}}
                                       if opts.objective == "cost" else {}))
-        result.evaluations, result.trials = search.evaluations, search.trials
+        result.evaluations, result.trials = search.evaluations, _scored(search.trials,
+                                                                       pricing, judge, journal)
         result.one_minimal = search.one_minimal
         if search.found:
             result.units = list(search.fp32)
@@ -466,6 +469,24 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                        if n.name in set(result.fp32_nodes)}
     result.cost = {**pricing.summary(result.units), "objective": opts.objective}
     result.renderings = renderings(result, model)
+
+
+def _scored(trials, pricing, judge: QuantJudge, journal) -> list:
+    """Each evaluated plan with its estimated time and worst relative error (the trade-off
+    plot's points): the judge's verdict, or the journal's record of a replayed one."""
+    from dataclasses import replace
+
+    from ..journal import plan_key
+    from .report import worst_rel
+
+    def score(plan) -> float | None:
+        v = judge.verdicts.get(frozenset(plan))
+        if v is not None:
+            return worst_rel(v.errors)
+        rec = journal.lookup(plan_key(frozenset(plan))) if journal is not None else None
+        rel = (rec or {}).get("rel") if isinstance(rec, dict) else None
+        return max(float(x) for x in rel.values()) if isinstance(rel, dict) and rel else None
+    return [replace(t, price=pricing.price(t.fp32), score=score(t.fp32)) for t in trials]
 
 
 def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verdict:
@@ -524,16 +545,24 @@ def _sources(opts) -> list[Path]:
 
 
 def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
-           keep: Sequence[Path]) -> None:
-    """The plan's model (judged again from the file: one judge), commands.sh and
-    precision.json, as one generation of --out. Without --out the in-memory model is judged."""
+           keep: Sequence[Path], draw: Callable | None = None) -> None:
+    """The plan's model (judged again from the file: one judge), commands.sh, precision.json
+    and (`draw`: --report) the trade-off plot, as one generation of --out. Without --out the
+    in-memory model is judged."""
     from ..outdir import OutputDir
     from ..plan import atomic_write_text, save_model
+
+    def plot() -> None:
+        from .report import write
+        written = write(result, out_dir, draw) if draw and out_dir is not None else None
+        if written:
+            result.files["report_tradeoff"] = written
 
     if result.verdict != "fixed":
         if out_dir is not None:
             with OutputDir(out_dir).generation(keep=keep) as gen:
                 result.files["plan"] = str(out_dir / "precision.json")
+                plot()
                 gen.commit(result.to_json())
         return
     assert judge is not None
@@ -551,6 +580,7 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
             result.files["commands"] = str(out_dir / "commands.sh")
             if not result.after.passed:
                 result.verdict = "no_plan"
+            plot()
             gen.commit(result.to_json())
     if not result.after.passed:
         result.verdict = "no_plan"  # a file that fails is never `fixed`
