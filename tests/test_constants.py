@@ -49,7 +49,7 @@ def _assert_same_run(a: RunResult, b: RunResult) -> None:
     assert _errors(a.errors_before) == _errors(b.errors_before)
     assert _errors(a.errors_after) == _errors(b.errors_after)
     assert a.evaluations == b.evaluations
-    assert a.extra.get("fp32_layers") == b.extra.get("fp32_layers")
+    assert a.fp32_layers == b.fp32_layers
     assert a.extra.get("errors_before_strict") == b.extra.get("errors_before_strict")
 
 
@@ -273,7 +273,7 @@ def test_the_trt_layernorm_rule_is_in_the_table_with_its_source():
 # ---------------------------------------------------------------------------- diagnosis
 
 def _groups(r: RunResult) -> list[dict]:
-    return r.extra.get("culprit_groups", [])
+    return (r.culprit_groups or [])
 
 
 def test_a_folded_batchnorm_variance_is_never_blamed_under_trt(tmp_path):

@@ -175,7 +175,7 @@ def summary(counts: list[OpCount]) -> str:
 def apply_partial(result) -> None:
     """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes becomes
     "partial": the judged part passes, the rest was never rounded. The plan is kept."""
-    counts = (result.extra.get("coverage") or {}).get("unjudged") or []
+    counts = (result.coverage or {}).get("unjudged") or []
     if result.verdict in ("fp16_ok", "fixed") and counts:
         result.extra["partial"] = {"judged_verdict": result.verdict, "unjudged": counts}
         result.verdict = "partial"
