@@ -19,7 +19,7 @@ from .search import SearchResult
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 
 # What a verdict records beside the plan, as precision.json writes it. Each is JSON as its
-# module's `to_json()` makes it (the key names are precision.json's, docs/precision_json.md).
+# module's `to_json()` makes it; the key names are precision.json's.
 JSON = dict[str, Any]
 Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
 CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
