@@ -216,7 +216,7 @@ def test_fp16_fine_around_a_contrib_op_is_never_called_fine(tmp_path):
             t.CopyFrom(onnx.numpy_helper.from_array(np.array(0.5, np.float32), t.name))
     model, inputs = _save(Planted(p.name, m, p.inputs, frozenset(), frozenset(), ""), tmp_path)
     r = run(model, Options(inputs=[inputs]), tmp_path / "out")
-    assert r.verdict == "partial" and r.extra["partial"]["judged_verdict"] == "fp16_ok"
+    assert r.verdict == "partial" and r.partial["judged_verdict"] == "fp16_ok"
     cli = subprocess.run([sys.executable, "-m", "trtbisect", "run", model, "--inputs", inputs,
                           "--out", str(tmp_path / "cli")], capture_output=True, text=True)
     assert cli.returncode == 5, cli.stderr

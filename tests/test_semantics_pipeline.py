@@ -54,9 +54,9 @@ def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
     model, inputs = save_zoo_model(PLANTED["batchnorm_variance"], tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
     assert r.verdict == "fp16_ok"
-    strict_before = r.extra["errors_before_strict"]["y"]
+    strict_before = r.errors_before_strict["y"]
     assert not strict_before["passed"] and all(e.passed for e in r.errors_before.values())
-    assert r.extra["strict_only_culprits"] == ["bn"]
+    assert r.strict_only_culprits == ["bn"]
     group = next(g for g in r.culprit_groups if g["cause"] == "per_node_rounding_only")
     assert group["nodes"] == ["bn"]
     assert "fails only under per-node rounding" in group["summary"]
@@ -70,7 +70,7 @@ def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
 def test_folded_constant_culprits_only_per_node_are_explained(tmp_path):
     model, inputs = save_zoo_model(PLANTED["constant_subgraph"], tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
-    assert set(r.extra["strict_only_culprits"]) == {"const_sq", "const_div"}
+    assert set(r.strict_only_culprits) == {"const_sq", "const_div"}
     group = next(g for g in r.culprit_groups if g["cause"] == "per_node_rounding_only")
     assert "folds this constant computation in FP32" in group["summary"]
 
@@ -223,7 +223,7 @@ def test_demo_run_under_trt_keeps_one_judge(tmp_path):
     r = run(DEMO / "demo.onnx", Options(inputs=[str(DEMO / "demo_inputs.npz")]), tmp_path / "o")
     assert r.verdict in ("fixed", "fp16_ok")
     assert r.one_judge["search_equals_check"] is True
-    assert "errors_before_strict" in r.extra
+    assert r.errors_before_strict is not None
 
 
 def test_rewrites_are_judged_under_the_runs_semantics(tmp_path):

@@ -626,7 +626,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
         if top is not None and len(names) > top:
             out.print(f"... and {plural(len(names) - top, 'more output')}: --all, or "
                       "precision.json \"errors_after\"")
-        strict = result.extra.get("errors_before_strict") or {}
+        strict = result.errors_before_strict or {}
         for name, e in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
             judged = (escape(str(e["text"])) if e.get("text") else
                       f"max|d| {fmt(float(e['max_abs']))}")

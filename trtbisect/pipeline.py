@@ -69,7 +69,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         on_layerwise: Callable[[int, int], None] | None = None) -> RunResult:
     """The whole job: find the minimal FP32 set and write every rendering of it to `out_dir`."""
     started = time.perf_counter()
-    marks: list[tuple[str, float]] = []  # each stage and when it began: extra["stages"]
+    marks: list[tuple[str, float]] = []  # each stage and when it began: result.stages
 
     def stage(msg: str) -> None:
         marks.append((msg, time.perf_counter()))
@@ -532,7 +532,7 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
     # Each boundary is rounded once, as an offset from the start, so the stages add up to the
     # span they cover (never more than the total) however the milliseconds fall.
     at = [round(t - started, 3) for _, t in marks] + [round(now - started, 3)]
-    result.extra["stages"] = [{"stage": msg, "seconds": round(end - begun, 3)}
+    result.stages = [{"stage": msg, "seconds": round(end - begun, 3)}
                               for (msg, _), begun, end in zip(marks, at, at[1:])]
     if out_dir is not None:
         write_outputs(result, ctx, out_dir, write_report if report else None)

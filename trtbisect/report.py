@@ -653,7 +653,7 @@ def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
     out = [f"{bullet}semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
            f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
            f"{plural(layers, 'TensorRT layer')} kept FP32"]
-    strict = result.extra.get("errors_before_strict")
+    strict = result.errors_before_strict
     if isinstance(strict, dict):
         words = str if text else md_text
         out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "

@@ -39,10 +39,9 @@ Hint = JSON  # judge/hints.criterion_hints: one per output
 
 # precision.json's order of the typed records and of what stays in `extra` (the order a run
 # sets them in); a key of `extra` not named here follows them all.
-#   Left in `extra`, read back by string on purpose: "layerwise_plan" (bulky, the report's
-#   only, never written), "errors_before_strict" / "strict_only_culprits" (judge/strict.py,
-#   --semantics trt only), "partial" (coverage.apply_partial), "stages" (pipeline._finish's
-#   timings) and "tensorrt" (the TensorRT backend's report, verify_on_tensorrt).
+#   Left in `extra`, on purpose: "layerwise_plan" (bulky, the report's only, never written;
+#   BULKY_EXTRAS) and "tensorrt" (the TensorRT backend's report, written by
+#   verify_on_tensorrt and read by nothing of trtbisect's).
 JSON_ORDER = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge",
               "fp32_layers", "workers", "cost", "criteria_record", "judged", "rewrites",
               "one_judge", "certificate", "margins", "fragile", "aimed_searches",
@@ -51,7 +50,8 @@ JSON_ORDER = ("semantics", "precision", "coverage", "model_copy", "nothing_to_ju
 TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge", "fp32_layers",
          "workers", "cost", "criteria_record", "judged", "rewrites", "one_judge",
          "certificate", "margins", "fragile", "aimed_searches", "criterion_hints",
-         "culprit_groups", "stability")
+         "culprit_groups", "errors_before_strict", "strict_only_culprits", "stability",
+         "partial", "stages")
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
@@ -110,7 +110,11 @@ class RunResult:
     aimed_searches: list[AimedSearch] | None = None
     criterion_hints: list[Hint] | None = None
     culprit_groups: list[CulpritGroup] | None = None
+    errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (judge/strict.py)
+    strict_only_culprits: list[str] | None = None  # failing only under per-node rounding
     stability: Stability | None = None
+    partial: JSON | None = None  # {"judged_verdict", "unjudged"}: coverage.apply_partial
+    stages: list[JSON] | None = None  # [{"stage", "seconds"}]: pipeline._finish
 
     @property
     def mixed_model_passed(self) -> bool | None:
