@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -89,7 +89,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
         from .stability import guard_memory
         guard_memory(ctx.every_sample, ctx.every_reference, opts.stability)
-    base = dict(model_path=str(model_path), model_sha256=ctx.sha256,
+    base: dict[str, Any] = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
                 strict=opts.strict, criteria=opts.criteria)
