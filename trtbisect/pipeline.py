@@ -20,6 +20,7 @@ from .backends.ort import Emulator, Reference, run_seconds
 from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
                       prepare, reference_problems)
 from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
+from .result import AimedSearch, JudgedRecord
 from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
 from .compare import OutputError, TensorStats
 from .diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
@@ -252,7 +253,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if search.found:
         stage("judging the written plan")
         cert = judge_written_plan(result, ctx, opts, ev, as_nodes(search.fp32), out_dir, first)
-    sopts, aims = opts, []
+    sopts, aims = opts, list[AimedSearch]()
     for aim_round in range(1, AIM_ROUNDS + 1):  # judge/spread.py: aim inside the bound
         if cert is None or cert.certified or result.verdict not in ("fixed", "fp16_ok"):
             break
@@ -316,7 +317,7 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
                                            ctx.rules.precision.name)
     result.criteria_record = {**opts.criteria.to_json(),
                                 "description": opts.criteria.describe()}
-    judged: dict[str, object] = {"before": opts.criteria.verdict(before).to_json()}
+    judged: JudgedRecord = {"before": opts.criteria.verdict(before).to_json()}
     if ctx.subset is not None:
         judged["search_samples"] = list(ctx.subset)
     result.judged = judged

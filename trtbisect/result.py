@@ -4,7 +4,7 @@ code of each verdict. Below the writers and the report that read it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from . import __version__, degenerate
 from .compare import OutputError, TensorStats, Tolerance
@@ -24,9 +24,50 @@ JSON = dict[str, Any]
 Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
 CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
 Certificate = JSON  # judge/spread.Certificate.to_json
-Margin = dict[str, "float | str | bool | None"]  # per output: margin, spread, noise_floor, fragile
-OneJudge = JSON  # {"search_equals_check": bool, "search_errors": {output: OutputError JSON}}
-Judged = JSON  # {"before": verdict JSON, "after": verdict JSON, "search_samples": [int]}
+
+
+class Margin(TypedDict):
+    """One output's certificate: how far inside the bound, against the tools' spread."""
+    margin: float | str | None
+    spread: float | str | None
+    noise_floor: float | str | None
+    fragile: bool
+
+
+class OneJudge(TypedDict):
+    """Whether the search measured the numbers `check` of the written file measures."""
+    search_equals_check: bool
+    search_errors: dict[str, JSON]  # output -> OutputError.to_json
+
+
+class JudgedRecord(TypedDict, total=False):
+    """The criterion's verdicts: all-FP16 ("before"), the written plan ("after"), and the
+    samples the search judged when it judged a subset."""
+    before: JSON
+    after: JSON
+    search_samples: list[int]
+
+
+class AimedSearch(TypedDict):
+    """One search again inside the certificate's bound (judge/spread.py)."""
+    round: int
+    ceiling: object
+    found: bool
+    fp32_units: int
+    evaluations: int
+
+
+class Partial(TypedDict):
+    """A verdict over a graph not wholly judged (coverage.apply_partial)."""
+    judged_verdict: str
+    unjudged: list
+
+
+class Stage(TypedDict):
+    stage: str
+    seconds: float
+
+
 CriteriaRecord = JSON  # Criteria.to_json() and its "description"
 Semantics = JSON  # semantics.record
 Precision = JSON  # LowPrecision.to_json
@@ -34,7 +75,6 @@ Coverage = JSON  # coverage.record
 Workers = JSON  # parallel_batch.summary
 Stability = JSON  # stability.StabilityReport.to_json
 Rewrites = JSON  # rewrite.RewriteOutcome.to_json
-AimedSearch = JSON  # {"round", "ceiling", "found", "fp32_units", "evaluations"}
 Hint = JSON  # judge/hints.criterion_hints: one per output
 
 # precision.json's order of the typed records and of what stays in `extra` (the order a run
@@ -101,7 +141,7 @@ class RunResult:
     workers: Workers | None = None
     cost: Cost | None = None
     criteria_record: CriteriaRecord | None = None  # precision.json's "criteria"
-    judged: Judged | None = None
+    judged: JudgedRecord | None = None
     rewrites: Rewrites | None = None
     one_judge: OneJudge | None = None
     certificate: Certificate | None = None
@@ -113,8 +153,8 @@ class RunResult:
     errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (judge/strict.py)
     strict_only_culprits: list[str] | None = None  # failing only under per-node rounding
     stability: Stability | None = None
-    partial: JSON | None = None  # {"judged_verdict", "unjudged"}: coverage.apply_partial
-    stages: list[JSON] | None = None  # [{"stage", "seconds"}]: pipeline._finish
+    partial: Partial | None = None
+    stages: list[Stage] | None = None  # pipeline._finish
 
     @property
     def mixed_model_passed(self) -> bool | None:
