@@ -99,7 +99,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
         with contextlib.redirect_stderr(io.StringIO()):
             r = run(path, opts, work / p)
         seconds = time.perf_counter() - t
-        c = r.extra.get("cost") or {}
+        c = r.cost or {}
         mixed = Path(r.files["mixed_model"]) if "mixed_model" in r.files else None
         one_judge = None
         if mixed is not None and r.errors_after:
@@ -109,7 +109,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
         rec["candidates"] = r.candidates
         rec["runs"][p] = {
             "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes),
-            "causes": sorted({g["cause"] for g in r.extra.get("culprit_groups", [])}),
+            "causes": sorted({g["cause"] for g in (r.culprit_groups or [])}),
             "all_low_us": 1e6 * c.get("all_low_s", c.get("all_fp16_s")) if c else None,
             "plan_us": 1e6 * c["plan_s"] if c else None,
             "all_fp32_us": 1e6 * c["all_fp32_s"] if c else None,

@@ -135,7 +135,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
         t = time.perf_counter()
         r = run(path, Options(inputs=[str(npz)], objective=objective, semantics=sem,
                               max_evaluations=MAX_EVALS, resume=False), work / objective)
-        layers = list(r.extra.get("fp32_layers") or [])
+        layers = list(r.fp32_layers or [])
         if objective == "cost":
             cost_plan = list(r.fp32_nodes)
             autocast_input = Path(r.files.get("autocast_input", path))

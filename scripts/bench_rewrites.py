@@ -224,14 +224,14 @@ def measure(case: Case, workdir: Path, max_evals: int = MAX_EVALS,
 
 
 def summarize(r: RunResult, flops: Mapping[str, int | None], total: int) -> dict:
-    rewrites = r.extra.get("rewrites") or {}
+    rewrites = r.rewrites or {}
     applied = rewrites.get("applied", []) if isinstance(rewrites, dict) else []
     drift = [a["fp32_drift"]["rel"] for a in applied]
-    groups = r.extra.get("culprit_groups") or []
+    groups = r.culprit_groups or []
     return {
         "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes), "plan": list(r.fp32_nodes),
         "flop_share": flop_share(r.fp32_nodes, flops, total), "evaluations": r.evaluations,
-        "slowdown": (r.extra.get("cost") or {}).get("slowdown"),  # estimated (docs/cost.md)
+        "slowdown": (r.cost or {}).get("slowdown"),  # estimated (docs/cost.md)
         "seconds": round(r.seconds, 2),
         "stopped": bool(r.search is not None and r.search.stopped_early),
         "rewrites": [a["rewrite"] for a in applied],

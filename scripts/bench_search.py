@@ -226,7 +226,7 @@ def _evaluator(ctx: pipeline.Context, opts: pipeline.Options,
     return pipeline.Evaluator(ctx, opts, {}, None, None if units else ())
 
 
-# the run's stages (pipeline.run's extra["stages"]) that decide the plan: the all-FP16
+# the run's stages (pipeline.run's stages) that decide the plan: the all-FP16
 # verdict, the layer-wise pass behind the prior, the search
 SEARCH_STAGES = ("all-FP16 evaluation", "layer-wise comparison, FP32 vs FP16", "searching")
 
@@ -252,7 +252,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         t = time.perf_counter()
         res = pipeline.run(case.path, opts, Path(tmp) / "out")
         row.run_s = time.perf_counter() - t
-    row.run_search_s = sum(s["seconds"] for s in res.extra.get("stages", [])
+    row.run_search_s = sum(s["seconds"] for s in (res.stages or [])
                            if s["stage"].startswith(SEARCH_STAGES))
     row.run_rss = peak_rss()
     row.nodes, row.candidates, row.verdict = res.nodes, res.candidates, res.verdict

@@ -80,7 +80,7 @@ def test_an_fp16_overflow_holds_in_bf16(tmp_path):
     model, inputs = squares(tmp_path)
     fp16 = run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16")
     assert fp16.verdict == "fixed" and "sq" in fp16.fp32_nodes
-    assert fp16.extra["culprit_groups"][0]["cause"] == "overflow"
+    assert fp16.culprit_groups[0]["cause"] == "overflow"
     bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     assert bf16.verdict == "fp16_ok" and bf16.fp32_nodes == []  # the verdict's stable name
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
@@ -95,7 +95,7 @@ def test_a_precision_loss_fp16_holds_fails_in_bf16_and_is_said_in_bf16s_words(tm
     assert fp16.verdict == "fp16_ok"
     bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     assert bf16.verdict == "fixed" and "diff" in bf16.fp32_nodes
-    assert bf16.extra["one_judge"]["search_equals_check"]
+    assert bf16.one_judge["search_equals_check"]
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
     (group,) = plan["culprit_groups"]
     assert group["cause"] == "precision_loss"

@@ -49,8 +49,8 @@ def _assert_same_run(a: RunResult, b: RunResult) -> None:
     assert _errors(a.errors_before) == _errors(b.errors_before)
     assert _errors(a.errors_after) == _errors(b.errors_after)
     assert a.evaluations == b.evaluations
-    assert a.extra.get("fp32_layers") == b.extra.get("fp32_layers")
-    assert a.extra.get("errors_before_strict") == b.extra.get("errors_before_strict")
+    assert a.fp32_layers == b.fp32_layers
+    assert a.errors_before_strict == b.errors_before_strict
 
 
 def _errors(errors: dict) -> str:
@@ -273,7 +273,7 @@ def test_the_trt_layernorm_rule_is_in_the_table_with_its_source():
 # ---------------------------------------------------------------------------- diagnosis
 
 def _groups(r: RunResult) -> list[dict]:
-    return r.extra.get("culprit_groups", [])
+    return (r.culprit_groups or [])
 
 
 def test_a_folded_batchnorm_variance_is_never_blamed_under_trt(tmp_path):
@@ -281,7 +281,7 @@ def test_a_folded_batchnorm_variance_is_never_blamed_under_trt(tmp_path):
     r = _run(p.model, p.inputs, "trt", tmp_path)
     assert r.verdict == "fp16_ok"
     assert not any(g["cause"] == "constant_out_of_range" for g in _groups(r))
-    assert set(r.extra["strict_only_culprits"]) == {"bn", "var_identity"}
+    assert set(r.strict_only_culprits) == {"bn", "var_identity"}
     strict = _run(p.model, p.inputs, "strict", tmp_path / "strict")
     blamed = next(g for g in _groups(strict) if g["cause"] == "constant_out_of_range")
     assert blamed["evidence"]["fp16_value"] == "inf" and "rounds to inf" in blamed["summary"]

@@ -34,7 +34,7 @@ def test_the_price_is_stated_in_precision_json_and_every_trial_is_priced_and_sco
     assert c["gpu"] == "h100" and c["objective"] == "cost"
     assert c["all_fp16_s"] < c["plan_s"] and c["all_fp16_s"] < c["all_fp32_s"]
     assert c["slowdown"] == pytest.approx(c["plan_s"] / c["all_fp16_s"] - 1)
-    assert set(c["units"]) == set(r.extra["fp32_layers"])
+    assert set(c["units"]) == set(r.fp32_layers)
     assert 0 <= c["fp32_byte_share"] <= 1 and c["boundary_casts"] >= 1
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())
     assert all("price_s" in t and "score" in t for t in trace["trials"])
@@ -51,7 +51,7 @@ def test_a_budget_nothing_fits_writes_the_best_plan_within_it_and_says_so(ln, tm
     r = run(model, Options(inputs=[str(npz)], budget=0.0), tmp_path / "out")
     assert r.verdict == "over_budget" and r.exit_code == 6 and not r.one_minimal
     assert r.search.over_budget
-    c = r.extra["cost"]
+    c = r.cost
     assert c["budget_pct"] == 0.0 and c["within_budget"] and c["slowdown"] <= 1e-12
     # the written file is judged (one judge) and its error is the one reported
     mixed = tmp_path / "out" / "ln.mixed.onnx"
@@ -60,7 +60,7 @@ def test_a_budget_nothing_fits_writes_the_best_plan_within_it_and_says_so(ln, tm
     assert not checked.passed
     assert {k: v.max_abs for k, v in checked.errors.items()} == \
         {k: v.max_abs for k, v in r.errors_after.items()}
-    assert r.extra["one_judge"]["search_equals_check"]
+    assert r.one_judge["search_equals_check"]
     assert json.loads((tmp_path / "out" / "precision.json").read_text())["verdict"] == \
         "over_budget"
 
@@ -70,7 +70,7 @@ def test_a_budget_the_plan_fits_changes_nothing(ln, tmp_path):
     plain = run(model, Options(inputs=[str(npz)]), tmp_path / "plain")
     loose = run(model, Options(inputs=[str(npz)], budget=1000.0), tmp_path / "loose")
     assert loose.verdict == "fixed" and loose.fp32_nodes == plain.fp32_nodes
-    assert loose.extra["cost"]["within_budget"] is True
+    assert loose.cost["within_budget"] is True
 
 
 def test_the_cli_exits_6_over_budget_and_documents_it(ln, tmp_path):
@@ -92,7 +92,7 @@ def test_the_cli_exits_6_over_budget_and_documents_it(ln, tmp_path):
 def test_count_objective_reports_the_price_too(ln, tmp_path):
     model, npz = ln
     r = run(model, Options(inputs=[str(npz)], objective="count"), tmp_path / "out")
-    assert r.extra["cost"]["objective"] == "count" and r.search.certificate is None
+    assert r.cost["objective"] == "count" and r.search.certificate is None
 
 
 def test_pareto_front():

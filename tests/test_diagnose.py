@@ -122,7 +122,7 @@ def zoo_runs(zoo, tmp_path_factory):
 @pytest.mark.parametrize("name", ZOO_FAULTS)
 def test_zoo_cause_and_pattern(zoo, zoo_runs, name):
     z, r = zoo[name], zoo_runs[name]
-    groups = r.extra["culprit_groups"]
+    groups = r.culprit_groups
     assert len(groups) == 1
     g = groups[0]
     assert set(g["nodes"]) == set(z.expected_fp32)
@@ -134,7 +134,7 @@ def test_zoo_cause_and_pattern(zoo, zoo_runs, name):
 
 def test_layernorm_evidence_numbers(zoo_runs):
     """The issue's sentence: what is squared, what it becomes, by how much, and the way out."""
-    g = zoo_runs["layernorm_overflow"].extra["culprit_groups"][0]
+    g = zoo_runs["layernorm_overflow"].culprit_groups[0]
     ev = g["evidence"]
     assert ev["node"] == "ln/Pow" and ev["op"] == "Pow"
     assert ev["fp32_absmax"] > FP16_MAX > ev["input_absmax"] > 1e3
@@ -151,17 +151,17 @@ def test_culprit_why_is_improved(zoo_runs):
 
 
 def test_attention_and_reduction_fixes(zoo_runs):
-    att = zoo_runs["attention_logits"].extra["culprit_groups"][0]
+    att = zoo_runs["attention_logits"].culprit_groups[0]
     assert att["evidence"]["node"] == "attn/MatMul"
     assert att["evidence"]["back_in_range"] < FP16_MAX < att["evidence"]["peak"]
     assert "scale_before_matmul" in [f["kind"] for f in att["fixes"]]
-    red = zoo_runs["reducesum_overflow"].extra["culprit_groups"][0]
+    red = zoo_runs["reducesum_overflow"].culprit_groups[0]
     assert red["evidence"]["op"] == "ReduceSum"
     assert "mean_before_sum" in [f["kind"] for f in red["fixes"]]
 
 
 def test_constant_evidence(zoo_runs):
-    g = zoo_runs["constant_out_of_range"].extra["culprit_groups"][0]
+    g = zoo_runs["constant_out_of_range"].culprit_groups[0]
     ev = g["evidence"]
     assert ev["value"] == pytest.approx(float(np.finfo(np.float32).min), rel=1e-5)
     assert ev["fp16_value"] == "-inf" and ev["output_nonfinite_fp16"] > 0
@@ -170,7 +170,7 @@ def test_constant_evidence(zoo_runs):
 
 
 def test_underflow_evidence(zoo_runs):
-    g = zoo_runs["eps_underflow"].extra["culprit_groups"][0]
+    g = zoo_runs["eps_underflow"].culprit_groups[0]
     ev = g["evidence"]
     assert ev["fraction"] == 1.0 and ev["fp32_absmax"] < 6e-8
     assert ev["constant"] == "rms.eps" and ev["constant_value"] == pytest.approx(1e-10)
@@ -180,20 +180,20 @@ def test_underflow_evidence(zoo_runs):
 
 
 def test_precision_loss_evidence(zoo_runs):
-    ev = zoo_runs["precision_loss"].extra["culprit_groups"][0]["evidence"]
+    ev = zoo_runs["precision_loss"].culprit_groups[0]["evidence"]
     assert ev["fp16_spacing"] == 8.0  # FP16 spacing at 1e4
     assert ev["rel_err"] > 0.5 and ev["cancel_node"] == "offset/Sub"
 
 
 def test_two_outputs_give_two_groups(zoo_runs):
-    groups = zoo_runs["two_outputs"].extra["culprit_groups"]
+    groups = zoo_runs["two_outputs"].culprit_groups
     assert [(g["cause"], g["pattern"]) for g in groups] == [
         ("overflow", "large_reduction"), ("overflow", "rmsnorm_decomposed")]
     assert {n for g in groups for n in g["nodes"]} == set(zoo_runs["two_outputs"].fp32_nodes)
 
 
 def test_healthy_has_no_groups(zoo_runs):
-    assert zoo_runs["healthy"].extra["culprit_groups"] == []
+    assert zoo_runs["healthy"].culprit_groups == []
 
 
 @pytest.mark.parametrize("name", sorted(EXTRA))
@@ -202,13 +202,13 @@ def test_extra_causes(tmp_path, name):
     model, inputs = build()
     r = run_model(model, inputs, tmp_path)
     assert r.verdict == "fixed"
-    groups = r.extra["culprit_groups"]
+    groups = r.culprit_groups
     assert [(g["cause"], g["pattern"]) for g in groups] == [(cause, pattern)]
 
 
 def test_non_finite_origin_names_the_sqrt(tmp_path):
     r = run_model(*variance_cancellation(), tmp_path)
-    ev = r.extra["culprit_groups"][0]["evidence"]
+    ev = r.culprit_groups[0]["evidence"]
     assert ev["node"] == "std/Sqrt" and ev["nonfinite"] > 0
     assert ev["cancel_node"] == "var/Sub" and ev["cancel_from"] > 100 * ev["cancel_to"]
 
@@ -232,7 +232,7 @@ def test_no_plan_diagnoses_the_suspects(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
     r = run(model, Options(semantics="strict", inputs=[str(inputs)], max_evaluations=1), tmp_path / "out")
     assert r.verdict == "no_plan"
-    groups = r.extra["culprit_groups"]
+    groups = r.culprit_groups
     assert groups and groups[0]["cause"] == "overflow" and groups[0]["applied_fix"] is None
 
 

@@ -72,7 +72,7 @@ def test_big_weights_take_the_emulator_first_and_reach_the_same_verdict(zoo, tmp
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", -1)  # every model is "big"
     big = run(model, Options(inputs=[str(inputs)]), tmp_path / "big")
     assert big.verdict == small.verdict == "fp16_ok" and big.mixed_model_passed
-    assert big.extra["one_judge"]["search_equals_check"]  # the emulator's numbers, the file's
+    assert big.one_judge["search_equals_check"]  # the emulator's numbers, the file's
     assert {k: e.max_abs for k, e in big.errors_before.items()} == \
         {k: e.max_abs for k, e in small.errors_before.items()}
 
@@ -201,13 +201,13 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "out")
-    applied = r.extra["rewrites"]["applied"]
+    applied = r.rewrites["applied"]
     if name == "precision_loss":  # nothing matches: the plain FP32 plan
         assert not applied and set(r.fp32_nodes) == set(z.expected_fp32)
         assert not (tmp_path / "out" / f"{name}.rewritten.onnx").exists()
         return
     assert applied and r.verdict == "fixed" and r.fp32_nodes == []
-    assert r.extra["one_judge"]["search_equals_check"]
+    assert r.one_judge["search_equals_check"]
     rewritten = onnx.load(tmp_path / "out" / f"{name}.rewritten.onnx")
     assert [v.name for v in rewritten.graph.output] == [v.name for v in z.model.graph.output]
     assert check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,
@@ -229,8 +229,8 @@ def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options(inputs=[str(inputs)], rewrite=True), tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == []
-    tried = r.extra["rewrites"]["judgements"]
-    assert tried == len(r.extra["rewrites"]["applied"]) == 1
+    tried = r.rewrites["judgements"]
+    assert tried == len(r.rewrites["applied"]) == 1
     assert len(references) == tried  # one FP32 drift check per candidate
     assert len(prepared) == 1 + tried  # the model, then each candidate once
 
@@ -310,10 +310,10 @@ def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):
     z = deep_model()
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "o")
-    applied = r.extra["rewrites"]["applied"]
+    applied = r.rewrites["applied"]
     assert r.verdict == "fixed" and r.fp32_nodes == [] and len(applied) == 2
     assert {a["rewrite"] for a in applied} == {"fuse_layernorm"}
-    assert r.extra["rewrites"]["judgements"] <= 12  # the suspects' norms are tried first
+    assert r.rewrites["judgements"] <= 12  # the suspects' norms are tried first
 
 
 def test_strict_tolerance_under_trt_semantics_runs_the_per_node_comparison(zoo, tmp_path):
@@ -323,7 +323,7 @@ def test_strict_tolerance_under_trt_semantics_runs_the_per_node_comparison(zoo, 
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options(strict=True, inputs=[str(inputs)]), tmp_path / "out")
     assert r.verdict == "fixed" and r.mixed_model_passed
-    assert "errors_before_strict" in r.extra
+    assert r.errors_before_strict is not None
 
 
 def test_the_swap_certificate_runs_on_the_prefetched_session(tmp_path, monkeypatch):

@@ -100,11 +100,11 @@ def test_groups_sum_unit_costs_once_and_fall_back_to_layers():
                     Culprit("a/Mul", "Mul", "", None, "PWN(a/Add, a/Mul)"),
                     Culprit("b/Pow", "Pow", "", None, None),
                     Culprit("c/Exp", "Exp", "", None, None)]
-        extra = {"cost": {"units": {"PWN(a/Add, a/Mul)": {"share": 0.01},
-                                    "b/Pow": {"share": 0.03}, "c/Exp": {"share": 0.0}}},
-                 "culprit_groups": [{"nodes": ["a/Add", "a/Mul"], "cause": "overflow"},
-                                    {"nodes": ["b/Pow"], "cause": "underflow"},
-                                    {"nodes": ["c/Exp"], "cause": "overflow"}]}
+        cost = {"units": {"PWN(a/Add, a/Mul)": {"share": 0.01},
+                          "b/Pow": {"share": 0.03}, "c/Exp": {"share": 0.0}}}
+        culprit_groups = [{"nodes": ["a/Add", "a/Mul"], "cause": "overflow"},
+                          {"nodes": ["b/Pow"], "cause": "underflow"},
+                          {"nodes": ["c/Exp"], "cause": "overflow"}]
 
     groups = plan_groups(R())
     assert [g.label for g in groups] == ["b/Pow", "a/Add", "c/Exp"]

@@ -72,8 +72,8 @@ def test_plot_marks_the_limit(reported):
 
 def test_html_escapes_names(reported):
     r, _ = reported
-    group = dict(r.extra["culprit_groups"][0], summary="<script>alert(1)</script>")
-    r2 = type(r)(**{**r.__dict__, "extra": {**r.extra, "culprit_groups": [group]}})
+    group = dict(r.culprit_groups[0], summary="<script>alert(1)</script>")
+    r2 = type(r)(**{**r.__dict__, "culprit_groups": [group]})
     page = render_html(r2, None)
     assert "<script>" not in page and "&lt;script&gt;" in page
 
@@ -189,11 +189,11 @@ def test_a_group_without_evidence_or_fixes_shows_no_empty_sections():
     bare = {"cause": "per_node_rounding_only", "nodes": ["bn"], "summary": "bn fails only per node",
             "evidence": {}, "fixes": []}
     full = {**bare, "evidence": {"max_abs": 7.0e4}, "fixes": [{"kind": "fp32", "text": "keep bn"}]}
-    md = "\n".join(_md_groups(SimpleNamespace(extra={"culprit_groups": [bare]})))
-    html = "".join(_html_groups(SimpleNamespace(extra={"culprit_groups": [bare]})))
+    md = "\n".join(_md_groups(SimpleNamespace(culprit_groups=[bare])))
+    html = "".join(_html_groups(SimpleNamespace(culprit_groups=[bare])))
     assert "bn fails only per node" in md and "Evidence" not in md and "Fixes" not in md
     assert "bn fails only per node" in html and "Fixes" not in html and "<dl" not in html
-    md = "\n".join(_md_groups(SimpleNamespace(extra={"culprit_groups": [full]})))
-    html = "".join(_html_groups(SimpleNamespace(extra={"culprit_groups": [full]})))
+    md = "\n".join(_md_groups(SimpleNamespace(culprit_groups=[full])))
+    html = "".join(_html_groups(SimpleNamespace(culprit_groups=[full])))
     assert "Evidence: max\\_abs = 7e4" in md and "- keep bn" in md
     assert "<dt>max_abs</dt>" in html and "keep bn</li>" in html

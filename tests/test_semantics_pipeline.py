@@ -54,10 +54,10 @@ def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
     model, inputs = save_zoo_model(PLANTED["batchnorm_variance"], tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
     assert r.verdict == "fp16_ok"
-    strict_before = r.extra["errors_before_strict"]["y"]
+    strict_before = r.errors_before_strict["y"]
     assert not strict_before["passed"] and all(e.passed for e in r.errors_before.values())
-    assert r.extra["strict_only_culprits"] == ["bn"]
-    group = next(g for g in r.extra["culprit_groups"] if g["cause"] == "per_node_rounding_only")
+    assert r.strict_only_culprits == ["bn"]
+    group = next(g for g in r.culprit_groups if g["cause"] == "per_node_rounding_only")
     assert group["nodes"] == ["bn"]
     assert "fails only under per-node rounding" in group["summary"]
     assert "precomputes this BatchNorm's scale" in group["summary"]
@@ -70,8 +70,8 @@ def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
 def test_folded_constant_culprits_only_per_node_are_explained(tmp_path):
     model, inputs = save_zoo_model(PLANTED["constant_subgraph"], tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
-    assert set(r.extra["strict_only_culprits"]) == {"const_sq", "const_div"}
-    group = next(g for g in r.extra["culprit_groups"] if g["cause"] == "per_node_rounding_only")
+    assert set(r.strict_only_culprits) == {"const_sq", "const_div"}
+    group = next(g for g in r.culprit_groups if g["cause"] == "per_node_rounding_only")
     assert "folds this constant computation in FP32" in group["summary"]
 
 
@@ -85,7 +85,7 @@ def test_culprits_are_named_as_fused_layers(tmp_path):
     assert r.verdict == "fixed" and set(r.fp32_nodes) == {"conv", "bias", "relu"}
     tight = run(model, _opts("trt", inputs, tolerance=_tight()), tmp_path / "tight")
     assert tight.verdict == "fragile" and tight.fp32_nodes == r.fp32_nodes
-    assert r.extra["fp32_layers"] == ["conv + bias + relu"]
+    assert r.fp32_layers == ["conv + bias + relu"]
     assert {c.layer for c in r.culprits} == {"conv + bias + relu"}
     data = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert data["culprits"][0]["layer"] == "conv + bias + relu"
@@ -222,8 +222,8 @@ def test_one_judge_on_the_demo(tmp_path, semantics, tf32):
 def test_demo_run_under_trt_keeps_one_judge(tmp_path):
     r = run(DEMO / "demo.onnx", Options(inputs=[str(DEMO / "demo_inputs.npz")]), tmp_path / "o")
     assert r.verdict in ("fixed", "fp16_ok")
-    assert r.extra["one_judge"]["search_equals_check"] is True
-    assert "errors_before_strict" in r.extra
+    assert r.one_judge["search_equals_check"] is True
+    assert r.errors_before_strict is not None
 
 
 def test_rewrites_are_judged_under_the_runs_semantics(tmp_path):
@@ -247,7 +247,7 @@ def test_rewrites_are_judged_under_the_runs_semantics(tmp_path):
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, _opts("trt", inputs, rewrite=True), tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == [], (r.verdict, r.fp32_nodes)
-    assert [a["rewrite"] for a in r.extra["rewrites"]["applied"]] == ["fuse_layernorm"]
+    assert [a["rewrite"] for a in r.rewrites["applied"]] == ["fuse_layernorm"]
     assert r.mixed_model_passed
     s = run(model, _opts("strict", inputs, rewrite=True), tmp_path / "strict")
     assert "bn" in s.fp32_nodes  # per node, the BatchNorm needs FP32 whatever the rewrites

@@ -63,7 +63,7 @@ def test_nondeterministic_backend_is_flagged():
 def test_pipeline_stability(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
     r = run(model, Options(inputs=[str(inputs)], stability=3), tmp_path / "out")
-    st = r.extra["stability"]
+    st = r.stability
     assert [p["plan"] for p in st["plans"]] == ["plan", "all_fp16"]
     assert st["deterministic"] is True and st["runs"] == 3
     plan = st["plans"][0]["outputs"]["y"]
@@ -88,7 +88,7 @@ def test_stability_measures_a_check_hook(zoo, tmp_path):
                     f"    return bool(np.array_equal(sample[{name!r}], ORIG))\n")
     crit = parse_criteria(checks=[f"{hook}:check"])
     r = run(model, Options(inputs=[str(inputs)], stability=3, criteria=crit), tmp_path / "out")
-    st = r.extra["stability"]
+    st = r.stability
     assert r.verdict == "fp16_ok"  # the hook passes the user's sample, all FP16
     rows = st["plans"][0]["outputs"]
     assert rows["--check"]["flips"] is True and rows["--check"]["judged_ratio"] == 0

@@ -93,13 +93,13 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
     r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
             tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == ["mm"] and r.exit_code == 0
-    cert = r.extra["certificate"]
+    cert = r.certificate
     assert cert["certified"] and cert["aim_rounds"] == 1
     y = cert["outputs"]["y"]
     assert y["margin"] > y["spread"] > 0 and y["spread"] >= y["noise_floor"]
     assert {"ORT optimizations on, 1 thread", "ORT optimizations on, 2 threads"} <= set(
         cert["variants"]) or len(cert["variants"]) >= 2
-    (aim,) = r.extra["aimed_searches"]
+    (aim,) = r.aimed_searches
     assert aim["found"] and aim["ceiling"]["y"] < y["bound"]
     plan = __import__("json").loads((tmp_path / "out" / "precision.json").read_text())
     assert plan["verdict"] == "fixed" and plan["fragile"] is False
@@ -122,7 +122,7 @@ def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
     r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
     assert r.verdict == "fragile" and r.exit_code == 7
     assert r.fp32_nodes == ["mm"]  # the nearest plan: it passes the judge, without margin
-    assert not r.extra["certificate"]["certified"]
+    assert not r.certificate["certified"]
     assert (tmp_path / "out" / "mm.mixed.onnx").exists()
     res = CliRunner().invoke(main, ["run", str(path), "--inputs", str(inputs), "--rtol",
                                     repr(rtol), "--out", str(tmp_path / "cli"), "--json"])
@@ -191,7 +191,7 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
     root = Path(__file__).resolve().parents[1]
     r = run(root / "models" / "demo.onnx",
             Options(inputs=[str(root / "models" / "demo_inputs.npz")]), tmp_path / "demo")
-    assert r.verdict == "fixed" and r.extra["certificate"]["certified"]
+    assert r.verdict == "fixed" and r.certificate["certified"]
     _rendered_polygraphy_check(tmp_path / "demo")
 
     p = if_untyped_branch_outputs()
@@ -211,8 +211,8 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
                           Tolerance(0.0))["score"].rel
     r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6)),
                           semantics="strict"), tmp_path / "det")
-    assert r.verdict == "fixed" and r.extra["certificate"]["certified"]
-    m = r.extra["certificate"]["outputs"]["score"]
+    assert r.verdict == "fixed" and r.certificate["certified"]
+    m = r.certificate["outputs"]["score"]
     assert m["margin"] > m["spread"] > 0
     _rendered_polygraphy_check(tmp_path / "det")
 
@@ -284,8 +284,8 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
     np.savez(tmp_path / "b.npz", x=x * 1e4)  # |y| ~ 1.6e5: beyond 65504
     r = run(path, Options(inputs=[str(tmp_path / "a.npz"), str(tmp_path / "b.npz")],
                           criteria=parse_criteria(pass_rate=0.5)), tmp_path / "out")
-    assert r.verdict == "fp16_ok", r.extra.get("certificate")
-    y = r.extra["certificate"]["outputs"]["y"]
+    assert r.verdict == "fp16_ok", r.certificate
+    y = r.certificate["outputs"]["y"]
     assert y["certified"] and y["margin"] > y["spread"]
 
 
@@ -307,7 +307,7 @@ def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
                               semantics="strict", workers=w), tmp_path / f"w{w}")
             for w in (1, 2)]
     one, two = runs
-    assert two.extra["workers"]["workers"] == 2  # the first search ran on worker processes
+    assert two.workers["workers"] == 2  # the first search ran on worker processes
     assert one.verdict == two.verdict == "fixed"
     assert one.fp32_nodes == two.fp32_nodes and one.evaluations == two.evaluations
-    assert one.extra["certificate"] == two.extra["certificate"]
+    assert one.certificate == two.certificate

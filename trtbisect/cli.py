@@ -581,7 +581,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
-    low = (result.extra.get("precision") or {}).get("name", "fp16").upper()  # FP16 | BF16
+    low = (result.precision or {}).get("name", "fp16").upper()  # FP16 | BF16
     meet = result.criteria.standard
     verdicts = {"fp16_ok": f"[green]{low} already meets {meet}[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
@@ -591,7 +591,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                                       "be judged against a reference that moves",
                 "no_plan": f"[red]no plan meets {meet}[/]",
                 "nothing_to_judge": f"[green]nothing to judge in {low}[/]: "
-                                    + shown(result.extra.get("nothing_to_judge", "")),
+                                    + shown(result.nothing_to_judge or ""),
                 "over_budget": f"[red]no plan within the --budget passes[/]: the best within "
                                f"it keeps {len(result.fp32_nodes)} of {result.candidates} nodes"
                                f"{layers_words(result)} in FP32 and misses {meet}",
@@ -626,25 +626,25 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
         if top is not None and len(names) > top:
             out.print(f"... and {plural(len(names) - top, 'more output')}: --all, or "
                       "precision.json \"errors_after\"")
-        strict = result.extra.get("errors_before_strict") or {}
+        strict = result.errors_before_strict or {}
         for name, e in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
             judged = (escape(str(e["text"])) if e.get("text") else
                       f"max|d| {fmt(float(e['max_abs']))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} {judged}")
-    hints = result.extra.get("criterion_hints")
+    hints = result.criterion_hints
     if isinstance(hints, list) and hints:  # judge/hints.py
         from .judge.hints import hint_lines
         out.print("[yellow]the default criterion may not be what you mean[/]:")
         for line in hint_lines(hints):
             out.print(f"  {shown(line)}")
-    cert = result.extra.get("certificate")
+    cert = result.certificate
     if isinstance(cert, dict):  # judge/spread.py: what `fixed` rests on
         from .judge.spread import certificate_lines
         for line in certificate_lines(cert):
             out.print(f"  {shown(line)}")
-    if result.extra.get("cost") and result.verdict != "reference_invalid":
-        out.print(cost_line(result.extra["cost"]))
+    if result.cost and result.verdict != "reference_invalid":
+        out.print(cost_line(result.cost))
     if result.search is not None:
         out.print(f"{search_words(result)}, {result.seconds:.1f}s")
     emit_samples(result)
@@ -664,7 +664,7 @@ def emit_plan_groups(result, top: int | None) -> None:
     """The plan by module (else by TensorRT layer), costliest first, `top` rows (None: all);
     outputs/plan_groups.py."""
     groups = plan_groups(result)
-    diag = result.extra.get("culprit_groups") or []
+    diag = result.culprit_groups or []
     by_module = any(g.by_module for g in groups)
     shown_rows = groups if top is None else groups[:top]
     t = Table(title=f"Nodes to keep in FP32, by {'module' if by_module else 'TensorRT layer'}"
@@ -680,7 +680,7 @@ def emit_plan_groups(result, top: int | None) -> None:
     rows = [(shown(g.label), g.nodes_text, g,
              *([pct(g.share) if g.share is not None else ""] if costs else []),
              shown(cause_text(g, diag))) for g in shown_rows]
-    casts = boundary_row(result.extra.get("cost")) if costs else None
+    casts = boundary_row(result.cost) if costs else None
     if casts is not None:  # with the rows (and the rest line) it adds up to the slowdown
         rows.append(("(Casts)", "", None, casts[0], ""))
     # the ops cell gets what the other cells leave of the line, so that a row is one line
@@ -709,7 +709,7 @@ def emit_node_table(result) -> None:
     layers = any(c.layer and c.layer != c.node for c in result.culprits)
     if layers:
         t.add_column("TensorRT layer", overflow="fold")
-    price = result.extra.get("cost")
+    price = result.cost
     shares = cost_cells(price, [(c.node, c.layer or "") for c in result.culprits])
     priced = any(shares)
     if priced:
@@ -757,7 +757,7 @@ def cost_line(c: dict) -> str:
 
 def emit_samples(result) -> None:
     """On how many samples the plan was judged, by which criterion, and how it fared."""
-    judged = result.extra.get("judged") or {}
+    judged = result.judged or {}
     after = judged.get("after") or judged.get("before")
     if not after:
         return
@@ -766,7 +766,7 @@ def emit_samples(result) -> None:
     shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
     search = judged.get("search_samples")
     out.print(f"judged on {after['samples']} sample(s) by "
-              f"{escape(str((result.extra.get('criteria') or {}).get('description', '')))}: "
+              f"{escape(str((result.criteria_record or {}).get('description', '')))}: "
               f"{which} passes on {after['passed_samples']} (needs {after['required']})"
               + (f"; fails on sample(s) {shown}" if failed else "")
               + (f"; the search judged on {len(search)} of them" if search else ""),
@@ -778,7 +778,7 @@ REFUSALS_SHOWN = 3  # rewrite refusals on the console unless --all
 
 def emit_rewrites(result, top: int | None = DEFAULT_TOP) -> None:
     """The FP16-safe rewrites applied (what, where, FP32 drift), and how many were refused."""
-    rw = result.extra.get("rewrites") or {}
+    rw = result.rewrites or {}
     for a in rw.get("applied", []):
         drift = a.get("fp32_drift") or {}
         where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
@@ -799,7 +799,7 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
     """One sentence per kind of culprit group (cause, pattern: numbered as the plan table's
     cause column numbers them; the first group of a kind speaks for the others), at most
     `top` of them (None: every group, identical ones folded), then any stability flags."""
-    groups = result.extra.get("culprit_groups") or []
+    groups = result.culprit_groups or []
     folded = fold_groups(groups) if top is None else fold_kinds(groups)
     for k, (g, count) in enumerate(folded[:top] if top is not None else folded, 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
@@ -809,7 +809,7 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
                   f"{shown(g['summary'])}")
     if top is not None and len(folded) > top:
         out.print(f"... and {len(folded) - top} more kinds of cause: --all, or report.html")
-    stab = result.extra.get("stability")
+    stab = result.stability
     if stab:
         flags = stab["flags"] or ["no plan flips or sits within the noise"]
         out.print(f"stability ({stab['runs']} runs x {stab['samples']} sample(s)): "

@@ -175,16 +175,16 @@ def summary(counts: list[OpCount]) -> str:
 def apply_partial(result) -> None:
     """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes becomes
     "partial": the judged part passes, the rest was never rounded. The plan is kept."""
-    counts = (result.extra.get("coverage") or {}).get("unjudged") or []
+    counts = (result.coverage or {}).get("unjudged") or []
     if result.verdict in ("fp16_ok", "fixed") and counts:
-        result.extra["partial"] = {"judged_verdict": result.verdict, "unjudged": counts}
+        result.partial = {"judged_verdict": result.verdict, "unjudged": counts}
         result.verdict = "partial"
 
 
 def partial_words(result) -> str:
     """`FP16 meets the tolerance on the judged part; not judged: FusedMatMul (com.microsoft)
     x1` (the console's and the report's verdict line)."""
-    part = result.extra.get("partial") or {}
+    part = result.partial or {}
     judged = (f"FP16 meets {result.criteria.standard}"
               if part.get("judged_verdict") == "fp16_ok" else
               f"fixed by keeping {len(result.fp32_nodes)} of {result.candidates} nodes in FP32")

@@ -95,7 +95,7 @@ def _diagnose_group(f: Facts, group: list[str], applied: bool,
 
 def attach(result, g: Graph, constants: Mapping[str, ConstantStats],
            precision: Precision = FP16) -> list[CulpritGroup]:
-    """Diagnose a pipeline RunResult in place: `extra["culprit_groups"]` and each Culprit.why.
+    """Diagnose a pipeline RunResult in place: `culprit_groups` and each Culprit.why.
 
     With a plan, its nodes are diagnosed and the plan applied "keep_fp32". With no plan, the
     layer-wise suspects (the prior's seeds) are, and no fix is marked applied.
@@ -107,7 +107,7 @@ def attach(result, g: Graph, constants: Mapping[str, ConstantStats],
     whys = {n: w for grp in groups for n, w in grp.why.items()}
     for c in result.culprits:
         c.why = whys.get(c.node, c.why)
-    result.extra["culprit_groups"] = [grp.to_json() for grp in groups]
+    result.culprit_groups = [grp.to_json() for grp in groups]
     return groups
 
 
@@ -165,7 +165,9 @@ def note_semantics(result, notes: Mapping[str, str], new_group: bool) -> None:
     in the plan) form their own group."""
     if not notes:
         return
-    groups = result.extra.setdefault("culprit_groups", [])
+    if result.culprit_groups is None:
+        result.culprit_groups = []
+    groups = result.culprit_groups
     for grp in groups:
         hits = [n for n in grp["nodes"] if n in notes]
         if hits:

@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -20,6 +20,7 @@ from .backends.ort import Emulator, Reference, run_seconds
 from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
                       prepare, reference_problems)
 from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
+from .result import AimedSearch, JudgedRecord
 from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
 from .compare import OutputError, TensorStats
 from .diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
@@ -69,7 +70,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         on_layerwise: Callable[[int, int], None] | None = None) -> RunResult:
     """The whole job: find the minimal FP32 set and write every rendering of it to `out_dir`."""
     started = time.perf_counter()
-    marks: list[tuple[str, float]] = []  # each stage and when it began: extra["stages"]
+    marks: list[tuple[str, float]] = []  # each stage and when it began: result.stages
 
     def stage(msg: str) -> None:
         marks.append((msg, time.perf_counter()))
@@ -89,12 +90,12 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
         from .stability import guard_memory
         guard_memory(ctx.every_sample, ctx.every_reference, opts.stability)
-    base = dict(model_path=str(model_path), model_sha256=ctx.sha256,
+    base: dict[str, Any] = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
                 strict=opts.strict, criteria=opts.criteria)
     low = ctx.rules.precision
-    record = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
+    record: dict = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
               "precision": low.to_json(),
               "coverage": coverage.record(g)}
     if ctx.graph.repairs:  # what trtbisect's copy changed (repair.py, docs/input_models.md)
@@ -236,10 +237,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             inferences=ev.runs + judged * len(ctx.samples) + spent[1],
             errors_before=worst_of(before), errors_after=worst_of(before),
             one_minimal=search.one_minimal and search.found, search=search,
-            stats=stats, prior_seeds=prior.seeds, extra=dict(record), **base)
+            stats=stats, prior_seeds=prior.seeds, **record, **base)
         _record_search(result, ctx, opts, search, pricing, before, summary)
         if outcome is not None:
-            result.extra["rewrites"] = outcome.to_json()
+            result.rewrites = outcome.to_json()
             if rewritten:
                 result.rewritten_model = graph_model(ctx.graph)
         return result
@@ -252,7 +253,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if search.found:
         stage("judging the written plan")
         cert = judge_written_plan(result, ctx, opts, ev, as_nodes(search.fp32), out_dir, first)
-    sopts, aims = opts, []
+    sopts, aims = opts, list[AimedSearch]()
     for aim_round in range(1, AIM_ROUNDS + 1):  # judge/spread.py: aim inside the bound
         if cert is None or cert.certified or result.verdict not in ("fixed", "fp16_ok"):
             break
@@ -285,10 +286,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             break
         result, cert, search = nearer, nearer_cert, again
     if aims:
-        result.extra["aimed_searches"] = aims
+        result.aimed_searches = aims
         if cert is not None:
             cert.aim_round = len(aims)
-            result.extra["certificate"] = cert.to_json()
+            result.certificate = cert.to_json()
     if cert is not None and not cert.certified and result.verdict in ("fixed", "fp16_ok"):
         result.verdict, result.one_minimal = "fragile", False
         log.warning("the plan passes by less than the spread of what the tools compute on %s "
@@ -298,7 +299,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
         hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)
         if hints:  # judge/hints.py: the default criterion may not be what the user means
-            result.extra["criterion_hints"] = hints
+            result.criterion_hints = hints
     _explain(result, ctx, opts, ev, constants, units, unit_of, stage, on_layerwise)
     return _finish(result, ctx, out_dir, started, opts.report, marks)
 
@@ -309,17 +310,17 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     """What precision.json says of the search: its layers, its price, the criterion, the
     all-FP16 verdict, the samples it judged and the workers it ran on."""
     found = list(search.fp32) if search.found else []
-    result.extra["fp32_layers"] = found
+    result.fp32_layers = found
     if parallel_summary is not None:
-        result.extra["workers"] = parallel_summary
-    result.extra["cost"] = pricing.summary(found, opts.objective, opts.budget,
+        result.workers = parallel_summary
+    result.cost = pricing.summary(found, opts.objective, opts.budget,
                                            ctx.rules.precision.name)
-    result.extra["criteria"] = {**opts.criteria.to_json(),
+    result.criteria_record = {**opts.criteria.to_json(),
                                 "description": opts.criteria.describe()}
-    judged: dict[str, object] = {"before": opts.criteria.verdict(before).to_json()}
+    judged: JudgedRecord = {"before": opts.criteria.verdict(before).to_json()}
     if ctx.subset is not None:
         judged["search_samples"] = list(ctx.subset)
-    result.extra["judged"] = judged
+    result.judged = judged
 
 
 def _unjudgeable(ctx: Context, record: dict, base: dict,
@@ -331,18 +332,18 @@ def _unjudgeable(ctx: Context, record: dict, base: dict,
     if problems:
         return RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                          errors_before={}, errors_after={}, reference_problems=problems,
-                         extra=dict(record), **base)
+                         **record, **base)
     from .judge.reproducible import unstable
     moving = unstable(ctx.graph, ctx.every_sample[0], threads)
     if moving:
         return RunResult("reference_unstable", fp32_nodes=[], evaluations=0, inferences=0,
                          errors_before={}, errors_after={}, reference_problems=moving,
-                         extra=dict(record), **base)
+                         **record, **base)
     nothing = degenerate.nothing_to_judge(ctx.judged)
     if nothing:  # FP16 cannot change what this model computes: a verdict of its own
         return RunResult(degenerate.NOTHING_TO_JUDGE, fp32_nodes=[], evaluations=0,
                          inferences=0, errors_before={}, errors_after={},
-                         extra={**record, "nothing_to_judge": nothing}, **base)
+                         nothing_to_judge=nothing, **record, **base)
     return None
 
 
@@ -371,7 +372,7 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
             t: s.to_json() for t, s in layerwise(ctx, opts, on_layerwise, plan).items()}
     if result.verdict in ("fixed", "fp16_ok") and opts.stability >= 2:
         stage(f"stability: {opts.stability} runs per sample")
-        result.extra["stability"] = _stability(ctx, opts, ev, plan).to_json()
+        result.stability = _stability(ctx, opts, ev, plan).to_json()
     coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
 
 
@@ -532,7 +533,7 @@ def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: floa
     # Each boundary is rounded once, as an offset from the start, so the stages add up to the
     # span they cover (never more than the total) however the milliseconds fall.
     at = [round(t - started, 3) for _, t in marks] + [round(now - started, 3)]
-    result.extra["stages"] = [{"stage": msg, "seconds": round(end - begun, 3)}
+    result.stages = [{"stage": msg, "seconds": round(end - begun, 3)}
                               for (msg, _), begun, end in zip(marks, at, at[1:])]
     if out_dir is not None:
         write_outputs(result, ctx, out_dir, write_report if report else None)

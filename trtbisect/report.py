@@ -73,7 +73,7 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 def low_of(result: "RunResult") -> Precision:
     """The run's low precision (precision.json "precision"; FP16 for older runs)."""
-    return low_precision((result.extra.get("precision") or {}).get("name", "fp16"))
+    return low_precision((result.precision or {}).get("name", "fp16"))
 
 
 def verdict_line(result: "RunResult") -> str:
@@ -88,7 +88,7 @@ def verdict_line(result: "RunResult") -> str:
 
 
 def groups_of(result: "RunResult") -> list[dict]:
-    groups = result.extra.get("culprit_groups")
+    groups = result.culprit_groups
     return list(groups) if isinstance(groups, list) else []
 
 
@@ -276,7 +276,7 @@ def pareto_front(points: Sequence[Point]) -> list[int]:
 def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, float]:
     """The search's evaluated plans as (slowdown %, worst relative error, passed), the
     written plan's point, and the tolerance the error is held to (rtol)."""
-    cost = result.extra.get("cost")
+    cost = result.cost
     from .cost import all_low_s
 
     if result.search is None or not isinstance(cost, Mapping) or not all_low_s(cost):
@@ -285,7 +285,7 @@ def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, flo
     pts = [(100 * (t.price / base - 1), math.nan if t.score is None else float(t.score),
             t.passed) for t in result.search.trials if t.price is not None]
     chosen = None
-    plan = tuple(result.extra.get("fp32_layers") or ())
+    plan = tuple(result.fp32_layers or ())
     for t, p in zip([t for t in result.search.trials if t.price is not None], pts):
         if set(t.fp32) == set(plan):
             chosen = p
@@ -300,7 +300,7 @@ def tradeoff_png(result: "RunResult") -> bytes | None:
     points, chosen, rtol = tradeoff_points(result)
     if len(points) < 2:
         return None
-    cost = result.extra.get("cost") or {}
+    cost = result.cost or {}
     budget = cost.get("budget_pct") if isinstance(cost, Mapping) else None
     gpu = cost.get("gpu_title", "") if isinstance(cost, Mapping) else ""
     xlabel = f"estimated slowdown against all-{low_of(result).label} on {gpu} (%)"
@@ -392,7 +392,7 @@ def margin_lines(result: "RunResult") -> list[str]:
     against FP32's own noise where it was measured: the number the verdict rests on."""
     errors = result.errors_after if has_plan(result) else result.errors_before
     who = "the plan" if has_plan(result) else f"all {low_of(result).label}"
-    margins = result.extra.get("margins") or {}
+    margins = result.margins or {}
     out = []
     for name, err in list(errors.items())[:5]:
         if err.scores:
@@ -535,7 +535,7 @@ MARGIN_HEAD = ["output", "bound (as rendered)", "margin", "spread", "noise floor
 def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
     """Per output, the written plan's margin under the bound the renderings check against the
     spread of what the tools may compute (judge/spread.py); a row per failing variation."""
-    cert = result.extra.get("certificate")
+    cert = result.certificate
     if not isinstance(cert, dict):
         return []
     rows = [(name, fmt_num(m["bound"]), fmt_num(m["margin"]), fmt_num(m["spread"]),
@@ -551,7 +551,7 @@ HINT_HEAD = ["output", "why the default criterion may mislead", "criterion", "al
 
 def hint_rows(result: "RunResult") -> list[tuple[str, ...]]:
     """judge/hints.py: per output the default judges poorly, each criterion that fits."""
-    hints = result.extra.get("criterion_hints")
+    hints = result.criterion_hints
     if not isinstance(hints, list):
         return []
     return [(h["output"], "; ".join(h["why"]), c["flags"], c["all_fp16"])
@@ -584,7 +584,7 @@ TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown aga
 
 def _cost_facts(result: "RunResult") -> list[str]:
     """The plan's price (precision.json "cost")."""
-    c = result.extra.get("cost")
+    c = result.cost
     if not isinstance(c, Mapping) or result.verdict == "reference_invalid":
         return []
     from .cost import cost_sentence
@@ -595,7 +595,7 @@ def _cost_facts(result: "RunResult") -> list[str]:
 
 def _coverage_facts(result: "RunResult") -> list[str]:
     """Nodes judged inside subgraphs, ops not judged, ops TensorRT's parser cannot import."""
-    cov = result.extra.get("coverage")
+    cov = result.coverage
     if not isinstance(cov, dict):
         return []
     out = []
@@ -624,8 +624,8 @@ def _facts_text(result: "RunResult") -> list[str]:
 
 def _criteria_facts(result: "RunResult") -> list[str]:
     """The criterion, on how many samples the plan was judged, and how it fared on each."""
-    judged = result.extra.get("judged")
-    crit = result.extra.get("criteria")
+    judged = result.judged
+    crit = result.criteria_record
     if not isinstance(judged, dict) or not isinstance(crit, dict):
         return []
     after = judged.get("after") or judged.get("before")
@@ -647,16 +647,16 @@ def _criteria_facts(result: "RunResult") -> list[str]:
 
 def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
     """Which emulation semantics judged the run, and all-FP16 under the other (strict) one."""
-    rec = result.extra.get("semantics")
+    rec = result.semantics
     if not isinstance(rec, dict):
         return []
     code = str if text else md_code
     bullet = "" if text else "- "
-    layers = len(_names(result.extra.get("fp32_layers")))  # named in layer_precisions.txt
+    layers = len(_names(result.fp32_layers))  # named in layer_precisions.txt
     out = [f"{bullet}semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
            f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
            f"{plural(layers, 'TensorRT layer')} kept FP32"]
-    strict = result.extra.get("errors_before_strict")
+    strict = result.errors_before_strict
     if isinstance(strict, dict):
         words = str if text else md_text
         out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "
@@ -701,7 +701,7 @@ REWRITE_HEAD = ["rewrite", "where", "why", "FP32 drift (of the output range)",
 def rewrite_rows(result: "RunResult") -> list[tuple]:
     """What `run --rewrite` kept (precision.json "rewrites"), one row each."""
     rows = []
-    for a in (result.extra.get("rewrites") or {}).get("applied", []):
+    for a in (result.rewrites or {}).get("applied", []):
         where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
         drift = (a.get("fp32_drift") or {}).get("rel")
         before, after = a.get("fp16_rel_error_before"), a.get("fp16_rel_error_after")
@@ -726,7 +726,7 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
     layers = any(c.layer and c.layer != c.node for c in result.culprits)
     from .cost import boundary_row, cost_cells
 
-    price = result.extra.get("cost")
+    price = result.cost
     shares = cost_cells(price if isinstance(price, Mapping) else None,
                         [(c.node, c.layer or "") for c in result.culprits])
     priced = any(shares)
@@ -755,7 +755,7 @@ def _md_culprits(result: "RunResult") -> list[str]:
 
 
 def _md_stability(result: "RunResult") -> list[str]:
-    st = result.extra.get("stability")
+    st = result.stability
     if not isinstance(st, dict):
         return []
     rows = [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),
@@ -953,7 +953,7 @@ def _html_trace(result: "RunResult") -> list[str]:
 
 
 def _html_stability(result: "RunResult") -> list[str]:
-    st = result.extra.get("stability")
+    st = result.stability
     if not isinstance(st, dict):
         return []
     rows = [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),

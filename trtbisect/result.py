@@ -4,6 +4,7 @@ code of each verdict. Below the writers and the report that read it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 from . import __version__, degenerate
 from .compare import OutputError, TensorStats, Tolerance
@@ -16,6 +17,82 @@ from .render import RenderContext
 from .search import SearchResult
 
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
+
+# What a verdict records beside the plan, as precision.json writes it. Each is JSON as its
+# module's `to_json()` makes it; the key names are precision.json's.
+JSON = dict[str, Any]
+Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
+CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
+Certificate = JSON  # judge/spread.Certificate.to_json
+
+
+class Margin(TypedDict):
+    """One output's certificate: how far inside the bound, against the tools' spread."""
+    margin: float | str | None
+    spread: float | str | None
+    noise_floor: float | str | None
+    fragile: bool
+
+
+class OneJudge(TypedDict):
+    """Whether the search measured the numbers `check` of the written file measures."""
+    search_equals_check: bool
+    search_errors: dict[str, JSON]  # output -> OutputError.to_json
+
+
+class JudgedRecord(TypedDict, total=False):
+    """The criterion's verdicts: all-FP16 ("before"), the written plan ("after"), and the
+    samples the search judged when it judged a subset."""
+    before: JSON
+    after: JSON
+    search_samples: list[int]
+
+
+class AimedSearch(TypedDict):
+    """One search again inside the certificate's bound (judge/spread.py)."""
+    round: int
+    ceiling: object
+    found: bool
+    fp32_units: int
+    evaluations: int
+
+
+class Partial(TypedDict):
+    """A verdict over a graph not wholly judged (coverage.apply_partial)."""
+    judged_verdict: str
+    unjudged: list
+
+
+class Stage(TypedDict):
+    stage: str
+    seconds: float
+
+
+CriteriaRecord = JSON  # Criteria.to_json() and its "description"
+Semantics = JSON  # semantics.record
+Precision = JSON  # LowPrecision.to_json
+Coverage = JSON  # coverage.record
+Workers = JSON  # parallel_batch.summary
+Stability = JSON  # stability.StabilityReport.to_json
+Rewrites = JSON  # rewrite.RewriteOutcome.to_json
+Hint = JSON  # judge/hints.criterion_hints: one per output
+
+# precision.json's order of the typed records and of what stays in `extra` (the order a run
+# sets them in); a key of `extra` not named here follows them all.
+#   Left in `extra`, on purpose: "layerwise_plan" (bulky, the report's only, never written;
+#   BULKY_EXTRAS) and "tensorrt" (the TensorRT backend's report, written by
+#   verify_on_tensorrt and read by nothing of trtbisect's).
+JSON_ORDER = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge",
+              "fp32_layers", "workers", "cost", "criteria_record", "judged", "rewrites",
+              "one_judge", "certificate", "margins", "fragile", "aimed_searches",
+              "criterion_hints", "culprit_groups", "errors_before_strict",
+              "strict_only_culprits", "stability", "partial", "stages", "tensorrt")
+TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge", "fp32_layers",
+         "workers", "cost", "criteria_record", "judged", "rewrites", "one_judge",
+         "certificate", "margins", "fragile", "aimed_searches", "criterion_hints",
+         "culprit_groups", "errors_before_strict", "strict_only_culprits", "stability",
+         "partial", "stages")
+JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
@@ -54,6 +131,30 @@ class RunResult:
     render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
     model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
     criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
+    # the typed records (TYPED); None: not recorded by this run, not written
+    semantics: Semantics | None = None
+    precision: Precision | None = None
+    coverage: Coverage | None = None
+    model_copy: list[str] | None = None  # what trtbisect's copy repaired (repair.py)
+    nothing_to_judge: str | None = None  # degenerate.nothing_to_judge's reason
+    fp32_layers: list[str] | None = None  # the search's units
+    workers: Workers | None = None
+    cost: Cost | None = None
+    criteria_record: CriteriaRecord | None = None  # precision.json's "criteria"
+    judged: JudgedRecord | None = None
+    rewrites: Rewrites | None = None
+    one_judge: OneJudge | None = None
+    certificate: Certificate | None = None
+    margins: dict[str, Margin] | None = None
+    fragile: bool | None = None
+    aimed_searches: list[AimedSearch] | None = None
+    criterion_hints: list[Hint] | None = None
+    culprit_groups: list[CulpritGroup] | None = None
+    errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (judge/strict.py)
+    strict_only_culprits: list[str] | None = None  # failing only under per-node rounding
+    stability: Stability | None = None
+    partial: Partial | None = None
+    stages: list[Stage] | None = None  # pipeline._finish
 
     @property
     def mixed_model_passed(self) -> bool | None:
@@ -90,8 +191,26 @@ class RunResult:
             "renderings": self.renderings(),
             "files": self.files,
             "seconds": round(self.seconds, 3),
-            **{k: v for k, v in self.extra.items() if k not in BULKY_EXTRAS},
+            **self.records(),
         }
+
+    def typed_json(self) -> dict[str, object]:
+        """The typed records set by this run, under precision.json's keys."""
+        return {JSON_KEY.get(a, a): getattr(self, a) for a in TYPED
+                if getattr(self, a) is not None}
+
+    def records(self) -> dict[str, object]:
+        """The typed records and what stays in `extra`, in precision.json's order."""
+        both = {**{k: v for k, v in self.extra.items() if k not in BULKY_EXTRAS},
+                **self.typed_json()}
+        rank = {JSON_KEY.get(k, k): i for i, k in enumerate(JSON_ORDER)}
+        return dict(sorted(both.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+
+    @staticmethod
+    def typed_from_json(data: dict) -> dict[str, object]:
+        """The typed records of a precision.json, by attribute (RunResult's keyword arguments)."""
+        keys = {JSON_KEY.get(a, a): a for a in TYPED}
+        return {keys[k]: v for k, v in data.items() if k in keys}
 
     def renderings(self) -> dict[str, object]:
         """Every tool's rendering of the plan (render.py); paths as `render_context` gives them."""

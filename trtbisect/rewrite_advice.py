@@ -31,11 +31,11 @@ FIX_REWRITES: dict[str, tuple[str, ...]] = {
 def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
     """Check every culprit group's rewritable fixes against this model (pipeline, after the
     diagnosis): the run's --rewrite record when it tried them, else the rules' own match."""
-    groups = [g for g in result.extra.get("culprit_groups") or [] if isinstance(g, dict)]
+    groups = [g for g in result.culprit_groups or [] if isinstance(g, dict)]
     wanted = {r for g in groups for f in g.get("fixes", []) for r in FIX_REWRITES.get(f["kind"], ())}
     if not wanted:
         return
-    record = result.extra.get("rewrites")
+    record = result.rewrites
     found: tuple[list, list] = ([], [])
     if not isinstance(record, Mapping):
         found = _find(ctx, stats, wanted)

@@ -29,7 +29,7 @@ def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
     absorbed = absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))
     _, before, _ = strict.measure(frozenset())
-    result.extra["errors_before_strict"] = {  # "text": the run's criteria, as the tables say
+    result.errors_before_strict = {  # "text": the run's criteria, as the tables say
         k: {**v.to_json(), **({"text": v.scores_text} if v.scores else {})}
         for k, v in worst_of(before).items()}
     if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
@@ -41,7 +41,7 @@ def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
             if strict.measure(plan | (set(needed) - {n}))[0]:
                 needed.remove(n)
     notes = {n: "fails only under per-node rounding: " + absorbed[n] for n in needed}
-    result.extra["strict_only_culprits"] = needed
+    result.strict_only_culprits = needed
     note_semantics(result, notes, new_group=True)
 
 

@@ -81,10 +81,12 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
         same_numbers(a, b) for a, b in zip(searched, checked.judgements))
     result.mixed_check = checked.errors
     if checked.verdict is not None:
-        result.extra.setdefault("judged", {})["after"] = checked.verdict.to_json()  # type: ignore[index]
+        if result.judged is None:
+            result.judged = {}
+        result.judged["after"] = checked.verdict.to_json()
     result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
     result.errors_after = checked.errors
-    result.extra["one_judge"] = {"search_equals_check": same,
+    result.one_judge = {"search_equals_check": same,
                                  "search_errors": {k: v.to_json() for k, v in searched_worst.items()}}
     if not same:
         log.error("the search measured other numbers than `check` of the written file: "
@@ -105,16 +107,16 @@ def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "Ch
     spread of what the tools may compute. Recorded as `certificate`, with `margins` and
     `fragile` per output as before; None for a file that fails (nothing to certify)."""
     if not checked.passed or checked.emulated is None:
-        result.extra.pop("certificate", None)
-        result.extra["margins"], result.extra["fragile"] = {}, False
+        result.certificate = None
+        result.margins, result.fragile = {}, False
         return None
     cert = certify(ctx, opts, checked.emulated, checked.judgements)
-    result.extra["certificate"] = cert.to_json()
-    result.extra["margins"] = {
+    result.certificate = cert.to_json()
+    result.margins = {
         o: {"margin": json_number(m.margin), "spread": json_number(m.spread),
             "noise_floor": json_number(m.noise_floor), "fragile": not m.certified}
         for o, m in cert.outputs.items()}
-    result.extra["fragile"] = not cert.certified
+    result.fragile = not cert.certified
     return cert
 
 

@@ -45,7 +45,7 @@ class Both:
     def rows(self) -> list[dict]:
         out = []
         for name, r in self.results.items():
-            c = r.extra.get("cost") or {}
+            c = r.cost or {}
             out.append({
                 "precision": name, "verdict": r.verdict,
                 "fp32_nodes": len(r.fp32_nodes), "candidates": r.candidates,

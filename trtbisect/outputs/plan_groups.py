@@ -57,10 +57,9 @@ class PlanGroup:
                                         if layers != len(self.nodes) else "")
 
 
-def unit_shares(extra: Mapping[str, Any]) -> dict[str, float]:
+def unit_shares(cost: object) -> dict[str, float]:
     """Unit (TensorRT layer or node) -> its share of all-FP16's estimated time, from the
     cost result as written (precision.json "cost" "units"); {} when there is none."""
-    cost = extra.get("cost")
     units = cost.get("units") if isinstance(cost, Mapping) else None
     out: dict[str, float] = {}
     for unit, v in (units or {}).items() if isinstance(units, Mapping) else ():
@@ -83,10 +82,9 @@ def _key(g: Mapping) -> tuple:
 def plan_groups(result: Any) -> list[PlanGroup]:
     """The plan's culprits grouped, costliest first (then most nodes, then graph order)."""
     culprits = list(getattr(result, "culprits", []) or [])
-    extra = getattr(result, "extra", {}) or {}
-    shares = unit_shares(extra)
+    shares = unit_shares(getattr(result, "cost", None))
     by_module = any(c.module for c in culprits)
-    diag = [g for g in extra.get("culprit_groups") or [] if isinstance(g, Mapping)]
+    diag = [g for g in getattr(result, "culprit_groups", None) or [] if isinstance(g, Mapping)]
     keys = diagnosis_keys(diag)
     number = {n: keys.index(_key(g)) + 1 for g in diag for n in g.get("nodes", [])}
     groups: dict[str, PlanGroup] = {}
@@ -147,7 +145,7 @@ def has_plan(result: Any) -> bool:
     numbers of its own; not for fp16_ok (nothing to apply) or no_plan (nothing written)."""
     verdict = result.verdict
     if verdict == "partial":
-        verdict = (result.extra.get("partial") or {}).get("judged_verdict", verdict)
+        verdict = (result.partial or {}).get("judged_verdict", verdict)
     return verdict in ("fixed", "over_budget")
 
 
@@ -164,6 +162,6 @@ def search_words(result: Any) -> str:
 def layers_words(result: Any) -> str:
     """` (3 TensorRT layers)` after a node count, when the plan's layers (the search's units,
     layer_precisions.txt's entries) are fewer than its nodes; "" otherwise."""
-    layers = (getattr(result, "extra", {}) or {}).get("fp32_layers")
+    layers = getattr(result, "fp32_layers", None)
     n = len(layers) if isinstance(layers, list) else 0
     return f" ({plural(n, 'TensorRT layer')})" if n and n != len(result.fp32_nodes) else ""

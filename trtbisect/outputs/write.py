@@ -91,11 +91,11 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
         result.files["journal"] = str(out_dir / "journal.jsonl")
         atomic_write_json(out_dir / "trace.json", result.search.to_json())
         result.files["trace"] = str(out_dir / "trace.json")
-    if result.extra.get("culprit_groups"):
+    if result.culprit_groups:
         path = out_dir / f"{stem}.annotated.onnx"
         meta = {"trtbisect.verdict": result.verdict, "trtbisect.version": __version__,
                 "trtbisect.fp32_nodes": ",".join(result.fp32_nodes)}
-        annotated = annotate(ctx.model, result.extra["culprit_groups"],  # type: ignore[arg-type]
+        annotated = annotate(ctx.model, result.culprit_groups,  # type: ignore[arg-type]
                              {c.node: c.why for c in result.culprits}, meta)
         graph_model(ctx.graph, annotated).save(path)
         result.files["annotated_model"] = str(path)

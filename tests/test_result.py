@@ -1,0 +1,83 @@
+"""A run's result is typed (issue #33 item 3): what a verdict records beside the plan (cost,
+culprit groups, certificate, margins, ...) are attributes of RunResult, written into
+precision.json under their keys, byte for byte as `to_json()` gives them, and read back by
+`typed_from_json` as the same attributes. No module reads them back by string."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.models.control_flow_models import all_planted
+from trtbisect.pipeline import Options, run
+from trtbisect.result import JSON_KEY, JSON_ORDER, TYPED, RunResult
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _demo(tmp_path):
+    return ROOT / "models" / "demo.onnx", ROOT / "models" / "demo_inputs.npz"
+
+
+def _planted(tmp_path):
+    p = all_planted()["if_taken_branch"]
+    model, inputs = tmp_path / "if.onnx", tmp_path / "if_inputs.npz"
+    onnx.save(p.model, model)
+    np.savez(inputs, **p.inputs)
+    return model, inputs
+
+
+@pytest.fixture(scope="module", params=[_demo, _planted], ids=["demo", "if_taken_branch"])
+def written(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(request.param.__name__.strip("_"))
+    model, inputs = request.param(tmp)
+    r = run(str(model), Options(inputs=[str(inputs)], workers=1), tmp / "out")
+    return r, (tmp / "out" / "precision.json").read_text()
+
+
+def test_precision_json_is_to_json_byte_for_byte(written):
+    r, text = written
+    assert r.verdict == "fixed" and r.fp32_nodes  # a plan: every record a plan sets is there
+    assert text == json.dumps(r.to_json(), indent=2) + "\n"
+
+
+def test_the_typed_records_round_trip_through_precision_json(written):
+    r, text = written
+    data = json.loads(text)
+    back = RunResult.typed_from_json(data)
+    mine = {a: getattr(r, a) for a in TYPED if getattr(r, a) is not None}
+    assert set(back) == set(mine)
+    for a in ("cost", "culprit_groups", "certificate", "margins", "fragile", "one_judge",
+              "judged", "criteria_record", "fp32_layers", "coverage", "precision",
+              "semantics"):
+        assert a in back, a  # every record a fixed run sets, under its key
+    assert json.loads(json.dumps(mine)) == back  # the same values, as JSON holds them
+    assert data["criteria"]["description"] == r.criteria_record["description"]
+    assert data["fragile"] is r.fragile is False and data["margins"] == r.margins
+
+
+def test_precision_json_keeps_the_order_a_run_sets_its_records_in(written):
+    _, text = written
+    keys = list(json.loads(text))
+    order = [JSON_KEY.get(k, k) for k in JSON_ORDER]
+    recorded = [k for k in keys if k in order]
+    assert recorded == sorted(recorded, key=order.index)
+    assert keys[:keys.index("seconds") + 1][-1] == "seconds"  # records follow the plan's fields
+    assert keys.index("semantics") == keys.index("seconds") + 1
+
+
+def test_no_module_reads_a_typed_record_by_string():
+    keys = "|".join(sorted({JSON_KEY.get(a, a) for a in TYPED}))
+    pattern = re.compile(r"""extra(\[|\.get\(|\.setdefault\(|\.pop\()\s*["'](%s)["']""" % keys)
+    found = [f"{p.relative_to(ROOT)}:{i}"
+             for p in sorted((ROOT / "trtbisect").rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if pattern.search(line)]
+    assert found == []
+    # and the pattern does find the old way of reading them
+    assert pattern.search('result.extra.get("cost")') and pattern.search("r.extra['margins']")
