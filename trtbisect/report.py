@@ -399,7 +399,12 @@ def margin_lines(result: "RunResult") -> list[str]:
             out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
                        f"{err.scores_text}")
             continue
-        used = err.max_abs / err.bound if err.bound > 0 else math.inf
+        worst, bound = err.max_abs, err.bound
+        held = ((result.certificate or {}).get("outputs") or {}).get(name)
+        if isinstance(held, Mapping) and isinstance(held.get("bound"), (int, float)):
+            # the bound the renderings write and the margin is measured under (judge/spread.py)
+            worst, bound = float(held["worst"]), float(held["bound"])
+        used = worst / bound if bound > 0 else math.inf
         m = margins.get(name) if isinstance(margins, Mapping) else None
         spread = m.get("spread") if isinstance(m, Mapping) else None
         floor = (f"; what the tools compute spreads by {num(float(spread))}"
@@ -407,7 +412,7 @@ def margin_lines(result: "RunResult") -> list[str]:
                  if isinstance(spread, (int, float)) else "")
         verb = "uses" if err.passed and not err.nonfinite else "misses: reaches"
         out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound (max|d| "
-                   f"{num(err.max_abs)} of {num(err.bound)}"
+                   f"{num(worst)} of {num(bound)}"
                    + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + f"){floor}")
     if len(errors) > 5:
         out.append(f"... and {plural(len(errors) - 5, 'more output')} under “Error per output”")
