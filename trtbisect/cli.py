@@ -632,17 +632,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                       f"max|d| {fmt(float(e['max_abs']))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
                       f"{'ok' if e['passed'] else 'FAIL'} {judged}")
-    hints = result.criterion_hints
-    if isinstance(hints, list) and hints:  # judge/hints.py
-        from .judge.hints import hint_lines
-        out.print("[yellow]the default criterion may not be what you mean[/]:")
-        for line in hint_lines(hints):
-            out.print(f"  {shown(line)}")
-    cert = result.certificate
-    if isinstance(cert, dict):  # judge/spread.py: what `fixed` rests on
-        from .judge.spread import certificate_lines
-        for line in certificate_lines(cert):
-            out.print(f"  {shown(line)}")
+    emit_margins(result)
     if result.cost and result.verdict != "reference_invalid":
         out.print(cost_line(result.cost))
     if result.search is not None:
@@ -658,6 +648,20 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
             out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
+
+
+def emit_margins(result) -> None:
+    """The criteria that may fit better (judge/hints.py) and each output's margin against the
+    spread of what the tools compute (judge/spread.py: what `fixed` rests on)."""
+    from .judge.hints import hint_lines
+    from .judge.spread import certificate_lines
+
+    if result.criterion_hints:
+        out.print("[yellow]the default criterion may not be what you mean[/]:")
+        for line in hint_lines(result.criterion_hints):
+            out.print(f"  {shown(line)}")
+    for line in certificate_lines(result.certificate or {}):
+        out.print(f"  {shown(line)}")
 
 
 def emit_plan_groups(result, top: int | None) -> None:
