@@ -79,6 +79,9 @@ class Certificate:
     outputs: dict[str, OutputMargin]  # per output judged by the default criterion
     variant_verdicts: dict[str, bool]  # per variation: the run's criteria pass on it
     aim_round: int = 0  # searches aimed inside the bound before this plan
+    # the FP32 noise floor per output: the reference's alone, so one measurement serves every
+    # plan of the run (an aimed search's certificate reuses it)
+    noise: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def certified(self) -> bool:
@@ -110,14 +113,16 @@ class Certificate:
                 "variants": self.variant_verdicts}
 
 
-def certify(ctx: Context, opts: Options, emulated: Written,
-            judged: Sequence[Judgement]) -> Certificate:
+def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Judgement],
+            noise: Mapping[str, float] | None = None) -> Certificate:
     """The certificate of the plan whose written file's judge graph is `emulated` and whose
-    judgements (per sample, every sample) are `judged`."""
+    judgements (per sample, every sample) are `judged`. `noise`: the run's FP32 noise floor,
+    measured already (an earlier certificate's `noise`)."""
     from ..backends.ort import kernel_noise, variant_runs
 
     assert ctx.every_sample is not None and ctx.every_reference is not None
-    noise = kernel_noise(ctx.graph, ctx.every_sample, ctx.every_reference, opts.threads)
+    if noise is None:
+        noise = kernel_noise(ctx.graph, ctx.every_sample, ctx.every_reference, opts.threads)
     default = [o for o in ctx.graph.output_names()
                if judged and o in judged[0].errors and not judged[0].errors[o].scores]
     moved: dict[str, float] = {o: 0.0 for o in default}
@@ -147,7 +152,7 @@ def certify(ctx: Context, opts: Options, emulated: Written,
         floor = noise.get(o, 0.0)
         outputs[o] = OutputMargin(bound, worst, max(moved[o], floor), floor, worst_v[o])
     verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
-    return Certificate(outputs, verdicts)
+    return Certificate(outputs, verdicts, noise=dict(noise))
 
 
 def aimed(opts: Options, tolerance: Tolerance) -> Options:

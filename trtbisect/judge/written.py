@@ -12,7 +12,7 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -61,7 +61,8 @@ def write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
 
 def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
                         plan: frozenset[str], out_dir: Path | None,
-                        judged: Judged | None = None) -> Certificate | None:
+                        judged: Judged | None = None,
+                        noise: Mapping[str, float] | None = None) -> Certificate | None:
     """One judge: write the plan's mixed model, judge the file as `check` does, report that.
 
     The search's own numbers for the plan must be the file's, bit for bit; a file that fails
@@ -98,11 +99,11 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
     elif not checked.passed:
         result.verdict, result.one_minimal = "no_plan", False
         log.error("the written mixed model fails the tolerance: no plan is reported")
-    return certify_written(result, ctx, opts, checked)
+    return certify_written(result, ctx, opts, checked, noise)
 
 
-def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "CheckResult"
-                    ) -> Certificate | None:
+def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "CheckResult",
+                    noise: Mapping[str, float] | None = None) -> Certificate | None:
     """The written plan's certificate (judge/spread.py): whether it passes by more than the
     spread of what the tools may compute. Recorded as `certificate`, with `margins` and
     `fragile` per output as before; None for a file that fails (nothing to certify)."""
@@ -110,7 +111,7 @@ def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "Ch
         result.certificate = None
         result.margins, result.fragile = {}, False
         return None
-    cert = certify(ctx, opts, checked.emulated, checked.judgements)
+    cert = certify(ctx, opts, checked.emulated, checked.judgements, noise)
     result.certificate = cert.to_json()
     result.margins = {
         o: {"margin": json_number(m.margin), "spread": json_number(m.spread),
