@@ -280,7 +280,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
             result.staged, result.mixed_model = [], None
         nearer = judged_result(again, ev, summary, spent)
         stage("judging the written plan")
-        nearer_cert = judge_written_plan(nearer, ctx, opts, ev, as_nodes(again.fp32), out_dir)
+        nearer_cert = judge_written_plan(nearer, ctx, opts, ev, as_nodes(again.fp32), out_dir,
+                                         noise=cert.noise)  # FP32's noise: measured once
         if not nearer.mixed_model_passed:
             nearer.staged = []
             break
@@ -290,18 +291,24 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         if cert is not None:
             cert.aim_round = len(aims)
             result.certificate = cert.to_json()
+    ev.close()  # the workers, if the written plan's judge did not stop them already
+    _settle(result, cert, ctx, opts)
+    _explain(result, ctx, opts, ev, constants, units, unit_of, stage, on_layerwise)
+    return _finish(result, ctx, out_dir, started, opts.report, marks)
+
+
+def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
+    """The verdict the written plan's certificate allows (judge/spread.py: `fragile` where
+    no plan has the margin), and the criteria that may fit better (judge/hints.py)."""
     if cert is not None and not cert.certified and result.verdict in ("fixed", "fp16_ok"):
         result.verdict, result.one_minimal = "fragile", False
         log.warning("the plan passes by less than the spread of what the tools compute on %s "
                     "(fragile): it is written, but not called fixed",
                     "; ".join(cert.uncertified))
-    ev.close()  # the workers, if the written plan's judge did not stop them already
     if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
         hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)
-        if hints:  # judge/hints.py: the default criterion may not be what the user means
+        if hints:  # the default criterion may not be what the user means
             result.criterion_hints = hints
-    _explain(result, ctx, opts, ev, constants, units, unit_of, stage, on_layerwise)
-    return _finish(result, ctx, out_dir, started, opts.report, marks)
 
 
 def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
