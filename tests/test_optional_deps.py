@@ -10,7 +10,7 @@ from pathlib import Path
 
 BLOCKED = ("torch", "tensorrt", "matplotlib", "onnxscript")
 # modules that exist to drive an optional dependency; they may fail to import without it
-NEEDS_TORCH = {"trtbisect.amp", *(f"trtbisect.torch.{m}" for m in (
+NEEDS_TORCH = {*(f"trtbisect.torch.{m}" for m in (
     "driver", "emulation", "explain", "layerwise", "outputs", "precision", "prior", "result",
     "runner", "snippet"))}
 

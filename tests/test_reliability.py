@@ -28,7 +28,7 @@ import signal, sys
 # runners) hands SIGINT down ignored, and Python then keeps ignoring it: Ctrl-C is what is
 # tested here, so it gets Python's own handler back
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from trtbisect import journal
+from trtbisect.search import journal
 gated = sys.argv.pop(1) == "gate"
 start = journal.Journal.start
 def held(self, key):

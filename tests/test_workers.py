@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from tests.models.make_models import deep_model
-from trtbisect.compare import OutputError
+from trtbisect.judge.compare import OutputError
 from trtbisect.judge.criteria import Judgement
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.parallel import judge as pjudge, plan_workers
@@ -175,7 +175,7 @@ def test_pool_size_is_bounded_by_cores_and_memory():
 # flight on the workers, whatever the machine's load
 DRIVER = """
 import sys
-from trtbisect import journal
+from trtbisect.search import journal
 record = journal.Journal.record
 def held(self, key, passed, detail):
     record(self, key, passed, detail)

@@ -5,59 +5,41 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import math
 import os
-import signal
-import sys
-import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn
+from typing import Callable
 
 import click
-from rich.console import Console
-from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .compare import OutputError, Tolerance
-from .degenerate import nothing_to_judge
-from .cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
-from .errors import EXIT_USAGE, TrtBisectError
-from .inputs import MAX_SAMPLES, parse_shapes
+from .cli_torch import export_cmd, torch_cmd
+from .console import (USAGE, Progress, Terminated, configure_logging, error_cell, exit_codes, fail,
+                      finish, fmt, log, out, pipe_closed, quiet_level, rel_cell, shown,
+                      terminate_as_interrupt, usable_streams, verbosity_options)
+from .judge.compare import Tolerance
+from .judge.degenerate import nothing_to_judge
+from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
+from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
+from .data.inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
-from .limits import limit_options, pop_limits
-from .outdir import OutputDir
-from .outputs.escape import VisibleLog, shown_text
+from .data.limits import limit_options, pop_limits
+from .outputs.outdir import OutputDir
 from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, layers_words,
                                   plan_groups, plural, rest_text, search_words)
 
-log = logging.getLogger("trtbisect")
-err = Console(stderr=True)
-
-
-class _Stdout(Console):
-    """Results on stdout; a reader that left early (`| head`) ends the run with 141, as a
-    Unix tool killed by SIGPIPE (rich would exit 1, our code for bugs)."""
-
-    def on_broken_pipe(self) -> None:
-        _pipe_closed()
-
-
-out = _Stdout()
 
 
 
-def exit_codes(*rows: tuple[int, str]) -> str:
-    """A command's own exit-code table for its --help epilog."""
-    return "\b\nExit codes:\n" + "".join(f"  {code}  {text}\n" for code, text in rows)
 
 
-USAGE = (2, "usage or input error (bad option, missing file, malformed ONNX, mismatched inputs,\n       a --check hook or data loader that fails, an --out that cannot be written or\n       is in use by another run, inputs past --max-samples/--max-input-bytes/\n       --max-spool-bytes, an FP32 reference past --eval-timeout)")
+
+
+
+
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
            "       cannot round (contrib-domain or unknown ops; listed, with precision.json's\n"
@@ -84,37 +66,18 @@ CHECK_EXIT_CODES = exit_codes((0, "the mixed model meets the criteria"), USAGE, 
                                   "       round (listed): judged in part only"), UNSTABLE)
 ENV_EXIT_CODES = exit_codes((0, "always (the table says what is missing)"))
 
-EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141
 MAX_STABILITY = 100  # --stability N: N jittered copies of a sample are held at once
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 JUDGE_THREADS = 1  # --threads' default (see its help; docs/workers.md)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C but with its own exit code."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
 
 
 class Group(click.Group):
     """Turns TrtBisectError, an interruption and an environment failure into one line on
-    stderr and a documented exit code (anything else is a bug and keeps its traceback), and
-    registers the commands defined in other modules, loaded when first asked for (click's lazy
-    subcommands: those modules import helpers from here, so importing them here would be a
-    cycle)."""
-
-    lazy = {"export": "trtbisect.cli_torch:export_cmd", "torch": "trtbisect.cli_torch:torch_cmd"}
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *self.lazy})
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in self.commands and name in self.lazy:
-            module, _, attr = self.lazy[name].partition(":")
-            self.add_command(getattr(importlib.import_module(module), attr), name)
-        return super().get_command(ctx, name)
+    stderr and a documented exit code (anything else is a bug and keeps its traceback)."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -129,7 +92,7 @@ class Group(click.Group):
             fail(f"interrupted{'; ' + how if how else ''}",
                  EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
         except BrokenPipeError:  # stdout's reader left (`| head`): as a Unix tool killed by SIGPIPE
-            _pipe_closed()
+            pipe_closed()
         except OSError as exc:  # disk full, read-only folder, a folder where a file should be
             where = f": {exc.filename}" if exc.filename else ""
             fail(f"{exc.strerror or exc}{where}", EXIT_USAGE)
@@ -140,33 +103,12 @@ class Group(click.Group):
             fail("out of memory; give smaller inputs or fewer samples", EXIT_USAGE)
 
 
-def _pipe_closed() -> NoReturn:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(EXIT_SIGPIPE)
 
 
-def finish(code: int) -> NoReturn:
-    """Exit with `code` once stdout is delivered; a reader that left early (`| head`) gives
-    141, as for a Unix tool killed by SIGPIPE, never an unexplained 1."""
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _pipe_closed()
-    sys.exit(code)
 
 
-def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {shown(message)}", highlight=False, soft_wrap=True)
-    sys.exit(code)
 
 
-def shown(text: object) -> str:
-    """A model-controlled string for a rich console: control characters, escape sequences and
-    bidi overrides shown escaped (outputs/escape.py), rich markup escaped. Every table cell and
-    line that shows a name goes through it. A name of absurd length is shortened
-    (`shortened`: precision.json keeps it whole)."""
-    return escape(shown_text(text))
 
 
 class NonNegativeFloat(click.ParamType):
@@ -190,17 +132,6 @@ def _stability_runs(ctx: click.Context, param: click.Parameter, value: int) -> i
     return value
 
 
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises Terminated (exit 143) so that `run` stops the way Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @click.group(cls=Group, epilog=EXIT_CODES_HELP,
@@ -229,54 +160,18 @@ def main(verbose: int, quiet: int) -> None:
                     "verdict, and --out holds the results")
 
 
-def usable_streams() -> bool:
-    """stdout and stderr that cannot fail the run: a closed one (`>&-`: Python sets it to None)
-    writes to /dev/null, and one whose encoding cannot show a character (PYTHONIOENCODING=ascii,
-    a C locale without UTF-8) shows it escaped (`\xe9`) instead of raising. True when stdout
-    was closed."""
-    closed = False
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is None:
-            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
-            closed = closed or name == "stdout"
-        elif (getattr(stream, "encoding", None) or "utf-8").lower().replace("_", "-") not in (
-                "utf-8", "utf8") and hasattr(stream, "reconfigure"):
-            try:
-                stream.reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):  # pragma: no cover - a stream that cannot change
-                pass
-    return closed
+main.add_command(export_cmd, "export")  # the PyTorch commands: cli_torch.py
+main.add_command(torch_cmd, "torch")
 
 
-def configure_logging(verbose: int, quiet: int) -> None:
-    level = logging.WARNING + 10 * (quiet - verbose)
-    handler = RichHandler(console=err, show_time=False, show_path=False)
-    handler.addFilter(VisibleLog())  # a name in a log line cannot drive the terminal
-    logging.basicConfig(level=max(level, logging.DEBUG), format="%(message)s", force=True,
-                        handlers=[handler])
 
 
-def _more_verbosity(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    """-v/-q given after the subcommand add to those given before it."""
-    if value:
-        meta = ctx.find_root().meta
-        meta[param.name] = meta.get(param.name, 0) + value
-        configure_logging(meta.get("verbose", 0), meta.get("quiet", 0))
-    return value
 
 
-def verbosity_options(f: Callable) -> Callable:
-    """-v/-q accepted after the subcommand too (`trtbisect run m.onnx -v`)."""
-    f = click.option("-q", "--quiet", count=True, expose_value=False, callback=_more_verbosity,
-                     help="Less on stderr (-q: no progress, -qq: errors only).")(f)
-    return click.option("-v", "--verbose", count=True, expose_value=False,
-                        callback=_more_verbosity,
-                        help="More detail on stderr (-vv for every evaluation).")(f)
 
 
-def quiet_level() -> int:
-    return click.get_current_context().find_root().meta.get("quiet", 0)
+
+
 
 
 def input_options(f: Callable, both: bool = False) -> Callable:
@@ -512,67 +407,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     finish(result.exit_code)
 
 
-class Progress:
-    """Progress on stderr, in Polygraphy's style (`Evaluation 3 | ... | ~4 remaining`): a live
-    status line on a terminal; without one (CI logs, pipes) plain lines, every stage change and
-    at most one other line per `interval` seconds."""
-
-    def __init__(self, quiet: int, console: Console | None = None, interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.quiet, self.console, self.interval, self.clock = quiet, console or err, interval, clock
-        self.status = None
-        self.last = float("-inf")
-
-    def __enter__(self) -> "Progress":
-        if not self.quiet and self.console.is_terminal:
-            self.status = self.console.status("starting")
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.status is not None:
-            self.status.__exit__(*exc)
-
-    def show(self, msg: str, force: bool = False) -> bool:
-        """Update the status line, or print a plain line; True when a line was printed."""
-        if self.quiet:
-            return False
-        if self.status is not None:
-            self.status.update(shown(msg))
-            return False
-        now = self.clock()
-        if force or now - self.last >= self.interval:
-            self.console.print(shown_text(msg), markup=False, highlight=False, soft_wrap=True)
-            self.last = now
-            return True
-        return False
-
-    def stage(self, msg: str) -> None:
-        if not self.show(msg, force=True):
-            log.info(msg)
-
-    def layerwise(self, done: int, total: int) -> None:
-        """Counted progress of the layer-wise comparison (tensors compared so far)."""
-        self.show(f"layer-wise comparison | {done}/{total} tensors", force=done >= total)
-
-    def trial(self, trial, remaining: int) -> None:
-        msg = (f"Evaluation {trial.index} | {trial.phase} | {len(trial.fp32)} nodes FP32 | "
-               f"{'pass' if trial.passed else 'fail'} | ~{remaining} remaining")
-        self.show(msg)  # the search logs every evaluation itself at -vv
 
 
-def fmt(x: float) -> str:
-    return f"{x:.3g}"
 
 
-def error_cell(e: OutputError | None) -> str:
-    if e is None:
-        return "-"
-    mark = "[green]ok[/]" if e.passed else "[red]FAIL[/]"
-    extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
-    if e.scores:  # judged by other criteria than the default (judge/criteria.py)
-        return f"{mark} " + escape(e.scores_text) + extra
-    return f"{mark} max|d| {fmt(e.max_abs)} (bound {fmt(e.bound)}){extra}"
 
 
 def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
@@ -600,7 +438,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                            f"{meet} by less than the spread of what the tools compute (see the "
                            "margins below); no plan has the margin, so it is not called fixed"}
     if result.verdict == "partial":
-        from .coverage import partial_words
+        from .judge.coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
@@ -990,7 +828,6 @@ OPTIONAL = {  # module -> (distribution, what it is for, how to install)
 
 def optional_components() -> list[tuple[str, bool, str]]:
     """(component, usable, detail) for optional packages torch/tensorrt/cuda rows omit."""
-    import importlib
     from importlib import metadata
 
     rows = []
@@ -1003,13 +840,6 @@ def optional_components() -> list[tuple[str, bool, str]]:
     return rows
 
 
-def rel_cell(rel: float, nonfinite: int = 0) -> str:
-    """A relative error a person can read: inf/NaN said as such, absurd ratios capped."""
-    if nonfinite:
-        return f"inf/NaN ({nonfinite})"
-    if rel != rel or rel == float("inf"):
-        return "inf"
-    return ">1e3 (FP32 ~0 or blown up)" if rel > 1e3 else fmt(rel)
 
 
 def entry() -> None:  # pragma: no cover - console script shim

@@ -29,9 +29,9 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..inputs import (Sample, _member_name, _read_npz, guard_size, npy_header, npz_members,
+from .inputs import (Sample, member_name, read_npz, guard_size, npy_header, npz_members,
                       validate_npz)
-from ..limits import MAX_SAMPLES
+from .limits import MAX_SAMPLES
 
 _READ_ERRORS = (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, struct.error,
                 zlib.error, zipfile.BadZipFile, zipfile.LargeZipFile)
@@ -134,11 +134,11 @@ def read(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]],
     bytes)."""
     members = _members(path)
     if members is None:  # not a plain zip of .npy: the whole-file reader says what is wrong
-        return validate_npz(graph, _read_npz(path), path, shapes, max_samples), None
+        return validate_npz(graph, read_npz(path), path, shapes, max_samples), None
     standins = {n: np.broadcast_to(np.zeros((), m.dtype), m.shape) for n, m in members.items()}
     part = validate_npz(graph, standins, path, shapes, max_samples)
     if all(part[0][n].ndim == len(m.shape) for n, m in members.items()):  # one sample
-        return validate_npz(graph, _read_npz(path), path, shapes, max_samples), None
+        return validate_npz(graph, read_npz(path), path, shapes, max_samples), None
     for name, m in members.items():
         guard_size(m.row_shape, m.dtype, f"one sample of {name!r} in {path}")
     return [], Stack(path, members, len(part))
@@ -146,12 +146,12 @@ def read(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]],
 
 def _members(path: str) -> dict[str, Member] | None:
     """Each member's header and, for one stored plainly in C order, where its data starts;
-    None where the file is not a readable zip of .npy members (left to _read_npz's errors)."""
+    None where the file is not a readable zip of .npy members (left to read_npz's errors)."""
     try:
         with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
             out = {}
             for info in npz_members(zf, path):
-                name = _member_name(info, path)
+                name = member_name(info, path)
                 shape, fortran, dtype, header = npy_header(zf, info, path)
                 data = None
                 if (info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1

@@ -31,9 +31,9 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
+from .limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
 from . import npz
-from ..inputs import (Sample, _member_name, check_sample, check_shape_names, guard_random_samples,
+from .inputs import (Sample, member_name, check_sample, check_shape_names, guard_random_samples,
                       npy_header, npz_samples, random_sample)
 
 GLOB_CHARS = "*?["
@@ -261,7 +261,18 @@ def npz_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
         if kind != "npz":
             return {}
         with zipfile.ZipFile(path) as zf:
-            return {_member_name(i, path): tuple(npy_header(zf, i, path)[0])
+            return {member_name(i, path): tuple(npy_header(zf, i, path)[0])
                     for i in zf.infolist()}
     except (TrtBisectError, OSError, ValueError, EOFError, zipfile.BadZipFile, IndexError):
         return {}
+
+
+def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
+                 shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1) -> list[Sample]:
+    """Every sample a plan must pass on, as a list (iter_items streams them instead).
+
+    Each .npz is keyed by graph input name. An array with one more dimension than the input is
+    a stack of samples along its first axis. Without files, `count` seeded random samples.
+    """
+    return [item.sample for item in iter_items(graph, [str(p) for p in paths], None, shapes,
+                                               seed, count)]

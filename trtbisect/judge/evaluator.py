@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping, Protocol, Sequence
 
-from .. import parallel, semantics
+from .. import parallel
 from ..backends.ort import Emulator
-from ..compare import TensorStats
+from .compare import TensorStats
 from ..context import Context, Options
 from ..errors import TrtBisectError
-from ..journal import Journal, plan_key
-from . import subset
+from ..search.journal import Journal, plan_key
+from . import semantics, subset
 from .criteria import Judgement, json_number, worst_of
 
 

@@ -18,12 +18,15 @@ Anything refused is a one-line TrtBisectError (exit 2) naming the path.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
+
+import onnx
 
 from ..errors import TrtBisectError
 
@@ -147,6 +150,29 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.rmdir(tmpdir)
         except OSError:
             pass
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    atomic_write(path, write)
+
+
+def atomic_write_json(path: str | os.PathLike, data: object) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_write_records(path: str | os.PathLike, rows: list[dict]) -> None:
+    """A JSON list of flat records, one a line: as readable as `indent=2` for a table, and
+    encoded by json's C encoder (`indent` makes json pure Python: 2.7 s for the statistics of
+    20k tensors, written twice)."""
+    atomic_write_text(path, "[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n"
+                      if rows else "[]\n")
+
+
+def save_model(path: str | os.PathLike, model: onnx.ModelProto) -> None:
+    atomic_write(path, lambda tmp: onnx.save(model, tmp))
 
 
 def named(exc: OSError, path: str | os.PathLike) -> OSError:

@@ -23,7 +23,7 @@ def verdict_line(result) -> str:
 def emit(result, as_json: bool) -> None:
     from rich.table import Table
 
-    from ..cli import error_cell, out, shown
+    from ..console import error_cell, out, shown
 
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -116,9 +116,9 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
     import tempfile
     from pathlib import Path
 
-    from ..cli import Progress, quiet_level, terminate_as_interrupt
+    from ..console import Progress, quiet_level, terminate_as_interrupt
     from ..errors import TrtBisectError
-    from ..outdir import OutputDir
+    from ..outputs.outdir import OutputDir
     from .run import is_quantized_file, run
 
     if opts.precision in ("bf16", "both"):
@@ -140,13 +140,13 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
     if opts.report:  # before a long search, not after it
         from functools import partial
 
-        from ..report import plot_tradeoff, require_matplotlib
+        from ..outputs.report import plot_tradeoff, require_matplotlib
         from .report import tradeoff_png
         require_matplotlib()
         draw = partial(tradeoff_png, rtol=opts.tolerance.rtol, default=opts.criteria.default,
                        plot_tradeoff=plot_tradeoff)
     if opts.precision in ("int8", "fp8"):
-        from ..cost import quantized_peak
+        from ..search.cost import quantized_peak
         quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
     out_dir = Path(out_dir)
     click.get_current_context().meta["resume_hint"] = (
@@ -166,7 +166,7 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
 
 def check_and_emit(mixed: str, reference: str, opts, as_json: bool) -> int:
     """`trtbisect check` of a quantized (Q/DQ) file: pass or fail, per output; exit 0 or 4."""
-    from ..cli import error_cell, out, shown
+    from ..console import error_cell, out, shown
     from ..errors import EXIT_NO_PLAN, EXIT_OK
     from .run import check_file
 

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .errors import TrtBisectError
-from .graph import Graph
+from ..errors import TrtBisectError
+from ..graph import Graph
 from .limits import memory_limit  # noqa: F401 (its home is limits.py; imported from here too)
 
 Sample = dict[str, np.ndarray]
@@ -164,21 +164,9 @@ def random_sample(graph: Graph, shapes: Mapping[str, tuple[int, ...]], seed: int
     return sample
 
 
-def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
-                 shapes: Mapping[str, tuple[int, ...]], seed: int, count: int = 1) -> list[Sample]:
-    """Every sample a plan must pass on, as a list (data.sources streams them instead).
-
-    Each .npz is keyed by graph input name. An array with one more dimension than the input is
-    a stack of samples along its first axis. Without files, `count` seeded random samples.
-    """
-    from .data.sources import iter_items
-    return [item.sample for item in iter_items(graph, [str(p) for p in paths], None, shapes,
-                                               seed, count)]
-
-
 def npz_samples(graph: Graph, path: str, shapes: Mapping[str, tuple[int, ...]]) -> list[Sample]:
     """The samples of one .npz (one, or a stack along a leading axis), validated."""
-    return validate_npz(graph, _read_npz(path), path, shapes)
+    return validate_npz(graph, read_npz(path), path, shapes)
 
 
 def validate_npz(graph: Graph, arrays: Mapping[str, np.ndarray], path: str,
@@ -214,7 +202,7 @@ def _check_given(sample: Sample, shapes: Mapping[str, tuple[int, ...]], source: 
                                  "fix the data")
 
 
-def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of an .npz, each header checked against its size before anything is allocated."""
     if not os.path.isfile(path):
         raise TrtBisectError(f"inputs file not found: {path}")
@@ -229,8 +217,8 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             members = npz_members(zf, path)
             budget = memory_limit()
             for info in members:
-                arrays[_member_name(info, path)] = _read_member(zf, info, path)
-                budget -= arrays[_member_name(info, path)].nbytes
+                arrays[member_name(info, path)] = _read_member(zf, info, path)
+                budget -= arrays[member_name(info, path)].nbytes
                 if budget < 0:
                     raise TrtBisectError(f"{path} holds more data than half of this machine's "
                                          "memory")
@@ -255,7 +243,7 @@ def npz_members(zf: zipfile.ZipFile, path: str | os.PathLike) -> list[zipfile.Zi
     return members
 
 
-def _member_name(info: zipfile.ZipInfo, path: str | os.PathLike) -> str:
+def member_name(info: zipfile.ZipInfo, path: str | os.PathLike) -> str:
     if not info.filename.endswith(".npy"):
         raise TrtBisectError(f"{path}: member {info.filename!r} is not a numpy array (.npy)")
     return info.filename[:-4]
