@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from onnx import TensorProto as TP, helper as h
 
 from tests.fuzz.make_cases import overflow_model, tiny_model, typed_model
-from trtbisect import graph as graph_mod
+from trtbisect.graph import load as graph_load
 from trtbisect.cli import main
 from trtbisect.errors import TrtBisectError
 
@@ -179,14 +179,14 @@ def test_external_data_too_big_is_named_before_it_is_read(tmp_path, monkeypatch)
     onnx.save(m, tmp_path / "big.onnx")
     with open(tmp_path / "w.bin", "wb") as fh:
         fh.truncate(4 * n)
-    monkeypatch.setattr(graph_mod, "physical_memory", lambda: 2**20)  # a 1 MiB machine
+    monkeypatch.setattr(graph_load, "physical_memory", lambda: 2**20)  # a 1 MiB machine
 
     def never(*a, **k):
         raise AssertionError("the data was hashed before its size was checked")
-    monkeypatch.setattr(graph_mod, "_file_hash", never)
+    monkeypatch.setattr(graph_load, "_file_hash", never)
     line = one_error_line(invoke("run", tmp_path / "big.onnx", "--out", tmp_path / "out"))
     assert "'W_huge'" in line and "0.00391 GiB" in line and "'w.bin'" in line
-    monkeypatch.setattr(graph_mod, "physical_memory", lambda: 10 * 2**20)
-    graph_mod.check_weight_sizes(tmp_path / "big.onnx", [w, w])  # 8 MiB of 10: taken
+    monkeypatch.setattr(graph_load, "physical_memory", lambda: 10 * 2**20)
+    graph_load.check_weight_sizes(tmp_path / "big.onnx", [w, w])  # 8 MiB of 10: taken
     with pytest.raises(TrtBisectError, match="total 0.0195 GiB"):
-        graph_mod.check_weight_sizes(tmp_path / "big.onnx", [w, w, w, w, w])
+        graph_load.check_weight_sizes(tmp_path / "big.onnx", [w, w, w, w, w])

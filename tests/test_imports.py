@@ -20,9 +20,6 @@ ALLOWED: dict[tuple[str, ...], str] = {
     ("trtbisect.cli", "trtbisect.quant.console"):
         "quant/console.py is the quantized run's part of the commands, sharing cli's console "
         "helpers: it belongs beside cli.py (#38 came in its own room)",
-    ("trtbisect.graph", "trtbisect.repair"):
-        "graph.load_model runs the copy's repairs, which walk graphs with graph.py's helpers: "
-        "graph.py's five concerns are not split yet (#33 item 5)",
 }
 
 # The top of the house: only the commands and the orchestrator import these (the report from

@@ -184,7 +184,7 @@ def test_a_fed_default_value_is_refused_saying_why(tmp_path):
 def test_densify_takes_flat_indices_and_coordinates():
     from onnx import helper as h, numpy_helper as nh
 
-    from trtbisect.repair import densify
+    from trtbisect.graph.repair import densify
     values = nh.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")
     flat = h.make_sparse_tensor(values, nh.from_array(np.array([0, 5, 11], np.int64), "i"),
                                 [3, 4])
@@ -197,7 +197,7 @@ def test_densify_takes_flat_indices_and_coordinates():
 
 
 def test_the_sort_keeps_the_files_order_wherever_it_is_one():
-    from trtbisect.repair import topological_order
+    from trtbisect.graph.repair import topological_order
     g = im.unsorted_nodes().graph  # down, up2, up1: reversed
     assert topological_order(g) == [2, 1, 0]
     assert topological_order(im.overflow().graph) == [0, 1, 2]
