@@ -16,10 +16,7 @@ from .weights import initializer_array, structure
 
 log = logging.getLogger(__name__)
 
-
 FLOAT = TensorProto.FLOAT
-
-
 HALF_TYPES = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: None}
 
 
