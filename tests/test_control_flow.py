@@ -1,7 +1,7 @@
 """Every node judged (issue #26): nodes inside If branches, Loop and Scan bodies (any depth)
 and model-local functions are candidates with qualified names, rounded by the emulator,
 searched, written into the mixed model (outer-scope references valid, full_check), and judged
-by `check` bit for bit as the search measured them."""
+by `check` bit for bit as the search measured them. Their names: tests/graph/test_names.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from tests.models.control_flow_models import Planted, all_planted
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
 from trtbisect.judge.compare import Tolerance
-from trtbisect.graph import Graph, node_names, with_node_names
+from trtbisect.graph import Graph, with_node_names
 from trtbisect.judge.loadable import checker_problem, runtime_problem
 from trtbisect.outputs.mixed import mixed_model
 from trtbisect.pipeline import Options, check_mixed, run
@@ -39,47 +39,6 @@ def _plans(g: Graph, seed: int) -> list[frozenset[str]]:
     rng = np.random.default_rng(seed)
     return [frozenset(), frozenset(cands),
             *(frozenset(c for c in cands if rng.random() < p) for p in (0.3, 0.6))]
-
-
-@pytest.mark.parametrize("name", SUBGRAPHS)
-def test_nodes_inside_subgraphs_are_candidates_with_qualified_names(name):
-    p = PLANTED[name]
-    g = Graph(p.model)
-    cands = g.candidates()
-    assert p.strict <= set(cands)  # the planted culprits can be named by a plan
-    inner = [n for n in cands if g.is_inner(n)]
-    assert inner and all("[" in n or "/" in n for n in inner)
-    # stable: the names are those of a copy carrying them (what trtbisect writes), read back
-    assert node_names(with_node_names(p.model)) == g.names
-    assert len(set(g.names)) == len(g.names)
-
-
-def test_qualified_names_show_the_path_of_holders():
-    g = Graph(PLANTED["nested_if"].model)
-    name = "outer[then_branch]/inner[then_branch]/square"
-    assert g.holders(name) == ["outer", "outer[then_branch]/inner"]
-    assert g.own_name(name) == "square" and g.node(name).op_type == "Mul"
-
-
-def test_unnamed_subgraph_nodes_get_deterministic_names():
-    m = onnx.ModelProto()
-    m.CopyFrom(PLANTED["loop_third_trip"].model)
-    body = m.graph.node[0].attribute[0].g
-    for n in body.node:
-        n.name = ""
-    names = Graph(m).names
-    assert names[1:] == ["loop[body]/Mul_0", "loop[body]/Sqrt_1", "loop[body]/Mul_2",
-                         "loop[body]/Identity_3"]
-    assert Graph(with_node_names(m)).names == names
-
-
-def test_a_subgraph_name_never_collides_with_a_top_level_one():
-    m = onnx.ModelProto()
-    m.CopyFrom(PLANTED["loop_third_trip"].model)
-    m.graph.node.add().CopyFrom(onnx.helper.make_node("Identity", ["y"], ["y2"],
-                                                      name="loop[body]/square"))
-    names = Graph(m).names
-    assert len(set(names)) == len(names) and "loop[body]/square" in names
 
 
 @pytest.mark.parametrize("name", CONTROL_FLOW)
@@ -159,13 +118,6 @@ def test_run_finds_the_exact_set_and_check_agrees(name, semantics, tmp_path):
     assert checked.passed
     for out, e in checked.errors.items():
         assert plan["errors_after"][out] == e.to_json()  # bit for bit, through JSON
-
-
-def test_a_model_local_function_is_inlined_with_readable_names():
-    p = PLANTED["local_function"]
-    g = Graph(p.model)
-    assert g.inlined and not g.model.functions
-    assert g.names == ["scale", "l2/axes", "l2/square", "l2/sum", "l2/root", "shrink"]
 
 
 # ------------------------------------------------------------------ never a silent "FP16 is fine"

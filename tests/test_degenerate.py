@@ -1,6 +1,7 @@
 """Degenerate models and hostile environments get one line and a documented exit code (#25):
 nothing to judge in FP16 (int64, bool, no nodes), float64 compute, stdout closed, an ASCII-only
-or C locale; and the bounds: random samples against memory, --stability, external data."""
+or C locale; and the bounds: random samples against memory, --stability (external data:
+tests/graph/test_load.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,7 @@ from click.testing import CliRunner
 from onnx import TensorProto as TP, helper as h
 
 from tests.fuzz.make_cases import overflow_model, tiny_model, typed_model
-from trtbisect import graph as graph_mod
 from trtbisect.cli import main
-from trtbisect.errors import TrtBisectError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,30 +162,3 @@ def test_stability_is_bounded(tmp_path, monkeypatch):
     line = one_error_line(invoke("run", tmp_path / "m.onnx", "--stability", "100",
                                  "--out", tmp_path / "out"))
     assert "--stability 100" in line and "half of this machine's memory" in line
-
-
-def test_external_data_too_big_is_named_before_it_is_read(tmp_path, monkeypatch):
-    n = 2**20  # 4 MiB of float32, declared; the file is sparse
-    w = TP(name="W_huge", data_type=TP.FLOAT, dims=[n // 1024, 1024],
-           data_location=TP.EXTERNAL)
-    for k, v in (("location", "w.bin"), ("offset", "0"), ("length", str(4 * n))):
-        w.external_data.add(key=k, value=v)
-    g = h.make_graph([h.make_node("Gather", ["W_huge", "i"], ["y"], name="g")], "g",
-                     [h.make_tensor_value_info("i", TP.INT64, [1])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 1024])], [w])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
-    m.ir_version = 10
-    onnx.save(m, tmp_path / "big.onnx")
-    with open(tmp_path / "w.bin", "wb") as fh:
-        fh.truncate(4 * n)
-    monkeypatch.setattr(graph_mod, "physical_memory", lambda: 2**20)  # a 1 MiB machine
-
-    def never(*a, **k):
-        raise AssertionError("the data was hashed before its size was checked")
-    monkeypatch.setattr(graph_mod, "_file_hash", never)
-    line = one_error_line(invoke("run", tmp_path / "big.onnx", "--out", tmp_path / "out"))
-    assert "'W_huge'" in line and "0.00391 GiB" in line and "'w.bin'" in line
-    monkeypatch.setattr(graph_mod, "physical_memory", lambda: 10 * 2**20)
-    graph_mod.check_weight_sizes(tmp_path / "big.onnx", [w, w])  # 8 MiB of 10: taken
-    with pytest.raises(TrtBisectError, match="total 0.0195 GiB"):
-        graph_mod.check_weight_sizes(tmp_path / "big.onnx", [w, w, w, w, w])

@@ -15,9 +15,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "trtbisect"
 ALLOWED: dict[tuple[str, ...], str] = {
     ("trtbisect.backends.trt", "trtbisect.parallel.trt_pool"):
         "run_trt_search, a search driver inside the backend, starts the GPU pool (#33 item 4)",
-    ("trtbisect.graph", "trtbisect.repair"):
-        "graph.load_model runs the copy's repairs, which walk graphs with graph.py's helpers: "
-        "graph.py's five concerns are not split yet (#33 item 5)",
 }
 
 # The top of the house: only the commands and the orchestrator import these (the report from

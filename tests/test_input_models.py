@@ -2,7 +2,8 @@
 and sparse initializers, initializer outputs, shapeless I/O, empty graph names, unsorted nodes,
 scalar outputs get the planted fault's exact plan under both semantics, their written files
 pass onnx.checker's full check and load in ONNX Runtime, and the user's file is untouched; a
-model that draws random numbers stops with reference_unstable (exit 8), naming the op."""
+model that draws random numbers stops with reference_unstable (exit 8), naming the op. What the
+copy changes, and its line: tests/graph/test_repair.py."""
 
 from __future__ import annotations
 
@@ -77,51 +78,6 @@ def test_every_class_gets_the_planted_plan_and_valid_files(tmp_path, caplog, nam
         assert not said
 
 
-REPAIRS = {"ir3_weights_as_inputs": "are IR version 4, not 3",
-           "opset4_casts": "are opset 6, converted from 4",
-           "defaulted_input_used": "take input(s) 'k2' as the constant(s)",
-           "defaulted_input_unused": "take input(s) 'unused' as the constant(s)",
-           "sparse_initializer": "hold sparse initializer(s) 'k2' dense",
-           "shapeless_io": "give output(s) 'y' the shapes inference finds",
-           "shapeless_output": "give output(s) 'y' the shapes inference finds",
-           "empty_graph_name": "name the graph 'm'",
-           "unsorted_nodes": "sort the nodes into execution order"}
-
-
-@pytest.mark.parametrize("name", sorted(REPAIRS))
-def test_the_line_says_what_the_copy_changed(tmp_path, name):
-    path, inputs, _ = _save(tmp_path, im.JUDGED[name]())
-    r = CliRunner().invoke(main, ["run", str(path), "--inputs", str(inputs), "--out",
-                                  str(tmp_path / "o")])
-    assert r.exit_code == 0, r.output
-    flat = " ".join(r.stderr.split())
-    assert REPAIRS[name] in flat and "(the file itself is untouched)" in flat
-    plan = json.loads((tmp_path / "o" / "precision.json").read_text())
-    assert any(REPAIRS[name] in c for c in plan["model_copy"])
-
-
-def test_an_unused_defaulted_input_is_never_required(tmp_path):
-    """Random samples feed x alone: neither the reference nor any copy asks for 'unused'."""
-    path, _, _ = _save(tmp_path, im.defaulted_input_unused())
-    r = CliRunner().invoke(main, ["-q", "run", str(path), "--out", str(tmp_path / "o")])
-    assert r.exit_code == 0, r.output
-    mixed = onnx.load(str(tmp_path / "o" / "m.mixed.onnx"))
-    assert [v.name for v in mixed.graph.input] == ["x"]
-
-
-def test_a_shapeless_input_takes_shape_or_npz_else_one_line(tmp_path):
-    path, inputs, _ = _save(tmp_path, im.shapeless_io())
-    r = CliRunner().invoke(main, ["-q", "run", str(path), "--out", str(tmp_path / "o")])
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.exit_code == 2 and len(lines) == 1 and "--shape x:" in lines[0]
-    r = CliRunner().invoke(main, ["-q", "run", str(path), "--shape", "x:2x4", "--out",
-                                  str(tmp_path / "o")])
-    assert r.exit_code == 0, r.output
-    dims = [d.dim_value for d in onnx.load(str(tmp_path / "o" / "m.mixed.onnx"))
-            .graph.input[0].type.tensor_type.shape.dim]
-    assert dims == [2, 4]
-
-
 @pytest.mark.parametrize("semantics", SEMANTICS)
 def test_a_scalar_output_is_judged_rank_0(tmp_path, semantics):
     """Before: ValueError: shape mismatch (1,) vs reference () (the scalar weight became [1]
@@ -169,43 +125,6 @@ def test_check_and_compare_refuse_a_reference_that_moves(tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.exit_code == 8 and len(lines) == 1 and "not reproducible" in lines[0]
         assert "'drop' (Dropout)" in lines[0]
-
-
-def test_a_fed_default_value_is_refused_saying_why(tmp_path):
-    """TensorRT's parser makes a weight of an input with an initializer: feeding it another
-    value would judge a model TensorRT never builds."""
-    path, _, _ = _save(tmp_path, im.defaulted_input_used())
-    np.savez(tmp_path / "fed.npz", x=im.X, k2=np.eye(4, dtype=np.float32))
-    r = CliRunner().invoke(main, ["-q", "run", str(path), "--inputs", str(tmp_path / "fed.npz"),
-                                  "--out", str(tmp_path / "o")])
-    assert r.exit_code == 2 and "k2: a default value (an initializer)" in r.stderr
-
-
-def test_densify_takes_flat_indices_and_coordinates():
-    from onnx import helper as h, numpy_helper as nh
-
-    from trtbisect.repair import densify
-    values = nh.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")
-    flat = h.make_sparse_tensor(values, nh.from_array(np.array([0, 5, 11], np.int64), "i"),
-                                [3, 4])
-    coords = h.make_sparse_tensor(values, nh.from_array(np.array([[0, 0], [1, 1], [2, 3]],
-                                                                 np.int64), "i"), [3, 4])
-    want = np.zeros((3, 4), np.float32)
-    want[0, 0], want[1, 1], want[2, 3] = 1, 2, 3
-    np.testing.assert_array_equal(densify(flat), want)
-    np.testing.assert_array_equal(densify(coords), want)
-
-
-def test_the_sort_keeps_the_files_order_wherever_it_is_one():
-    from trtbisect.repair import topological_order
-    g = im.unsorted_nodes().graph  # down, up2, up1: reversed
-    assert topological_order(g) == [2, 1, 0]
-    assert topological_order(im.overflow().graph) == [0, 1, 2]
-    # two independent chains keep their file order: the earliest ready node first
-    from onnx import helper as h
-    nodes = [h.make_node("Relu", ["b"], ["c"], name="late"), h.make_node("Relu", ["x"], ["a"]),
-             h.make_node("Relu", ["x"], ["b"])]
-    assert topological_order(h.make_graph(nodes, "g", [], [])) == [1, 2, 0]
 
 
 @pytest.mark.parametrize("declared", ["static", "dynamic"])

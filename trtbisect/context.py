@@ -28,7 +28,7 @@ from .judge.loadable import input_model
 from .judge.settings import JudgeSettings
 from .data.limits import Limits, set_eval_timeout
 from .data.sources import npz_shapes
-from .repair import say
+from .graph.repair import say
 
 def _default_trt_version() -> int:
     from .backends.trt import default_trt_version

@@ -32,3 +32,9 @@ def require(module: str, hint: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         raise TrtBisectError(f"{module} is not installed ({exc}); {hint}") from exc
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (onnx and protobuf errors run to pages), or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

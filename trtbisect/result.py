@@ -136,7 +136,7 @@ class RunResult:
     semantics: Semantics | None = None
     precision: Precision | None = None
     coverage: Coverage | None = None
-    model_copy: list[str] | None = None  # what trtbisect's copy repaired (repair.py)
+    model_copy: list[str] | None = None  # what trtbisect's copy repaired (graph/repair.py)
     nothing_to_judge: str | None = None  # degenerate.nothing_to_judge's reason
     fp32_layers: list[str] | None = None  # the search's units
     workers: Workers | None = None

@@ -49,7 +49,7 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
                  report: ReportWriter | None = None) -> None:
     stem = ctx.path.stem
     if result.verdict in PLAN_VERDICTS:
-        # the copy the plan was judged on, named, where it differs from the file (repair.py)
+        # the copy the plan was judged on, named, where it differs from the file (graph/repair.py)
         if ctx.graph.inlined or ctx.graph.repairs or not named_as_trtbisect_names(ctx.model):
             path = out_dir / f"{stem}.named.onnx"
             graph_model(ctx.graph).save(path)

@@ -205,7 +205,7 @@ def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], r
         model_dir = tempfile.mkdtemp(prefix="model-", dir=parent)
         model = str(Path(model_dir) / f"{ctx.path.stem}.rewritten.onnx")
         graph_model(ctx.graph).save(Path(model))
-    from ..repair import input_shapes
+    from ..graph.repair import input_shapes
     spec = JudgeSpec(
         model=model, judge=opts.judge_settings, watch=tuple(ev.watch),
         groups=tuple(tuple(g) for g in ev.groups), active=tuple(prefetch),

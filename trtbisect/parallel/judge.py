@@ -110,7 +110,7 @@ class JudgeSpec:
     active: tuple[str, ...]  # switchable from the first session on (the prior's prefetch)
     names: str = ""  # digest of the judged graph: the worker must prepare the same graph
     model_sha256: str | None = None  # checked where the file is not the parent's own path
-    # --shape: what a graph input declaring no shape is given in the run's copy (repair.py)
+    # --shape: what a graph input declaring no shape is given in the run's copy (graph/repair.py)
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 

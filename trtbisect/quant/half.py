@@ -105,7 +105,7 @@ def to_fp32(model: onnx.ModelProto, names: Iterable[str],
 
 
 def fp32_view(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with every float16/bfloat16 type made float32 (graph.py's upcast), weights
+    """The model with every float16/bfloat16 type made float32 (graph's upcast), weights
     included (upcast exactly)."""
     import numpy as np
     from onnx import numpy_helper

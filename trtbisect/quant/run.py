@@ -348,7 +348,7 @@ def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], 
     """The model (nodes named), its quantized layers, the reference model and its words."""
     from ..graph import with_node_names
 
-    model = with_node_names(load(path))  # unnamed nodes get trtbisect's names (graph.py)
+    model = with_node_names(load(path))  # unnamed nodes get trtbisect's names (graph/names.py)
     layers = qdq.analyse(model)
     if not layers:
         raise TrtBisectError(f"{path} holds DequantizeLinear nodes but no quantized layer "

@@ -31,7 +31,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .errors import TrtBisectError
+from ..errors import TrtBisectError, first_line
+from .control_flow import node_reads
+from .names import flatten
+from .weights import structure
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +128,7 @@ def _convert_opset(model: onnx.ModelProto, path: Path, wanted: int) -> list[str]
     except Exception as exc:  # the converter raises its own C++ error types
         raise TrtBisectError(
             f"{path} is opset {at}; trtbisect's copies need opset >= {wanted} (their Casts) and "
-            f"onnx's version converter could not convert it: {_first_line(exc)}") from exc
+            f"onnx's version converter could not convert it: {first_line(exc)}") from exc
     model.CopyFrom(converted)
     return [f"are opset {wanted}, converted from {at} by onnx.version_converter (the Casts "
             f"they add need opset {wanted})"]
@@ -157,7 +160,6 @@ def topological_order(g: onnx.GraphProto) -> list[int]:
     """Node indices in an execution order, the file's order wherever it already is one
     (Kahn's algorithm taking the earliest ready node). Nodes whose inputs nothing makes keep
     their place at the end (onnx.checker names them)."""
-    from .graph import node_reads
     made = {t: i for i, n in enumerate(g.node) for t in n.output if t}
     needs: list[set[int]] = []
     readers: dict[int, list[int]] = {}
@@ -193,7 +195,6 @@ def _add_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> 
                 f"{v.name}:DIMS (e.g. --shape {v.name}:1x3x224x224) or an --inputs .npz")
         _set_shape(v, shapes[v.name])
     if bare_out:
-        from .graph import structure
         try:
             inferred = onnx.shape_inference.infer_shapes(structure(model))
         except Exception:  # best effort: the checker then names what is missing
@@ -240,8 +241,7 @@ def _set_shape(v: onnx.ValueInfoProto, dims: Sequence[int]) -> None:
 
 
 def _name_unnamed(model: onnx.ModelProto) -> None:
-    """Give every node trtbisect's name for it where it has none (graph.flatten's names)."""
-    from .graph import flatten
+    """Give every node trtbisect's name for it where it has none (names.flatten's names)."""
     flat = flatten(model)
     for node, name in zip(flat.nodes, flat.names):
         if not node.name:
@@ -267,8 +267,3 @@ def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
 def _list(names: Sequence[str], most: int = 3) -> str:
     shown = ", ".join(repr(n) for n in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

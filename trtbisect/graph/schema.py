@@ -1,0 +1,87 @@
+"""What onnx's operator schemas say about FP16: which inputs a node reads in float16, which
+float outputs stay FP32, which inputs parametrise the op, which ops only move data."""
+
+from __future__ import annotations
+
+import functools
+
+import onnx
+
+# Nodes that move or retype data but compute nothing in floating point: they keep their
+# declared types (the mixed model never retypes a user's Cast) and are never FP16 candidates.
+PASS_THROUGH_OPS = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "CastLike"})
+# Inputs that parametrise an op (positions), never rounded: they are not FP16 data.
+PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
+    "Resize": (1, 2), "Upsample": (1,), "Range": (0, 1, 2), "Pad": (2,), "Dropout": (1,),
+    "NonMaxSuppression": (3, 4),
+}
+
+
+def fp16_signature(node: onnx.NodeProto, opset: int) -> frozenset[int] | None:
+    """Input positions that may hold float16 when the node runs in FP16, or None when no float
+    output can be float16 (the node cannot run in FP16 at all). A node with some outputs that
+    cannot be float16 still runs in FP16: those stay FP32 (`fp32_outputs`)."""
+    return _signature(node.op_type, node.domain, opset, len(node.input))
+
+
+def fp32_outputs(node: onnx.NodeProto, opset: int) -> frozenset[int]:
+    """Output positions that stay float32 when the node runs in FP16: the schema lets them be
+    float but not float16 (opset-17 LayerNormalization's Mean and InvStdDev, type U)."""
+    return _fp32_outputs(node.op_type, node.domain, opset, len(node.output))
+
+
+def _schema_types(op_type: str, domain: str, opset: int):
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None, {}
+    return schema, {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+
+@functools.lru_cache(maxsize=4096)
+def _fp32_outputs(op_type: str, domain: str, opset: int, outputs: int) -> frozenset[int]:
+    schema, allowed = _schema_types(op_type, domain, opset)
+    if schema is None or not schema.outputs:
+        return frozenset()
+    formal = list(schema.outputs)
+    out = set()
+    for k in range(outputs):
+        types = allowed.get(formal[min(k, len(formal) - 1)].type_str, set())
+        if "tensor(float)" in types and "tensor(float16)" not in types:
+            out.add(k)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(op_type: str, domain: str, opset: int, inputs: int) -> frozenset[int] | None:
+    schema, allowed = _schema_types(op_type, domain, opset)
+    if schema is None:
+        return None
+
+    def takes_half(type_str: str) -> bool:
+        return "tensor(float16)" in allowed.get(type_str, {type_str})
+
+    floats = [p for p in schema.outputs if "tensor(float)" in allowed.get(p.type_str, {p.type_str})]
+    if floats and not any(takes_half(p.type_str) for p in floats):
+        return None
+    positions: set[int] = set()
+    formal = list(schema.inputs)
+    for k in range(inputs):
+        param = formal[min(k, len(formal) - 1)] if formal else None
+        if param is not None and takes_half(param.type_str):
+            positions.add(k)
+    return frozenset(positions)
+
+
+def has_schema(node: onnx.NodeProto, opset: int) -> bool:
+    """Does onnx know this op (its domain at this opset)?"""
+    return _has_schema(node.op_type, node.domain, opset)
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_schema(op_type: str, domain: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, opset, domain)
+        return True
+    except onnx.defs.SchemaError:
+        return False
