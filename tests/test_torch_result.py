@@ -1,0 +1,110 @@
+"""The torch run's result: torch_plan.json keeps its keys, their order and their values
+(tests/fixtures/torch_plan_golden.json, written by the code before the torch result became
+a kind of the run's result; rewrite it with `python -m tests.test_torch_result` only for a
+change of the file's contents that is meant), and its verdicts' exit codes are the run's."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trtbisect.torch.driver import diagnose  # noqa: E402
+from trtbisect.torch.export import load_torch_model  # noqa: E402
+from trtbisect.torch.precision import pick_precision  # noqa: E402
+from trtbisect.torch.result import TorchOptions  # noqa: E402
+
+MODELS = Path(__file__).parent / "models" / "torch_models.py"
+GOLDEN = Path(__file__).parent / "fixtures" / "torch_plan_golden.json"
+BROKEN = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Huge(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(3, 3)
+            self.head = nn.Linear(3, 2)
+            with torch.no_grad():
+                self.head.weight.mul_(1e6)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    def huge():
+        torch.manual_seed(0)
+        return Huge(), torch.ones(2, 3)
+
+    class Nan(nn.Module):
+        def forward(self, x):
+            return torch.log(-x.abs() - 1)
+
+    def nan():
+        return Nan()
+""")
+# case -> (models file, factory, mode, --input, search): one of each verdict
+CASES = {
+    "fixed": ("models", "amp_conv_overflow", "half", (), True),
+    "fp16_ok": ("models", "healthy", "autocast", (), True),
+    "not_searched": ("models", "overflow", "half", (), False),
+    "no_plan": ("broken", "huge", "half", (), True),
+    "reference_invalid": ("broken", "nan", "half", ("x:2x3",), True),
+}
+
+
+def _plan(case: str, folder: Path) -> tuple[dict, dict, int, dict]:
+    """(torch_plan.json, to_json(), exit code, the other files written) of `case`, with what
+    varies from run to run (versions, the folder, seconds) set to fixed values."""
+    which, factory, mode, inputs, search = CASES[case]
+    source = MODELS
+    if which == "broken":
+        source = folder / "broken.py"
+        source.write_text(BROKEN)
+    tm = load_torch_model(f"{source}:{factory}", inputs)
+    out = folder / "out"
+    r = diagnose(tm, TorchOptions(pick_precision(mode, "fp16", "cpu"), search=search), out)
+    written = json.loads((out / "torch_plan.json").read_text())
+    others = {f.name: f.read_text().replace(str(folder), "<folder>")
+              .replace(str(MODELS.parent), "<models>")
+              for f in sorted(out.iterdir()) if f.name != "torch_plan.json"}
+    return _steady(written, folder), _steady(r.to_json(), folder), r.exit_code, others
+
+
+def _steady(plan: dict, folder: Path) -> dict:
+    fixed = {"version": "V", "torch": "T", "seconds": 0.0, "source": Path(plan["source"]).name,
+             "files": {k: Path(v).relative_to(folder).as_posix()
+                       for k, v in plan["files"].items()}}
+    return json.loads(json.dumps({k: fixed.get(k, v) for k, v in plan.items()}))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_torch_plan_json_keeps_its_keys_order_and_values(case, tmp_path):
+    written, returned, code, others = _plan(case, tmp_path)
+    golden = json.loads(GOLDEN.read_text())[case]
+    assert written["verdict"] == case
+    assert list(written) == list(golden["plan"])  # the keys, in the file's order
+    assert written == golden["plan"]
+    assert returned == written  # what --json prints is what the file says
+    assert code == golden["exit_code"]
+    assert others == golden["others"]  # torch_trace.json, torch_layerwise.json, fp32_plan.py
+
+
+def _write_golden(folder: Path) -> None:
+    out = {}
+    for case in sorted(CASES):
+        (folder / case).mkdir()
+        written, _, code, others = _plan(case, folder / case)
+        out[case] = {"plan": written, "exit_code": code, "others": others}
+    GOLDEN.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="trtbisect-golden-") as d:
+        _write_golden(Path(d))
+    sys.exit(0)
