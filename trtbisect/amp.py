@@ -11,7 +11,8 @@ from .torch.layerwise import ModuleStats, layerwise, summarize
 from .torch.outputs import render_snippet, write_outputs
 from .torch.precision import DTYPES, MODES, Precision, pick_precision, reduced, reduced_args
 from .torch.prior import EXACT_MODULES, candidates, prior
-from .torch.result import VERDICT_EXIT, TorchCulprit, TorchOptions, TorchResult
+from .result import VERDICT_EXIT
+from .torch.result import TorchCulprit, TorchOptions, TorchResult
 from .torch.runner import TorchRunner
 from .torch.snippet import SNIPPET_FUNCTIONS, apply_plan
 

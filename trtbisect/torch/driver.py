@@ -40,12 +40,12 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
     args = [runner.args(tm, s) for s in tm.samples]
     refs = [runner.reference(a) for a in args]
     base: dict[str, Any] = dict(source=tm.source, precision=p, modules=len(runner.modules) - 1,
-                                samples=len(tm.samples), tolerance=tol)
+                                samples=len(tm.samples), tolerance=tol, criteria=opts.criteria)
     problems = [f"output {k!r} of sample {i} has {int((~np.isfinite(v)).sum())} non-finite value(s)"
                 for i, r in enumerate(refs) for k, v in r.items()
                 if v.dtype.kind == "f" and not np.isfinite(v).all()]
     if problems:
-        result = TorchResult("reference_invalid", fp32_modules=[], candidates=0, evaluations=0,
+        result = TorchResult("reference_invalid", fp32_nodes=[], candidates=0, evaluations=0,
                              inferences=0, errors_before={}, errors_after={},
                              reference_problems=problems, **base)
         return _finish(result, out_dir, started)
@@ -68,9 +68,10 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
         return crit.verdict(judged).passed, [j.errors for j in judged]
 
     _, before = measure(frozenset())
-    result = TorchResult("not_searched", fp32_modules=[], candidates=len(cands), evaluations=0,
+    result = TorchResult("not_searched", fp32_nodes=[], candidates=len(cands), evaluations=0,
                          inferences=0, errors_before=worst(before), errors_after=worst(before),
-                         stats=stats, summary=summarize(stats, tol.rtol), seeds=seeds, **base)
+                         stats=stats, summary=summarize(stats, tol.rtol), prior_seeds=seeds,
+                         **base)
     if opts.search:
         stage(f"searching {len(cands)} candidate modules ({len(seeds)} suspects)")
         search = find_minimal_fp32(cands, lambda plan: measure(plan, stop_early=True)[0],
@@ -94,7 +95,7 @@ def _judge(result: TorchResult, search: SearchResult, measure) -> None:
         result.evaluations += 1
         result.verdict = "fixed" if passed else "no_plan"
         result.errors_after = worst(errors)
-        result.fp32_modules = list(search.fp32) if passed else []
+        result.fp32_nodes = list(search.fp32) if passed else []
         result.one_minimal = passed and search.one_minimal
 
 
