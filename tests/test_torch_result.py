@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from trtbisect.judge.criteria import Criteria  # noqa: E402
 from trtbisect.torch.driver import diagnose  # noqa: E402
 from trtbisect.torch.export import load_torch_model  # noqa: E402
 from trtbisect.torch.precision import pick_precision  # noqa: E402
@@ -47,27 +48,35 @@ BROKEN = textwrap.dedent("""
     def nan():
         return Nan()
 """)
-# case -> (models file, factory, mode, --input, search): one of each verdict
+# case -> (models file, factory, mode, --input, search, samples, pass rate, verdict): each
+# verdict, and samples judged under the default criterion and under a pass rate
 CASES = {
-    "fixed": ("models", "amp_conv_overflow", "half", (), True),
-    "fp16_ok": ("models", "healthy", "autocast", (), True),
-    "not_searched": ("models", "overflow", "half", (), False),
-    "no_plan": ("broken", "huge", "half", (), True),
-    "reference_invalid": ("broken", "nan", "half", ("x:2x3",), True),
+    "fixed": ("models", "amp_conv_overflow", "half", (), True, 1, 1.0, "fixed"),
+    "fp16_ok": ("models", "healthy", "autocast", (), True, 1, 1.0, "fp16_ok"),
+    "not_searched": ("models", "overflow", "half", (), False, 1, 1.0, "not_searched"),
+    "no_plan": ("broken", "huge", "half", (), True, 1, 1.0, "no_plan"),
+    "reference_invalid": ("broken", "nan", "half", ("x:2x3",), True, 1, 1.0,
+                          "reference_invalid"),
+    "fixed_on_3_samples": ("broken", "huge", "autocast", ("x:2x3",), True, 3, 1.0, "fixed"),
+    "no_plan_on_3_samples": ("broken", "huge", "half", ("x:2x3",), True, 3, 1.0, "no_plan"),
+    "fixed_on_2_of_3_samples": ("broken", "huge", "autocast", ("x:2x3",), True, 3, 0.6,
+                                "fixed"),
 }
 
 
 def _plan(case: str, folder: Path) -> tuple[dict, dict, int, dict]:
     """(torch_plan.json, to_json(), exit code, the other files written) of `case`, with what
     varies from run to run (versions, the folder, seconds) set to fixed values."""
-    which, factory, mode, inputs, search = CASES[case]
+    which, factory, mode, inputs, search, samples, rate, _ = CASES[case]
     source = MODELS
     if which == "broken":
         source = folder / "broken.py"
         source.write_text(BROKEN)
-    tm = load_torch_model(f"{source}:{factory}", inputs)
+    tm = load_torch_model(f"{source}:{factory}", inputs, samples=samples)
     out = folder / "out"
-    r = diagnose(tm, TorchOptions(pick_precision(mode, "fp16", "cpu"), search=search), out)
+    opts = TorchOptions(pick_precision(mode, "fp16", "cpu"), search=search,
+                        criteria=Criteria(pass_rate=rate))
+    r = diagnose(tm, opts, out)
     written = json.loads((out / "torch_plan.json").read_text())
     others = {f.name: f.read_text().replace(str(folder), "<folder>")
               .replace(str(MODELS.parent), "<models>")
@@ -86,7 +95,7 @@ def _steady(plan: dict, folder: Path) -> dict:
 def test_torch_plan_json_keeps_its_keys_order_and_values(case, tmp_path):
     written, returned, code, others = _plan(case, tmp_path)
     golden = json.loads(GOLDEN.read_text())[case]
-    assert written["verdict"] == case
+    assert written["verdict"] == CASES[case][-1]
     assert list(written) == list(golden["plan"])  # the keys, in the file's order
     assert written == golden["plan"]
     assert returned == written  # what --json prints is what the file says
