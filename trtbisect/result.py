@@ -102,6 +102,17 @@ VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_
                 "not_searched": EXIT_OK}  # not_searched: `torch --no-search`, layer-wise only
 
 
+def search_verdict(search: SearchResult, planned: bool) -> str:
+    """A search's verdict before its plan is judged again: no plan found, one over the
+    budget, a plan to apply (`planned`: it keeps something FP32, or a rewrite changed the
+    model), or the reduced precision as it is."""
+    if not search.found:
+        return "no_plan"
+    if search.over_budget:
+        return "over_budget"
+    return "fixed" if planned else "fp16_ok"
+
+
 class ToJson(Protocol):
     def to_json(self) -> dict: ...
 

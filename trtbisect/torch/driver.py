@@ -12,7 +12,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..compare import OutputError, Tolerance, worst
-from ..judge.criteria import Criteria
+from ..judge.criteria import Criteria, worst_of
+from ..judge.engine import judge_samples
+from ..result import search_verdict
 from ..search import Progress, SearchResult, find_minimal_fp32
 from .explain import explain
 from .export import TorchModel, flatten_outputs, to_numpy
@@ -60,12 +62,9 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
         crit.check_fit(refs[0])
 
     def measure(plan: frozenset[str], stop_early: bool = False):
-        judged = []
-        for sample, a, ref in zip(tm.samples, args, refs):
-            judged.append(crit.judge(ref, runner.run(plan, a), sample, tol))
-            if stop_early and crit.hopeless(judged, len(args)):
-                return False, [j.errors for j in judged]
-        return crit.verdict(judged).passed, [j.errors for j in judged]
+        passed, judged = judge_samples(lambda i: runner.run(plan, args[i]), tm.samples, refs,
+                                       crit, tol, stop_early)
+        return passed, [j.errors for j in judged]
 
     _, before = measure(frozenset())
     result = TorchResult("not_searched", fp32_nodes=[], candidates=len(cands), evaluations=0,
@@ -86,11 +85,9 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
 
 def _judge(result: TorchResult, search: SearchResult, measure) -> None:
     result.search, result.evaluations = search, search.evaluations
-    if not search.found:
-        result.verdict = "no_plan"
-    elif not search.fp32:
-        result.verdict, result.one_minimal = "fp16_ok", True
-    else:
+    result.verdict = search_verdict(search, bool(search.fp32))
+    result.one_minimal = result.verdict == "fp16_ok"
+    if result.verdict == "fixed":
         passed, errors = measure(frozenset(search.fp32))  # the final check, run afresh
         result.evaluations += 1
         result.verdict = "fixed" if passed else "no_plan"
@@ -106,12 +103,12 @@ def _check_snippet(tm: TorchModel, p: Precision, tol: Tolerance, fp32: list[str]
     crit = crit or Criteria()
     model = apply_plan(copy.deepcopy(tm.module).float().eval().to(p.device), fp32, p.mode,
                        p.torch_dtype)
-    judged = []
-    for sample, ref in zip(tm.samples, refs):
+
+    def infer(i: int) -> dict[str, np.ndarray]:
         with reduced(p):
-            out = model(*reduced_args(p, tm.args(sample, p.device)))
-        judged.append(crit.judge(ref, to_numpy(flatten_outputs(out)), sample, tol))
-    verdict = crit.verdict(judged)
-    if not verdict.passed:
+            out = model(*reduced_args(p, tm.args(tm.samples[i], p.device)))
+        return to_numpy(flatten_outputs(out))
+    passed, judged = judge_samples(infer, tm.samples, refs, crit, tol, stop_early=False)
+    if not passed:
         log.warning("the plan applied with apply_plan does not meet the tolerance; please report")
-    return verdict.errors
+    return worst_of(judged)
