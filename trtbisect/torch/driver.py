@@ -54,7 +54,7 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
     stage(f"layer-wise comparison, FP32 vs {p.mode} {p.dtype}")
     stats = layerwise(runner, tm)
     cands = candidates(stats)
-    seeds, ranking = prior(stats, cands, p.mode)
+    suspects = prior(stats, cands, p.mode)
 
     crit = opts.criteria
     if refs:
@@ -69,12 +69,13 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
     _, before = measure(frozenset())
     result = TorchResult("not_searched", fp32_nodes=[], candidates=len(cands), evaluations=0,
                          inferences=0, errors_before=worst(before), errors_after=worst(before),
-                         stats=stats, summary=summarize(stats, tol.rtol), prior_seeds=seeds,
+                         stats=stats, summary=summarize(stats, tol.rtol), prior_seeds=suspects.seeds,
                          **base)
     if opts.search:
-        stage(f"searching {len(cands)} candidate modules ({len(seeds)} suspects)")
+        stage(f"searching {len(cands)} candidate modules ({len(suspects.seeds)} suspects)")
         search = find_minimal_fp32(cands, lambda plan: measure(plan, stop_early=True)[0],
-                                   seeds, ranking, opts.max_evaluations, progress)
+                                   suspects.seeds, suspects.ranking, opts.max_evaluations,
+                                   progress)
         _judge(result, search, measure)
         if result.verdict == "fixed":
             result.snippet_check = _check_snippet(tm, p, tol, result.fp32_modules, refs, crit)
