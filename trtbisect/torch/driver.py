@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..compare import OutputError, Tolerance, worst
+from ..context import nonfinite_references
 from ..judge.criteria import Criteria, worst_of
 from ..judge.engine import judge_samples
 from ..result import search_verdict
@@ -43,9 +44,7 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
     refs = [runner.reference(a) for a in args]
     base: dict[str, Any] = dict(source=tm.source, precision=p, modules=len(runner.modules) - 1,
                                 samples=len(tm.samples), tolerance=tol, criteria=opts.criteria)
-    problems = [f"output {k!r} of sample {i} has {int((~np.isfinite(v)).sum())} non-finite value(s)"
-                for i, r in enumerate(refs) for k, v in r.items()
-                if v.dtype.kind == "f" and not np.isfinite(v).all()]
+    problems = nonfinite_references(refs)
     if problems:
         result = TorchResult("reference_invalid", fp32_nodes=[], candidates=0, evaluations=0,
                              inferences=0, errors_before={}, errors_after={},
