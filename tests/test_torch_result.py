@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.test_amp import BAD as BROKEN  # noqa: E402  (huge: beyond FP16; nan: FP32 NaN)
 from trtbisect.judge.criteria import Criteria  # noqa: E402
+from trtbisect.result import VERDICT_EXIT  # noqa: E402
 from trtbisect.torch.driver import diagnose  # noqa: E402
 from trtbisect.torch.export import load_torch_model  # noqa: E402
 from trtbisect.torch.precision import pick_precision  # noqa: E402
@@ -22,32 +23,6 @@ from trtbisect.torch.result import TorchOptions  # noqa: E402
 
 MODELS = Path(__file__).parent / "models" / "torch_models.py"
 GOLDEN = Path(__file__).parent / "fixtures" / "torch_plan_golden.json"
-BROKEN = textwrap.dedent("""
-    import torch
-    from torch import nn
-
-    class Huge(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body = nn.Linear(3, 3)
-            self.head = nn.Linear(3, 2)
-            with torch.no_grad():
-                self.head.weight.mul_(1e6)
-
-        def forward(self, x):
-            return self.head(self.body(x))
-
-    def huge():
-        torch.manual_seed(0)
-        return Huge(), torch.ones(2, 3)
-
-    class Nan(nn.Module):
-        def forward(self, x):
-            return torch.log(-x.abs() - 1)
-
-    def nan():
-        return Nan()
-""")
 # case -> (models file, factory, mode, --input, search, samples, pass rate, verdict): each
 # verdict, and samples judged under the default criterion and under a pass rate
 CASES = {
@@ -99,7 +74,7 @@ def test_torch_plan_json_keeps_its_keys_order_and_values(case, tmp_path):
     assert list(written) == list(golden["plan"])  # the keys, in the file's order
     assert written == golden["plan"]
     assert returned == written  # what --json prints is what the file says
-    assert code == golden["exit_code"]
+    assert code == golden["exit_code"] == VERDICT_EXIT[written["verdict"]]  # run's table
     assert others == golden["others"]  # torch_trace.json, torch_layerwise.json, fp32_plan.py
 
 
