@@ -17,7 +17,7 @@ import pytest
 from tests.test_trt_backend import fake
 from trtbisect.backends import trt as trt_backend
 from trtbisect.backends.ort import Emulator, Reference
-from trtbisect.compare import Tolerance, compare_outputs
+from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.graph import Graph, node_names
 
 Make = Callable[[onnx.ModelProto], object]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trtbisect import trt_layers as tl
-from trtbisect.search import Oracle, ddmin, find_minimal_fp32
+from trtbisect.judge import trt_layers as tl
+from trtbisect.search.minimal import Oracle, ddmin, find_minimal_fp32
 
 _spec = importlib.util.spec_from_file_location(
     "search_sequential_v1", Path(__file__).parent / "fixtures" / "search_sequential_v1.py")

@@ -17,11 +17,12 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto as TP, helper as h, numpy_helper as nh
 
-from trtbisect import pipeline, render
+from trtbisect import pipeline
+from trtbisect.outputs import render
 from trtbisect.cli import main
 from trtbisect.judge.precision import BF16
 from trtbisect.pipeline import Options, check_mixed, run
-from trtbisect.rewrite_rules import REWRITES, rewrites_for
+from trtbisect.rewrites.rules import REWRITES, rewrites_for
 
 
 def _save(tmp: Path, name: str, model: onnx.ModelProto, **inputs: np.ndarray) -> tuple[Path, Path]:
@@ -107,7 +108,7 @@ def test_a_precision_loss_fp16_holds_fails_in_bf16_and_is_said_in_bf16s_words(tm
 
 
 def test_bf16_diagnosis_offers_no_fp16_range_fixes_and_no_range_rewrites():
-    from trtbisect.wording import RANGE_FIXES
+    from trtbisect.diagnosis.wording import RANGE_FIXES
     assert {"scale_before_matmul", "mean_before_sum", "clamp_mask_fill"} <= RANGE_FIXES
     kept = {r.name for r in rewrites_for(BF16.narrow_range)}
     assert rewrites_for(True) == REWRITES and kept and kept < {r.name for r in REWRITES}
@@ -117,9 +118,9 @@ def test_bf16_diagnosis_offers_no_fp16_range_fixes_and_no_range_rewrites():
 def test_bf16_range_fixes_vanish_from_a_diagnosis(tmp_path):
     """The same overflow diagnosed as if BF16 had judged it (numbers over BF16's range are
     impossible here, so the words are checked on the fix list of an FP16-sized overflow)."""
-    from trtbisect.diagnose import diagnose
+    from trtbisect.diagnosis.diagnose import diagnose
     from trtbisect.graph import Graph
-    from trtbisect.suspects import constant_stats
+    from trtbisect.search.prior import constant_stats
     model, inputs = squares(tmp_path)
     ctx = pipeline.prepare(model, Options(inputs=[str(inputs)]))
     stats = pipeline.layerwise(ctx, Options(inputs=[str(inputs)]))
@@ -133,7 +134,7 @@ def test_bf16_range_fixes_vanish_from_a_diagnosis(tmp_path):
 def test_one_judge_in_bf16_for_random_unit_plans_under_trt_semantics(tmp_path):
     """The trt-semantics cases of the FP16 one-judge test, in BF16 (TF32 on and off)."""
     from tests.test_one_judge import TRT_CASES
-    from trtbisect import semantics
+    from trtbisect.judge import semantics
     from trtbisect.judge import written as judge_written
     for name in sorted(TRT_CASES):
         model, inputs = TRT_CASES[name]
@@ -370,8 +371,8 @@ def test_polygraphy_checks_the_bf16_mixed_model_on_onnx_runtime(tmp_path):
     pytest.importorskip("polygraphy")
     from trtbisect.backends.ort import emulation_of_mixed
     from trtbisect.graph import Graph
-    from trtbisect.mixed import Written, mixed_model
-    from trtbisect.semantics import Rules
+    from trtbisect.outputs.mixed import Written, mixed_model
+    from trtbisect.judge.semantics import Rules
     poly = Path(sys.executable).parent / "polygraphy"
     if not poly.exists():
         pytest.skip("polygraphy is not installed beside the interpreter")

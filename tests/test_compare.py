@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtbisect.compare import compare_output, round_fp16, tensor_stats
+from trtbisect.judge.compare import compare_output, round_fp16, tensor_stats
 
 
 def test_overflow_and_flush_counts_are_what_an_fp16_store_does():

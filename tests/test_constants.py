@@ -23,7 +23,7 @@ from tests.conftest import save_zoo_model
 from tests.models.semantics_models import (constant_planted, constant_stored,
                                            layernorm_overflow_opset17)
 from tests.test_semantics_pipeline import _judge_agrees, _same_bits
-from trtbisect import semantics as sem
+from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator, make_session
 from trtbisect.graph import Graph, fp16_signature, fp32_outputs, node_names
 from trtbisect.pipeline import Options, RunResult, check_mixed, run

@@ -14,10 +14,10 @@ import pytest
 
 from tests.models.control_flow_models import Planted, all_planted
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
-from trtbisect.compare import Tolerance
+from trtbisect.judge.compare import Tolerance
 from trtbisect.graph import Graph, node_names, with_node_names
 from trtbisect.judge.loadable import checker_problem, runtime_problem
-from trtbisect.mixed import mixed_model
+from trtbisect.outputs.mixed import mixed_model
 from trtbisect.pipeline import Options, check_mixed, run
 
 PLANTED = all_planted()
@@ -171,7 +171,7 @@ def test_a_model_local_function_is_inlined_with_readable_names():
 # ------------------------------------------------------------------ never a silent "FP16 is fine"
 
 def test_a_contrib_op_is_listed_as_unjudged_and_as_unsupported_by_tensorrt():
-    from trtbisect import coverage
+    from trtbisect.judge import coverage
 
     g = Graph(PLANTED["contrib_fused_matmul"].model)
     assert g.types["mm"] == onnx.TensorProto.FLOAT  # typed past the op onnx does not know
@@ -261,7 +261,7 @@ def test_autocast_keeps_subgraph_nodes_in_fp32_as_the_rendering_says(tmp_path):
     pytest.importorskip("modelopt.onnx.autocast")
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
-    from trtbisect.render import autocast_patterns
+    from trtbisect.outputs.render import autocast_patterns
 
     p = PLANTED["if_taken_branch"]
     path = tmp_path / "named.onnx"
@@ -323,7 +323,7 @@ def test_a_culprit_inside_a_pytorch_branch_keeps_its_module(tmp_path):
 
 
 def test_default_domain_ops_without_fp16_or_importer_are_listed():
-    from trtbisect import coverage
+    from trtbisect.judge import coverage
 
     nodes = [onnx.helper.make_node("Celu", ["x"], ["c"], name="celu"),  # float only: no FP16
              onnx.helper.make_node("Relu", ["c"], ["r"], name="relu"),

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbisect import semantics
-from trtbisect.cost import (DEFAULT_GPU, GPUS, GpuClass, Pricing, gpu_class, infer_shapes,
+from trtbisect.judge import semantics
+from trtbisect.search.cost import (DEFAULT_GPU, GPUS, GpuClass, Pricing, gpu_class, infer_shapes,
                             node_flops, pricing_for)
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
@@ -177,7 +177,7 @@ PRICE_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
 from tests.models.make_models import deep_model
-from trtbisect.cost import pricing_for
+from trtbisect.search.cost import pricing_for
 from trtbisect.graph import Graph
 z = deep_model(blocks=8, overflow_blocks=())
 g = Graph(z.model)

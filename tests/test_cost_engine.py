@@ -16,9 +16,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.models.control_flow_models import all_planted
 from tests.models.make_models import deep_model, zoo
 from tests.models.semantics_models import constant_planted, planted
-from trtbisect import semantics
+from trtbisect.judge import semantics
 from trtbisect.backends.ort import Reference
-from trtbisect.cost import engine_pricing, search_args
+from trtbisect.search.cost import engine_pricing, search_args
 from trtbisect.graph import Graph
 
 
@@ -227,7 +227,7 @@ def test_one_price_per_engine_in_the_run_and_the_table_adds_up(tmp_path):
     console = out["trt"][0]
     share = f"+{100 * trt['units']['conv + bn']['share']:.1f}%"
     assert any(line.startswith("│ conv") and share in line for line in console.splitlines())
-    from trtbisect.cost import pct
+    from trtbisect.search.cost import pct
     casts = pct(trt["boundary_casts_share"])  # the console's plan table adds up too
     assert any("boundary Casts" in line and casts in line for line in console.splitlines())
     assert "TensorRT layers in FP32" in console

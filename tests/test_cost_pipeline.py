@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from tests.models.make_models import zoo
 from trtbisect.cli import main
 from trtbisect.pipeline import Options, check_mixed, run
-from trtbisect.report import pareto_front
+from trtbisect.outputs.report import pareto_front
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from trtbisect import pipeline
-from trtbisect.compare import Tolerance, compare_outputs
+from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.judge.criteria import Criteria, Judgement, Verdict
 from trtbisect.pipeline import Options, run
 
@@ -34,7 +34,7 @@ def _legacy_judge(monkeypatch) -> None:
         return Judgement(compare_outputs(ref, got, tol))
 
     def verdict(self, judged):
-        from trtbisect.compare import worst
+        from trtbisect.judge.compare import worst
         ok = all(e.passed for j in judged for e in j.errors.values())
         return Verdict(ok, worst(j.errors for j in judged), (), tuple(j.passed for j in judged),
                        tuple(0.0 for _ in judged), len(judged))

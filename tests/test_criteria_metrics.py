@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from tests.test_cli import invoke
-from trtbisect.compare import Tolerance
+from trtbisect.judge.compare import Tolerance
 from trtbisect.errors import TrtBisectError
 from trtbisect.judge.flags import parse_criteria, parse_metric
 from trtbisect.judge.metrics import cosine, iou, snr, topk_agreement

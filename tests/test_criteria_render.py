@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli import invoke
-from trtbisect import render
-from trtbisect.compare import Tolerance
+from trtbisect.outputs import render
+from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import criteria_flags, parse_criteria
 from trtbisect.pipeline import Options, check_mixed, run
 
@@ -51,7 +51,7 @@ def demo_files(tmp_path_factory):
     criterion here) and the plan minus one node."""
     from trtbisect.backends.ort import emulation_of_mixed
     from trtbisect.graph import Graph
-    from trtbisect.mixed import Written, mixed_model
+    from trtbisect.outputs.mixed import Written, mixed_model
     out = tmp_path_factory.mktemp("demo")
     r = run(DEMO, Options(inputs=[str(DATA)]), out / "run")
     files = {"plan": out / "run" / "demo.mixed.onnx"}

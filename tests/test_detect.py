@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from trtbisect.backends.ort import Reference
-from trtbisect.compare import FP16_MAX
-from trtbisect.detect import CAUSES, detect, flushed_at, group_culprits, node_numbers
-from trtbisect.facts import Facts
+from trtbisect.judge.compare import FP16_MAX
+from trtbisect.diagnosis.detect import CAUSES, detect, flushed_at, group_culprits, node_numbers
+from trtbisect.diagnosis.facts import Facts
 from trtbisect.graph import Graph
 from trtbisect.pipeline import Context, Options, layerwise
-from trtbisect.suspects import constant_stats
+from trtbisect.search.prior import constant_stats
 
 IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
 

@@ -15,12 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import save_zoo_model
 from trtbisect.cli import main
-from trtbisect.compare import FP16_MAX
-from trtbisect.diagnose import CulpritGroup, diagnose, group_culprits
+from trtbisect.judge.compare import FP16_MAX
+from trtbisect.diagnosis.diagnose import CulpritGroup, diagnose, group_culprits
 from trtbisect.backends.ort import Reference
 from trtbisect.graph import Graph
 from trtbisect.pipeline import Context, Options, layerwise, run
-from trtbisect.suspects import constant_stats
+from trtbisect.search.prior import constant_stats
 
 N = helper.make_node
 

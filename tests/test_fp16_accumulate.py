@@ -15,10 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.test_cli import invoke
 from tests.test_semantics_pipeline import DEMO, PLANTED, _judge_agrees, _same_bits
-from trtbisect import semantics as sem
+from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator
 from trtbisect.graph import Graph
-from trtbisect.mixed import mixed_model
+from trtbisect.outputs.mixed import mixed_model
 from trtbisect.pipeline import Options, check_mixed, run
 
 BLOCK = sem.FP16_ACCUMULATE_BLOCK

@@ -24,7 +24,7 @@ from trtbisect.data.sources import iter_items
 from trtbisect.data.store import SampleSet
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
-from trtbisect.limits import Limits
+from trtbisect.data.limits import Limits
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,7 +194,7 @@ def test_a_plan_whose_loop_never_ends_fails_by_the_eval_timeout(tmp_path):
                "--eval-timeout", "0.25")
     assert r.exit_code == 0, r.output  # the written plan finishes, and passes
     fp16 = tmp_path / "fp16.onnx"
-    from trtbisect.mixed import mixed_model
+    from trtbisect.outputs.mixed import mixed_model
     mixed_model(Graph.from_path(model), frozenset()).save(fp16)
     r = invoke("check", fp16, "--reference", model, "--inputs", inputs, "--eval-timeout", "0.25")
     assert r.exit_code == 4 and "stopped after --eval-timeout 0.25 s" in r.output, r.output
@@ -367,7 +367,7 @@ def test_a_hook_score_beyond_float_is_inf(two, tmp_path):
 
 
 def test_sizes_read_as_people_write_them():
-    from trtbisect.limits import parse_size
+    from trtbisect.data.limits import parse_size
     assert [parse_size(s) for s in ("100", "1K", "512M", "2G", "1.5GiB", "3t")] == [
         100, 1024, 512 << 20, 2 << 30, 3 << 29, 3 << 40]
     for bad in ("", "-1", "1e3", "lots", "5 apples"):

@@ -32,7 +32,7 @@ from click.testing import CliRunner
 from tests.fuzz.make_cases import HOSTILE, overflow_model
 from trtbisect.cli import main
 from trtbisect.outputs.escape import md_code, md_text, visible
-from trtbisect.render import parse_trtexec_spec
+from trtbisect.outputs.render import parse_trtexec_spec
 
 pytest.importorskip("matplotlib")  # --report
 markdown_it = pytest.importorskip("markdown_it")

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from trtbisect import journal as journal_mod
-from trtbisect.journal import MAX_ATTEMPTS, Journal, plan_key
+from trtbisect.search import journal as journal_mod
+from trtbisect.search.journal import MAX_ATTEMPTS, Journal, plan_key
 
 FP = {"model": "m" * 64, "samples": "s" * 64, "tolerance": {"rtol": 0.01}, "strict": False}
 A, B, C = plan_key(["a"]), plan_key(["a", "b"]), plan_key([])

@@ -13,10 +13,10 @@ from onnx import TensorProto as TP, helper as h, numpy_helper
 
 from tests.conftest import save_zoo_model, x_to_y
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
-from trtbisect.compare import Tolerance, compare_outputs
+from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.graph import Graph
 from trtbisect.judge import written
-from trtbisect.mixed import mixed_model
+from trtbisect.outputs.mixed import mixed_model
 from trtbisect.pipeline import Options, check_mixed, run
 
 ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
@@ -163,7 +163,7 @@ def test_external_data_model_runs_by_reference_and_its_files_check(tmp_path):
 
 
 def test_written_models_go_external_above_the_embed_limit(tmp_path, monkeypatch):
-    from trtbisect import mixed
+    from trtbisect.outputs import mixed
     path = _external_data_model(tmp_path)
     monkeypatch.setattr(mixed, "EMBED_LIMIT", 1024)
     g = Graph.from_path(path)
@@ -291,7 +291,8 @@ def test_trt_semantics_search_and_written_file_agree_for_random_unit_plans(tmp_p
     """Under trt semantics (fused layers, folded constants, BatchNorm as scale/shift), with
     and without TF32 and FP16 accumulation: the search's numbers for a plan of whole units
     are, bit for bit, those of the judge of its written file."""
-    from trtbisect import pipeline, semantics
+    from trtbisect import pipeline
+    from trtbisect.judge import semantics
     model, inputs = TRT_CASES[name]
     path = tmp_path / "m.onnx"
     onnx.save(model, path)

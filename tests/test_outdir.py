@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fuzz.make_cases import overflow_model
-from trtbisect import outdir as outdir_mod
+from trtbisect.outputs import outdir as outdir_mod
 from trtbisect.outputs import cache as result_cache
 from trtbisect.cli import main
 

@@ -15,8 +15,8 @@ from trtbisect.backends.ort import Emulator, MixedModel
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
 from trtbisect.judge.precision import BF16, FP16, precision
-from trtbisect.mixed import mixed_model
-from trtbisect.semantics import Rules, round_weight
+from trtbisect.outputs.mixed import mixed_model
+from trtbisect.judge.semantics import Rules, round_weight
 
 
 def test_the_formats_limits():

@@ -13,7 +13,7 @@ import pytest
 
 from tests.models import quant_models as qm
 from tests.test_cli import assert_one_line_error, invoke
-from trtbisect.compare import Tolerance
+from trtbisect.judge.compare import Tolerance
 from trtbisect.pipeline import Options
 from trtbisect.quant import analyse, is_quantized, run, unquantize
 from trtbisect.quant.judge import QuantJudge, session
@@ -289,7 +289,7 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
     """A compute-bound quantized MatMul costs FP16's time over 2 on an L4 (INT8 242.5 dense
     TOPS against FP16's 121 TFLOPS); un-quantizing it in a file FP32 elsewhere costs the FP32
     rate; an FP8 file priced on an A100 is refused."""
-    from trtbisect.cost import GPUS, QUANT_PEAKS
+    from trtbisect.search.cost import GPUS, QUANT_PEAKS
     from trtbisect.errors import TrtBisectError
     from trtbisect.quant.cost import QuantPricing, _Node, pricing_for
 
@@ -316,7 +316,7 @@ def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traff
     mm3 with no quantized layer to fuse into: a Q kernel of its own (h2 read at 4 bytes,
     written at 1), priced at the L4's bandwidth. The cost rows add up to the plan's slowdown
     against all-quantized."""
-    from trtbisect.cost import GPUS
+    from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for
 
     rng = np.random.default_rng(7)
@@ -356,7 +356,7 @@ def test_a_reformat_reads_the_float_width_its_writer_has_under_the_plan():
     """In a file FP16 elsewhere a Q reformat reads 2 bytes per element, 4 where the plan also
     keeps the layer writing its input in FP32: fp16_side's xh (written by a Cast) always has
     one; un-quantizing mm1 removes it and leaves h's Q, mm1's output, a kernel of its own."""
-    from trtbisect.cost import GPUS
+    from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for
     from trtbisect.quant.half import half_nodes
     from trtbisect.quant.judge import FP32_PREFIX

@@ -93,7 +93,7 @@ def test_run_takes_top_and_all(zoo, tmp_path, monkeypatch):
 
 
 def test_groups_sum_unit_costs_once_and_fall_back_to_layers():
-    from trtbisect.diagnose import Culprit
+    from trtbisect.diagnosis.diagnose import Culprit
 
     class R:
         culprits = [Culprit("a/Add", "Add", "", None, "PWN(a/Add, a/Mul)"),
@@ -198,8 +198,8 @@ def _plain_run(monkeypatch, model, inputs, out, *extra: str) -> str:
 
 
 def test_advice_says_why_a_rewrite_does_not_apply():
-    from trtbisect.rewrite_advice import advise_group
-    from trtbisect.rewrite_rules import Refusal
+    from trtbisect.diagnosis.advice import advise_group
+    from trtbisect.rewrites.rules import Refusal
 
     def group():
         return {"nodes": ["n/Pow", "n/ReduceMean"], "summary": "x; keep these 2 nodes in FP32, "
@@ -221,7 +221,7 @@ def test_advice_says_why_a_rewrite_does_not_apply():
 
 
 def test_error_trend_words_follow_the_numbers():
-    from trtbisect.wording import _trend
+    from trtbisect.diagnosis.wording import _trend
 
     assert "grows from 0.1% to 1%" in _trend({"input_rel_err": 0.001, "rel_err": 0.01}, "FP16")
     falls = _trend({"input_rel_err": 0.0141, "rel_err": 0.00997}, "FP16")
@@ -233,8 +233,8 @@ def test_error_trend_words_follow_the_numbers():
 def test_loosening_the_criterion_quotes_what_all_fp16_needs():
     from types import SimpleNamespace
 
-    from trtbisect.compare import OutputError, Tolerance
-    from trtbisect.diagnose import relax_words
+    from trtbisect.judge.compare import OutputError, Tolerance
+    from trtbisect.diagnosis.diagnose import relax_words
     from trtbisect.judge.criteria import Criteria
 
     def result(rel: float, nonfinite: int = 0):
@@ -364,7 +364,7 @@ def test_conv_norm_pairs_and_what_the_export_left():
     torch = pytest.importorskip("torch")
     from onnx import helper
 
-    from trtbisect.folding import conv_norm_pairs, folded_at_export
+    from trtbisect.diagnosis.folding import conv_norm_pairs, folded_at_export
 
     class Block(torch.nn.Module):
         def __init__(self):

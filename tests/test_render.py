@@ -15,8 +15,8 @@ import onnx
 import pytest
 
 from tests.conftest import save_zoo_model
-from trtbisect import render as rd
-from trtbisect.compare import Tolerance
+from trtbisect.outputs import render as rd
+from trtbisect.judge.compare import Tolerance
 from trtbisect.pipeline import Options, check_mixed, run
 
 ODD = ["/a:b/Pow", "with space", "ünï/ç:ode", "trailing:", ":leading", "x=y", "a*b"]
@@ -201,7 +201,7 @@ def test_polygraphy_check_passes_on_the_mixed_model_and_fails_all_fp16(odd_run):
     pytest.importorskip("polygraphy")
     from trtbisect.backends.ort import emulation_of_mixed
     from trtbisect.graph import Graph
-    from trtbisect.mixed import Written, mixed_model
+    from trtbisect.outputs.mixed import Written, mixed_model
 
     result, out, model, _ = odd_run
     poly = _tool("polygraphy")

@@ -9,12 +9,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbisect.rewrite_rules import REWRITES
-from trtbisect.rewrite_rules.core import Match, Refusal, Rewrite
-from trtbisect.rewrite_rules.mask import MASK_FILL
-from trtbisect.rewrite_rules.norm import LAYERNORM
-from trtbisect.rewrite_rules.scale import RAISE_EPSILON, SCALE_BEFORE_SQUARE
-from trtbisect.rewrites import (_better, emulator_judge, find_all, measure_drift,
+from trtbisect.rewrites.rules import REWRITES
+from trtbisect.rewrites.core import Match, Refusal, Rewrite
+from trtbisect.rewrites.mask import MASK_FILL
+from trtbisect.rewrites.norm import LAYERNORM
+from trtbisect.rewrites.scale import RAISE_EPSILON, SCALE_BEFORE_SQUARE
+from trtbisect.rewrites.driver import (_better, emulator_judge, find_all, measure_drift,
                                 reference_outputs, same_interface, try_rewrites)
 
 DEMO = Path(__file__).resolve().parents[1] / "models"
@@ -305,7 +305,7 @@ def test_reducesum_with_a_non_count_factor_is_prescaled(zoo):
 def test_find_all_reads_one_view_of_the_model_and_finds_what_each_rule_finds(zoo, monkeypatch):
     """Every rule's finder reads the same View (a 20k-node model's costs 0.2 s), and finds
     exactly what it finds alone."""
-    from trtbisect.rewrite_rules import core
+    from trtbisect.rewrites import core
     model = zoo["layernorm_overflow"].model
     alone = [(type(i).__name__, i.rewrite, tuple(i.where)) for rw in REWRITES
              for i in rw.find(model, None)]
@@ -383,7 +383,7 @@ def test_every_exported_rmsnorm_form_is_rewritten(form, rule):
 
 @pytest.mark.parametrize("form", RMS_FORMS)
 def test_rmsnorm_match_covers_the_whole_tail(form):
-    from trtbisect.rewrite_rules.norm import find_rmsnorm
+    from trtbisect.rewrites.norm import find_rmsnorm
 
     model = _rms_model(form)
     found = find_rmsnorm(model)
@@ -393,7 +393,7 @@ def test_rmsnorm_match_covers_the_whole_tail(form):
 
 
 def test_rmsnorm_tail_that_is_not_a_division_of_x_is_refused():
-    from trtbisect.rewrite_rules.norm import find_rmsnorm
+    from trtbisect.rewrites.norm import find_rmsnorm
 
     model = _rms_model("rsqrt")
     for nd in model.graph.node:  # 1/sqrt(v) times something else than x

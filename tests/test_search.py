@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from trtbisect.search import ddmin, find_minimal_fp32
+from trtbisect.search.minimal import ddmin, find_minimal_fp32
 
 NODES = [f"n{i}" for i in range(600)]
 CULPRITS = {"n100", "n101", "n102", "n103", "n400", "n401"}

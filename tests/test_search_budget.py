@@ -3,7 +3,7 @@ passing one within it is returned, else the best failing one within it, over bud
 
 from __future__ import annotations
 
-from trtbisect.search import find_minimal_fp32
+from trtbisect.search.minimal import find_minimal_fp32
 
 NODES = ["big", "a", "b", *[f"n{i}" for i in range(12)]]  # the ranking: most suspicious first
 PRICE = {"big": 10.0, "a": 1.0, "b": 1.0, **{f"n{i}": 0.5 for i in range(12)}}

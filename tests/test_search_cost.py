@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trtbisect.search import ddmin, find_minimal_fp32, swap_neighbourhood
+from trtbisect.search.minimal import ddmin, find_minimal_fp32, swap_neighbourhood
 
 _spec = importlib.util.spec_from_file_location(
     "search_count_v0", Path(__file__).parent / "fixtures" / "search_count_v0.py")

@@ -1,4 +1,4 @@
-"""Every rule of trtbisect.semantics proven on a planted model (IR 10, built with onnx.helper)."""
+"""Every rule of trtbisect.judge.semantics proven on a planted model (IR 10, built with onnx.helper)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.models.semantics_models import conv_relu_bn
-from trtbisect import semantics as sem
+from trtbisect.judge import semantics as sem
 from trtbisect.errors import TrtBisectError
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "semantics.md"

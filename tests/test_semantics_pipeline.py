@@ -15,11 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.conftest import save_zoo_model
 from tests.models.semantics_models import planted
 from tests.test_cli import invoke
-from trtbisect import semantics as sem
+from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator, MixedModel
 from trtbisect.graph import Graph
-from trtbisect.mixed import mixed_model
-from trtbisect.compare import Tolerance
+from trtbisect.outputs.mixed import mixed_model
+from trtbisect.judge.compare import Tolerance
 from trtbisect.pipeline import Options, check_mixed, run
 
 PLANTED = planted()
@@ -92,7 +92,7 @@ def test_culprits_are_named_as_fused_layers(tmp_path):
 
 
 def _tight():
-    from trtbisect.compare import Tolerance
+    from trtbisect.judge.compare import Tolerance
     return Tolerance(rtol=1e-7)
 
 

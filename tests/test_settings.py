@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trtbisect.compare import Tolerance
+from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.settings import JudgeSettings
-from trtbisect.limits import Limits
+from trtbisect.data.limits import Limits
 from trtbisect.pipeline import Options, _fingerprint, prepare, run
 
 ROOT = Path(__file__).resolve().parents[1]

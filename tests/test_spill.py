@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtbisect import spill
+from trtbisect.data import spill
 
 
 def test_a_spilled_array_survives_release_pages():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from tests.conftest import save_zoo_model
-from trtbisect.compare import Tolerance
+from trtbisect.judge.compare import Tolerance
 from trtbisect.pipeline import Options, run
-from trtbisect.stability import jittered, measure_stability
+from trtbisect.judge.stability import jittered, measure_stability
 
 X = np.linspace(-1.0, 1.0, 64, dtype=np.float32)  # max |ref| = 1, so the bound is rtol
 SAMPLE = {"x": X, "ids": np.arange(4, dtype=np.int64)}

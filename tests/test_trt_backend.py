@@ -26,7 +26,7 @@ import pytest
 
 from trtbisect.backends import base
 from trtbisect.backends import trt as trt_backend
-from trtbisect.compare import Tolerance, compare_outputs
+from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
 from trtbisect.graph import node_names
 
@@ -47,7 +47,7 @@ def run_blocked(code: str) -> subprocess.CompletedProcess:
 
 def test_imports_without_tensorrt_cuda_or_torch():
     proc = run_blocked(
-        "import trtbisect, trtbisect.trt_layers, trtbisect.backends.trt, trtbisect.cli\n"
+        "import trtbisect, trtbisect.judge.trt_layers, trtbisect.backends.trt, trtbisect.cli\n"
         "heavy = [m for m in ('tensorrt', 'cuda', 'torch', 'polygraphy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "from trtbisect.backends.trt import backend_status, trt_available\n"

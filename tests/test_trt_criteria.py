@@ -22,7 +22,7 @@ from tests.test_cli import assert_one_line_error, invoke
 from tests.test_trt_backend import LN, fake
 from tests.test_trt_pool import FUSED, install_fake
 from trtbisect.backends import trt as trt_backend
-from trtbisect.compare import Tolerance
+from trtbisect.judge.compare import Tolerance
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
 from trtbisect.judge.flags import parse_criteria
 

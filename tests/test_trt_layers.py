@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trtbisect import trt_layers as tl
+from trtbisect.judge import trt_layers as tl
 from trtbisect.graph import node_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "trt"

@@ -33,7 +33,7 @@ import onnx
 import pytest
 
 from tests.test_trt_backend import fake
-from trtbisect import render
+from trtbisect.outputs import render
 from trtbisect.backends import trt as trt_backend
 from trtbisect.backends import trt_surface
 from trtbisect.errors import TrtBisectError
@@ -431,8 +431,8 @@ def test_the_fakes_inspector_writes_its_releases_format(monkeypatch, zoo, tmp_pa
 
 def snippet_context(tmp: Path, zoo) -> tuple[render.RenderContext, list[str]]:
     """A plan of the zoo model, its files on disk, and a dynamic input (profile lines)."""
-    from trtbisect.mixed import write_mixed_onnx
-    from trtbisect.plan import save_model
+    from trtbisect.outputs.mixed import write_mixed_onnx
+    from trtbisect.outputs.files import save_model
     z = zoo[LN]
     plan = sorted(z.expected_fp32)
     save_model(tmp / "model.onnx", z.model)

@@ -73,7 +73,7 @@ def _matmul(tmp_path, k: int = 256):
 
 def _all_fp16_rel(m, inputs) -> float:
     from trtbisect.backends.ort import Emulator, Reference
-    from trtbisect.compare import Tolerance, compare_outputs
+    from trtbisect.judge.compare import Tolerance, compare_outputs
     from trtbisect.graph import Graph
 
     g, x = Graph(m), dict(np.load(inputs))
@@ -85,7 +85,7 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
     """All-FP16 passes the judge by a hair (a tolerance 1e-6 above its error): that is inside
     what ORT's optimized kernels move the error by, so it is not `fp16_ok`; the search aims
     inside the bound and keeps the MatMul in FP32, which holds with margin."""
-    from trtbisect.compare import Tolerance
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import Options, run
 
     m, path, inputs = _matmul(tmp_path)
@@ -110,7 +110,7 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
 def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
     """A bound below the FP32 noise floor: even all-FP32 cannot pass by more than the spread."""
     from trtbisect.backends.ort import Reference, kernel_noise
-    from trtbisect.compare import Tolerance
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.graph import Graph
     from trtbisect.pipeline import Options, run
 
@@ -186,7 +186,7 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
     pytest.importorskip("polygraphy")
     from pathlib import Path
 
-    from trtbisect.compare import Tolerance
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import Options, run
 
     root = Path(__file__).resolve().parents[1]
@@ -204,7 +204,7 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
 
     m, path, inputs = _conv_detector(tmp_path)
     from trtbisect.backends.ort import Emulator, Reference
-    from trtbisect.compare import compare_outputs
+    from trtbisect.judge.compare import compare_outputs
     from trtbisect.graph import Graph
 
     g, x = Graph(m), dict(np.load(inputs))
@@ -221,7 +221,7 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
 # ---------------------------------------------------------------- the criterion that fits
 
 def test_concentrated_error_and_probability_maps_point_to_the_criteria_that_fit():
-    from trtbisect.compare import Tolerance, compare_output
+    from trtbisect.judge.compare import Tolerance, compare_output
     from trtbisect.judge.hints import criterion_hints, hint_lines
 
     rng = np.random.default_rng(0)
@@ -293,12 +293,12 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
 def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
     """The aimed rounds judge in the run's process; the first search on 2 workers: the plan,
     the certificate and the evaluations are those of one process."""
-    from trtbisect.compare import Tolerance
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import Options, run
 
     m, path, inputs = _conv_detector(tmp_path)
     from trtbisect.backends.ort import Emulator, Reference
-    from trtbisect.compare import compare_outputs
+    from trtbisect.judge.compare import compare_outputs
     from trtbisect.graph import Graph
 
     g, x = Graph(m), dict(np.load(inputs))
@@ -318,7 +318,7 @@ def test_the_noise_floor_is_measured_once_per_run(tmp_path, monkeypatch):
     """FP32's noise floor is the reference's alone: an aimed round's certificate reuses it
     (each measurement builds two sessions and runs every sample twice)."""
     import trtbisect.backends.ort as ort_backend
-    from trtbisect.compare import Tolerance
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import Options, run
 
     calls = []

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from tests.models.make_models import deep_model
-from trtbisect.compare import OutputError
+from trtbisect.judge.compare import OutputError
 from trtbisect.judge.criteria import Judgement
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.parallel import judge as pjudge, plan_workers

@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
 from ..errors import TrtBisectError
-from ..journal import MAX_ATTEMPTS
+from ..search.journal import MAX_ATTEMPTS
 from .judge import JudgeSpec, Result, SampleJudge
 
 log = logging.getLogger(__name__)

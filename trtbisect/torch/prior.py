@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..suspects import Prior
+from ..search.prior import Prior
 from .layerwise import ModuleStats
 from .modules import ancestors
 

@@ -9,7 +9,7 @@ from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
-from ..compare import OutputError, Tolerance
+from ..judge.compare import OutputError, Tolerance
 from ..judge.criteria import Criteria
 from ..result import Found, errors_json
 from .layerwise import ModuleStats

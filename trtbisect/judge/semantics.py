@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .errors import TrtBisectError
-from .graph import HALF_TYPES, Graph, data_flow, node_reads, structure, with_node_names
-from .judge.precision import FP16, Precision
+from ..errors import TrtBisectError
+from ..graph import HALF_TYPES, Graph, data_flow, node_reads, structure, with_node_names
+from .precision import FP16, Precision
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ MAX_LAYER_NODES = 32
 FP16_ACCUMULATE_BLOCK = 32  # --fp16-accumulate: inner-dimension block whose partials round
 MAX_ACCUMULATE_BLOCKS = 256  # more blocks than this: the node keeps FP32 accumulation (size)
 FOLD_NOTE_NAMES = 20  # folded nodes named in the note; the rest are counted
-META_KEY = "trtbisect.semantics"  # {"renamed": ..., "absorbed": ...}: keeps prepare idempotent
+META_KEY = "trtbisect.judge.semantics"  # {"renamed": ..., "absorbed": ...}: keeps prepare idempotent
 
 # ------------------------------------------------------------------------------- the table
 

@@ -29,11 +29,11 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .compare import TensorStats
+from ..judge.compare import TensorStats
 from .facts import LAYOUT_OPS, Evidence, Facts
-from .graph import Graph
-from .judge.precision import FP16, Precision
-from .suspects import too_small_to_ignore
+from ..graph import Graph
+from ..judge.precision import FP16, Precision
+from ..search.prior import too_small_to_ignore
 
 CAUSES = ("constant_out_of_range", "overflow", "underflow", "non_finite_origin", "precision_loss")
 FP16_MIN_NORMAL = 2.0**-14

@@ -15,8 +15,8 @@ from typing import Sequence
 
 from .detect import attention_scale, flushed_at, node_numbers
 from .facts import Evidence, Facts
-from .judge.precision import FP16, Precision
-from .suspects import SMALL_CONSTANT
+from ..judge.precision import FP16, Precision
+from ..search.prior import SMALL_CONSTANT
 
 DOMAIN_OPS = {"Sqrt": "Max(x, 0)", "Log": "Max(x, eps)", "Div": "denominator + eps",
               "Reciprocal": "x + eps", "Pow": "Max(x, eps)"}

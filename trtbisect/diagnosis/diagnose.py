@@ -16,13 +16,13 @@ from typing import Mapping, Sequence
 
 import onnx
 
-from .compare import TensorStats
+from ..judge.compare import TensorStats
 from .detect import detect, group_culprits, scope_of
 from .facts import Evidence, Facts
-from .graph import Graph, walk, with_node_names
-from .judge.precision import FP16, Precision
-from .torch.modules import module_label
-from .suspects import ConstantStats
+from ..graph import Graph, walk, with_node_names
+from ..judge.precision import FP16, Precision
+from ..torch.modules import module_label
+from ..search.prior import ConstantStats
 from .wording import Fix, fixes_for, node_why, num, pct, summarize
 
 # Names others import from here (group_culprits, Fix; num and pct for the report).

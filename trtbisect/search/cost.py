@@ -29,9 +29,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .errors import TrtBisectError
+from ..errors import TrtBisectError
 from .flow import HOLDERS, branches_taken, node_runs
-from .graph import PARAMETER_INPUTS, Graph, fp16_signature, structure, subgraphs, walk_graphs
+from ..graph import PARAMETER_INPUTS, Graph, fp16_signature, structure, subgraphs, walk_graphs
 
 FLOAT_BYTES = {16: 2, 32: 4}
 EPS = 1e-12  # slowdowns this close to the budget count as within it (float sums)
@@ -643,7 +643,7 @@ def engine_pricing(graph: Graph, judged: Graph, prepared, units: Mapping[str, Se
     """The run's prices over its search `units` of `judged`: the layers TensorRT is predicted
     to build from `graph` (the model as given), priced at the sample's shapes. `prepared`:
     the run's `semantics.Prepared`; `probe_for(g)`: a shape probe of graph g."""
-    from . import semantics
+    from ..judge import semantics
 
     if prepared is None or prepared.semantics == "trt":
         eg, eprep, eunits, engine_of = judged, prepared, units, None
@@ -697,7 +697,7 @@ def within_budget(result, pricing: Pricing | PlanPricing, budget: float | None):
     within PCT%; else the best plan evaluated within it (a passing one, the cheapest; else the
     one with the smallest error), returned as a new, uncertified result with `over_budget`
     set when it fails. None when the plan already fits (or there is no budget)."""
-    from .search import SearchResult
+    from .minimal import SearchResult
 
     if budget is None or not result.found:
         return None

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .errors import TrtBisectError
-from .graph import Graph
+from ..errors import TrtBisectError
+from ..graph import Graph
 from .limits import memory_limit  # noqa: F401 (its home is limits.py; imported from here too)
 
 Sample = dict[str, np.ndarray]
@@ -171,7 +171,7 @@ def load_samples(graph: Graph, paths: Sequence[str | os.PathLike],
     Each .npz is keyed by graph input name. An array with one more dimension than the input is
     a stack of samples along its first axis. Without files, `count` seeded random samples.
     """
-    from .data.sources import iter_items
+    from .sources import iter_items
     return [item.sample for item in iter_items(graph, [str(p) for p in paths], None, shapes,
                                                seed, count)]
 

@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .compare import TensorStats
-from .graph import Graph
-from .judge.precision import FP16, Precision
-from .suspects import ConstantStats
+from ..judge.compare import TensorStats
+from ..graph import Graph
+from ..judge.precision import FP16, Precision
+from ..search.prior import ConstantStats
 
 # Nodes that only move data: culprits joined through them are one group, and a constant read
 # through them is still that constant.

@@ -16,11 +16,11 @@ from typing import Mapping
 import numpy as np
 from onnx import numpy_helper
 
-from .compare import TensorStats
-from .graph import Graph
-from .judge.precision import FP16, Precision
-from .semantics import round_weight
-from .spill import release_pages
+from ..judge.compare import TensorStats
+from ..graph import Graph
+from ..judge.precision import FP16, Precision
+from ..judge.semantics import round_weight
+from ..data.spill import release_pages
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import TrtBisectError
-from .outputs import files
+from ..errors import TrtBisectError
+from . import files
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class Manifest:
         return None
 
     def write(self, folder: Path) -> None:
-        from .plan import atomic_write_json
+        from .files import atomic_write_json
         atomic_write_json(folder / MANIFEST, self.to_json())
 
 
@@ -408,7 +408,7 @@ class Generation:
     def commit(self, plan: object) -> None:
         """The manifest says complete, then precision.json: the plan appears last, with all
         its files."""
-        from .plan import atomic_write_json
+        from .files import atomic_write_json
 
         self.claim(PLAN)
         self.new.complete = True

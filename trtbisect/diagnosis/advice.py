@@ -48,8 +48,8 @@ def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
 def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, list] | None:
     """Matches and refusals of the wanted rules on the model as given (None: too large to
     look at, as --rewrite itself would not)."""
-    from .rewrite_rules import rewrites_for
-    from .rewrites import REWRITE_WEIGHT_LIMIT, find_all
+    from ..rewrites.rules import rewrites_for
+    from ..rewrites.driver import REWRITE_WEIGHT_LIMIT, find_all
 
     if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
         return None

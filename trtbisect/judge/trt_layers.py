@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 
 from trtbisect.graph import node_names
-from trtbisect.search import Ask, BudgetExhausted, Check, Done, Oracle, find_minimal_fp32
+from trtbisect.search.minimal import Ask, BudgetExhausted, Check, Done, Oracle, find_minimal_fp32
 
 log = logging.getLogger(__name__)
 

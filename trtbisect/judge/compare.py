@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from .judge.precision import Precision
+    from .precision import Precision
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0**-24  # smallest positive subnormal
@@ -48,7 +48,7 @@ class Tolerance:
 def validate_tolerance(tol: Tolerance, output_names: Sequence[str]) -> None:
     """Refuse what would be silently ignored or meaningless: a per-output tolerance naming no
     graph output, a negative or NaN bound."""
-    from .errors import TrtBisectError
+    from ..errors import TrtBisectError
 
     bounds = [("--rtol", tol.rtol), ("--atol", tol.atol)] + [
         (f"--output-tol {name}", v) for name, pair in tol.per_output.items() for v in pair]

@@ -23,8 +23,8 @@ import logging
 
 from onnx import TensorProto
 
-from .errors import TrtBisectError
-from .graph import PASS_THROUGH_OPS, Graph
+from ..errors import TrtBisectError
+from ..graph import PASS_THROUGH_OPS, Graph
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import TrtBisectError
-from .outputs import files
+from ..errors import TrtBisectError
+from ..outputs import files
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .backends.ort import Reference
-from .compare import OutputError, Tolerance
-from .graph import Graph
-from .rewrite_rules import REWRITES, Match, Refusal, Rewrite, RewriteRefused
-from .rewrite_rules.core import View
+from ..backends.ort import Reference
+from ..judge.compare import OutputError, Tolerance
+from ..graph import Graph
+from .rules import REWRITES, Match, Refusal, Rewrite, RewriteRefused
+from .core import View
 
 log = logging.getLogger(__name__)
 
@@ -310,8 +310,8 @@ def emulator_judge(model: onnx.ModelProto, samples: Sequence[Sample],
     The pipeline supplies its own judge (journaled, strict mode); this one is for tests and
     scripts and uses the same emulator and criterion.
     """
-    from .backends.ort import Emulator
-    from .compare import compare_outputs, worst
+    from ..backends.ort import Emulator
+    from ..judge.compare import compare_outputs, worst
 
     tol = tolerance or Tolerance()
     references = reference_outputs(model, samples)

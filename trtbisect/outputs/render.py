@@ -56,9 +56,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .compare import Tolerance
-from .judge.criteria import Criteria
-from .judge.precision import FP16, Precision, precision as low_precision
+from ..judge.compare import Tolerance
+from ..judge.criteria import Criteria
+from ..judge.precision import FP16, Precision, precision as low_precision
 
 Shape = tuple[int, ...]
 ShapeRange = tuple[Shape, Shape, Shape]  # min, opt, max
@@ -480,7 +480,7 @@ def _calibration(ctx: RenderContext) -> str | None:
 
 def _check_line(path: str, ctx: RenderContext) -> str:
     """`trtbisect check` of a converted model with the tolerance the plan was found under."""
-    from .judge.flags import criteria_flags
+    from ..judge.flags import criteria_flags
     tol = ctx.tolerance
     argv = ["trtbisect", "check", path, "--reference", ctx.reference_model or ctx.model,
             "--rtol", repr(tol.rtol),

@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .graph import Graph, constant_value, subgraphs
+from ..graph import Graph, constant_value, subgraphs
 
 Probe = Callable[[Sequence[str]], Mapping[str, tuple[int, ...]]]
 

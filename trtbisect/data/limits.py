@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from .errors import TrtBisectError
+from ..errors import TrtBisectError
 
 T = TypeVar("T")
 

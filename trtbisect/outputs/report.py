@@ -16,15 +16,15 @@ import math
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from .compare import FP16_MAX, FP16_TINY, OutputError
-from .diagnose import num, pct
-from .errors import require
-from .judge.precision import FP16, Precision, precision as low_precision
-from .outputs.escape import md_code, md_fence, md_table_cell, md_text, shown_text
-from .outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
+from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
+from ..diagnosis.diagnose import num, pct
+from ..errors import require
+from ..judge.precision import FP16, Precision, precision as low_precision
+from .escape import md_code, md_fence, md_table_cell, md_text, shown_text
+from .plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
                                   plural, search_words)
-from .plan import atomic_write, atomic_write_text
-from .result import RunResult
+from .files import atomic_write, atomic_write_text
+from ..result import RunResult
 
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
 TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.json has it all)
@@ -77,7 +77,7 @@ def low_of(result: "RunResult") -> Precision:
 
 
 def verdict_line(result: "RunResult") -> str:
-    from .coverage import partial_words
+    from ..judge.coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
     line = VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
                                            layers=layers_words(result),
@@ -277,7 +277,7 @@ def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, flo
     """The search's evaluated plans as (slowdown %, worst relative error, passed), the
     written plan's point, and the tolerance the error is held to (rtol)."""
     cost = result.cost
-    from .cost import all_low_s
+    from ..search.cost import all_low_s
 
     if result.search is None or not isinstance(cost, Mapping) or not all_low_s(cost):
         return [], None, result.tolerance.rtol
@@ -436,7 +436,7 @@ def plan_group_table(result: "RunResult") -> tuple[str, list[str], list[tuple]]:
     costs = any(g.share is not None for g in groups)
     head = ["module" if by_module else "layer (first node)", "nodes", "ops",
             *(["cost"] if costs else []), "cause"]
-    from .cost import pct as cost_pct
+    from ..search.cost import pct as cost_pct
 
     rows = [(g.label, g.nodes_text, g.ops_text(None),
              *([cost_pct(g.share) if g.share is not None else ""] if costs else []),
@@ -592,7 +592,7 @@ def _cost_facts(result: "RunResult") -> list[str]:
     c = result.cost
     if not isinstance(c, Mapping) or result.verdict == "reference_invalid":
         return []
-    from .cost import cost_sentence
+    from ..search.cost import cost_sentence
 
     return [f"- estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
             f"{cost_sentence(c)}", *([f"- {md_text(c['fallback'])}"] if c.get("fallback") else [])]
@@ -729,7 +729,7 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
     by_node = group_of_node(result)
     modules = any(c.module for c in result.culprits)
     layers = any(c.layer and c.layer != c.node for c in result.culprits)
-    from .cost import boundary_row, cost_cells
+    from ..search.cost import boundary_row, cost_cells
 
     price = result.cost
     shares = cost_cells(price if isinstance(price, Mapping) else None,
