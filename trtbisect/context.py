@@ -191,8 +191,15 @@ def _samples_hash(samples: Sequence[Sample]) -> str:
 
 
 def reference_problems(ctx: Context) -> list[str]:
+    assert ctx.every_reference is not None  # prepare() sets it
+    return nonfinite_references(ctx.every_reference)
+
+
+def nonfinite_references(references: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
+    """What makes an FP32 reference unusable (the verdict reference_invalid), one line per
+    output of a sample with inf or NaN in it: the ONNX run's and the torch run's."""
     problems = []
-    for k, outs in enumerate(ctx.every_reference):
+    for k, outs in enumerate(references):
         for name, value in outs.items():
             if np.issubdtype(value.dtype, np.floating):
                 bad = int(value.size - np.count_nonzero(np.isfinite(value)))

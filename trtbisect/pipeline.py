@@ -23,7 +23,7 @@ from .backends.ort import Emulator, Reference, run_seconds
 from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
                       prepare, reference_problems)
 from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
-from .result import AimedSearch, JudgedRecord
+from .result import AimedSearch, JudgedRecord, search_verdict
 from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
 from .judge.compare import OutputError, TensorStats
 from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
@@ -233,8 +233,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         and inferences of earlier searches of this run."""
         plan = as_nodes(search.fp32)
         result = RunResult(
-            "no_plan" if not search.found else "over_budget" if search.over_budget else
-            ("fixed" if plan or rewritten else "fp16_ok"),
+            search_verdict(search, bool(plan) or rewritten),
             fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
             evaluations=search.evaluations + judged + spent[0],
             inferences=ev.runs + judged * len(ctx.samples) + spent[1],

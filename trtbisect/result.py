@@ -1,10 +1,12 @@
 """What a run found (`RunResult`: the verdict, the plan, its errors, its files) and the exit
-code of each verdict. Below the writers and the report that read it."""
+code of each verdict. Below the writers and the report that read it. `Found` is what every
+search run finds, whatever its plan names (ONNX nodes here, PyTorch modules in torch/result.py):
+the fields both results share, defined once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Generic, Mapping, Protocol, TypedDict, TypeVar
 
 from . import __version__
 from .judge import degenerate
@@ -97,41 +99,89 @@ JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, w
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
-                "fragile": EXIT_FRAGILE, "reference_unstable": EXIT_REFERENCE_UNSTABLE}
+                "fragile": EXIT_FRAGILE, "reference_unstable": EXIT_REFERENCE_UNSTABLE,
+                "not_searched": EXIT_OK}  # not_searched: `torch --no-search`, layer-wise only
+
+
+def search_verdict(search: SearchResult, planned: bool) -> str:
+    """A search's verdict before its plan is judged again: no plan found, one over the
+    budget, a plan to apply (`planned`: it keeps something FP32, or a rewrite changed the
+    model), or the reduced precision as it is."""
+    if not search.found:
+        return "no_plan"
+    if search.over_budget:
+        return "over_budget"
+    return "fixed" if planned else "fp16_ok"
+
+
+class ToJson(Protocol):
+    def to_json(self) -> dict: ...
+
+
+C = TypeVar("C", bound=ToJson)  # a culprit: diagnose.Culprit, torch/result.TorchCulprit
+S = TypeVar("S")  # a unit's layer-wise statistics: compare.TensorStats, torch's ModuleStats
+
+
+def errors_json(errors: Mapping[str, OutputError]) -> dict[str, dict]:
+    return {k: v.to_json() for k, v in errors.items()}
 
 
 @dataclass
-class RunResult:
+class Found(Generic[C, S]):
+    """What a search run finds, whatever it plans: the verdict, the plan (`fp32_nodes`: the
+    units kept FP32, ONNX nodes or PyTorch module paths), the search and its prior, the
+    errors before and after, the culprits, the files. A run's own fields follow in its
+    subclass, keyword-only."""
     verdict: str
-    model_path: str
-    model_sha256: str
     fp32_nodes: list[str]
     candidates: int
-    nodes: int
     evaluations: int
     inferences: int
     samples: int
     tolerance: Tolerance
-    strict: bool
     errors_before: dict[str, OutputError]
     errors_after: dict[str, OutputError]
-    culprits: list[Culprit] = field(default_factory=list)
+    culprits: list[C] = field(default_factory=list)
     one_minimal: bool = False
     search: SearchResult | None = None
     reference_problems: list[str] = field(default_factory=list)
+    stats: dict[str, S] = field(default_factory=dict)
+    prior_seeds: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+    criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT[self.verdict]
+
+    def counts_json(self) -> dict[str, object]:
+        """The search's counts, as both plan files write them after the plan."""
+        return {"one_minimal": self.one_minimal, "evaluations": self.evaluations,
+                "inferences": self.inferences, "samples": self.samples}
+
+    def judged_json(self) -> dict[str, object]:
+        """The errors before and after the plan and why each unit of it is kept FP32."""
+        return {"errors_before": errors_json(self.errors_before),
+                "errors_after": errors_json(self.errors_after),
+                "culprits": [c.to_json() for c in self.culprits]}
+
+
+@dataclass
+class RunResult(Found[Culprit, TensorStats]):
+    _: KW_ONLY
+    model_path: str
+    model_sha256: str
+    nodes: int
+    strict: bool
     mixed_check: dict[str, OutputError] | None = None
     mixed_model: Written | None = field(default=None, repr=False)  # for fp32_nodes
     rewritten_model: Written | None = field(default=None, repr=False)  # FP32, rewrites applied
     staged: list[str] = field(default_factory=list)  # judged files waiting in --out/.staging
     emulated_mixed: Written | None = field(default=None, repr=False)  # the judge's own graph
-    stats: dict[str, TensorStats] = field(default_factory=dict)
-    prior_seeds: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
     extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
     render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
     model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
-    criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
     # the typed records (TYPED); None: not recorded by this run, not written
     semantics: Semantics | None = None
     precision: Precision | None = None
@@ -163,10 +213,6 @@ class RunResult:
             return None
         return all(e.passed for e in self.mixed_check.values())
 
-    @property
-    def exit_code(self) -> int:
-        return VERDICT_EXIT[self.verdict]
-
     def to_json(self) -> dict:
         return {
             "tool": "trtbisect", "version": __version__, "backend": "ort-emulator",
@@ -176,18 +222,13 @@ class RunResult:
                          if self.model_data_sha256 else {})},
             "verdict": self.verdict,
             "fp32_nodes": self.fp32_nodes,
-            "one_minimal": self.one_minimal,
-            "evaluations": self.evaluations,
-            "inferences": self.inferences,
-            "samples": self.samples,
+            **self.counts_json(),
             "tolerance": {**self.tolerance.to_json(), "strict": self.strict},
-            "errors_before": {k: v.to_json() for k, v in self.errors_before.items()},
-            "errors_after": {k: v.to_json() for k, v in self.errors_after.items()},
-            "culprits": [c.to_json() for c in self.culprits],
+            **self.judged_json(),
             "prior_seeds": self.prior_seeds,
             "reference_problems": self.reference_problems,
             "mixed_model_passed": self.mixed_model_passed,
-            "mixed_model_check": ({k: v.to_json() for k, v in self.mixed_check.items()}
+            "mixed_model_check": (errors_json(self.mixed_check)
                                   if self.mixed_check is not None else None),
             "renderings": self.renderings(),
             "files": self.files,

@@ -5,7 +5,8 @@ workers (parallel/trt_pool.py `TrtJudge`), so a plan gets the same verdict where
 built. It is the emulator's rule (parallel/judge.py `take`, without --strict's watched
 tensors): each sample judged by `Criteria.judge`, the plan passing when `Criteria.verdict`
 says so, and no sample run once the plan cannot pass any more (`Criteria.hopeless`), since on
-TensorRT every sample is an engine execution. Knows no runtime: `infer` runs the plan.
+TensorRT every sample is an engine execution. Knows no runtime: `infer` runs the plan. The
+torch run (torch/driver.py) judges its module plans by the same rule (`judge_samples`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,18 @@ def engine_passes(infer: Callable[[Arrays], Arrays], samples: Sequence[Arrays],
     if criteria is None or criteria.default:
         return all(e.passed for ref, sample in zip(refs, samples)
                    for e in compare_outputs(ref, infer(sample), tolerance).values())
+    return judge_samples(lambda i: infer(samples[i]), samples, refs, criteria, tolerance)[0]
+
+
+def judge_samples(infer: Callable[[int], Arrays], samples: Sequence[Arrays],
+                  refs: Sequence[Arrays], criteria: Criteria, tolerance: Tolerance,
+                  stop_early: bool = True) -> tuple[bool, list[Judgement]]:
+    """(passes, each sample's judgement) of the plan whose outputs on sample i are
+    `infer(i)`; with `stop_early`, no sample is run once the plan cannot pass (the
+    judgements then stop there too). The rule of engine_passes, also the torch run's."""
     judged: list[Judgement] = []
-    for ref, sample in zip(refs, samples):
-        judged.append(criteria.judge(ref, infer(sample), sample, tolerance))
-        if criteria.hopeless(judged, len(refs)):
-            return False
-    return criteria.verdict(judged).passed
+    for i, (ref, sample) in enumerate(zip(refs, samples)):
+        judged.append(criteria.judge(ref, infer(i), sample, tolerance))
+        if stop_early and criteria.hopeless(judged, len(refs)):
+            return False, judged
+    return criteria.verdict(judged).passed, judged

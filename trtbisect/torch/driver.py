@@ -12,7 +12,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..judge.compare import OutputError, Tolerance, worst
-from ..judge.criteria import Criteria
+from ..context import nonfinite_references
+from ..judge.criteria import Criteria, worst_of
+from ..judge.engine import judge_samples
+from ..result import search_verdict
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from .explain import explain
 from .export import TorchModel, flatten_outputs, to_numpy
@@ -40,19 +43,17 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
     args = [runner.args(tm, s) for s in tm.samples]
     refs = [runner.reference(a) for a in args]
     base: dict[str, Any] = dict(source=tm.source, precision=p, modules=len(runner.modules) - 1,
-                                samples=len(tm.samples), tolerance=tol)
-    problems = [f"output {k!r} of sample {i} has {int((~np.isfinite(v)).sum())} non-finite value(s)"
-                for i, r in enumerate(refs) for k, v in r.items()
-                if v.dtype.kind == "f" and not np.isfinite(v).all()]
+                                samples=len(tm.samples), tolerance=tol, criteria=opts.criteria)
+    problems = nonfinite_references(refs)
     if problems:
-        result = TorchResult("reference_invalid", fp32_modules=[], candidates=0, evaluations=0,
+        result = TorchResult("reference_invalid", fp32_nodes=[], candidates=0, evaluations=0,
                              inferences=0, errors_before={}, errors_after={},
                              reference_problems=problems, **base)
         return _finish(result, out_dir, started)
     stage(f"layer-wise comparison, FP32 vs {p.mode} {p.dtype}")
     stats = layerwise(runner, tm)
     cands = candidates(stats)
-    seeds, ranking = prior(stats, cands, p.mode)
+    suspects = prior(stats, cands, p.mode)
 
     crit = opts.criteria
     if refs:
@@ -60,21 +61,20 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
         crit.check_fit(refs[0])
 
     def measure(plan: frozenset[str], stop_early: bool = False):
-        judged = []
-        for sample, a, ref in zip(tm.samples, args, refs):
-            judged.append(crit.judge(ref, runner.run(plan, a), sample, tol))
-            if stop_early and crit.hopeless(judged, len(args)):
-                return False, [j.errors for j in judged]
-        return crit.verdict(judged).passed, [j.errors for j in judged]
+        passed, judged = judge_samples(lambda i: runner.run(plan, args[i]), tm.samples, refs,
+                                       crit, tol, stop_early)
+        return passed, [j.errors for j in judged]
 
     _, before = measure(frozenset())
-    result = TorchResult("not_searched", fp32_modules=[], candidates=len(cands), evaluations=0,
+    result = TorchResult("not_searched", fp32_nodes=[], candidates=len(cands), evaluations=0,
                          inferences=0, errors_before=worst(before), errors_after=worst(before),
-                         stats=stats, summary=summarize(stats, tol.rtol), seeds=seeds, **base)
+                         stats=stats, summary=summarize(stats, tol.rtol), prior_seeds=suspects.seeds,
+                         **base)
     if opts.search:
-        stage(f"searching {len(cands)} candidate modules ({len(seeds)} suspects)")
+        stage(f"searching {len(cands)} candidate modules ({len(suspects.seeds)} suspects)")
         search = find_minimal_fp32(cands, lambda plan: measure(plan, stop_early=True)[0],
-                                   seeds, ranking, opts.max_evaluations, progress)
+                                   suspects.seeds, suspects.ranking, opts.max_evaluations,
+                                   progress)
         _judge(result, search, measure)
         if result.verdict == "fixed":
             result.snippet_check = _check_snippet(tm, p, tol, result.fp32_modules, refs, crit)
@@ -85,16 +85,14 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
 
 def _judge(result: TorchResult, search: SearchResult, measure) -> None:
     result.search, result.evaluations = search, search.evaluations
-    if not search.found:
-        result.verdict = "no_plan"
-    elif not search.fp32:
-        result.verdict, result.one_minimal = "fp16_ok", True
-    else:
+    result.verdict = search_verdict(search, bool(search.fp32))
+    result.one_minimal = result.verdict == "fp16_ok"
+    if result.verdict == "fixed":
         passed, errors = measure(frozenset(search.fp32))  # the final check, run afresh
         result.evaluations += 1
         result.verdict = "fixed" if passed else "no_plan"
         result.errors_after = worst(errors)
-        result.fp32_modules = list(search.fp32) if passed else []
+        result.fp32_nodes = list(search.fp32) if passed else []
         result.one_minimal = passed and search.one_minimal
 
 
@@ -105,12 +103,12 @@ def _check_snippet(tm: TorchModel, p: Precision, tol: Tolerance, fp32: list[str]
     crit = crit or Criteria()
     model = apply_plan(copy.deepcopy(tm.module).float().eval().to(p.device), fp32, p.mode,
                        p.torch_dtype)
-    judged = []
-    for sample, ref in zip(tm.samples, refs):
+
+    def infer(i: int) -> dict[str, np.ndarray]:
         with reduced(p):
-            out = model(*reduced_args(p, tm.args(sample, p.device)))
-        judged.append(crit.judge(ref, to_numpy(flatten_outputs(out)), sample, tol))
-    verdict = crit.verdict(judged)
-    if not verdict.passed:
+            out = model(*reduced_args(p, tm.args(tm.samples[i], p.device)))
+        return to_numpy(flatten_outputs(out))
+    passed, judged = judge_samples(infer, tm.samples, refs, crit, tol, stop_early=False)
+    if not passed:
         log.warning("the plan applied with apply_plan does not meet the tolerance; please report")
-    return verdict.errors
+    return worst_of(judged)

@@ -1,9 +1,11 @@
-"""The search's candidates and its prior (seeds and ranking), from the layer-wise view."""
+"""The search's candidates and its prior (suspects.Prior, the run's shape: seeds, ranking and
+scores), from the layer-wise view of modules."""
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ..search.prior import Prior
 from .layerwise import ModuleStats
 from .modules import ancestors
 
@@ -36,9 +38,8 @@ def _start_order(stats: Mapping[str, ModuleStats]) -> list[str]:
     return sorted(stats, key=lambda p: (begins[p], p.count(".") if p else -1))
 
 
-def prior(stats: Mapping[str, ModuleStats], cands: Sequence[str], mode: str
-          ) -> tuple[list[str], list[str]]:
-    """(seeds, ranking) from the layer-wise view.
+def prior(stats: Mapping[str, ModuleStats], cands: Sequence[str], mode: str) -> Prior:
+    """Seeds and ranking from the layer-wise view; the scores are the modules' error growth.
 
     Seeds: modules whose own code overflowed the reduced dtype, the first module to turn
     non-finite, and modules whose FP32 output is beyond the reduced range. In half mode such an
@@ -67,4 +68,4 @@ def prior(stats: Mapping[str, ModuleStats], cands: Sequence[str], mode: str
     leaves = sorted((m for m in cands if stats[m].leaf), key=lambda m: -stats[m].growth)
     parents = [m for m in cands if not stats[m].leaf]
     ranking = list(dict.fromkeys([*seeds, *leaves, *parents]))
-    return seeds, ranking
+    return Prior(seeds, ranking, {m: stats[m].growth for m in cands})

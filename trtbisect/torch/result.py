@@ -1,20 +1,19 @@
-"""The options of a `trtbisect torch` run and its result."""
+"""The options of a `trtbisect torch` run and its result: the run's result (`result.Found`:
+verdict, plan, counts, errors, search, files, exit code) with a plan of module paths and the
+torch run's own fields (the source, the precision, the module count, the layer-wise summary, the
+pasted snippet's check)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
 from ..judge.compare import OutputError, Tolerance
-from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID
 from ..judge.criteria import Criteria
-from ..search.minimal import SearchResult
+from ..result import Found, errors_json
 from .layerwise import ModuleStats
 from .precision import Precision
-
-VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
-                "no_plan": EXIT_NO_PLAN}
 
 
 @dataclass
@@ -37,33 +36,20 @@ class TorchCulprit:
 
 
 @dataclass
-class TorchResult:
-    verdict: str  # fp16_ok | fixed | no_plan | reference_invalid | (not_searched)
+class TorchResult(Found[TorchCulprit, ModuleStats]):
+    """The plan, `fp32_nodes` (the name RunResult gives it), holds module paths, as
+    `named_modules()` names them (torch_plan.json's `fp32_modules`). Verdicts: fp16_ok, fixed,
+    no_plan, reference_invalid, not_searched (--no-search)."""
+    _: KW_ONLY
     source: str
     precision: Precision
-    fp32_modules: list[str]
-    candidates: int
     modules: int
-    evaluations: int
-    inferences: int
-    samples: int
-    tolerance: Tolerance
-    errors_before: dict[str, OutputError]
-    errors_after: dict[str, OutputError]
-    culprits: list[TorchCulprit] = field(default_factory=list)
-    one_minimal: bool = False
-    search: SearchResult | None = None
-    stats: dict[str, ModuleStats] = field(default_factory=dict)
-    summary: dict[str, object] = field(default_factory=dict)
-    seeds: list[str] = field(default_factory=list)
-    snippet_check: dict[str, OutputError] | None = None
-    reference_problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
+    summary: dict[str, object] = field(default_factory=dict)  # layerwise.summarize
+    snippet_check: dict[str, OutputError] | None = None  # the plan as apply_plan applies it
 
     @property
-    def exit_code(self) -> int:
-        return VERDICT_EXIT.get(self.verdict, EXIT_OK)
+    def fp32_modules(self) -> list[str]:
+        return self.fp32_nodes
 
     def to_json(self) -> dict:
         from .. import __version__
@@ -72,20 +58,15 @@ class TorchResult:
             "source": self.source, "torch": torch.__version__,
             "precision": self.precision.to_json(),
             "verdict": self.verdict,
-            "fp32_modules": self.fp32_modules,
-            "one_minimal": self.one_minimal,
-            "evaluations": self.evaluations,
-            "inferences": self.inferences,
-            "samples": self.samples,
+            "fp32_modules": self.fp32_nodes,
+            **self.counts_json(),
             "modules": self.modules,
             "candidates": self.candidates,
             "tolerance": self.tolerance.to_json(),
-            "errors_before": {k: v.to_json() for k, v in self.errors_before.items()},
-            "errors_after": {k: v.to_json() for k, v in self.errors_after.items()},
-            "culprits": [c.to_json() for c in self.culprits],
+            **self.judged_json(),
             "layerwise": self.summary,
-            "prior_seeds": self.seeds,
-            "snippet_check": ({k: v.to_json() for k, v in self.snippet_check.items()}
+            "prior_seeds": self.prior_seeds,
+            "snippet_check": (errors_json(self.snippet_check)
                               if self.snippet_check is not None else None),
             "reference_problems": self.reference_problems,
             "files": self.files,
