@@ -10,7 +10,7 @@ from onnx import TensorProto as TP, helper as h
 
 from tests.conftest import save_zoo_model
 from tests.test_cli import assert_one_line_error, invoke
-from tests.test_degenerate import one_error_line
+from tests.judge.test_degenerate import one_error_line
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import load as graph_load
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from tests.test_control_flow import PLANTED, SUBGRAPHS
+from tests.graph.test_control_flow import PLANTED, SUBGRAPHS
 from trtbisect.graph import Graph, node_names, with_node_names
 
 

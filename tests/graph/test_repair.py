@@ -1,7 +1,7 @@
 """The run's own copy of a model (graph/repair.py, #34): what ONNX Runtime runs but the checker
 or the copies refuse is mended in the copy, said in one line and recorded in precision.json, the
 user's file untouched; an input needing a shape asks for --shape, a fed default value is refused.
-The whole classes' planted plans are in tests/test_input_models.py."""
+The whole classes' planted plans are in tests/graph/test_input_models.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.models import input_models as im
-from tests.test_input_models import _save
+from tests.graph.test_input_models import _save
 from trtbisect.cli import main
 
 

@@ -9,7 +9,7 @@ a shared timing cache makes rebuilds cheap. Device memory goes through cuda-pyth
 (`cuda.bindings.runtime`). Importing this module needs none of TensorRT, CUDA or a GPU; what
 does not need TensorRT lives in `trtbisect.judge.trt_layers`. Every TensorRT name used here exists in
 the release its path targets (10.13 for weak typing, 10.13 and 11.4 for the rest: the API
-surfaces in `trtbisect.backends.trt_surface`, checked by tests/test_trt_surface.py).
+surfaces in `trtbisect.backends.trt_surface`, checked by tests/backends/test_trt_surface.py).
 """
 
 from __future__ import annotations

@@ -569,7 +569,7 @@ def _autocast_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
 
 
 # The TensorRT Python snippets below use only names the bindings of their target release define
-# (trtbisect/backends/trt_surface/*.json, from NVIDIA's wheels): tests/test_trt_surface.py runs
+# (trtbisect/backends/trt_surface/*.json, from NVIDIA's wheels): tests/backends/test_trt_surface.py runs
 # each on the fake TensorRT of that release, which raises AttributeError for any other name.
 
 def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
