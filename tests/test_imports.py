@@ -13,8 +13,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "trtbisect"
 # Circles not yet removed, each with why it is still there. The test fails on a circle not
 # listed here, and on a listed one that is gone (then delete its line).
 ALLOWED: dict[tuple[str, ...], str] = {
-    ("trtbisect.backends.trt", "trtbisect.parallel.trt_pool"):
-        "run_trt_search, a search driver inside the backend, starts the GPU pool (#33 item 4)",
     ("trtbisect.data.npz", "trtbisect.data.sources", "trtbisect.inputs"):
         "inputs.py sits outside data/ and data/npz uses its private helpers (#33 item 5)",
     ("trtbisect.cli", "trtbisect.quant.console"):

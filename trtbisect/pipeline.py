@@ -555,13 +555,12 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
     FP32 nodes than the emulator did, its plan becomes the plan. Engines are judged by the
     run's criteria. `--workers N` builds on up to N visible GPUs at once (`say` tells how many).
     """
-    from .backends.trt import run_trt_search
+    from .trt_search import TrtSearchOptions, run_trt_search
 
     ctx = prepare(result.model_path, opts)
-    report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt", tolerance=opts.tolerance,
-                            shapes=opts.shapes, emulator_plan=result.fp32_nodes,
-                            seeds=result.prior_seeds, workers=opts.workers, say=say,
-                            criteria=opts.criteria)
+    report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt",
+                            TrtSearchOptions.of(opts), emulator_plan=result.fp32_nodes,
+                            seeds=result.prior_seeds, say=say)
     result.extra["tensorrt"] = report.to_json()
     if not report.result.found:
         result.verdict = "no_plan"
