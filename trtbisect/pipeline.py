@@ -87,7 +87,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     ev = Evaluator(ctx, opts, stats, journal)
     stage("all-FP16 evaluation")
     half = _all_fp16(ctx, opts, ev, stats, constants, out_dir)
-    if half.narrow and not half.passed:  # judge/subset.py: search on the worst samples, certify on all
+    if half.narrow and not half.passed:  # judge/subset.py: search on the worst, certify on all
         ctx.narrow(subset.choose(half.before, opts.search_samples))
         stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
               "(where all-FP16 fails worst); the plan is certified on all of them")

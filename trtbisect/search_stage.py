@@ -166,7 +166,7 @@ class SearchStage:
             judged = self.rewrite_judgements
             spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
             ev.close()
-            ev = Evaluator(ctx, sopts, self.stats, None)  # not journaled: a resume searches it again
+            ev = Evaluator(ctx, sopts, self.stats, None)  # not journaled: a resume searches again
             again, summary = self.search(ev, sopts, False, False)
             aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
                          "found": again.found, "fp32_units": len(again.fp32),

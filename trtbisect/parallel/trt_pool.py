@@ -7,10 +7,10 @@ TensorRT is imported) and holds one `TrtBackend`. The FP32 reference outputs are
 computed once and sent to every worker, so each plan is judged against the same numbers as the
 sequential search judges it, on every sample, by the run's criteria (`TrtSpec.judge`, the
 run's `JudgeSettings`: the criterion flags, parsed again in the worker, where a `--check` hook
-is imported again, as the emulator's workers do; judge/engine.py is the one rule). Results are taken in the search's
-order (search.Oracle), so the plan, the trace and the builds of taken plans are the sequential
-search's; engines built for plans the search never took are counted apart
-(`speculative_builds`).
+is imported again, as the emulator's workers do; judge/engine.py is the one rule). Results
+are taken in the search's order (search.Oracle), so the plan, the trace and the builds of
+taken plans are the sequential search's; engines built for plans the search never took are
+counted apart (`speculative_builds`).
 
 The workers are `pool.LocalPool`'s (spawned; a worker that dies is replaced, on the same GPU,
 and its plan built again; a plan that kills `journal.MAX_ATTEMPTS` workers is judged failed).
@@ -155,8 +155,8 @@ class TrtJudge:
 
     def chunk(self, plan: frozenset[str], pairs: Sequence[tuple[Feeds, Feeds]], total: int,
               stop_early: bool) -> tuple[list[Verdict], bool]:
-        """The sequential search's check (trt_search.run_trt_search's `trt_check`): the plan's engine on
-        every sample under the run's criteria, stopping once it cannot pass."""
+        """The sequential search's check (trt_search.run_trt_search's `trt_check`): the plan's
+        engine on every sample under the run's criteria, stopping once it cannot pass."""
         from ..judge.engine import engine_passes
         builds, hits = self.backend.builds, self.backend.cache_hits
         samples, refs = [s for s, _ in pairs], [r for _, r in pairs]
