@@ -126,7 +126,7 @@ def emulate(model: onnx.ModelProto, value_types: dict[str, int]) -> onnx.ModelPr
     emulator"): computed in FP32, and every value the file types float16 rounded where it is
     written, by a Cast(float16) -> Cast(float) pair that ONNX Runtime keeps. Run as it is, ORT's
     CPU provider computes most float16 ops in float32 and drops the Casts between them, so an
-    FP16 overflow between two such ops never shows (tests/test_quant.py's fp16_side). Graph
+    FP16 overflow between two such ops never shows (tests/quant/test_quant.py's fp16_side). Graph
     inputs and outputs keep their declared types."""
     half_values = {t for t, ty in value_types.items() if ty in HALF}
     if not half_values:

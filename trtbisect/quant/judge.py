@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from ..compare import Tolerance
+from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria, Verdict
 from . import half
 from .qdq import Layer, dequantized_weights, unquantize

@@ -55,7 +55,7 @@ def tradeoff_png(result, rtol: float, default: bool, plot_tradeoff: Callable) ->
 def write(result, out_dir: Path, draw: Callable) -> str | None:
     """Write the plot `draw(result)` gives (None: nothing to draw) into --out, inside the
     run's generation; its path, or None."""
-    from ..plan import atomic_write
+    from ..outputs.files import atomic_write
 
     png = draw(result)
     if png is None:
