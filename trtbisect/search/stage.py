@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from . import cost, semantics
+from . import cost
+from ..judge import semantics
 from ..judge.compare import TensorStats
 from ..context import Context, Options
 from ..graph import Graph
