@@ -4,11 +4,10 @@ comparison, prior, search, verify, write. The CLI only parses, calls and formats
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -23,7 +22,6 @@ from .backends.ort import Emulator, Reference, run_seconds
 from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
                       prepare, reference_problems)
 from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
-from .result import AimedSearch, JudgedRecord, search_verdict
 from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
 from .judge.compare import OutputError, TensorStats
 from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
@@ -33,18 +31,16 @@ from .judge import subset
 from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
 from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.hints import criterion_hints
-from .judge.spread import AIM_ROUNDS, aimed
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, worst_of,
                             write_and_judge)
 from .judge.criteria import Judgement, Verdict
 from .judge.precision import precision as low_precision
 from .search.journal import Journal
-from .outputs.mixed import graph_model
 from .outputs.outdir import OutputDir
-from .parallel import batch as parallel_batch
 from .outputs.report import write_report
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
-from .search.minimal import Progress, SearchResult, find_minimal_fp32
+from .search.minimal import Progress
+from .search.stage import SearchStage, prefetch_nodes
 from .search.prior import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
@@ -78,6 +74,62 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     def stage(msg: str) -> None:
         marks.append((msg, time.perf_counter()))
         (on_stage or log.info)(msg)
+    ctx, cache = _load(model_path, opts, out_dir, stage)
+    base, record = _records(model_path, ctx, opts)
+    unjudgeable = _unjudgeable(ctx, record, base, opts.threads)
+    if unjudgeable is not None:
+        return _finish(unjudgeable, ctx, out_dir, started, opts.report, marks)
+    stats: dict[str, TensorStats] = {}
+    fingerprint = _fingerprint(ctx, opts)
+    # range facts of every weight, as the judge converts them: one pass over the weights
+    constants = constant_stats(ctx.judged, ctx.rules.weight_rule, ctx.rules.precision)
+    if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
+        stage("layer-wise comparison, FP32 vs FP16")
+        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
+    journal = _journal(out_dir, opts, fingerprint)
+    ev = Evaluator(ctx, opts, stats, journal)
+    stage("all-FP16 evaluation")
+    half = _all_fp16(ctx, opts, ev, stats, constants, out_dir)
+    if half.narrow and not half.passed:  # judge/subset.py: search on the worst, certify on all
+        ctx.narrow(subset.choose(half.before, opts.search_samples))
+        stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
+              "(where all-FP16 fails worst); the plan is certified on all of them")
+    if (not half.passed or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
+        stage("layer-wise comparison, FP32 vs FP16")
+        ev.close()  # memory: reopened for the search, on the active set
+        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, half.fp16_first,
+                                 half.batches)
+    half.fp16_first = []  # memory: the FP16 side is only statistics now
+    outcome = None
+    if opts.rewrite and not half.passed:
+        stage("trying FP16-safe rewrites")
+        outcome, ctx, constants, ev = _rewrite(ctx, opts, stats, constants, half, base, ev,
+                                               journal)
+    st = SearchStage.of(ctx, opts, stats, constants, lambda pg: _shape_probe(ctx, opts, pg),
+                        before=half.before, record=record, base=base,
+                        half_seconds=half.seconds, stage=stage, progress=progress, cache=cache,
+                        outcome=outcome)
+    search, summary = st.search(ev, opts, half.passed, True)
+    if journal is not None:
+        journal.close()
+    result = st.judge(search, ev, summary)
+    cert = None
+    if search.found:
+        stage("judging the written plan")
+        cert = judge_written_plan(result, ctx, opts, ev, st.as_nodes(search.fp32), out_dir,
+                                  half.first)
+    result, cert, ev = st.aim(result, cert, ev, out_dir, lambda c: cached_layerwise(
+        c, opts, out_dir, fingerprint, on_layerwise))
+    ev.close()  # the workers, if the written plan's judge did not stop them already
+    _settle(result, cert, ctx, opts)
+    _explain(result, ctx, opts, ev, constants, st.units, st.unit_of, stage, on_layerwise)
+    return _finish(result, ctx, out_dir, started, opts.report, marks)
+
+
+def _load(model_path: str | Path, opts: Options, out_dir: Path | None,
+          stage: Callable[[str], None]) -> tuple[Context, Path | None]:
+    """The model with its samples and FP32 reference, and the output folder's cache; what
+    the folder or the memory cannot take is refused first, not after the search."""
     if opts.report:
         from .outputs.report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
@@ -88,11 +140,18 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                      opts.report, opts.rewrite)
     cache = OutputDir(out_dir).cache() if out_dir is not None else None
     ctx = prepare(model_path, opts, cache=cache if opts.resume else None, spool=cache)
-    g = ctx.judged
     assert ctx.prepared is not None
     if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
         from .judge.stability import guard_memory
         guard_memory(ctx.every_sample, ctx.every_reference, opts.stability)
+    return ctx, cache
+
+
+def _records(model_path: str | Path, ctx: Context, opts: Options) -> tuple[dict[str, Any], dict]:
+    """What every verdict records of the model (`base`) and of the judge (`record`); the
+    nodes TensorRT's ONNX parser is known to refuse are warned of before any search."""
+    g = ctx.judged
+    assert ctx.prepared is not None
     base: dict[str, Any] = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
                 nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
@@ -106,197 +165,92 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     for c in coverage.trt_unsupported(g):  # before any search: the engine may not build at all
         log.warning("TensorRT's ONNX parser: %s x%d (%s): %s; %s", c.label, len(c.nodes),
                     ", ".join(c.nodes[:3]) + (", ..." if len(c.nodes) > 3 else ""), c.why, c.fix)
-    unjudgeable = _unjudgeable(ctx, record, base, opts.threads)
-    if unjudgeable is not None:
-        return _finish(unjudgeable, ctx, out_dir, started, opts.report, marks)
-    stats: dict[str, TensorStats] = {}
-    fingerprint = _fingerprint(ctx, opts)
-    # range facts of every weight, as the judge converts them: one pass over the weights
-    constants = constant_stats(g, ctx.rules.weight_rule, low)
-    if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
-        stage("layer-wise comparison, FP32 vs FP16")
-        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
-    journal = None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        journal_path = out_dir / "journal.jsonl"
-        if not opts.resume and journal_path.exists():
-            journal_path.unlink()
-        journal = Journal(journal_path, fingerprint)
-    ev = Evaluator(ctx, opts, stats, journal)
-    stage("all-FP16 evaluation")
+    return base, record
+
+
+def _journal(out_dir: Path | None, opts: Options, fingerprint: dict) -> Journal | None:
+    """The run's journal of verdicts (none without an output folder; emptied by --no-resume)."""
+    if out_dir is None:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    journal_path = out_dir / "journal.jsonl"
+    if not opts.resume and journal_path.exists():
+        journal_path.unlink()
+    return Journal(journal_path, fingerprint)
+
+
+@dataclass
+class _AllFp16:
+    """The all-FP16 verdict, and what its judge leaves for the stages after it."""
+
+    passed: bool
+    before: Sequence[Judgement]  # per sample judged
+    narrow: bool  # the search judges on a subset of the samples (judge/subset.py)
+    seconds: float  # the inference alone: what an evaluation costs once its session exists
+    first: Judged | None = None  # the all-FP16 file's passing verdict: the answer as it is
+    # per sample: the first layer-wise batch, FP16 (the written file's judge exposed it)
+    fp16_first: list[dict[str, np.ndarray]] = field(default_factory=list)
+    batches: list[list[str]] | None = None  # the layer-wise batches, once known
+
+
+def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, TensorStats],
+              constants: Mapping[str, ConstantStats], out_dir: Path | None) -> _AllFp16:
+    """All-FP16 judged: on the emulator, or as its written file (which, when it passes, is
+    the answer as it is); the evaluator learns the verdict."""
+    g, low = ctx.judged, ctx.rules.precision
     # what an evaluation costs once its session exists (the default --workers' estimate):
     # the inference alone; the all-FP16 stage's wall time is mostly building a session
     half_began = run_seconds()
     narrow = subset.wanted(len(ctx.every_sample), opts.search_samples, opts.criteria.pass_rate)
     first: Judged | None = None
-    fp16_first: list[dict[str, np.ndarray]] = []  # per sample: the first layer-wise batch, FP16
-    batches: list[list[str]] | None = None  # the layer-wise batches, once known
+    fp16_first: list[dict[str, np.ndarray]] = []
+    batches: list[list[str]] | None = None
     if opts.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
         if stats and not opts.rewrite:  # the prior is known: one session, the search's
             early = build_prior(g, stats, constants, low)
-            ev.emulator.ensure(_prefetch(g, early.seeds, early.ranking))
+            ev.emulator.ensure(prefetch_nodes(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
         batches = None if narrow else layerwise_batches(ctx, opts)  # narrow: for the subset
         first = write_and_judge(ctx, opts, frozenset(), out_dir,
-                                 expose=batches[0] if batches else ())
+                                expose=batches[0] if batches else ())
         all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
         fp16_first = first.checked.tensors
         first.checked.tensors = []
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
-    half_seconds = run_seconds() - half_began
+    half = _AllFp16(all_half, before, narrow, run_seconds() - half_began, first, fp16_first,
+                    batches)
     ev.known[frozenset()] = all_half
     ev.scores[frozenset()] = _severity(before)
-    if narrow and not all_half:  # judge/subset.py: search on the worst samples, certify on all
-        ctx.narrow(subset.choose(before, opts.search_samples))
-        stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
-              "(where all-FP16 fails worst); the plan is certified on all of them")
-    if (not all_half or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
-        stage("layer-wise comparison, FP32 vs FP16")
-        ev.close()  # memory: reopened for the search, on the active set
-        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, fp16_first,
-                                  batches)
-    fp16_first = []  # memory: the FP16 side is only statistics now
-    outcome = None
-    if opts.rewrite and not all_half:
-        stage("trying FP16-safe rewrites")
-        suspects = build_prior(ctx.graph, stats, constants if g is ctx.graph else
-                               constant_stats(ctx.graph, ctx.rules.weight_rule, low), low).seeds
-        outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
-                                            (all_half, worst_of(before)))
-        if outcome is not None and outcome.applied:
-            ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
-            g = ctx.judged
-            constants = constant_stats(g, ctx.rules.weight_rule, low)  # the rewritten weights
-            base.update(candidates=len(g.candidates()), nodes=len(g.names))
-            ev = Evaluator(ctx, opts, stats, journal)
-            all_half = outcome.passed
-            ev.known[frozenset()] = all_half
-    prior = build_prior(g, stats, constants, low)
-    units = semantics.units(ctx.prepared, g.candidates())
-    unit_of = {n: u for u, nodes in units.items() for n in nodes}
-    pricing = cost.engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0], opts.gpu,
-                                  opts.tf32, lambda pg: _shape_probe(ctx, opts, pg))
+    return half
 
-    def as_units(nodes: Sequence[str]) -> list[str]:
-        return list(dict.fromkeys(unit_of[n] for n in nodes if n in unit_of))
 
-    def as_nodes(chosen) -> frozenset[str]:
-        return frozenset(n for u in chosen for n in units[u])
-
-    def searched(ev: Evaluator, sopts: Options, all_half: bool, pool: bool
-                 ) -> tuple[SearchResult, dict | None]:
-        """One search judged by `ev` under `sopts` (the run's options, or aimed inside the
-        bound: judge/spread.py); `pool`: on worker processes when they pay off."""
-        workers = None
-        if not all_half:
-            prefetch = _prefetch(g, prior.seeds, prior.ranking,
-                                 _neighbours(units, unit_of, pricing.adjacent))
-            if pool:
-                workers = parallel_batch.start_workers(
-                    ev, ctx, sopts, prefetch,
-                    half_seconds * len(ctx.samples) / len(ctx.every_sample),
-                    _likely_evaluations(len(prior.seeds), len(units)), cache, stage,
-                    rewritten=outcome is not None and bool(outcome.applied))
-            if workers is None:
-                ev.emulator.ensure(prefetch)
-        stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
-              f"({len(prior.seeds)} suspects)")
-        check = (workers.for_units(as_nodes) if workers is not None
-                 else lambda us: ev.check(as_nodes(us)))
-        search = _certified_search(
-            ctx, sopts, ev, stage, as_nodes,
-            lambda budget: find_minimal_fp32(list(units), check, as_units(prior.seeds),
-                                             as_units(prior.ranking), budget,
-                                             _counting_nodes(progress, as_nodes),
-                                             **cost.search_args(
-                                                 pricing, sopts,
-                                                 lambda us: ev.scores.get(as_nodes(us)))))
-        summary = parallel_batch.summary(workers, search, ev)
-        cost.score_trials(search, pricing, lambda us: ev.scores.get(as_nodes(us)))
-        over = cost.within_budget(search, pricing, opts.budget)
-        return (over if over is not None else search), summary
-
-    rewritten = outcome is not None and bool(outcome.applied)
-    judged = outcome.judgements if outcome is not None else 0  # each rewrite judged like a plan
-
-    def judged_result(search: SearchResult, ev: Evaluator, summary: dict | None,
-                      spent: tuple[int, int] = (0, 0)) -> RunResult:
-        """The search's plan as a result (not yet judged as a file). `spent`: evaluations
-        and inferences of earlier searches of this run."""
-        plan = as_nodes(search.fp32)
-        result = RunResult(
-            search_verdict(search, bool(plan) or rewritten),
-            fp32_nodes=[n for n in g.names if n in plan] if search.found else [],
-            evaluations=search.evaluations + judged + spent[0],
-            inferences=ev.runs + judged * len(ctx.samples) + spent[1],
-            errors_before=worst_of(before), errors_after=worst_of(before),
-            one_minimal=search.one_minimal and search.found, search=search,
-            stats=stats, prior_seeds=prior.seeds, **record, **base)
-        _record_search(result, ctx, opts, search, pricing, before, summary)
-        if outcome is not None:
-            result.rewrites = outcome.to_json()
-            if rewritten:
-                result.rewritten_model = graph_model(ctx.graph)
-        return result
-
-    search, summary = searched(ev, opts, all_half, True)
-    if journal is not None:
-        journal.close()
-    result = judged_result(search, ev, summary)
-    cert = None
-    if search.found:
-        stage("judging the written plan")
-        cert = judge_written_plan(result, ctx, opts, ev, as_nodes(search.fp32), out_dir, first)
-    sopts, aims = opts, list[AimedSearch]()
-    for aim_round in range(1, AIM_ROUNDS + 1):  # judge/spread.py: aim inside the bound
-        if cert is None or cert.certified or result.verdict not in ("fixed", "fp16_ok"):
-            break
-        tol = cert.aim(sopts.tolerance)
-        if tol is None:
-            break
-        sopts = aimed(opts, tol)
-        stage(f"the plan passes by less than the spread of what the tools compute on "
-              f"{'; '.join(cert.uncertified)}: searching again inside the bound")
-        if not stats:  # FP16 passed at first: the prior needs the layer-wise pass now
-            ev.close()
-            stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
-            prior = build_prior(g, stats, constants, low)
-        spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
-        ev.close()
-        ev = Evaluator(ctx, sopts, stats, None)  # not journaled: a resume searches it again
-        again, summary = searched(ev, sopts, False, False)
-        aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
-                     "found": again.found, "fp32_units": len(again.fp32),
-                     "evaluations": again.evaluations})
-        if not again.found:
-            break
-        if result.staged:  # the next judge empties the staging folder: rewrite on writing
-            result.staged, result.mixed_model = [], None
-        nearer = judged_result(again, ev, summary, spent)
-        stage("judging the written plan")
-        nearer_cert = judge_written_plan(nearer, ctx, opts, ev, as_nodes(again.fp32), out_dir,
-                                         noise=cert.noise)  # FP32's noise: measured once
-        if not nearer.mixed_model_passed:
-            nearer.staged = []
-            break
-        result, cert, search = nearer, nearer_cert, again
-    if aims:
-        result.aimed_searches = aims
-        if cert is not None:
-            cert.aim_round = len(aims)
-            result.certificate = cert.to_json()
-    ev.close()  # the workers, if the written plan's judge did not stop them already
-    _settle(result, cert, ctx, opts)
-    _explain(result, ctx, opts, ev, constants, units, unit_of, stage, on_layerwise)
-    return _finish(result, ctx, out_dir, started, opts.report, marks)
+def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
+             constants: Mapping[str, ConstantStats], half: _AllFp16, base: dict,
+             ev: Evaluator, journal: Journal | None):
+    """--rewrite: verified FP16-safe rewrites before any FP32 fallback. Where one is applied
+    the run goes on with the rewritten model: its context, weights' ranges and evaluator (and
+    `half` and `base` say so). Returns the outcome, the context, the ranges, the evaluator."""
+    g, low = ctx.judged, ctx.rules.precision
+    suspects = build_prior(ctx.graph, stats, constants if g is ctx.graph else
+                           constant_stats(ctx.graph, ctx.rules.weight_rule, low), low).seeds
+    outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
+                                        (half.passed, worst_of(half.before)))
+    if outcome is not None and outcome.applied:
+        ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
+        g = ctx.judged
+        constants = constant_stats(g, ctx.rules.weight_rule, low)  # the rewritten weights
+        base.update(candidates=len(g.candidates()), nodes=len(g.names))
+        ev = Evaluator(ctx, opts, stats, journal)
+        half.passed = outcome.passed
+        ev.known[frozenset()] = half.passed
+    return outcome, ctx, constants, ev
 
 
 def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
@@ -311,25 +265,6 @@ def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
         hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)
         if hints:  # the default criterion may not be what the user means
             result.criterion_hints = hints
-
-
-def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
-                   pricing: cost.PlanPricing, before: Sequence[Judgement],
-                   parallel_summary: dict | None) -> None:
-    """What precision.json says of the search: its layers, its price, the criterion, the
-    all-FP16 verdict, the samples it judged and the workers it ran on."""
-    found = list(search.fp32) if search.found else []
-    result.fp32_layers = found
-    if parallel_summary is not None:
-        result.workers = parallel_summary
-    result.cost = pricing.summary(found, opts.objective, opts.budget,
-                                           ctx.rules.precision.name)
-    result.criteria_record = {**opts.criteria.to_json(),
-                                "description": opts.criteria.describe()}
-    judged: JudgedRecord = {"before": opts.criteria.verdict(before).to_json()}
-    if ctx.subset is not None:
-        judged["search_samples"] = list(ctx.subset)
-    result.judged = judged
 
 
 def _unjudgeable(ctx: Context, record: dict, base: dict,
@@ -383,78 +318,6 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
         stage(f"stability: {opts.stability} runs per sample")
         result.stability = _stability(ctx, opts, ev, plan).to_json()
     coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
-
-
-def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callable[[str], None],
-                      as_nodes: Callable, search: Callable[[int | None], SearchResult]
-                      ) -> SearchResult:
-    """`search(budget)` on the search's samples; when they are a subset (judge/subset.py),
-    the plan found is judged on every sample, and the samples it fails join the subset for
-    another search, until it passes everywhere. Evaluations and trials add up over rounds."""
-    evaluations, trials, rounds, speculative = 0, [], 0, 0
-    while True:
-        left = None if opts.max_evaluations is None else max(opts.max_evaluations - evaluations, 0)
-        result = search(left)
-        trials += [replace(t, index=t.index + evaluations) for t in result.trials]
-        evaluations += result.evaluations
-        rounds, speculative = rounds + result.rounds, speculative + result.speculative
-        if not result.found or ctx.subset is None:
-            break
-        passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
-        evaluations, rounds = evaluations + 1, rounds + 1
-        wider = subset.widen(ctx.subset, judged, opts.search_samples)
-        if passed or len(wider) == len(ctx.subset):
-            break
-        stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
-              f"searching again on {len(wider)} samples")
-        ctx.narrow(wider)
-        ev.widened()
-    result.evaluations, result.trials = evaluations, trials
-    result.rounds, result.speculative = rounds, speculative
-    return result
-
-
-def _counting_nodes(progress: Progress | None,
-                    as_nodes: Callable[[Sequence[str]], frozenset[str]]) -> Progress | None:
-    """The search's progress with each trial's plan in nodes, as the verdict counts them (a
-    search unit is a whole TensorRT layer, often several nodes)."""
-    if progress is None:
-        return None
-    return lambda trial, remaining: progress(
-        replace(trial, fp32=tuple(sorted(as_nodes(trial.fp32)))), remaining)
-
-
-def _likely_evaluations(suspects: int, units: int) -> int:
-    """About what a search costs (the default --workers asks whether workers pay off): a
-    removal per suspect and a bisection or two along the ranking."""
-    return 4 + 2 * suspects + 2 * math.ceil(math.log2(units + 1))
-
-
-PREFETCH_WEIGHT_BYTES = 1 << 20  # a switchable node holds its weights twice (FP16 and FP32)
-
-
-def _prefetch(g: Graph, seeds: Sequence[str], ranking: Sequence[str],
-              neighbours: Callable[[str], Iterable[str]] = lambda n: ()) -> list[str]:
-    """The first active set: the seeds and the top of the ranking, and the nodes next to them
-    (the swap certificate tries a neighbouring unit in a unit's place: without them, each swap
-    rebuilt the session, 11 s a time on a 20k-node model), bar nodes with big weights
-    (switching one keeps both its FP16 and FP32 weights, and materialises the chosen one on
-    every run); a plan that needs such a node rebuilds the session around it."""
-    def light(n: str) -> bool:
-        return all(g.weights.nbytes(t) <= PREFETCH_WEIGHT_BYTES for t in g.node(n).input
-                   if t in g.initializers)
-    top = [n for n in ranking[:max(16, 2 * len(seeds))] if n in seeds or light(n)]
-    near = [m for n in top for m in neighbours(n) if light(m)]
-    return list(dict.fromkeys([*top, *near]))
-
-
-def _neighbours(units: Mapping[str, Sequence[str]], unit_of: Mapping[str, str],
-                adjacent: Mapping[str, Sequence[str]]) -> Callable[[str], list[str]]:
-    """Node -> the nodes of the units adjacent to its unit (cost.py's swap neighbourhood)."""
-    def near(n: str) -> list[str]:
-        u = unit_of.get(n)
-        return [m for v in adjacent.get(u, ()) for m in units[v]] if u is not None else []
-    return near
 
 
 # Weights up to this size: the all-FP16 verdict is judged on its written file first (an
@@ -557,13 +420,12 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
     FP32 nodes than the emulator did, its plan becomes the plan. Engines are judged by the
     run's criteria. `--workers N` builds on up to N visible GPUs at once (`say` tells how many).
     """
-    from .backends.trt import run_trt_search
+    from .search.trt import TrtSearchOptions, run_trt_search
 
     ctx = prepare(result.model_path, opts)
-    report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt", tolerance=opts.tolerance,
-                            shapes=opts.shapes, emulator_plan=result.fp32_nodes,
-                            seeds=result.prior_seeds, workers=opts.workers, say=say,
-                            criteria=opts.criteria)
+    report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt",
+                            TrtSearchOptions.of(opts), emulator_plan=result.fp32_nodes,
+                            seeds=result.prior_seeds, say=say)
     result.extra["tensorrt"] = report.to_json()
     if not report.result.found:
         result.verdict = "no_plan"

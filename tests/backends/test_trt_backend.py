@@ -29,6 +29,7 @@ from trtbisect.backends import trt as trt_backend
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
 from trtbisect.graph import node_names
+from trtbisect.search.trt import TrtSearchOptions, run_trt_search
 
 BLOCK = """
 import importlib.abc, sys
@@ -67,10 +68,10 @@ def test_backend_trt_without_tensorrt_is_a_usage_error(monkeypatch, zoo, tmp_pat
     assert err.value.exit_code == EXIT_USAGE
     assert "tensorrt is not installed" in str(err.value) and "pip install" in str(err.value)
     with pytest.raises(TrtBisectError) as err:
-        trt_backend.run_trt_search(zoo["layernorm_overflow"].model, [{}], tmp_path / "out")
+        run_trt_search(zoo["layernorm_overflow"].model, [{}], tmp_path / "out")
     assert err.value.exit_code == EXIT_USAGE and not (tmp_path / "out").exists()
     with pytest.raises(TrtBisectError, match="at least one input sample"):
-        trt_backend.run_trt_search(zoo["layernorm_overflow"].model, [], tmp_path / "out")
+        run_trt_search(zoo["layernorm_overflow"].model, [], tmp_path / "out")
 
 
 @contextlib.contextmanager
@@ -215,8 +216,9 @@ def test_fake_trt10_agreement_costs_three_builds(monkeypatch, zoo, tmp_path):
     """Emulator and (fake) TensorRT agree: FP32 + FP16 + final, then nothing on a rerun."""
     _, cuda = fake.install(monkeypatch)
     z = zoo[LN]
-    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
-                                        emulator_check=emulator_check(z), cache_dir=tmp_path / "c")
+    report = run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                            TrtSearchOptions(cache_dir=tmp_path / "c"),
+                            emulator_check=emulator_check(z))
     r = report.result
     assert set(r.fp32) == z.expected_fp32 and r.emulator_agreed and r.trt_only == []
     assert report.builds == 3 == fake.builds() and r.trt_checks == 2
@@ -234,8 +236,8 @@ def test_fake_trt10_agreement_costs_three_builds(monkeypatch, zoo, tmp_path):
     assert not cuda.memory and cuda.streams == 0  # every buffer and stream released
     json.dumps(report.to_json())
 
-    again = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out2",
-                                       emulator_plan=r.fp32, cache_dir=tmp_path / "c")
+    again = run_trt_search(z.model, [z.inputs], tmp_path / "out2",
+                           TrtSearchOptions(cache_dir=tmp_path / "c"), emulator_plan=r.fp32)
     assert again.builds == 0 and again.cache_hits >= 3 and again.result.fp32 == r.fp32
 
 
@@ -243,9 +245,9 @@ def test_fake_trt10_fusion_disagreement_is_refined(monkeypatch, zoo, tmp_path):
     """The fake fuses ln/Sub with ln/Pow: Pow's FP32 request only holds with Sub FP32 too."""
     fake.install(monkeypatch, fused=[("ln/Sub", "ln/Pow")])
     z = zoo[LN]
-    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
-                                        emulator_plan=sorted(z.expected_fp32),
-                                        cache_dir=tmp_path / "c")
+    report = run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                            TrtSearchOptions(cache_dir=tmp_path / "c"),
+                            emulator_plan=sorted(z.expected_fp32))
     r = report.result
     assert r.emulator_agreed is False and r.trt_only == ["ln/Sub"]
     assert set(r.fp32) == z.expected_fp32 | {"ln/Sub"}
@@ -273,9 +275,9 @@ def test_fake_request_trt_never_honours_ends_without_plan(monkeypatch, zoo, tmp_
     """ln/Pow is always swallowed into FP16: no plan passes, and the report says why."""
     fake.install(monkeypatch, swallowed={"ln/Pow"})
     z = zoo[LN]
-    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
-                                        emulator_plan=sorted(z.expected_fp32),
-                                        cache_dir=tmp_path / "c")
+    report = run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                            TrtSearchOptions(cache_dir=tmp_path / "c"),
+                            emulator_plan=sorted(z.expected_fp32))
     r = report.result
     assert not r.found and r.emulator_agreed is False
     assert [t["phase"] for t in r.trials] == ["fp16", "verify", "layers"]  # all-FP32 fails too
@@ -318,9 +320,9 @@ def test_fake_marking_that_hides_the_fault_is_reported(monkeypatch, zoo, tmp_pat
 def test_fake_trt11_builds_the_mixed_onnx(monkeypatch, zoo, tmp_path):
     fake.install(monkeypatch, version="11.4.0.106")
     z = zoo[LN]
-    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
-                                        emulator_plan=sorted(z.expected_fp32),
-                                        cache_dir=tmp_path / "c")
+    report = run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                            TrtSearchOptions(cache_dir=tmp_path / "c"),
+                            emulator_plan=sorted(z.expected_fp32))
     assert report.strongly_typed and report.result.emulator_agreed and report.builds == 3
     assert set(report.result.fp32) == z.expected_fp32
     mixed = onnx.load(report.files["onnx"])
@@ -406,9 +408,9 @@ def test_fake_latency_is_gpu_time_from_cuda_events(monkeypatch, zoo, tmp_path):
     exactly that; a host timer around enqueue + sync measures the host's work too."""
     fake.install(monkeypatch)
     z = zoo[LN]
-    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
-                                        emulator_plan=sorted(z.expected_fp32),
-                                        cache_dir=tmp_path / "c")
+    report = run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                            TrtSearchOptions(cache_dir=tmp_path / "c"),
+                            emulator_plan=sorted(z.expected_fp32))
     assert report.latency_ms == dict.fromkeys(("fp32", "fp16", "final"), fake.EXEC_MS)
     assert report.latency_clock == "cuda-events" and report.to_json()["latency_clock"]
 
@@ -417,9 +419,9 @@ def test_fake_latency_without_cuda_events_is_labelled_host_time(monkeypatch, zoo
     fake.install(monkeypatch)
     monkeypatch.delattr(fake._CudaRuntime, "cudaEventElapsedTime")
     z = zoo[LN]
-    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
-                                        emulator_plan=sorted(z.expected_fp32),
-                                        cache_dir=tmp_path / "c")
+    report = run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                            TrtSearchOptions(cache_dir=tmp_path / "c"),
+                            emulator_plan=sorted(z.expected_fp32))
     assert report.latency_clock == "host" and all(v > 0 for v in report.latency_ms.values())
 
 
@@ -523,9 +525,9 @@ def test_layerwise_tensors_and_engine_cache(gpu, zoo, tmp_path):
 @pytest.mark.trt
 def test_run_trt_search_verifies_the_emulator_plan(gpu, zoo, tmp_path):
     z = zoo["layernorm_overflow"]
-    report = trt_backend.run_trt_search(z.model, [z.inputs], tmp_path / "out",
-                                        emulator_plan=sorted(z.expected_fp32),
-                                        cache_dir=tmp_path / "cache")
+    report = run_trt_search(z.model, [z.inputs], tmp_path / "out",
+                            TrtSearchOptions(cache_dir=tmp_path / "cache"),
+                            emulator_plan=sorted(z.expected_fp32))
     r = report.result
     assert r.found and set(r.emulator_fp32 or ()) == set(z.expected_fp32)
     if r.emulator_agreed:

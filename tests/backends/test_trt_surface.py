@@ -37,6 +37,7 @@ from trtbisect.outputs import render
 from trtbisect.backends import trt as trt_backend
 from trtbisect.backends import trt_surface
 from trtbisect.errors import TrtBisectError
+from trtbisect.search.trt import TrtSearchOptions, run_trt_search
 
 ROOT = Path(__file__).resolve().parents[2]
 TRT_PY = ROOT / "trtbisect" / "backends" / "trt.py"
@@ -159,8 +160,9 @@ def drive(monkeypatch, zoo, tmp: Path) -> list[Run]:
 
     def search(typing: str = "auto") -> None:
         out = tmp / f"out-{len(runs)}"
-        trt_backend.run_trt_search(z.model, [z.inputs], out, emulator_plan=sorted(z.expected_fp32),
-                                   cache_dir=tmp / f"c-{len(runs)}", typing=typing)
+        run_trt_search(z.model, [z.inputs], out,
+                       TrtSearchOptions(cache_dir=tmp / f"c-{len(runs)}", typing=typing),
+                       emulator_plan=sorted(z.expected_fp32))
         trt_backend.backend_status()
 
     def layerwise(mode: str) -> None:

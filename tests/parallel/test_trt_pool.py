@@ -1,4 +1,4 @@
-"""TensorRT builders on several GPUs (`run_trt_search(workers=N)`, parallel/trt_pool.py).
+"""TensorRT builders on several GPUs (`TrtSearchOptions(workers=N)`, parallel/trt_pool.py).
 
 On the fake TensorRT only (tests/fixtures/trt/): each spawned worker installs it before it
 builds its TrtBackend, and "GPUs" are `CUDA_VISIBLE_DEVICES` entries no CUDA ever reads. What
@@ -14,9 +14,9 @@ import os
 import pytest
 
 from tests.backends.test_trt_backend import LN, fake
-from trtbisect.backends import trt as trt_backend
 from trtbisect.parallel import trt_pool
 from trtbisect.parallel.pool import DIE_ONCE_ENV
+from trtbisect.search.trt import TrtSearchOptions, run_trt_search
 
 FUSED = (("ln/Sub", "ln/Pow"),)  # TensorRT disagrees with the emulator: a refinement runs
 
@@ -27,9 +27,10 @@ def install_fake(fused: tuple = ()) -> None:
 
 
 def search(z, out, workers=None, setup=None):
-    return trt_backend.run_trt_search(z.model, [z.inputs], out / "out", cache_dir=out / "c",
-                                      emulator_plan=sorted(z.expected_fp32), certify=True,
-                                      workers=workers, worker_setup=setup)
+    return run_trt_search(z.model, [z.inputs], out / "out",
+                          TrtSearchOptions(cache_dir=out / "c", certify=True, workers=workers,
+                                           worker_setup=setup),
+                          emulator_plan=sorted(z.expected_fp32))
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -40,10 +41,11 @@ def test_gpu_workers_reach_the_sequential_plan_trace_and_builds(monkeypatch, zoo
     seq = search(z, tmp_path / "seq")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     said = []
-    par = trt_backend.run_trt_search(
-        z.model, [z.inputs], tmp_path / "par" / "out", cache_dir=tmp_path / "par" / "c",
-        emulator_plan=sorted(z.expected_fp32), certify=True, workers=workers, say=said.append,
-        worker_setup=functools.partial(install_fake, FUSED))
+    par = run_trt_search(
+        z.model, [z.inputs], tmp_path / "par" / "out",
+        TrtSearchOptions(cache_dir=tmp_path / "par" / "c", certify=True, workers=workers,
+                         worker_setup=functools.partial(install_fake, FUSED)),
+        emulator_plan=sorted(z.expected_fp32), say=said.append)
     assert seq.result.emulator_agreed is False and seq.result.trt_only == ["ln/Sub"]
     assert par.result.to_json() == seq.result.to_json()  # plan, trials (the trace), checks
     assert par.builds == seq.builds == seq.result.trt_checks + 1  # + the FP32 reference
@@ -121,8 +123,8 @@ def test_run_with_workers_builds_on_the_gpus_and_says_so(monkeypatch, zoo, tmp_p
 
     fake.install(monkeypatch, fused=FUSED)
     start = trt_pool.start
-    monkeypatch.setattr(trt_pool, "start", lambda b, s, r, d, _setup: start(
-        b, s, r, d, functools.partial(install_fake, FUSED)))
+    monkeypatch.setattr(trt_pool, "start", lambda b, s, r, d, j, _setup: start(
+        b, s, r, d, j, functools.partial(install_fake, FUSED)))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     model, inputs = save_zoo_model(zoo[LN], tmp_path)
     got = {}

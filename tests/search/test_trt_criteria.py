@@ -21,17 +21,19 @@ from tests.conftest import save_zoo_model
 from tests.test_cli import assert_one_line_error, invoke
 from tests.backends.test_trt_backend import LN, fake
 from tests.parallel.test_trt_pool import FUSED, install_fake
-from trtbisect.backends import trt as trt_backend
 from trtbisect.judge.compare import Tolerance
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
 from trtbisect.judge.flags import parse_criteria
+from trtbisect.search.trt import TrtSearchOptions, run_trt_search
 
 TIGHT = Tolerance(rtol=1e-4)  # `healthy`'s all-FP16 output misses it (rel 5e-4)
 
 
-def search(z, folder: Path, **kw):
-    return trt_backend.run_trt_search(z.model, kw.pop("samples", [z.inputs]), folder / "out",
-                                      cache_dir=kw.pop("cache_dir", folder / "c"), **kw)
+def search(z, folder: Path, samples=None, emulator_plan=None, **kw):
+    """The TensorRT search on `z` (one sample unless given), `kw` its options."""
+    kw.setdefault("cache_dir", folder / "c")
+    return run_trt_search(z.model, samples or [z.inputs], folder / "out", TrtSearchOptions(**kw),
+                          emulator_plan=emulator_plan)
 
 
 def phases(report) -> list[tuple[str, bool]]:

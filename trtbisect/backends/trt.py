@@ -1,4 +1,5 @@
-"""TensorRT backend: the same search on real engines, on the user's NVIDIA GPU.
+"""TensorRT backend: engines built and run on the user's NVIDIA GPU (the search that drives
+them is trtbisect/search/trt.py).
 
 TensorRT 10 (weak typing): one network per plan, built with BuilderFlag.FP16 and
 OBEY_PRECISION_CONSTRAINTS; every network layer the ONNX parser made for a plan node gets
@@ -18,14 +19,13 @@ import ast
 import ctypes
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import statistics
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,10 +37,7 @@ from trtbisect.judge import trt_layers as tl
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import TrtBisectError, require
 from trtbisect.graph import Graph, load_model, node_names, with_node_names
-from trtbisect.judge.criteria import Criteria
-from trtbisect.judge.engine import engine_passes
-from trtbisect.outputs.files import atomic_write, atomic_write_text, save_model
-from trtbisect.search.minimal import Check
+from trtbisect.outputs.files import atomic_write, save_model
 
 if TYPE_CHECKING:  # annotations only: mypy checks them against the TensorRT 10.13 stubs
     import tensorrt as trt
@@ -641,124 +638,3 @@ class TrtBackend:
 
 def _buffer(mem: Any) -> memoryview:
     return memoryview(mem)  # IHostMemory exposes the buffer protocol (not in the 10.13 stubs)
-
-
-# ------------------------------------------------------------------------ the whole search
-
-def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds],
-                   out_dir: str | Path, *, tolerance: Tolerance | None = None,
-                   shapes: Mapping[str, Sequence[int]] | None = None,
-                   emulator_check: Check | None = None, emulator_plan: Sequence[str] | None = None,
-                   candidates: Sequence[str] | None = None, seeds: Iterable[str] = (),
-                   ranking: Sequence[str] = (), max_builds: int | None = None,
-                   certify: bool = False, cache_dir: str | Path | None = None,
-                   typing: str = "auto", workers: int | None = None,
-                   say: Callable[[str], None] = log.info,
-                   worker_setup: Callable[[], None] | None = None,
-                   criteria: Criteria | None = None) -> tl.TrtSearchReport:
-    """Emulator plan -> one TensorRT verification -> TensorRT-driven refinement if they disagree.
-
-    Builds the FP32 reference, the all-FP16 engine and the final plan (three builds when the
-    emulator and TensorRT agree), then writes the final engine, the layer map and the ONNX the
-    rendered trtexec command reads into `out_dir`. With `workers` > 1 and several GPUs visible,
-    the search's plans are built on up to `workers` GPUs at once (parallel/trt_pool.py; the
-    same plan, trace and builds); `say` tells which; `worker_setup` runs in each worker before
-    TensorRT is imported (tests: the fake TensorRT). `criteria` (the run's `--check-error-stat`,
-    `--metric`, `--check`, `--pass-rate`; judge/criteria.py) judge every engine's outputs as
-    the emulator's judge does (judge/engine.py); None or the default: `tolerance` alone.
-    """
-    if not samples:
-        raise TrtBisectError("the TensorRT search needs at least one input sample")
-    tol = tolerance or Tolerance()
-    backend = TrtBackend(model, shapes=shapes, tolerance=tol, cache_dir=cache_dir, typing=typing)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        cand = list(candidates) if candidates is not None else backend.candidates()
-        refs = [backend.reference(s) for s in samples]
-        crit = None if criteria is None or criteria.default else criteria
-        if crit is not None:  # a typo or a misfit is a usage error before any plan is built
-            crit.validate(list(refs[0]))
-            crit.check_fit(refs[0])
-
-        def trt_check(fp32: frozenset[str]) -> bool:
-            return engine_passes(lambda s: backend.run(fp32, s), samples, refs, crit, tol)
-
-        groups = tl.layer_groups(backend.engine_layers((), samples[0]), cand)
-        gpus, parallel = _gpu_batch(workers, backend, samples, refs, say, worker_setup, crit)
-        try:
-            result = tl.emulator_then_trt(
-                cand, gpus if gpus is not None else trt_check, emulator_check, emulator_plan,
-                groups, seeds, ranking, certify=certify,
-                max_trt_checks=None if max_builds is None else max(max_builds - 1, 1))
-        finally:
-            if gpus is not None:
-                gpus.close()
-                parallel = gpus.summary(parallel)
-        plan = result.fp32  # not found: every candidate asked FP32 (and still failing)
-        layers = backend.engine_layers(plan, samples[0])
-        precision = tl.check_precisions(layers, plan)
-        warnings = backend.warnings + tl.precision_warnings(precision)
-        for w in warnings:
-            log.warning(w)
-        latency = {k: backend.latency_ms(p, samples[0])
-                   for k, p in (("fp32", None), ("fp16", frozenset()), ("final", plan))}
-        onnx_name = "final_mixed.onnx" if backend.strong else "model_named.onnx"
-        files = {"engine": str(backend.save_engine(out / "final.engine", plan)),
-                 "layer_map": str(out / "layer_map.json"),
-                 "onnx": str(backend.write_onnx(out / onnx_name, plan))}
-        atomic_write_text(Path(files["layer_map"]), json.dumps(tl.layer_map_json(layers), indent=1))
-        forced = backend.forced_layers(plan)
-        trtexec, poly = _commands(files, list(forced), forced, backend.shapes, backend.strong)
-        builds, hits = backend.builds, backend.cache_hits
-        if gpus is not None:  # the taken plans' engines, built by the workers (the rest apart)
-            builds, hits = builds + gpus.builds, hits + gpus.cache_hits
-        return tl.TrtSearchReport(result, backend.trt_version, backend.strong, builds, hits,
-                                  latency, tl.describe_culprits(plan, layers),
-                                  precision, files, trtexec, poly, warnings, latency_clock(),
-                                  parallel, crit.describe() if crit is not None else None)
-    finally:
-        backend.close()
-
-
-def _gpu_batch(workers: int | None, backend: TrtBackend, samples: Sequence[Feeds],
-               refs: Sequence[Feeds], say: Callable[[str], None],
-               setup: Callable[[], None] | None,
-               criteria: Criteria | None = None) -> tuple[Any, dict | None]:
-    """The GPU workers' batch (None: build in this process) and the report's `parallel`
-    note, when `--workers` > 1 asks for them. `criteria` None: the default criterion (the
-    workers' spec is then what it always was)."""
-    if workers is None or workers <= 1:
-        return None, None
-    from trtbisect.parallel import trt_pool
-    devices, why = trt_pool.choose_gpus(workers)
-    say(why)
-    note = {"gpus": devices, "chosen": why}
-    if len(devices) <= 1:
-        return None, note
-    judged_by = {} if criteria is None else {"criteria": criteria}
-    return trt_pool.start(backend, samples, refs, devices, setup, **judged_by), note
-
-
-def _commands(files: Mapping[str, str], layers: Sequence[str],
-              output_types: Mapping[str, Sequence[str]],
-              shapes: Mapping[str, Sequence[int]] | None, strong: bool) -> tuple[str, str]:
-    """trtexec and `polygraphy convert` lines rebuilding the final engine (render.py), or a
-    `#` line saying why a layer name cannot be written."""
-    from trtbisect.outputs import render
-
-    ranges = {k: (tuple(v), tuple(v), tuple(v)) for k, v in (shapes or {}).items()}
-    out = []
-    for build in (
-            lambda: render.trtexec_argv(files["onnx"], files["engine"], strongly_typed=strong,
-                                        fp32_layers=layers, output_types=output_types,
-                                        shape_ranges=ranges, profiling=True,
-                                        known_names=()),
-            lambda: render.polygraphy_convert_argv(files["onnx"], files["engine"],
-                                                   strongly_typed=strong, fp32_layers=layers,
-                                                   shape_ranges=ranges)):
-        try:
-            out.append(render.command_line(build()))
-        except render.Unrenderable as exc:
-            out.append(f"# cannot be rendered: {exc}")
-    return out[0], out[1]

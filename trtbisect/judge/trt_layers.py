@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 
 from trtbisect.graph import node_names
-from trtbisect.search.minimal import Ask, BudgetExhausted, Check, Done, Oracle, find_minimal_fp32
+from trtbisect.search.minimal import Ask, Batch, BudgetExhausted, Check, Done, Oracle, find_minimal_fp32
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +396,7 @@ class TrtSearchReport:
 
 def emulator_then_trt(
     candidates: Sequence[str],
-    trt_check: Check,
+    trt_check: Check | Batch,
     emulator_check: Check | None = None,
     emulator_plan: Sequence[str] | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
@@ -408,8 +408,9 @@ def emulator_then_trt(
     """Few TensorRT builds: the emulator searches for free, TensorRT verifies, and only where
     they disagree does TensorRT drive a search, first over engine layers, then inside them.
 
-    `trt_check(fp32)` builds and runs one engine; `trt_check(frozenset())` is the all-FP16
-    engine. When the emulator and TensorRT agree this costs two checks: FP16 and the final plan.
+    `trt_check(fp32)` builds and runs one engine (a `search.Batch`: several at once, on the
+    GPUs of parallel/trt_pool.py); `trt_check(frozenset())` is the all-FP16 engine. When the
+    emulator and TensorRT agree this costs two checks: FP16 and the final plan.
     `groups` maps engine-layer names to the candidate nodes they fuse (from the FP16 engine).
     With `certify`, every node of the final plan is also removed once on TensorRT.
     """

@@ -21,7 +21,7 @@ import numpy as np
 from ..judge.compare import Tolerance
 from ..errors import TrtBisectError
 from ..judge.criteria import Criteria, Judgement, timed_out
-from ..judge.settings import JudgeSettings, criteria_digest, criteria_from_flags
+from ..judge.settings import JudgeSettings, criteria_digest
 from ..data.limits import EvalTimeout, set_eval_timeout
 
 Arrays = Mapping[str, np.ndarray]
@@ -123,15 +123,6 @@ def graph_digest(graph) -> str:
     for n in graph.candidates():
         h.update(n.encode() + b"\0")
     return h.hexdigest()
-
-
-def criteria_of(flags: Sequence[str]) -> Criteria:
-    """`criteria_flags` read back (judge/flags.py promises the round trip)."""
-    return criteria_from_flags(flags)
-
-
-def criteria_fingerprint(criteria: Criteria) -> str:
-    return criteria_digest(criteria)
 
 
 class SampleJudge:

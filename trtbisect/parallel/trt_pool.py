@@ -5,12 +5,12 @@ does (search.py's `Batch`); here each plan of a batch is built and run on its ow
 worker process that sees only that GPU (`CUDA_VISIBLE_DEVICES=<it>`, set in the worker before
 TensorRT is imported) and holds one `TrtBackend`. The FP32 reference outputs are the parent's,
 computed once and sent to every worker, so each plan is judged against the same numbers as the
-sequential search judges it, on every sample, by the run's criteria (`TrtSpec.criteria`: the
-criterion flags, parsed again in the worker, where a `--check` hook is imported again, as the
-emulator's workers do; judge/engine.py is the one rule). Results are taken in the search's
-order (search.Oracle), so the plan, the trace and the builds of taken plans are the sequential
-search's; engines built for plans the search never took are counted apart
-(`speculative_builds`).
+sequential search judges it, on every sample, by the run's criteria (`TrtSpec.judge`, the
+run's `JudgeSettings`: the criterion flags, parsed again in the worker, where a `--check` hook
+is imported again, as the emulator's workers do; judge/engine.py is the one rule). Results
+are taken in the search's order (search.Oracle), so the plan, the trace and the builds of
+taken plans are the sequential search's; engines built for plans the search never took are
+counted apart (`speculative_builds`).
 
 The workers are `pool.LocalPool`'s (spawned; a worker that dies is replaced, on the same GPU,
 and its plan built again; a plan that kills `journal.MAX_ATTEMPTS` workers is judged failed).
@@ -33,15 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 
 from ..errors import TrtBisectError
+from ..judge.settings import JudgeSettings, criteria_digest
 from .pool import LocalPool, Task, TaskResult, _Worker, serve
-
-if TYPE_CHECKING:
-    from ..judge.criteria import Criteria
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +100,14 @@ class TrtSpec:
 
     model: bytes  # the named model (TrtBackend.model), serialized
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
-    tolerance: Any
+    # the tolerance and the criteria as flags with their fingerprint (no flags: the default);
+    # a --check file changed since the parent read it is refused
+    judge: JudgeSettings
     cache_dir: str
     typing: str
     device: str = ""  # this worker's CUDA_VISIBLE_DEVICES
     # runs in the worker before TensorRT is imported; tests install the fake TensorRT with it
     setup: Callable[[], None] | None = None
-    criteria: tuple[str, ...] = ()  # the criterion flags (judge/flags.criteria_flags); none: default
-    criteria_fingerprint: str = ""  # the parent's: a --check file changed since is refused
 
 
 @dataclass(frozen=True)
@@ -144,21 +142,21 @@ class TrtJudge:
         import onnx
 
         from ..backends.trt import TrtBackend
-        from .judge import criteria_fingerprint, criteria_of
-        self.tolerance = spec.tolerance
-        self.criteria = criteria_of(spec.criteria) if spec.criteria else None
-        if self.criteria is not None and (criteria_fingerprint(self.criteria)
-                                          != spec.criteria_fingerprint):
+        settings = spec.judge
+        self.tolerance = settings.tolerance
+        self.criteria = settings.criteria() if settings.criteria_flags else None
+        if self.criteria is not None and (criteria_digest(self.criteria)
+                                          != settings.criteria_fingerprint):
             raise TrtBisectError("a --check file changed during the run")
         self.backend = TrtBackend(onnx.load_from_string(spec.model), shapes=dict(spec.shapes),
-                                  tolerance=spec.tolerance, cache_dir=spec.cache_dir,
+                                  tolerance=settings.tolerance, cache_dir=spec.cache_dir,
                                   typing=spec.typing)
         self.device = spec.device
 
     def chunk(self, plan: frozenset[str], pairs: Sequence[tuple[Feeds, Feeds]], total: int,
               stop_early: bool) -> tuple[list[Verdict], bool]:
-        """The sequential search's check (run_trt_search's `trt_check`): the plan's engine on
-        every sample under the run's criteria, stopping once it cannot pass."""
+        """The sequential search's check (trt_search.run_trt_search's `trt_check`): the plan's
+        engine on every sample under the run's criteria, stopping once it cannot pass."""
         from ..judge.engine import engine_passes
         builds, hits = self.backend.builds, self.backend.cache_hits
         samples, refs = [s for s, _ in pairs], [r for _, r in pairs]
@@ -276,19 +274,12 @@ def _verdict(result: TaskResult) -> Verdict | None:
 
 
 def start(backend: Any, samples: Sequence[Feeds], refs: Sequence[Feeds],
-          devices: Sequence[str], setup: Callable[[], None] | None = None,
-          criteria: Criteria | None = None) -> TrtBatch:
+          devices: Sequence[str], judge: JudgeSettings,
+          setup: Callable[[], None] | None = None) -> TrtBatch:
     """Workers on `devices` judging plans of `backend`'s model on `samples` against `refs`,
-    by `criteria` (judge/criteria.Criteria; None: the default criterion)."""
-    from ..judge.flags import criteria_flags
-    from .judge import criteria_fingerprint
-
-    judged_by: dict[str, Any] = {}
-    if criteria is not None and not criteria.default:
-        judged_by = {"criteria": tuple(criteria_flags(criteria)),
-                     "criteria_fingerprint": criteria_fingerprint(criteria)}
+    by `judge`'s tolerance and criteria (no criteria flags: the default criterion)."""
     spec = TrtSpec(backend.model.SerializeToString(), tuple(sorted(backend.shapes.items())),
-                   backend.tolerance, str(Path(backend.cache_dir)),
-                   "strong" if backend.strong else "weak", setup=setup, **judged_by)
+                   judge, str(Path(backend.cache_dir)), "strong" if backend.strong else "weak",
+                   setup=setup)
     pool = GpuPool(spec, TrtData(tuple(samples), tuple(refs)), devices)
     return TrtBatch(pool, len(devices), len(samples))

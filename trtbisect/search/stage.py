@@ -1,0 +1,281 @@
+"""The run's search stage: the minimal FP32 set over TensorRT's units, found on the emulator's
+judge and made the run's result.
+
+The first search and each search aimed inside the certificate's bound (judge/spread.py) share
+one `SearchStage`: the prior, the units and the pricing; each brings its own evaluator and
+options. `pipeline.run` builds it once the all-FP16 verdict, the layer-wise statistics and the
+rewrites are known; search.py stays pure (it is handed the check as a function).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from . import cost
+from ..judge import semantics
+from ..judge.compare import TensorStats
+from ..context import Context, Options
+from ..graph import Graph
+from ..judge import subset
+from ..judge.criteria import Judgement, worst_of
+from ..judge.evaluator import Evaluator
+from ..judge.spread import AIM_ROUNDS, Certificate, aimed
+from ..judge.written import judge_written_plan
+from ..outputs.mixed import graph_model
+from ..parallel import batch as parallel_batch
+from ..result import AimedSearch, JudgedRecord, RunResult, search_verdict
+from ..rewrites.driver import RewriteOutcome
+from .minimal import Progress, SearchResult, find_minimal_fp32
+from .prior import ConstantStats, Prior, build_prior
+
+Layerwise = Callable[[Context], dict[str, TensorStats]]  # the layer-wise pass, as the run caches it
+
+
+@dataclass
+class SearchStage:
+    """What every search of a run shares. `stats` and `prior` change once, when FP16 passed
+    at first and an aimed search needs the layer-wise pass after all (`aim`)."""
+
+    ctx: Context
+    opts: Options  # the run's own: its budget and its records (a search's: `search(sopts)`)
+    stats: dict[str, TensorStats]
+    constants: Mapping[str, ConstantStats]
+    prior: Prior
+    units: dict[str, tuple[str, ...]]
+    unit_of: dict[str, str]
+    pricing: cost.PlanPricing
+    before: Sequence[Judgement]  # all-FP16, per sample searched
+    record: dict  # what every verdict records of the judge (semantics, precision, coverage)
+    base: dict  # ... and of the model
+    half_seconds: float  # an all-FP16 inference (the default --workers' estimate)
+    stage: Callable[[str], None]
+    progress: Progress | None = None
+    cache: Path | None = None  # the output folder's cache, where workers spool samples
+    outcome: RewriteOutcome | None = None  # --rewrite's, when it ran
+
+    @classmethod
+    def of(cls, ctx: Context, opts: Options, stats: dict[str, TensorStats],
+           constants: Mapping[str, ConstantStats], probe: Callable[[Graph], cost.Probe],
+           **rest) -> SearchStage:
+        """The stage over `ctx`'s judged graph: its prior, units and prices (`probe`: the
+        shapes that shape inference leaves open, for the pricing)."""
+        g, low = ctx.judged, ctx.rules.precision
+        prior = build_prior(g, stats, constants, low)
+        units = semantics.units(ctx.prepared, g.candidates())
+        unit_of = {n: u for u, nodes in units.items() for n in nodes}
+        pricing = cost.engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0],
+                                      opts.gpu, opts.tf32, probe)
+        return cls(ctx, opts, stats, constants, prior, units, unit_of, pricing, **rest)
+
+    @property
+    def rewritten(self) -> bool:
+        return self.outcome is not None and bool(self.outcome.applied)
+
+    @property
+    def rewrite_judgements(self) -> int:
+        """Each rewrite was judged like a plan: the evaluations they count."""
+        return self.outcome.judgements if self.outcome is not None else 0
+
+    def as_units(self, nodes: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(self.unit_of[n] for n in nodes if n in self.unit_of))
+
+    def as_nodes(self, chosen: Iterable[str]) -> frozenset[str]:
+        return frozenset(n for u in chosen for n in self.units[u])
+
+    def search(self, ev: Evaluator, sopts: Options, all_half: bool, pool: bool
+               ) -> tuple[SearchResult, dict | None]:
+        """One search judged by `ev` under `sopts` (the run's options, or aimed inside the
+        bound: judge/spread.py); `pool`: on worker processes when they pay off."""
+        ctx, g, prior, units = self.ctx, self.ctx.judged, self.prior, self.units
+        workers = None
+        if not all_half:
+            prefetch = prefetch_nodes(g, prior.seeds, prior.ranking,
+                                      _neighbours(units, self.unit_of, self.pricing.adjacent))
+            if pool:
+                workers = parallel_batch.start_workers(
+                    ev, ctx, sopts, prefetch,
+                    self.half_seconds * len(ctx.samples) / len(ctx.every_sample),
+                    _likely_evaluations(len(prior.seeds), len(units)), self.cache, self.stage,
+                    rewritten=self.rewritten)
+            if workers is None:
+                ev.emulator.ensure(prefetch)
+        self.stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
+                   f"({len(prior.seeds)} suspects)")
+        as_nodes = self.as_nodes
+        check = (workers.for_units(as_nodes) if workers is not None
+                 else lambda us: ev.check(as_nodes(us)))
+        score = lambda us: ev.scores.get(as_nodes(us))  # noqa: E731
+        search = _certified_search(
+            ctx, sopts, ev, self.stage, as_nodes,
+            lambda budget: find_minimal_fp32(list(units), check, self.as_units(prior.seeds),
+                                             self.as_units(prior.ranking), budget,
+                                             _counting_nodes(self.progress, as_nodes),
+                                             **cost.search_args(self.pricing, sopts, score)))
+        summary = parallel_batch.summary(workers, search, ev)
+        cost.score_trials(search, self.pricing, score)
+        over = cost.within_budget(search, self.pricing, self.opts.budget)
+        return (over if over is not None else search), summary
+
+    def judge(self, search: SearchResult, ev: Evaluator, summary: dict | None,
+              spent: tuple[int, int] = (0, 0)) -> RunResult:
+        """The search's plan as a result (not yet judged as a file). `spent`: evaluations
+        and inferences of earlier searches of this run."""
+        ctx, judged = self.ctx, self.rewrite_judgements
+        plan = self.as_nodes(search.fp32)
+        result = RunResult(
+            search_verdict(search, bool(plan) or self.rewritten),
+            fp32_nodes=[n for n in ctx.judged.names if n in plan] if search.found else [],
+            evaluations=search.evaluations + judged + spent[0],
+            inferences=ev.runs + judged * len(ctx.samples) + spent[1],
+            errors_before=worst_of(self.before), errors_after=worst_of(self.before),
+            one_minimal=search.one_minimal and search.found, search=search,
+            stats=self.stats, prior_seeds=self.prior.seeds, **self.record, **self.base)
+        _record_search(result, ctx, self.opts, search, self.pricing, self.before, summary)
+        if self.outcome is not None:
+            result.rewrites = self.outcome.to_json()
+            if self.rewritten:
+                result.rewritten_model = graph_model(ctx.graph)
+        return result
+
+    def aim(self, result: RunResult, cert: Certificate | None, ev: Evaluator,
+            out_dir: Path | None, layerwise: Layerwise
+            ) -> tuple[RunResult, Certificate | None, Evaluator]:
+        """While the written plan passes by less than the spread of what the tools compute,
+        search again inside the bound (judge/spread.py), up to AIM_ROUNDS times; a nearer plan
+        replaces the result once its written file passes. Returns the result, its certificate
+        and the evaluator still open."""
+        opts, ctx = self.opts, self.ctx
+        sopts, aims = opts, list[AimedSearch]()
+        for aim_round in range(1, AIM_ROUNDS + 1):
+            if cert is None or cert.certified or result.verdict not in ("fixed", "fp16_ok"):
+                break
+            tol = cert.aim(sopts.tolerance)
+            if tol is None:
+                break
+            sopts = aimed(opts, tol)
+            self.stage(f"the plan passes by less than the spread of what the tools compute on "
+                       f"{'; '.join(cert.uncertified)}: searching again inside the bound")
+            if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
+                ev.close()
+                self.stats = layerwise(ctx)
+                self.prior = build_prior(ctx.judged, self.stats, self.constants,
+                                         ctx.rules.precision)
+            judged = self.rewrite_judgements
+            spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
+            ev.close()
+            ev = Evaluator(ctx, sopts, self.stats, None)  # not journaled: a resume searches again
+            again, summary = self.search(ev, sopts, False, False)
+            aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
+                         "found": again.found, "fp32_units": len(again.fp32),
+                         "evaluations": again.evaluations})
+            if not again.found:
+                break
+            if result.staged:  # the next judge empties the staging folder: rewrite on writing
+                result.staged, result.mixed_model = [], None
+            nearer = self.judge(again, ev, summary, spent)
+            self.stage("judging the written plan")
+            nearer_cert = judge_written_plan(nearer, ctx, opts, ev, self.as_nodes(again.fp32),
+                                             out_dir, noise=cert.noise)  # FP32's noise: once
+            if not nearer.mixed_model_passed:
+                nearer.staged = []
+                break
+            result, cert = nearer, nearer_cert
+        if aims:
+            result.aimed_searches = aims
+            if cert is not None:
+                cert.aim_round = len(aims)
+                result.certificate = cert.to_json()
+        return result, cert, ev
+
+
+def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
+                   pricing: cost.PlanPricing, before: Sequence[Judgement],
+                   parallel_summary: dict | None) -> None:
+    """What precision.json says of the search: its layers, its price, the criterion, the
+    all-FP16 verdict, the samples it judged and the workers it ran on."""
+    found = list(search.fp32) if search.found else []
+    result.fp32_layers = found
+    if parallel_summary is not None:
+        result.workers = parallel_summary
+    result.cost = pricing.summary(found, opts.objective, opts.budget, ctx.rules.precision.name)
+    result.criteria_record = {**opts.criteria.to_json(),
+                              "description": opts.criteria.describe()}
+    judged: JudgedRecord = {"before": opts.criteria.verdict(before).to_json()}
+    if ctx.subset is not None:
+        judged["search_samples"] = list(ctx.subset)
+    result.judged = judged
+
+
+def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callable[[str], None],
+                      as_nodes: Callable, search: Callable[[int | None], SearchResult]
+                      ) -> SearchResult:
+    """`search(budget)` on the search's samples; when they are a subset (judge/subset.py),
+    the plan found is judged on every sample, and the samples it fails join the subset for
+    another search, until it passes everywhere. Evaluations and trials add up over rounds."""
+    evaluations, trials, rounds, speculative = 0, [], 0, 0
+    while True:
+        left = None if opts.max_evaluations is None else max(opts.max_evaluations - evaluations, 0)
+        result = search(left)
+        trials += [replace(t, index=t.index + evaluations) for t in result.trials]
+        evaluations += result.evaluations
+        rounds, speculative = rounds + result.rounds, speculative + result.speculative
+        if not result.found or ctx.subset is None:
+            break
+        passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
+        evaluations, rounds = evaluations + 1, rounds + 1
+        wider = subset.widen(ctx.subset, judged, opts.search_samples)
+        if passed or len(wider) == len(ctx.subset):
+            break
+        stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
+              f"searching again on {len(wider)} samples")
+        ctx.narrow(wider)
+        ev.widened()
+    result.evaluations, result.trials = evaluations, trials
+    result.rounds, result.speculative = rounds, speculative
+    return result
+
+
+def _counting_nodes(progress: Progress | None,
+                    as_nodes: Callable[[Sequence[str]], frozenset[str]]) -> Progress | None:
+    """The search's progress with each trial's plan in nodes, as the verdict counts them (a
+    search unit is a whole TensorRT layer, often several nodes)."""
+    if progress is None:
+        return None
+    return lambda trial, remaining: progress(
+        replace(trial, fp32=tuple(sorted(as_nodes(trial.fp32)))), remaining)
+
+
+def _likely_evaluations(suspects: int, units: int) -> int:
+    """About what a search costs (the default --workers asks whether workers pay off): a
+    removal per suspect and a bisection or two along the ranking."""
+    return 4 + 2 * suspects + 2 * math.ceil(math.log2(units + 1))
+
+
+PREFETCH_WEIGHT_BYTES = 1 << 20  # a switchable node holds its weights twice (FP16 and FP32)
+
+
+def prefetch_nodes(g: Graph, seeds: Sequence[str], ranking: Sequence[str],
+                   neighbours: Callable[[str], Iterable[str]] = lambda n: ()) -> list[str]:
+    """The first active set: the seeds and the top of the ranking, and the nodes next to them
+    (the swap certificate tries a neighbouring unit in a unit's place: without them, each swap
+    rebuilt the session, 11 s a time on a 20k-node model), bar nodes with big weights
+    (switching one keeps both its FP16 and FP32 weights, and materialises the chosen one on
+    every run); a plan that needs such a node rebuilds the session around it."""
+    def light(n: str) -> bool:
+        return all(g.weights.nbytes(t) <= PREFETCH_WEIGHT_BYTES for t in g.node(n).input
+                   if t in g.initializers)
+    top = [n for n in ranking[:max(16, 2 * len(seeds))] if n in seeds or light(n)]
+    near = [m for n in top for m in neighbours(n) if light(m)]
+    return list(dict.fromkeys([*top, *near]))
+
+
+def _neighbours(units: Mapping[str, Sequence[str]], unit_of: Mapping[str, str],
+                adjacent: Mapping[str, Sequence[str]]) -> Callable[[str], list[str]]:
+    """Node -> the nodes of the units adjacent to its unit (cost.py's swap neighbourhood)."""
+    def near(n: str) -> list[str]:
+        u = unit_of.get(n)
+        return [m for v in adjacent.get(u, ()) for m in units[v]] if u is not None else []
+    return near
