@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 
 from trtbisect.judge import trt_layers as tl
 from trtbisect.graph import node_names
+from trtbisect.search.refine import emulator_then_trt
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "trt"
 US = tl.METADATA_SEPARATOR
@@ -278,7 +279,7 @@ def never(_fp32):
 
 def test_agreement_costs_two_trt_checks():
     emu, trt = needs({"n05", "n17"}), needs({"n05", "n17"})
-    r = tl.emulator_then_trt(NODES, trt, emulator_check=emu, groups=GROUPS)
+    r = emulator_then_trt(NODES, trt, emulator_check=emu, groups=GROUPS)
     assert r.fp32 == ["n05", "n17"] and r.found and r.emulator_agreed
     assert r.trt_checks == 2 and trt.calls == [frozenset(), frozenset({"n05", "n17"})]
     assert r.trt_only == [] and not r.one_minimal_on_trt
@@ -286,14 +287,14 @@ def test_agreement_costs_two_trt_checks():
 
 
 def test_fp16_engine_passing_needs_no_emulator():
-    r = tl.emulator_then_trt(NODES, needs(()), emulator_check=never)
+    r = emulator_then_trt(NODES, needs(()), emulator_check=never)
     assert r.fp32 == [] and r.trt_checks == 1 and r.emulator_fp32 is None and r.one_minimal_on_trt
 
 
 def test_disagreement_refines_layers_then_nodes_around_the_plan():
     """TensorRT also needs n10, fused in layer L2 next to nothing the emulator chose."""
     emu, trt = needs({"n05", "n17"}), needs({"n05", "n17", "n10"})
-    r = tl.emulator_then_trt(NODES, trt, emulator_check=emu, groups=GROUPS)
+    r = emulator_then_trt(NODES, trt, emulator_check=emu, groups=GROUPS)
     assert r.fp32 == ["n05", "n10", "n17"] and r.found
     assert r.emulator_fp32 == ["n05", "n17"] and r.emulator_agreed is False
     assert r.trt_only == ["n10"] and r.culprit_layers == ["L2"]
@@ -308,7 +309,7 @@ def test_engine_layer_groups_save_builds():
     """When TensorRT needs several nodes of one fused layer, searching layers first is cheaper."""
     def run(groups):
         trt = needs({"n05", "n17", "n12", "n13", "n15"})  # three of layer L3
-        r = tl.emulator_then_trt(NODES, trt, emulator_plan=["n05", "n17"], groups=groups)
+        r = emulator_then_trt(NODES, trt, emulator_plan=["n05", "n17"], groups=groups)
         assert r.fp32 == ["n05", "n12", "n13", "n15", "n17"] and r.one_minimal_on_trt is False
         assert r.culprit_layers == (["L3"] if groups else [])
         return r.trt_checks
@@ -319,7 +320,7 @@ def test_engine_layer_groups_save_builds():
 def test_layer_near_the_emulator_plan_is_tried_first():
     """The disagreement often sits in a layer fused with a node the emulator kept FP32."""
     trt = needs({"n05", "n06"})  # n06 shares layer L1 with n05
-    r = tl.emulator_then_trt(NODES, trt, emulator_plan=["n05"], groups=GROUPS)
+    r = emulator_then_trt(NODES, trt, emulator_plan=["n05"], groups=GROUPS)
     assert r.fp32 == ["n05", "n06"] and r.culprit_layers == ["L1"]
     layer_calls = [c for c in trt.calls[2:] if len(c) > 2]
     assert layer_calls and {"n04", "n06", "n07"} <= layer_calls[0]
@@ -327,32 +328,32 @@ def test_layer_near_the_emulator_plan_is_tried_first():
 
 def test_no_groups_searches_nodes():
     trt = needs({"n03", "n20"})
-    r = tl.emulator_then_trt(NODES, trt, emulator_plan=[])
+    r = emulator_then_trt(NODES, trt, emulator_plan=[])
     assert r.fp32 == ["n03", "n20"] and r.one_minimal_on_trt and r.emulator_agreed is False
     assert [t["phase"] for t in r.trials][:1] == ["fp16"] and "verify" not in [t["phase"] for t in r.trials]
 
 
 def test_certify_removes_what_trt_does_not_need():
     trt = needs({"n05"})
-    loose = tl.emulator_then_trt(NODES, trt, emulator_plan=["n05", "n09"])
+    loose = emulator_then_trt(NODES, trt, emulator_plan=["n05", "n09"])
     assert loose.fp32 == ["n05", "n09"] and not loose.one_minimal_on_trt
-    tight = tl.emulator_then_trt(NODES, needs({"n05"}), emulator_plan=["n05", "n09"], certify=True)
+    tight = emulator_then_trt(NODES, needs({"n05"}), emulator_plan=["n05", "n09"], certify=True)
     assert tight.fp32 == ["n05"] and tight.one_minimal_on_trt and tight.trt_checks == 3
 
 
 def test_trt_never_passes():
-    r = tl.emulator_then_trt(NODES, lambda fp32: False, emulator_plan=["n01"], groups=GROUPS)
+    r = emulator_then_trt(NODES, lambda fp32: False, emulator_plan=["n01"], groups=GROUPS)
     assert not r.found and r.fp32 == NODES
 
 
 def test_budget_stops_with_best_plan():
-    r = tl.emulator_then_trt(NODES, needs({"n05", "n17", "n10"}), emulator_plan=["n05", "n17"],
+    r = emulator_then_trt(NODES, needs({"n05", "n17", "n10"}), emulator_plan=["n05", "n17"],
                              groups=GROUPS, max_trt_checks=3)  # fp16, verify, near layers: all fail
     assert r.stopped_early and r.trt_checks == 3 and not r.one_minimal_on_trt
     assert not r.found and r.fp32 == NODES
-    r = tl.emulator_then_trt(NODES, needs({"n05", "n17", "n10"}), emulator_plan=["n05", "n17"],
+    r = emulator_then_trt(NODES, needs({"n05", "n17", "n10"}), emulator_plan=["n05", "n17"],
                              groups=GROUPS, max_trt_checks=5)
     assert r.stopped_early and r.found and {"n05", "n17", "n10"} <= set(r.fp32)
-    r = tl.emulator_then_trt(NODES, needs({"n05"}), emulator_plan=["n05"], max_trt_checks=1)
+    r = emulator_then_trt(NODES, needs({"n05"}), emulator_plan=["n05"], max_trt_checks=1)
     assert r.stopped_early and not r.found and r.fp32 == NODES
     json.dumps(r.to_json())

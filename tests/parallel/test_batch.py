@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trtbisect.judge import trt_layers as tl
 from trtbisect.search.minimal import Oracle, ddmin, find_minimal_fp32
+from trtbisect.search.refine import emulator_then_trt
 
 _spec = importlib.util.spec_from_file_location(
     "search_sequential_v1", Path(__file__).parents[1] / "fixtures" / "search_sequential_v1.py")
@@ -212,11 +212,11 @@ def test_a_nested_search_batches_through_its_callers_oracle():
 
     old = v1.find_minimal_fp32  # the sequential inner search
     emulator_plan = sorted(culprits | {"n5", "n6", "n7"}, key=cand.index)
-    seq = tl.emulator_then_trt(cand, trt_check, emulator_plan=emulator_plan, certify=True)
+    seq = emulator_then_trt(cand, trt_check, emulator_plan=emulator_plan, certify=True)
     assert old is not None
     for width in WIDTHS:
         batch = FakeBatch(trt_check, width)
-        par = tl.emulator_then_trt(cand, batch, emulator_plan=emulator_plan, certify=True)
+        par = emulator_then_trt(cand, batch, emulator_plan=emulator_plan, certify=True)
         assert par.trials == seq.trials and par.fp32 == seq.fp32
         assert len(batch.rounds) <= len(seq.trials)
         if width == 8:

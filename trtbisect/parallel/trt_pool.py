@@ -1,6 +1,6 @@
 """TensorRT builders on several GPUs (#23): `--backend trt --workers N` with several visible.
 
-The TensorRT search (`trt_layers.emulator_then_trt`) proposes batches of plans as every search
+The TensorRT search (`search/refine.emulator_then_trt`) proposes batches of plans as every search
 does (search.py's `Batch`); here each plan of a batch is built and run on its own GPU, by a
 worker process that sees only that GPU (`CUDA_VISIBLE_DEVICES=<it>`, set in the worker before
 TensorRT is imported) and holds one `TrtBackend`. The FP32 reference outputs are the parent's,

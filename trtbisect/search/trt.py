@@ -2,7 +2,7 @@
 
 Driven from here, beside the other searches; `backends/trt.py` only builds and runs engines
 (`TrtBackend`) and `parallel/trt_pool.py` only builds them on several GPUs. The search itself
-(`trt_layers.emulator_then_trt`) knows neither: it is handed a check, as search.py's is. What
+(`search/refine.emulator_then_trt`) knows neither: it is handed a check, as search.py's is. What
 the run's flags say about it is one small frozen object, `TrtSearchOptions`; the judge's part
 of it (tolerance and criteria) reaches the GPU workers as the run's `JudgeSettings`.
 """
@@ -31,6 +31,7 @@ from ..judge.settings import JudgeSettings, criteria_digest
 from ..parallel import trt_pool
 from ..outputs.files import atomic_write_text
 from .minimal import Check
+from .refine import emulator_then_trt
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
         gpus, parallel = _gpu_batch(options, backend, samples, refs, say)
         max_builds = options.max_builds
         try:
-            result = tl.emulator_then_trt(
+            result = emulator_then_trt(
                 cand, gpus if gpus is not None else trt_check, emulator_check, emulator_plan,
                 groups, seeds, ranking, certify=options.certify,
                 max_trt_checks=None if max_builds is None else max(max_builds - 1, 1))
