@@ -10,8 +10,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trtbisect"
 
-# Circles not yet removed, each with why it is still there. The test fails on a circle not
-# listed here, and on a listed one that is gone (then delete its line).
+# Circles not yet removed, each with why it is still there (none is left: #33 removed the last
+# four). The test fails on a circle not listed here, and on a listed one that is gone.
 ALLOWED: dict[tuple[str, ...], str] = {
 }
 
