@@ -1,9 +1,11 @@
 """trtbisect: find the minimal FP32 fallback that makes an FP16 model match FP32.
 
-The library's public face, named here and nowhere else (the CLI is one user of it):
+The library's public face: the names in `__all__` are the supported API, e.g.
 
+    from pathlib import Path
     import trtbisect
-    opts = trtbisect.Options(tolerance=trtbisect.Tolerance(rtol=1e-2))
+
+    opts = trtbisect.Options(inputs=["val.npz"], tolerance=trtbisect.Tolerance(rtol=1e-2))
     result = trtbisect.run("model.onnx", opts, out_dir=Path("runs/model"))
     print(result.verdict, result.fp32_nodes)
 
