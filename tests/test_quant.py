@@ -337,7 +337,8 @@ def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traff
     assert pr.boundary({"mm1", "mm2", "mm3"}) == (0, 0.0)  # no Q/DQ left
     c = pr.summary(["mm2"])
     rows = {r["row"]: r for r in c["rows"]}
-    assert rows["Q/DQ boundaries"]["added_s"] == pytest.approx(n * 5 / bw)
+    # h2's Q kernel, and mm1 writing h1 in FP32 (4 bytes) where its fused Q wrote INT8 (1)
+    assert rows["Q/DQ boundaries"]["added_s"] == pytest.approx((n * 5 + n * 3) / bw)
     assert c["qdq_boundaries"]["plan"]["kernels"] == 2
     assert sum(r["share"] for r in c["rows"]) == pytest.approx(c["plan_vs_all_quantized"])
     assert c["plan_s"] - c["all_quantized_s"] == pytest.approx(
@@ -523,3 +524,40 @@ def test_the_count_objective_finds_the_same_plans(make, tmp_path):
     r = run(model, opts, tmp_path / "out")
     cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
     assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
+
+
+def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
+    """TensorRT's Q/DQ fusion (the convolution with inputs and output quantized): x -> mm1 ->
+    mm2 -> mm3, FP32 elsewhere. mm1 and mm2 write h1 and h2 through the Q that fuses into
+    them: 1 byte per element. mm3 writes the graph output in FP32: 4. Un-quantizing mm2
+    leaves h1's Q/DQ to no reader: mm1 writes FP32 again. A tensor a float node reads beside
+    the Q (a residual) stays float."""
+    from trtbisect.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
+    b = qm.QBuilder()
+    t = "x"
+    for k in (1, 2, 3):
+        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
+    model = b.model({"x": x}, ["h3"])
+    pr = pricing_for(model, analyse(model), {}, {"x": x}, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    reads = 2 * n  # the INT8 activation and the INT8 weight, 1 byte each
+    times = pr.node_times(())
+    assert times["mm1"] == pytest.approx((reads + 1 * n) / bw)
+    assert times["mm2"] == pytest.approx((reads + 1 * n) / bw)
+    assert times["mm3"] == pytest.approx((reads + 4 * n) / bw)
+    assert pr.written_bytes("mm1", frozenset({"mm2"})) == 4
+    assert pr.node_times({"mm2"})["mm1"] == pytest.approx((reads + 4 * n) / bw)
+    assert pr.price(()) == pytest.approx(sum(times.values()) + n * (4 + 1) / bw)
+    # a residual: h1 read by mm2's Q and by a float Add: mm1 writes FP32
+    b2 = qm.QBuilder()
+    h = b2.node("MatMul", [b2.act("x", 4.0), b2.weight("w1", qm._w(rng))], "h", "mm1")
+    h2 = b2.node("MatMul", [b2.act(h, 4.0), b2.weight("w2", qm._w(rng))], "h2", "mm2")
+    b2.node("Add", [h, h2], "y", "add")
+    m2 = b2.model({"x": x}, ["y"])
+    pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
+    assert pr2.written_bytes("mm1", frozenset()) == 4
+    assert pr2.node_times(())["mm1"] == pytest.approx((reads + 4 * n) / bw)
