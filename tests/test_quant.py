@@ -561,3 +561,72 @@ def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
     pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
     assert pr2.written_bytes("mm1", frozenset()) == 4
     assert pr2.node_times(())["mm1"] == pytest.approx((reads + 4 * n) / bw)
+
+
+def _report_run(tmp_path, model: onnx.ModelProto, inputs: dict, rtol: float, rename=None):
+    """`run --report` on a planted model, its layers' compute nodes renamed by `rename`."""
+    for n in model.graph.node:
+        n.name = (rename or {}).get(n.name, n.name)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "m.npz", **inputs)
+    res = invoke("run", tmp_path / "m.onnx", "--inputs", tmp_path / "m.npz", "--rtol", rtol,
+                 "--report", "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    return tmp_path / "out"
+
+
+def test_report_pages_name_each_culprit_and_its_side(tmp_path):
+    """report.html and report.md on a file FP16 elsewhere: the verdict first, the planted
+    culprits on both sides (mm1 quantized, run un-quantized; amp and back FP16, kept in
+    FP32), the diagnosis with the fix trtbisect verified, the trade-off plot, and
+    precision.json's files list the pages."""
+    pytest.importorskip("matplotlib")
+    p = qm.fp16_side()
+    out = _report_run(tmp_path, p.model, p.inputs, p.rtol)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert md.splitlines()[2].startswith("**Verdict: fixed by running 1 of 2 quantized layers")
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[1]
+            for line in md.splitlines() if line.startswith("| `")
+            and " | " in line and ("quantized (" in line or "FP16: kept" in line)}
+    assert rows == {"mm1": "quantized (INT8): run un-quantized", "amp": "FP16: kept in FP32",
+                    "back": "FP16: kept in FP32"}
+    assert "**activation\\_outlier**" in md and "verified: SmoothQuant" in md
+    assert "![trade-off plot](report_tradeoff.png)" in md
+    page = (out / "report.html").read_text(encoding="utf-8")
+    cell = "<td class=''>{}</td><td class=''>{}</td>".format
+    assert cell("mm1", "quantized (INT8): run un-quantized") in page
+    assert cell("amp", "FP16: kept in FP32") in page
+    assert "data:image/png;base64," in page
+    files = json.loads((out / "precision.json").read_text())["files"]
+    assert files["report_html"] == str(out / "report.html")
+    assert files["report_md"] == str(out / "report.md")
+
+
+def test_report_pages_escape_a_hostile_layer_name(tmp_path):
+    """The residual's culprit Add named with terminal escapes, HTML and Markdown in it: both
+    pages keep the structure of the plainly named run's, and show the name as text."""
+    pytest.importorskip("matplotlib")
+    from tests.fuzz.make_cases import HOSTILE
+    from tests.test_hostile_names import Tags, _markdown_tokens, _structure, controls
+    from trtbisect.outputs.escape import visible
+
+    evil = HOSTILE[0] + HOSTILE[2]
+    p = qm.residual()
+    plain = _report_run(tmp_path / "plain", p.model, p.inputs, p.rtol)
+    hostile = _report_run(tmp_path / "evil", qm.residual().model, p.inputs, p.rtol,
+                          {"add": evil})
+    assert json.loads((hostile / "precision.json").read_text())["unquantized_layers"] == [evil]
+    tokens = _markdown_tokens(hostile / "report.md")
+    assert _structure(tokens) == _structure(_markdown_tokens(plain / "report.md"))
+    inline = [c for t in tokens if t.children for c in t.children]
+    assert not [t for t in tokens + inline if t.type in ("html_block", "html_inline",
+                                                          "link_open")]
+    assert any(c.type == "code_inline" and c.content == visible(evil) for c in inline)
+    seen, plain_tags = Tags(), Tags()
+    page = (hostile / "report.html").read_text(encoding="utf-8")
+    seen.feed(page)
+    plain_tags.feed((plain / "report.html").read_text(encoding="utf-8"))
+    assert seen.tags == plain_tags.tags and controls(page) == []
+    assert not [a for a, _ in seen.attrs if a.startswith("on")]
+    assert visible(evil) in "".join(seen.text)

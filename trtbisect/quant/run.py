@@ -312,10 +312,12 @@ def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
 def run(model_path: str | Path, opts, out_dir: Path | None = None,
         reference_path: str | Path | None = None, progress: Progress | None = None,
         stage: Callable[[str], None] = log.info,
-        draw: Callable[[QuantResult], bytes | None] | None = None) -> QuantResult:
+        report: Callable[[QuantResult, Path], dict[str, str]] | None = None
+        ) -> QuantResult:
     """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
     samples, criteria, tolerance, threads, gpu, objective and --max-evals are used);
-    `draw`: --report's trade-off plot (quant/report.py), written into --out."""
+    `report`: --report's writer (quant/pages.py, handed in by quant/console.py), called
+    inside --out's generation; it returns the files it wrote."""
     from ..context import reference_problems
 
     started = time.perf_counter()
@@ -340,7 +342,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         if journal is not None:
             journal.close()
     result.seconds = time.perf_counter() - started
-    _write(result, result.judge, path, out_dir, keep, draw)
+    _write(result, result.judge, path, out_dir, keep, report)
     return result
 
 
@@ -545,18 +547,17 @@ def _sources(opts) -> list[Path]:
 
 
 def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
-           keep: Sequence[Path], draw: Callable | None = None) -> None:
+           keep: Sequence[Path], report: Callable | None = None) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
-    and (`draw`: --report) the trade-off plot, as one generation of --out. Without --out the
+    and (`report`: --report) report.html, report.md and the trade-off plot, as one
+    generation of --out. Without --out the
     in-memory model is judged."""
     from ..outdir import OutputDir
     from ..plan import atomic_write_text, save_model
 
     def plot() -> None:
-        from .report import write
-        written = write(result, out_dir, draw) if draw and out_dir is not None else None
-        if written:
-            result.files["report_tradeoff"] = written
+        if report is not None and out_dir is not None:
+            result.files.update(report(result, out_dir))
 
     if result.verdict != "fixed":
         if out_dir is not None:
