@@ -630,3 +630,39 @@ def test_report_pages_escape_a_hostile_layer_name(tmp_path):
     assert seen.tags == plain_tags.tags and controls(page) == []
     assert not [a for a, _ in seen.attrs if a.startswith("on")]
     assert visible(evil) in "".join(seen.text)
+
+
+def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
+    """amp -> back is one pointwise chain TensorRT fuses into a PWN layer that rounds its
+    output once (semantics.py's pointwise_fusion): the default judge leaves the middle value
+    (2^15 x, beyond 65504) unrounded, so only the quantized culprit mm1 is in the plan;
+    `--semantics strict` rounds every node, the middle value overflows, and amp and back are
+    kept in FP32 too. `check` of the written file gives run's numbers under each."""
+    from trtbisect.quant import half
+
+    p = qm.fp16_side(fused=True)
+    ty = half.types(p.model)
+    assert half.fused_internal(p.model, ty) == {"big"}
+    assert half.fused_internal(qm.fp16_side().model, ty) == frozenset()  # MatMul epilogue:
+    # uncertain, per-node rounding kept
+    model, inputs = _files(p, tmp_path)
+    fused = run(model, _opts(inputs, p.rtol), tmp_path / "trt")
+    assert fused.verdict == "fixed" and fused.one_minimal and fused.one_judge is True
+    assert fused.plan == ["mm1"] and fused.fp32_nodes == []
+    # the pair switches as one unit: kept apart, one in FP32 and the other in FP16, the
+    # value TensorRT keeps inside the layer would be stored in FP16 between them
+    assert fused.judge.units == ["mm1", "mm2", "fp32:mm1", "fp32:mm2",
+                                 "fp32:PWN(amp, back)"]
+    assert fused.before.errors["y"].nonfinite == 0
+    strict_opts = _opts(inputs, p.rtol)
+    strict_opts.semantics = "strict"
+    strict = run(model, strict_opts, tmp_path / "strict")
+    assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]
+    assert strict.before.errors["y"].nonfinite > 0
+    assert json.loads((tmp_path / "trt" / "precision.json").read_text())["semantics"] == "trt"
+    ref = tmp_path / "ref.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    r = invoke("-q", "check", tmp_path / "trt" / "fp16_side.unquantized.onnx", "--reference",
+               ref, "--inputs", inputs, "--rtol", p.rtol, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["errors"]["y"]["max_abs"] == fused.after.errors["y"].max_abs

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .report import verdict_line
+from .report import rounding_words as _rounding, verdict_line
 
 
 def emit(result, as_json: bool) -> None:
@@ -74,7 +74,7 @@ def emit(result, as_json: bool) -> None:
                   + _boundary_words(c))
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
               "ONNX Runtime CPU (Q/DQ run as written"
-              + ("; FP16 stores emulated)" if result.emulated else ")"))
+              + (f"; FP16 stores emulated, {_rounding(result)})" if result.emulated else ")"))
     if result.evaluations:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations, {minimal}, {result.seconds:.1f}s")

@@ -27,7 +27,7 @@ from ..plan import atomic_write, atomic_write_text
 from ..report import (CSS, TRACE_ROWS, _html_table, _md_table, e, e_lines, error_text,
                       plot_tradeoff, pct_of)
 from ..wording import num
-from .report import NAME as TRADEOFF, tradeoff_png, verdict_line
+from .report import NAME as TRADEOFF, rounding_words, tradeoff_png, verdict_line
 
 TRADEOFF_NOTE = ("Every plan the search evaluated, at its estimated engine time (x) and the worst "
                  "relative error its judge measured (y, log scale): passing and failing plans, "
@@ -158,7 +158,8 @@ TRACE_HEAD = ["#", "phase", "units", "result", "est. us", "worst rel. error", "w
 def facts(result) -> list[str]:
     """The run's facts in sentences: reference, judge, estimated times, search."""
     out = [f"reference: {result.reference}; judged by {result.criteria} on ONNX Runtime CPU "
-           "(Q/DQ run as written" + ("; FP16 stores emulated)" if result.emulated else ")")]
+           "(Q/DQ run as written" + (f"; FP16 stores emulated, {rounding_words(result)})"
+                                 if result.emulated else ")")]
     c = result.cost or {}
     if c.get("all_quantized_s") and result.verdict != "reference_invalid":
         vs = c.get("plan_vs_all_quantized")

@@ -26,6 +26,12 @@ def verdict_line(result) -> str:
             "reference_invalid": "[red]the reference is already non-finite[/]"}[result.verdict]
 
 
+def rounding_words(result) -> str:
+    """Where the FP16 side of the file rounds, as the console and the pages say it."""
+    return ("rounded per node: --semantics strict" if result.semantics == "strict"
+            else "rounded once per fused TensorRT layer: --semantics trt")
+
+
 def worst_rel(errors) -> float:
     """A verdict's worst relative error (NaN where nothing was measured)."""
     rels = [float(e.rel) for e in errors.values()]
