@@ -136,16 +136,21 @@ def diagnosis(result) -> list[dict]:
     return out
 
 
-def output_rows(result) -> list[tuple[str, str, str]]:
+def output_table(result) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Per output: the file as given, and the plan's file where one was written."""
     if result.before is None:
-        return []
-    after = result.after.errors if result.after is not None else {}
-    return [(name, error_text(e), error_text(after.get(name)))
-            for name, e in result.before.errors.items()]
+        return [], []
+    if result.after is None:
+        return (["output", "quantized as given"],
+                [(name, error_text(e)) for name, e in result.before.errors.items()])
+    return (["output", "quantized as given", "with the plan"],
+            [(name, error_text(e), error_text(result.after.errors.get(name)))
+             for name, e in result.before.errors.items()])
 
 
 def trace_rows(result) -> list[tuple]:
-    return [(t.index, t.phase, len(t.fp32), "pass" if t.passed else "fail",
+    return [(t.index, "as given" if t.phase == "all-fp16" else t.phase, len(t.fp32),
+             "pass" if t.passed else "fail",
              "" if t.price is None else f"{1e6 * t.price:.4g}",
              "" if t.score is None else num(float(t.score)), ", ".join(t.fp32[:6])
              + (f", … (+{len(t.fp32) - 6})" if len(t.fp32) > 6 else ""))
@@ -180,6 +185,8 @@ def facts(result) -> list[str]:
 
 
 def command_rows(result) -> list[tuple[str, str]]:
+    if result.verdict != "fixed":
+        return []
     r = result.renderings or {}
     rows = [("ModelOpt ONNX PTQ with the plan's layers excluded (Python)",
              r.get("modelopt_python")),
@@ -200,8 +207,7 @@ def render_markdown(result, tradeoff: str | None) -> str:
     parts += _md_table("Culprits and their side", CULPRIT_HEAD, culprit_rows(result),
                        code=(0,))
     parts += _md_diagnosis(result)
-    parts += _md_table("Error per output", ["output", "quantized as given", "with the plan"],
-                       output_rows(result), code=(0,))
+    parts += _md_table("Error per output", *output_table(result), code=(0,))
     parts += _md_table("Search trace", TRACE_HEAD, trace_rows(result))
     rows = command_rows(result)
     if rows:
@@ -244,8 +250,7 @@ def render_html(result, tradeoff: bytes | None) -> str:
                  f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
     body += _html_table("Culprits and their side", CULPRIT_HEAD, culprit_rows(result))
     body += _html_diagnosis(result)
-    body += _html_table("Error per output", ["output", "quantized as given", "with the plan"],
-                        output_rows(result))
+    body += _html_table("Error per output", *output_table(result))
     rows = trace_rows(result)
     if rows:
         body += [f"<details><summary>Search trace ({len(result.trials)} evaluations)"
