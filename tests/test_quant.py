@@ -666,3 +666,31 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
                ref, "--inputs", inputs, "--rtol", p.rtol, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["errors"]["y"]["max_abs"] == fused.after.errors["y"].max_abs
+
+
+def test_shapes_inference_leaves_open_are_probed_for_the_price():
+    """x is reshaped by a shape fed at run time (shape inference cannot know it): without the
+    probe the quantized MatMul after it is priced on its weight alone; with it (one ORT
+    inference of the file), on its activation and output too, as the FP16 run prices."""
+    from trtbisect.cost import GPUS
+    from trtbisect.quant.cost import pricing_for, shape_probe
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((qm.N * qm.C,)).astype(np.float32)
+    b = qm.QBuilder()
+    t = b.node("Reshape", ["flat", "shape"], "x", "reshape")
+    b.node("MatMul", [b.act(t, 4.0), b.weight("w1", qm._w(rng))], "y", "mm1")
+    h, tp = onnx.helper, onnx.TensorProto
+    model = h.make_model(h.make_graph(
+        b.nodes, "reshaped", [h.make_tensor_value_info("flat", tp.FLOAT, [qm.N * qm.C]),
+                              h.make_tensor_value_info("shape", tp.INT64, [2])],
+        [h.make_tensor_value_info("y", tp.FLOAT, None)], b.inits),
+        opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 10
+    sample = {"flat": x, "shape": np.array([qm.N, qm.C], np.int64)}
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    blind = pricing_for(model, analyse(model), {}, sample, "l4", False)
+    assert blind.node_times(())["mm1"] == pytest.approx(qm.C * qm.C / bw)  # the weight only
+    seen = pricing_for(model, analyse(model), {}, sample, "l4", False, shape_probe(model, sample))
+    # INT8 activation and weight read (1 byte each), FP32 output written (4)
+    assert seen.node_times(())["mm1"] == pytest.approx((n + qm.C * qm.C + 4 * n) / bw)

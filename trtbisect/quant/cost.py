@@ -36,8 +36,8 @@ import math
 import numpy as np
 import onnx
 
-from ..cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, gpu_class, infer_shapes, node_flops,
-                    quantized_peak)
+from ..cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, Probe, gpu_class, infer_shapes,
+                    node_flops, quantized_peak)
 from ..graph import Graph
 from .qdq import COMMUTING, DQ, Q, WEIGHTED, Layer
 
@@ -191,15 +191,40 @@ class QuantPricing:
                 "rows": rows}
 
 
-def _shapes(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple]:
-    """Static shapes at the sample's input shapes (cost.infer_shapes, the FP16 pricing's)."""
-    return dict(infer_shapes(Graph(model), sample))
+def _shapes(model: onnx.ModelProto, sample: Mapping[str, np.ndarray],
+            probe: Probe | None = None) -> dict[str, tuple]:
+    """Static shapes at the sample's input shapes (cost.infer_shapes, the FP16 pricing's),
+    those shape inference leaves open from `probe` (one inference), as the FP16 run does."""
+    return dict(infer_shapes(Graph(model), sample, probe))
+
+
+def shape_probe(model: onnx.ModelProto, sample: Mapping[str, np.ndarray],
+                threads: int | None = None, batch: int = 512) -> Probe:
+    """The shapes of tensors the file computes on `sample`, by one ONNX Runtime inference of
+    the file as given per batch of names (only shapes are kept)."""
+    from .judge import run_outputs, session
+
+    def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+        out: dict[str, tuple[int, ...]] = {}
+        for k in range(0, len(names), batch):
+            chunk = list(names[k:k + batch])
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+            have = {o.name for o in m.graph.output}
+            m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t)
+                                  for t in chunk if t not in have)
+            got = run_outputs(session(m, threads), sample, chunk)
+            out.update({t: tuple(int(d) for d in np.shape(v)) for t, v in got.items()})
+        return out
+    return probe
 
 
 def pricing_for(model: onnx.ModelProto, layers: Sequence[Layer], half_units: Mapping[str, str],
-                sample: Mapping[str, np.ndarray], gpu: str, half_file: bool) -> QuantPricing:
-    """Per node of the file: FLOPs and elements at this sample's shapes."""
-    shapes = _shapes(model, sample)
+                sample: Mapping[str, np.ndarray], gpu: str, half_file: bool,
+                probe: Probe | None = None) -> QuantPricing:
+    """Per node of the file: FLOPs and elements at this sample's shapes (`probe`: the shapes
+    shape inference leaves open, `shape_probe`)."""
+    shapes = _shapes(model, sample, probe)
     formats = {f for la in layers for f in la.formats}
     fmt = "fp8" if any(f.startswith("fp8") for f in formats) else "int8"
     quantized_peak(gpu, fmt)  # an FP8 file on a class without FP8: refused in one line

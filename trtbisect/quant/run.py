@@ -429,7 +429,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
             samples, references, opts, progress: Progress | None,
             stage: Callable[[str], None], journal=None) -> None:
     """Judge the file, diagnose its layers, search the plan, judge the fixes, price it."""
-    from .cost import pricing_for
+    from .cost import pricing_for, shape_probe
     from .half import half_nodes
 
     layers = result.layers
@@ -438,7 +438,8 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
                        opts.threads, halves, opts.semantics)
     result.judge = judge
-    pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated)
+    pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated,
+                          shape_probe(model, samples[0], opts.threads))
     stage("judging the quantized model as given")
     result.before = judge.measure(frozenset())
     stage("diagnosing the quantized layers")
