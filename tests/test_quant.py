@@ -654,11 +654,6 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
     assert fused.judge.units == ["mm1", "mm2", "fp32:mm1", "fp32:mm2",
                                  "fp32:PWN(amp, back)"]
     assert fused.before.errors["y"].nonfinite == 0
-    strict_opts = _opts(inputs, p.rtol)
-    strict_opts.semantics = "strict"
-    strict = run(model, strict_opts, tmp_path / "strict")
-    assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]
-    assert strict.before.errors["y"].nonfinite > 0
     assert json.loads((tmp_path / "trt" / "precision.json").read_text())["semantics"] == "trt"
     ref = tmp_path / "ref.onnx"
     onnx.save(unquantize(p.model, analyse(p.model)), ref)
@@ -666,6 +661,14 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
                ref, "--inputs", inputs, "--rtol", p.rtol, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["errors"]["y"]["max_abs"] == fused.after.errors["y"].max_abs
+    # in the same --out: the journal of the trt run is not replayed (its fingerprint differs)
+    head = json.loads((tmp_path / "trt" / "journal.jsonl").read_text().splitlines()[0])
+    assert head["fingerprint"]["semantics"] == "trt"
+    strict_opts = _opts(inputs, p.rtol)
+    strict_opts.semantics = "strict"
+    strict = run(model, strict_opts, tmp_path / "trt")
+    assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]
+    assert strict.before.errors["y"].nonfinite > 0
 
 
 def test_shapes_inference_leaves_open_are_probed_for_the_price():

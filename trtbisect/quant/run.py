@@ -398,7 +398,7 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
         "reference": model_hash(reference_path) if reference_path else None,
         "samples": samples.sha256, "tolerance": opts.tolerance.to_json(),
         "criteria": opts.criteria.fingerprint(), "objective": opts.objective, "gpu": opts.gpu,
-        "threads": opts.threads}
+        "threads": opts.threads, "semantics": opts.semantics}
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
     if not opts.resume and journal_path.exists():
