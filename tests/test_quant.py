@@ -697,3 +697,18 @@ def test_shapes_inference_leaves_open_are_probed_for_the_price():
     seen = pricing_for(model, analyse(model), {}, sample, "l4", False, shape_probe(model, sample))
     # INT8 activation and weight read (1 byte each), FP32 output written (4)
     assert seen.node_times(())["mm1"] == pytest.approx((n + qm.C * qm.C + 4 * n) / bw)
+
+
+def test_report_pages_of_a_file_that_passes_as_given(tmp_path):
+    """Nothing planned: the pages say so, give the file's own margin and error, and offer no
+    plan's column or commands."""
+    pytest.importorskip("matplotlib")
+    p = qm.residual()
+    out = _report_run(tmp_path, p.model, p.inputs, 0.9)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "**Verdict: the quantized model already meets the tolerance (3 quantized layers).**" \
+        in md
+    assert "- y: the file as given uses" in md
+    assert "| output | quantized as given |\n" in md and "with the plan" not in md
+    assert "Apply the plan" not in md and "Culprits" not in md
+    assert "Apply the plan" not in (out / "report.html").read_text(encoding="utf-8")
