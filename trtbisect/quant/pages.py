@@ -173,6 +173,12 @@ def facts(result) -> list[str]:
                    f"{1e6 * c['all_quantized_s']:.4g} us, the plan {1e6 * c['plan_s']:.4g} us"
                    + (f" ({100 * vs:+.1f}% against all quantized)"
                       if vs is not None and result.units else ""))
+        qdq = next((r for r in c.get("rows") or [] if r.get("kind") == "qdq"), None)
+        plan = (c.get("qdq_boundaries") or {}).get("plan")
+        if result.units and qdq is not None and plan:
+            out.append(f"the plan's Q/DQ reformat kernels: {plan['kernels']}, "
+                       f"{1e6 * plan['s']:.4g} us; what it changes in Q/DQ traffic (reformats, "
+                       f"fused output Qs): {cost_pct(qdq['share'])} of all quantized")
     if result.evaluations:
         out.append(f"{result.evaluations} evaluations, "
                    f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}"
