@@ -6,12 +6,12 @@ Every method gets the same model (nodes named as trtbisect names them), the same
 same criterion, and every plan it returns is judged the same way: by `trtbisect check` semantics
 (`trtbisect.pipeline.check_mixed`, the faithful FP16 emulator) on the mixed-precision ONNX. Where a
 tool writes its own mixed model (onnxconverter-common, ModelOpt AutoCast) that model is judged;
-otherwise `trtbisect.mixed.write_mixed_onnx` renders the plan.
+otherwise `trtbisect.outputs.mixed.write_mixed_onnx` renders the plan.
 
 Methods (docs/benchmarks.md explains each):
 
     trtbisect      trtbisect.pipeline.run, the product
-    ddmin          plain ddmin over all candidate nodes, no prior (trtbisect.search.ddmin)
+    ddmin          plain ddmin over all candidate nodes, no prior (trtbisect.search.minimal.ddmin)
     amp            onnxconverter-common auto_convert_mixed_precision as shipped (its checks run an
                    FP16 model on ORT CPU), with our criterion as its validate_fn
     amp+emulator   the same search with every candidate check routed through our emulator
@@ -59,12 +59,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from trtbisect import __version__  # noqa: E402
 from trtbisect.backends.ort import Emulator, Reference  # noqa: E402
-from trtbisect.compare import Tolerance, compare_output, compare_outputs  # noqa: E402
+from trtbisect.judge.compare import Tolerance, compare_output, compare_outputs  # noqa: E402
 from trtbisect.graph import Graph, infer_types, with_node_names  # noqa: E402
-from trtbisect.inputs import load_samples  # noqa: E402
-from trtbisect.mixed import write_mixed_onnx  # noqa: E402
+from trtbisect.data.inputs import load_samples  # noqa: E402
+from trtbisect.outputs.mixed import write_mixed_onnx  # noqa: E402
 from trtbisect.pipeline import Options, check_mixed, run  # noqa: E402
-from trtbisect.search import BudgetExhausted, ddmin  # noqa: E402
+from trtbisect.search.minimal import BudgetExhausted, ddmin  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -984,7 +984,7 @@ METHOD_NOTES = """\
   FP32 reference, layer-wise FP32-vs-FP16 comparison (the prior), the prior-guided search, the final
   check and every output file. Its wall time includes all of that; its evaluations count every plan
   run, the all-FP16 one and the final re-check included.
-- **ddmin**: `trtbisect.search.ddmin` over all candidate nodes with no prior (Zeller and Hildebrandt),
+- **ddmin**: `trtbisect.search.minimal.ddmin` over all candidate nodes with no prior (Zeller and Hildebrandt),
   on the same emulator and criterion: the reference search. On budget hit it reports the smallest
   passing plan it has seen, not certified minimal.
 - **AMP (shipped)**: `onnxconverter_common.auto_mixed_precision.auto_convert_mixed_precision(model,

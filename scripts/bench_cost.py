@@ -4,7 +4,7 @@ against count-only, plain ddmin and ModelOpt AutoCast; writes a section of
 docs/search_benchmark.md.
 
 Per model, on the same emulator, criterion and samples, priced by the same cost model
-(trtbisect/cost.py, `--gpu l4`, docs/cost.md):
+(trtbisect/search/cost.py, `--gpu l4`, docs/cost.md):
 
 * *cost*: `trtbisect run` (the default `--objective cost`);
 * *count*: `trtbisect run --objective count` (the earlier, count-minimal search);
@@ -47,11 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from trtbisect import semantics  # noqa: E402
-from trtbisect.cost import engine_pricing  # noqa: E402
+from trtbisect.judge import semantics  # noqa: E402
+from trtbisect.search.cost import engine_pricing  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.pipeline import Evaluator, Options, _shape_probe, check_mixed, prepare, run  # noqa: E402
-from trtbisect.search import ddmin  # noqa: E402
+from trtbisect.search.minimal import ddmin  # noqa: E402
 from doc_section import replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "search_benchmark.md"

@@ -41,7 +41,7 @@ from bench import node_flops  # noqa: E402
 from fetch_models import MODELS, fetch  # noqa: E402
 
 from trtbisect import __version__  # noqa: E402
-from trtbisect.compare import Tolerance  # noqa: E402
+from trtbisect.judge.compare import Tolerance  # noqa: E402
 from trtbisect.judge.flags import parse_criteria  # noqa: E402
 from trtbisect.pipeline import Options, run  # noqa: E402
 

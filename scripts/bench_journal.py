@@ -5,7 +5,7 @@ costs under a tenth of an evaluation"). Writes docs/journal_benchmark.md.
 Both are timed in this one process on the shipped demo (a ratio inside one run, best of
 `--repeats`): the emulator running 20 plans, and the journal's lookup, start and record of the
 same 20 plans (real file, real flush, fsync grouped as in a run). The test suite checks what
-the journal does per evaluation by counting (tests/test_journal.py), never by timing.
+the journal does per evaluation by counting (tests/search/test_journal.py), never by timing.
 
     python scripts/bench_journal.py                # writes docs/journal_benchmark.md
     python scripts/bench_journal.py --out /tmp/j.md
@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from trtbisect.backends.ort import Emulator  # noqa: E402
 from trtbisect.graph import Graph, load_model  # noqa: E402
-from trtbisect.inputs import load_samples  # noqa: E402
-from trtbisect.journal import Journal, plan_key  # noqa: E402
+from trtbisect.data.inputs import load_samples  # noqa: E402
+from trtbisect.search.journal import Journal, plan_key  # noqa: E402
 
 FP = {"model": "m" * 64, "samples": "s" * 64, "tolerance": {"rtol": 0.01}, "strict": False}
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "The suite checks the journal's work per evaluation by counting it (one lookup, two "
         "lines written and flushed once each, no fsync within a second: "
-        "`tests/test_journal.py::test_journal_costs_under_a_tenth_of_an_evaluation`), not by "
+        "`tests/search/test_journal.py::test_journal_costs_under_a_tenth_of_an_evaluation`), not by "
         "timing it, so that it passes on a loaded machine.",
         "",
     ])

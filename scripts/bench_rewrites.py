@@ -42,13 +42,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from trtbisect import semantics  # noqa: E402
-from trtbisect.compare import Tolerance  # noqa: E402
+from trtbisect.judge import semantics  # noqa: E402
+from trtbisect.judge.compare import Tolerance  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
-from trtbisect.cost import engine_pricing  # noqa: E402
+from trtbisect.search.cost import engine_pricing  # noqa: E402
 from trtbisect.pipeline import (Evaluator, Options, RunResult, _shape_probe, prepare,  # noqa: E402
                                 run)
-from trtbisect.search import ddmin  # noqa: E402
+from trtbisect.search.minimal import ddmin  # noqa: E402
 
 FLOP_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 SEMANTICS = ("strict", "trt")
@@ -437,7 +437,7 @@ def section(records: Sequence[dict], autocast: Mapping[str, dict], meta: Mapping
         + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "",
         "Per model and semantics (docs/semantics.md): `trtbisect.pipeline.run` without and with "
-        "`rewrite=True`, and plain ddmin (`trtbisect.search.ddmin`, no prior, the pipeline's own "
+        "`rewrite=True`, and plain ddmin (`trtbisect.search.minimal.ddmin`, no prior, the pipeline's own "
         "`Evaluator` and units) on the model as given. **FP32 nodes** counts the plan's nodes; "
         "**FLOPs** is their share of the model's MatMul/Gemm/Conv FLOPs (2 per multiply-add, "
         "from ONNX shape inference at the samples' input shapes" + _probed(records)

@@ -45,9 +45,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_models import synthetic_transformer, wide_matmul_stack  # noqa: E402
 from tests.models.make_models import deep_model, zoo  # noqa: E402
-from trtbisect import pipeline, semantics  # noqa: E402
+from trtbisect import pipeline
+from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.backends.ort import Reference  # noqa: E402
-from trtbisect.search import ddmin  # noqa: E402
+from trtbisect.search.minimal import ddmin  # noqa: E402
 
 GB = 1e9
 HEALTHY = "no planted fault: the 'FP16 is fine' case"

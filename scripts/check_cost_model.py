@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check the cost model (trtbisect/cost.py) against real timings on a GPU with PyTorch CUDA.
+"""Check the cost model (trtbisect/search/cost.py) against real timings on a GPU with PyTorch CUDA.
 
 No GPU was at hand when the cost model was written (docs/cost.md says so); this script is
 what a session with one runs. For each node of a model it can map to a PyTorch op (MatMul,
@@ -35,8 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trtbisect import semantics  # noqa: E402
-from trtbisect.cost import pricing_for  # noqa: E402
+from trtbisect.judge import semantics  # noqa: E402
+from trtbisect.search.cost import pricing_for  # noqa: E402
 from trtbisect.graph import Graph  # noqa: E402
 
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp",

@@ -34,4 +34,4 @@ sed -i -E \
 "$PYTHON" -m mypy --version
 # --follow-imports=silent: report trt.py and trt_layers.py only, not modules they import.
 MYPYPATH="$STUBS" "$PYTHON" -m mypy --follow-imports=silent \
-    trtbisect/backends/trt.py trtbisect/trt_layers.py
+    trtbisect/backends/trt.py trtbisect/judge/trt_layers.py

@@ -2,7 +2,7 @@
 
     python scripts/readme_demo.py --write   # rerun the demo, put its output in README.md
     python scripts/readme_demo.py           # exit 1 when README.md shows what the demo no
-                                            # longer prints (tests/test_readable.py checks it too)
+                                            # longer prints (tests/outputs/test_readable.py checks it too)
 
 The demo runs in a temporary folder, as the README's command says, on a 100-column console.
 The check compares what the block claims, robustly: the command, the verdict line, the order of

@@ -39,11 +39,11 @@ def apply_patch(name: str | None, monkeypatch: pytest.MonkeyPatch, args: list[st
     """Faults the file system would inject: a full disk, another run holding the lock.
     Returns descriptors to close afterwards."""
     if name == "enospc-write":
-        monkeypatch.setattr("trtbisect.plan.tempfile.mkdtemp", _enospc)
+        monkeypatch.setattr("trtbisect.outputs.files.tempfile.mkdtemp", _enospc)
     elif name == "enospc-replace":
-        monkeypatch.setattr("trtbisect.plan.os.replace", _enospc)
+        monkeypatch.setattr("trtbisect.outputs.files.os.replace", _enospc)
     elif name == "enospc-journal":
-        monkeypatch.setattr("trtbisect.journal.Journal._write", _enospc)
+        monkeypatch.setattr("trtbisect.search.journal.Journal._write", _enospc)
     elif name == "locked":
         out = Path(args[args.index("--out") + 1])
         fd = os.open(out / ".trtbisect.lock", os.O_RDWR | os.O_CREAT)

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "trtbisect"
 ALLOWED: dict[tuple[str, ...], str] = {
     ("trtbisect.backends.trt", "trtbisect.parallel.trt_pool"):
         "run_trt_search, a search driver inside the backend, starts the GPU pool (#33 item 4)",
-    ("trtbisect.data.npz", "trtbisect.data.sources", "trtbisect.inputs"):
+    ("trtbisect.data.npz", "trtbisect.data.sources", "trtbisect.data.inputs"):
         "inputs.py sits outside data/ and data/npz uses its private helpers (#33 item 5)",
     ("trtbisect.cli", "trtbisect.quant.console"):
         "quant/console.py is the quantized run's part of the commands, sharing cli's console "
@@ -28,7 +28,7 @@ ALLOWED: dict[tuple[str, ...], str] = {
 # The top of the house: only the commands and the orchestrator import these (the report from
 # the orchestrator); everything else is below them (docs/architecture.md).
 UPPER = {"trtbisect.__main__", "trtbisect.cli", "trtbisect.cli_torch", "trtbisect.pipeline",
-         "trtbisect.report", "trtbisect.quant.pages"}
+         "trtbisect.outputs.report", "trtbisect.quant.pages"}
 MAY_IMPORT_UPPER = {"trtbisect.__main__", "trtbisect.cli", "trtbisect.cli_torch",
                     "trtbisect.pipeline", "trtbisect.quant.console", "trtbisect.quant.pages"}
 

@@ -12,9 +12,9 @@ import pytest
 from tests.conftest import save_zoo_model
 from tests.models.make_models import deep_model
 from trtbisect.graph import Graph
-from trtbisect.journal import Journal
+from trtbisect.search.journal import Journal
 from trtbisect.pipeline import Options, check_mixed, run
-from trtbisect.search import ddmin
+from trtbisect.search.minimal import ddmin
 
 ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
        "constant_out_of_range", "healthy", "fp32_broken", "two_outputs", "precision_loss"]
@@ -98,7 +98,7 @@ def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
 
 
 def test_all_fp16_mixed_model_fails_check(zoo, tmp_path):
-    from trtbisect.mixed import write_mixed_onnx
+    from trtbisect.outputs.mixed import write_mixed_onnx
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
     path = tmp_path / "all16.onnx"
@@ -188,7 +188,7 @@ def test_deep_model_two_sites_far_fewer_evaluations_than_ddmin(tmp_path):
     g = Graph(z.model)
     assert len(g.names) >= 600
     from trtbisect.backends.ort import Emulator, Reference
-    from trtbisect.compare import Tolerance, compare_outputs
+    from trtbisect.judge.compare import Tolerance, compare_outputs
     emu, ref = Emulator(g), Reference(g).run(z.inputs)
     plain = ddmin(g.candidates(), lambda s: all(
         e.passed for e in compare_outputs(ref, emu.run(s, z.inputs), Tolerance()).values()))
@@ -218,7 +218,8 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
 def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
     """The model's FP32 outputs and all-FP16 verdict are the run's (not computed again), and
     the kept candidate's prepared graph is the search's (not prepared again)."""
-    from trtbisect import pipeline, rewrites
+    from trtbisect import pipeline
+    from trtbisect.rewrites import driver as rewrites
     prepared, references = [], []
     real_prepare, real_refs = pipeline.semantics.prepare_graph, rewrites.reference_outputs
     monkeypatch.setattr(pipeline.semantics, "prepare_graph",

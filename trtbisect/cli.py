@@ -23,15 +23,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .compare import OutputError, Tolerance
-from .degenerate import nothing_to_judge
-from .cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
+from .judge.compare import OutputError, Tolerance
+from .judge.degenerate import nothing_to_judge
+from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
 from .errors import EXIT_USAGE, TrtBisectError
-from .inputs import MAX_SAMPLES, parse_shapes
+from .data.inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
-from .limits import limit_options, pop_limits
-from .outdir import OutputDir
+from .data.limits import limit_options, pop_limits
+from .outputs.outdir import OutputDir
 from .outputs.escape import VisibleLog, shown_text
 from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, layers_words,
                                   plan_groups, plural, rest_text, search_words)
@@ -600,7 +600,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                            f"{meet} by less than the spread of what the tools compute (see the "
                            "margins below); no plan has the margin, so it is not called fixed"}
     if result.verdict == "partial":
-        from .coverage import partial_words
+        from .judge.coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:

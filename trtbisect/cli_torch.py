@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .cli import (USAGE, Progress, error_cell, exit_codes, finish, fmt, log, out, quiet_level,
                   rel_cell, shown, verbosity_options)
-from .compare import Tolerance
+from .judge.compare import Tolerance
 from .judge.flags import criteria_options, pop_criteria
 
 INPUT_HELP = ("Input of forward, in argument order: NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or "
@@ -153,7 +153,7 @@ def torch_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: in
     out_path = Path(out_dir) if out_dir else _default_out(factory)
     with ModuleProgress(quiet_level()) as progress:
         result = diagnose(tm, opts, out_path, progress.trial, progress.stage)
-    from .folding import conv_norm_pairs, torch_notes
+    from .diagnosis.folding import conv_norm_pairs, torch_notes
     notes = torch_notes(conv_norm_pairs(tm.module), result.fp32_modules)
     if as_json:
         click.echo(json.dumps({**result.to_json(), "folded_at_export": notes}, indent=2))

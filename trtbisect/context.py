@@ -14,18 +14,18 @@ import numpy as np
 import onnx
 
 from . import cost, degenerate, semantics
-from .compare import Tolerance, validate_tolerance
+from .judge.compare import Tolerance, validate_tolerance
 from .data.sources import expand, iter_items
 from .data.store import SampleSet, reference_set
 from .errors import TrtBisectError
 from .graph import Graph, external_data_hash, external_files, model_hash
-from .inputs import Sample
+from .data.inputs import Sample
 from .judge import subset
 from .judge.criteria import Criteria
 from .judge.precision import precision as low_precision
 from .judge.loadable import input_model
 from .judge.settings import JudgeSettings
-from .limits import Limits, set_eval_timeout
+from .data.limits import Limits, set_eval_timeout
 from .data.sources import npz_shapes
 from .repair import say
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from . import __version__, cost, coverage, degenerate, rewrite_advice, semantics
-from .rewrites import REWRITE_WEIGHT_LIMIT
+from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
 # the run's nouns live in context.py; named here too for the imports that know them here
 from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
@@ -22,8 +22,8 @@ from .context import (Context, Options, _samples_hash, input_files,  # noqa: F40
 from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
 from .result import AimedSearch, JudgedRecord
 from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
-from .compare import OutputError, TensorStats
-from .diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
+from .judge.compare import OutputError, TensorStats
+from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
 from .graph import Graph
 from .judge import subset
@@ -35,14 +35,14 @@ from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan
                             write_and_judge)
 from .judge.criteria import Judgement, Verdict
 from .judge.precision import precision as low_precision
-from .journal import Journal
-from .mixed import graph_model
-from .outdir import OutputDir
+from .search.journal import Journal
+from .outputs.mixed import graph_model
+from .outputs.outdir import OutputDir
 from .parallel import batch as parallel_batch
-from .report import write_report
+from .outputs.report import write_report
 from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
-from .search import Progress, SearchResult, find_minimal_fp32
-from .suspects import ConstantStats, build_prior, constant_stats
+from .search.minimal import Progress, SearchResult, find_minimal_fp32
+from .search.prior import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         marks.append((msg, time.perf_counter()))
         (on_stage or log.info)(msg)
     if opts.report:
-        from .report import require_matplotlib
+        from .outputs.report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
     if out_dir is not None:  # refuse now, not after the search, what the folder cannot take
@@ -88,7 +88,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     g = ctx.judged
     assert ctx.prepared is not None
     if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
-        from .stability import guard_memory
+        from .judge.stability import guard_memory
         guard_memory(ctx.every_sample, ctx.every_reference, opts.stability)
     base: dict[str, Any] = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
@@ -469,8 +469,8 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     emulator, every sample, against the original model's FP32 reference. `all_fp16`: the
     model's own all-FP16 verdict and errors, when known. Returns the outcome and the context
     of its model (None: it is not one the judge prepared last)."""
-    from .rewrite_rules import rewrites_for
-    from .rewrites import try_rewrites
+    from .rewrites.rules import rewrites_for
+    from .rewrites.driver import try_rewrites
 
     if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
         log.warning("--rewrite skipped: the model's weights exceed %d MiB", REWRITE_WEIGHT_LIMIT >> 20)
@@ -524,7 +524,7 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
     """The noise floor of the error around the final and the all-FP16 plan (stability.py)."""
-    from .stability import measure_stability
+    from .judge.stability import measure_stability
 
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
     return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
@@ -621,7 +621,7 @@ def _declares_the_reference_shapes(mixed_path: str | Path, ref: Mapping[str, np.
     """A file whose output declares another static shape than the reference computes is
     another model: refused in one line, before it is run."""
     from .graph import load_model
-    from .inputs import declared_shape
+    from .data.inputs import declared_shape
     for v in load_model(mixed_path).graph.output:
         dims = declared_shape(v) if v.type.tensor_type.HasField("shape") else None
         if v.name in ref and dims is not None and all(isinstance(d, int) and d > 0 for d in dims) \

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from . import __version__, degenerate
-from .compare import OutputError, TensorStats, Tolerance
-from .diagnose import Culprit
+from .judge.compare import OutputError, TensorStats, Tolerance
+from .diagnosis.diagnose import Culprit
 from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE)
 from .judge.criteria import Criteria
-from .mixed import Written
-from .render import RenderContext
-from .search import SearchResult
+from .outputs.mixed import Written
+from .outputs.render import RenderContext
+from .search.minimal import SearchResult
 
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 
@@ -214,7 +214,7 @@ class RunResult:
 
     def renderings(self) -> dict[str, object]:
         """Every tool's rendering of the plan (render.py); paths as `render_context` gives them."""
-        from .render import RenderContext, renderings_json
+        from .outputs.render import RenderContext, renderings_json
 
         model = self.files.get("rewritten_model") or self.files.get("named_model", self.model_path)
         rc = self.render_context or RenderContext(

@@ -1,5 +1,5 @@
 """Models as exporters of every year write them (#34): what ONNX Runtime CPU loads and runs in
-FP32, each built with onnx.helper around one planted fault (tests/test_input_models.py and the
+FP32, each built with onnx.helper around one planted fault (tests/graph/test_input_models.py and the
 fuzz corpus use them).
 
 The fault: y = ((x @ 1000 I) @ 1000 I) @ 1e-6 I. FP16 overflows after `up2` (values of 2e6), so

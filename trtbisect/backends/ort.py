@@ -37,13 +37,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .. import limits
+from ..data import limits
 from ..errors import TrtBisectError
-from ..spill import release_pages, spill
+from ..data.spill import release_pages, spill
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
                      node_reads, structure, subgraphs, walk, walk_graphs)
 from ..judge.precision import FP16, Precision
-from ..semantics import (MAX_ACCUMULATE_BLOCKS, STRICT, Rules, find_layers, round_weight,
+from ..judge.semantics import (MAX_ACCUMULATE_BLOCKS, STRICT, Rules, find_layers, round_weight,
                          tf32_round, tf32_round_nodes)
 
 log = logging.getLogger(__name__)

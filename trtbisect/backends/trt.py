@@ -3,13 +3,13 @@
 TensorRT 10 (weak typing): one network per plan, built with BuilderFlag.FP16 and
 OBEY_PRECISION_CONSTRAINTS; every network layer the ONNX parser made for a plan node gets
 `layer.precision = float32` and FP32 outputs. TensorRT 11 removed weak typing: each plan is
-rendered by `trtbisect.mixed.write_mixed_onnx` and built strongly typed. The version is read at
+rendered by `trtbisect.outputs.mixed.write_mixed_onnx` and built strongly typed. The version is read at
 run time. Engines are cached on disk under a key of model bytes, FP32 nodes and TensorRT version;
 a shared timing cache makes rebuilds cheap. Device memory goes through cuda-python
 (`cuda.bindings.runtime`). Importing this module needs none of TensorRT, CUDA or a GPU; what
-does not need TensorRT lives in `trtbisect.trt_layers`. Every TensorRT name used here exists in
+does not need TensorRT lives in `trtbisect.judge.trt_layers`. Every TensorRT name used here exists in
 the release its path targets (10.13 for weak typing, 10.13 and 11.4 for the rest: the API
-surfaces in `trtbisect.backends.trt_surface`, checked by tests/test_trt_surface.py).
+surfaces in `trtbisect.backends.trt_surface`, checked by tests/backends/test_trt_surface.py).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from trtbisect import trt_layers as tl
-from trtbisect.compare import Tolerance, compare_outputs
+from trtbisect.judge import trt_layers as tl
+from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import TrtBisectError, require
 from trtbisect.graph import Graph, load_model, node_names, with_node_names
 from trtbisect.judge.criteria import Criteria
 from trtbisect.judge.engine import engine_passes
-from trtbisect.plan import atomic_write, atomic_write_text, save_model
-from trtbisect.search import Check
+from trtbisect.outputs.files import atomic_write, atomic_write_text, save_model
+from trtbisect.search.minimal import Check
 
 if TYPE_CHECKING:  # annotations only: mypy checks them against the TensorRT 10.13 stubs
     import tensorrt as trt
@@ -531,7 +531,7 @@ class TrtBackend:
     def _plan_model(self, fp32: frozenset[str], reference: bool = False) -> onnx.ModelProto:
         if not self.strong or reference:
             return self.model
-        from trtbisect.mixed import write_mixed_onnx
+        from trtbisect.outputs.mixed import write_mixed_onnx
         return write_mixed_onnx(self.model, set(fp32))
 
     def _engine(self, spec: _Spec, feeds: Feeds | None) -> _Engine:
@@ -745,7 +745,7 @@ def _commands(files: Mapping[str, str], layers: Sequence[str],
               shapes: Mapping[str, Sequence[int]] | None, strong: bool) -> tuple[str, str]:
     """trtexec and `polygraphy convert` lines rebuilding the final engine (render.py), or a
     `#` line saying why a layer name cannot be written."""
-    from trtbisect import render
+    from trtbisect.outputs import render
 
     ranges = {k: (tuple(v), tuple(v), tuple(v)) for k, v in (shapes or {}).items()}
     out = []

@@ -29,9 +29,9 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..inputs import (Sample, _member_name, _read_npz, guard_size, npy_header, npz_members,
+from .inputs import (Sample, _member_name, _read_npz, guard_size, npy_header, npz_members,
                       validate_npz)
-from ..limits import MAX_SAMPLES
+from .limits import MAX_SAMPLES
 
 _READ_ERRORS = (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, struct.error,
                 zlib.error, zipfile.BadZipFile, zipfile.LargeZipFile)

@@ -31,9 +31,9 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
+from .limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
 from . import npz
-from ..inputs import (Sample, _member_name, check_sample, check_shape_names, guard_random_samples,
+from .inputs import (Sample, _member_name, check_sample, check_shape_names, guard_random_samples,
                       npy_header, npz_samples, random_sample)
 
 GLOB_CHARS = "*?["

@@ -24,8 +24,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, overload
 import numpy as np
 
 from ..errors import TrtBisectError
-from ..inputs import _read_npz, memory_limit
-from ..limits import DEFAULT as DEFAULT_LIMITS, Limits, Meter
+from .inputs import _read_npz, memory_limit
+from .limits import DEFAULT as DEFAULT_LIMITS, Limits, Meter
 from ..outputs import cache as result_cache
 from .sources import Item
 
@@ -63,7 +63,7 @@ class _Spool:
         self.meter = meter or spool_meter()
 
     def write(self, k: int, arrays: Mapping[str, np.ndarray]) -> Path:
-        from ..render import npz_bytes
+        from ..outputs.render import npz_bytes
         data = npz_bytes(arrays)
         self.meter.add(len(data), f"{self._prefix.rstrip('-')} {k}")
         if self.folder is None:
@@ -79,7 +79,7 @@ class _Spool:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    from ..plan import atomic_write
+    from ..outputs.files import atomic_write
 
     def write(tmp: str) -> None:
         Path(tmp).write_bytes(data)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..compare import OutputError, Tolerance, compare_output, worst
+from .compare import OutputError, Tolerance, compare_output, worst
 from ..errors import TrtBisectError
 
 Arrays = Mapping[str, np.ndarray]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..compare import Tolerance, compare_outputs
+from .compare import Tolerance, compare_outputs
 from .criteria import Criteria, Judgement
 
 Arrays = Mapping[str, np.ndarray]

@@ -8,10 +8,10 @@ from typing import Iterable, Mapping, Protocol, Sequence
 
 from .. import parallel, semantics
 from ..backends.ort import Emulator
-from ..compare import TensorStats
+from .compare import TensorStats
 from ..context import Context, Options
 from ..errors import TrtBisectError
-from ..journal import Journal, plan_key
+from ..search.journal import Journal, plan_key
 from . import subset
 from .criteria import Judgement, json_number, worst_of
 

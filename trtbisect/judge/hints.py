@@ -22,7 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..compare import OutputError, Tolerance
+from .compare import OutputError, Tolerance
 
 CONCENTRATION = 100.0  # max|d| at least this many times p99 |d|: the error sits in a few elements
 

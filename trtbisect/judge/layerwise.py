@@ -17,13 +17,13 @@ import numpy as np
 import onnx
 
 from ..backends.ort import Emulator, Reference
-from ..compare import TensorStats, merge_stats, tensor_stats
+from .compare import TensorStats, merge_stats, tensor_stats
 from ..context import Context, Options
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
-from ..inputs import Sample
-from ..limits import EvalTimeout
-from ..outdir import OutputDir
+from ..data.inputs import Sample
+from ..data.limits import EvalTimeout
+from ..outputs.outdir import OutputDir
 from ..outputs import cache as result_cache
 from .precision import FP16, Precision
 

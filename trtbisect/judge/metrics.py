@@ -5,7 +5,7 @@ single worst element.
   `--compare snr`, computed as its CosineSimilarityCompareFunc and SnrCompareFunc compute them
   (polygraphy/comparator/compare.py `_compute_metric`, output0 = the candidate, output1 = the
   FP32 reference), so commands.sh can hand them to Polygraphy and the verdicts agree
-  (tests/test_criteria_polygraphy.py). Polygraphy's SNR takes the candidate's power as the
+  (tests/judge/test_criteria_polygraphy.py). Polygraphy's SNR takes the candidate's power as the
   signal: 10*log10(mean(fp16^2) / mean((fp16 - fp32)^2)).
 - `topk:K[:AXIS][:RATE]`: the fraction of rows (every position of the other axes) whose top-K
   index set along AXIS (default -1) is the same in both; passes at RATE (default 1.0: every

@@ -10,7 +10,7 @@ bfloat16 (8 exponent bits, as FP32; 7 fraction bits).
 
 Rounding is IEEE round to nearest even in both, overflow to +-inf, subnormals kept: what
 `Cast(to=FLOAT16|BFLOAT16)` does on ONNX Runtime's CPU provider (BF16 checked bit for bit
-against ml_dtypes' conversion, tests/test_precision.py) and what CUDA's `__float2half_rn` /
+against ml_dtypes' conversion, tests/judge/test_precision.py) and what CUDA's `__float2half_rn` /
 `__float2bfloat16` conversions do.
 """
 

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from ..compare import Tolerance
-from ..limits import EVAL_TIMEOUT
+from .compare import Tolerance
+from ..data.limits import EVAL_TIMEOUT
 
 if TYPE_CHECKING:
     from .criteria import Criteria

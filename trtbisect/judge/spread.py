@@ -32,9 +32,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from ..compare import Tolerance
+from .compare import Tolerance
 from ..context import Context, Options
-from ..mixed import Written
+from ..outputs.mixed import Written
 from .criteria import Judgement
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too

@@ -2,7 +2,7 @@
 `--error-quantile Q`, per output, meaning exactly what they mean in Polygraphy 0.53.6.
 
 Computed the way Polygraphy computes them, operation for operation, so that the statistics are
-its numbers and the verdicts its verdicts (tests/test_criteria_polygraphy.py runs Polygraphy's
+its numbers and the verdicts its verdicts (tests/judge/test_criteria_polygraphy.py runs Polygraphy's
 own comparator on the same arrays). From polygraphy/comparator/compare.py
 (`SimpleCompareFunc._check_outputs_match`, `SimpleThreshold.passed`, `_simple_stat_failed`)
 and polygraphy/comparator/util.py (`cast_up`, `compute_*`), with output0 = the candidate

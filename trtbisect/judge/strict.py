@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import semantics
+from . import semantics
 from ..context import Context, Options
-from ..diagnose import note_semantics
+from ..diagnosis.diagnose import note_semantics
 from ..graph import Graph
 from ..result import RunResult
 from .evaluator import Evaluator

@@ -16,15 +16,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .. import coverage
+from . import coverage
 from ..backends.ort import MixedModel, Rounded
-from ..compare import OutputError
+from .compare import OutputError
 from ..context import Context, Options
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
-from ..limits import EvalTimeout
-from ..mixed import Written, mixed_model
-from ..outdir import OutputDir
+from ..data.limits import EvalTimeout
+from ..outputs.mixed import Written, mixed_model
+from ..outputs.outdir import OutputDir
 from ..result import RunResult
 from .criteria import Judgement, Verdict, json_number, timed_out, worst_of
 from .evaluator import Evaluator

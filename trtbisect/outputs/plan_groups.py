@@ -129,7 +129,7 @@ def rest_text(rest: Sequence[PlanGroup], shown: str = "row") -> str:
     """What the rows left out hold, in one line."""
     nodes = sum(len(g.nodes) for g in rest)
     total = sum(g.share or 0.0 for g in rest)
-    from ..cost import pct
+    from ..search.cost import pct
 
     price = f", {pct(total)} together" if any(g.share is not None for g in rest) else ""
     return (f"... and {plural(len(rest), 'more ' + shown)} ({plural(nodes, 'node')}{price})")

@@ -16,14 +16,14 @@ from onnx import numpy_helper
 from .. import __version__, semantics
 from ..backends.ort import emulation_of_mixed
 from ..context import Context
-from ..diagnose import annotate
+from ..diagnosis.diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
 from ..judge.precision import FP16
 from ..judge.written import write_plan
-from ..mixed import Written, graph_model
-from ..outdir import OutputDir
-from ..plan import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
-from ..render import RenderContext
+from .mixed import Written, graph_model
+from .outdir import OutputDir
+from .files import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
+from .render import RenderContext
 from ..result import RunResult
 from .files import claim, move_file
 
@@ -79,7 +79,7 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
             result.files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
         atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", r["autocast_nodes_to_exclude"])
         result.files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
-        from ..render import commands_script
+        from .render import commands_script
         atomic_write_text(out_dir / "commands.sh",
                           commands_script(result.fp32_nodes, result.render_context))
         result.files["commands"] = str(out_dir / "commands.sh")
@@ -129,8 +129,8 @@ def _builds_differently(ctx: Context) -> bool:
 def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
     """What every rendering needs to reproduce this run; writes the samples (one .npz each)
     and a Polygraphy data loader beside the plan."""
-    from ..inputs import declared_shape
-    from ..render import data_loader_script, npz_bytes, output_bounds, relative_to, shape_ranges
+    from ..data.inputs import declared_shape
+    from .render import data_loader_script, npz_bytes, output_bounds, relative_to, shape_ranges
 
     work = out_dir.resolve()
     samples = []

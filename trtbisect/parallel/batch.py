@@ -23,7 +23,7 @@ from ..context import Context, Options
 from ..errors import TrtBisectError
 from ..judge.evaluator import Evaluator
 from ..judge.layerwise import estimate_bytes
-from ..search import SearchResult
+from ..search.minimal import SearchResult
 from .data import FolderData
 from .judge import JudgeSpec, Measured, graph_digest, merge
 from .pool import LocalPool, Stats, Task, TaskResult  # noqa: F401 (Stats: moved there)
@@ -199,7 +199,7 @@ def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], r
     if rewritten:  # the rewritten model lives in memory only: saved for the workers
         import tempfile
 
-        from ..mixed import graph_model
+        from ..outputs.mixed import graph_model
         if parent is not None:
             parent.mkdir(parents=True, exist_ok=True)
         model_dir = tempfile.mkdtemp(prefix="model-", dir=parent)

@@ -18,11 +18,11 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..compare import Tolerance
+from ..judge.compare import Tolerance
 from ..errors import TrtBisectError
 from ..judge.criteria import Criteria, Judgement, timed_out
 from ..judge.settings import JudgeSettings, criteria_digest, criteria_from_flags
-from ..limits import EvalTimeout, set_eval_timeout
+from ..data.limits import EvalTimeout, set_eval_timeout
 
 Arrays = Mapping[str, np.ndarray]
 Result = tuple[Judgement, list[str]]  # one sample: its judgement, its non-finite watched tensors
@@ -138,7 +138,7 @@ class SampleJudge:
     """A worker's judge: the run's emulator session and criteria, built from a spec."""
 
     def __init__(self, spec: JudgeSpec) -> None:
-        from .. import semantics
+        from ..judge import semantics
         from ..backends.ort import Emulator
         from ..graph import Graph, model_hash
 

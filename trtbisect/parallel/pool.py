@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
 from ..errors import TrtBisectError
-from ..journal import MAX_ATTEMPTS
+from ..search.journal import MAX_ATTEMPTS
 from .judge import JudgeSpec, Result, SampleJudge
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 START_FAILURES = 3  # workers that die while starting, per slot, before the run gives up
 # Test hook: a path; the first worker to take a task once this file does not exist creates it
 # and dies there (exit 9), so a test kills exactly one worker mid-evaluation, at no time chosen
-# by a clock (tests/test_workers.py). Never set in normal use.
+# by a clock (tests/parallel/test_workers.py). Never set in normal use.
 DIE_ONCE_ENV = "TRTBISECT_TEST_WORKER_DIES_ONCE"
 
 

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from ..errors import TrtBisectError, require
-from ..journal import MAX_ATTEMPTS
+from ..search.journal import MAX_ATTEMPTS
 from .data import ObjectData
 from .judge import JudgeSpec, SampleJudge
 from .pool import Stats, Task, TaskResult, _maybe_die, peak_rss

@@ -17,7 +17,7 @@ and its plan built again; a plan that kills `journal.MAX_ATTEMPTS` workers is ju
 Engines go to the run's engine cache, whose key names the GPU model, not its index, so the
 parent finds the final plan's engine a worker built.
 
-Tested only against the fake TensorRT of tests/fixtures/trt/ (tests/test_trt_pool.py), with
+Tested only against the fake TensorRT of tests/fixtures/trt/ (tests/parallel/test_trt_pool.py), with
 simulated `CUDA_VISIBLE_DEVICES`; never run on TensorRT or a GPU.
 """
 

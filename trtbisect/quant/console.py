@@ -107,7 +107,7 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
 
     from ..cli import Progress, quiet_level, terminate_as_interrupt
     from ..errors import TrtBisectError
-    from ..outdir import OutputDir
+    from ..outputs.outdir import OutputDir
     from .run import is_quantized_file, run
 
     if opts.precision in ("bf16", "both"):
@@ -129,12 +129,12 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
     if opts.report:  # before a long search, not after it
         from functools import partial
 
-        from ..report import require_matplotlib
+        from ..outputs.report import require_matplotlib
         from .pages import write_report
         require_matplotlib()
         report = partial(write_report, rtol=opts.tolerance.rtol, default=opts.criteria.default)
     if opts.precision in ("int8", "fp8"):
-        from ..cost import quantized_peak
+        from ..search.cost import quantized_peak
         quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
     out_dir = Path(out_dir)
     click.get_current_context().meta["resume_hint"] = (

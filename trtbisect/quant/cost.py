@@ -36,7 +36,7 @@ import math
 import numpy as np
 import onnx
 
-from ..cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, Probe, gpu_class, infer_shapes,
+from ..search.cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, Probe, gpu_class, infer_shapes,
                     node_flops, quantized_peak)
 from ..graph import Graph
 from .qdq import COMMUTING, DQ, Q, WEIGHTED, Layer

@@ -128,7 +128,7 @@ def fused_internal(model: onnx.ModelProto, value_types: dict[str, int]) -> froze
     rounds its output once; their evidence is there), predicted by semantics.find_layers on
     the file as it is, certain predictions only (semantics.internal_tensors: a MatMul's
     epilogue is uncertain and keeps per-node rounding, the pessimistic side)."""
-    from ..semantics import find_layers, internal_tensors
+    from ..judge.semantics import find_layers, internal_tensors
 
     if not any(ty in HALF for ty in value_types.values()):
         return frozenset()
@@ -143,7 +143,7 @@ def emulate(model: onnx.ModelProto, value_types: dict[str, int],
     written, by a Cast(float16) -> Cast(float) pair that ONNX Runtime keeps; `internal`
     values (inside a fused layer: `fused_internal`) are not. Run as it is, ORT's
     CPU provider computes most float16 ops in float32 and drops the Casts between them, so an
-    FP16 overflow between two such ops never shows (tests/test_quant.py's fp16_side). Graph
+    FP16 overflow between two such ops never shows (tests/quant/test_quant.py's fp16_side). Graph
     inputs and outputs keep their declared types."""
     half_values = {t for t, ty in value_types.items() if ty in HALF and t not in internal}
     if not half_values:

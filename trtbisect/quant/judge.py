@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from ..compare import Tolerance
+from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria, Verdict
 from . import half
 from .qdq import Layer, dequantized_weights, unquantize
@@ -90,7 +90,7 @@ class QuantJudge:
         """A search unit per certain fused layer of two or more FP16 nodes (semantics.py's
         find_layers, as half.fused_internal rounds them), named FP32_PREFIX + its TensorRT
         name; its members are their per-node units."""
-        from ..semantics import find_layers
+        from ..judge.semantics import find_layers
 
         unit_of = {n: u for u, n in self.half.items()}
         taken = {la.name for la in layers} | set(self.half)

@@ -21,12 +21,12 @@ from typing import Sequence
 
 from rich.text import Text
 
-from ..cost import pct as cost_pct
+from ..search.cost import pct as cost_pct
 from ..outputs.escape import md_code, md_fence, md_text
-from ..plan import atomic_write, atomic_write_text
-from ..report import (CSS, TRACE_ROWS, _html_table, _md_table, e, e_lines, error_text,
+from ..outputs.files import atomic_write, atomic_write_text
+from ..outputs.report import (CSS, TRACE_ROWS, _html_table, _md_table, e, e_lines, error_text,
                       plot_tradeoff, pct_of)
-from ..wording import num
+from ..diagnosis.wording import num
 from .report import NAME as TRADEOFF, rounding_words, tradeoff_png, verdict_line
 
 TRADEOFF_NOTE = ("Every plan the search evaluated, at its estimated engine time (x) and the worst "

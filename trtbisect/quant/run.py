@@ -23,7 +23,7 @@ import onnx
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge.criteria import Verdict
 from ..outputs.escape import visible
-from ..search import Progress, find_minimal_fp32
+from ..search.minimal import Progress, find_minimal_fp32
 from . import qdq
 from .diagnose import SAMPLES, Finding, diagnose
 from .judge import QuantJudge
@@ -389,7 +389,7 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
     arguments replays the evaluations it finished. None without --out."""
     from .. import __version__
     from ..graph import model_hash
-    from ..journal import Journal
+    from ..search.journal import Journal
 
     if out_dir is None:
         return None
@@ -409,7 +409,7 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
 def _journaled(judge: QuantJudge, journal) -> Callable[[frozenset[str]], bool]:
     """The search's check: a journaled verdict is replayed, any other judged and recorded
     (marked started first, so a plan that kills the process is not run forever)."""
-    from ..journal import plan_key
+    from ..search.journal import plan_key
 
     def check(plan: frozenset[str]) -> bool:
         if journal is None:
@@ -484,7 +484,7 @@ def _scored(trials, pricing, judge: QuantJudge, journal) -> list:
     plot's points): the judge's verdict, or the journal's record of a replayed one."""
     from dataclasses import replace
 
-    from ..journal import plan_key
+    from ..search.journal import plan_key
     from .report import worst_rel
 
     def score(plan) -> float | None:
@@ -567,8 +567,8 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
     and (`report`: --report) report.html, report.md and the trade-off plot, as one
     generation of --out. Without --out the
     in-memory model is judged."""
-    from ..outdir import OutputDir
-    from ..plan import atomic_write_text, save_model
+    from ..outputs.outdir import OutputDir
+    from ..outputs.files import atomic_write_text, save_model
 
     def plot() -> None:
         if report is not None and out_dir is not None:

@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..compare import OutputError, Tolerance, worst
+from ..judge.compare import OutputError, Tolerance, worst
 from ..judge.criteria import Criteria
-from ..search import Progress, SearchResult, find_minimal_fp32
+from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from .explain import explain
 from .export import TorchModel, flatten_outputs, to_numpy
 from .layerwise import layerwise, summarize

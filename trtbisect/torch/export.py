@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import onnx
 
-from ..compare import OutputError, Tolerance, compare_outputs, worst
+from ..judge.compare import OutputError, Tolerance, compare_outputs, worst
 from ..errors import TrtBisectError, require
 from .modules import modules_metadata
 
@@ -330,14 +330,14 @@ def export_model(tm: TorchModel, onnx_path: str | Path, opts: ExportOptions,
         notes.append(f"the dynamo exporter wrote opset {opset}, not the requested {opts.opset} "
                      "(it targets opset 18 and newer)")
     notes += layernorm_warnings(module, opset)
-    from ..folding import conv_norm_pairs, export_note, folded_at_export
+    from ..diagnosis.folding import conv_norm_pairs, export_note, folded_at_export
     notes += export_note(folded_at_export(conv_norm_pairs(module), model.graph.node))
     graph_inputs = [v.name for v in model.graph.input
                     if v.name not in {t.name for t in model.graph.initializer}]
     dropped = [n for n in tm.input_names if n not in graph_inputs]
     if dropped:
         notes.append(f"the exporter dropped unused input(s) {', '.join(dropped)}")
-    from ..plan import save_model
+    from ..outputs.files import save_model
     save_model(onnx_path, model)
     inputs_path = onnx_path.with_name(f"{onnx_path.stem}_inputs.npz")
     _save_samples(inputs_path, tm.samples, graph_inputs)
@@ -435,7 +435,7 @@ def _is_scoped(node: onnx.NodeProto) -> bool:
 
 def _save_samples(path: Path, samples: list[Sample], names: list[str]) -> None:
     """One sample as is; several stacked on a leading axis (what `run --inputs` reads)."""
-    from ..plan import atomic_write
+    from ..outputs.files import atomic_write
     arrays = ({n: samples[0][n] for n in names} if len(samples) == 1
               else {n: np.stack([s[n] for s in samples]) for n in names})
     atomic_write(path, lambda tmp: _savez(tmp, arrays))

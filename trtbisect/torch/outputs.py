@@ -20,7 +20,7 @@ def _finish(result: TorchResult, out_dir: Path | None, started: float) -> TorchR
 
 
 def write_outputs(result: TorchResult, out_dir: Path) -> None:
-    from ..plan import atomic_write_json, atomic_write_records, atomic_write_text
+    from ..outputs.files import atomic_write_json, atomic_write_records, atomic_write_text
     out_dir.mkdir(parents=True, exist_ok=True)
     if result.stats:
         atomic_write_records(out_dir / "torch_layerwise.json",

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..compare import OutputError, Tolerance
+from ..judge.compare import OutputError, Tolerance
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID
 from ..judge.criteria import Criteria
-from ..search import SearchResult
+from ..search.minimal import SearchResult
 from .layerwise import ModuleStats
 from .precision import Precision
 

@@ -1,0 +1,73 @@
+"""The judge's settings in one object (judge/settings.py, issue #33): every setting a verdict
+depends on changes the journal's fingerprint, so a resumed run under another setting never
+replays verdicts it did not judge."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+
+from trtbisect.judge.compare import Tolerance
+from trtbisect.judge.flags import parse_criteria
+from trtbisect.judge.settings import JudgeSettings
+from trtbisect.data.limits import Limits
+from trtbisect.pipeline import Options, _fingerprint, prepare, run
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO, INPUTS = ROOT / "models" / "demo.onnx", ROOT / "models" / "demo_inputs.npz"
+
+CHANGES = {
+    "threads": dict(threads=2),
+    "semantics": dict(semantics="strict"),
+    "trt_version": dict(trt_version=10),
+    "tf32": dict(tf32=True),
+    "fp16_accumulate": dict(fp16_accumulate=True),
+    "strict": dict(strict=True),
+    "tolerance": dict(tolerance=Tolerance(rtol=2e-2)),
+    "precision": dict(precision="bf16"),
+    "criteria": dict(criteria=parse_criteria(metrics=["cosine:0.999"])),
+    "eval_timeout": dict(limits=Limits(eval_timeout=5.0)),
+}
+
+
+def test_every_field_of_the_settings_is_covered_here():
+    fields = {f.name for f in dataclasses.fields(JudgeSettings)}
+    covered = {"threads", "semantics", "trt_version", "tf32", "accumulate", "strict",
+               "tolerance", "precision", "criteria_flags", "criteria_fingerprint",
+               "eval_timeout"}
+    assert fields == covered  # a new setting needs a row in CHANGES
+
+
+@pytest.mark.parametrize("name", sorted(CHANGES))
+def test_each_setting_changes_the_journal_fingerprint(name):
+    opts = Options(inputs=[str(INPUTS)], threads=1)
+    ctx = prepare(DEMO, opts, search=False)
+    changed = dataclasses.replace(opts, **CHANGES[name])
+    assert _fingerprint(ctx, changed) != _fingerprint(ctx, opts)
+    assert _fingerprint(ctx, dataclasses.replace(opts)) == _fingerprint(ctx, opts)
+    assert changed.judge_settings != opts.judge_settings
+
+
+def test_the_settings_travel_to_workers_whole():
+    opts = Options(inputs=[str(INPUTS)], threads=2, semantics="strict",
+                   criteria=parse_criteria(metrics=["cosine:0.999"]))
+    s = opts.judge_settings
+    back = pickle.loads(pickle.dumps(s))
+    assert back == s and back.digest() == s.digest()
+    assert back.criteria().fingerprint() == opts.criteria.fingerprint()
+
+
+def test_a_finished_run_rerun_with_other_threads_sets_its_journal_aside(tmp_path):
+    """Before, --threads was part of the judge but not of the journal's fingerprint: a
+    `--threads 1` run's folder rerun with `--threads 2` replayed the old verdicts."""
+    out = tmp_path / "out"
+    first = run(DEMO, Options(inputs=[str(INPUTS)], threads=1), out)
+    same = run(DEMO, Options(inputs=[str(INPUTS)], threads=1), out)
+    assert same.inferences < first.inferences  # the same settings replay the journal
+    other = run(DEMO, Options(inputs=[str(INPUTS)], threads=2), out)
+    assert other.inferences == first.inferences  # judged afresh
+    assert (out / "journal.previous.jsonl").exists()
+    assert other.fp32_nodes == first.fp32_nodes

@@ -1,0 +1,332 @@
+"""`fixed` holds outside the run (issue #32): every written file loads, `check` judges exactly
+the file it is given, and a plan within the spread of what the tools may compute is never
+called fixed."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from tests.models.control_flow_models import if_untyped_branch_outputs
+from trtbisect.cli import main
+from trtbisect.judge.loadable import checker_problem, runtime_problem
+
+
+def _branches_that_disagree(tmp_path):
+    """The planted untyped If with its else branch stored in float16: the two branches give
+    the If two types, which no runtime loads (the file the old writer made for silero-vad)."""
+    p = if_untyped_branch_outputs()
+    model, inputs = tmp_path / "model.onnx", tmp_path / "x.npz"
+    onnx.save(p.model, model)
+    np.savez(inputs, **p.inputs)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(p.model)
+    other = next(a.g for a in broken.graph.node[3].attribute if a.name == "else_branch")
+    other.node[-1].output[0] = "else_y_f32"
+    other.node.append(helper.make_node("Cast", ["else_y_f32"], ["else_y"], to=TensorProto.FLOAT16,
+                                       name="half"))
+    path = tmp_path / "broken.onnx"
+    onnx.save(broken, path)
+    return model, inputs, path
+
+
+def test_check_refuses_a_file_no_runtime_loads_naming_the_checker_error(tmp_path):
+    model, inputs, broken = _branches_that_disagree(tmp_path)
+    assert runtime_problem(broken) is not None and checker_problem(broken) is not None
+    r = CliRunner().invoke(main, ["check", str(broken), "--reference", str(model),
+                                  "--inputs", str(inputs)])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "does not load" in lines[0] and "branch" in lines[0]
+    assert "pass" not in r.output.lower().split("does not load")[0]
+
+
+def test_check_judges_a_file_that_loads_as_it_is(tmp_path):
+    p = if_untyped_branch_outputs()
+    model, inputs = tmp_path / "model.onnx", tmp_path / "x.npz"
+    onnx.save(p.model, model)
+    np.savez(inputs, **p.inputs)
+    r = CliRunner().invoke(main, ["check", str(model), "--reference", str(model),
+                                  "--inputs", str(inputs)])
+    assert r.exit_code == 0, r.output
+
+
+# ---------------------------------------------------------------- the margin before `fixed`
+
+def _matmul(tmp_path, k: int = 256):
+    """y = x @ W with K=256: kernels that sum in another order (ORT's optimized MatMul,
+    another thread count) move max|d| by a few ulp: the spread."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((k, 64)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])],
+                          [onnx.numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    path, inputs = tmp_path / "mm.onnx", tmp_path / "x.npz"
+    onnx.save(m, path)
+    np.savez(inputs, x=rng.standard_normal((8, k)).astype(np.float32) * 10)
+    return m, path, inputs
+
+
+def _all_fp16_rel(m, inputs) -> float:
+    from trtbisect.backends.ort import Emulator, Reference
+    from trtbisect.judge.compare import Tolerance, compare_outputs
+    from trtbisect.graph import Graph
+
+    g, x = Graph(m), dict(np.load(inputs))
+    return compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
+                           Tolerance(0.0))["y"].rel
+
+
+def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_path):
+    """All-FP16 passes the judge by a hair (a tolerance 1e-6 above its error): that is inside
+    what ORT's optimized kernels move the error by, so it is not `fp16_ok`; the search aims
+    inside the bound and keeps the MatMul in FP32, which holds with margin."""
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.pipeline import Options, run
+
+    m, path, inputs = _matmul(tmp_path)
+    rel = _all_fp16_rel(m, inputs)
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
+            tmp_path / "out")
+    assert r.verdict == "fixed" and r.fp32_nodes == ["mm"] and r.exit_code == 0
+    cert = r.certificate
+    assert cert["certified"] and cert["aim_rounds"] == 1
+    y = cert["outputs"]["y"]
+    assert y["margin"] > y["spread"] > 0 and y["spread"] >= y["noise_floor"]
+    from trtbisect.backends.ort import variants
+    assert set(cert["variants"]) == {v.label for v in variants(None)}  # every variation ran
+    assert "ORT optimizations on, 1 thread" in cert["variants"]
+    (aim,) = r.aimed_searches
+    assert aim["found"] and aim["ceiling"]["y"] < y["bound"]
+    plan = __import__("json").loads((tmp_path / "out" / "precision.json").read_text())
+    assert plan["verdict"] == "fixed" and plan["fragile"] is False
+    assert plan["certificate"] == __import__("json").loads(__import__("json").dumps(cert))
+
+
+def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
+    """A bound below the FP32 noise floor: even all-FP32 cannot pass by more than the spread."""
+    from trtbisect.backends.ort import Reference, kernel_noise
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.graph import Graph
+    from trtbisect.pipeline import Options, run
+
+    m, path, inputs = _matmul(tmp_path)
+    g, x = Graph(m), dict(np.load(inputs))
+    ref = Reference(g).run(x)
+    noise = kernel_noise(g, [x], [ref])["y"]
+    assert noise > 0
+    rtol = noise / 4 / float(np.abs(ref["y"]).max())
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
+    assert r.verdict == "fragile" and r.exit_code == 7
+    assert r.fp32_nodes == ["mm"]  # the nearest plan: it passes the judge, without margin
+    assert not r.certificate["certified"]
+    assert (tmp_path / "out" / "mm.mixed.onnx").exists()
+    res = CliRunner().invoke(main, ["run", str(path), "--inputs", str(inputs), "--rtol",
+                                    repr(rtol), "--out", str(tmp_path / "cli"), "--json"])
+    assert res.exit_code == 7, res.output
+    assert __import__("json").loads(res.stdout)["verdict"] == "fragile"
+
+
+# ---------------------------------------------------------------- renderings pass as written
+
+def _conv_detector(tmp_path):
+    """A small detector head: Conv, BatchNorm, Relu, Conv, Sigmoid, the kind of graph ONNX
+    Runtime's default optimizations rewrite (Conv+BN folding, NCHWc kernels)."""
+    rng = np.random.default_rng(3)
+    f = onnx.numpy_helper.from_array
+    inits = [f(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1"),
+             f(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "scale"),
+             f(rng.standard_normal(8).astype(np.float32), "bias"),
+             f(rng.standard_normal(8).astype(np.float32), "mean"),
+             f(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "var"),
+             f(rng.standard_normal((1, 8, 3, 3)).astype(np.float32) * 0.3, "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("BatchNormalization", ["c1", "scale", "bias", "mean", "var"],
+                              ["b1"], name="bn1"),
+             helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Sigmoid", ["c2"], ["score"], name="head")]
+    g = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 32, 32])], [helper.make_tensor_value_info(
+            "score", TensorProto.FLOAT, [1, 1, 32, 32])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path, inputs = tmp_path / "det.onnx", tmp_path / "det.npz"
+    onnx.save(m, path)
+    np.savez(inputs, x=(rng.standard_normal((1, 3, 32, 32)) * 3).astype(np.float32))
+    return m, path, inputs
+
+
+def _rendered_polygraphy_check(out):
+    import json
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    poly = Path(sys.executable).parent / "polygraphy"
+    text = json.loads((out / "precision.json").read_text())["renderings"]["polygraphy_check"]
+    lines = [shlex.split(ln) for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(lines) == 2 and all(argv[0] == "polygraphy" for argv in lines)
+    for argv in lines:  # as written: Polygraphy's defaults (ORT's graph optimizations on)
+        done = subprocess.run([str(poly), *argv[1:]], cwd=out, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
+    """The two Polygraphy lines commands.sh writes pass, run as written, on the demo, a
+    control-flow model and a detector head whose tolerance sits a hair above all-FP16's error
+    (the plan the search first finds passes the judge by less than ORT's optimizations move
+    it; the certified plan does not)."""
+    import pytest
+
+    pytest.importorskip("polygraphy")
+    from pathlib import Path
+
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.pipeline import Options, run
+
+    root = Path(__file__).resolve().parents[2]
+    r = run(root / "models" / "demo.onnx",
+            Options(inputs=[str(root / "models" / "demo_inputs.npz")]), tmp_path / "demo")
+    assert r.verdict == "fixed" and r.certificate["certified"]
+    _rendered_polygraphy_check(tmp_path / "demo")
+
+    p = if_untyped_branch_outputs()
+    onnx.save(p.model, tmp_path / "cf.onnx")
+    np.savez(tmp_path / "cf.npz", **p.inputs)
+    r = run(tmp_path / "cf.onnx", Options(inputs=[str(tmp_path / "cf.npz")]), tmp_path / "cf")
+    assert r.verdict == "fixed" and set(r.fp32_nodes) == p.strict
+    _rendered_polygraphy_check(tmp_path / "cf")
+
+    m, path, inputs = _conv_detector(tmp_path)
+    from trtbisect.backends.ort import Emulator, Reference
+    from trtbisect.judge.compare import compare_outputs
+    from trtbisect.graph import Graph
+
+    g, x = Graph(m), dict(np.load(inputs))
+    rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
+                          Tolerance(0.0))["score"].rel
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6)),
+                          semantics="strict"), tmp_path / "det")
+    assert r.verdict == "fixed" and r.certificate["certified"]
+    m = r.certificate["outputs"]["score"]
+    assert m["margin"] > m["spread"] > 0
+    _rendered_polygraphy_check(tmp_path / "det")
+
+
+# ---------------------------------------------------------------- the criterion that fits
+
+def test_concentrated_error_and_probability_maps_point_to_the_criteria_that_fit():
+    from trtbisect.judge.compare import Tolerance, compare_output
+    from trtbisect.judge.hints import criterion_hints, hint_lines
+
+    rng = np.random.default_rng(0)
+    ref = rng.random((1, 1, 64, 64)).astype(np.float32)  # a sigmoid heat map
+    got = ref + 1e-6
+    got[0, 0, 3, 3] += 0.05  # one pixel
+    e = compare_output(ref, got, 1e-2, 0.0)
+    assert not e.passed and e.p99_abs * 100 <= e.max_abs
+    probs = np.full((2, 10), 0.1, np.float32)
+    pe = compare_output(probs, probs * 1.5, 1e-2, 0.0)
+    (det, cls) = criterion_hints({"map": e, "cls": pe}, {"map": ref, "cls": probs},
+                                 Tolerance())
+    assert det["output"] == "map" and "few elements" in det["why"][0]
+    flags = [c["flags"] for c in det["criteria"]]
+    assert flags[0].startswith("--check-error-stat map:quantile --error-quantile map:0.99")
+    assert det["criteria"][0]["all_fp16"].startswith("passes")
+    assert any(f.startswith("--metric map:iou:") for f in flags)
+    assert any(f.startswith("--check ") for f in flags)
+    assert cls["output"] == "cls" and "sums to 1" in cls["why"][0]
+    assert [c["flags"] for c in cls["criteria"]][0] == "--metric cls:topk:1"
+    assert len(hint_lines([det, cls])) == 2 + len(det["criteria"]) + len(cls["criteria"])
+    # nothing to say of an output that passes, or whose error is spread out
+    spread = compare_output(ref, ref * 1.5, 1e-2, 0.0)
+    assert criterion_hints({"ok": compare_output(ref, ref, 1e-2, 0.0), "wide": spread},
+                           {"ok": ref, "wide": ref * 7}, Tolerance()) == []
+
+
+def test_the_console_says_which_criterion_fits(tmp_path):
+    """y = x * 1.0001 (FP16 rounds the weight to 1) on inputs with one huge element: the
+    error sits in that element; the run says the quantile criterion would pass all-FP16."""
+    x = np.full((1, 256), 0.1, np.float32)
+    x[0, 7] = 5000.0
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"], name="scale")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+                          [onnx.numpy_helper.from_array(np.array(1.0001, np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=x)
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--inputs",
+                                  str(tmp_path / "x.npz"), "--rtol", "1e-5", "--out",
+                                  str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "may not be what you mean" in r.output and "quantile" in r.output
+    import json
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    (hint,) = plan["criterion_hints"]
+    assert hint["criteria"][0]["all_fp16"].startswith("passes")
+
+
+def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
+    """--pass-rate 0.5 on two samples, the second overflowing FP16 (a failure the rate
+    allows): the margin is measured on the sample that passes, so all-FP16 holds."""
+    from trtbisect.judge.flags import parse_criteria
+    from trtbisect.pipeline import Options, run
+
+    m, path, _ = _matmul(tmp_path)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    np.savez(tmp_path / "a.npz", x=x)
+    np.savez(tmp_path / "b.npz", x=x * 1e4)  # |y| ~ 1.6e5: beyond 65504
+    r = run(path, Options(inputs=[str(tmp_path / "a.npz"), str(tmp_path / "b.npz")],
+                          criteria=parse_criteria(pass_rate=0.5)), tmp_path / "out")
+    assert r.verdict == "fp16_ok", r.certificate
+    y = r.certificate["outputs"]["y"]
+    assert y["certified"] and y["margin"] > y["spread"]
+
+
+def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
+    """The aimed rounds judge in the run's process; the first search on 2 workers: the plan,
+    the certificate and the evaluations are those of one process."""
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.pipeline import Options, run
+
+    m, path, inputs = _conv_detector(tmp_path)
+    from trtbisect.backends.ort import Emulator, Reference
+    from trtbisect.judge.compare import compare_outputs
+    from trtbisect.graph import Graph
+
+    g, x = Graph(m), dict(np.load(inputs))
+    rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
+                          Tolerance(0.0))["score"].rel
+    runs = [run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * 0.5),
+                              semantics="strict", workers=w), tmp_path / f"w{w}")
+            for w in (1, 2)]
+    one, two = runs
+    assert two.workers["workers"] == 2  # the first search ran on worker processes
+    assert one.verdict == two.verdict == "fixed"
+    assert one.fp32_nodes == two.fp32_nodes and one.evaluations == two.evaluations
+    assert one.certificate == two.certificate
+
+
+def test_the_noise_floor_is_measured_once_per_run(tmp_path, monkeypatch):
+    """FP32's noise floor is the reference's alone: an aimed round's certificate reuses it
+    (each measurement builds two sessions and runs every sample twice)."""
+    import trtbisect.backends.ort as ort_backend
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.pipeline import Options, run
+
+    calls = []
+    real = ort_backend.kernel_noise
+    monkeypatch.setattr(ort_backend, "kernel_noise",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, path, inputs = _matmul(tmp_path)
+    rel = _all_fp16_rel(m, inputs)
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
+            tmp_path / "out")
+    assert r.aimed_searches and len(calls) == 1

@@ -1,0 +1,714 @@
+"""Explicitly quantized models (trtbisect/quant/): the quantized layers as TensorRT fuses
+them, the exact minimal set of layers to un-quantize on planted faults, the diagnosis of each
+culprit, one judge for the search and the written file, and the renderings."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.models import quant_models as qm
+from tests.test_cli import assert_one_line_error, invoke
+from trtbisect.judge.compare import Tolerance
+from trtbisect.pipeline import Options
+from trtbisect.quant import analyse, is_quantized, run, unquantize
+from trtbisect.quant.judge import QuantJudge, session
+from trtbisect.quant.render import patterns
+
+
+def _files(p: qm.Planted, tmp_path):
+    model, inputs = tmp_path / f"{p.name}.onnx", tmp_path / f"{p.name}.npz"
+    onnx.save(p.model, model)
+    np.savez(inputs, **p.inputs)
+    return model, inputs
+
+
+def _opts(inputs, rtol) -> Options:
+    return Options(inputs=[str(inputs)], tolerance=Tolerance(rtol, 0.0), threads=1)
+
+
+# the fix trtbisect applies and verifies for each planted culprit (None: none it can verify)
+VERIFIED = {"outlier": "SmoothQuant", "fp8_saturation": "max calibration",
+            "softmax": None, "residual": None, "channels": "per-channel weight scales"}
+
+
+@pytest.mark.parametrize("make", qm.PLANTED, ids=lambda m: m.__name__)
+def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path):
+    p = make()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert r.verdict == "fixed", r.to_json()
+    assert set(r.plan) == p.plan
+    assert r.one_minimal
+    assert not r.before.passed and r.after.passed
+    # one judge: the written file's errors are the search's, bit for bit
+    assert r.one_judge is True
+    kinds = {f.kind for f in r.findings[next(iter(p.plan))]}
+    assert p.finding in kinds, [f.text for fs in r.findings.values() for f in fs]
+    (layer,) = p.plan
+    verified = [f["fix"] for f in r.fixes.get(layer, []) if f["passed"]]
+    if VERIFIED[p.name] is None:
+        assert verified == []
+    else:
+        assert any(VERIFIED[p.name] in v for v in verified), r.fixes
+    text = (tmp_path / "out" / "precision.json").read_text()
+    written = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert written["verdict"] == "fixed" and set(written["unquantized_layers"]) == p.plan
+    assert written["plan"][0]["fixes_judged"] == r.fixes.get(layer, [])
+    assert written["one_judge"]["search_equals_check"] is True
+
+
+def test_a_file_fp16_elsewhere_gets_one_search_over_both_sides(tmp_path):
+    """ModelOpt's default writes the float part in FP16: the search takes quantized layers
+    and FP16 nodes together, and says which side each culprit is on."""
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert r.verdict == "fixed" and r.one_minimal and r.one_judge is True
+    assert r.plan == ["mm1"] and r.fp32_nodes == ["amp", "back"]
+    assert r.before.errors["y"].nonfinite > 0  # the overflow, judged with FP16 stores explicit
+    assert "beyond FP16's 65504" in r.fp32_reasons["amp"]
+    assert "activation_outlier" in {f.kind for f in r.findings["mm1"]}
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["sides"] == {"mm1": "quantized", "amp": "fp16", "back": "fp16"}
+    # ModelOpt keeps FP16 nodes in FP32 by op type only: the rendering says so
+    assert written["renderings"]["modelopt_op_types_to_exclude_fp16"] == ["Mul"]
+    assert "--high_precision_dtype=fp16" in written["renderings"]["modelopt_cli"]
+    m = onnx.load(tmp_path / "out" / "fp16_side.unquantized.onnx")
+    onnx.checker.check_model(m, full_check=True)
+    amp = next(n for n in m.graph.node if n.name == "amp")
+    back = next(n for n in m.graph.node if n.name == "back")
+    assert back.input[0] == amp.output[0]  # handed over in FP32, never stored in FP16
+
+
+def test_ort_alone_hides_an_fp16_overflow_between_two_fp16_ops():
+    """Why half.emulate exists: run as it is, ORT's CPU provider computes the FP16 Muls in
+    FP32 and the overflow of `big` never reaches the output."""
+    p = qm.fp16_side()
+    y = session(p.model).run(["y"], p.inputs)[0]
+    assert np.isfinite(y).all()
+    from trtbisect.quant import half
+    emulated = half.emulate(p.model, half.types(p.model))
+    assert not np.isfinite(session(emulated).run(["y"], p.inputs)[0]).all()
+
+
+def test_layers_follow_tensorrts_fusion(tmp_path):
+    """R2: a DQ'd activation and a DQ'd weight feeding a MatMul are one layer of two edges;
+    R3: an Add with both inputs DQ'd is one layer; R1: a DQ moved past a Reshape belongs to
+    the MatMul after it; a weight-only quantized MatMul is a layer too."""
+    layers = {la.name: la for la in analyse(qm.residual().model)}
+    assert list(layers) == ["mm1", "add", "mm2"]
+    assert [(e.source, e.weight, e.per_channel) for e in layers["mm1"].edges] == [
+        ("a", False, False), ("w1_int8", True, True)]
+    assert layers["mm1"].rule == "R2" and layers["add"].rule == "R3"
+    assert sorted(e.source for e in layers["add"].edges) == ["h", "x"]
+    assert [e.weight for e in layers["mm2"].edges] == [True]
+    # R1: Q -> DQ -> Reshape -> MatMul: the MatMul is the layer, the Reshape is re-pointed
+    b = qm.QBuilder()
+    x = np.ones((qm.N, qm.C), np.float32)
+    r = b.node("Reshape", [b.act("x", 1.0), "shape"], "xr", "reshape")
+    b.inits.append(onnx.numpy_helper.from_array(np.array([qm.N, qm.C], np.int64), "shape"))
+    b.node("MatMul", [r, b.weight("w", np.eye(qm.C, dtype=np.float32))], "y", "mm")
+    m = b.model({"x": x}, ["y"])
+    (layer,) = analyse(m)
+    assert layer.name == "mm" and {e.consumer for e in layer.edges} == {"reshape", "mm"}
+    plain = unquantize(m, [layer])
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in plain.graph.node)
+
+
+def test_unquantizing_one_layer_leaves_a_shared_pair_to_the_other():
+    """Two layers read one Q/DQ pair: un-quantizing one re-points only its own input."""
+    b = qm.QBuilder()
+    dq = b.act("x", 4.0)
+    b.node("MatMul", [dq, b.weight("w1", np.eye(qm.C, dtype=np.float32))], "y1", "mm1")
+    b.node("Relu", [dq], "y2", "relu")
+    m = b.model({"x": np.ones((qm.N, qm.C), np.float32)}, ["y1", "y2"])
+    layers = {la.name: la for la in analyse(m)}
+    out = unquantize(m, [layers["relu"]])
+    nodes = {n.name: n for n in out.graph.node}
+    assert nodes["relu"].input[0] == "x" and nodes["mm1"].input[0] == "x_dq"
+    assert "q0_x" in nodes and "dq0_x" in nodes  # the pair stays for mm1
+    assert analyse(m) == analyse(onnx.load_from_string(m.SerializeToString()))  # pure
+
+
+def test_the_reference_is_the_model_without_its_qdq():
+    """Q/DQ removed: float weights behind Q -> DQ come back as they were, stored INT8
+    weights come back dequantized (by ORT's own DequantizeLinear)."""
+    p = qm.channels()
+    layers = analyse(p.model)
+    ref = unquantize(p.model, layers)
+    assert not is_quantized(ref)
+    onnx.checker.check_model(ref, full_check=True)
+    got = session(ref).run(["y"], p.inputs)[0]
+    x = p.inputs["x"]
+    w1 = onnx.numpy_helper.to_array(next(t for t in p.model.graph.initializer if t.name == "w1"))
+    gain = onnx.numpy_helper.to_array(next(t for t in p.model.graph.initializer
+                                           if t.name == "col_gain"))
+    w2 = next(t for t in p.model.graph.initializer if t.name == "w2_int8")
+    s2 = next(t for t in p.model.graph.initializer if t.name == "w2_scale")
+    w2 = onnx.numpy_helper.to_array(w2).astype(np.float32) * onnx.numpy_helper.to_array(s2)
+    np.testing.assert_allclose(got, ((x @ w1) * gain) @ w2, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_that_passes_quantized_needs_no_plan(tmp_path):
+    p = qm.outlier()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, 0.5), tmp_path / "out")
+    assert r.verdict == "quantized_ok" and r.plan == [] and r.exit_code == 0
+    assert r.before.passed and r.evaluations == 0
+
+
+def test_written_plan_model_passes_the_full_check_and_loads_in_ort(tmp_path):
+    p = qm.fp8_saturation()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    path = tmp_path / "out" / "fp8_saturation.unquantized.onnx"
+    assert r.files["mixed_qdq_model"] == str(path)
+    m = onnx.load(path)
+    onnx.checker.check_model(m, full_check=True)
+    assert {la.name for la in analyse(m)} == {"mm2"}  # the rest stays FP8
+    assert session(path).run(["y"], p.inputs)[0].shape == (qm.N, qm.C)
+
+
+def test_modelopt_exclusions_match_exactly_the_plans_nodes():
+    names = ["mm1", "a.b", "x(1)", "/blocks.0/attn/MatMul", "mm1_suffix"]
+    pats = patterns(["mm1", "a.b", "x(1)", "/blocks.0/attn/MatMul"])
+    # ModelOpt matches each entry with re.match against every node name
+    matched = {n for n in names for pat in pats if re.match(pat, n)}
+    assert matched == {"mm1", "a.b", "x(1)", "/blocks.0/attn/MatMul"}
+
+
+def test_search_and_file_share_one_judge():
+    p = qm.softmax()
+    layers = analyse(p.model)
+    ref = unquantize(p.model, layers)
+    refs = [dict(zip(["y"], session(ref).run(["y"], p.inputs)))]
+    from trtbisect.judge.criteria import Criteria
+    judge = QuantJudge(p.model, layers, [p.inputs], refs, Criteria(), Tolerance(p.rtol, 0.0))
+    assert judge.check(frozenset({"softmax"})) and not judge.check(frozenset())
+    assert not judge.check(frozenset({"mm2"}))
+    a = judge.measure(frozenset({"softmax"}))
+    b = judge.judge_model(judge.model_for({"softmax"}))
+    assert a.errors["y"].max_abs == b.errors["y"].max_abs
+
+
+def test_cli_run_on_a_quantized_model(tmp_path):
+    p = qm.residual()
+    model, inputs = _files(p, tmp_path)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--rtol", p.rtol, "--out",
+               tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert "fixed by running 1 of 3 quantized layers un-quantized" in r.output
+    assert "oversized_scale" in r.output
+    sh = (tmp_path / "out" / "commands.sh").read_text()
+    assert "--nodes_to_exclude 'add$'" in sh and "--quantize_mode=int8" in sh
+    assert "trtexec --onnx=residual.unquantized.onnx --stronglyTyped" in sh
+    assert "polygraphy run residual.unquantized.onnx --trt --strongly-typed" in sh
+    # against an FP32 model that computes something else, even all un-quantized fails
+    other = unquantize(p.model, analyse(p.model))
+    for t in other.graph.initializer:
+        if t.name.startswith("w2"):
+            t.CopyFrom(onnx.numpy_helper.from_array(2 * onnx.numpy_helper.to_array(t), t.name))
+    onnx.save(other, tmp_path / "other.onnx")
+    r = invoke("-q", "run", model, "--inputs", inputs, "--rtol", p.rtol, "--reference",
+               tmp_path / "other.onnx", "--out", tmp_path / "out2", "--json")
+    assert r.exit_code == 4, r.output
+    assert json.loads(r.output)["verdict"] == "no_plan"
+
+
+def test_cli_reference_fp32_model(tmp_path):
+    p = qm.outlier()
+    model, inputs = _files(p, tmp_path)
+    ref = tmp_path / "fp32.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--rtol", p.rtol, "--reference", ref,
+               "--out", tmp_path / "out", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    assert got["unquantized_layers"] == ["mm1"] and got["reference"] == str(ref)
+    other = tmp_path / "other.onnx"
+    onnx.save(qm.residual().model, other)
+    assert_one_line_error(invoke("run", model, "--inputs", inputs, "--reference", other,
+                                 "--out", tmp_path / "o2"), 2, "--reference")
+
+
+def test_cli_refusals_are_one_line(tmp_path, monkeypatch):
+    p = qm.outlier()
+    model, inputs = _files(p, tmp_path)
+    assert_one_line_error(invoke("run", model, "--backend", "trt", "--out", tmp_path / "o"),
+                          2, "--stronglyTyped")
+    assert_one_line_error(invoke("run", model, "--precision", "fp8", "--gpu", "a100",
+                                 "--out", tmp_path / "o"), 2, "has no FP8 tensor cores")
+    assert_one_line_error(invoke("compare", model, "--precision", "int8"), 2,
+                          "'int8' is not one of")  # only `run` offers int8|fp8
+    assert_one_line_error(invoke("run", model, "--stability", "3", "--out", tmp_path / "o"),
+                          2, "--stability: not available for a quantized model")
+    assert_one_line_error(invoke("run", model, "--precision", "bf16", "--out", tmp_path / "o"),
+                          2, "is quantized")
+    # --precision int8 on a float model needs ModelOpt: without it, how to install it
+    import builtins
+    real = builtins.__import__
+
+    def no_modelopt(name, *a, **k):
+        if name.startswith("modelopt"):
+            raise ImportError("No module named 'modelopt'")
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_modelopt)
+    import sys
+    for name in [m for m in sys.modules if m == "modelopt" or m.startswith("modelopt.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # imported by an earlier test: hidden too
+    fp32 = tmp_path / "fp32.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), fp32)
+    assert_one_line_error(invoke("run", fp32, "--precision", "int8", "--out", tmp_path / "o3"),
+                          2, "pip install", "nvidia-modelopt")
+    assert_one_line_error(invoke("run", fp32, "--reference", fp32, "--out", tmp_path / "o4"),
+                          2, "--reference is for a quantized")
+
+
+def test_hostile_names_reach_sentences_escaped(tmp_path):
+    p = qm.outlier()
+    m = p.model
+    evil = "x\x1b[2J\u202e"
+    for n in m.graph.node:
+        n.input[:] = [evil if t == "x" else t for t in n.input]
+    m.graph.input[0].name = evil
+    model = tmp_path / "evil.onnx"
+    onnx.save(m, model)
+    np.savez(tmp_path / "in.npz", **{evil: p.inputs["x"]})
+    r = run(model, _opts(tmp_path / "in.npz", p.rtol), tmp_path / "out")
+    assert r.plan == ["mm1"]
+    text = " ".join(f.text for f in r.findings["mm1"])
+    assert "\x1b" not in text and "\\x1b" in text and "\\u202e" in text
+
+
+def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
+    """A compute-bound quantized MatMul costs FP16's time over 2 on an L4 (INT8 242.5 dense
+    TOPS against FP16's 121 TFLOPS); un-quantizing it in a file FP32 elsewhere costs the FP32
+    rate; an FP8 file priced on an A100 is refused."""
+    from trtbisect.search.cost import GPUS, QUANT_PEAKS
+    from trtbisect.errors import TrtBisectError
+    from trtbisect.quant.cost import QuantPricing, _Node, pricing_for
+
+    pr = QuantPricing("l4", "int8", half_file=False,
+                      nodes=[_Node("mm", "MatMul", 1e15, 0, 0, 0)], layer_of={"mm": "mm"})
+    assert pr.price(()) == pytest.approx(1e15 / QUANT_PEAKS["l4"]["int8"])
+    assert pr.all_fp16() == pytest.approx(1e15 / GPUS["l4"].fp16_tensor)
+    assert pr.price({"mm"}) == pytest.approx(1e15 / GPUS["l4"].fp32)
+    assert pr.all_fp16() / pr.price(()) == pytest.approx(242.5 / 121)
+    p = qm.fp8_saturation()
+    with pytest.raises(TrtBisectError, match="no FP8 tensor cores"):
+        pricing_for(p.model, analyse(p.model), {}, p.inputs, "a100", False)
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert r.cost["format"] == "fp8" and r.cost["plan_s"] > r.cost["all_quantized_s"] > 0
+    assert_one_line_error(invoke("run", model, "--inputs", inputs, "--gpu", "a100", "--out",
+                                 tmp_path / "o"), 2, "no FP8 tensor cores")
+
+
+def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traffic():
+    """x -> mm1 -> mm2 -> mm3, each MatMul quantized (INT8, FP32 elsewhere). All quantized,
+    the only reformat is the graph input's Q (x read in FP32, written in INT8): the Qs of h1
+    and h2 fuse into mm1 and mm2. Un-quantizing mm2 drops h1's Q/DQ but leaves h2's Q for
+    mm3 with no quantized layer to fuse into: a Q kernel of its own (h2 read at 4 bytes,
+    written at 1), priced at the L4's bandwidth. The cost rows add up to the plan's slowdown
+    against all-quantized."""
+    from trtbisect.search.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
+    b = qm.QBuilder()
+    t = "x"
+    for k in (1, 2, 3):
+        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
+    model = b.model({"x": x}, ["h3"])
+    layers = analyse(model)
+    assert [la.name for la in layers] == ["mm1", "mm2", "mm3"]
+    pr = pricing_for(model, layers, {}, {"x": x}, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.boundary(()) == (1, n * (4 + 1) / bw)  # x's Q only
+    assert pr.boundary({"mm2"}) == (2, 2 * n * (4 + 1) / bw)  # and h2's Q
+    assert pr.boundary({"mm1"}) == (1, n * (4 + 1) / bw)  # h1's Q fuses into mm1 no more,
+    # but x's Q goes with mm1 and h1's Q takes its place
+    assert pr.boundary({"mm1", "mm2", "mm3"}) == (0, 0.0)  # no Q/DQ left
+    c = pr.summary(["mm2"])
+    rows = {r["row"]: r for r in c["rows"]}
+    # h2's Q kernel, and mm1 writing h1 in FP32 (4 bytes) where its fused Q wrote INT8 (1)
+    assert rows["Q/DQ boundaries"]["added_s"] == pytest.approx((n * 5 + n * 3) / bw)
+    assert c["qdq_boundaries"]["plan"]["kernels"] == 2
+    assert sum(r["share"] for r in c["rows"]) == pytest.approx(c["plan_vs_all_quantized"])
+    assert c["plan_s"] - c["all_quantized_s"] == pytest.approx(
+        sum(r["added_s"] for r in c["rows"]))
+    # a graph output quantized (R2': Q fused into the layer, its DQ a reformat of its own)
+    b2 = qm.QBuilder()
+    h = b2.node("MatMul", [b2.act("x", 4.0), b2.weight("w1", qm._w(rng))], "h", "mm1")
+    b2.act(h, 4.0)
+    m2 = b2.model({"x": x}, ["h_dq"])
+    pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
+    assert pr2.boundary(()) == (2, (n * 5 + n * 5) / bw)  # x's Q, h's DQ (1 byte in, 4 out)
+    assert pr2.boundary({"mm1"}) == (0, 0.0)
+
+
+def test_a_reformat_reads_the_float_width_its_writer_has_under_the_plan():
+    """In a file FP16 elsewhere a Q reformat reads 2 bytes per element, 4 where the plan also
+    keeps the layer writing its input in FP32: fp16_side's xh (written by a Cast) always has
+    one; un-quantizing mm1 removes it and leaves h's Q, mm1's output, a kernel of its own."""
+    from trtbisect.search.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+    from trtbisect.quant.half import half_nodes
+    from trtbisect.quant.judge import FP32_PREFIX
+
+    p = qm.fp16_side()
+    units = {FP32_PREFIX + n: n for n in half_nodes(p.model)}
+    pr = pricing_for(p.model, analyse(p.model), units, p.inputs, "l4", True)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.boundary(()) == (1, n * (2 + 1) / bw)  # xh's Q
+    assert pr.boundary({"mm1"}) == (1, n * (2 + 1) / bw)  # h's Q instead
+    assert pr.boundary({"mm1", FP32_PREFIX + "mm1"}) == (1, n * (4 + 1) / bw)
+
+
+def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
+    """`--report` on a quantized run writes the trade-off plot: one point per evaluated plan
+    at its estimated time and the error its judge measured, the file as given (all quantized)
+    at its own error, the written plan's point at the written file's error."""
+    pytest.importorskip("matplotlib")
+    from trtbisect.quant.report import tradeoff_points, worst_rel
+
+    p = qm.residual()
+    model, inputs = _files(p, tmp_path)
+    res = invoke("run", model, "--inputs", inputs, "--rtol", str(p.rtol), "--report",
+                 "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    png = tmp_path / "out" / "report_tradeoff.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["files"]["report_tradeoff"] == str(png)
+    assert all("price_s" in t and "score" in t for t in written["trials"])
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "o2")
+    points, chosen, given = tradeoff_points(r)
+    assert len(points) == 1 + r.evaluations
+    assert given == (1e6 * r.cost["all_quantized_s"], worst_rel(r.before.errors), False)
+    assert chosen == (1e6 * r.cost["plan_s"], worst_rel(r.after.errors), True)
+    assert [pt[2] for pt in points[1:]] == [t.passed for t in r.trials]
+
+
+def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
+    """ONNX Runtime's quantizer (QDQ, uint8 activations, per-channel int8 weights) quantizes
+    the graph output too (its Q fuses into the last layer) and drops the Relu before a Q
+    whose zero point is 0 (the Q clamps negatives): un-quantized, that edge keeps a Relu, so
+    the reference is the FP32 model's computation again."""
+    import sys
+    if any(m.startswith("modelopt.onnx") for m in sys.modules):
+        pytest.skip("ModelOpt, imported by an earlier test, patched ONNX Runtime's quantizer "
+                    "in this process (modelopt/onnx/quantization/ort_patching.py)")
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    p = qm.outlier()
+    fp32, qdq_path = tmp_path / "fp32.onnx", tmp_path / "ort_qdq.onnx"
+    plain = unquantize(p.model, analyse(p.model))
+    onnx.save(plain, fp32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = [dict(p.inputs)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+    quantize_static(str(fp32), str(qdq_path), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
+    m = onnx.load(qdq_path)
+    assert "Relu" not in {n.op_type for n in m.graph.node}  # folded into the Q
+    layers = analyse(m)
+    assert [la.name for la in layers] == ["mm1", "mm2"]
+    assert any(e.slot == -1 for e in layers[1].edges)  # the output's Q/DQ, fused into mm2
+    ref = unquantize(m, layers)
+    np.testing.assert_allclose(session(ref).run(["y"], p.inputs)[0],
+                               session(plain).run(["y"], p.inputs)[0], rtol=1e-5, atol=1e-5)
+    np.savez(tmp_path / "in.npz", **p.inputs)
+    r = run(qdq_path, _opts(tmp_path / "in.npz", p.rtol), tmp_path / "out")
+    assert r.verdict == "fixed" and r.plan == ["mm1"] and r.one_judge is True
+
+
+def test_hostile_layer_names_reach_commands_sh_whole(tmp_path):
+    """A layer named with quotes, a newline and regex syntax: commands.sh hands ModelOpt
+    exactly one pattern that matches that name alone."""
+    import shlex
+
+    p = qm.outlier()
+    evil = "mm1'; rm -rf ~\n.*(x)"
+    for n in p.model.graph.node:
+        if n.name == "mm1":
+            n.name = evil
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert r.plan == [evil]
+    sh = (tmp_path / "out" / "commands.sh").read_text()
+    line = next(x for x in shlex.split(sh, comments=True) if x.startswith("mm1"))
+    assert re.match(line, evil) and not re.match(line, "mm1") and not re.match(line, "mm2")
+
+
+def test_a_non_finite_reference_is_refused_with_exit_3(tmp_path):
+    p = qm.outlier()
+    p.inputs["x"][0, 0] = np.inf
+    model, inputs = _files(p, tmp_path)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--out", tmp_path / "out", "--json")
+    assert r.exit_code == 3, r.output
+    assert json.loads(r.stdout)["verdict"] == "reference_invalid"
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["verdict"] == "reference_invalid" and written["reference_problems"]
+
+
+def test_check_judges_the_written_file_as_run_did(tmp_path):
+    """`trtbisect check` of the written Q/DQ file against the reference gives run's numbers
+    bit for bit (a file FP16 elsewhere: FP16 stores explicit in both)."""
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    ref = tmp_path / "ref.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    written = tmp_path / "out" / "fp16_side.unquantized.onnx"
+    c = invoke("-q", "check", written, "--reference", ref, "--inputs", inputs, "--rtol",
+               p.rtol, "--json")
+    assert c.exit_code == 0, c.output
+    got = json.loads(c.stdout)
+    assert got["errors"]["y"]["max_abs"] == r.after.errors["y"].max_abs
+    c = invoke("-q", "check", model, "--reference", ref, "--inputs", inputs, "--rtol", p.rtol)
+    assert c.exit_code == 4 and "fail" in c.stdout
+
+
+def test_a_rerun_replays_the_journaled_evaluations(tmp_path):
+    """Every search evaluation is journaled in --out; the same run again replays them (the
+    same plan, no search inference), --no-resume starts afresh."""
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+    first = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    again = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    assert again.units == first.units and again.evaluations == first.evaluations
+    assert len(again.judge.verdicts) < len(first.judge.verdicts)  # searched plans: replayed
+    assert '"done"' in (tmp_path / "out" / "journal.jsonl").read_text()
+    fresh = _opts(inputs, p.rtol)
+    fresh.resume = False
+    afresh = run(model, fresh, tmp_path / "out")
+    assert len(afresh.judge.verdicts) == len(first.judge.verdicts)
+
+
+def test_detection_reads_big_files_in_chunks(tmp_path):
+    """The CLI's hook looks for the op type's bytes before parsing anything: a word split
+    across chunks is found, a model without it is never parsed."""
+    from trtbisect.quant.run import _mentions, is_quantized_file
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x" * 20 + b"DequantizeLinear" + b"y" * 5)
+    assert all(_mentions(f, b"DequantizeLinear", chunk=c) for c in (1, 3, 8, 16, 17, 100))
+    assert not _mentions(f, b"QuantizeLinearX", chunk=8)
+    p = qm.outlier()
+    model, _ = _files(p, tmp_path)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), plain)
+    assert is_quantized_file(model) and not is_quantized_file(plain)
+    assert not is_quantized_file(tmp_path / "missing.onnx") and not is_quantized_file(tmp_path)
+
+
+@pytest.mark.parametrize("make", [qm.outlier, qm.fp16_side], ids=lambda m: m.__name__)
+def test_the_count_objective_finds_the_same_plans(make, tmp_path):
+    p = make()
+    model, inputs = _files(p, tmp_path)
+    opts = _opts(inputs, p.rtol)
+    opts.objective = "count"
+    r = run(model, opts, tmp_path / "out")
+    cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
+    assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
+
+
+def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
+    """TensorRT's Q/DQ fusion (the convolution with inputs and output quantized): x -> mm1 ->
+    mm2 -> mm3, FP32 elsewhere. mm1 and mm2 write h1 and h2 through the Q that fuses into
+    them: 1 byte per element. mm3 writes the graph output in FP32: 4. Un-quantizing mm2
+    leaves h1's Q/DQ to no reader: mm1 writes FP32 again. A tensor a float node reads beside
+    the Q (a residual) stays float."""
+    from trtbisect.search.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
+    b = qm.QBuilder()
+    t = "x"
+    for k in (1, 2, 3):
+        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
+    model = b.model({"x": x}, ["h3"])
+    pr = pricing_for(model, analyse(model), {}, {"x": x}, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    reads = 2 * n  # the INT8 activation and the INT8 weight, 1 byte each
+    times = pr.node_times(())
+    assert times["mm1"] == pytest.approx((reads + 1 * n) / bw)
+    assert times["mm2"] == pytest.approx((reads + 1 * n) / bw)
+    assert times["mm3"] == pytest.approx((reads + 4 * n) / bw)
+    assert pr.written_bytes("mm1", frozenset({"mm2"})) == 4
+    assert pr.node_times({"mm2"})["mm1"] == pytest.approx((reads + 4 * n) / bw)
+    assert pr.price(()) == pytest.approx(sum(times.values()) + n * (4 + 1) / bw)
+    # a residual: h1 read by mm2's Q and by a float Add: mm1 writes FP32
+    b2 = qm.QBuilder()
+    h = b2.node("MatMul", [b2.act("x", 4.0), b2.weight("w1", qm._w(rng))], "h", "mm1")
+    h2 = b2.node("MatMul", [b2.act(h, 4.0), b2.weight("w2", qm._w(rng))], "h2", "mm2")
+    b2.node("Add", [h, h2], "y", "add")
+    m2 = b2.model({"x": x}, ["y"])
+    pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
+    assert pr2.written_bytes("mm1", frozenset()) == 4
+    assert pr2.node_times(())["mm1"] == pytest.approx((reads + 4 * n) / bw)
+
+
+def _report_run(tmp_path, model: onnx.ModelProto, inputs: dict, rtol: float, rename=None):
+    """`run --report` on a planted model, its layers' compute nodes renamed by `rename`."""
+    for n in model.graph.node:
+        n.name = (rename or {}).get(n.name, n.name)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "m.npz", **inputs)
+    res = invoke("run", tmp_path / "m.onnx", "--inputs", tmp_path / "m.npz", "--rtol", rtol,
+                 "--report", "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    return tmp_path / "out"
+
+
+def test_report_pages_name_each_culprit_and_its_side(tmp_path):
+    """report.html and report.md on a file FP16 elsewhere: the verdict first, the planted
+    culprits on both sides (mm1 quantized, run un-quantized; amp and back FP16, kept in
+    FP32), the diagnosis with the fix trtbisect verified, the trade-off plot, and
+    precision.json's files list the pages."""
+    pytest.importorskip("matplotlib")
+    p = qm.fp16_side()
+    out = _report_run(tmp_path, p.model, p.inputs, p.rtol)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert md.splitlines()[2].startswith("**Verdict: fixed by running 1 of 2 quantized layers")
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[1]
+            for line in md.splitlines() if line.startswith("| `")
+            and " | " in line and ("quantized (" in line or "FP16: kept" in line)}
+    assert rows == {"mm1": "quantized (INT8): run un-quantized", "amp": "FP16: kept in FP32",
+                    "back": "FP16: kept in FP32"}
+    assert "**activation\\_outlier**" in md and "verified: SmoothQuant" in md
+    assert "![trade-off plot](report_tradeoff.png)" in md
+    page = (out / "report.html").read_text(encoding="utf-8")
+    cell = "<td class=''>{}</td><td class=''>{}</td>".format
+    assert cell("mm1", "quantized (INT8): run un-quantized") in page
+    assert cell("amp", "FP16: kept in FP32") in page
+    assert "data:image/png;base64," in page
+    files = json.loads((out / "precision.json").read_text())["files"]
+    assert files["report_html"] == str(out / "report.html")
+    assert files["report_md"] == str(out / "report.md")
+
+
+def test_report_pages_escape_a_hostile_layer_name(tmp_path):
+    """The residual's culprit Add named with terminal escapes, HTML and Markdown in it: both
+    pages keep the structure of the plainly named run's, and show the name as text."""
+    pytest.importorskip("matplotlib")
+    from tests.fuzz.make_cases import HOSTILE
+    from tests.outputs.test_hostile_names import Tags, _markdown_tokens, _structure, controls
+    from trtbisect.outputs.escape import visible
+
+    evil = HOSTILE[0] + HOSTILE[2]
+    p = qm.residual()
+    plain = _report_run(tmp_path / "plain", p.model, p.inputs, p.rtol)
+    hostile = _report_run(tmp_path / "evil", qm.residual().model, p.inputs, p.rtol,
+                          {"add": evil})
+    assert json.loads((hostile / "precision.json").read_text())["unquantized_layers"] == [evil]
+    tokens = _markdown_tokens(hostile / "report.md")
+    assert _structure(tokens) == _structure(_markdown_tokens(plain / "report.md"))
+    inline = [c for t in tokens if t.children for c in t.children]
+    assert not [t for t in tokens + inline if t.type in ("html_block", "html_inline",
+                                                          "link_open")]
+    assert any(c.type == "code_inline" and c.content == visible(evil) for c in inline)
+    seen, plain_tags = Tags(), Tags()
+    page = (hostile / "report.html").read_text(encoding="utf-8")
+    seen.feed(page)
+    plain_tags.feed((plain / "report.html").read_text(encoding="utf-8"))
+    assert seen.tags == plain_tags.tags and controls(page) == []
+    assert not [a for a, _ in seen.attrs if a.startswith("on")]
+    assert visible(evil) in "".join(seen.text)
+
+
+def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
+    """amp -> back is one pointwise chain TensorRT fuses into a PWN layer that rounds its
+    output once (semantics.py's pointwise_fusion): the default judge leaves the middle value
+    (2^15 x, beyond 65504) unrounded, so only the quantized culprit mm1 is in the plan;
+    `--semantics strict` rounds every node, the middle value overflows, and amp and back are
+    kept in FP32 too. `check` of the written file gives run's numbers under each."""
+    from trtbisect.quant import half
+
+    p = qm.fp16_side(fused=True)
+    ty = half.types(p.model)
+    assert half.fused_internal(p.model, ty) == {"big"}
+    assert half.fused_internal(qm.fp16_side().model, ty) == frozenset()  # MatMul epilogue:
+    # uncertain, per-node rounding kept
+    model, inputs = _files(p, tmp_path)
+    fused = run(model, _opts(inputs, p.rtol), tmp_path / "trt")
+    assert fused.verdict == "fixed" and fused.one_minimal and fused.one_judge is True
+    assert fused.plan == ["mm1"] and fused.fp32_nodes == []
+    # the pair switches as one unit: kept apart, one in FP32 and the other in FP16, the
+    # value TensorRT keeps inside the layer would be stored in FP16 between them
+    assert fused.judge.units == ["mm1", "mm2", "fp32:mm1", "fp32:mm2",
+                                 "fp32:PWN(amp, back)"]
+    assert fused.before.errors["y"].nonfinite == 0
+    assert json.loads((tmp_path / "trt" / "precision.json").read_text())["semantics"] == "trt"
+    ref = tmp_path / "ref.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    r = invoke("-q", "check", tmp_path / "trt" / "fp16_side.unquantized.onnx", "--reference",
+               ref, "--inputs", inputs, "--rtol", p.rtol, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["errors"]["y"]["max_abs"] == fused.after.errors["y"].max_abs
+    # in the same --out: the journal of the trt run is not replayed (its fingerprint differs)
+    head = json.loads((tmp_path / "trt" / "journal.jsonl").read_text().splitlines()[0])
+    assert head["fingerprint"]["semantics"] == "trt"
+    strict_opts = _opts(inputs, p.rtol)
+    strict_opts.semantics = "strict"
+    strict = run(model, strict_opts, tmp_path / "trt")
+    assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]
+    assert strict.before.errors["y"].nonfinite > 0
+
+
+def test_shapes_inference_leaves_open_are_probed_for_the_price():
+    """x is reshaped by a shape fed at run time (shape inference cannot know it): without the
+    probe the quantized MatMul after it is priced on its weight alone; with it (one ORT
+    inference of the file), on its activation and output too, as the FP16 run prices."""
+    from trtbisect.search.cost import GPUS
+    from trtbisect.quant.cost import pricing_for, shape_probe
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((qm.N * qm.C,)).astype(np.float32)
+    b = qm.QBuilder()
+    t = b.node("Reshape", ["flat", "shape"], "x", "reshape")
+    b.node("MatMul", [b.act(t, 4.0), b.weight("w1", qm._w(rng))], "y", "mm1")
+    h, tp = onnx.helper, onnx.TensorProto
+    model = h.make_model(h.make_graph(
+        b.nodes, "reshaped", [h.make_tensor_value_info("flat", tp.FLOAT, [qm.N * qm.C]),
+                              h.make_tensor_value_info("shape", tp.INT64, [2])],
+        [h.make_tensor_value_info("y", tp.FLOAT, None)], b.inits),
+        opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 10
+    sample = {"flat": x, "shape": np.array([qm.N, qm.C], np.int64)}
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    blind = pricing_for(model, analyse(model), {}, sample, "l4", False)
+    assert blind.node_times(())["mm1"] == pytest.approx(qm.C * qm.C / bw)  # the weight only
+    seen = pricing_for(model, analyse(model), {}, sample, "l4", False, shape_probe(model, sample))
+    # INT8 activation and weight read (1 byte each), FP32 output written (4)
+    assert seen.node_times(())["mm1"] == pytest.approx((n + qm.C * qm.C + 4 * n) / bw)
+
+
+def test_report_pages_of_a_file_that_passes_as_given(tmp_path):
+    """Nothing planned: the pages say so, give the file's own margin and error, and offer no
+    plan's column or commands."""
+    pytest.importorskip("matplotlib")
+    p = qm.residual()
+    out = _report_run(tmp_path, p.model, p.inputs, 0.9)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "**Verdict: the quantized model already meets the tolerance (3 quantized layers).**" \
+        in md
+    assert "- y: the file as given uses" in md
+    assert "| output | quantized as given |\n" in md and "with the plan" not in md
+    assert "Apply the plan" not in md and "Culprits" not in md
+    assert "Apply the plan" not in (out / "report.html").read_text(encoding="utf-8")

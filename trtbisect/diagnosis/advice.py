@@ -1,0 +1,110 @@
+"""The diagnosis's model fixes, checked against what `run --rewrite` can do (issue #37).
+
+A fix the diagnosis recommends ("divide x by a power of two before squaring", "re-export at
+opset 17") and the rewrite catalogue (rewrite_rules) are two views of one remedy. Advice that
+`--rewrite` then refuses, with no word of why, sends the user round in circles. So each fix
+that a rewrite implements says, for this model and this group of nodes: `--rewrite` matches
+it here; or it was tried and refused, and why; or its rule does not match this form (the
+user has to change the source). The words go into the fix, its group's summary and a
+"rewrite" record beside the fix in precision.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+# fix kind (wording.py) -> the rewrites (rewrite_rules) that apply it, most exact first
+FIX_REWRITES: dict[str, tuple[str, ...]] = {
+    "reexport_opset17": ("fuse_layernorm",),
+    "fuse_layernorm": ("fuse_layernorm",),
+    "prescale_norm": ("scale_before_square", "fuse_rmsnorm"),
+    "scale_before_matmul": ("prescale_attention",),
+    "clamp_mask_fill": ("clamp_mask_constant",),
+    "mean_before_sum": ("reducesum_to_mean",),
+    "raise_eps": ("raise_epsilon",),
+}
+
+
+def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
+    """Check every culprit group's rewritable fixes against this model (pipeline, after the
+    diagnosis): the run's --rewrite record when it tried them, else the rules' own match."""
+    groups = [g for g in result.culprit_groups or [] if isinstance(g, dict)]
+    wanted = {r for g in groups for f in g.get("fixes", []) for r in FIX_REWRITES.get(f["kind"], ())}
+    if not wanted:
+        return
+    record = result.rewrites
+    found: tuple[list, list] = ([], [])
+    if not isinstance(record, Mapping):
+        found = _find(ctx, stats, wanted)
+        if found is None:
+            return
+    for g in groups:
+        advise_group(g, record if isinstance(record, Mapping) else None, *found)
+
+
+def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, list] | None:
+    """Matches and refusals of the wanted rules on the model as given (None: too large to
+    look at, as --rewrite itself would not)."""
+    from ..rewrites.rules import rewrites_for
+    from ..rewrites.driver import REWRITE_WEIGHT_LIMIT, find_all
+
+    if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
+        return None
+    rules = [r for r in rewrites_for(ctx.rules.precision.narrow_range) if r.name in wanted]
+    ranges = {t: s.fp32_absmax for t, s in stats.items()}
+    try:
+        return find_all(ctx.graph.materialize(), ranges.get, rules)
+    except Exception as exc:  # advice is best effort: the plan stands without it
+        log.info("checking the fixes against the rewrites failed: %s", exc)
+        return None
+
+
+def advise_group(group: dict, record: Mapping | None, matches: Sequence = (),
+                 refusals: Sequence = ()) -> None:
+    """Words and a record for each of the group's fixes that a rewrite implements."""
+    nodes = set(group.get("nodes") or [])
+    for fix in group.get("fixes", []):
+        rules = FIX_REWRITES.get(fix["kind"])
+        if not rules or "rewrite" in fix:
+            continue
+        verdict = (_from_record(record, rules, nodes) if record is not None
+                   else _from_rules(rules, nodes, matches, refusals))
+        fix["rewrite"] = verdict
+        old = fix["text"]
+        fix["text"] = f"{old} ({verdict['words']})"
+        group["summary"] = group.get("summary", "").replace(old, fix["text"], 1)
+
+
+def _touches(where: Iterable[str], nodes: set[str]) -> bool:
+    return bool(nodes & set(where))
+
+
+def _from_rules(rules: Sequence[str], nodes: set[str], matches: Sequence,
+                refusals: Sequence) -> dict:
+    for rule in rules:
+        if any(m.rewrite == rule and _touches(m.where, nodes) for m in matches):
+            return {"rule": rule, "status": "matches",
+                    "words": f"`run --rewrite` can do this here: {rule}, kept only if it "
+                             "helps all FP16 pass"}
+    for rule in rules:
+        r = next((r for r in refusals if r.rewrite == rule and _touches(r.where, nodes)), None)
+        if r is not None:
+            return {"rule": rule, "status": "refused", "reason": r.reason,
+                    "words": f"`run --rewrite` cannot do it here: {rule}: {r.reason}"}
+    return {"rule": rules[0], "status": "no_match",
+            "words": f"no `--rewrite` rule ({', '.join(rules)}) matches this form of it: "
+                     "change the source"}
+
+
+def _from_record(record: Mapping, rules: Sequence[str], nodes: set[str]) -> dict:
+    """The run's own --rewrite attempts (precision.json "rewrites")."""
+    for r in record.get("refused") or []:
+        if r.get("rewrite") in rules and _touches(r.get("where") or [], nodes):
+            return {"rule": r["rewrite"], "status": "refused", "reason": r["reason"],
+                    "words": f"--rewrite tried {r['rewrite']} here and refused it: "
+                             f"{r['reason']}"}
+    return {"rule": rules[0], "status": "no_match",
+            "words": f"--rewrite found no {' or '.join(rules)} match here: change the source"}

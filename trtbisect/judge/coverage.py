@@ -1,0 +1,194 @@
+"""What the judge covers, and what TensorRT's ONNX parser can import: never a silent "FP16 is
+fine" for a graph that was not fully judged.
+
+* `unjudged`: nodes that compute in floating point but that the emulator cannot round: ops
+  outside ONNX's default domain (ONNX Runtime's com.microsoft FusedMatMul, Attention,
+  SkipLayerNormalization; custom ops) and default-domain ops whose schema has no float16 at
+  all. ONNX Runtime runs them in FP32 in every judgement, so a verdict on a graph holding them
+  is partial (`run`'s verdict "partial", exit 5; `check` exits 5 too).
+* `trt_unsupported`: ops TensorRT's ONNX parser has no importer for (docs/operators.md of
+  onnx-tensorrt, below as data), or a non-default-domain op it can only take as a plugin,
+  reported before any search with what to do.
+
+Pure: onnx only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import onnx
+
+from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
+
+# onnx-tensorrt's operator support matrix, docs/operators.md at commit 96e7811 (2024-06-17:
+# "TensorRT 10.0 supports operators in the inclusive range of opset 9 to opset 20"), the newest
+# this project could read. NVIDIA's ONNX opset guide for TensorRT 11.x points to the same file
+# and raises the maximum opset to 25, so an op missing from both sets below is "not listed",
+# not "unsupported": check the file for your release.
+OPERATORS_SOURCE = ("https://github.com/onnx/onnx-tensorrt/blob/"
+                    "96e781103cfc4adf4a6bb557e94bac8e693f6f4c/docs/operators.md")
+OPSET_GUIDE = "https://docs.nvidia.com/deeplearning/tensorrt/latest/reference/onnx-opset-guide.html"
+# The parser finds an importer by op_type alone, else asks the plugin registry for a plugin of
+# that name: onnx-tensorrt ModelImporter.cpp, parseNode ("No importer registered for op: ...
+# Attempting to import as plugin."; FallbackPluginImporter).
+PLUGIN_FALLBACK_SOURCE = ("https://github.com/onnx/onnx-tensorrt/blob/"
+                          "96e781103cfc4adf4a6bb557e94bac8e693f6f4c/ModelImporter.cpp")
+
+TRT_UNSUPPORTED_OPS = frozenset({
+    "AffineGrid", "Bernoulli", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr",
+    "BitwiseXor", "BlackmanWindow", "Col2Im", "CenterCropPad", "Compress",
+    "ConcatFromSequence", "ConvInteger", "DFT", "Det", "DynamicQuantizeLinear", "HammingWindow",
+    "HannWindow", "ImageDecoder", "MatMulInteger", "MaxRoiPool", "MaxUnpool", "MelWeightMatrix",
+    "Multinomial", "NegativeLogLikelihoodLoss", "Optional", "OptionalGetElement",
+    "OptionalHasElement", "QLinearConv", "QLinearMatMul", "RegexFullMatch", "STFT",
+    "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
+    "SequenceLength", "SequenceMap", "SoftmaxCrossEntropyLoss", "SplitToSequence",
+    "StringConcat", "StringNormalizer", "StringSplit", "TfIdfVectorizer", "Unique"})
+TRT_SUPPORTED_OPS = frozenset({
+    "Abs", "Acos", "Acosh", "Add", "And", "ArgMax", "ArgMin", "Asin", "Asinh", "Atan",
+    "Atanh", "AveragePool", "BatchNormalization", "Cast", "CastLike", "Ceil", "Celu", "Clip",
+    "Concat", "Constant", "ConstantOfShape", "Conv", "ConvTranspose", "Cos", "Cosh", "CumSum",
+    "DeformConv", "DepthToSpace", "DequantizeLinear", "Div", "Dropout", "Einsum", "Elu",
+    "Equal", "Erf", "Exp", "Expand", "EyeLike", "Flatten", "Floor", "Gather", "GatherElements",
+    "GatherND", "Gelu", "Gemm", "GlobalAveragePool", "GlobalLpPool", "GlobalMaxPool",
+    "Greater", "GreaterOrEqual", "GridSample", "GroupNormalization", "GRU", "HardSigmoid",
+    "HardSwish", "Hardmax", "Identity", "If", "ImageScaler", "InstanceNormalization", "IsInf",
+    "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax",
+    "Loop", "LRN", "LSTM", "LpNormalization", "LpPool", "MatMul", "Max", "MaxPool", "Mean",
+    "MeanVarianceNormalization", "Min", "Mish", "Mod", "Mul", "Neg", "NonMaxSuppression",
+    "NonZero", "Not", "OneHot", "Or", "Pad", "ParametricSoftplus", "Pow", "PRelu",
+    "QuantizeLinear", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+    "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+    "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu",
+    "Reshape", "Resize", "ReverseSequence", "RNN", "RoiAlign", "Round", "ScaledTanh", "Scan",
+    "Scatter", "ScatterElements", "ScatterND", "Selu", "Shape", "Shrink", "Sigmoid", "Sign",
+    "Sin", "Sinh", "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth", "Split",
+    "Sqrt", "Squeeze", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile", "TopK",
+    "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor"})
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+EXPORT_HINT = ("export the model again without ONNX Runtime's transformer optimizer (its "
+               "com.microsoft fusions are for ONNX Runtime only), or register a TensorRT "
+               "plugin of that name")
+
+
+@dataclass(frozen=True)
+class OpCount:
+    """An op kind and the nodes of the model that use it (trtbisect's names, graph order)."""
+
+    op: str
+    domain: str
+    nodes: tuple[str, ...]
+    why: str  # why it is listed, in a few words
+    fix: str = ""  # what to do, where there is something to do
+
+    @property
+    def label(self) -> str:
+        return f"{self.domain}::{self.op}" if self.domain not in DEFAULT_DOMAINS else self.op
+
+    def to_json(self) -> dict:
+        d = {"op": self.op, "domain": self.domain or "ai.onnx", "count": len(self.nodes),
+             "nodes": list(self.nodes), "why": self.why}
+        if self.fix:
+            d["fix"] = self.fix
+        return d
+
+
+def unjudged(graph: Graph) -> list[OpCount]:
+    """Nodes computing in floating point that no judgement rounds, grouped by op kind."""
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    why: dict[tuple[str, str], str] = {}
+    for i in graph.order:
+        node, name = graph.nodes[i], graph.names[i]
+        if (name in graph.candidate_set or node.op_type in PASS_THROUGH_OPS or subgraphs(node)
+                or not any(graph.is_float(t) for t in [*node.input, *node.output])):
+            continue
+        key = (node.op_type, node.domain)
+        if node.domain not in DEFAULT_DOMAINS:
+            why[key] = f"outside ONNX's default domain ({node.domain}): run in FP32"
+        elif not has_schema(node, graph.opset):
+            why[key] = "an op onnx does not know: run in FP32"
+        elif _has_half_output(node, graph.opset):
+            why[key] = "the emulator has no FP16 rule for it yet: run in FP32"
+        else:
+            why[key] = "its schema takes no float16: run in FP32"
+        found[key].append(name)
+    return [OpCount(op, domain, tuple(nodes), why[(op, domain)])
+            for (op, domain), nodes in found.items()]
+
+
+def _has_half_output(node: onnx.NodeProto, opset: int) -> bool:
+    schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    return any("tensor(float16)" in allowed.get(p.type_str, {p.type_str})
+               for p in schema.outputs)
+
+
+def trt_unsupported(graph: Graph) -> list[OpCount]:
+    """Ops TensorRT's ONNX parser cannot import as they are, grouped by op kind, each with
+    what to do. Model-local functions are not listed: the parser inlines them."""
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    info: dict[tuple[str, str], tuple[str, str]] = {}
+    for i in graph.order:
+        node, name = graph.nodes[i], graph.names[i]
+        key = (node.op_type, node.domain)
+        if node.domain not in DEFAULT_DOMAINS:
+            if node.op_type in TRT_SUPPORTED_OPS:
+                info[key] = (f"the parser picks importers by op type: this {node.domain} op "
+                             f"is imported as ONNX's {node.op_type}",
+                             "check that the two compute the same, or rename the op")
+            else:
+                info[key] = (f"{node.domain} op: TensorRT's parser has no importer for it and "
+                             "looks for a plugin of that name", EXPORT_HINT)
+        elif node.op_type in TRT_UNSUPPORTED_OPS:
+            info[key] = ("marked unsupported in onnx-tensorrt's operator list",
+                         "replace it before export, or implement it as a TensorRT plugin")
+        elif node.op_type not in TRT_SUPPORTED_OPS:
+            info[key] = ("not in the onnx-tensorrt operator list trtbisect carries (TensorRT "
+                         "10.0, opsets 9-20)", f"check {OPSET_GUIDE} for your release")
+        else:
+            continue
+        found[key].append(name)
+    return [OpCount(op, domain, tuple(nodes), *info[(op, domain)])
+            for (op, domain), nodes in found.items()]
+
+
+def record(graph: Graph) -> dict:
+    """precision.json's "coverage": how much of the graph the judge rounds, what it cannot,
+    and what TensorRT's parser would refuse."""
+    rounded = graph.candidates()
+    inner = sum(1 for n in rounded if graph.is_inner(n))
+    return {"nodes": len(graph.names), "judged": len(rounded), "judged_in_subgraphs": inner,
+            "functions_inlined": graph.inlined,
+            "unjudged": [c.to_json() for c in unjudged(graph)],
+            "tensorrt_unsupported": [c.to_json() for c in trt_unsupported(graph)],
+            "tensorrt_operator_list": OPERATORS_SOURCE}
+
+
+def summary(counts: list[OpCount]) -> str:
+    """`FusedMatMul (com.microsoft) x2, Det x1`."""
+    return ", ".join(f"{c.label} x{len(c.nodes)}" for c in counts)
+
+
+def apply_partial(result) -> None:
+    """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes becomes
+    "partial": the judged part passes, the rest was never rounded. The plan is kept."""
+    counts = (result.coverage or {}).get("unjudged") or []
+    if result.verdict in ("fp16_ok", "fixed") and counts:
+        result.partial = {"judged_verdict": result.verdict, "unjudged": counts}
+        result.verdict = "partial"
+
+
+def partial_words(result) -> str:
+    """`FP16 meets the tolerance on the judged part; not judged: FusedMatMul (com.microsoft)
+    x1` (the console's and the report's verdict line)."""
+    part = result.partial or {}
+    judged = (f"FP16 meets {result.criteria.standard}"
+              if part.get("judged_verdict") == "fp16_ok" else
+              f"fixed by keeping {len(result.fp32_nodes)} of {result.candidates} nodes in FP32")
+    ops = ", ".join(f"{c['op']}" + (f" ({c['domain']})" if c["domain"] != "ai.onnx" else "")
+                    + f" x{c['count']}" for c in part.get("unjudged", []))
+    return (f"{judged} on the judged part only; not judged (the emulator cannot round them, "
+            f"they ran in FP32): {ops}")
