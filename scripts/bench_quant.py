@@ -13,6 +13,7 @@ error and the "all quantized" time are that file's).
 
     python scripts/bench_quant.py magika ppocr_det --formats int8 fp8 -- --rtol 2e-4
     python scripts/bench_quant.py minilm_l3 --max-evals 40
+    python scripts/bench_quant.py ppocr_rec ppocr_det --samples 1 [-- --metric iou:0.3:0.98]
 """
 
 from __future__ import annotations

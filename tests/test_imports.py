@@ -18,9 +18,9 @@ ALLOWED: dict[tuple[str, ...], str] = {
 # The top of the house: only the commands and the orchestrator import these (the report from
 # the orchestrator); everything else is below them (docs/architecture.md).
 UPPER = {"trtbisect.__main__", "trtbisect.cli", "trtbisect.cli_torch", "trtbisect.pipeline",
-         "trtbisect.outputs.report"}
+         "trtbisect.outputs.report", "trtbisect.quant.pages"}
 MAY_IMPORT_UPPER = {"trtbisect.__main__", "trtbisect.cli", "trtbisect.cli_torch",
-                    "trtbisect.pipeline", "trtbisect.quant.console"}
+                    "trtbisect.pipeline", "trtbisect.quant.console", "trtbisect.quant.pages"}
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

@@ -203,11 +203,16 @@ def channels() -> Planted:
                    "weight_channel_range")
 
 
-def fp16_side() -> Planted:
+def fp16_side(fused: bool = False) -> Planted:
     """A file FP16 elsewhere (as ModelOpt writes by default) with a culprit on each side: the
     outlier layer `mm1`, and an FP16 `amp` -> `back` pair after the last layer whose middle
     value overflows 65504.
-    Plan: layer {mm1} un-quantized and nodes {amp, back} in FP32."""
+    Plan: layer {mm1} un-quantized and nodes {amp, back} in FP32.
+
+    `fused`: a Transpose between `mm2` and `amp` (so the pair is not a MatMul's epilogue, whose
+    fusion semantics.py calls uncertain): TensorRT fuses the pair into one PWN layer that
+    rounds only its output, so under the default `--semantics trt` the overflow never happens
+    and the plan is {mm1} alone; `--semantics strict` (per node) still needs {amp, back}."""
     rng = _rng(6)
     x = rng.standard_normal((N, C)).astype(np.float32)
     x[:, 3] *= 100.0
@@ -220,6 +225,8 @@ def fp16_side() -> Planted:
                 numpy_helper.from_array(np.array(2.0 ** -15, np.float16), "ungain")]
     out = b.node("MatMul", [b.act(h, _amax(x @ w1)), b.weight("w2", _w(rng), stored=False)],
                  "yh", "mm2")
+    if fused:
+        out = b.node("Transpose", [out], "yt", "flip", perm=[1, 0])
     big = b.node("Mul", [out, "gain"], "big", "amp")  # |yh| > 2 overflows 65504
     back = b.node("Mul", [big, "ungain"], "hb", "back")
     b.node("Cast", [back], "y", "cast_out", to=TensorProto.FLOAT)

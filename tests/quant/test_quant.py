@@ -337,7 +337,8 @@ def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traff
     assert pr.boundary({"mm1", "mm2", "mm3"}) == (0, 0.0)  # no Q/DQ left
     c = pr.summary(["mm2"])
     rows = {r["row"]: r for r in c["rows"]}
-    assert rows["Q/DQ boundaries"]["added_s"] == pytest.approx(n * 5 / bw)
+    # h2's Q kernel, and mm1 writing h1 in FP32 (4 bytes) where its fused Q wrote INT8 (1)
+    assert rows["Q/DQ boundaries"]["added_s"] == pytest.approx((n * 5 + n * 3) / bw)
     assert c["qdq_boundaries"]["plan"]["kernels"] == 2
     assert sum(r["share"] for r in c["rows"]) == pytest.approx(c["plan_vs_all_quantized"])
     assert c["plan_s"] - c["all_quantized_s"] == pytest.approx(
@@ -523,3 +524,191 @@ def test_the_count_objective_finds_the_same_plans(make, tmp_path):
     r = run(model, opts, tmp_path / "out")
     cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
     assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
+
+
+def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
+    """TensorRT's Q/DQ fusion (the convolution with inputs and output quantized): x -> mm1 ->
+    mm2 -> mm3, FP32 elsewhere. mm1 and mm2 write h1 and h2 through the Q that fuses into
+    them: 1 byte per element. mm3 writes the graph output in FP32: 4. Un-quantizing mm2
+    leaves h1's Q/DQ to no reader: mm1 writes FP32 again. A tensor a float node reads beside
+    the Q (a residual) stays float."""
+    from trtbisect.search.cost import GPUS
+    from trtbisect.quant.cost import pricing_for
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
+    b = qm.QBuilder()
+    t = "x"
+    for k in (1, 2, 3):
+        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
+    model = b.model({"x": x}, ["h3"])
+    pr = pricing_for(model, analyse(model), {}, {"x": x}, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    reads = 2 * n  # the INT8 activation and the INT8 weight, 1 byte each
+    times = pr.node_times(())
+    assert times["mm1"] == pytest.approx((reads + 1 * n) / bw)
+    assert times["mm2"] == pytest.approx((reads + 1 * n) / bw)
+    assert times["mm3"] == pytest.approx((reads + 4 * n) / bw)
+    assert pr.written_bytes("mm1", frozenset({"mm2"})) == 4
+    assert pr.node_times({"mm2"})["mm1"] == pytest.approx((reads + 4 * n) / bw)
+    assert pr.price(()) == pytest.approx(sum(times.values()) + n * (4 + 1) / bw)
+    # a residual: h1 read by mm2's Q and by a float Add: mm1 writes FP32
+    b2 = qm.QBuilder()
+    h = b2.node("MatMul", [b2.act("x", 4.0), b2.weight("w1", qm._w(rng))], "h", "mm1")
+    h2 = b2.node("MatMul", [b2.act(h, 4.0), b2.weight("w2", qm._w(rng))], "h2", "mm2")
+    b2.node("Add", [h, h2], "y", "add")
+    m2 = b2.model({"x": x}, ["y"])
+    pr2 = pricing_for(m2, analyse(m2), {}, {"x": x}, "l4", False)
+    assert pr2.written_bytes("mm1", frozenset()) == 4
+    assert pr2.node_times(())["mm1"] == pytest.approx((reads + 4 * n) / bw)
+
+
+def _report_run(tmp_path, model: onnx.ModelProto, inputs: dict, rtol: float, rename=None):
+    """`run --report` on a planted model, its layers' compute nodes renamed by `rename`."""
+    for n in model.graph.node:
+        n.name = (rename or {}).get(n.name, n.name)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "m.npz", **inputs)
+    res = invoke("run", tmp_path / "m.onnx", "--inputs", tmp_path / "m.npz", "--rtol", rtol,
+                 "--report", "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    return tmp_path / "out"
+
+
+def test_report_pages_name_each_culprit_and_its_side(tmp_path):
+    """report.html and report.md on a file FP16 elsewhere: the verdict first, the planted
+    culprits on both sides (mm1 quantized, run un-quantized; amp and back FP16, kept in
+    FP32), the diagnosis with the fix trtbisect verified, the trade-off plot, and
+    precision.json's files list the pages."""
+    pytest.importorskip("matplotlib")
+    p = qm.fp16_side()
+    out = _report_run(tmp_path, p.model, p.inputs, p.rtol)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert md.splitlines()[2].startswith("**Verdict: fixed by running 1 of 2 quantized layers")
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[1]
+            for line in md.splitlines() if line.startswith("| `")
+            and " | " in line and ("quantized (" in line or "FP16: kept" in line)}
+    assert rows == {"mm1": "quantized (INT8): run un-quantized", "amp": "FP16: kept in FP32",
+                    "back": "FP16: kept in FP32"}
+    assert "**activation\\_outlier**" in md and "verified: SmoothQuant" in md
+    assert "![trade-off plot](report_tradeoff.png)" in md
+    page = (out / "report.html").read_text(encoding="utf-8")
+    cell = "<td class=''>{}</td><td class=''>{}</td>".format
+    assert cell("mm1", "quantized (INT8): run un-quantized") in page
+    assert cell("amp", "FP16: kept in FP32") in page
+    assert "data:image/png;base64," in page
+    files = json.loads((out / "precision.json").read_text())["files"]
+    assert files["report_html"] == str(out / "report.html")
+    assert files["report_md"] == str(out / "report.md")
+
+
+def test_report_pages_escape_a_hostile_layer_name(tmp_path):
+    """The residual's culprit Add named with terminal escapes, HTML and Markdown in it: both
+    pages keep the structure of the plainly named run's, and show the name as text."""
+    pytest.importorskip("matplotlib")
+    from tests.fuzz.make_cases import HOSTILE
+    from tests.outputs.test_hostile_names import Tags, _markdown_tokens, _structure, controls
+    from trtbisect.outputs.escape import visible
+
+    evil = HOSTILE[0] + HOSTILE[2]
+    p = qm.residual()
+    plain = _report_run(tmp_path / "plain", p.model, p.inputs, p.rtol)
+    hostile = _report_run(tmp_path / "evil", qm.residual().model, p.inputs, p.rtol,
+                          {"add": evil})
+    assert json.loads((hostile / "precision.json").read_text())["unquantized_layers"] == [evil]
+    tokens = _markdown_tokens(hostile / "report.md")
+    assert _structure(tokens) == _structure(_markdown_tokens(plain / "report.md"))
+    inline = [c for t in tokens if t.children for c in t.children]
+    assert not [t for t in tokens + inline if t.type in ("html_block", "html_inline",
+                                                          "link_open")]
+    assert any(c.type == "code_inline" and c.content == visible(evil) for c in inline)
+    seen, plain_tags = Tags(), Tags()
+    page = (hostile / "report.html").read_text(encoding="utf-8")
+    seen.feed(page)
+    plain_tags.feed((plain / "report.html").read_text(encoding="utf-8"))
+    assert seen.tags == plain_tags.tags and controls(page) == []
+    assert not [a for a, _ in seen.attrs if a.startswith("on")]
+    assert visible(evil) in "".join(seen.text)
+
+
+def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
+    """amp -> back is one pointwise chain TensorRT fuses into a PWN layer that rounds its
+    output once (semantics.py's pointwise_fusion): the default judge leaves the middle value
+    (2^15 x, beyond 65504) unrounded, so only the quantized culprit mm1 is in the plan;
+    `--semantics strict` rounds every node, the middle value overflows, and amp and back are
+    kept in FP32 too. `check` of the written file gives run's numbers under each."""
+    from trtbisect.quant import half
+
+    p = qm.fp16_side(fused=True)
+    ty = half.types(p.model)
+    assert half.fused_internal(p.model, ty) == {"big"}
+    assert half.fused_internal(qm.fp16_side().model, ty) == frozenset()  # MatMul epilogue:
+    # uncertain, per-node rounding kept
+    model, inputs = _files(p, tmp_path)
+    fused = run(model, _opts(inputs, p.rtol), tmp_path / "trt")
+    assert fused.verdict == "fixed" and fused.one_minimal and fused.one_judge is True
+    assert fused.plan == ["mm1"] and fused.fp32_nodes == []
+    # the pair switches as one unit: kept apart, one in FP32 and the other in FP16, the
+    # value TensorRT keeps inside the layer would be stored in FP16 between them
+    assert fused.judge.units == ["mm1", "mm2", "fp32:mm1", "fp32:mm2",
+                                 "fp32:PWN(amp, back)"]
+    assert fused.before.errors["y"].nonfinite == 0
+    assert json.loads((tmp_path / "trt" / "precision.json").read_text())["semantics"] == "trt"
+    ref = tmp_path / "ref.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    r = invoke("-q", "check", tmp_path / "trt" / "fp16_side.unquantized.onnx", "--reference",
+               ref, "--inputs", inputs, "--rtol", p.rtol, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["errors"]["y"]["max_abs"] == fused.after.errors["y"].max_abs
+    # in the same --out: the journal of the trt run is not replayed (its fingerprint differs)
+    head = json.loads((tmp_path / "trt" / "journal.jsonl").read_text().splitlines()[0])
+    assert head["fingerprint"]["semantics"] == "trt"
+    strict_opts = _opts(inputs, p.rtol)
+    strict_opts.semantics = "strict"
+    strict = run(model, strict_opts, tmp_path / "trt")
+    assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]
+    assert strict.before.errors["y"].nonfinite > 0
+
+
+def test_shapes_inference_leaves_open_are_probed_for_the_price():
+    """x is reshaped by a shape fed at run time (shape inference cannot know it): without the
+    probe the quantized MatMul after it is priced on its weight alone; with it (one ORT
+    inference of the file), on its activation and output too, as the FP16 run prices."""
+    from trtbisect.search.cost import GPUS
+    from trtbisect.quant.cost import pricing_for, shape_probe
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((qm.N * qm.C,)).astype(np.float32)
+    b = qm.QBuilder()
+    t = b.node("Reshape", ["flat", "shape"], "x", "reshape")
+    b.node("MatMul", [b.act(t, 4.0), b.weight("w1", qm._w(rng))], "y", "mm1")
+    h, tp = onnx.helper, onnx.TensorProto
+    model = h.make_model(h.make_graph(
+        b.nodes, "reshaped", [h.make_tensor_value_info("flat", tp.FLOAT, [qm.N * qm.C]),
+                              h.make_tensor_value_info("shape", tp.INT64, [2])],
+        [h.make_tensor_value_info("y", tp.FLOAT, None)], b.inits),
+        opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 10
+    sample = {"flat": x, "shape": np.array([qm.N, qm.C], np.int64)}
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    blind = pricing_for(model, analyse(model), {}, sample, "l4", False)
+    assert blind.node_times(())["mm1"] == pytest.approx(qm.C * qm.C / bw)  # the weight only
+    seen = pricing_for(model, analyse(model), {}, sample, "l4", False, shape_probe(model, sample))
+    # INT8 activation and weight read (1 byte each), FP32 output written (4)
+    assert seen.node_times(())["mm1"] == pytest.approx((n + qm.C * qm.C + 4 * n) / bw)
+
+
+def test_report_pages_of_a_file_that_passes_as_given(tmp_path):
+    """Nothing planned: the pages say so, give the file's own margin and error, and offer no
+    plan's column or commands."""
+    pytest.importorskip("matplotlib")
+    p = qm.residual()
+    out = _report_run(tmp_path, p.model, p.inputs, 0.9)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "**Verdict: the quantized model already meets the tolerance (3 quantized layers).**" \
+        in md
+    assert "- y: the file as given uses" in md
+    assert "| output | quantized as given |\n" in md and "with the plan" not in md
+    assert "Apply the plan" not in md and "Culprits" not in md
+    assert "Apply the plan" not in (out / "report.html").read_text(encoding="utf-8")

@@ -6,18 +6,7 @@ import json
 
 import click
 
-
-def verdict_line(result) -> str:
-    meet = "the criteria" if "default" not in result.criteria else "the tolerance"
-    n, total = len(result.plan), len(result.layers)
-    return {"quantized_ok": f"[green]the quantized model already meets {meet}[/] ({total} "
-                            "quantized layers)",
-            "fixed": f"[green]fixed[/] by running {n} of {total} quantized layers un-quantized "
-                     "(their Q/DQ removed)" + (
-                         f" and keeping {len(result.fp32_nodes)} of {result.half_nodes} FP16 "
-                         "nodes in FP32" if result.fp32_nodes else ""),
-            "no_plan": f"[red]no plan meets {meet}[/]",
-            "reference_invalid": "[red]the reference is already non-finite[/]"}[result.verdict]
+from .report import rounding_words as _rounding, verdict_line
 
 
 def emit(result, as_json: bool) -> None:
@@ -85,7 +74,7 @@ def emit(result, as_json: bool) -> None:
                   + _boundary_words(c))
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
               "ONNX Runtime CPU (Q/DQ run as written"
-              + ("; FP16 stores emulated)" if result.emulated else ")"))
+              + (f"; FP16 stores emulated, {_rounding(result)})" if result.emulated else ")"))
     if result.evaluations:
         minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
         out.print(f"{result.evaluations} evaluations, {minimal}, {result.seconds:.1f}s")
@@ -96,8 +85,8 @@ def emit(result, as_json: bool) -> None:
         if "commands" in result.files:
             out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
                       f"{shown(result.files['commands'])}")
-        if "report_tradeoff" in result.files:
-            out.print(f"trade-off plot: {shown(result.files['report_tradeoff'])}")
+        if "report_html" in result.files:
+            out.print(f"report: {shown(result.files['report_html'])}")
         out.print(f"plan: {shown(result.files.get('plan'))}")
 
 
@@ -136,15 +125,14 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         raise TrtBisectError("--backend trt builds FP16 engines; a quantized model's plan is "
                              "judged on ONNX Runtime CPU: build the written "
                              "<model>.unquantized.onnx with trtexec --stronglyTyped")
-    draw = None
+    report = None
     if opts.report:  # before a long search, not after it
         from functools import partial
 
-        from ..outputs.report import plot_tradeoff, require_matplotlib
-        from .report import tradeoff_png
+        from ..outputs.report import require_matplotlib
+        from .pages import write_report
         require_matplotlib()
-        draw = partial(tradeoff_png, rtol=opts.tolerance.rtol, default=opts.criteria.default,
-                       plot_tradeoff=plot_tradeoff)
+        report = partial(write_report, rtol=opts.tolerance.rtol, default=opts.criteria.default)
     if opts.precision in ("int8", "fp8"):
         from ..search.cost import quantized_peak
         quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
@@ -159,7 +147,8 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
             from .ptq import quantize_samples
             reference, model = model, str(quantize_samples(model, opts, Path(scratch),
                                                            progress.stage, calibration))
-        result = run(model, opts, out_dir, reference, progress.trial, progress.stage, draw)
+        result = run(model, opts, out_dir, reference, progress.trial, progress.stage,
+                     report)
     emit(result, as_json)
     return result.exit_code
 

@@ -5,6 +5,11 @@ roofline `max(FLOPs / peak, bytes / bandwidth)` per node on the run's GPU class.
   computes at its format's dense tensor-core peak (cost.py `QUANT_PEAKS`) and reads its
   quantized inputs at 1 byte per element;
 * another quantized layer (R3: an Add, a pooling) moves its quantized inputs at 1 byte;
+* a quantized layer writes its output at 1 byte per element where the Q after it fuses into
+  it (TensorRT Developer Guide, "Explicit Quantization", Q/DQ fusion: a convolution with its
+  inputs and output quantized, whose fused output is INT8; where a float tensor is read
+  besides the Q, as a residual's, the output stays float) and the Q is all that reads it;
+  otherwise in the file's float type (2 bytes in a file FP16 elsewhere, 4 in one FP32);
 * every other node computes in the file's float type: FP16 (the tensor-core peak for math,
   2 bytes per element) in a file FP16 elsewhere, FP32 (CUDA cores, 4 bytes) in one FP32
   elsewhere, as TensorRT builds a strongly typed network; an FP16 node the plan keeps in FP32
@@ -31,8 +36,8 @@ import math
 import numpy as np
 import onnx
 
-from ..search.cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, gpu_class, infer_shapes, node_flops,
-                    quantized_peak)
+from ..search.cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, Probe, gpu_class, infer_shapes,
+                    node_flops, quantized_peak)
 from ..graph import Graph
 from .qdq import COMMUTING, DQ, Q, WEIGHTED, Layer
 
@@ -62,12 +67,18 @@ class Boundary:
     writer_node: str | None  # the node writing the Q's input (an FP16 node a plan may keep in FP32)
     readers: frozenset[str]  # the quantized layers reading it through a DQ (fused there)
     output_of: str | None = None  # the layer whose graph output this DQ gives (R2')
+    sole_reader: bool = False  # the Q (past R1's ops and a fused Relu) is all that reads
+    # what `writer` writes: fused, the layer's output is the quantized tensor alone
+
+    def lives(self, plan: frozenset[str]) -> bool:
+        """A quantized layer still reads this Q/DQ pair (or the graph output still has it)."""
+        return bool(self.readers - plan) or (self.output_of is not None
+                                             and self.output_of not in plan)
 
     def kernels(self, plan: frozenset[str]) -> tuple[bool, bool]:
         """Under the plan: is the Q a kernel of its own, is the graph output's DQ?"""
         out = self.output_of is not None and self.output_of not in plan
-        lives = bool(self.readers - plan) or out
-        return lives and (self.writer is None or self.writer in plan), out
+        return self.lives(plan) and (self.writer is None or self.writer in plan), out
 
     def bytes(self, plan: frozenset[str], fp32_nodes: frozenset[str]) -> int:
         """Bytes the standalone Q and DQ kernels of this tensor move under the plan."""
@@ -87,14 +98,16 @@ class QuantPricing:
     half_units: dict[str, str] = field(default_factory=dict)  # unit -> FP16 node
     boundaries: list[Boundary] = field(default_factory=list)
 
-    def _time(self, n: _Node, prec: str) -> float:
+    def _time(self, n: _Node, prec: str, out_bytes: int | None = None) -> float:
+        """`out_bytes`: per element a quantized layer writes (1 where its output Q fuses
+        into it, `written_bytes`; by default the file's float width)."""
         g = GPUS[self.gpu]
         if prec == "q":
+            width = out_bytes if out_bytes is not None else FLOAT_BYTES[self._base]
             peak, bytes_ = quantized_peak(self.gpu, self.fmt), (n.quantized_in + n.float_in
-                                                                + 2 * n.out)
+                                                                + width * n.out)
             if n.op not in WEIGHTED:
                 peak = 0.0
-            # float outputs of a quantized layer are written in the float type (FP16)
         else:
             size = FLOAT_BYTES[prec]
             peak = g.fp16_tensor if prec == "fp16" else g.fp32
@@ -102,18 +115,31 @@ class QuantPricing:
         compute = n.flops / peak if (n.flops and peak) else 0.0
         return max(compute, bytes_ / g.bandwidth)
 
+    @property
+    def _base(self) -> str:
+        return "fp16" if self.half_file else "fp32"
+
+    def written_bytes(self, layer: str, plan: frozenset[str]) -> int:
+        """Bytes per element the quantized `layer` writes under the plan: 1 where a Q it
+        fuses with lives (a quantized layer still reads it: TensorRT's "Q/DQ fusion", the
+        convolution figure's right half, inputs and output quantized, the fused layer's output
+        INT8/FP8) and the Q is the only reader of what the layer writes; else the float type."""
+        if layer not in plan and any(b.writer == layer and b.sole_reader and b.lives(plan)
+                                     for b in self.boundaries):
+            return 1
+        return FLOAT_BYTES[self._base]
+
     def node_times(self, units: Iterable[str]) -> dict[str, float]:
         """Seconds of each node (Q/DQ aside) with `units` applied to the file."""
-        chosen = set(units)
+        chosen = frozenset(units)
         fp32_nodes = {n for u, n in self.half_units.items() if u in chosen}
-        base = "fp16" if self.half_file else "fp32"
         out = {}
         for n in self.nodes:
             layer = self.layer_of.get(n.name)
             if layer is not None and layer not in chosen:
-                out[n.name] = self._time(n, "q")
+                out[n.name] = self._time(n, "q", self.written_bytes(layer, chosen))
             else:
-                out[n.name] = self._time(n, "fp32" if n.name in fp32_nodes else base)
+                out[n.name] = self._time(n, "fp32" if n.name in fp32_nodes else self._base)
         return out
 
     def boundary(self, units: Iterable[str]) -> tuple[int, float]:
@@ -142,17 +168,20 @@ class QuantPricing:
         (k0, b0), (k1, b1) = self.boundary(()), self.boundary(units)
         added: dict[str, float] = {u: 0.0 for u in units}
         unit_of = {**{n: u for u, n in self.half_units.items()}, **self.layer_of}
+        fused = 0.0  # a layer left quantized whose output Q no longer fuses: Q/DQ traffic
         for name, t in after.items():
             u = unit_of.get(name)
             if u is not None and u in added:
                 added[u] += t - before[name]
+            else:
+                fused += t - before[name]
 
         def share(s: float) -> float | None:
             return s / quantized if quantized else None
         rows = [{"row": u, "kind": "fp16" if u in self.half_units else "quantized",
                  "added_s": s, "share": share(s)} for u, s in added.items()]
-        rows.append({"row": "Q/DQ boundaries", "kind": "qdq", "added_s": b1 - b0,
-                     "share": share(b1 - b0)})
+        rows.append({"row": "Q/DQ boundaries", "kind": "qdq", "added_s": b1 - b0 + fused,
+                     "share": share(b1 - b0 + fused)})
         return {"gpu": self.gpu, "title": gpu_class(self.gpu).title, "format": self.fmt,
                 "all_fp16_s": fp16, "all_quantized_s": quantized, "plan_s": plan,
                 "plan_vs_all_quantized": plan / quantized - 1 if quantized else None,
@@ -162,15 +191,40 @@ class QuantPricing:
                 "rows": rows}
 
 
-def _shapes(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple]:
-    """Static shapes at the sample's input shapes (cost.infer_shapes, the FP16 pricing's)."""
-    return dict(infer_shapes(Graph(model), sample))
+def _shapes(model: onnx.ModelProto, sample: Mapping[str, np.ndarray],
+            probe: Probe | None = None) -> dict[str, tuple]:
+    """Static shapes at the sample's input shapes (cost.infer_shapes, the FP16 pricing's),
+    those shape inference leaves open from `probe` (one inference), as the FP16 run does."""
+    return dict(infer_shapes(Graph(model), sample, probe))
+
+
+def shape_probe(model: onnx.ModelProto, sample: Mapping[str, np.ndarray],
+                threads: int | None = None, batch: int = 512) -> Probe:
+    """The shapes of tensors the file computes on `sample`, by one ONNX Runtime inference of
+    the file as given per batch of names (only shapes are kept)."""
+    from .judge import run_outputs, session
+
+    def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+        out: dict[str, tuple[int, ...]] = {}
+        for k in range(0, len(names), batch):
+            chunk = list(names[k:k + batch])
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+            have = {o.name for o in m.graph.output}
+            m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t)
+                                  for t in chunk if t not in have)
+            got = run_outputs(session(m, threads), sample, chunk)
+            out.update({t: tuple(int(d) for d in np.shape(v)) for t, v in got.items()})
+        return out
+    return probe
 
 
 def pricing_for(model: onnx.ModelProto, layers: Sequence[Layer], half_units: Mapping[str, str],
-                sample: Mapping[str, np.ndarray], gpu: str, half_file: bool) -> QuantPricing:
-    """Per node of the file: FLOPs and elements at this sample's shapes."""
-    shapes = _shapes(model, sample)
+                sample: Mapping[str, np.ndarray], gpu: str, half_file: bool,
+                probe: Probe | None = None) -> QuantPricing:
+    """Per node of the file: FLOPs and elements at this sample's shapes (`probe`: the shapes
+    shape inference leaves open, `shape_probe`)."""
+    shapes = _shapes(model, sample, probe)
     formats = {f for la in layers for f in la.formats}
     fmt = "fp8" if any(f.startswith("fp8") for f in formats) else "int8"
     quantized_peak(gpu, fmt)  # an FP8 file on a class without FP8: refused in one line
@@ -203,6 +257,12 @@ def _boundaries(model: onnx.ModelProto, layers: Sequence[Layer], elems, float_by
                 ) -> list[Boundary]:
     """Every quantized activation: the layer its Q fuses into, the layers reading its DQs."""
     producer = {t: n for n in model.graph.node for t in n.output if t}
+    reads: dict[str, int] = {}
+    for n in model.graph.node:
+        for t in dict.fromkeys(n.input):
+            reads[t] = reads.get(t, 0) + 1
+    for o in model.graph.output:
+        reads[o.name] = reads.get(o.name, 0) + 1
     readers: dict[str, set[str]] = {}
     output_of: dict[str, str] = {}
     source: dict[str, str] = {}
@@ -220,12 +280,15 @@ def _boundaries(model: onnx.ModelProto, layers: Sequence[Layer], elems, float_by
     for q in dict.fromkeys([*readers, *output_of]):
         t = source[q]
         writer = producer.get(t)
+        sole = reads.get(t, 0) == 1
         while writer is not None and (writer.op_type in COMMUTING or writer.op_type
                                       in FUSED_ACTIVATIONS) and writer.input:
+            sole = sole and reads.get(writer.input[0], 0) == 1
             writer = producer.get(writer.input[0])  # R1: the Q moves back past it
         layer = writer.name if writer is not None and writer.name in names else None
         direct = producer.get(t)
         out.append(Boundary(q, elems(t), float_bytes, layer,
                             direct.name if direct is not None else None,
-                            frozenset(readers.get(q, ())), output_of.get(q)))
+                            frozenset(readers.get(q, ())), output_of.get(q),
+                            sole and layer is not None))
     return out

@@ -121,14 +121,31 @@ def fp32_view(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def emulate(model: onnx.ModelProto, value_types: dict[str, int]) -> onnx.ModelProto:
+def fused_internal(model: onnx.ModelProto, value_types: dict[str, int]) -> frozenset[str]:
+    """The float16 values TensorRT keeps inside a fused layer, never stored and so never
+    rounded (`--semantics trt`, the default): semantics.py's rules `epilogue_fusion` and
+    `pointwise_fusion` (a pointwise chain is one PWN layer that computes in FP32 registers and
+    rounds its output once; their evidence is there), predicted by semantics.find_layers on
+    the file as it is, certain predictions only (semantics.internal_tensors: a MatMul's
+    epilogue is uncertain and keeps per-node rounding, the pessimistic side)."""
+    from ..judge.semantics import find_layers, internal_tensors
+
+    if not any(ty in HALF for ty in value_types.values()):
+        return frozenset()
+    return frozenset(t for t in internal_tensors(find_layers(model))
+                     if value_types.get(t) in HALF)
+
+
+def emulate(model: onnx.ModelProto, value_types: dict[str, int],
+            internal: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """The file's FP16 storage made explicit, as the FP16 emulator does (README "The CPU FP16
     emulator"): computed in FP32, and every value the file types float16 rounded where it is
-    written, by a Cast(float16) -> Cast(float) pair that ONNX Runtime keeps. Run as it is, ORT's
+    written, by a Cast(float16) -> Cast(float) pair that ONNX Runtime keeps; `internal`
+    values (inside a fused layer: `fused_internal`) are not. Run as it is, ORT's
     CPU provider computes most float16 ops in float32 and drops the Casts between them, so an
     FP16 overflow between two such ops never shows (tests/quant/test_quant.py's fp16_side). Graph
     inputs and outputs keep their declared types."""
-    half_values = {t for t, ty in value_types.items() if ty in HALF}
+    half_values = {t for t, ty in value_types.items() if ty in HALF and t not in internal}
     if not half_values:
         return model
     out = fp32_view(model)

@@ -53,16 +53,25 @@ class QuantJudge:
                  samples: Sequence[Mapping[str, np.ndarray]],
                  references: Sequence[Mapping[str, np.ndarray]], criteria: Criteria,
                  tolerance: Tolerance, threads: int | None = None,
-                 half_nodes: Sequence[str] = ()) -> None:
+                 half_nodes: Sequence[str] = (), semantics: str = "trt") -> None:
         """`half_nodes`: FP16 nodes of the file that plans may keep in FP32 (half.py); their
-        units are named FP32_PREFIX + node name (`units`)."""
+        units are named FP32_PREFIX + node name (`units`). `semantics`: where the FP16 side
+        rounds (`trt`: once per fused TensorRT layer, half.fused_internal; `strict`: every
+        node)."""
         self.model, self.layers = model, list(layers)
+        self.semantics = semantics
         self.half: dict[str, str] = {}
         for n in half_nodes:
             unit = FP32_PREFIX + n
             while unit in self.by_name_set(layers) or unit in self.half:
                 unit = FP32_PREFIX + unit
             self.half[unit] = n
+        # under trt semantics, the FP16 nodes of one certain fused layer switch as one unit
+        # (TensorRT gives a layer one precision, and the layer rounds only its output: keeping
+        # one of its nodes in FP32 alone would store the value the layer keeps inside)
+        self.fused: dict[str, tuple[str, ...]] = {}
+        if semantics == "trt" and half_nodes:
+            self.fused = self._fused_units(model, layers)
         self.types = half.types(model)
         self.emulated = any(t in half.HALF for t in self.types.values())
         self.by_name = {layer.name: layer for layer in self.layers}
@@ -76,16 +85,45 @@ class QuantJudge:
     def by_name_set(layers: Sequence[Layer]) -> set[str]:
         return {la.name for la in layers}
 
+    def _fused_units(self, model: onnx.ModelProto, layers: Sequence[Layer]
+                     ) -> dict[str, tuple[str, ...]]:
+        """A search unit per certain fused layer of two or more FP16 nodes (semantics.py's
+        find_layers, as half.fused_internal rounds them), named FP32_PREFIX + its TensorRT
+        name; its members are their per-node units."""
+        from ..judge.semantics import find_layers
+
+        unit_of = {n: u for u, n in self.half.items()}
+        taken = {la.name for la in layers} | set(self.half)
+        out: dict[str, tuple[str, ...]] = {}
+        for fl in find_layers(model):
+            members = tuple(unit_of[n] for n in fl.nodes if n in unit_of)
+            if fl.certain and len(members) > 1:
+                unit = FP32_PREFIX + fl.name
+                while unit in taken or unit in out:
+                    unit = FP32_PREFIX + unit
+                out[unit] = members
+        return out
+
     @property
     def units(self) -> list[str]:
-        """Every search unit: the quantized layers, then the FP16 nodes (in graph order)."""
-        return [la.name for la in self.layers] + list(self.half)
+        """Every search unit: the quantized layers, then the FP16 nodes (in graph order), a
+        fused layer's as one unit (`fused`) where its first node is."""
+        grouped = {m: u for u, ms in self.fused.items() for m in ms}
+        half = [grouped.get(u, u) for u in self.half]
+        return [la.name for la in self.layers] + list(dict.fromkeys(half))
+
+    def expand(self, plan) -> list[str]:
+        """The plan with each fused unit replaced by its per-node units (quantized layers
+        first, then the FP16 nodes in graph order)."""
+        chosen = {m for u in plan for m in self.fused.get(u, (u,))}
+        return ([la.name for la in self.layers if la.name in chosen]
+                + [u for u in self.half if u in chosen])
 
     def model_for(self, plan: frozenset[str] | Sequence[str],
                   base: onnx.ModelProto | None = None) -> onnx.ModelProto:
         """The model (or `base`, a variant of it with the same layers: fixes.py) with `plan`'s
         layers un-quantized and its FP16 nodes in FP32."""
-        chosen = set(plan)
+        chosen = set(self.expand(plan))
         m = unquantize(base if base is not None else self.model,
                        [la for la in self.layers if la.name in chosen], self.weights)
         nodes = [n for u, n in self.half.items() if u in chosen]
@@ -96,7 +134,9 @@ class QuantJudge:
         (half.emulate: FP16 stores made explicit)."""
         if not self.emulated:
             return model
-        return half.emulate(model, half.types(model))
+        types = half.types(model)
+        fused = half.fused_internal(model, types) if self.semantics == "trt" else frozenset()
+        return half.emulate(model, types, fused)
 
     def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
         """Any model (a plan's, or a written file) on every sample under the criteria."""

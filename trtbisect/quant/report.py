@@ -1,15 +1,35 @@
-"""`--report` for a quantized run: the trade-off plot of every plan the search evaluated
-(estimated engine time against worst relative error), drawn by report.py's `plot_tradeoff`
-(handed in by quant/console.py: a lower module never imports the report), with the
-all-quantized point (the file as given) and the all-FP16 engine's time marked."""
+"""What `--report` on a quantized run draws from, below the report itself: the verdict's
+words, and the trade-off plot's points (every plan the search evaluated: estimated engine
+time against worst relative error, the all-quantized point, the file as given, and the
+all-FP16 engine's time marked), drawn by report.py's `plot_tradeoff` handed in. The pages
+(report.html, report.md) are quant/pages.py's: it sits beside report.py, above the run."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Callable
 
 NAME = "report_tradeoff.png"
+
+
+def verdict_line(result) -> str:
+    """The verdict in rich markup (the console prints it; the report pages strip the markup)."""
+    meet = "the criteria" if "default" not in result.criteria else "the tolerance"
+    n, total = len(result.plan), len(result.layers)
+    return {"quantized_ok": f"[green]the quantized model already meets {meet}[/] ({total} "
+                            "quantized layers)",
+            "fixed": f"[green]fixed[/] by running {n} of {total} quantized layers un-quantized "
+                     "(their Q/DQ removed)" + (
+                         f" and keeping {len(result.fp32_nodes)} of {result.half_nodes} FP16 "
+                         "nodes in FP32" if result.fp32_nodes else ""),
+            "no_plan": f"[red]no plan meets {meet}[/]",
+            "reference_invalid": "[red]the reference is already non-finite[/]"}[result.verdict]
+
+
+def rounding_words(result) -> str:
+    """Where the FP16 side of the file rounds, as the console and the pages say it."""
+    return ("rounded per node: --semantics strict" if result.semantics == "strict"
+            else "rounded once per fused TensorRT layer: --semantics trt")
 
 
 def worst_rel(errors) -> float:
@@ -50,19 +70,3 @@ def tradeoff_png(result, rtol: float, default: bool, plot_tradeoff: Callable) ->
     return plot_tradeoff(points, chosen, rtol if default else 1.0, None,
                          f"estimated engine time on {c['title']} (us)",
                          marks=marks)
-
-
-def write(result, out_dir: Path, draw: Callable) -> str | None:
-    """Write the plot `draw(result)` gives (None: nothing to draw) into --out, inside the
-    run's generation; its path, or None."""
-    from ..outputs.files import atomic_write
-
-    png = draw(result)
-    if png is None:
-        return None
-    path = out_dir / NAME
-
-    def save(tmp: str) -> None:
-        Path(tmp).write_bytes(png)
-    atomic_write(path, save)
-    return str(path)

@@ -54,6 +54,7 @@ class QuantResult:
     units: list[str] = field(default_factory=list)  # the search's plan (judge.py's unit names)
     fp32_ops: dict[str, str] = field(default_factory=dict)  # op of each FP32 node
     emulated: bool = False  # the file has float16 values: judged with its FP16 stores explicit
+    semantics: str = "trt"  # where the FP16 side rounds: per fused TensorRT layer, or per node
     fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
     cost: dict = field(default_factory=dict)  # estimated engine times (quant/cost.py)
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
@@ -110,6 +111,7 @@ class QuantResult:
             "one_judge": {"search_equals_check": self.one_judge,
                           "search": errors(self.search_after)},
             "criteria": self.criteria, "fp16_stores_emulated": self.emulated,
+            "semantics": self.semantics,
             "cost": self.cost,
             "evaluations": self.evaluations,
             "one_minimal": self.one_minimal,
@@ -279,7 +281,7 @@ def half_reasons(model: onnx.ModelProto, nodes: Sequence[str],
 
 
 def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
-             half_units: dict[str, str] | None = None,
+             half_units: dict[str, str | tuple[str, ...]] | None = None,
              values: dict[str, list[np.ndarray]] | None = None,
              model: onnx.ModelProto | None = None) -> list[str]:
     """Most suspicious first: FP16 nodes that overflow, the layers by their findings' kinds
@@ -302,8 +304,9 @@ def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
     over = set()
     if model is not None and values is not None:
         outs = {n.name: [o for o in n.output if o] for n in model.graph.node}
-        over = {u for u, n in half_units.items()
+        over = {u for u, ns in half_units.items()
                 if any(np.size(v) and float(np.max(np.abs(v))) > FP16_MAX
+                       for n in ((ns,) if isinstance(ns, str) else ns)
                        for o in outs.get(n, ()) for v in values.get(o, ()))}
     rest = [u for u in half_units if u not in over]
     return [u for u in half_units if u in over] + ranked + rest
@@ -312,10 +315,12 @@ def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
 def run(model_path: str | Path, opts, out_dir: Path | None = None,
         reference_path: str | Path | None = None, progress: Progress | None = None,
         stage: Callable[[str], None] = log.info,
-        draw: Callable[[QuantResult], bytes | None] | None = None) -> QuantResult:
+        report: Callable[[QuantResult, Path], dict[str, str]] | None = None
+        ) -> QuantResult:
     """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
     samples, criteria, tolerance, threads, gpu, objective and --max-evals are used);
-    `draw`: --report's trade-off plot (quant/report.py), written into --out."""
+    `report`: --report's writer (quant/pages.py, handed in by quant/console.py), called
+    inside --out's generation; it returns the files it wrote."""
     from ..context import reference_problems
 
     started = time.perf_counter()
@@ -325,7 +330,8 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     opts.criteria.validate([o.name for o in ref_model.graph.output])
     samples, references = _samples(ref_model, opts, path, reference_path)
     result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
-                         criteria=opts.criteria.describe(), emulated=_half(model))
+                         criteria=opts.criteria.describe(), emulated=_half(model),
+                         semantics=opts.semantics)
     result.problems = reference_problems(  # it reads ctx.every_reference only
         SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
     if result.problems:
@@ -340,7 +346,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         if journal is not None:
             journal.close()
     result.seconds = time.perf_counter() - started
-    _write(result, result.judge, path, out_dir, keep, draw)
+    _write(result, result.judge, path, out_dir, keep, report)
     return result
 
 
@@ -392,7 +398,7 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
         "reference": model_hash(reference_path) if reference_path else None,
         "samples": samples.sha256, "tolerance": opts.tolerance.to_json(),
         "criteria": opts.criteria.fingerprint(), "objective": opts.objective, "gpu": opts.gpu,
-        "threads": opts.threads}
+        "threads": opts.threads, "semantics": opts.semantics}
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
     if not opts.resume and journal_path.exists():
@@ -423,16 +429,17 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
             samples, references, opts, progress: Progress | None,
             stage: Callable[[str], None], journal=None) -> None:
     """Judge the file, diagnose its layers, search the plan, judge the fixes, price it."""
-    from .cost import pricing_for
+    from .cost import pricing_for, shape_probe
     from .half import half_nodes
 
     layers = result.layers
     halves = half_nodes(model)
     result.half_nodes = len(halves)
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
-                       opts.threads, halves)
+                       opts.threads, halves, opts.semantics)
     result.judge = judge
-    pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated)
+    pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated,
+                          shape_probe(model, samples[0], opts.threads))
     stage("judging the quantized model as given")
     result.before = judge.measure(frozenset())
     stage("diagnosing the quantized layers")
@@ -446,18 +453,19 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
         stage(f"searching which of {len(layers)} quantized layers to run in float"
               + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
         search = find_minimal_fp32(judge.units, _journaled(judge, journal),
-                                   ranking=_ranking(layers, findings, judge.half, values,
-                                                    model),
+                                   ranking=_ranking(layers, findings, _search_half(judge),
+                                                    values, model),
                                    max_evaluations=opts.max_evaluations, progress=progress,
-                                   **({"price": pricing.price, "adjacent": {}}
+                                   **({"price": lambda u: pricing.price(judge.expand(u)),
+                                       "adjacent": {}}
                                       if opts.objective == "cost" else {}))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal = search.one_minimal
         if search.found:
-            result.units = list(search.fp32)
-            result.plan = [u for u in search.fp32 if u not in judge.half]
-            result.fp32_nodes = [judge.half[u] for u in search.fp32 if u in judge.half]
+            result.units = judge.expand(search.fp32)
+            result.plan = [u for u in result.units if u not in judge.half]
+            result.fp32_nodes = [judge.half[u] for u in result.units if u in judge.half]
             result.search_after = judge.measure(frozenset(search.fp32))
             result.verdict = "fixed"
     result.findings = {n: findings[n] for n in result.plan}
@@ -486,7 +494,16 @@ def _scored(trials, pricing, judge: QuantJudge, journal) -> list:
         rec = journal.lookup(plan_key(frozenset(plan))) if journal is not None else None
         rel = (rec or {}).get("rel") if isinstance(rec, dict) else None
         return max(float(x) for x in rel.values()) if isinstance(rel, dict) and rel else None
-    return [replace(t, price=pricing.price(t.fp32), score=score(t.fp32)) for t in trials]
+    return [replace(t, price=pricing.price(judge.expand(t.fp32)), score=score(t.fp32))
+            for t in trials]
+
+
+def _search_half(judge: QuantJudge) -> dict[str, str | tuple[str, ...]]:
+    """The search's FP16 units and their nodes (a fused layer's unit: all of them)."""
+    units = set(judge.units)
+    out: dict[str, str | tuple[str, ...]] = {u: n for u, n in judge.half.items() if u in units}
+    out.update({u: tuple(judge.half[m] for m in ms) for u, ms in judge.fused.items()})
+    return dict(sorted(out.items(), key=lambda kv: judge.units.index(kv[0])))
 
 
 def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verdict:
@@ -507,7 +524,7 @@ def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verd
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
     judge = QuantJudge(model, qdq.analyse(model), samples, references, opts.criteria,
-                       opts.tolerance, opts.threads, half_nodes(model))
+                       opts.tolerance, opts.threads, half_nodes(model), opts.semantics)
     return judge.judge_model(model)
 
 
@@ -545,18 +562,17 @@ def _sources(opts) -> list[Path]:
 
 
 def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
-           keep: Sequence[Path], draw: Callable | None = None) -> None:
+           keep: Sequence[Path], report: Callable | None = None) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
-    and (`draw`: --report) the trade-off plot, as one generation of --out. Without --out the
+    and (`report`: --report) report.html, report.md and the trade-off plot, as one
+    generation of --out. Without --out the
     in-memory model is judged."""
     from ..outputs.outdir import OutputDir
     from ..outputs.files import atomic_write_text, save_model
 
     def plot() -> None:
-        from .report import write
-        written = write(result, out_dir, draw) if draw and out_dir is not None else None
-        if written:
-            result.files["report_tradeoff"] = written
+        if report is not None and out_dir is not None:
+            result.files.update(report(result, out_dir))
 
     if result.verdict != "fixed":
         if out_dir is not None:
