@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,7 +160,7 @@ def _report(backend: TrtBackend, result: tl.TrtPlanResult, sample: Feeds, out: P
                               parallel, crit.describe() if crit is not None else None)
 
 
-def _latency(backend: TrtBackend, plan: frozenset[str] | None, sample: Feeds,
+def _latency(backend: TrtBackend, plan: Collection[str] | None, sample: Feeds,
              warnings: list[str]) -> float | None:
     """The plan's median latency in ms; None where an execution ran past --eval-timeout (the
     all-FP16 engine of a Loop that FP16 never lets end)."""
