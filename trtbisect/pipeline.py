@@ -108,10 +108,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     st = SearchStage.of(ctx, opts, stats, constants, lambda pg: _shape_probe(ctx, opts, pg),
                         before=half.before, record=record, base=base,
                         half_seconds=half.seconds, stage=stage, progress=progress, cache=cache,
-                        outcome=outcome)
+                        outcome=outcome, journal=journal)
     search, summary = st.search(ev, opts, half.passed, True)
-    if journal is not None:
-        journal.close()
     result = st.judge(search, ev, summary)
     cert = None
     if search.found:
@@ -120,6 +118,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                   half.first)
     result, cert, ev = st.aim(result, cert, ev, out_dir, lambda c: cached_layerwise(
         c, opts, out_dir, fingerprint, on_layerwise))
+    if journal is not None:  # the aimed searches journal theirs too
+        journal.close()
     ev.close()  # the workers, if the written plan's judge did not stop them already
     _settle(result, cert, ctx, opts)
     _explain(result, ctx, opts, ev, constants, st.units, st.unit_of, stage, on_layerwise)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from trtbisect.data import limits
 from trtbisect.judge import trt_layers as tl
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import TrtBisectError, require
@@ -239,6 +240,7 @@ class _Engine:
         self.context: trt.IExecutionContext = self.engine.create_execution_context()
         self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.stream = _cuda(_cudart().cudaStreamCreate())
+        self.stuck = False  # an execution left running past --eval-timeout (`infer`)
 
     def layer_info(self, shapes: Mapping[str, Sequence[int]]) -> str:
         """Inspector JSON; input shapes are set so dynamic models show types and formats."""
@@ -283,9 +285,10 @@ class _Engine:
         for p in ptrs:
             _cuda(_cudart().cudaFree(p))
 
-    def infer(self, feeds: Feeds, listener: Any = None,
-              timed: int = 0, warmup: int = 0) -> tuple[dict[str, np.ndarray], list[float]]:
-        """Outputs (floats as float32) and, when `timed`, that many latencies in ms."""
+    def infer(self, feeds: Feeds, listener: Any = None, timed: int = 0, warmup: int = 0,
+              seconds: float | None = None) -> tuple[dict[str, np.ndarray], list[float]]:
+        """Outputs (floats as float32) and, when `timed`, that many latencies in ms; each
+        execution may take `seconds` (--eval-timeout, `_execute`)."""
         rt = _cudart()
         ptrs, outs = self._bind(feeds)
         times: list[float] = []
@@ -295,23 +298,44 @@ class _Engine:
             clock = _Clock(rt, self.stream)
             try:
                 for i in range(warmup + max(timed, 1)):
-                    clock.start()
-                    if not self.context.execute_async_v3(int(self.stream)):
-                        raise TrtBisectError("TensorRT execution failed (see the TensorRT log above)")
-                    ms = clock.stop()
+                    ms = self._execute(clock, seconds)
                     if i >= warmup:
                         times.append(ms)
             finally:
-                clock.close()
+                if not self.stuck:
+                    clock.close()
             for host, ptr in zip(outs.values(), ptrs[len(ptrs) - len(outs):]):
                 _cuda(rt.cudaMemcpy(host.ctypes.data, ptr, host.nbytes,
                                     rt.cudaMemcpyKind.cudaMemcpyDeviceToHost))
         finally:
-            if listener is not None:
-                self._debug(None)
-            self._free(ptrs)
+            if not self.stuck:  # else the execution left running may still use them
+                if listener is not None:
+                    self._debug(None)
+                self._free(ptrs)
         floats = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in outs.items()}
         return floats, times
+
+    def _execute(self, clock: _Clock, seconds: float | None) -> float:
+        """One execution, to its end, in ms; on a helper thread (data/limits.py
+        `interruptible`), so that Ctrl-C and SIGTERM are seen at once and `seconds` bounds it
+        (EvalTimeout). Nothing stops an engine's execution once enqueued (TensorRT and CUDA
+        have no call for it): one past the bound, or interrupted, is left behind, and this
+        engine with it (`stuck`: never run or closed again, its buffers held)."""
+        finished = False
+
+        def work() -> float:
+            nonlocal finished
+            try:
+                clock.start()
+                if not self.context.execute_async_v3(int(self.stream)):
+                    raise TrtBisectError("TensorRT execution failed (see the TensorRT log above)")
+                return clock.stop()
+            finally:
+                finished = True
+        try:
+            return limits.interruptible(work, seconds, lambda: None, grace=0.0)
+        finally:
+            self.stuck = not finished
 
     def _debug(self, listener: Any) -> None:
         """Attach a debug listener, or detach it: the context is cached and serves later plain
@@ -415,7 +439,10 @@ class TrtBackend:
     def __init__(self, model: onnx.ModelProto | str | Path, *,
                  shapes: Mapping[str, Sequence[int]] | None = None,
                  tolerance: Tolerance | None = None, cache_dir: str | Path | None = None,
-                 typing: str = "auto", layerwise: str = "auto", tf32: bool = False) -> None:
+                 typing: str = "auto", layerwise: str = "auto", tf32: bool = False,
+                 eval_timeout: float | None = None) -> None:
+        """`eval_timeout`: seconds one engine execution may run (None: the process's
+        --eval-timeout, data/limits.py); past it, EvalTimeout (`_Engine.infer`)."""
         self.trt_version = _ensure_tensorrt()
         ok, self.device = _device_summary()
         if not ok:
@@ -435,7 +462,7 @@ class TrtBackend:
         self.tolerance = tolerance or Tolerance()
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.layerwise, self.tf32 = layerwise, tf32
+        self.layerwise, self.tf32, self.eval_timeout = layerwise, tf32, eval_timeout
         self.builds = self.cache_hits = 0
         self.warnings: list[str] = []
         self._engines: OrderedDict[_Spec, _Engine] = OrderedDict()
@@ -450,11 +477,11 @@ class TrtBackend:
     def run(self, fp32_nodes: frozenset[str], feeds: Feeds) -> dict[str, np.ndarray]:
         """Outputs of the plan's engine. Every candidate FP32 is still an FP16 build with
         constraints (what TensorRT can honour); `reference` is the plain FP32 engine."""
-        return self._engine(self._spec(fp32_nodes), feeds).infer(feeds)[0]
+        return self._infer(self._spec(fp32_nodes), feeds)[0]
 
     def reference(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Outputs of the FP32 engine (no FP16 anywhere, TF32 off): what plans are judged by."""
-        return self._engine(_Spec(frozenset(), True), feeds).infer(feeds)[0]
+        return self._infer(_Spec(frozenset(), True), feeds)[0]
 
     def run_tensors(self, fp16: bool, feeds: Feeds, names: Sequence[str]) -> dict[str, np.ndarray]:
         """Intermediate tensors of the all-FP16 or the FP32 engine, exposed the least invasive
@@ -463,7 +490,7 @@ class TrtBackend:
         mode = self._mark_mode()
         spec = _Spec(frozenset(), not fp16, () if mode == "unfused" else tuple(names), mode)
         sink: dict[str, np.ndarray] = {}
-        outs = self._engine(spec, feeds).infer(feeds, None if mode == "outputs" else _listener(sink))[0]
+        outs = self._infer(spec, feeds, None if mode == "outputs" else _listener(sink))[0]
         if fp16:
             self._warn_if_marking_masked(feeds, outs)
         got = {**sink, **outs}
@@ -486,8 +513,7 @@ class TrtBackend:
         or, for `None`, of the FP32 reference engine. GPU time from CUDA events; host time
         around enqueue + synchronize where cuda-python lacks events (`latency_clock()`)."""
         spec = _Spec(frozenset(), True) if fp32_nodes is None else self._spec(fp32_nodes)
-        engine = self._engine(spec, feeds)
-        return statistics.median(engine.infer(feeds, timed=iterations, warmup=warmup)[1])
+        return statistics.median(self._infer(spec, feeds, timed=iterations, warmup=warmup)[1])
 
     def save_engine(self, path: str | Path, fp32_nodes: Iterable[str] = (),
                     feeds: Feeds | None = None) -> Path:
@@ -530,6 +556,18 @@ class TrtBackend:
             return self.model
         from trtbisect.outputs.mixed import write_mixed_onnx
         return write_mixed_onnx(self.model, set(fp32))
+
+    def _infer(self, spec: _Spec, feeds: Feeds, listener: Any = None, **timing: int
+               ) -> tuple[dict[str, np.ndarray], list[float]]:
+        """The spec's engine run on `feeds` under --eval-timeout; an engine whose execution
+        was left running is set aside (never run again, never closed under it)."""
+        engine = self._engine(spec, feeds)
+        seconds = self.eval_timeout if self.eval_timeout is not None else limits.eval_timeout()
+        try:
+            return engine.infer(feeds, listener, seconds=seconds, **timing)
+        finally:
+            if engine.stuck and self._engines.get(spec) is engine:
+                del self._engines[spec]
 
     def _engine(self, spec: _Spec, feeds: Feeds | None) -> _Engine:
         if spec in self._engines:

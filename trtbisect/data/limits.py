@@ -167,11 +167,13 @@ def _helper() -> _Helper:
     return h
 
 
-def interruptible(fn: Callable[[], T], seconds: float | None, stop: Callable[[], Any]) -> T:
+def interruptible(fn: Callable[[], T], seconds: float | None, stop: Callable[[], Any],
+                  grace: float = STOP_GRACE) -> T:
     """`fn()` on a helper thread while this one waits: a signal's handler runs (Ctrl-C raises
     KeyboardInterrupt, SIGTERM the CLI's Terminated) and `seconds` bounds the wait. Either way
-    `stop()` tells the runtime to end the call, which is given STOP_GRACE seconds to do so;
-    then the interruption is raised, or EvalTimeout."""
+    `stop()` tells the runtime to end the call, which is given `grace` seconds to do so (0: a
+    runtime that cannot be stopped, such as a TensorRT engine's execution, is left behind at
+    once); then the interruption is raised, or EvalTimeout."""
     if seconds is not None and not 0 < seconds <= MAX_TIMEOUT:  # a library caller's inf
         seconds = None
     helper = _helper()
@@ -181,10 +183,10 @@ def interruptible(fn: Callable[[], T], seconds: float | None, stop: Callable[[],
     try:
         finished = done.wait(seconds)
     except BaseException:
-        _stop(stop, done)
+        _stop(stop, done, grace)
         raise
     if not finished:
-        _stop(stop, done)
+        _stop(stop, done, grace)
         raise EvalTimeout(seconds if seconds is not None else 0.0)
     ok, value = box[0]
     if ok:
@@ -192,9 +194,9 @@ def interruptible(fn: Callable[[], T], seconds: float | None, stop: Callable[[],
     raise value
 
 
-def _stop(stop: Callable[[], Any], done: threading.Event) -> None:
+def _stop(stop: Callable[[], Any], done: threading.Event, grace: float = STOP_GRACE) -> None:
     stop()
-    if not done.wait(STOP_GRACE):  # the runtime ignored it: leave that thread behind
+    if not done.wait(grace):  # the runtime ignored it: leave that thread behind
         _local.helper = None
 
 

@@ -6,7 +6,9 @@ built. It is the emulator's rule (parallel/judge.py `take`, without --strict's w
 tensors): each sample judged by `Criteria.judge`, the plan passing when `Criteria.verdict`
 says so, and no sample run once the plan cannot pass any more (`Criteria.hopeless`), since on
 TensorRT every sample is an engine execution. Knows no runtime: `infer` runs the plan. The
-torch run (torch/driver.py) judges its module plans by the same rule (`judge_samples`).
+torch run (torch/driver.py) judges its module plans by the same rule (`judge_samples`). An
+execution that runs past --eval-timeout fails its sample, as on the emulator (data/limits.py):
+an engine whose Loop never ends is no better than one that overflows.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..data.limits import EvalTimeout
 from .compare import Tolerance, compare_outputs
-from .criteria import Criteria, Judgement
+from .criteria import Criteria, Judgement, timed_out
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -30,8 +33,14 @@ def engine_passes(infer: Callable[[Arrays], Arrays], samples: Sequence[Arrays],
     raises or returns garbage raises its one-line HookError (exit 2), as on the emulator.
     """
     if criteria is None or criteria.default:
-        return all(e.passed for ref, sample in zip(refs, samples)
-                   for e in compare_outputs(ref, infer(sample), tolerance).values())
+        for ref, sample in zip(refs, samples):
+            try:
+                outs = infer(sample)
+            except EvalTimeout:
+                return False
+            if not all(e.passed for e in compare_outputs(ref, outs, tolerance).values()):
+                return False
+        return True
     return judge_samples(lambda i: infer(samples[i]), samples, refs, criteria, tolerance)[0]
 
 
@@ -43,7 +52,12 @@ def judge_samples(infer: Callable[[int], Arrays], samples: Sequence[Arrays],
     judgements then stop there too). The rule of engine_passes, also the torch run's."""
     judged: list[Judgement] = []
     for i, (ref, sample) in enumerate(zip(refs, samples)):
-        judged.append(criteria.judge(ref, infer(i), sample, tolerance))
+        try:
+            outs = infer(i)
+        except EvalTimeout as exc:
+            judged.append(timed_out(ref, exc.seconds))
+        else:
+            judged.append(criteria.judge(ref, outs, sample, tolerance))
         if stop_early and criteria.hopeless(judged, len(refs)):
             return False, judged
     return criteria.verdict(judged).passed, judged

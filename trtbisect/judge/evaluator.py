@@ -30,9 +30,12 @@ class Evaluator:
     """Runs a plan on every sample and judges it; journals each judgement."""
 
     def __init__(self, ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
-                 journal: Journal | None, groups: Iterable[Iterable[str]] | None = None) -> None:
-        """`groups`: nodes that plans keep together (default: the search's units)."""
-        self.ctx, self.opts, self.journal = ctx, opts, journal
+                 journal: Journal | None, groups: Iterable[Iterable[str]] | None = None,
+                 scope: str = "") -> None:
+        """`groups`: nodes that plans keep together (default: the search's units). `scope`:
+        what sets these verdicts apart in the run's journal from others on the same plans
+        (an aimed search's bound, search/stage.py): "" for the run's own settings."""
+        self.ctx, self.opts, self.journal, self.scope = ctx, opts, journal, scope
         self.watch = [t for t in ctx.judged.stored_tensors()
                       if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
         if groups is None:
@@ -107,6 +110,8 @@ class Evaluator:
         key = plan_key(plan)
         if self.ctx.subset is not None:  # a verdict on these samples only
             key += "@" + subset.signature(self.ctx.subset)
+        if self.scope:  # a verdict under these settings only (an aimed search's bound)
+            key += "#" + self.scope
         return key
 
     def known_verdict(self, plan: frozenset[str]) -> bool | None:

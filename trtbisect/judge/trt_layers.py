@@ -370,7 +370,7 @@ class TrtSearchReport:
     strongly_typed: bool
     builds: int  # engines actually built (cache hits excluded), FP32 reference included
     cache_hits: int
-    latency_ms: dict[str, float]  # fp32, fp16, final
+    latency_ms: dict[str, float | None]  # fp32, fp16, final (None: past --eval-timeout)
     culprits: list[str]
     precision: list[PrecisionCheck]
     files: dict[str, str]  # engine, layer_map, onnx (the model the trtexec command reads)

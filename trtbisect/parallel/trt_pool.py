@@ -150,7 +150,7 @@ class TrtJudge:
             raise TrtBisectError("a --check file changed during the run")
         self.backend = TrtBackend(onnx.load_from_string(spec.model), shapes=dict(spec.shapes),
                                   tolerance=settings.tolerance, cache_dir=spec.cache_dir,
-                                  typing=spec.typing)
+                                  typing=spec.typing, eval_timeout=settings.eval_timeout)
         self.device = spec.device
 
     def chunk(self, plan: frozenset[str], pairs: Sequence[tuple[Feeds, Feeds]], total: int,

@@ -29,6 +29,7 @@ from ..parallel import batch as parallel_batch
 from ..result import AimedSearch, JudgedRecord, RunResult, search_verdict
 from ..rewrites.driver import RewriteOutcome
 from .minimal import Progress, SearchResult, find_minimal_fp32
+from .journal import Journal
 from .prior import ConstantStats, Prior, build_prior
 
 Layerwise = Callable[[Context], dict[str, TensorStats]]  # the layer-wise pass, as the run caches it
@@ -55,6 +56,7 @@ class SearchStage:
     progress: Progress | None = None
     cache: Path | None = None  # the output folder's cache, where workers spool samples
     outcome: RewriteOutcome | None = None  # --rewrite's, when it ran
+    journal: Journal | None = None  # the run's: an aimed search journals its verdicts there too
 
     @classmethod
     def of(cls, ctx: Context, opts: Options, stats: dict[str, TensorStats],
@@ -145,8 +147,9 @@ class SearchStage:
             ) -> tuple[RunResult, Certificate | None, Evaluator]:
         """While the written plan passes by less than the spread of what the tools compute,
         search again inside the bound (judge/spread.py), up to AIM_ROUNDS times; a nearer plan
-        replaces the result once its written file passes. Returns the result, its certificate
-        and the evaluator still open."""
+        replaces the result once its written file passes. Each round's verdicts are journaled
+        under its own bound (`aimed_scope`): a resumed run replays them, and never as a verdict
+        under another bound. Returns the result, its certificate and the evaluator still open."""
         opts, ctx = self.opts, self.ctx
         sopts, aims = opts, list[AimedSearch]()
         for aim_round in range(1, AIM_ROUNDS + 1):
@@ -166,7 +169,7 @@ class SearchStage:
             judged = self.rewrite_judgements
             spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
             ev.close()
-            ev = Evaluator(ctx, sopts, self.stats, None)  # not journaled: a resume searches again
+            ev = Evaluator(ctx, sopts, self.stats, self.journal, scope=aimed_scope(sopts))
             again, summary = self.search(ev, sopts, False, False)
             aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
                          "found": again.found, "fp32_units": len(again.fp32),
@@ -189,6 +192,13 @@ class SearchStage:
                 cert.aim_round = len(aims)
                 result.certificate = cert.to_json()
         return result, cert, ev
+
+
+def aimed_scope(sopts: Options) -> str:
+    """An aimed search's verdicts in the run's journal: the digest of every judge setting they
+    were judged under (the capped tolerance above all), so a round's record is replayed only
+    under that very bound, and an earlier round's never under a later, tighter one."""
+    return "aim:" + sopts.judge_settings.digest()
 
 
 def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,

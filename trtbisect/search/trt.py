@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from ..judge import trt_layers as tl
 from ..backends.trt import TrtBackend, latency_clock
 from ..judge.compare import Tolerance
 from ..context import Options
+from ..data.limits import EVAL_TIMEOUT, EvalTimeout
 from ..errors import TrtBisectError
 from ..judge.criteria import Criteria
 from ..judge.engine import engine_passes
@@ -51,6 +52,7 @@ class TrtSearchOptions:
     workers: int | None = None  # > 1: build on up to this many visible GPUs at once
     max_builds: int | None = None  # a bound on engines built, the FP32 reference included
     certify: bool = False  # remove every node of the final plan once more, on TensorRT
+    eval_timeout: float = EVAL_TIMEOUT  # --eval-timeout: one engine execution (data/limits.py)
     # runs in each GPU worker before TensorRT is imported (tests: the fake TensorRT)
     worker_setup: Callable[[], None] | None = None
 
@@ -58,7 +60,7 @@ class TrtSearchOptions:
     def of(cls, opts: Options) -> TrtSearchOptions:
         """The options `trtbisect run --backend trt` gives the search (context.Options)."""
         return cls(tolerance=opts.tolerance, criteria=opts.criteria, shapes=opts.shapes,
-                   workers=opts.workers)
+                   workers=opts.workers, eval_timeout=opts.limits.eval_timeout)
 
     @property
     def judged_by(self) -> Criteria | None:
@@ -70,9 +72,10 @@ class TrtSearchOptions:
         the hook files are read for their fingerprint, so only when workers start)."""
         crit = self.judged_by
         if crit is None:
-            return JudgeSettings(tolerance=self.tolerance)
+            return JudgeSettings(tolerance=self.tolerance, eval_timeout=self.eval_timeout)
         return JudgeSettings(tolerance=self.tolerance, criteria_flags=tuple(criteria_flags(crit)),
-                             criteria_fingerprint=criteria_digest(crit))
+                             criteria_fingerprint=criteria_digest(crit),
+                             eval_timeout=self.eval_timeout)
 
 
 def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds],
@@ -96,7 +99,8 @@ def run_trt_search(model: onnx.ModelProto | str | Path, samples: Sequence[Feeds]
         raise TrtBisectError("the TensorRT search needs at least one input sample")
     tol = options.tolerance
     backend = TrtBackend(model, shapes=options.shapes, tolerance=tol,
-                         cache_dir=options.cache_dir, typing=options.typing)
+                         cache_dir=options.cache_dir, typing=options.typing,
+                         eval_timeout=options.eval_timeout)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -138,7 +142,7 @@ def _report(backend: TrtBackend, result: tl.TrtPlanResult, sample: Feeds, out: P
     warnings = backend.warnings + tl.precision_warnings(precision)
     for w in warnings:
         log.warning(w)
-    latency = {k: backend.latency_ms(p, sample)
+    latency = {k: _latency(backend, p, sample, warnings)
                for k, p in (("fp32", None), ("fp16", frozenset()), ("final", plan))}
     onnx_name = "final_mixed.onnx" if backend.strong else "model_named.onnx"
     files = {"engine": str(backend.save_engine(out / "final.engine", plan)),
@@ -154,6 +158,20 @@ def _report(backend: TrtBackend, result: tl.TrtPlanResult, sample: Feeds, out: P
                               latency, tl.describe_culprits(plan, layers),
                               precision, files, trtexec, poly, warnings, latency_clock(),
                               parallel, crit.describe() if crit is not None else None)
+
+
+def _latency(backend: TrtBackend, plan: Collection[str] | None, sample: Feeds,
+             warnings: list[str]) -> float | None:
+    """The plan's median latency in ms; None where an execution ran past --eval-timeout (the
+    all-FP16 engine of a Loop that FP16 never lets end)."""
+    try:
+        return backend.latency_ms(plan, sample)
+    except EvalTimeout as exc:
+        what = "the FP32 engine" if plan is None else f"the engine of {len(plan)} FP32 nodes"
+        warnings.append(f"no latency for {what}: an execution ran past --eval-timeout "
+                        f"{exc.seconds:g} s")
+        log.warning(warnings[-1])
+        return None
 
 
 def _gpu_batch(options: TrtSearchOptions, backend: TrtBackend, samples: Sequence[Feeds],
