@@ -1,5 +1,5 @@
 """Any model ONNX Runtime runs, trtbisect judges (#34): old IR versions and opsets, defaulted
-and sparse initializers, initializer outputs, shapeless I/O, empty graph names, unsorted nodes,
+and sparse initializers (in If branches and Loop bodies too), initializer outputs, shapeless I/O, empty graph names, unsorted nodes,
 scalar outputs get the planted fault's exact plan under both semantics, their written files
 pass onnx.checker's full check and load in ONNX Runtime, and the user's file is untouched; a
 model that draws random numbers stops with reference_unstable (exit 8), naming the op. What the
@@ -53,6 +53,7 @@ def test_every_class_gets_the_planted_plan_and_valid_files(tmp_path, caplog, nam
     names = {"up1": "up1", "up2": "up2", "down": "down"}
     if name == "unsorted_unnamed":  # named by their place in the user's file
         names = {"down": "MatMul_0", "up2": "MatMul_1", "up1": "MatMul_2"}
+    names = {n: im.HOLDERS.get(name, "") + own for n, own in names.items()}  # in a subgraph
     assert set(result.fp32_nodes) == {names[n] for n, kept in im.PLAN.items() if kept}
     assert path.read_bytes() == before  # the user's file is untouched
     files = result.files

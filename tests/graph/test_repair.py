@@ -25,7 +25,12 @@ REPAIRS = {"ir3_weights_as_inputs": "are IR version 4, not 3",
            "shapeless_io": "give output(s) 'y' the shapes inference finds",
            "shapeless_output": "give output(s) 'y' the shapes inference finds",
            "empty_graph_name": "name the graph 'm'",
-           "unsorted_nodes": "sort the nodes into execution order"}
+           "unsorted_nodes": "sort the nodes into execution order",
+           "if_branch_sparse": "hold sparse initializer(s) 'k2' (in 'branch[then_branch]') dense",
+           "loop_body_defaulted": "take subgraph input(s) 'k2' (in 'loop[body]') as the "
+                                  "constant(s) their initializers hold",
+           "nested_sparse_defaulted": "hold sparse initializer(s) 'k2' (in "
+                                      "'branch[then_branch]/loop[body]') dense"}
 
 
 @pytest.mark.parametrize("name", sorted(REPAIRS))
@@ -97,3 +102,37 @@ def test_the_sort_keeps_the_files_order_wherever_it_is_one():
     nodes = [h.make_node("Relu", ["b"], ["c"], name="late"), h.make_node("Relu", ["x"], ["a"]),
              h.make_node("Relu", ["x"], ["b"])]
     assert topological_order(h.make_graph(nodes, "g", [], [])) == [1, 2, 0]
+
+
+def test_a_body_weight_without_data_is_refused_as_onnx_runtime_refuses_it(tmp_path):
+    """A Loop body initializer with dims and no data: ONNX Runtime refuses the model itself, so
+    there is no FP32 reference to judge against: one line, exit 2, never our copy's fault."""
+    path, inputs, before = _save(tmp_path, im.loop_body_dataless())
+    r = CliRunner().invoke(main, ["-q", "run", str(path), "--inputs", str(inputs), "--out",
+                                  str(tmp_path / "o")])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "k2" in lines[0] and "bug in trtbisect" not in lines[0]
+    assert path.read_bytes() == before
+
+
+def test_subgraph_repairs_leave_the_callers_proto_and_the_file_alone(tmp_path):
+    """own_copy changes the proto load_model read, which only trtbisect holds: the file's bytes
+    and a model the caller built stay as they were."""
+    from trtbisect.graph import load_model
+    model = im.nested_sparse_defaulted()
+    path, _, before = _save(tmp_path, model)
+    kept = model.SerializeToString()
+    notes: list[str] = []
+    copy = load_model(path, notes=notes)
+    assert notes == ["hold sparse initializer(s) 'k2' (in 'branch[then_branch]/loop[body]') "
+                     "dense", "take subgraph input(s) 'k3' (in 'branch[then_branch]/loop[body]')"
+                     " as the constant(s) their initializers hold, as ONNX Runtime does"]
+    assert path.read_bytes() == before
+    assert model.SerializeToString() == kept
+    then = next(a.g for a in copy.graph.node[-1].attribute if a.name == "then_branch")
+    body = then.node[0].attribute[0].g
+    assert not body.sparse_initializer and [v.name for v in body.input] == ["i", "cond_in",
+                                                                             "v_in"]
+    assert {t.name for t in body.initializer} == {"k2", "k3"}
+    onnx.checker.check_model(copy, full_check=True)  # the copy passes what the file fails

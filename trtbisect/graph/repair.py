@@ -4,7 +4,8 @@ writes (mixed models, emulated graphs) can carry and onnx.checker accepts.
 The user's file is never modified: `own_copy` changes the proto `load_model` read, which only
 trtbisect holds. What it changes, and why (docs/input_models.md):
 
-- sparse initializers are made dense (the copies rewrite initializers, not sparse ones);
+- sparse initializers are made dense (the copies rewrite initializers, not sparse ones), in
+  the main graph and in every If branch and Loop/Scan body at any depth;
 - IR version < 4 becomes 4: there every initializer had to be a graph input, and ONNX Runtime
   takes them as constants; at IR >= 4 the copies may add weights (`W::fp16`) that are not;
 - a graph input that also has an initializer (a default value) becomes the constant it holds,
@@ -32,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TrtBisectError, first_line
-from .control_flow import node_reads
+from .control_flow import node_reads, subgraphs
 from .names import flatten
 from .weights import structure
 
@@ -55,6 +56,7 @@ def own_copy(model: onnx.ModelProto, path: Path, min_opset: int = 1,
         notes += _checker_repairs(model, path, shapes or {})
     notes += _dense_sparse(model)
     notes += _weights_not_inputs(model)
+    notes += _subgraph_defaults(model)
     notes += _convert_opset(model, path, max(min_opset, CAST_INT_OPSET))
     if checker_error is not None:
         try:
@@ -73,15 +75,30 @@ def say(path: Path, notes: Sequence[str]) -> str:
 # ---------------------------------------------------------------- always
 
 def _dense_sparse(model: onnx.ModelProto) -> list[str]:
-    g = model.graph
-    if not g.sparse_initializer:
-        return []
+    """Every graph's sparse initializers made dense: the main graph's and those of If branches
+    and Loop/Scan bodies at any depth (a weight is a weight however the exporter stored it)."""
     names = []
-    for sp in g.sparse_initializer:
-        g.initializer.append(numpy_helper.from_array(densify(sp), sp.values.name))
-        names.append(sp.values.name)
-    del g.sparse_initializer[:]
-    return [f"hold sparse initializer(s) {_list(names)} dense"]
+    for where, g in held_graphs(model):
+        for sp in g.sparse_initializer:
+            g.initializer.append(numpy_helper.from_array(densify(sp), sp.values.name))
+            names.append(_located(sp.values.name, where))
+        del g.sparse_initializer[:]
+    return [f"hold sparse initializer(s) {_list(names, quoted=True)} dense"] if names else []
+
+
+def held_graphs(model: onnx.ModelProto) -> list[tuple[str | None, onnx.GraphProto]]:
+    """The main graph (None) and every subgraph at any depth, by where it lives: its holder's
+    trtbisect name and the attribute (`loop[body]`, `outer[then_branch]/inner[else_branch]`).
+    The protos are the model's own, to change in place."""
+    out: list[tuple[str | None, onnx.GraphProto]] = [(None, model.graph)]
+    flat = flatten(model)
+    for node, name in zip(flat.nodes, flat.names):
+        out.extend((f"{name}[{attr}]", g) for attr, g in subgraphs(node))
+    return out
+
+
+def _located(name: str, where: str | None) -> str:
+    return repr(name) if where is None else f"{name!r} (in {where!r})"
 
 
 def densify(sp: onnx.SparseTensorProto) -> np.ndarray:
@@ -115,6 +132,24 @@ def _weights_not_inputs(model: onnx.ModelProto) -> list[str]:
         del g.input[:]
         g.input.extend(kept)
     return notes
+
+
+def _subgraph_defaults(model: onnx.ModelProto) -> list[str]:
+    """A subgraph input that has an initializer is a default value its holder never feeds:
+    ONNX Runtime feeds a Loop or Scan body's other inputs in order and takes these as the
+    constants they hold. The copy holds them as weights, no longer inputs, as the main graph's
+    (`_weights_not_inputs`): onnx.checker and the copies count a body's inputs."""
+    names = []
+    for where, g in held_graphs(model)[1:]:
+        inits = {t.name for t in g.initializer}
+        listed = [v.name for v in g.input if v.name in inits]
+        if listed:
+            kept = [v for v in g.input if v.name not in inits]
+            del g.input[:]
+            g.input.extend(kept)
+            names += [_located(n, where) for n in listed]
+    return [f"take subgraph input(s) {_list(names, quoted=True)} as the constant(s) their "
+            "initializers hold, as ONNX Runtime does"] if names else []
 
 
 def _convert_opset(model: onnx.ModelProto, path: Path, wanted: int) -> list[str]:
@@ -264,6 +299,7 @@ def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _list(names: Sequence[str], most: int = 3) -> str:
-    shown = ", ".join(repr(n) for n in names[:most])
+def _list(names: Sequence[str], most: int = 3, quoted: bool = False) -> str:
+    """The first `most` names (repr'd, unless `quoted` already), and how many more."""
+    shown = ", ".join(n if quoted else repr(n) for n in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
