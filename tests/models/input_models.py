@@ -206,6 +206,15 @@ def nested_sparse_defaulted() -> onnx.ModelProto:
     return _model(h.make_graph(nodes, "nested", [_vi("x")], [_vi("y")], w), opset=17)
 
 
+def loop_body_wrong_rank() -> onnx.ModelProto:
+    """The body declares its loop-carried output as rank 1 where it computes 2x4: the
+    checker's full check fails on the file and on every copy of it; ONNX Runtime runs it."""
+    body = _loop_body([next(t for t in _weights() if t.name == "k2")])
+    body.output[1].type.tensor_type.shape.dim.pop()
+    w = [t for t in _weights() if t.name != "k2"] + _trips()
+    return _model(h.make_graph([_loop(body)], "loop_rank", [_vi("x")], [_vi("y")], w), opset=17)
+
+
 def loop_body_dataless() -> onnx.ModelProto:
     """A body initializer with dims but no data: ONNX Runtime refuses the model (not ours)."""
     k2 = TP()
