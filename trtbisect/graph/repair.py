@@ -33,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TrtBisectError, first_line
-from .control_flow import node_reads, subgraphs
+from .control_flow import node_reads, subgraphs, walk_graphs
 from .names import flatten
 from .weights import structure
 
@@ -77,6 +77,8 @@ def say(path: Path, notes: Sequence[str]) -> str:
 def _dense_sparse(model: onnx.ModelProto) -> list[str]:
     """Every graph's sparse initializers made dense: the main graph's and those of If branches
     and Loop/Scan bodies at any depth (a weight is a weight however the exporter stored it)."""
+    if not any(g.sparse_initializer for g in walk_graphs(model.graph)):
+        return []  # the common case, without naming every subgraph
     names = []
     for where, g in held_graphs(model):
         for sp in g.sparse_initializer:
@@ -139,6 +141,9 @@ def _subgraph_defaults(model: onnx.ModelProto) -> list[str]:
     ONNX Runtime feeds a Loop or Scan body's other inputs in order and takes these as the
     constants they hold. The copy holds them as weights, no longer inputs, as the main graph's
     (`_weights_not_inputs`): onnx.checker and the copies count a body's inputs."""
+    if not any({t.name for t in g.initializer} & {v.name for v in g.input}
+               for g in list(walk_graphs(model.graph))[1:]):
+        return []
     names = []
     for where, g in held_graphs(model)[1:]:
         inits = {t.name for t in g.initializer}
