@@ -280,3 +280,17 @@ UNSTABLE: dict[str, Callable[[], onnx.ModelProto]] = {
     "random_uniform_like_seeded": random_uniform_like_seeded,
     "dropout_training": dropout_training, "bernoulli": bernoulli, "multinomial": multinomial,
 }
+
+
+def if_branches_one_weight_name() -> onnx.ModelProto:
+    """Both If branches hold their own initializer 'w' (the taken one the planted k2, the
+    other 2 I): one name in two scopes, so neither can move to the main graph."""
+    then = h.make_graph(_nodes(out="then_y"), "then", [], [_vi("then_y")],
+                        [nh.from_array(np.eye(4, dtype=np.float32) * 1000.0, "w")])
+    then.node[1].input[1] = "w"
+    other = h.make_graph([h.make_node("MatMul", ["x", "w"], ["else_y"], name="twice")], "else",
+                         [], [_vi("else_y")], [nh.from_array(np.eye(4, dtype=np.float32) * 2, "w")])
+    w = [t for t in _weights() if t.name != "k2"] + [_zero()]
+    nodes = [*_always_true(), h.make_node("If", ["cond"], ["y"], then_branch=then,
+                                          else_branch=other, name="branch")]
+    return _model(h.make_graph(nodes, "if_w", [_vi("x")], [_vi("y")], w), opset=17)

@@ -5,7 +5,8 @@ The user's file is never modified: `own_copy` changes the proto `load_model` rea
 trtbisect holds. What it changes, and why (docs/input_models.md):
 
 - sparse initializers are made dense (the copies rewrite initializers, not sparse ones), in
-  the main graph and in every If branch and Loop/Scan body at any depth;
+  the main graph and in every If branch and Loop/Scan body at any depth; a body's weight kept
+  in external data moves to the main graph, where the weights store maps it;
 - IR version < 4 becomes 4: there every initializer had to be a graph input, and ONNX Runtime
   takes them as constants; at IR >= 4 the copies may add weights (`W::fp16`) that are not;
 - a graph input that also has an initializer (a default value) becomes the constant it holds,
@@ -24,6 +25,7 @@ user's file) before anything reorders or adds nodes, so the plan names the user'
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 import logging
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -55,8 +57,9 @@ def own_copy(model: onnx.ModelProto, path: Path, min_opset: int = 1,
         _name_unnamed(model)  # before anything reorders the nodes
         notes += _checker_repairs(model, path, shapes or {})
     notes += _dense_sparse(model)
+    notes += _subgraph_defaults(model)  # before the hoist: a default is then no body input
+    notes += _hoist_external(model, path)
     notes += _weights_not_inputs(model)
-    notes += _subgraph_defaults(model)
     notes += _convert_opset(model, path, max(min_opset, CAST_INT_OPSET))
     if checker_error is not None:
         try:
@@ -101,6 +104,60 @@ def held_graphs(model: onnx.ModelProto) -> list[tuple[str | None, onnx.GraphProt
 
 def _located(name: str, where: str | None) -> str:
     return repr(name) if where is None else f"{name!r} (in {where!r})"
+
+
+def _hoist_external(model: onnx.ModelProto, path: Path) -> list[str]:
+    """A subgraph's initializer kept in external data is moved to the main graph, which its
+    nodes read through the outer scope: there the weights store maps it from its file as it
+    does the main graph's (no session can resolve a body's relative location from a proto in
+    memory). Where its name names another value of the model, its data is read into the copy
+    instead (load.py checked the location and the size)."""
+    inner = [(where, g, t) for where, g in held_graphs(model)[1:] for t in g.initializer
+             if t.data_location == TensorProto.EXTERNAL] if any(
+        t.data_location == TensorProto.EXTERNAL for g in list(walk_graphs(model.graph))[1:]
+        for t in g.initializer) else []
+    if not inner:
+        return []
+    from onnx.external_data_helper import load_external_data_for_tensor
+    defined = Counter(_defined(model.graph))
+    hoisted, read = [], []
+    for where, g, t in inner:
+        if defined[t.name] == 1:  # this initializer is its only definition
+            model.graph.initializer.append(t)
+            hoisted.append(_located(t.name, where))
+        else:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            load_external_data_for_tensor(copy, str(path.parent))
+            copy.data_location = TensorProto.DEFAULT
+            del copy.external_data[:]
+            g.initializer.append(copy)
+            read.append(_located(t.name, where))
+    for _, g in held_graphs(model)[1:]:
+        kept = [t for t in g.initializer if t.data_location != TensorProto.EXTERNAL]
+        if len(kept) < len(g.initializer):
+            del g.initializer[:]
+            g.initializer.extend(kept)
+    notes = []
+    if hoisted:
+        notes.append(f"keep subgraph weight(s) {_list(hoisted, quoted=True)}, stored in "
+                     "external data, in the main graph (their nodes read them from the outer "
+                     "scope)")
+    if read:
+        notes.append(f"read subgraph weight(s) {_list(read, quoted=True)} from external data "
+                     "into the copy (their names are taken elsewhere in the model)")
+    return notes
+
+
+def _defined(graph: onnx.GraphProto) -> list[str]:
+    """Every name a graph and its subgraphs define (inputs, initializers, node outputs), once
+    per definition."""
+    out = []
+    for g in walk_graphs(graph):
+        out += [v.name for v in g.input] + [t.name for t in g.initializer]
+        out += [t.name for t in g.sparse_initializer]
+        out += [o for n in g.node for o in n.output if o]
+    return out
 
 
 def densify(sp: onnx.SparseTensorProto) -> np.ndarray:
