@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from tests.models import input_models as im
 from trtbisect.cli import main
 from trtbisect.errors import EXIT_REFERENCE_UNSTABLE
+from trtbisect.judge.loadable import require_written_valid
 from trtbisect.pipeline import Options, run
 
 SEMANTICS = ("trt", "strict")
@@ -66,6 +67,7 @@ def test_every_class_gets_the_planted_plan_and_valid_files(tmp_path, caplog, nam
     assert len(written) >= 2  # the mixed model, its emulation, the annotated model ...
     for f in written:
         _loads(f)
+        require_written_valid(f)  # judge/loadable's checks, held to the full check
     checked = CliRunner().invoke(main, ["-q", "check", files["mixed_model"], "--reference",
                                         str(path), "--inputs", str(inputs), "--semantics",
                                         semantics])
