@@ -25,8 +25,8 @@ user's file) before anything reorders or adds nodes, so the plan names the user'
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -102,6 +102,16 @@ def held_graphs(model: onnx.ModelProto) -> list[tuple[str | None, onnx.GraphProt
     return out
 
 
+def _replace(field, kept: list) -> None:
+    """A repeated message field made `kept` (some of its own elements), through copies: the
+    elements are the field's own, which clearing it would take from under them."""
+    copies = [type(m)() for m in kept]
+    for c, m in zip(copies, kept):
+        c.CopyFrom(m)
+    del field[:]
+    field.extend(copies)
+
+
 def _located(name: str, where: str | None) -> str:
     return repr(name) if where is None else f"{name!r} (in {where!r})"
 
@@ -112,32 +122,28 @@ def _hoist_external(model: onnx.ModelProto, path: Path) -> list[str]:
     does the main graph's (no session can resolve a body's relative location from a proto in
     memory). Where its name names another value of the model, its data is read into the copy
     instead (load.py checked the location and the size)."""
-    inner = [(where, g, t) for where, g in held_graphs(model)[1:] for t in g.initializer
-             if t.data_location == TensorProto.EXTERNAL] if any(
-        t.data_location == TensorProto.EXTERNAL for g in list(walk_graphs(model.graph))[1:]
-        for t in g.initializer) else []
-    if not inner:
+    if not any(t.data_location == TensorProto.EXTERNAL
+               for g in list(walk_graphs(model.graph))[1:] for t in g.initializer):
         return []
     from onnx.external_data_helper import load_external_data_for_tensor
     defined = Counter(_defined(model.graph))
     hoisted, read = [], []
-    for where, g, t in inner:
-        if defined[t.name] == 1:  # this initializer is its only definition
-            model.graph.initializer.append(t)
-            hoisted.append(_located(t.name, where))
-        else:
-            copy = onnx.TensorProto()
-            copy.CopyFrom(t)
-            load_external_data_for_tensor(copy, str(path.parent))
-            copy.data_location = TensorProto.DEFAULT
-            del copy.external_data[:]
-            g.initializer.append(copy)
-            read.append(_located(t.name, where))
-    for _, g in held_graphs(model)[1:]:
-        kept = [t for t in g.initializer if t.data_location != TensorProto.EXTERNAL]
+    for where, g in held_graphs(model)[1:]:
+        kept = []
+        for t in g.initializer:
+            if t.data_location != TensorProto.EXTERNAL:
+                kept.append(t)
+            elif defined[t.name] == 1:  # its only definition: the outer scope may hold it
+                model.graph.initializer.append(t)
+                hoisted.append(_located(t.name, where))
+            else:
+                load_external_data_for_tensor(t, str(path.parent))
+                t.data_location = TensorProto.DEFAULT
+                del t.external_data[:]
+                kept.append(t)
+                read.append(_located(t.name, where))
         if len(kept) < len(g.initializer):
-            del g.initializer[:]
-            g.initializer.extend(kept)
+            _replace(g.initializer, kept)
     notes = []
     if hoisted:
         notes.append(f"keep subgraph weight(s) {_list(hoisted, quoted=True)}, stored in "
@@ -206,9 +212,7 @@ def _subgraph_defaults(model: onnx.ModelProto) -> list[str]:
         inits = {t.name for t in g.initializer}
         listed = [v.name for v in g.input if v.name in inits]
         if listed:
-            kept = [v for v in g.input if v.name not in inits]
-            del g.input[:]
-            g.input.extend(kept)
+            _replace(g.input, [v for v in g.input if v.name not in inits])
             names += [_located(n, where) for n in listed]
     return [f"take subgraph input(s) {_list(names, quoted=True)} as the constant(s) their "
             "initializers hold, as ONNX Runtime does"] if names else []
