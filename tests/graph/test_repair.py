@@ -30,7 +30,8 @@ REPAIRS = {"ir3_weights_as_inputs": "are IR version 4, not 3",
            "loop_body_defaulted": "take subgraph input(s) 'k2' (in 'loop[body]') as the "
                                   "constant(s) their initializers hold",
            "nested_sparse_defaulted": "hold sparse initializer(s) 'k2' (in "
-                                      "'branch[then_branch]/loop[body]') dense"}
+                                      "'branch[then_branch]/loop[body]') dense",
+           "scan_body_sparse_defaulted": "take subgraph input(s) 'k3' (in 'scan[body]')"}
 
 
 @pytest.mark.parametrize("name", sorted(REPAIRS))

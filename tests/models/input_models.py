@@ -206,6 +206,20 @@ def nested_sparse_defaulted() -> onnx.ModelProto:
     return _model(h.make_graph(nodes, "nested", [_vi("x")], [_vi("y")], w), opset=17)
 
 
+def scan_body_sparse_defaulted() -> onnx.ModelProto:
+    """A Scan over the rows of x whose body holds k2 sparse and k3 as a defaulted input (ONNX
+    Runtime feeds it the row alone)."""
+    nodes = _nodes(out="row_y")
+    nodes[0].input[0] = "row"
+    k3 = next(t for t in _weights() if t.name == "k3")
+    body = h.make_graph(nodes, "body", [_vi("row", (4,)), _vi("k3", (4, 4))],
+                        [_vi("row_y", (4,))], [k3])
+    body.sparse_initializer.extend([_sparse_k2()])
+    scan = h.make_node("Scan", ["x"], ["y"], body=body, num_scan_inputs=1, name="scan")
+    w = [next(t for t in _weights() if t.name == "k1")]
+    return _model(h.make_graph([scan], "scan", [_vi("x")], [_vi("y")], w), opset=17)
+
+
 def loop_body_wrong_rank() -> onnx.ModelProto:
     """The body declares its loop-carried output as rank 1 where it computes 2x4: the
     checker's full check fails on the file and on every copy of it; ONNX Runtime runs it."""
@@ -270,10 +284,12 @@ JUDGED: dict[str, Callable[[], onnx.ModelProto]] = {
     "dropout_inference": dropout_inference,
     "if_branch_sparse": if_branch_sparse, "loop_body_defaulted": loop_body_defaulted,
     "nested_sparse_defaulted": nested_sparse_defaulted,
+    "scan_body_sparse_defaulted": scan_body_sparse_defaulted,
 }
 # name -> the holders of the planted nodes, for the classes whose chain sits in a subgraph
 HOLDERS = {"if_branch_sparse": "branch[then_branch]/", "loop_body_defaulted": "loop[body]/",
-           "nested_sparse_defaulted": "branch[then_branch]/loop[body]/"}
+           "nested_sparse_defaulted": "branch[then_branch]/loop[body]/",
+           "scan_body_sparse_defaulted": "scan[body]/"}
 # name -> builder: models whose two FP32 runs differ (reference_unstable), the drawing op's name
 UNSTABLE: dict[str, Callable[[], onnx.ModelProto]] = {
     "random_normal_like": random_normal_like,
