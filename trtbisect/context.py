@@ -24,7 +24,7 @@ from .data.inputs import Sample
 from .judge import subset
 from .judge.criteria import Criteria
 from .judge.precision import precision as low_precision
-from .judge.loadable import input_model
+from .judge.loadable import InputCheck
 from .judge.settings import JudgeSettings
 from .data.limits import Limits, set_eval_timeout
 from .data.sources import npz_shapes
@@ -105,6 +105,8 @@ class Context:
     every_sample: Sequence[Sample] | None = None
     every_reference: Sequence[dict[str, np.ndarray]] | None = None
     subset: tuple[int, ...] | None = None  # indices into every_sample the search judges on
+    # what the run's written copies are held to: the input's own checker verdict (loadable.py)
+    input_check: InputCheck = field(default_factory=InputCheck)
 
     def __post_init__(self) -> None:
         if self.every_sample is None:
@@ -139,7 +141,6 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
                             {**npz_shapes(list(opts.inputs)), **opts.shapes})
     if graph.repairs:
         log.warning("%s", say(path, graph.repairs))
-    input_model(path)  # judge/loadable.py: what the run's written copies are held to
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
     validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
@@ -154,7 +155,7 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     opts.criteria.check_fit(references[0])
     ctx = Context(path, graph.source, graph, samples, references, sha,
                   sources=[path, *external_files(path), *input_files(opts)],
-                  data_sha256=data_sha)
+                  data_sha256=data_sha, input_check=InputCheck(path))
     semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
     if opts.fp16_accumulate and not low_precision(opts.precision).narrow_range:
         raise TrtBisectError("--fp16-accumulate models FP16-accumulating kernels; BF16 GEMMs "

@@ -1,5 +1,5 @@
 """Any model ONNX Runtime runs, trtbisect judges (#34): old IR versions and opsets, defaulted
-and sparse initializers, initializer outputs, shapeless I/O, empty graph names, unsorted nodes,
+and sparse initializers (in If branches and Loop bodies too), initializer outputs, shapeless I/O, empty graph names, unsorted nodes,
 scalar outputs get the planted fault's exact plan under both semantics, their written files
 pass onnx.checker's full check and load in ONNX Runtime, and the user's file is untouched; a
 model that draws random numbers stops with reference_unstable (exit 8), naming the op. What the
@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from tests.models import input_models as im
 from trtbisect.cli import main
 from trtbisect.errors import EXIT_REFERENCE_UNSTABLE
+from trtbisect.judge.loadable import require_written_valid
 from trtbisect.pipeline import Options, run
 
 SEMANTICS = ("trt", "strict")
@@ -53,6 +54,7 @@ def test_every_class_gets_the_planted_plan_and_valid_files(tmp_path, caplog, nam
     names = {"up1": "up1", "up2": "up2", "down": "down"}
     if name == "unsorted_unnamed":  # named by their place in the user's file
         names = {"down": "MatMul_0", "up2": "MatMul_1", "up1": "MatMul_2"}
+    names = {n: im.HOLDERS.get(name, "") + own for n, own in names.items()}  # in a subgraph
     assert set(result.fp32_nodes) == {names[n] for n, kept in im.PLAN.items() if kept}
     assert path.read_bytes() == before  # the user's file is untouched
     files = result.files
@@ -65,6 +67,7 @@ def test_every_class_gets_the_planted_plan_and_valid_files(tmp_path, caplog, nam
     assert len(written) >= 2  # the mixed model, its emulation, the annotated model ...
     for f in written:
         _loads(f)
+        require_written_valid(f)  # judge/loadable's checks, held to the full check
     checked = CliRunner().invoke(main, ["-q", "check", files["mixed_model"], "--reference",
                                         str(path), "--inputs", str(inputs), "--semantics",
                                         semantics])

@@ -30,8 +30,8 @@ def _nodes(names=("up1", "up2", "down"), out: str = "y") -> list[onnx.NodeProto]
             h.make_node("MatMul", ["b", "k3"], [out], name=names[2])]
 
 
-def _vi(name: str, shape=(2, 4)) -> onnx.ValueInfoProto:
-    return h.make_tensor_value_info(name, TP.FLOAT, None if shape is None else list(shape))
+def _vi(name: str, shape=(2, 4), elem: int = TP.FLOAT) -> onnx.ValueInfoProto:
+    return h.make_tensor_value_info(name, elem, None if shape is None else list(shape))
 
 
 def _model(g: onnx.GraphProto, opset: int = 13, ir: int = 10,
@@ -128,6 +128,117 @@ def scalar_output() -> onnx.ModelProto:
     return _model(h.make_graph(nodes, "scalar", [_vi("x")], [_vi("y", ())], w))
 
 
+def _sparse_k2() -> onnx.SparseTensorProto:
+    values = nh.from_array(np.full(4, 1000.0, np.float32), "k2")
+    return h.make_sparse_tensor(values, nh.from_array(np.array([0, 5, 10, 15], np.int64),
+                                                      "k2_indices"), [4, 4])
+
+
+def _always_true() -> list[onnx.NodeProto]:
+    """cond = max|x| >= 0, computed at run time (a constant one would be folded)."""
+    return [h.make_node("Abs", ["x"], ["abs"], name="abs"),
+            h.make_node("ReduceMax", ["abs"], ["max"], keepdims=0, name="max"),
+            h.make_node("GreaterOrEqual", ["max", "zero"], ["cond"], name="cond")]
+
+
+def _zero() -> onnx.TensorProto:
+    return nh.from_array(np.array(0.0, np.float32), "zero")
+
+
+def if_branch_sparse() -> onnx.ModelProto:
+    """The planted chain inside the If branch the data takes, k2 a sparse_initializer of that
+    branch (onnx.checker's full check fails on it: its shape inference does not see it)."""
+    then = h.make_graph(_nodes(out="then_y"), "then", [], [_vi("then_y")])
+    then.sparse_initializer.extend([_sparse_k2()])
+    other = h.make_graph([h.make_node("Neg", ["x"], ["else_y"], name="neg")], "else", [],
+                         [_vi("else_y")])
+    w = [t for t in _weights() if t.name != "k2"] + [_zero()]
+    nodes = [*_always_true(), h.make_node("If", ["cond"], ["y"], then_branch=then,
+                                          else_branch=other, name="branch")]
+    return _model(h.make_graph(nodes, "if_sparse", [_vi("x")], [_vi("y")], w), opset=17)
+
+
+def _loop_body(inits: list[onnx.TensorProto], defaulted: tuple[str, ...] = (),
+               sparse: bool = False) -> onnx.GraphProto:
+    """One trip of the planted chain on the loop-carried value; `defaulted`: initializers the
+    body lists as inputs too (default values: ONNX Runtime feeds the other inputs)."""
+    nodes = _nodes(out="v_out")
+    nodes[0].input[0] = "v_in"
+    body = h.make_graph(
+        [*nodes, h.make_node("Identity", ["cond_in"], ["cond_out"], name="keep")], "body",
+        [_vi("i", (), TP.INT64), _vi("cond_in", (), TP.BOOL), _vi("v_in"),
+         *(_vi(n, (4, 4)) for n in defaulted)],
+        [_vi("cond_out", (), TP.BOOL), _vi("v_out")], inits)
+    if sparse:
+        body.sparse_initializer.extend([_sparse_k2()])
+    return body
+
+
+def _loop(body: onnx.GraphProto, x: str = "x", y: str = "y") -> onnx.NodeProto:
+    return h.make_node("Loop", ["trips", "go", x], [y], body=body, name="loop")
+
+
+def _trips() -> list[onnx.TensorProto]:
+    return [nh.from_array(np.array(1, np.int64), "trips"), nh.from_array(np.array(True), "go")]
+
+
+def loop_body_defaulted() -> onnx.ModelProto:
+    """k2 an initializer of the Loop body that the body also lists as an input: a default value
+    ONNX Runtime takes as the constant (the checker's full check counts 4 body inputs for 3)."""
+    k2 = next(t for t in _weights() if t.name == "k2")
+    body = _loop_body([k2], defaulted=("k2",))
+    w = [t for t in _weights() if t.name != "k2"] + _trips()
+    return _model(h.make_graph([_loop(body)], "loop_dflt", [_vi("x")], [_vi("y")], w),
+                  opset=17)
+
+
+def nested_sparse_defaulted() -> onnx.ModelProto:
+    """Both at depth 2: a Loop inside an If branch, its body holding k2 sparse and k3 as a
+    defaulted input."""
+    k3 = next(t for t in _weights() if t.name == "k3")
+    body = _loop_body([k3], defaulted=("k3",), sparse=True)
+    then = h.make_graph([_loop(body, "x", "then_y")], "then", [], [_vi("then_y")])
+    other = h.make_graph([h.make_node("Neg", ["x"], ["else_y"], name="neg")], "else", [],
+                         [_vi("else_y")])
+    w = [next(t for t in _weights() if t.name == "k1"), _zero(), *_trips()]
+    nodes = [*_always_true(), h.make_node("If", ["cond"], ["y"], then_branch=then,
+                                          else_branch=other, name="branch")]
+    return _model(h.make_graph(nodes, "nested", [_vi("x")], [_vi("y")], w), opset=17)
+
+
+def scan_body_sparse_defaulted() -> onnx.ModelProto:
+    """A Scan over the rows of x whose body holds k2 sparse and k3 as a defaulted input (ONNX
+    Runtime feeds it the row alone)."""
+    nodes = _nodes(out="row_y")
+    nodes[0].input[0] = "row"
+    k3 = next(t for t in _weights() if t.name == "k3")
+    body = h.make_graph(nodes, "body", [_vi("row", (4,)), _vi("k3", (4, 4))],
+                        [_vi("row_y", (4,))], [k3])
+    body.sparse_initializer.extend([_sparse_k2()])
+    scan = h.make_node("Scan", ["x"], ["y"], body=body, num_scan_inputs=1, name="scan")
+    w = [next(t for t in _weights() if t.name == "k1")]
+    return _model(h.make_graph([scan], "scan", [_vi("x")], [_vi("y")], w), opset=17)
+
+
+def loop_body_wrong_rank() -> onnx.ModelProto:
+    """The body declares its loop-carried output as rank 1 where it computes 2x4: the
+    checker's full check fails on the file and on every copy of it; ONNX Runtime runs it."""
+    body = _loop_body([next(t for t in _weights() if t.name == "k2")])
+    body.output[1].type.tensor_type.shape.dim.pop()
+    w = [t for t in _weights() if t.name != "k2"] + _trips()
+    return _model(h.make_graph([_loop(body)], "loop_rank", [_vi("x")], [_vi("y")], w), opset=17)
+
+
+def loop_body_dataless() -> onnx.ModelProto:
+    """A body initializer with dims but no data: ONNX Runtime refuses the model (not ours)."""
+    k2 = TP()
+    k2.name, k2.data_type = "k2", TP.FLOAT
+    k2.dims.extend([4, 4])
+    w = [t for t in _weights() if t.name != "k2"] + _trips()
+    return _model(h.make_graph([_loop(_loop_body([k2]))], "loop_dataless", [_vi("x")],
+                               [_vi("y")], w), opset=17)
+
+
 def _random(op: str, **given) -> Callable[[], onnx.ModelProto]:
     def build() -> onnx.ModelProto:
         attrs = dict(given)
@@ -171,10 +282,31 @@ JUDGED: dict[str, Callable[[], onnx.ModelProto]] = {
     "empty_graph_name": empty_graph_name, "unsorted_nodes": unsorted_nodes,
     "unsorted_unnamed": unsorted_unnamed, "scalar_output": scalar_output,
     "dropout_inference": dropout_inference,
+    "if_branch_sparse": if_branch_sparse, "loop_body_defaulted": loop_body_defaulted,
+    "nested_sparse_defaulted": nested_sparse_defaulted,
+    "scan_body_sparse_defaulted": scan_body_sparse_defaulted,
 }
+# name -> the holders of the planted nodes, for the classes whose chain sits in a subgraph
+HOLDERS = {"if_branch_sparse": "branch[then_branch]/", "loop_body_defaulted": "loop[body]/",
+           "nested_sparse_defaulted": "branch[then_branch]/loop[body]/",
+           "scan_body_sparse_defaulted": "scan[body]/"}
 # name -> builder: models whose two FP32 runs differ (reference_unstable), the drawing op's name
 UNSTABLE: dict[str, Callable[[], onnx.ModelProto]] = {
     "random_normal_like": random_normal_like,
     "random_uniform_like_seeded": random_uniform_like_seeded,
     "dropout_training": dropout_training, "bernoulli": bernoulli, "multinomial": multinomial,
 }
+
+
+def if_branches_one_weight_name() -> onnx.ModelProto:
+    """Both If branches hold their own initializer 'w' (the taken one the planted k2, the
+    other 2 I): one name in two scopes, so neither can move to the main graph."""
+    then = h.make_graph(_nodes(out="then_y"), "then", [], [_vi("then_y")],
+                        [nh.from_array(np.eye(4, dtype=np.float32) * 1000.0, "w")])
+    then.node[1].input[1] = "w"
+    other = h.make_graph([h.make_node("MatMul", ["x", "w"], ["else_y"], name="twice")], "else",
+                         [], [_vi("else_y")], [nh.from_array(np.eye(4, dtype=np.float32) * 2, "w")])
+    w = [t for t in _weights() if t.name != "k2"] + [_zero()]
+    nodes = [*_always_true(), h.make_node("If", ["cond"], ["y"], then_branch=then,
+                                          else_branch=other, name="branch")]
+    return _model(h.make_graph(nodes, "if_w", [_vi("x")], [_vi("y")], w), opset=17)

@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from ..errors import TrtBisectError, first_line
+from .control_flow import walk_graphs
 from .repair import own_copy
 
 
@@ -42,7 +43,8 @@ def load_model(path: str | os.PathLike, min_opset: int = 1,
         raise TrtBisectError(f"cannot read {p}: {exc.strerror or exc}")
     if not model.graph.node and not model.graph.output:
         raise TrtBisectError(f"{p} is not a readable ONNX model (empty graph: truncated?)")
-    external = [t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    external = [t for g in walk_graphs(model.graph) for t in g.initializer  # bodies' too
+                if t.data_location == TensorProto.EXTERNAL]
     for t in external:
         _check_external(p, t)
     check_weight_sizes(p, external)  # before anything reads (or hashes) the data
@@ -128,7 +130,7 @@ def external_files(path: str | os.PathLike) -> list[Path]:
         model = onnx.load(str(p), load_external_data=False)
     except Exception:  # the file was validated by load_model; nothing more to name
         return []
-    return sorted({p.parent / e.value for t in model.graph.initializer
+    return sorted({p.parent / e.value for g in walk_graphs(model.graph) for t in g.initializer
                    for e in t.external_data if e.key == "location"})
 
 

@@ -4,7 +4,9 @@ writes (mixed models, emulated graphs) can carry and onnx.checker accepts.
 The user's file is never modified: `own_copy` changes the proto `load_model` read, which only
 trtbisect holds. What it changes, and why (docs/input_models.md):
 
-- sparse initializers are made dense (the copies rewrite initializers, not sparse ones);
+- sparse initializers are made dense (the copies rewrite initializers, not sparse ones), in
+  the main graph and in every If branch and Loop/Scan body at any depth; a body's weight kept
+  in external data moves to the main graph, where the weights store maps it;
 - IR version < 4 becomes 4: there every initializer had to be a graph input, and ONNX Runtime
   takes them as constants; at IR >= 4 the copies may add weights (`W::fp16`) that are not;
 - a graph input that also has an initializer (a default value) becomes the constant it holds,
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -32,7 +35,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TrtBisectError, first_line
-from .control_flow import node_reads
+from .control_flow import node_reads, subgraphs, walk_graphs
 from .names import flatten
 from .weights import structure
 
@@ -54,6 +57,8 @@ def own_copy(model: onnx.ModelProto, path: Path, min_opset: int = 1,
         _name_unnamed(model)  # before anything reorders the nodes
         notes += _checker_repairs(model, path, shapes or {})
     notes += _dense_sparse(model)
+    notes += _subgraph_defaults(model)  # before the hoist: a default is then no body input
+    notes += _hoist_external(model, path)
     notes += _weights_not_inputs(model)
     notes += _convert_opset(model, path, max(min_opset, CAST_INT_OPSET))
     if checker_error is not None:
@@ -73,15 +78,92 @@ def say(path: Path, notes: Sequence[str]) -> str:
 # ---------------------------------------------------------------- always
 
 def _dense_sparse(model: onnx.ModelProto) -> list[str]:
-    g = model.graph
-    if not g.sparse_initializer:
-        return []
+    """Every graph's sparse initializers made dense: the main graph's and those of If branches
+    and Loop/Scan bodies at any depth (a weight is a weight however the exporter stored it)."""
+    if not any(g.sparse_initializer for g in walk_graphs(model.graph)):
+        return []  # the common case, without naming every subgraph
     names = []
-    for sp in g.sparse_initializer:
-        g.initializer.append(numpy_helper.from_array(densify(sp), sp.values.name))
-        names.append(sp.values.name)
-    del g.sparse_initializer[:]
-    return [f"hold sparse initializer(s) {_list(names)} dense"]
+    for where, g in held_graphs(model):
+        for sp in g.sparse_initializer:
+            g.initializer.append(numpy_helper.from_array(densify(sp), sp.values.name))
+            names.append(_located(sp.values.name, where))
+        del g.sparse_initializer[:]
+    return [f"hold sparse initializer(s) {_list(names, quoted=True)} dense"] if names else []
+
+
+def held_graphs(model: onnx.ModelProto) -> list[tuple[str | None, onnx.GraphProto]]:
+    """The main graph (None) and every subgraph at any depth, by where it lives: its holder's
+    trtbisect name and the attribute (`loop[body]`, `outer[then_branch]/inner[else_branch]`).
+    The protos are the model's own, to change in place."""
+    out: list[tuple[str | None, onnx.GraphProto]] = [(None, model.graph)]
+    flat = flatten(model)
+    for node, name in zip(flat.nodes, flat.names):
+        out.extend((f"{name}[{attr}]", g) for attr, g in subgraphs(node))
+    return out
+
+
+def _replace(field, kept: list) -> None:
+    """A repeated message field made `kept` (some of its own elements), through copies: the
+    elements are the field's own, which clearing it would take from under them."""
+    copies = [type(m)() for m in kept]
+    for c, m in zip(copies, kept):
+        c.CopyFrom(m)
+    del field[:]
+    field.extend(copies)
+
+
+def _located(name: str, where: str | None) -> str:
+    return repr(name) if where is None else f"{name!r} (in {where!r})"
+
+
+def _hoist_external(model: onnx.ModelProto, path: Path) -> list[str]:
+    """A subgraph's initializer kept in external data is moved to the main graph, which its
+    nodes read through the outer scope: there the weights store maps it from its file as it
+    does the main graph's (no session can resolve a body's relative location from a proto in
+    memory). Where its name names another value of the model, its data is read into the copy
+    instead (load.py checked the location and the size)."""
+    if not any(t.data_location == TensorProto.EXTERNAL
+               for g in list(walk_graphs(model.graph))[1:] for t in g.initializer):
+        return []
+    from onnx.external_data_helper import load_external_data_for_tensor
+    defined = Counter(_defined(model.graph))
+    hoisted, read = [], []
+    for where, g in held_graphs(model)[1:]:
+        kept = []
+        for t in g.initializer:
+            if t.data_location != TensorProto.EXTERNAL:
+                kept.append(t)
+            elif defined[t.name] == 1:  # its only definition: the outer scope may hold it
+                model.graph.initializer.append(t)
+                hoisted.append(_located(t.name, where))
+            else:
+                load_external_data_for_tensor(t, str(path.parent))
+                t.data_location = TensorProto.DEFAULT
+                del t.external_data[:]
+                kept.append(t)
+                read.append(_located(t.name, where))
+        if len(kept) < len(g.initializer):
+            _replace(g.initializer, kept)
+    notes = []
+    if hoisted:
+        notes.append(f"keep subgraph weight(s) {_list(hoisted, quoted=True)}, stored in "
+                     "external data, in the main graph (their nodes read them from the outer "
+                     "scope)")
+    if read:
+        notes.append(f"read subgraph weight(s) {_list(read, quoted=True)} from external data "
+                     "into the copy (their names are taken elsewhere in the model)")
+    return notes
+
+
+def _defined(graph: onnx.GraphProto) -> list[str]:
+    """Every name a graph and its subgraphs define (inputs, initializers, node outputs), once
+    per definition."""
+    out = []
+    for g in walk_graphs(graph):
+        out += [v.name for v in g.input] + [t.name for t in g.initializer]
+        out += [t.name for t in g.sparse_initializer]
+        out += [o for n in g.node for o in n.output if o]
+    return out
 
 
 def densify(sp: onnx.SparseTensorProto) -> np.ndarray:
@@ -115,6 +197,25 @@ def _weights_not_inputs(model: onnx.ModelProto) -> list[str]:
         del g.input[:]
         g.input.extend(kept)
     return notes
+
+
+def _subgraph_defaults(model: onnx.ModelProto) -> list[str]:
+    """A subgraph input that has an initializer is a default value its holder never feeds:
+    ONNX Runtime feeds a Loop or Scan body's other inputs in order and takes these as the
+    constants they hold. The copy holds them as weights, no longer inputs, as the main graph's
+    (`_weights_not_inputs`): onnx.checker and the copies count a body's inputs."""
+    if not any({t.name for t in g.initializer} & {v.name for v in g.input}
+               for g in list(walk_graphs(model.graph))[1:]):
+        return []
+    names = []
+    for where, g in held_graphs(model)[1:]:
+        inits = {t.name for t in g.initializer}
+        listed = [v.name for v in g.input if v.name in inits]
+        if listed:
+            _replace(g.input, [v for v in g.input if v.name not in inits])
+            names += [_located(n, where) for n in listed]
+    return [f"take subgraph input(s) {_list(names, quoted=True)} as the constant(s) their "
+            "initializers hold, as ONNX Runtime does"] if names else []
 
 
 def _convert_opset(model: onnx.ModelProto, path: Path, wanted: int) -> list[str]:
@@ -264,6 +365,7 @@ def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _list(names: Sequence[str], most: int = 3) -> str:
-    shown = ", ".join(repr(n) for n in names[:most])
+def _list(names: Sequence[str], most: int = 3, quoted: bool = False) -> str:
+    """The first `most` names (repr'd, unless `quoted` already), and how many more."""
+    shown = ", ".join(n if quoted else repr(n) for n in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")

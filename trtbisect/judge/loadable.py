@@ -9,8 +9,10 @@ before judging it: a file no runtime loads is never judged `pass`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -81,33 +83,40 @@ def _bfloat16_schema_gap(why: str | None) -> bool:
                                 or ("Type 'tensor(bfloat16)'" in why and "is invalid" in why))
 
 
-_input: dict[str, object] = {"path": None, "problem": None, "checked": False}
+@dataclass(frozen=True)
+class InputCheck:
+    """What a run's written copies are held to, found where the run reads its model
+    (context.prepare: `Context.input_check`) and handed to every writer as data: a copy of a
+    model that itself fails the checker's full check, which ONNX Runtime runs, is held to
+    loading in ONNX Runtime instead. `path`: the input model (None: no input, the full check).
+
+    The input's own check runs at most once per record, and only when a written file fails
+    (a full check costs a shape inference over the whole model); one run's record is never
+    another's.
+    """
+
+    path: Path | None = None
+
+    @functools.cached_property
+    def problem(self) -> str | None:
+        """The input model's own first checker error, or None (it passes)."""
+        return None if self.path is None else checker_problem(self.path)
 
 
-def input_model(path: str | Path | None) -> None:
-    """The model this run reads (pipeline.prepare): a written copy of a model that itself
-    fails the checker is held to what the input holds (ONNX Runtime loads it)."""
-    _input.update(path=path, problem=None, checked=False)
-
-
-def _input_problem() -> str | None:
-    """The input model's own first checker error (checked once, only when needed)."""
-    if not _input["checked"] and _input["path"] is not None:
-        _input.update(problem=checker_problem(str(_input["path"])), checked=True)
-    return _input["problem"]  # type: ignore[return-value]
-
-
-def require_written_valid(path: str | Path, weight_bytes: int | None = None) -> None:
+def require_written_valid(path: str | Path, weight_bytes: int | None = None,
+                          held: InputCheck | None = None) -> None:
     """A file trtbisect wrote passes the checker's full check and loads in ONNX Runtime;
     else a one-line TrtBisectError that says the fault is trtbisect's.
 
     Two exceptions, warned about: a BF16 file at an opset whose schema of some op does not
     list bfloat16 (`_bfloat16_schema_gap`); and a copy of an input model that fails the
-    checker itself, which ONNX Runtime runs: the copy must then load in ONNX Runtime."""
+    checker itself (`held`: the run's record of its input; None: no input to forgive),
+    which ONNX Runtime runs: the copy must then load in ONNX Runtime."""
     why = checker_problem(path)
-    if why is not None and not _bfloat16_schema_gap(why) and _input_problem() is not None:
+    if why is not None and not _bfloat16_schema_gap(why) and held is not None \
+            and held.problem is not None:
         log.warning("%s fails %s, as the model given does (%s); ONNX Runtime loads it",
-                    Path(path).name, why, _input_problem())
+                    Path(path).name, why, held.problem)
         why = None
     why = why or runtime_problem(path, weight_bytes)
     if _bfloat16_schema_gap(why):

@@ -190,7 +190,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
     which must pass the checker's full check as well (a failure is trtbisect's bug)."""
     graph = Graph.from_path(mixed_path)
     if ours:
-        require_written_valid(mixed_path, graph.weights.total_bytes())
+        require_written_valid(mixed_path, graph.weights.total_bytes(), ctx.input_check)
     else:
         warning = require_loadable(mixed_path, graph.weights.total_bytes())
         if warning:

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..graph import (FLOAT, SMALL_BYTES, Graph, _mark_stored, flatten, structure, subgraphs,
                     walk, with_node_names)
-from ..judge.loadable import require_written_valid
+from ..judge.loadable import InputCheck, require_written_valid
 from ..judge.precision import FP16, Precision, of_type
 from .files import atomic_write
 from ..data.spill import release_pages, spill
@@ -51,14 +51,16 @@ class Written:
                                                    t.name))
         return out
 
-    def save(self, path: Path, validate: bool = True) -> list[Path]:
+    def save(self, path: Path, validate: bool = True,
+             held: InputCheck | None = None) -> list[Path]:
         """Atomically: a temporary file renamed into place. Returns the files written.
         `validate`: then check that the file passes the ONNX checker's full check and loads
         in ONNX Runtime (judge/loadable.py): no file trtbisect writes is one no runtime
-        takes."""
+        takes. `held`: the run's record of its input (`Context.input_check`), for a copy of
+        a model that fails the checker itself."""
         files = self._save(Path(path))
         if validate:
-            require_written_valid(path, self.weight_bytes())
+            require_written_valid(path, self.weight_bytes(), held)
         return files
 
     def _save(self, path: Path) -> list[Path]:

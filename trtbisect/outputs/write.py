@@ -52,15 +52,15 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
         # the copy the plan was judged on, named, where it differs from the file (graph/repair.py)
         if ctx.graph.inlined or ctx.graph.repairs or not named_as_trtbisect_names(ctx.model):
             path = out_dir / f"{stem}.named.onnx"
-            graph_model(ctx.graph).save(path)
+            graph_model(ctx.graph).save(path, held=ctx.input_check)
             result.files["named_model"] = str(path)
         if result.rewritten_model is not None:
             path = out_dir / f"{stem}.rewritten.onnx"
-            result.rewritten_model.save(path)
+            result.rewritten_model.save(path, held=ctx.input_check)
             result.files["rewritten_model"] = str(path)
         if _builds_differently(ctx):
             path = out_dir / f"{stem}.autocast_input.onnx"
-            graph_model(ctx.judged).save(path)
+            graph_model(ctx.judged).save(path, held=ctx.input_check)
             result.files["autocast_input"] = str(path)
         mixed_path = out_dir / f"{stem}.mixed.onnx"
         if result.staged:  # the files judged in the run, moved into place
@@ -71,7 +71,7 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
         else:
             if result.mixed_model is None:
                 result.mixed_model = write_plan(ctx, result.fp32_nodes)
-            result.mixed_model.save(mixed_path)
+            result.mixed_model.save(mixed_path, held=ctx.input_check)
         result.files["mixed_model"] = str(mixed_path)
         result.render_context = render_context(result, ctx, out_dir)
         r = result.renderings()
@@ -98,7 +98,7 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
                 "trtbisect.fp32_nodes": ",".join(result.fp32_nodes)}
         annotated = annotate(ctx.model, result.culprit_groups,  # type: ignore[arg-type]
                              {c.node: c.why for c in result.culprits}, meta)
-        graph_model(ctx.graph, annotated).save(path)
+        graph_model(ctx.graph, annotated).save(path, held=ctx.input_check)
         result.files["annotated_model"] = str(path)
     if report is not None:
         result.files.update(report(result, out_dir))
@@ -151,7 +151,7 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
         fused = ctx.prepared is not None and ctx.prepared.semantics == "trt"
         result.emulated_mixed = Written(*emulation_of_mixed(
             Graph.from_path(result.files["mixed_model"]), ctx.rules, fused))
-    result.emulated_mixed.save(emulated)
+    result.emulated_mixed.save(emulated, held=ctx.input_check)
     result.emulated_mixed = None
     result.files["emulated_mixed_model"] = str(emulated)
     g = ctx.judged  # the plan names its nodes

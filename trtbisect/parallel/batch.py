@@ -204,7 +204,7 @@ def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], r
             parent.mkdir(parents=True, exist_ok=True)
         model_dir = tempfile.mkdtemp(prefix="model-", dir=parent)
         model = str(Path(model_dir) / f"{ctx.path.stem}.rewritten.onnx")
-        graph_model(ctx.graph).save(Path(model))
+        graph_model(ctx.graph).save(Path(model), held=ctx.input_check)
     from ..graph.repair import input_shapes
     spec = JudgeSpec(
         model=model, judge=opts.judge_settings, watch=tuple(ev.watch),

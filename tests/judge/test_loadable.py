@@ -1,0 +1,90 @@
+"""What a written file is held to (judge/loadable.py): the checker's full check and an ONNX
+Runtime load, except for a copy of an input model that fails the checker itself. That fact is
+the run's own (`Context.input_check`), handed to the writers: two runs in one process, in either
+order, each hold their copies to their own input, never to the other's."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.models import input_models as im
+from trtbisect.context import Options, prepare
+from trtbisect.errors import TrtBisectError
+from trtbisect.judge.loadable import (InputCheck, checker_problem, require_written_valid,
+                                      runtime_problem)
+from trtbisect.judge.written import judge_mixed
+from trtbisect.outputs.mixed import graph_model
+from trtbisect.pipeline import run
+
+FORGIVEN = "as the model given does"
+MODELS = {"fails": im.loop_body_wrong_rank, "passes": im.overflow}
+
+
+def _inputs(tmp_path):
+    np.savez(tmp_path / "in.npz", x=im.X)
+    paths = {}
+    for name, build in MODELS.items():
+        paths[name] = tmp_path / f"{name}.onnx"
+        onnx.save(build(), paths[name])
+    return paths, Options(inputs=[str(tmp_path / "in.npz")])
+
+
+def _forgiven(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if FORGIVEN in r.getMessage()]
+
+
+@pytest.mark.parametrize("first", sorted(MODELS))
+def test_two_prepared_runs_hold_their_copies_to_their_own_input(tmp_path, caplog, first):
+    """Both runs prepared before either writes (the library's Contexts live side by side): a
+    copy of the model that fails the checker is forgiven in its own run and refused as
+    trtbisect's bug in the other's, whichever was prepared last."""
+    paths, opts = _inputs(tmp_path)
+    order = [first, *(n for n in MODELS if n != first)]
+    ctx = {name: prepare(paths[name], opts) for name in order}
+    assert ctx["fails"].input_check.problem is not None
+    assert ctx["passes"].input_check.problem is None
+    copy = tmp_path / "copy.onnx"
+    with caplog.at_level(logging.WARNING):
+        graph_model(ctx["fails"].graph).save(copy, held=ctx["fails"].input_check)
+        checked = judge_mixed(copy, ctx["fails"], opts, ours=True)
+    assert checked.passed and len(_forgiven(caplog)) == 2  # the save's and the judge's check
+    with pytest.raises(TrtBisectError, match="a bug in trtbisect"):
+        judge_mixed(copy, ctx["passes"], opts, ours=True)
+    with pytest.raises(TrtBisectError, match="a bug in trtbisect"):
+        graph_model(ctx["fails"].graph).save(tmp_path / "other.onnx",
+                                            held=ctx["passes"].input_check)
+
+
+@pytest.mark.parametrize("first", sorted(MODELS))
+def test_two_runs_in_one_process_each_get_their_own_treatment(tmp_path, caplog, first):
+    paths, opts = _inputs(tmp_path)
+    for name in [first, *(n for n in MODELS if n != first)]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            result = run(paths[name], opts, tmp_path / f"out_{name}")
+        holder = "loop[body]/" if name == "fails" else ""
+        assert result.verdict == "fixed"
+        assert set(result.fp32_nodes) == {f"{holder}up2", f"{holder}down"}
+        forgiven = _forgiven(caplog)
+        assert bool(forgiven) == (name == "fails"), forgiven
+        written = sorted((tmp_path / f"out_{name}").glob("*.onnx"))
+        assert len(written) >= 2
+        for f in written:  # the one that passes: the full check; the other: ORT loads them
+            if name == "passes":
+                require_written_valid(f)
+            else:
+                assert checker_problem(f) is not None and runtime_problem(f) is None
+
+
+def test_without_a_record_a_written_file_is_held_to_the_full_check(tmp_path):
+    paths, _ = _inputs(tmp_path)
+    with pytest.raises(TrtBisectError, match="a bug in trtbisect"):
+        require_written_valid(paths["fails"])
+    with pytest.raises(TrtBisectError, match="a bug in trtbisect"):
+        require_written_valid(paths["fails"], held=InputCheck(paths["passes"]))
+    require_written_valid(paths["fails"], held=InputCheck(paths["fails"]))
+    require_written_valid(paths["passes"])
