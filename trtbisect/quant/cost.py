@@ -75,17 +75,22 @@ class Boundary:
         return bool(self.readers - plan) or (self.output_of is not None
                                              and self.output_of not in plan)
 
-    def kernels(self, plan: frozenset[str]) -> tuple[bool, bool]:
-        """Under the plan: is the Q a kernel of its own, is the graph output's DQ?"""
+    def kernels(self, plan: frozenset[str], floated: frozenset[str] = frozenset()
+                ) -> tuple[bool, bool, int]:
+        """Under the plan: is the Q a kernel of its own, is the graph output's DQ, and how
+        many DQs are (one per `floated` reader: a quantized layer the plan keeps in FP32)?"""
         out = self.output_of is not None and self.output_of not in plan
-        return self.lives(plan) and (self.writer is None or self.writer in plan), out
+        q = self.lives(plan) and (self.writer is None or self.writer in plan
+                                  or self.writer in floated)
+        return q, out, len((self.readers - plan) & floated)
 
-    def bytes(self, plan: frozenset[str], fp32_nodes: frozenset[str]) -> int:
+    def bytes(self, plan: frozenset[str], fp32_nodes: frozenset[str],
+              floated: frozenset[str] = frozenset()) -> int:
         """Bytes the standalone Q and DQ kernels of this tensor move under the plan."""
-        q, dq = self.kernels(plan)
+        q, dq, dqs = self.kernels(plan, floated)
         fb = 4 if self.writer_node in fp32_nodes else self.float_bytes
         return (self.elements * (fb + 1) if q else 0) + (  # Q: float read, 1 byte written
-            self.elements * (1 + self.float_bytes) if dq else 0)  # DQ: 1 byte, float
+            self.elements * (1 + self.float_bytes) * (int(dq) + dqs))  # DQ: 1 byte, float
 
 
 @dataclass
@@ -129,14 +134,24 @@ class QuantPricing:
             return 1
         return FLOAT_BYTES[self._base]
 
+    def floated(self, chosen: frozenset[str]) -> frozenset[str]:
+        """The quantized layers the plan leaves quantized but keeps in FP32 (the FP32 unit of
+        the layer's own node): the written file puts Casts between their DQs and them, and
+        a DQ moves only past the ops rule R1 lists (a Cast is none), so TensorRT fuses no DQ
+        into them: they compute in FP32 on dequantized values, each DQ a kernel of its own."""
+        fp32_nodes = {n for u, n in self.half_units.items() if u in chosen}
+        return frozenset(la for n, la in self.layer_of.items()
+                         if n in fp32_nodes and la not in chosen)
+
     def node_times(self, units: Iterable[str]) -> dict[str, float]:
         """Seconds of each node (Q/DQ aside) with `units` applied to the file."""
         chosen = frozenset(units)
         fp32_nodes = {n for u, n in self.half_units.items() if u in chosen}
+        floated = self.floated(chosen)
         out = {}
         for n in self.nodes:
             layer = self.layer_of.get(n.name)
-            if layer is not None and layer not in chosen:
+            if layer is not None and layer not in chosen and layer not in floated:
                 out[n.name] = self._time(n, "q", self.written_bytes(layer, chosen))
             else:
                 out[n.name] = self._time(n, "fp32" if n.name in fp32_nodes else self._base)
@@ -146,8 +161,9 @@ class QuantPricing:
         """The standalone Q/DQ kernels under the plan: how many, and their seconds."""
         chosen = frozenset(units)
         fp32_nodes = frozenset(n for u, n in self.half_units.items() if u in chosen)
-        moved = [b.bytes(chosen, fp32_nodes) for b in self.boundaries]
-        kernels = sum(sum(b.kernels(chosen)) for b in self.boundaries)
+        floated = self.floated(chosen)
+        moved = [b.bytes(chosen, fp32_nodes, floated) for b in self.boundaries]
+        kernels = sum(sum(b.kernels(chosen, floated)) for b in self.boundaries)
         return kernels, math.fsum(moved) / GPUS[self.gpu].bandwidth
 
     def price(self, units: Iterable[str]) -> float:

@@ -31,6 +31,7 @@ from .render import renderings
 
 log = logging.getLogger(__name__)
 
+CHEAPER_PER_UNIT = 2  # --objective cost: new evaluations per unit the cheaper step may make
 VERDICTS = {"quantized_ok": EXIT_OK, "fixed": EXIT_OK, "no_plan": EXIT_NO_PLAN,
             "reference_invalid": EXIT_REFERENCE_INVALID}
 
@@ -57,6 +58,7 @@ class QuantResult:
     semantics: str = "trt"  # where the FP16 side rounds: per fused TensorRT layer, or per node
     fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
     cost: dict = field(default_factory=dict)  # estimated engine times (quant/cost.py)
+    certificate: dict | None = None  # --objective cost: removals, swaps, the cheaper step
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
     files: dict[str, str] = field(default_factory=dict)
@@ -456,12 +458,12 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                                    ranking=_ranking(layers, findings, _search_half(judge),
                                                     values, model),
                                    max_evaluations=opts.max_evaluations, progress=progress,
-                                   **({"price": lambda u: pricing.price(judge.expand(u)),
-                                       "adjacent": {}}
+                                   **(_cost_search(judge, model, pricing)
                                       if opts.objective == "cost" else {}))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal = search.one_minimal
+        result.certificate = search.certificate
         if search.found:
             result.units = judge.expand(search.fp32)
             result.plan = [u for u in result.units if u not in judge.half]
@@ -475,8 +477,31 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
-    result.cost = {**pricing.summary(result.units), "objective": opts.objective}
+    result.cost = {**pricing.summary(result.units), "objective": opts.objective,
+                   **({"certificate": result.certificate} if result.certificate else {})}
     result.renderings = renderings(result, model)
+
+
+def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
+    """`--objective cost`'s arguments to the search: the plan's price, the units joined by a
+    tensor as swap neighbours (adjacent.py), and the step to cheaper passing plans one unit
+    away (search/cheaper.py: the price is not monotone), at most CHEAPER_PER_UNIT new
+    evaluations per unit."""
+    from .adjacent import unit_adjacency
+
+    nodes = {**{la.name: (la.name,) for la in judge.layers},
+             **{u: (n,) for u, n in judge.half.items()},
+             **{u: tuple(judge.half[m] for m in ms) for u, ms in judge.fused.items()}}
+    units = judge.units
+    memo: dict[frozenset[str], float] = {}
+
+    def price(plan: frozenset[str]) -> float:
+        key = frozenset(plan)
+        if key not in memo:
+            memo[key] = pricing.price(judge.expand(key))
+        return memo[key]
+    return {"price": price, "adjacent": unit_adjacency(model, {u: nodes[u] for u in units}),
+            "cheaper": CHEAPER_PER_UNIT * len(units)}
 
 
 def _scored(trials, pricing, judge: QuantJudge, journal) -> list:

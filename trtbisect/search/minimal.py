@@ -365,6 +365,7 @@ def find_minimal_fp32(
     swap_share: float | None = SWAP_SHARE,
     limit: float | None = None,
     score: Score | None = None,
+    cheaper: int | None = None,
 ) -> SearchResult:
     """Prior-guided search for a certified 1-minimal FP32 set.
 
@@ -376,13 +377,16 @@ def find_minimal_fp32(
     `limit` (with `price`): --budget, the most a plan may cost; only plans within it are
     evaluated (`_find_within`), and `score(plan)` (its error once evaluated) picks the best
     failing one when none passes.
+    `cheaper` (with `price`, no `limit`), for a price that is not monotone (the quantized
+    road's): after the certificate, step to cheaper passing plans one unit away (cheaper.py),
+    at most this many new evaluations.
     """
     if limit is not None and price is not None:
         return _find_within(candidates, check, seeds, ranking, max_evaluations, progress,
                             price, adjacent or {}, swap_k, swap_share, limit, score)
     if price is not None:
         return _find_cheapest(candidates, check, seeds, ranking, max_evaluations, progress,
-                              price, adjacent or {}, swap_k, swap_share)
+                              price, adjacent or {}, swap_k, swap_share, cheaper)
     cand, seed_list, rank = _ordered(candidates, seeds, ranking)
     oracle = Oracle(check, cand, max_evaluations, progress)
     try:
@@ -523,7 +527,7 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
                    ranking: Sequence[str], max_evaluations: int | None,
                    progress: Progress | None, price: Price,
                    adjacent: Mapping[str, Sequence[str]], swap_k: int,
-                   swap_share: float | None) -> SearchResult:
+                   swap_share: float | None, cheaper: int | None = None) -> SearchResult:
     """`find_minimal_fp32` minimizing `price`: the same prior, grow and handover to ddmin;
     then shrink (bisecting failed runs), certify 1-minimal and certify that no single swap
     for a cheaper neighbour passes, the most expensive units tried first throughout."""
@@ -542,15 +546,26 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
         allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
                      else len(cand) ** 2)  # what the certificate may cost, at most
         current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
-        result = _result(oracle, current, found=True, minimal=True)
+        minimal_plan, stepped = current, None
+        if cheaper is not None:
+            from .cheaper import descend
+            stepped = descend(oracle, current, cand, price, cheaper)
+            current = stepped.plan
+        result = _result(oracle, current, found=True, minimal=current == minimal_plan)
+        result.stopped_early = bool(stepped and stepped.stopped)
         result.certificate = {
             "objective": "cost", "price_s": price(current),
-            "removals": [list(oracle.sorted(current - {x})) for x in oracle.sorted(current)],
+            "removals": [list(oracle.sorted(minimal_plan - {x}))
+                         for x in oracle.sorted(minimal_plan)],
             "swaps": [list(oracle.sorted(s)) for s in swaps],
             "neighbourhood": f"units adjacent in the data flow and cheaper in the plan's place, "
                              f"at most {swap_k} per unit (the most suspicious), the cheapest "
                              f"swaps first, at most {allowance} evaluated in all ({swap_share} of "
                              "the evaluations before the certificate)"}
+        if stepped is not None:
+            result.certificate.update(
+                minimal_plan=list(oracle.sorted(minimal_plan)),
+                minimal_price_s=price(minimal_plan), cheaper=stepped.to_json(cheaper))
         return result
     except BudgetExhausted:
         return _stopped(oracle, cand)
