@@ -8,7 +8,8 @@ cheapest passing plan may hold a unit no accuracy needs, and a unit needed by th
 plan may be replaced by a cheaper one only once such a unit is in.
 
 `descend` tries the plan's neighbours that are cheaper than it: one unit added (a cheaper
-superset), one removed, or one swapped for another; the cheapest first (equal prices: by the
+superset), one removed, or one swapped for a unit adjacent to it in the data flow (the swap
+certificate's neighbours); the cheapest first (equal prices: by the
 units' names), the first that passes is taken, and the step repeats from it until no cheaper
 neighbour passes. A plan that fails is never taken, so the plan passes all along and its price
 falls at every step. At most `allowance` new evaluations in all (plans the search already
@@ -18,7 +19,7 @@ judged are free); where the allowance runs out, the cheaper neighbours left are 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .minimal import BudgetExhausted, Oracle
 
@@ -43,23 +44,24 @@ class Descent:
                 "allowance": allowance, "stopped_early": self.stopped}
 
 
-def cheaper_neighbours(plan: frozenset[str], candidates: Sequence[str], price: Price
-                       ) -> list[frozenset[str]]:
-    """The plans one unit away from `plan` (added, removed or swapped) that cost less than
-    it, the cheapest first, equal prices by their units' names. Never the empty plan (the
-    file as given, judged first by every search)."""
+def cheaper_neighbours(plan: frozenset[str], candidates: Sequence[str], price: Price,
+                       adjacent: Mapping[str, Sequence[str]]) -> list[frozenset[str]]:
+    """The plans one unit away from `plan` that cost less than it: any unit added, a unit
+    removed, or a unit swapped for one `adjacent` to it; the cheapest first, equal prices by
+    their units' names. Never the empty plan (the file as given, judged first by every
+    search)."""
     whole = price(plan)
     outside = [u for u in dict.fromkeys(candidates) if u not in plan]
     near: set[frozenset[str]] = {plan | {u} for u in outside}
     for x in plan:
         near.add(plan - {x})
-        near.update((plan - {x}) | {u} for u in outside)
+        near.update((plan - {x}) | {y} for y in adjacent.get(x, ()) if y not in plan)
     priced = [(price(p), sorted(p), p) for p in near if p]
     return [p for c, _, p in sorted(priced, key=lambda t: (t[0], t[1])) if c < whole]
 
 
 def descend(oracle: Oracle, plan: frozenset[str], candidates: Sequence[str], price: Price,
-            allowance: int) -> Descent:
+            adjacent: Mapping[str, Sequence[str]], allowance: int) -> Descent:
     """From a passing `plan`, take the first passing cheaper neighbour
     (`cheaper_neighbours`' order), repeatedly; at most `allowance` new evaluations. Every plan
     is judged through `oracle` (the search's: counted, journaled, memoized)."""
@@ -69,7 +71,7 @@ def descend(oracle: Oracle, plan: frozenset[str], candidates: Sequence[str], pri
         oracle.phase = "cheaper"
         trials: list[frozenset[str]] = []
         new, untried = 0, 0
-        for t in cheaper_neighbours(out.plan, candidates, price):
+        for t in cheaper_neighbours(out.plan, candidates, price, adjacent):
             if oracle.known(t) is None:
                 if new >= left:
                     untried += 1

@@ -549,7 +549,7 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
         minimal_plan, stepped = current, None
         if cheaper is not None:
             from .cheaper import descend
-            stepped = descend(oracle, current, cand, price, cheaper)
+            stepped = descend(oracle, current, cand, price, adjacent, cheaper)
             current = stepped.plan
         result = _result(oracle, current, found=True, minimal=current == minimal_plan)
         result.stopped_early = bool(stepped and stepped.stopped)
