@@ -4,6 +4,7 @@ culprit, one judge for the search and the written file, and the renderings."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -527,6 +528,89 @@ def test_the_count_objective_finds_the_same_plans(make, tmp_path):
     r = run(model, opts, tmp_path / "out")
     cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
     assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
+
+
+def _every_plan(r, p: qm.Planted) -> dict[frozenset[str], tuple[float, bool]]:
+    """Brute force: every subset of the run's search units, its price (the run's pricing)
+    and its verdict (the run's judge)."""
+    from trtbisect.quant.cost import pricing_for, shape_probe
+
+    j = r.judge
+    pricing = pricing_for(p.model, r.layers, j.half, p.inputs, r.cost["gpu"], r.emulated,
+                          shape_probe(p.model, p.inputs, 1))
+    plans = [frozenset(s) for k in range(len(j.units) + 1)
+             for s in itertools.combinations(j.units, k)]
+    return {s: (pricing.price(j.expand(s)), j.check(s)) for s in plans}
+
+
+def _cheaper_run(p: qm.Planted, tmp_path):
+    model, inputs = _files(p, tmp_path)
+    count = run(model, _opts(inputs, p.rtol, "count"), tmp_path / "count")
+    cost = run(model, _opts(inputs, p.rtol), tmp_path / "cost")
+    assert cost.verdict == "fixed" and cost.one_judge is True
+    # `check` of the written file gives run's numbers bit for bit
+    ref = tmp_path / "ref.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    c = invoke("-q", "check", tmp_path / "cost" / f"{p.name}.unquantized.onnx", "--reference",
+               ref, "--inputs", inputs, "--rtol", p.rtol, "--json")
+    assert c.exit_code == 0, c.output
+    assert json.loads(c.stdout)["errors"]["y"]["max_abs"] == cost.after.errors["y"].max_abs
+    # the cheaper step: bounded, and what it judged is in the trace
+    step = cost.certificate["cheaper"]
+    assert step["evaluations"] <= step["allowance"] == 2 * len(cost.judge.units)
+    assert cost.evaluations == len(cost.trials)
+    assert sum(t.phase == "cheaper" for t in cost.trials) == step["evaluations"]
+    assert count.certificate is None and all(t.phase != "cheaper" for t in count.trials)
+    return count, cost
+
+
+def test_the_cost_objective_takes_a_cheaper_superset_the_cheapest_of_all(tmp_path):
+    """fp16_side(fused=True): the 1-minimal plan un-quantizes mm1 alone, which leaves h's Q
+    a reformat of its own (mm1 now writes FP16); un-quantizing mm2 too removes it and costs
+    less than it saves. Brute force over the 32 plans: {mm1, mm2} is the cheapest that
+    passes, 0.02049 us against {mm1}'s 0.02135 us on the default L4."""
+    p = qm.fp16_side(fused=True)
+    count, cost = _cheaper_run(p, tmp_path)
+    assert count.units == ["mm1"] and count.one_minimal
+    assert cost.units == ["mm1", "mm2"] and not cost.one_minimal
+    every = _every_plan(cost, p)
+    best = min((price, sorted(s)) for s, (price, ok) in every.items() if ok)
+    assert best == (cost.cost["plan_s"], ["mm1", "mm2"])
+    assert cost.cost["plan_s"] == pytest.approx(2.049e-8, rel=1e-3)
+    assert cost.certificate["minimal_price_s"] == every[frozenset({"mm1"})][0] == \
+        count.cost["plan_s"] == pytest.approx(2.1353e-8, rel=1e-3)
+    written = json.loads((tmp_path / "cost" / "precision.json").read_text())
+    assert written["cost"]["certificate"]["cheaper"]["moves"] == [
+        {"added": ["mm2"], "removed": []}]
+
+
+def test_the_cost_objective_on_fp16_side_ends_at_a_local_optimum(tmp_path):
+    """fp16_side: the 1-minimal plan {mm1, amp, back} (0.02477 us) becomes {mm1, mm2, amp,
+    back} (0.02392 us): no passing plan one unit away (added, removed, swapped) is cheaper,
+    nor any passing superset of the 1-minimal plan. The cheapest passing plan of all 64,
+    {mm1, mm2, fp32:mm2} (0.0222 us: mm2 un-quantized in FP32, so amp and back fuse into one
+    pointwise layer that keeps 2^15 x inside), is three units away, and each first step
+    towards it fails or costs more: a descent one unit at a time cannot reach it
+    (docs/quantization.md)."""
+    p = qm.fp16_side()
+    count, cost = _cheaper_run(p, tmp_path)
+    half = ["fp32:amp", "fp32:back"]
+    assert count.units == ["mm1", *half] and cost.units == ["mm1", "mm2", *half]
+    every = _every_plan(cost, p)
+    plan, minimal = frozenset(cost.units), frozenset(count.units)
+    assert every[plan][0] == cost.cost["plan_s"] == pytest.approx(2.392e-8, rel=1e-3)
+    assert every[minimal][0] == count.cost["plan_s"] == pytest.approx(2.4773e-8, rel=1e-3)
+    supersets = [(price, sorted(s)) for s, (price, ok) in every.items() if ok and minimal <= s]
+    assert min(supersets) == (every[plan][0], sorted(plan))
+    near = [s for s in every if len(s ^ plan) == 1 or (len(s) == len(plan)
+                                                       and len(s - plan) == 1)]
+    assert all(not ok or price >= every[plan][0] for s in near for price, ok in [every[s]])
+    best = min((price, sorted(s)) for s, (price, ok) in every.items() if ok)
+    assert set(best[1]) == {"mm1", "mm2", "fp32:mm2"} and best[0] < every[plan][0]
+    assert best[0] == pytest.approx(2.22e-8, rel=1e-3)
+    # the way there: adding fp32:mm2 costs more, removing amp or back first fails
+    assert every[plan | {"fp32:mm2"}][0] > every[plan][0]
+    assert not every[plan - {"fp32:amp"}][1] and not every[plan - {"fp32:back"}][1]
 
 
 def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
