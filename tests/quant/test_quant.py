@@ -375,6 +375,47 @@ def test_a_reformat_reads_the_float_width_its_writer_has_under_the_plan():
     assert pr.boundary({"mm1", FP32_PREFIX + "mm1"}) == (1, n * (4 + 1) / bw)
 
 
+def test_a_quantized_layer_kept_in_fp32_is_priced_as_the_float_layer_the_file_runs():
+    """fp16_side with mm2 left quantized but its node kept in FP32: the written file puts
+    Casts between mm2's DQs and it, so no DQ fuses (rule R1 moves a DQ past none): mm2 is
+    priced as an FP32 MatMul on dequantized values, h's DQ a kernel of its own (1 byte read,
+    2 written), beside xh's Q reformat; mm1 still fuses h's Q and writes 1 byte."""
+    from trtbisect.quant.cost import pricing_for
+    from trtbisect.quant.half import half_nodes
+    from trtbisect.quant.judge import FP32_PREFIX
+    from trtbisect.search.cost import GPUS
+
+    p = qm.fp16_side()
+    units = {FP32_PREFIX + n: n for n in half_nodes(p.model)}
+    pr = pricing_for(p.model, analyse(p.model), units, p.inputs, "l4", True)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    floated = {FP32_PREFIX + "mm2"}
+    assert pr.floated(frozenset(floated)) == {"mm2"}
+    assert pr.node_times(floated)["mm2"] == pr.node_times({"mm2", FP32_PREFIX + "mm2"})["mm2"]
+    assert pr.node_times(floated)["mm2"] == pytest.approx(4 * 3 * n / bw)  # h, w2, yh at 4
+    assert pr.boundary(floated) == (2, (n * (2 + 1) + n * (1 + 2)) / bw)
+    assert pr.written_bytes("mm1", frozenset(floated)) == 1
+
+
+def test_units_joined_by_a_tensor_are_neighbours():
+    """quant/adjacent.py on fp16_side: mm1 and mm2 meet through h's Q/DQ, a layer and the
+    FP32 unit of its own node are neighbours, amp reads mm2, back reads amp; the Casts at
+    the graph's edges are no units."""
+    from trtbisect.quant.adjacent import unit_adjacency
+    from trtbisect.quant.half import half_nodes
+
+    p = qm.fp16_side()
+    units = {**{la.name: (la.name,) for la in analyse(p.model)},
+             **{"fp32:" + n: (n,) for n in half_nodes(p.model)}}
+    assert unit_adjacency(p.model, units) == {
+        "mm1": ("mm2", "fp32:mm1", "fp32:mm2"),
+        "mm2": ("mm1", "fp32:mm1", "fp32:mm2", "fp32:amp"),
+        "fp32:mm1": ("mm1", "mm2", "fp32:mm2"),
+        "fp32:mm2": ("mm1", "mm2", "fp32:mm1", "fp32:amp"),
+        "fp32:amp": ("mm2", "fp32:mm2", "fp32:back"),
+        "fp32:back": ("fp32:amp",)}
+
+
 def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
     """`--report` on a quantized run writes the trade-off plot: one point per evaluated plan
     at its estimated time and the error its judge measured, the file as given (all quantized)
