@@ -397,6 +397,34 @@ def test_a_quantized_layer_kept_in_fp32_is_priced_as_the_float_layer_the_file_ru
     assert pr.written_bytes("mm1", frozenset(floated)) == 1
 
 
+def test_a_relu_after_a_quantized_layer_is_priced_in_its_epilogue():
+    """outlier: x -> mm1 -> relu -> mm2, FP32 elsewhere, n = 256 elements per tensor. The
+    Relu runs in mm1's epilogue (TensorRT's explicit-quantization placement: a linear
+    operation followed by its activation): it costs nothing of its own, where it cost
+    4 * (n + n) bytes before. All quantized: mm1 reads x and w1 at 1 byte and writes hr's
+    fused Q at 1 (3n), mm2 reads 2n at 1 byte and writes y at 4 (6n), x's Q reformat reads
+    4 and writes 1 (5n): 14n. mm1 un-quantized (FP32, the Relu with it): 12n + 5n (hr's Q a
+    reformat now) + 6n. A Relu whose input something else reads too is priced on its own."""
+    from trtbisect.quant.cost import pricing_for
+    from trtbisect.search.cost import GPUS
+
+    p = qm.outlier()
+    pr = pricing_for(p.model, analyse(p.model), {}, p.inputs, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.epilogue == {"relu": "mm1"}
+    assert pr.node_times(())["relu"] == pr.node_times({"mm1"})["relu"] == 0.0
+    assert pr.price(()) == pytest.approx(14 * n / bw)
+    assert pr.price({"mm1"}) == pytest.approx(23 * n / bw)
+    assert pr.all_fp16() == pytest.approx((2 * 3 * n + 2 * 3 * n) / bw)
+    m = onnx.ModelProto()
+    m.CopyFrom(p.model)
+    m.graph.output.append(onnx.helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT,
+                                                             [qm.N, qm.C]))
+    apart = pricing_for(m, analyse(m), {}, p.inputs, "l4", False)
+    assert apart.epilogue == {}
+    assert apart.node_times(())["relu"] == pytest.approx(4 * 2 * n / bw)
+
+
 def test_units_joined_by_a_tensor_are_neighbours():
     """quant/adjacent.py on fp16_side: mm1 and mm2 meet through h's Q/DQ, a layer and the
     FP32 unit of its own node are neighbours, amp reads mm2, back reads amp; the Casts at

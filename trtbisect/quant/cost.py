@@ -102,6 +102,7 @@ class QuantPricing:
     layer_of: dict[str, str] = field(default_factory=dict)  # node -> its quantized layer
     half_units: dict[str, str] = field(default_factory=dict)  # unit -> FP16 node
     boundaries: list[Boundary] = field(default_factory=list)
+    epilogue: dict[str, str] = field(default_factory=dict)  # Relu -> the layer it fuses into
 
     def _time(self, n: _Node, prec: str, out_bytes: int | None = None) -> float:
         """`out_bytes`: per element a quantized layer writes (1 where its output Q fuses
@@ -151,11 +152,24 @@ class QuantPricing:
         out = {}
         for n in self.nodes:
             layer = self.layer_of.get(n.name)
-            if layer is not None and layer not in chosen and layer not in floated:
+            if self._fused(n.name, chosen, floated, fp32_nodes):
+                out[n.name] = 0.0
+            elif layer is not None and layer not in chosen and layer not in floated:
                 out[n.name] = self._time(n, "q", self.written_bytes(layer, chosen))
             else:
                 out[n.name] = self._time(n, "fp32" if n.name in fp32_nodes else self._base)
         return out
+
+    def _fused(self, name: str, chosen: frozenset[str], floated: frozenset[str],
+               fp32_nodes: set[str]) -> bool:
+        """Is `name` a Relu TensorRT fuses into the layer before it under the plan: the layer
+        quantized (its epilogue), or both in the same float precision?"""
+        layer = self.epilogue.get(name)
+        if layer is None:
+            return False
+        if layer not in chosen and layer not in floated:
+            return True
+        return (layer in fp32_nodes) == (name in fp32_nodes)
 
     def boundary(self, units: Iterable[str]) -> tuple[int, float]:
         """The standalone Q/DQ kernels under the plan: how many, and their seconds."""
@@ -173,7 +187,7 @@ class QuantPricing:
         return math.fsum(self.node_times(chosen).values()) + self.boundary(chosen)[1]
 
     def all_fp16(self) -> float:
-        return math.fsum(self._time(n, "fp16") for n in self.nodes)
+        return math.fsum(self._time(n, "fp16") for n in self.nodes if n.name not in self.epilogue)
 
     def summary(self, units: Sequence[str]) -> dict:
         """precision.json's "cost": the three engines, and `rows`: what each unit of the plan
@@ -261,7 +275,26 @@ def pricing_for(model: onnx.ModelProto, layers: Sequence[Layer], half_units: Map
                                sum(elems(t) for t in n.output if t)))
     out.layer_of = {la.name: la.name for la in layers}
     out.boundaries = _boundaries(model, layers, elems, 2 if half_file else 4)
+    out.epilogue = _epilogues(model, layers)
     return out
+
+
+def _epilogues(model: onnx.ModelProto, layers: Sequence[Layer]) -> dict[str, str]:
+    """Each Relu whose input a quantized weighted layer writes for it alone: TensorRT runs it
+    in that layer's epilogue (Developer Guide, "Explicit Quantization", Q/DQ layer placement:
+    a linear operation followed by an activation function, and convolution, batch norm and
+    ReLU fused in the network's order; Best Practices guide, "Types of Fusions"), so it moves
+    no tensor of its own and costs nothing beside the layer."""
+    weighted = {la.name for la in layers if la.op in WEIGHTED}
+    producer = {t: n.name for n in model.graph.node for t in n.output if t}
+    reads: dict[str, int] = {}
+    for n in model.graph.node:
+        for t in dict.fromkeys(n.input):
+            reads[t] = reads.get(t, 0) + 1
+    outputs = {o.name for o in model.graph.output}
+    return {n.name: producer[n.input[0]] for n in model.graph.node
+            if n.op_type in FUSED_ACTIVATIONS and n.input and producer.get(n.input[0]) in weighted
+            and reads.get(n.input[0], 0) == 1 and n.input[0] not in outputs}
 
 
 # pointwise activations TensorRT fuses into the convolution or GEMM before them (Best
