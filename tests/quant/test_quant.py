@@ -651,6 +651,9 @@ def test_the_cost_objective_takes_a_cheaper_superset_the_cheapest_of_all(tmp_pat
     written = json.loads((tmp_path / "cost" / "precision.json").read_text())
     assert written["cost"]["certificate"]["cheaper"]["moves"] == [
         {"added": ["mm2"], "removed": []}]
+    assert cost.minimality == ("a 1-minimal plan made 4.0% cheaper in 1 step(s) to cheaper "
+                               "passing plans one unit away")
+    assert count.minimality == "certified 1-minimal"
 
 
 def test_the_cost_objective_on_fp16_side_ends_at_a_local_optimum(tmp_path):

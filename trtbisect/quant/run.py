@@ -72,6 +72,17 @@ class QuantResult:
         return VERDICTS[self.verdict]
 
     @property
+    def minimality(self) -> str:
+        """How the plan was certified, in words (the console's and the report's)."""
+        cert = self.certificate or {}
+        moves = len((cert.get("cheaper") or {}).get("moves") or [])
+        if moves and cert.get("minimal_price_s"):
+            saved = 1 - cert["price_s"] / cert["minimal_price_s"]
+            return (f"a 1-minimal plan made {100 * saved:.1f}% cheaper in {moves} step(s) to "
+                    "cheaper passing plans one unit away")
+        return "certified 1-minimal" if self.one_minimal else "not certified minimal"
+
+    @property
     def one_judge(self) -> bool | None:
         """The written file's errors equal the search's, bit for bit (None: not compared)."""
         if self.after is None or self.search_after is None:
