@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from trtbisect.search.cheaper import cheaper_neighbours
+from trtbisect.search.cheaper import Cheaper, cheaper_neighbours
 from trtbisect.search.minimal import find_minimal_fp32
 
 UNITS = ["a", "b", "c", "x", "d"]
@@ -40,7 +40,8 @@ def cheapest_passing() -> tuple[float, frozenset[str]]:
 def test_the_cost_search_steps_to_the_cheapest_passing_plan_and_never_to_a_failing_one():
     minimal = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT)
     assert minimal.fp32 == ["a"] and price(frozenset(minimal.fp32)) == 8.0
-    r = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT, cheaper=10)
+    r = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT,
+                          after=Cheaper(UNITS, price, ADJACENT, 10))
     best_price, best = cheapest_passing()
     assert set(r.fp32) == best == {"a", "b", "c"} and price(best) == best_price == 7.0
     assert not r.one_minimal  # {"a"} alone passes: the plan is cheaper, not 1-minimal
@@ -56,7 +57,8 @@ def test_the_cost_search_steps_to_the_cheapest_passing_plan_and_never_to_a_faili
 
 
 def test_the_cheaper_step_spends_at_most_its_allowance():
-    r = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT, cheaper=1)
+    r = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT,
+                          after=Cheaper(UNITS, price, ADJACENT, 1))
     step = [t for t in r.trials if t.phase == "cheaper"]
     assert len(step) == 1 and step[0].fp32 == ("a", "x")  # the cheapest neighbour, failed
     assert r.fp32 == ["a"] and r.certificate["cheaper"]["cheaper_neighbours_unjudged"] > 0
@@ -74,6 +76,6 @@ def test_cheaper_neighbours_come_cheapest_first_then_by_name():
 def test_without_the_cheaper_step_the_cost_search_is_unchanged():
     """The FP16 road passes no `cheaper`: its result and trace are those of before."""
     a = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT)
-    b = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT, cheaper=None)
+    b = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT, after=None)
     assert a.to_json() == b.to_json() and "cheaper" not in a.certificate
     assert all(t.phase != "cheaper" for t in a.trials)

@@ -498,6 +498,7 @@ def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
     tensor as swap neighbours (adjacent.py), and the step to cheaper passing plans one unit
     away (search/cheaper.py: the price is not monotone), at most CHEAPER_PER_UNIT new
     evaluations per unit."""
+    from ..search.cheaper import Cheaper
     from .adjacent import unit_adjacency
 
     nodes = {**{la.name: (la.name,) for la in judge.layers},
@@ -511,8 +512,9 @@ def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
         if key not in memo:
             memo[key] = pricing.price(judge.expand(key))
         return memo[key]
-    return {"price": price, "adjacent": unit_adjacency(model, {u: nodes[u] for u in units}),
-            "cheaper": CHEAPER_PER_UNIT * len(units)}
+    adjacent = unit_adjacency(model, {u: nodes[u] for u in units})
+    return {"price": price, "adjacent": adjacent,
+            "after": Cheaper(units, price, adjacent, CHEAPER_PER_UNIT * len(units))}
 
 
 def _scored(trials, pricing, judge: QuantJudge, journal) -> list:

@@ -44,6 +44,22 @@ class Descent:
                 "allowance": allowance, "stopped_early": self.stopped}
 
 
+@dataclass(frozen=True)
+class Cheaper:
+    """`find_minimal_fp32(after=...)`: `descend` from the certified plan over `candidates`,
+    at most `allowance` new evaluations."""
+
+    candidates: Sequence[str]
+    price: Price
+    adjacent: Mapping[str, Sequence[str]]
+    allowance: int
+
+    def __call__(self, oracle: Oracle, plan: frozenset[str]
+                 ) -> tuple[frozenset[str], dict, bool]:
+        d = descend(oracle, plan, self.candidates, self.price, self.adjacent, self.allowance)
+        return d.plan, d.to_json(self.allowance), d.stopped
+
+
 def cheaper_neighbours(plan: frozenset[str], candidates: Sequence[str], price: Price,
                        adjacent: Mapping[str, Sequence[str]]) -> list[frozenset[str]]:
     """The plans one unit away from `plan` that cost less than it: any unit added, a unit
