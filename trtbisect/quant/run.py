@@ -75,11 +75,15 @@ class QuantResult:
     def minimality(self) -> str:
         """How the plan was certified, in words (the console's and the report's)."""
         cert = self.certificate or {}
-        moves = len((cert.get("cheaper") or {}).get("moves") or [])
+        step = cert.get("cheaper") or {}
+        moves = len(step.get("moves") or [])
         if moves and cert.get("minimal_price_s"):
             saved = 1 - cert["price_s"] / cert["minimal_price_s"]
+            left = step.get("cheaper_neighbours_unjudged") or 0
             return (f"a 1-minimal plan made {100 * saved:.1f}% cheaper in {moves} step(s) to "
-                    "cheaper passing plans one unit away")
+                    "cheaper passing plans one unit away"
+                    + (f" ({left} cheaper ones left unjudged: the step's allowance)"
+                       if left else ""))
         return "certified 1-minimal" if self.one_minimal else "not certified minimal"
 
     @property
