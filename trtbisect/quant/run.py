@@ -478,7 +478,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal = search.one_minimal
-        result.certificate = search.certificate
+        result.certificate = _certificate(search.certificate)
         if search.found:
             result.units = judge.expand(search.fp32)
             result.plan = [u for u in result.units if u not in judge.half]
@@ -495,6 +495,16 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.cost = {**pricing.summary(result.units), "objective": opts.objective,
                    **({"certificate": result.certificate} if result.certificate else {})}
     result.renderings = renderings(result, model)
+
+
+def _certificate(cert: dict | None) -> dict | None:
+    """The cost search's certificate for precision.json: its removals and swaps counted
+    (each a whole plan: a plan of k layers would write k * k names), the rest as it is."""
+    if cert is None:
+        return None
+    out = {k: v for k, v in cert.items() if k not in ("removals", "swaps")}
+    return {**out, "removals_failed": len(cert.get("removals", ())),
+            "swaps_failed": len(cert.get("swaps", ()))}
 
 
 def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
