@@ -79,3 +79,15 @@ def test_without_the_cheaper_step_the_cost_search_is_unchanged():
     b = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT, after=None)
     assert a.to_json() == b.to_json() and "cheaper" not in a.certificate
     assert all(t.phase != "cheaper" for t in a.trials)
+
+
+def test_a_budget_that_runs_out_in_the_step_keeps_the_last_passing_plan():
+    """--max-evals reached inside the step: the plan is the last one it took (it passed),
+    flagged stopped early, never the smallest passing plan the budget fallback would give."""
+    minimal = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT)
+    r = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT,
+                          max_evaluations=minimal.evaluations + 2,
+                          after=Cheaper(UNITS, price, ADJACENT, 10))
+    assert r.evaluations == minimal.evaluations + 2 and r.stopped_early
+    assert r.fp32 == ["a", "b"] and check(frozenset(r.fp32)) and price(frozenset(r.fp32)) == 7.5
+    assert r.certificate["cheaper"]["stopped_early"] is True
