@@ -68,7 +68,10 @@ def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMP
         vals = [e["rel"] for e in errors.values() if isinstance(e.get("rel"), float)]
         return f"{max(vals):.3g}" if vals else "-"
     weighted = sum(1 for la in d["layers"] if la["op"] in WEIGHTED)
+    step = (c.get("certificate") or {}).get("cheaper") or {}
     certified = ("" if not d["evaluations"] else " (certified)" if d["one_minimal"]
+                 else f" (1-minimal, then {len(step['moves'])} cheaper step(s), "
+                 f"{step['evaluations']} evaluations)" if step.get("moves")
                  else " (not certified)")
     plan = (f"{len(d['unquantized_layers'])} layers + {len(d['fp32_nodes'])} FP32 nodes"
             if d["fp32_nodes"] else f"{len(d['unquantized_layers'])}")

@@ -4,6 +4,7 @@ culprit, one judge for the search and the written file, and the renderings."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -27,8 +28,11 @@ def _files(p: qm.Planted, tmp_path):
     return model, inputs
 
 
-def _opts(inputs, rtol) -> Options:
-    return Options(inputs=[str(inputs)], tolerance=Tolerance(rtol, 0.0), threads=1)
+def _opts(inputs, rtol, objective: str = "cost") -> Options:
+    """`objective="count"` where a test asserts the 1-minimal plan: under the default cost
+    objective a cheaper plan one unit away may replace it (search/cheaper.py)."""
+    return Options(inputs=[str(inputs)], tolerance=Tolerance(rtol, 0.0), threads=1,
+                   objective=objective)
 
 
 # the fix trtbisect applies and verifies for each planted culprit (None: none it can verify)
@@ -67,7 +71,7 @@ def test_a_file_fp16_elsewhere_gets_one_search_over_both_sides(tmp_path):
     and FP16 nodes together, and says which side each culprit is on."""
     p = qm.fp16_side()
     model, inputs = _files(p, tmp_path)
-    r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
+    r = run(model, _opts(inputs, p.rtol, "count"), tmp_path / "out")
     assert r.verdict == "fixed" and r.one_minimal and r.one_judge is True
     assert r.plan == ["mm1"] and r.fp32_nodes == ["amp", "back"]
     assert r.before.errors["y"].nonfinite > 0  # the overflow, judged with FP16 stores explicit
@@ -371,6 +375,75 @@ def test_a_reformat_reads_the_float_width_its_writer_has_under_the_plan():
     assert pr.boundary({"mm1", FP32_PREFIX + "mm1"}) == (1, n * (4 + 1) / bw)
 
 
+def test_a_quantized_layer_kept_in_fp32_is_priced_as_the_float_layer_the_file_runs():
+    """fp16_side with mm2 left quantized but its node kept in FP32: the written file puts
+    Casts between mm2's DQs and it, so no DQ fuses (rule R1 moves a DQ past none): mm2 is
+    priced as an FP32 MatMul on dequantized values, h's DQ a kernel of its own (1 byte read,
+    2 written), beside xh's Q reformat; mm1 still fuses h's Q and writes 1 byte."""
+    from trtbisect.quant.cost import pricing_for
+    from trtbisect.quant.half import half_nodes
+    from trtbisect.quant.judge import FP32_PREFIX
+    from trtbisect.search.cost import GPUS
+
+    p = qm.fp16_side()
+    units = {FP32_PREFIX + n: n for n in half_nodes(p.model)}
+    pr = pricing_for(p.model, analyse(p.model), units, p.inputs, "l4", True)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    floated = {FP32_PREFIX + "mm2"}
+    assert pr.floated(frozenset(floated)) == {"mm2"}
+    assert pr.node_times(floated)["mm2"] == pr.node_times({"mm2", FP32_PREFIX + "mm2"})["mm2"]
+    assert pr.node_times(floated)["mm2"] == pytest.approx(4 * 3 * n / bw)  # h, w2, yh at 4
+    assert pr.boundary(floated) == (2, (n * (2 + 1) + n * (1 + 2)) / bw)
+    assert pr.written_bytes("mm1", frozenset(floated)) == 1
+
+
+def test_a_relu_after_a_quantized_layer_is_priced_in_its_epilogue():
+    """outlier: x -> mm1 -> relu -> mm2, FP32 elsewhere, n = 256 elements per tensor. The
+    Relu runs in mm1's epilogue (TensorRT's explicit-quantization placement: a linear
+    operation followed by its activation): it costs nothing of its own, where it cost
+    4 * (n + n) bytes before. All quantized: mm1 reads x and w1 at 1 byte and writes hr's
+    fused Q at 1 (3n), mm2 reads 2n at 1 byte and writes y at 4 (6n), x's Q reformat reads
+    4 and writes 1 (5n): 14n. mm1 un-quantized (FP32, the Relu with it): 12n + 5n (hr's Q a
+    reformat now) + 6n. A Relu whose input something else reads too is priced on its own."""
+    from trtbisect.quant.cost import pricing_for
+    from trtbisect.search.cost import GPUS
+
+    p = qm.outlier()
+    pr = pricing_for(p.model, analyse(p.model), {}, p.inputs, "l4", False)
+    n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
+    assert pr.epilogue == {"relu": "mm1"}
+    assert pr.node_times(())["relu"] == pr.node_times({"mm1"})["relu"] == 0.0
+    assert pr.price(()) == pytest.approx(14 * n / bw)
+    assert pr.price({"mm1"}) == pytest.approx(23 * n / bw)
+    assert pr.all_fp16() == pytest.approx((2 * 3 * n + 2 * 3 * n) / bw)
+    m = onnx.ModelProto()
+    m.CopyFrom(p.model)
+    m.graph.output.append(onnx.helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT,
+                                                             [qm.N, qm.C]))
+    apart = pricing_for(m, analyse(m), {}, p.inputs, "l4", False)
+    assert apart.epilogue == {}
+    assert apart.node_times(())["relu"] == pytest.approx(4 * 2 * n / bw)
+
+
+def test_units_joined_by_a_tensor_are_neighbours():
+    """quant/adjacent.py on fp16_side: mm1 and mm2 meet through h's Q/DQ, a layer and the
+    FP32 unit of its own node are neighbours, amp reads mm2, back reads amp; the Casts at
+    the graph's edges are no units."""
+    from trtbisect.quant.adjacent import unit_adjacency
+    from trtbisect.quant.half import half_nodes
+
+    p = qm.fp16_side()
+    units = {**{la.name: (la.name,) for la in analyse(p.model)},
+             **{"fp32:" + n: (n,) for n in half_nodes(p.model)}}
+    assert unit_adjacency(p.model, units) == {
+        "mm1": ("mm2", "fp32:mm1", "fp32:mm2"),
+        "mm2": ("mm1", "fp32:mm1", "fp32:mm2", "fp32:amp"),
+        "fp32:mm1": ("mm1", "mm2", "fp32:mm2"),
+        "fp32:mm2": ("mm1", "mm2", "fp32:mm1", "fp32:amp"),
+        "fp32:amp": ("mm2", "fp32:mm2", "fp32:back"),
+        "fp32:back": ("fp32:amp",)}
+
+
 def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
     """`--report` on a quantized run writes the trade-off plot: one point per evaluated plan
     at its estimated time and the error its judge measured, the file as given (all quantized)
@@ -431,7 +504,7 @@ def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
     np.testing.assert_allclose(session(ref).run(["y"], p.inputs)[0],
                                session(plain).run(["y"], p.inputs)[0], rtol=1e-5, atol=1e-5)
     np.savez(tmp_path / "in.npz", **p.inputs)
-    r = run(qdq_path, _opts(tmp_path / "in.npz", p.rtol), tmp_path / "out")
+    r = run(qdq_path, _opts(tmp_path / "in.npz", p.rtol, "count"), tmp_path / "out")
     assert r.verdict == "fixed" and r.plan == ["mm1"] and r.one_judge is True
 
 
@@ -515,7 +588,7 @@ def test_detection_reads_big_files_in_chunks(tmp_path):
     assert not is_quantized_file(tmp_path / "missing.onnx") and not is_quantized_file(tmp_path)
 
 
-@pytest.mark.parametrize("make", [qm.outlier, qm.fp16_side], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("make", [qm.outlier], ids=lambda m: m.__name__)
 def test_the_count_objective_finds_the_same_plans(make, tmp_path):
     p = make()
     model, inputs = _files(p, tmp_path)
@@ -524,6 +597,92 @@ def test_the_count_objective_finds_the_same_plans(make, tmp_path):
     r = run(model, opts, tmp_path / "out")
     cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
     assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
+
+
+def _every_plan(r, p: qm.Planted) -> dict[frozenset[str], tuple[float, bool]]:
+    """Brute force: every subset of the run's search units, its price (the run's pricing)
+    and its verdict (the run's judge)."""
+    from trtbisect.quant.cost import pricing_for, shape_probe
+
+    j = r.judge
+    pricing = pricing_for(p.model, r.layers, j.half, p.inputs, r.cost["gpu"], r.emulated,
+                          shape_probe(p.model, p.inputs, 1))
+    plans = [frozenset(s) for k in range(len(j.units) + 1)
+             for s in itertools.combinations(j.units, k)]
+    return {s: (pricing.price(j.expand(s)), j.check(s)) for s in plans}
+
+
+def _cheaper_run(p: qm.Planted, tmp_path):
+    model, inputs = _files(p, tmp_path)
+    count = run(model, _opts(inputs, p.rtol, "count"), tmp_path / "count")
+    cost = run(model, _opts(inputs, p.rtol), tmp_path / "cost")
+    assert cost.verdict == "fixed" and cost.one_judge is True
+    # `check` of the written file gives run's numbers bit for bit
+    ref = tmp_path / "ref.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    c = invoke("-q", "check", tmp_path / "cost" / f"{p.name}.unquantized.onnx", "--reference",
+               ref, "--inputs", inputs, "--rtol", p.rtol, "--json")
+    assert c.exit_code == 0, c.output
+    assert json.loads(c.stdout)["errors"]["y"]["max_abs"] == cost.after.errors["y"].max_abs
+    # the cheaper step: bounded, and what it judged is in the trace
+    step = cost.certificate["cheaper"]
+    assert step["evaluations"] <= step["allowance"] == 2 * len(cost.judge.units)
+    assert cost.evaluations == len(cost.trials)
+    assert sum(t.phase == "cheaper" for t in cost.trials) == step["evaluations"]
+    assert count.certificate is None and all(t.phase != "cheaper" for t in count.trials)
+    return count, cost
+
+
+def test_the_cost_objective_takes_a_cheaper_superset_the_cheapest_of_all(tmp_path):
+    """fp16_side(fused=True): the 1-minimal plan un-quantizes mm1 alone, which leaves h's Q
+    a reformat of its own (mm1 now writes FP16); un-quantizing mm2 too removes it and costs
+    less than it saves. Brute force over the 32 plans: {mm1, mm2} is the cheapest that
+    passes, 0.02049 us against {mm1}'s 0.02135 us on the default L4."""
+    p = qm.fp16_side(fused=True)
+    count, cost = _cheaper_run(p, tmp_path)
+    assert count.units == ["mm1"] and count.one_minimal
+    assert cost.units == ["mm1", "mm2"] and not cost.one_minimal
+    every = _every_plan(cost, p)
+    best = min((price, sorted(s)) for s, (price, ok) in every.items() if ok)
+    assert best == (cost.cost["plan_s"], ["mm1", "mm2"])
+    assert cost.cost["plan_s"] == pytest.approx(2.049e-8, rel=1e-3)
+    assert cost.certificate["minimal_price_s"] == every[frozenset({"mm1"})][0] == \
+        count.cost["plan_s"] == pytest.approx(2.1353e-8, rel=1e-3)
+    written = json.loads((tmp_path / "cost" / "precision.json").read_text())
+    assert written["cost"]["certificate"]["cheaper"]["moves"] == [
+        {"added": ["mm2"], "removed": []}]
+    assert cost.minimality == ("a 1-minimal plan made 4.0% cheaper in 1 step(s) to cheaper "
+                               "passing plans one unit away")
+    assert count.minimality == "certified 1-minimal"
+
+
+def test_the_cost_objective_on_fp16_side_ends_at_a_local_optimum(tmp_path):
+    """fp16_side: the 1-minimal plan {mm1, amp, back} (0.02477 us) becomes {mm1, mm2, amp,
+    back} (0.02392 us): no passing plan one unit away (added, removed, swapped) is cheaper,
+    nor any passing superset of the 1-minimal plan. The cheapest passing plan of all 64,
+    {mm1, mm2, fp32:mm2} (0.0222 us: mm2 un-quantized in FP32, so amp and back fuse into one
+    pointwise layer that keeps 2^15 x inside), is three units away, and each first step
+    towards it fails or costs more: a descent one unit at a time cannot reach it
+    (docs/quantization.md)."""
+    p = qm.fp16_side()
+    count, cost = _cheaper_run(p, tmp_path)
+    half = ["fp32:amp", "fp32:back"]
+    assert count.units == ["mm1", *half] and cost.units == ["mm1", "mm2", *half]
+    every = _every_plan(cost, p)
+    plan, minimal = frozenset(cost.units), frozenset(count.units)
+    assert every[plan][0] == cost.cost["plan_s"] == pytest.approx(2.392e-8, rel=1e-3)
+    assert every[minimal][0] == count.cost["plan_s"] == pytest.approx(2.4773e-8, rel=1e-3)
+    supersets = [(price, sorted(s)) for s, (price, ok) in every.items() if ok and minimal <= s]
+    assert min(supersets) == (every[plan][0], sorted(plan))
+    near = [s for s in every if len(s ^ plan) == 1 or (len(s) == len(plan)
+                                                       and len(s - plan) == 1)]
+    assert all(not ok or price >= every[plan][0] for s in near for price, ok in [every[s]])
+    best = min((price, sorted(s)) for s, (price, ok) in every.items() if ok)
+    assert set(best[1]) == {"mm1", "mm2", "fp32:mm2"} and best[0] < every[plan][0]
+    assert best[0] == pytest.approx(2.22e-8, rel=1e-3)
+    # the way there: adding fp32:mm2 costs more, removing amp or back first fails
+    assert every[plan | {"fp32:mm2"}][0] > every[plan][0]
+    assert not every[plan - {"fp32:amp"}][1] and not every[plan - {"fp32:back"}][1]
 
 
 def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
@@ -563,7 +722,8 @@ def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
     assert pr2.node_times(())["mm1"] == pytest.approx((reads + 4 * n) / bw)
 
 
-def _report_run(tmp_path, model: onnx.ModelProto, inputs: dict, rtol: float, rename=None):
+def _report_run(tmp_path, model: onnx.ModelProto, inputs: dict, rtol: float, rename=None,
+                objective: str = "cost"):
     """`run --report` on a planted model, its layers' compute nodes renamed by `rename`."""
     for n in model.graph.node:
         n.name = (rename or {}).get(n.name, n.name)
@@ -571,7 +731,7 @@ def _report_run(tmp_path, model: onnx.ModelProto, inputs: dict, rtol: float, ren
     onnx.save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "m.npz", **inputs)
     res = invoke("run", tmp_path / "m.onnx", "--inputs", tmp_path / "m.npz", "--rtol", rtol,
-                 "--report", "--out", tmp_path / "out")
+                 "--report", "--out", tmp_path / "out", "--objective", objective)
     assert res.exit_code == 0, res.output
     return tmp_path / "out"
 
@@ -583,7 +743,7 @@ def test_report_pages_name_each_culprit_and_its_side(tmp_path):
     precision.json's files list the pages."""
     pytest.importorskip("matplotlib")
     p = qm.fp16_side()
-    out = _report_run(tmp_path, p.model, p.inputs, p.rtol)
+    out = _report_run(tmp_path, p.model, p.inputs, p.rtol, objective="count")
     md = (out / "report.md").read_text(encoding="utf-8")
     assert md.splitlines()[2].startswith("**Verdict: fixed by running 1 of 2 quantized layers")
     rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[1]
@@ -646,7 +806,7 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
     assert half.fused_internal(qm.fp16_side().model, ty) == frozenset()  # MatMul epilogue:
     # uncertain, per-node rounding kept
     model, inputs = _files(p, tmp_path)
-    fused = run(model, _opts(inputs, p.rtol), tmp_path / "trt")
+    fused = run(model, _opts(inputs, p.rtol, "count"), tmp_path / "trt")
     assert fused.verdict == "fixed" and fused.one_minimal and fused.one_judge is True
     assert fused.plan == ["mm1"] and fused.fp32_nodes == []
     # the pair switches as one unit: kept apart, one in FP32 and the other in FP16, the
@@ -664,7 +824,7 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
     # in the same --out: the journal of the trt run is not replayed (its fingerprint differs)
     head = json.loads((tmp_path / "trt" / "journal.jsonl").read_text().splitlines()[0])
     assert head["fingerprint"]["semantics"] == "trt"
-    strict_opts = _opts(inputs, p.rtol)
+    strict_opts = _opts(inputs, p.rtol, "count")
     strict_opts.semantics = "strict"
     strict = run(model, strict_opts, tmp_path / "trt")
     assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]

@@ -76,8 +76,8 @@ def emit(result, as_json: bool) -> None:
               "ONNX Runtime CPU (Q/DQ run as written"
               + (f"; FP16 stores emulated, {_rounding(result)})" if result.emulated else ")"))
     if result.evaluations:
-        minimal = "certified 1-minimal" if result.one_minimal else "not certified minimal"
-        out.print(f"{result.evaluations} evaluations, {minimal}, {result.seconds:.1f}s")
+        out.print(f"{result.evaluations} evaluations, {result.minimality}, "
+                  f"{result.seconds:.1f}s")
     if result.files:
         if "mixed_qdq_model" in result.files:
             out.print(f"the plan's Q/DQ ONNX (TensorRT 10 and 11): "

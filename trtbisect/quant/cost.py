@@ -75,17 +75,22 @@ class Boundary:
         return bool(self.readers - plan) or (self.output_of is not None
                                              and self.output_of not in plan)
 
-    def kernels(self, plan: frozenset[str]) -> tuple[bool, bool]:
-        """Under the plan: is the Q a kernel of its own, is the graph output's DQ?"""
+    def kernels(self, plan: frozenset[str], floated: frozenset[str] = frozenset()
+                ) -> tuple[bool, bool, int]:
+        """Under the plan: is the Q a kernel of its own, is the graph output's DQ, and how
+        many DQs are (one per `floated` reader: a quantized layer the plan keeps in FP32)?"""
         out = self.output_of is not None and self.output_of not in plan
-        return self.lives(plan) and (self.writer is None or self.writer in plan), out
+        q = self.lives(plan) and (self.writer is None or self.writer in plan
+                                  or self.writer in floated)
+        return q, out, len((self.readers - plan) & floated)
 
-    def bytes(self, plan: frozenset[str], fp32_nodes: frozenset[str]) -> int:
+    def bytes(self, plan: frozenset[str], fp32_nodes: frozenset[str],
+              floated: frozenset[str] = frozenset()) -> int:
         """Bytes the standalone Q and DQ kernels of this tensor move under the plan."""
-        q, dq = self.kernels(plan)
+        q, dq, dqs = self.kernels(plan, floated)
         fb = 4 if self.writer_node in fp32_nodes else self.float_bytes
         return (self.elements * (fb + 1) if q else 0) + (  # Q: float read, 1 byte written
-            self.elements * (1 + self.float_bytes) if dq else 0)  # DQ: 1 byte, float
+            self.elements * (1 + self.float_bytes) * (int(dq) + dqs))  # DQ: 1 byte, float
 
 
 @dataclass
@@ -97,6 +102,7 @@ class QuantPricing:
     layer_of: dict[str, str] = field(default_factory=dict)  # node -> its quantized layer
     half_units: dict[str, str] = field(default_factory=dict)  # unit -> FP16 node
     boundaries: list[Boundary] = field(default_factory=list)
+    epilogue: dict[str, str] = field(default_factory=dict)  # Relu -> the layer it fuses into
 
     def _time(self, n: _Node, prec: str, out_bytes: int | None = None) -> float:
         """`out_bytes`: per element a quantized layer writes (1 where its output Q fuses
@@ -129,25 +135,49 @@ class QuantPricing:
             return 1
         return FLOAT_BYTES[self._base]
 
+    def floated(self, chosen: frozenset[str]) -> frozenset[str]:
+        """The quantized layers the plan leaves quantized but keeps in FP32 (the FP32 unit of
+        the layer's own node): the written file puts Casts between their DQs and them, and
+        a DQ moves only past the ops rule R1 lists (a Cast is none), so TensorRT fuses no DQ
+        into them: they compute in FP32 on dequantized values, each DQ a kernel of its own."""
+        fp32_nodes = {n for u, n in self.half_units.items() if u in chosen}
+        return frozenset(la for n, la in self.layer_of.items()
+                         if n in fp32_nodes and la not in chosen)
+
     def node_times(self, units: Iterable[str]) -> dict[str, float]:
         """Seconds of each node (Q/DQ aside) with `units` applied to the file."""
         chosen = frozenset(units)
         fp32_nodes = {n for u, n in self.half_units.items() if u in chosen}
+        floated = self.floated(chosen)
         out = {}
         for n in self.nodes:
             layer = self.layer_of.get(n.name)
-            if layer is not None and layer not in chosen:
+            if self._fused(n.name, chosen, floated, fp32_nodes):
+                out[n.name] = 0.0
+            elif layer is not None and layer not in chosen and layer not in floated:
                 out[n.name] = self._time(n, "q", self.written_bytes(layer, chosen))
             else:
                 out[n.name] = self._time(n, "fp32" if n.name in fp32_nodes else self._base)
         return out
 
+    def _fused(self, name: str, chosen: frozenset[str], floated: frozenset[str],
+               fp32_nodes: set[str]) -> bool:
+        """Is `name` a Relu TensorRT fuses into the layer before it under the plan: the layer
+        quantized (its epilogue), or both in the same float precision?"""
+        layer = self.epilogue.get(name)
+        if layer is None:
+            return False
+        if layer not in chosen and layer not in floated:
+            return True
+        return (layer in fp32_nodes) == (name in fp32_nodes)
+
     def boundary(self, units: Iterable[str]) -> tuple[int, float]:
         """The standalone Q/DQ kernels under the plan: how many, and their seconds."""
         chosen = frozenset(units)
         fp32_nodes = frozenset(n for u, n in self.half_units.items() if u in chosen)
-        moved = [b.bytes(chosen, fp32_nodes) for b in self.boundaries]
-        kernels = sum(sum(b.kernels(chosen)) for b in self.boundaries)
+        floated = self.floated(chosen)
+        moved = [b.bytes(chosen, fp32_nodes, floated) for b in self.boundaries]
+        kernels = sum(sum(b.kernels(chosen, floated)) for b in self.boundaries)
         return kernels, math.fsum(moved) / GPUS[self.gpu].bandwidth
 
     def price(self, units: Iterable[str]) -> float:
@@ -157,7 +187,7 @@ class QuantPricing:
         return math.fsum(self.node_times(chosen).values()) + self.boundary(chosen)[1]
 
     def all_fp16(self) -> float:
-        return math.fsum(self._time(n, "fp16") for n in self.nodes)
+        return math.fsum(self._time(n, "fp16") for n in self.nodes if n.name not in self.epilogue)
 
     def summary(self, units: Sequence[str]) -> dict:
         """precision.json's "cost": the three engines, and `rows`: what each unit of the plan
@@ -245,7 +275,26 @@ def pricing_for(model: onnx.ModelProto, layers: Sequence[Layer], half_units: Map
                                sum(elems(t) for t in n.output if t)))
     out.layer_of = {la.name: la.name for la in layers}
     out.boundaries = _boundaries(model, layers, elems, 2 if half_file else 4)
+    out.epilogue = _epilogues(model, layers)
     return out
+
+
+def _epilogues(model: onnx.ModelProto, layers: Sequence[Layer]) -> dict[str, str]:
+    """Each Relu whose input a quantized weighted layer writes for it alone: TensorRT runs it
+    in that layer's epilogue (Developer Guide, "Explicit Quantization", Q/DQ layer placement:
+    a linear operation followed by an activation function, and convolution, batch norm and
+    ReLU fused in the network's order; Best Practices guide, "Types of Fusions"), so it moves
+    no tensor of its own and costs nothing beside the layer."""
+    weighted = {la.name for la in layers if la.op in WEIGHTED}
+    producer = {t: n.name for n in model.graph.node for t in n.output if t}
+    reads: dict[str, int] = {}
+    for n in model.graph.node:
+        for t in dict.fromkeys(n.input):
+            reads[t] = reads.get(t, 0) + 1
+    outputs = {o.name for o in model.graph.output}
+    return {n.name: producer[n.input[0]] for n in model.graph.node
+            if n.op_type in FUSED_ACTIVATIONS and n.input and producer.get(n.input[0]) in weighted
+            and reads.get(n.input[0], 0) == 1 and n.input[0] not in outputs}
 
 
 # pointwise activations TensorRT fuses into the convolution or GEMM before them (Best

@@ -180,9 +180,8 @@ def facts(result) -> list[str]:
                        f"{1e6 * plan['s']:.4g} us; what it changes in Q/DQ traffic (reformats, "
                        f"fused output Qs): {cost_pct(qdq['share'])} of all quantized")
     if result.evaluations:
-        out.append(f"{result.evaluations} evaluations, "
-                   f"{'certified 1-minimal' if result.one_minimal else 'not certified minimal'}"
-                   f", {result.seconds:.1f}s")
+        out.append(f"{result.evaluations} evaluations, {result.minimality}, "
+                   f"{result.seconds:.1f}s")
     if result.one_judge is not None:
         out.append("one judge: the written file's errors equal the search's, bit for bit: "
                    f"{'yes' if result.one_judge else 'NO'}")

@@ -31,6 +31,7 @@ from .render import renderings
 
 log = logging.getLogger(__name__)
 
+CHEAPER_PER_UNIT = 2  # --objective cost: new evaluations per unit the cheaper step may make
 VERDICTS = {"quantized_ok": EXIT_OK, "fixed": EXIT_OK, "no_plan": EXIT_NO_PLAN,
             "reference_invalid": EXIT_REFERENCE_INVALID}
 
@@ -57,6 +58,7 @@ class QuantResult:
     semantics: str = "trt"  # where the FP16 side rounds: per fused TensorRT layer, or per node
     fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
     cost: dict = field(default_factory=dict)  # estimated engine times (quant/cost.py)
+    certificate: dict | None = None  # --objective cost: removals, swaps, the cheaper step
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
     files: dict[str, str] = field(default_factory=dict)
@@ -68,6 +70,21 @@ class QuantResult:
     @property
     def exit_code(self) -> int:
         return VERDICTS[self.verdict]
+
+    @property
+    def minimality(self) -> str:
+        """How the plan was certified, in words (the console's and the report's)."""
+        cert = self.certificate or {}
+        step = cert.get("cheaper") or {}
+        moves = len(step.get("moves") or [])
+        if moves and cert.get("minimal_price_s"):
+            saved = 1 - cert["price_s"] / cert["minimal_price_s"]
+            left = step.get("cheaper_neighbours_unjudged") or 0
+            return (f"a 1-minimal plan made {100 * saved:.1f}% cheaper in {moves} step(s) to "
+                    "cheaper passing plans one unit away"
+                    + (f" ({left} cheaper ones left unjudged: the step's allowance)"
+                       if left else ""))
+        return "certified 1-minimal" if self.one_minimal else "not certified minimal"
 
     @property
     def one_judge(self) -> bool | None:
@@ -456,12 +473,12 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                                    ranking=_ranking(layers, findings, _search_half(judge),
                                                     values, model),
                                    max_evaluations=opts.max_evaluations, progress=progress,
-                                   **({"price": lambda u: pricing.price(judge.expand(u)),
-                                       "adjacent": {}}
+                                   **(_cost_search(judge, model, pricing)
                                       if opts.objective == "cost" else {}))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal = search.one_minimal
+        result.certificate = _certificate(search.certificate)
         if search.found:
             result.units = judge.expand(search.fp32)
             result.plan = [u for u in result.units if u not in judge.half]
@@ -475,8 +492,43 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
-    result.cost = {**pricing.summary(result.units), "objective": opts.objective}
+    result.cost = {**pricing.summary(result.units), "objective": opts.objective,
+                   **({"certificate": result.certificate} if result.certificate else {})}
     result.renderings = renderings(result, model)
+
+
+def _certificate(cert: dict | None) -> dict | None:
+    """The cost search's certificate for precision.json: its removals and swaps counted
+    (each a whole plan: a plan of k layers would write k * k names), the rest as it is."""
+    if cert is None:
+        return None
+    out = {k: v for k, v in cert.items() if k not in ("removals", "swaps")}
+    return {**out, "removals_failed": len(cert.get("removals", ())),
+            "swaps_failed": len(cert.get("swaps", ()))}
+
+
+def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
+    """`--objective cost`'s arguments to the search: the plan's price, the units joined by a
+    tensor as swap neighbours (adjacent.py), and the step to cheaper passing plans one unit
+    away (search/cheaper.py: the price is not monotone), at most CHEAPER_PER_UNIT new
+    evaluations per unit."""
+    from ..search.cheaper import Cheaper
+    from .adjacent import unit_adjacency
+
+    nodes = {**{la.name: (la.name,) for la in judge.layers},
+             **{u: (n,) for u, n in judge.half.items()},
+             **{u: tuple(judge.half[m] for m in ms) for u, ms in judge.fused.items()}}
+    units = judge.units
+    memo: dict[frozenset[str], float] = {}
+
+    def price(plan: frozenset[str]) -> float:
+        key = frozenset(plan)
+        if key not in memo:
+            memo[key] = pricing.price(judge.expand(key))
+        return memo[key]
+    adjacent = unit_adjacency(model, {u: nodes[u] for u in units})
+    return {"price": price, "adjacent": adjacent,
+            "after": Cheaper(units, price, adjacent, CHEAPER_PER_UNIT * len(units))}
 
 
 def _scored(trials, pricing, judge: QuantJudge, journal) -> list:

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 Check = Callable[[frozenset[str]], bool]
 Price = Callable[[frozenset[str]], float]
 Score = Callable[[frozenset[str]], "float | None"]  # an evaluated plan's error (lower is better)
+# a step after the cost certificate (cheaper.py): (oracle, plan) -> (plan, its certificate
+# entry, stopped by the budget)
+After = Callable[["Oracle", frozenset[str]], "tuple[frozenset[str], dict, bool]"]
 SWAP_K = 2  # cheaper neighbours tried per unit of the plan in the swap certificate
 SWAP_SHARE = 0.5  # the swap certificate evaluates at most this share of what came before it
 
@@ -365,6 +368,7 @@ def find_minimal_fp32(
     swap_share: float | None = SWAP_SHARE,
     limit: float | None = None,
     score: Score | None = None,
+    after: After | None = None,
 ) -> SearchResult:
     """Prior-guided search for a certified 1-minimal FP32 set.
 
@@ -376,13 +380,16 @@ def find_minimal_fp32(
     `limit` (with `price`): --budget, the most a plan may cost; only plans within it are
     evaluated (`_find_within`), and `score(plan)` (its error once evaluated) picks the best
     failing one when none passes.
+    `after` (with `price`, no `limit`), for a price that is not monotone (the quantized
+    road's): a step after the certificate, through the same oracle (cheaper.py `Cheaper`:
+    to cheaper passing plans one unit away).
     """
     if limit is not None and price is not None:
         return _find_within(candidates, check, seeds, ranking, max_evaluations, progress,
                             price, adjacent or {}, swap_k, swap_share, limit, score)
     if price is not None:
         return _find_cheapest(candidates, check, seeds, ranking, max_evaluations, progress,
-                              price, adjacent or {}, swap_k, swap_share)
+                              price, adjacent or {}, swap_k, swap_share, after)
     cand, seed_list, rank = _ordered(candidates, seeds, ranking)
     oracle = Oracle(check, cand, max_evaluations, progress)
     try:
@@ -523,7 +530,7 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
                    ranking: Sequence[str], max_evaluations: int | None,
                    progress: Progress | None, price: Price,
                    adjacent: Mapping[str, Sequence[str]], swap_k: int,
-                   swap_share: float | None) -> SearchResult:
+                   swap_share: float | None, after: After | None = None) -> SearchResult:
     """`find_minimal_fp32` minimizing `price`: the same prior, grow and handover to ddmin;
     then shrink (bisecting failed runs), certify 1-minimal and certify that no single swap
     for a cheaper neighbour passes, the most expensive units tried first throughout."""
@@ -542,15 +549,24 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
         allowance = (max(1, int(swap_share * len(oracle.trials))) if swap_share is not None
                      else len(cand) ** 2)  # what the certificate may cost, at most
         current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
-        result = _result(oracle, current, found=True, minimal=True)
+        minimal_plan, stepped = current, None
+        if after is not None:
+            current, stepped, stopped = after(oracle, current)
+        result = _result(oracle, current, found=True, minimal=current == minimal_plan)
+        result.stopped_early = bool(stepped is not None and stopped)
         result.certificate = {
             "objective": "cost", "price_s": price(current),
-            "removals": [list(oracle.sorted(current - {x})) for x in oracle.sorted(current)],
+            "removals": [list(oracle.sorted(minimal_plan - {x}))
+                         for x in oracle.sorted(minimal_plan)],
             "swaps": [list(oracle.sorted(s)) for s in swaps],
             "neighbourhood": f"units adjacent in the data flow and cheaper in the plan's place, "
                              f"at most {swap_k} per unit (the most suspicious), the cheapest "
                              f"swaps first, at most {allowance} evaluated in all ({swap_share} of "
                              "the evaluations before the certificate)"}
+        if stepped is not None:
+            result.certificate.update(
+                minimal_plan=list(oracle.sorted(minimal_plan)),
+                minimal_price_s=price(minimal_plan), cheaper=stepped)
         return result
     except BudgetExhausted:
         return _stopped(oracle, cand)
