@@ -313,6 +313,18 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
                                  tmp_path / "o"), 2, "no FP8 tensor cores")
 
 
+
+def _three_matmuls() -> tuple[onnx.ModelProto, np.ndarray, np.random.Generator]:
+    """mm1 -> mm2 -> mm3, each reading a quantized activation and a quantized weight; the
+    sample, and the generator that drew the weights (its next draws are the tests')."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
+    b = qm.QBuilder()
+    t = "x"
+    for k in (1, 2, 3):
+        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
+    return b.model({"x": x}, ["h3"]), x, rng
+
 def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traffic():
     """x -> mm1 -> mm2 -> mm3, each MatMul quantized (INT8, FP32 elsewhere). All quantized,
     the only reformat is the graph input's Q (x read in FP32, written in INT8): the Qs of h1
@@ -323,13 +335,7 @@ def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traff
     from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for
 
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
-    b = qm.QBuilder()
-    t = "x"
-    for k in (1, 2, 3):
-        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
-    model = b.model({"x": x}, ["h3"])
+    model, x, rng = _three_matmuls()
     layers = analyse(model)
     assert [la.name for la in layers] == ["mm1", "mm2", "mm3"]
     pr = pricing_for(model, layers, {}, {"x": x}, "l4", False)
@@ -694,13 +700,7 @@ def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
     from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for
 
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((qm.N, qm.C)).astype(np.float32)
-    b = qm.QBuilder()
-    t = "x"
-    for k in (1, 2, 3):
-        t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
-    model = b.model({"x": x}, ["h3"])
+    model, x, rng = _three_matmuls()
     pr = pricing_for(model, analyse(model), {}, {"x": x}, "l4", False)
     n, bw = qm.N * qm.C, GPUS["l4"].bandwidth
     reads = 2 * n  # the INT8 activation and the INT8 weight, 1 byte each
