@@ -1,4 +1,5 @@
-"""TensorRT knowledge that needs no TensorRT: inspector parsing, mapping, commands, strategy."""
+"""TensorRT knowledge that needs no TensorRT: inspector parsing, mapping, precision checks (the
+search strategy that reads them: tests/search/test_refine.py)."""
 
 from __future__ import annotations
 
