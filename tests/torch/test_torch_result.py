@@ -55,7 +55,8 @@ def _plan(case: str, folder: Path) -> tuple[dict, dict, int, dict]:
     written = json.loads((out / "torch_plan.json").read_text())
     others = {f.name: f.read_text().replace(str(folder), "<folder>")
               .replace(str(MODELS.parent), "<models>")
-              for f in sorted(out.iterdir()) if f.name != "torch_plan.json"}
+              for f in sorted(out.iterdir())
+              if f.name != "torch_plan.json" and not f.name.startswith(".trtbisect")}
     return _steady(written, folder), _steady(r.to_json(), folder), r.exit_code, others
 
 
@@ -64,6 +65,41 @@ def _steady(plan: dict, folder: Path) -> dict:
              "files": {k: Path(v).relative_to(folder).as_posix()
                        for k, v in plan["files"].items()}}
     return json.loads(json.dumps({k: fixed.get(k, v) for k, v in plan.items()}))
+
+
+def test_a_run_into_an_earlier_runs_folder_leaves_none_of_its_files_beside_its_own(tmp_path):
+    """One generation per --out, as `run` writes (outputs/outdir.py): a no_plan run into the
+    folder of a fixed run retires that run's fp32_plan.py to .previous/ (a deploy script
+    never pastes the old plan beside the new verdict); the user's own file there stays."""
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    _plan("fixed", fixed)
+    out = fixed / "out"
+    (out / "notes.txt").write_text("mine")
+    opts = TorchOptions(pick_precision("half", "fp16", "cpu"))
+    source = tmp_path / "broken.py"
+    source.write_text(BROKEN)
+    r = diagnose(load_torch_model(f"{source}:huge", ()), opts, out)
+    assert r.verdict == "no_plan"
+    assert not (out / "fp32_plan.py").exists()
+    assert (out / ".previous" / "fp32_plan.py").is_file()
+    assert json.loads((out / ".previous" / "torch_plan.json").read_text())["verdict"] == "fixed"
+    assert json.loads((out / "torch_plan.json").read_text())["verdict"] == "no_plan"
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_an_older_torch_runs_folder_is_retired_not_refused(tmp_path):
+    """A folder an earlier trtbisect's `torch` run wrote, with no manifest: its
+    torch_plan.json lists its files, so they are retired like a generation's."""
+    import os
+    _plan("fixed", tmp_path)
+    out = tmp_path / "out"
+    os.remove(out / ".trtbisect-manifest.json")
+    r = diagnose(load_torch_model(f"{MODELS}:healthy", ()),
+                 TorchOptions(pick_precision("autocast", "fp16", "cpu")), out)
+    assert r.verdict == "fp16_ok"
+    assert (out / ".previous" / "torch_trace.json").is_file()
+    assert json.loads((out / "torch_plan.json").read_text())["verdict"] == "fp16_ok"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -25,7 +25,8 @@ A run writes a generation so:
 2. every file is listed in the manifest (marked incomplete) before it is written (`claim`,
    called by plan.atomic_write through outputs/files.py); a name where something stands that is
    not trtbisect's (a user's file, a link, a folder) is refused with a one-line error;
-3. `commit` marks the manifest complete, then writes precision.json, last of all;
+3. `commit` marks the manifest complete, then writes precision.json (`trtbisect torch`'s
+   torch_plan.json), last of all;
 4. a generation whose writing fails is rolled back: its files are deleted and the retired one
    moves back in place, so the folder shows the last good plan again (if even that fails, the
    last good plan is in `.previous/`).
@@ -57,6 +58,8 @@ LOCK = ".trtbisect.lock"
 MANIFEST = ".trtbisect-manifest.json"
 PREVIOUS = ".previous"
 PLAN = "precision.json"
+TORCH_PLAN = "torch_plan.json"  # `trtbisect torch`'s plan: its generation ends with it
+PLANS = (PLAN, TORCH_PLAN)
 JOURNAL = "journal.jsonl"
 CACHE = ".cache"
 STAGING = ".staging"
@@ -278,12 +281,13 @@ class Manifest:
             if data.get("tool") == "trtbisect":
                 return cls(names, folders, data.get("complete") is True)
             return cls(_legacy(folder, names), [], True)
-        plan = _trtbisect_plan(folder / PLAN)
-        if plan is not None:  # a run from before manifests: its plan lists its files
-            listed = plan.get("files")
-            names = [Path(v).name for v in (listed.values() if isinstance(listed, dict) else [])
-                     if isinstance(v, str)]
-            return cls(_legacy(folder, [*names, PLAN]), [], True)
+        for name in PLANS:  # a run from before manifests (or a `torch` run's): its plan
+            plan = _trtbisect_plan(folder / name)  # lists its files
+            if plan is not None:
+                listed = plan.get("files")
+                names = [Path(v).name for v in (listed.values() if isinstance(listed, dict)
+                                                 else []) if isinstance(v, str)]
+                return cls(_legacy(folder, [*names, name]), [], True)
         return None
 
     def write(self, folder: Path) -> None:
@@ -354,7 +358,8 @@ class Generation:
 
     def begin(self) -> None:
         old = self.old
-        if old is not None and old.complete and _is_file(self.folder / PLAN):
+        if old is not None and old.complete and any(
+                name in old.files and _is_file(self.folder / name) for name in PLANS):
             self._retire(old)
         elif old is not None:  # a run that failed or was killed while writing: its debris
             self._delete(self.folder, old)
@@ -373,7 +378,7 @@ class Generation:
         moving = [n for n in old.files if not self.is_kept(self.folder / n)]
         listed = sorted({*carried, *moving})
         Manifest(listed, _parents(listed), False).write(prev_dir)
-        for name in sorted(moving, key=lambda n: n != PLAN):  # the plan leaves first
+        for name in sorted(moving, key=lambda n: n not in PLANS):  # the plan leaves first
             if files.move_file(self.folder / name, prev_dir / name):
                 self.retired.append(name)
         listed = sorted({*carried, *self.retired})
@@ -405,15 +410,16 @@ class Generation:
         self.new.files.append(name)
         self.new.write(self.folder)
 
-    def commit(self, plan: object) -> None:
-        """The manifest says complete, then precision.json: the plan appears last, with all
-        its files."""
+    def commit(self, plan: object, name: str = PLAN) -> None:
+        """The manifest says complete, then the plan (precision.json; `trtbisect torch`'s
+        torch_plan.json): the plan appears last, with all its files."""
         from .files import atomic_write_json
 
-        self.claim(PLAN)
+        assert name in PLANS, name
+        self.claim(name)
         self.new.complete = True
         self.new.write(self.folder)
-        atomic_write_json(self.folder / PLAN, plan)
+        atomic_write_json(self.folder / name, plan)
 
     def rollback(self) -> None:
         """A failed write: delete what this generation wrote, move the retired one back."""

@@ -20,20 +20,31 @@ def _finish(result: TorchResult, out_dir: Path | None, started: float) -> TorchR
 
 
 def write_outputs(result: TorchResult, out_dir: Path) -> None:
+    """The run's files as one generation of `out_dir` (outputs/outdir.py, as `run` writes its
+    own): an earlier run's files move to `.previous/`, never left beside these, and
+    torch_plan.json comes last."""
     from ..outputs.files import atomic_write_json, atomic_write_records, atomic_write_text
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if result.stats:
-        atomic_write_records(out_dir / "torch_layerwise.json",
-                             [s.to_json() for s in result.stats.values()])
-        result.files["layerwise"] = str(out_dir / "torch_layerwise.json")
-    if result.verdict in ("fixed", "fp16_ok"):
-        atomic_write_text(out_dir / "fp32_plan.py", render_snippet(result))
-        result.files["snippet"] = str(out_dir / "fp32_plan.py")
-    if result.search is not None:
-        atomic_write_json(out_dir / "torch_trace.json", result.search.to_json())
-        result.files["trace"] = str(out_dir / "torch_trace.json")
-    result.files["plan"] = str(out_dir / "torch_plan.json")
-    atomic_write_json(out_dir / "torch_plan.json", result.to_json())
+    from ..outputs.outdir import TORCH_PLAN, OutputDir
+
+    with OutputDir(out_dir).generation(keep=_inputs(result.source)) as gen:
+        if result.stats:
+            atomic_write_records(out_dir / "torch_layerwise.json",
+                                 [s.to_json() for s in result.stats.values()])
+            result.files["layerwise"] = str(out_dir / "torch_layerwise.json")
+        if result.verdict in ("fixed", "fp16_ok"):
+            atomic_write_text(out_dir / "fp32_plan.py", render_snippet(result))
+            result.files["snippet"] = str(out_dir / "fp32_plan.py")
+        if result.search is not None:
+            atomic_write_json(out_dir / "torch_trace.json", result.search.to_json())
+            result.files["trace"] = str(out_dir / "torch_trace.json")
+        result.files["plan"] = str(out_dir / TORCH_PLAN)
+        gen.commit(result.to_json(), TORCH_PLAN)
+
+
+def _inputs(source: str) -> list[Path]:
+    """The factory's file (`model.py:build`): an input of the run, never moved or deleted."""
+    path = Path(source.rpartition(":")[0] or source)
+    return [path] if path.suffix == ".py" else []
 
 
 def render_snippet(result: TorchResult) -> str:
