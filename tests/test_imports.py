@@ -193,3 +193,31 @@ def test_the_orchestrator_reads_at_once():
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.end_lineno - n.lineno + 1 > 80}
     assert not long, long
+
+
+def layers(graph: dict[str, set[str]]) -> dict[int, list[str]]:
+    """Each module's height: 0 imports no module of the package, k imports one of height
+    k - 1 at most (its own package's `__init__` not counted). docs/architecture.md's rows."""
+    height: dict[str, int] = {}
+
+    def of(m: str) -> int:
+        if m not in height:
+            deps = [d for d in graph[m] if d != m and not m.startswith(d + ".")]
+            height[m] = 1 + max(map(of, deps)) if deps else 0
+        return height[m]
+    out: dict[int, list[str]] = {}
+    for m in sorted(graph):
+        out.setdefault(of(m), []).append(m.removeprefix("trtbisect."))
+    return out
+
+
+def test_the_layers_put_the_commands_on_top_and_the_errors_at_the_bottom():
+    rows = layers(import_graph())
+    top = max(rows)
+    assert rows[top] == ["__main__"] and "cli" in rows[top - 1]
+    assert "errors" in rows[0] and "search.minimal" in rows[0]  # the pure search needs nothing
+
+
+if __name__ == "__main__":  # python -m tests.test_imports: the layers, top row first
+    for height, names in sorted(layers(import_graph()).items(), reverse=True):
+        print(height, " ".join(names))
