@@ -1,6 +1,6 @@
 """`trtbisect export` and `trtbisect torch`: the PyTorch commands (cli.Group registers them).
 
-Thin, like cli.py: parse, call export.py / amp.py, format. torch is imported only
+Thin, like cli.py: parse, call torch/export.py / torch/driver.py, format. torch is imported only
 when one of these commands runs, so `trtbisect --help` works without it.
 """
 

@@ -1,7 +1,7 @@
 """The diagnosis's model fixes, checked against what `run --rewrite` can do (issue #37).
 
 A fix the diagnosis recommends ("divide x by a power of two before squaring", "re-export at
-opset 17") and the rewrite catalogue (rewrite_rules) are two views of one remedy. Advice that
+opset 17") and the rewrite catalogue (rewrites/) are two views of one remedy. Advice that
 `--rewrite` then refuses, with no word of why, sends the user round in circles. So each fix
 that a rewrite implements says, for this model and this group of nodes: `--rewrite` matches
 it here; or it was tried and refused, and why; or its rule does not match this form (the
@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
-# fix kind (wording.py) -> the rewrites (rewrite_rules) that apply it, most exact first
+# fix kind (wording.py) -> the rewrites (rewrites/) that apply it, most exact first
 FIX_REWRITES: dict[str, tuple[str, ...]] = {
     "reexport_opset17": ("fuse_layernorm",),
     "fuse_layernorm": ("fuse_layernorm",),

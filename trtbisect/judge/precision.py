@@ -2,7 +2,7 @@
 
 What depends on the target precision reads it from here: the emulator's rounding Casts
 and the weight conversion (backends/ort.py, semantics.round_weight), the mixed ONNX's low type
-(mixed.py), the range and spacing that diagnosis quotes (compare.py, suspects.py, detect.py,
+(mixed.py), the range and spacing that diagnosis quotes (compare.py, search/prior.py, detect.py,
 wording.py) and the tools' precision flags (render.py). cost.py prices a BF16 layer at the FP16
 tensor-core rate (the GPUs it prices list the same rate for both; docs/bf16.md).
 `--precision fp16` (the default) is FP16 exactly as before, bit for bit; `--precision bf16` is

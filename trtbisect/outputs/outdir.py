@@ -23,7 +23,7 @@ A run writes a generation so:
    The run's own inputs (the model and its external data, the --inputs files) are never moved
    or deleted, listed or not.
 2. every file is listed in the manifest (marked incomplete) before it is written (`claim`,
-   called by plan.atomic_write through outputs/files.py); a name where something stands that is
+   called by files.atomic_write in outputs/files.py); a name where something stands that is
    not trtbisect's (a user's file, a link, a folder) is refused with a one-line error;
 3. `commit` marks the manifest complete, then writes precision.json (`trtbisect torch`'s
    torch_plan.json), last of all;

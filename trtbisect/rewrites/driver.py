@@ -2,7 +2,7 @@
 
 Every FP32 node costs engine speed; most diagnosed patterns (an out-of-range mask fill, a
 decomposed norm, unscaled attention logits, a large sum) have a rewrite that keeps them in FP16.
-A rewrite (see trtbisect/rewrite_rules) matches a pattern and checks its preconditions on the
+A rewrite (see the rules beside it in trtbisect/rewrites/) matches a pattern and checks its preconditions on the
 graph, or says why it does not apply (a Refusal). The driver then:
 
 1. measures the rewrite's FP32 drift: rewritten FP32 model vs original FP32 model on every

@@ -1,4 +1,4 @@
-"""The search's candidates and its prior (suspects.Prior, the run's shape: seeds, ranking and
+"""The search's candidates and its prior (search.prior.Prior, the run's shape: seeds, ranking and
 scores), from the layer-wise view of modules."""
 
 from __future__ import annotations
