@@ -635,8 +635,9 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
         return
     assert judge is not None
     mixed = judge.model_for(frozenset(result.units))
-    if out_dir is None:
-        result.after = judge.judge_model(mixed)
+    if out_dir is None:  # the search judged this very model last: its verdict, not a rerun
+        result.after = (result.search_after if result.search_after is not None
+                        else judge.judge_model(mixed))
     else:
         with OutputDir(out_dir).generation(keep=keep) as gen:
             name = f"{path.stem}.unquantized.onnx"
