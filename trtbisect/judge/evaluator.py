@@ -59,9 +59,25 @@ class Evaluator:
             self._emulator = Emulator(self.ctx.judged, self.opts.threads, **self._emulator_args)
         return self._emulator
 
+    def retarget(self, opts: Options, stats: Mapping[str, TensorStats], scope: str
+                 ) -> "Evaluator":
+        """This evaluator under other options (an aimed search's bound, search/stage.py): the
+        verdicts it holds and its workers (whose judges carry the old bound) go; its session
+        stays when what it watches is the same, since no session depends on the bound (one
+        session build saved per aimed round: seconds on a 20k-node model)."""
+        again = Evaluator(self.ctx, opts, stats, self.journal, self.groups, scope)
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+        if again.watch == self.watch and again._emulator_args == self._emulator_args:
+            again._emulator, self._emulator = self._emulator, None
+        self.close()
+        return again
+
     def close(self) -> None:
         if self._emulator is not None:
             self._emulator.close()
+            self._emulator = None
         if self.workers is not None:
             self.workers.close()
             self.workers = None

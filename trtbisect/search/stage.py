@@ -162,14 +162,13 @@ class SearchStage:
             self.stage(f"the plan passes by less than the spread of what the tools compute on "
                        f"{'; '.join(cert.uncertified)}: searching again inside the bound")
             if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
-                ev.close()
+                ev.close()  # its session's memory back before the layer-wise pass
                 self.stats = layerwise(ctx)
                 self.prior = build_prior(ctx.judged, self.stats, self.constants,
                                          ctx.rules.precision)
             judged = self.rewrite_judgements
             spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
-            ev.close()
-            ev = Evaluator(ctx, sopts, self.stats, self.journal, scope=aimed_scope(sopts))
+            ev = ev.retarget(sopts, self.stats, aimed_scope(sopts))
             again, summary = self.search(ev, sopts, False, False)
             aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
                          "found": again.found, "fp32_units": len(again.fp32),
