@@ -35,7 +35,7 @@ _API: dict[str, tuple[str, str]] = {
     "Tolerance": ("trtbisect.judge.compare", "Tolerance"),
     "Criteria": ("trtbisect.judge.criteria", "Criteria"),
     "JudgeSettings": ("trtbisect.judge.settings", "JudgeSettings"),
-    "Graph": ("trtbisect.graph", "Graph"),
+    "Graph": ("trtbisect.graph.core", "Graph"),
     # the search alone: a minimal FP32 set for any check function
     "find_minimal_fp32": ("trtbisect.search.minimal", "find_minimal_fp32"),
     "SearchResult": ("trtbisect.search.minimal", "SearchResult"),

@@ -17,7 +17,7 @@ from .judge import degenerate, semantics
 from .search import cost
 from .judge.compare import Tolerance, validate_tolerance
 from .data.sources import expand, iter_items
-from .data.store import SampleSet, reference_set
+from .data.store import SampleSet, reference_set, update_hash
 from .errors import TrtBisectError
 from .graph import Graph, external_data_hash, external_files, model_hash
 from .data.inputs import Sample
@@ -184,10 +184,7 @@ def _samples_hash(samples: Sequence[Sample]) -> str:
         return sha
     h = hashlib.sha256()
     for s in samples:
-        for k in sorted(s):
-            h.update(k.encode())
-            h.update(str(s[k].dtype).encode() + str(s[k].shape).encode())
-            h.update(np.ascontiguousarray(s[k]).tobytes())
+        update_hash(h, s)
     return h.hexdigest()
 
 

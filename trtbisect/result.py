@@ -85,16 +85,12 @@ Hint = JSON  # judge/hints.criterion_hints: one per output
 #   Left in `extra`, on purpose: "layerwise_plan" (bulky, the report's only, never written;
 #   BULKY_EXTRAS) and "tensorrt" (the TensorRT backend's report, written by
 #   verify_on_tensorrt and read by nothing of trtbisect's).
-JSON_ORDER = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge",
-              "fp32_layers", "workers", "cost", "criteria_record", "judged", "rewrites",
-              "one_judge", "certificate", "margins", "fragile", "aimed_searches",
-              "criterion_hints", "culprit_groups", "errors_before_strict",
-              "strict_only_culprits", "stability", "partial", "stages", "tensorrt")
 TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge", "fp32_layers",
          "workers", "cost", "criteria_record", "judged", "rewrites", "one_judge",
          "certificate", "margins", "fragile", "aimed_searches", "criterion_hints",
          "culprit_groups", "errors_before_strict", "strict_only_culprits", "stability",
          "partial", "stages")
+JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, then extra's
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
 VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
