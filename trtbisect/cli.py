@@ -26,6 +26,7 @@ from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
 from .data.inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
+from .judge.validation import HOLD_OUT_SHARE
 from .data.limits import limit_options, pop_limits
 from .outputs.outdir import OutputDir
 from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, layers_words,
@@ -54,9 +55,12 @@ OVER_BUDGET = (6, "`run --budget PCT`: no plan within the slowdown budget meets 
 FRAGILE = (7, "fragile: a plan meets the criteria, but none by more than the spread of what\n"
            "       the tools compute (ORT optimizations, threads, FP32 noise); the nearest is\n"
            "       written with its margins")
+UNVALIDATED = (9, "unvalidated: the plan passes the samples it was searched on but fails the\n"
+               "       samples the search never saw (held out, or perturbed copies of one);\n"
+               "       it is written with its validation errors, not called fixed")
 INTERRUPTED = (130, "interrupted by Ctrl-C (SIGINT); 143: terminated (SIGTERM); `run`\n"
                "       resumes when started again with the same arguments")
-RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, FRAGILE, UNSTABLE,
+RUN_EXIT_CODES = EXIT_CODES_HELP + exit_codes(OVER_BUDGET, FRAGILE, UNSTABLE, UNVALIDATED,
                                                INTERRUPTED).split("\n", 2)[2]
 COMPARE_EXIT_CODES = exit_codes((0, "compared (whatever the errors)"), USAGE, REFERENCE,
                                 UNSTABLE)
@@ -283,6 +287,12 @@ def run_input_options(f: Callable) -> Callable:
               help="With more samples than N, the search judges its plans on the N where "
                    "all-FP16 fails worst, then certifies the plan on every sample (searching "
                    "again with any that fails). 0: judge every sample throughout.")
+@click.option("--validation-share", "validation_share", type=click.FloatRange(0, 0.9),
+              default=HOLD_OUT_SHARE, show_default=True, metavar="F",
+              help="Of two samples or more, hold this share (at least one) out of the search "
+                   "and validate the written plan on them; with one sample, validate on "
+                   "perturbed copies of it (docs/trust.md). A plan that fails them is "
+                   "'unvalidated' (exit 9), not fixed. 0: no validation.")
 @click.option("--no-resume", "no_resume", is_flag=True,
               help="Ignore the journal of an earlier, interrupted run in --out.")
 @click.option("--backend", type=click.Choice(["ort", "trt"]), default="ort", show_default=True,
@@ -338,7 +348,7 @@ def run_input_options(f: Callable) -> Callable:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bool,
         no_resume: bool, stability: int, rewrite: bool, search_samples: int,
-        workers: int | None, ray_address: str | None, top: int, show_all: bool,
+        validation_share: float, workers: int | None, ray_address: str | None, top: int, show_all: bool,
         quant_reference: str | None, calibration: tuple[str, ...], **kw) -> None:
     """Find the minimal set of nodes to keep in FP32, and write the plan.
 
@@ -363,7 +373,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts = make_options(kw, both=True)
     opts.resume = not no_resume
     opts.report, opts.stability, opts.rewrite = report, stability, rewrite
-    opts.search_samples = search_samples
+    opts.search_samples, opts.validation_share = search_samples, validation_share
     opts.workers, opts.ray = workers, ray_address
     from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
     if wants_quantized(model, opts.precision, quant_reference, calibration):
@@ -436,7 +446,13 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                 "fragile": f"[yellow]fragile[/]: the plan keeps {len(result.fp32_nodes)} of "
                            f"{result.candidates} nodes{layers_words(result)} in FP32 and meets "
                            f"{meet} by less than the spread of what the tools compute (see the "
-                           "margins below); no plan has the margin, so it is not called fixed"}
+                           "margins below); no plan has the margin, so it is not called fixed",
+                "unvalidated": f"[yellow]unvalidated[/]: the plan keeps "
+                               f"{len(result.fp32_nodes)} of {result.candidates} nodes"
+                               f"{layers_words(result)} in FP32 and meets {meet} on the "
+                               "samples it was searched on, but not on the samples it never "
+                               "saw (below): give more samples (--inputs, "
+                               "--data-loader-script) or a criterion that fits"}
     if result.verdict == "partial":
         from .judge.coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
@@ -493,6 +509,7 @@ def emit_margins(result) -> None:
     spread of what the tools compute (judge/spread.py: what `fixed` rests on)."""
     from .judge.hints import hint_lines
     from .judge.spread import certificate_lines
+    from .judge.validation import line as validation_line
 
     if result.criterion_hints:
         out.print("[yellow]the default criterion may not be what you mean[/]:")
@@ -500,6 +517,9 @@ def emit_margins(result) -> None:
             out.print(f"  {shown(line)}")
     for line in certificate_lines(result.certificate or {}):
         out.print(f"  {shown(line)}")
+    said = validation_line(result.validation)
+    if said:
+        out.print(f"  {shown(said)}")
 
 
 def emit_plan_groups(result, top: int | None) -> None:

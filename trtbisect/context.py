@@ -26,6 +26,7 @@ from .judge.criteria import Criteria
 from .judge.precision import precision as low_precision
 from .judge.loadable import InputCheck
 from .judge.settings import JudgeSettings
+from .judge.validation import HOLD_OUT_SHARE, Holdout
 from .data.limits import Limits, set_eval_timeout
 from .data.sources import npz_shapes
 from .graph.repair import say
@@ -70,6 +71,9 @@ class Options:
     precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
     # bounds on samples, spooled bytes and one inference (limits.py, docs/limits.md)
     limits: Limits = field(default_factory=Limits)
+    # the share of two samples or more the search never sees, the written plan is validated on
+    # (judge/validation.py; one sample: perturbed copies; 0: no validation)
+    validation_share: float = HOLD_OUT_SHARE
 
     @property
     def accumulate(self) -> int:
@@ -107,6 +111,8 @@ class Context:
     subset: tuple[int, ...] | None = None  # indices into every_sample the search judges on
     # what the run's written copies are held to: the input's own checker verdict (loadable.py)
     input_check: InputCheck = field(default_factory=InputCheck)
+    # the samples the written plan is validated on, never searched (judge/validation.py)
+    validation: Holdout | None = None
 
     def __post_init__(self) -> None:
         if self.every_sample is None:
@@ -115,6 +121,40 @@ class Context:
     @property
     def judged(self) -> Graph:
         return self.search if self.search is not None else self.graph
+
+    def hold_out(self, share: float, seed: int, threads: int | None = None) -> None:
+        """Set the validation samples aside (judge/validation.py): of two samples or more,
+        `share` of them leave the search's samples for good; of one, perturbed copies of it
+        validate (their references made on first use)."""
+        from .backends.ort import Reference
+        from .data.store import View
+        from .judge import validation
+        assert self.every_sample is not None and self.every_reference is not None
+        if share <= 0:
+            self.validation = None
+            return
+        n = len(self.every_sample)
+        if n >= 2:
+            kept, held = validation.split(n, share, seed)
+            self.validation = validation.Holdout(
+                "held_out", [self.every_sample[i] for i in held], held,
+                references=[self.every_reference[i] for i in held])
+            self.every_sample = View(self.every_sample, kept)
+            self.every_reference = View(self.every_reference, kept)
+            self.samples, self.references, self.subset = (self.every_sample,
+                                                          self.every_reference, None)
+            return
+        graph, first = self.graph, self.every_sample[0]
+
+        def reference(samples):
+            ref = Reference(graph, threads)
+            try:
+                return [ref.run(s) for s in samples]
+            finally:
+                ref.close()
+        copies = [validation.perturb(first, seed * 7919 + k + 1)
+                  for k in range(validation.PERTURB_COPIES)]
+        self.validation = validation.Holdout("perturbed", copies, reference=reference)
 
     def narrow(self, subset: Sequence[int] | None) -> None:
         """Let the search judge on `subset` of the samples (None: on every sample)."""

@@ -15,6 +15,7 @@ EXIT_PARTIAL = 5  # the judged part passes, but the emulator could not round eve
 EXIT_OVER_BUDGET = 6  # --budget: no plan within the slowdown budget meets the tolerance
 EXIT_FRAGILE = 7  # the plan passes, but by less than the spread of what the tools compute
 EXIT_REFERENCE_UNSTABLE = 8  # two FP32 runs differ (random ops): nothing can be judged
+EXIT_UNVALIDATED = 9  # the plan passes its search samples but fails the unseen ones
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_SIGPIPE = 130, 143, 141  # as a Unix tool killed by the signal
 
 

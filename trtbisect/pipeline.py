@@ -35,6 +35,7 @@ from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan
                             write_and_judge)
 from .judge.criteria import Judgement, Verdict
 from .judge.precision import precision as low_precision
+from .judge.verdict import decide
 from .search.journal import Journal
 from .outputs.outdir import OutputDir
 from .outputs.report import write_report
@@ -79,6 +80,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     unjudgeable = _unjudgeable(ctx, record, base, opts.threads)
     if unjudgeable is not None:
         return _finish(unjudgeable, ctx, out_dir, started, opts.report, marks)
+    # the samples the written plan is validated on, never searched (judge/validation.py)
+    ctx.hold_out(opts.validation_share, opts.seed, opts.threads)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)
     # range facts of every weight, as the judge converts them: one pass over the weights
@@ -256,11 +259,20 @@ def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
 def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
     """The verdict the written plan's certificate allows (judge/spread.py: `fragile` where
     no plan has the margin), and the criteria that may fit better (judge/hints.py)."""
-    if cert is not None and not cert.certified and result.verdict in ("fixed", "fp16_ok"):
-        result.verdict, result.one_minimal = "fragile", False
+    validated = (result.validation or {}).get("passed")
+    verdict = decide(result.verdict, certified=None if cert is None else cert.certified,
+                     validated=validated)
+    if verdict == "fragile" and result.verdict != verdict:
+        assert cert is not None
         log.warning("the plan passes by less than the spread of what the tools compute on %s "
                     "(fragile): it is written, but not called fixed",
                     "; ".join(cert.uncertified))
+    elif verdict == "unvalidated" and result.verdict != verdict:
+        log.warning("the plan passes the samples it was searched on but fails %s "
+                    "(unvalidated): it is written, but not called fixed",
+                    (result.validation or {}).get("samples"))
+    if verdict != result.verdict:
+        result.verdict, result.one_minimal = verdict, False
     if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
         hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)
         if hints:  # the default criterion may not be what the user means

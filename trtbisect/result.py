@@ -13,7 +13,7 @@ from .judge import degenerate
 from .judge.compare import OutputError, TensorStats, Tolerance
 from .diagnosis.diagnose import Culprit
 from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
-                     EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE)
+                     EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
 from .judge.criteria import Criteria
 from .outputs.mixed import Written
 from .outputs.render import RenderContext
@@ -27,6 +27,7 @@ JSON = dict[str, Any]
 Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
 CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
 Certificate = JSON  # judge/spread.Certificate.to_json
+ValidationRecord = JSON  # judge/validation.Validation.to_json
 
 
 class Margin(TypedDict):
@@ -87,7 +88,7 @@ Hint = JSON  # judge/hints.criterion_hints: one per output
 #   verify_on_tensorrt and read by nothing of trtbisect's).
 TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge", "fp32_layers",
          "workers", "cost", "criteria_record", "judged", "rewrites", "one_judge",
-         "certificate", "margins", "fragile", "aimed_searches", "criterion_hints",
+         "certificate", "margins", "fragile", "aimed_searches", "validation", "criterion_hints",
          "culprit_groups", "errors_before_strict", "strict_only_culprits", "stability",
          "partial", "stages")
 JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, then extra's
@@ -96,7 +97,7 @@ VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
                 "fragile": EXIT_FRAGILE, "reference_unstable": EXIT_REFERENCE_UNSTABLE,
-                "not_searched": EXIT_OK}  # not_searched: `torch --no-search`, layer-wise only
+                "not_searched": EXIT_OK, "unvalidated": EXIT_UNVALIDATED}  # not_searched: `torch --no-search`, layer-wise only
 
 
 def search_verdict(search: SearchResult, planned: bool) -> str:
@@ -195,6 +196,7 @@ class RunResult(Found[Culprit, TensorStats]):
     margins: dict[str, Margin] | None = None
     fragile: bool | None = None
     aimed_searches: list[AimedSearch] | None = None
+    validation: ValidationRecord | None = None  # the written plan on unseen samples
     criterion_hints: list[Hint] | None = None
     culprit_groups: list[CulpritGroup] | None = None
     errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (judge/strict.py)

@@ -51,6 +51,7 @@ class Evaluator:
         self.last_plan: frozenset[str] | None = None
         self.last_errors: list[Judgement] = []  # per sample, for `last_plan`
         self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst severity
+        self.failed: set[frozenset[str]] = set()  # plans judged failing (carried by retarget)
 
     @property
     def emulator(self) -> Emulator:
@@ -66,6 +67,11 @@ class Evaluator:
         stays when what it watches is the same, since no session depends on the bound (one
         session build saved per aimed round: seconds on a 20k-node model)."""
         again = Evaluator(self.ctx, opts, stats, self.journal, self.groups, scope)
+        # an aimed bound only tightens (Tolerance.ceiling) and samples only join: what
+        # failed still fails (under --pass-rate another sample could make up for it)
+        if opts.criteria.pass_rate >= 1:
+            again.failed = set(self.failed)
+            again.known.update({p: False for p in self.failed})
         if self.workers is not None:
             self.workers.close()
             self.workers = None
@@ -147,6 +153,8 @@ class Evaluator:
                 severity = rec.get("severity")
                 self.scores[plan] = (float(severity) if severity is not None
                                      else _score(rec.get("rel", {})))
+                if not rec["passed"]:
+                    self.failed.add(plan)
                 return bool(rec["passed"])
             self.journal.start(key)
         try:
@@ -165,6 +173,8 @@ class Evaluator:
             if self.ctx.subset is None and not m.stopped:
                 self.last_plan, self.last_errors = plan, m.judged
         self.scores[plan] = _severity(m.judged)
+        if not m.passed:
+            self.failed.add(plan)
         if self.journal is not None:
             self.journal.record(self._key(plan), m.passed, {
                 "rel": {n: json_number(e.rel) for n, e in worst_of(m.judged).items()},

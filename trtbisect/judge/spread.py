@@ -38,7 +38,12 @@ from ..outputs.mixed import Written
 from .criteria import Judgement
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
-AIM_ROUNDS = 3  # searches aimed inside the bound before the verdict says `fragile`
+AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
+# The certificate decides rather than chases (a borderline output's aimed rounds once took
+# 3000 evaluations where the search took 250):
+SPREAD_SHARE = 0.25  # a spread above this share of an output's bound: `fragile` at once
+AIM_SHARE = 0.2  # all aimed searches together: at most this share of the first search's
+AIM_FLOOR = 8  # evaluations (but at least this many)
 
 
 def _num(x: float) -> float | str | None:
@@ -79,6 +84,7 @@ class Certificate:
     outputs: dict[str, OutputMargin]  # per output judged by the default criterion
     variant_verdicts: dict[str, bool]  # per variation: the run's criteria pass on it
     aim_round: int = 0  # searches aimed inside the bound before this plan
+    decided: str | None = None  # why no (further) aimed search: `fragile` at once
     # the FP32 noise floor per output: the reference's alone, so one measurement serves every
     # plan of the run (an aimed search's certificate reuses it)
     noise: dict[str, float] = field(default_factory=dict, repr=False)
@@ -94,6 +100,23 @@ class Certificate:
         return ([o for o, m in self.outputs.items() if not m.certified]
                 + [f"the criteria under {v}" for v, ok in self.variant_verdicts.items() if not ok])
 
+    def hopeless(self) -> str | None:
+        """Why aiming inside the bound cannot help, if it cannot: on an output without the
+        margin, what the tools compute spreads by more than SPREAD_SHARE of the bound, so
+        the noise is as large as the effect a nearer plan could buy."""
+        for name, m in self.outputs.items():
+            if not m.certified and m.bound > 0 and m.spread > SPREAD_SHARE * m.bound:
+                return (f"on {name} what the tools compute spreads by {m.spread:.3g}, over "
+                        f"{SPREAD_SHARE:.0%} of the bound {m.bound:.3g}: the noise is as "
+                        "large as the effect")
+        return None
+
+    def spread_grew(self, nearer: "Certificate") -> bool:
+        """The nearer plan's spread is larger on an output this one failed: aiming again
+        would aim at a moving target."""
+        return any(name in nearer.outputs and nearer.outputs[name].spread > m.spread
+                   for name, m in self.outputs.items() if not m.certified)
+
     def aim(self, previous: Tolerance) -> Tolerance | None:
         """The tolerance a search aims at: each output's bound capped AIM_FACTOR spreads
         inside the rendered bound (and inside any earlier aim); None when no output can be
@@ -108,9 +131,12 @@ class Certificate:
         return replace(previous, ceiling=ceiling)
 
     def to_json(self) -> dict:
-        return {"certified": self.certified, "aim_rounds": self.aim_round,
-                "outputs": {k: m.to_json() for k, m in self.outputs.items()},
-                "variants": self.variant_verdicts}
+        d = {"certified": self.certified, "aim_rounds": self.aim_round,
+             "outputs": {k: m.to_json() for k, m in self.outputs.items()},
+             "variants": self.variant_verdicts}
+        if self.decided:
+            d["decided"] = self.decided
+        return d
 
 
 def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Judgement],
@@ -171,6 +197,8 @@ def certificate_lines(cert: Mapping) -> list[str]:
     for label, ok in cert.get("variants", {}).items():
         if not ok:
             lines.append(f"fails the criteria under {label}")
+    if cert.get("decided"):
+        lines.append(f"fragile at once: {cert['decided']}")
     return lines
 
 

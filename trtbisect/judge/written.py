@@ -30,6 +30,8 @@ from .criteria import Judgement, Verdict, json_number, timed_out, worst_of
 from .evaluator import Evaluator
 from .loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
+from .validation import Validation, unvalidated
+from .verdict import decide
 from .precision import of_type
 
 log = logging.getLogger(__name__)
@@ -92,13 +94,13 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
     if not same:
         log.error("the search measured other numbers than `check` of the written file: "
                   "trusting the file (please report this)")
+    result.validation = checked.validation.to_json() if checked.validation else None
     if result.verdict == "over_budget":  # the best plan within --budget, known to fail
-        result.one_minimal = False
-        if checked.passed:  # the file decides (one judge): it fits the budget and passes
-            result.verdict = "fixed"
+        result.one_minimal = False  # the file decides (one judge): fits the budget, passes?
     elif not checked.passed:
-        result.verdict, result.one_minimal = "no_plan", False
+        result.one_minimal = False
         log.error("the written mixed model fails the tolerance: no plan is reported")
+    result.verdict = decide(result.verdict, file_passed=checked.passed)
     return certify_written(result, ctx, opts, checked, noise)
 
 
@@ -152,6 +154,7 @@ class CheckResult:
     unjudged: list[dict] = field(default_factory=list)  # coverage.unjudged of the file
     judgements: list[Judgement] = field(default_factory=list, repr=False)  # per sample
     verdict: Verdict | None = field(default=None, repr=False)
+    validation: Validation | None = field(default=None, repr=False)  # the run's own files
 
     @property
     def exit_code(self) -> int:
@@ -224,6 +227,32 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
         if expose:
             tensors.append({t: exposed[t] for t in wanted})
     verdict = opts.criteria.verdict(judged)
+    # the run's own file that passes: judged on the samples the search never saw, by this
+    # very judge (judge/validation.py)
+    checked = validate(judge, ctx, opts) if ours and verdict.passed else None
     return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(judged),
                        Written(judge.proto, judge.arrays), tensors,
-                       [c.to_json() for c in coverage.unjudged(graph)], judged, verdict)
+                       [c.to_json() for c in coverage.unjudged(graph)], judged, verdict,
+                       checked)
+
+
+def validate(judge: MixedModel, ctx: Context, opts: Options) -> Validation:
+    """The written file's judge run on the run's validation samples (judge/validation.py);
+    a run without any says the plan is unvalidated."""
+    held = ctx.validation
+    if held is None:
+        return unvalidated("validation turned off (--validation-share 0)")
+    names = ctx.graph.output_names()
+    judged = []
+    for sample, ref in held.pairs():
+        try:
+            outs, _ = judge.run_tensors(sample)
+        except EvalTimeout as exc:
+            judged.append(timed_out(ref, exc.seconds))
+            continue
+        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                          opts.tolerance))
+    if not judged:
+        return unvalidated("every perturbed copy's FP32 reference is not finite")
+    return Validation(held.kind, held.describe(), judged, opts.criteria.verdict(judged),
+                      list(held.indices))

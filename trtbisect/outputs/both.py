@@ -26,7 +26,7 @@ VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no pla
                  "over_budget": "over budget", "reference_invalid": "reference invalid",
                  "reference_unstable": "reference unstable",
                  "nothing_to_judge": "nothing to judge", "partial": "partial",
-                 "fragile": "fragile"}
+                 "fragile": "fragile", "unvalidated": "unvalidated"}
 
 
 @dataclass

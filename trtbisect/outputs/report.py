@@ -20,6 +20,7 @@ from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
 from ..diagnosis.diagnose import num, pct
 from ..errors import require
 from ..judge.precision import FP16, Precision, precision as low_precision
+from ..judge.validation import line as validation_line
 from .escape import md_code, md_fence, md_table_cell, md_text, shown_text
 from .plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
                                   plural, search_words)
@@ -41,7 +42,10 @@ VERDICTS = {"fp16_ok": "FP16 already meets {meet}: nothing needs FP32",
                            "{c} nodes{layers} in FP32 and misses {meet}",
             "fragile": "fragile: the nearest plan keeps {n} of {c} nodes{layers} in FP32 and "
                        "meets {meet} by less than the spread of what the tools compute; no "
-                       "plan has the margin, so it is not called fixed"}
+                       "plan has the margin, so it is not called fixed",
+            "unvalidated": "unvalidated: the plan keeps {n} of {c} nodes{layers} in FP32 and "
+                           "meets {meet} on the samples it was searched on, but fails the "
+                           "samples it never saw; it is not called fixed"}
 
 
 def require_matplotlib() -> None:
@@ -416,6 +420,9 @@ def margin_lines(result: "RunResult") -> list[str]:
                    + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + f"){floor}")
     if len(errors) > 5:
         out.append(f"... and {plural(len(errors) - 5, 'more output')} under “Error per output”")
+    said = validation_line(result.validation)
+    if said:
+        out.append(said)
     return out
 
 

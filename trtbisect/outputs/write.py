@@ -29,7 +29,7 @@ from ..result import RunResult
 from .files import claim, move_file
 
 # verdicts whose plan is written with its renderings
-PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile")
+PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile", "unvalidated")
 
 # report.py's write_report, handed down by the caller (the report sits above the writers)
 ReportWriter = Callable[[RunResult, Path], dict[str, str]]

@@ -22,7 +22,7 @@ from ..graph import Graph
 from ..judge import subset
 from ..judge.criteria import Judgement, worst_of
 from ..judge.evaluator import Evaluator
-from ..judge.spread import AIM_ROUNDS, Certificate, aimed
+from ..judge.spread import AIM_FLOOR, AIM_ROUNDS, AIM_SHARE, Certificate, aimed
 from ..judge.written import judge_written_plan
 from ..outputs.mixed import graph_model
 from ..parallel import batch as parallel_batch
@@ -87,10 +87,11 @@ class SearchStage:
     def as_nodes(self, chosen: Iterable[str]) -> frozenset[str]:
         return frozenset(n for u in chosen for n in self.units[u])
 
-    def search(self, ev: Evaluator, sopts: Options, all_half: bool, pool: bool
-               ) -> tuple[SearchResult, dict | None]:
+    def search(self, ev: Evaluator, sopts: Options, all_half: bool, pool: bool,
+               start: Sequence[str] = ()) -> tuple[SearchResult, dict | None]:
         """One search judged by `ev` under `sopts` (the run's options, or aimed inside the
-        bound: judge/spread.py); `pool`: on worker processes when they pay off."""
+        bound: judge/spread.py); `pool`: on worker processes when they pay off. `start`: units
+        to try first, before the prior's seeds (an aimed search: the previous plan)."""
         ctx, g, prior, units = self.ctx, self.ctx.judged, self.prior, self.units
         workers = None
         if not all_half:
@@ -112,7 +113,8 @@ class SearchStage:
         score = lambda us: ev.scores.get(as_nodes(us))  # noqa: E731
         search = _certified_search(
             ctx, sopts, ev, self.stage, as_nodes,
-            lambda budget: find_minimal_fp32(list(units), check, self.as_units(prior.seeds),
+            lambda budget: find_minimal_fp32(list(units), check,
+                                             [*start, *self.as_units(prior.seeds)],
                                              self.as_units(prior.ranking), budget,
                                              _counting_nodes(self.progress, as_nodes),
                                              **cost.search_args(self.pricing, sopts, score)))
@@ -152,13 +154,26 @@ class SearchStage:
         under another bound. Returns the result, its certificate and the evaluator still open."""
         opts, ctx = self.opts, self.ctx
         sopts, aims = opts, list[AimedSearch]()
+        # the aimed rounds together get a share of what the first search took, never more
+        allowance = aim_allowance(result.evaluations)
         for aim_round in range(1, AIM_ROUNDS + 1):
             if cert is None or cert.certified or result.verdict not in ("fixed", "fp16_ok"):
+                break
+            hopeless = cert.hopeless()
+            if hopeless:  # the noise is as large as the effect: decide, don't chase
+                cert.decided = hopeless
+                self.stage(f"fragile at once: {hopeless}")
                 break
             tol = cert.aim(sopts.tolerance)
             if tol is None:
                 break
-            sopts = aimed(opts, tol)
+            left = allowance - sum(a["evaluations"] for a in aims)
+            if left <= 0:
+                cert.decided = (f"the aimed searches used their allowance of {allowance} "
+                                  "evaluations without a plan clear of the spread")
+                break
+            sopts = replace(aimed(opts, tol), max_evaluations=left if opts.max_evaluations
+                            is None else min(left, opts.max_evaluations))
             self.stage(f"the plan passes by less than the spread of what the tools compute on "
                        f"{'; '.join(cert.uncertified)}: searching again inside the bound")
             if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
@@ -169,11 +184,17 @@ class SearchStage:
             judged = self.rewrite_judgements
             spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
             ev = ev.retarget(sopts, self.stats, aimed_scope(sopts))
-            again, summary = self.search(ev, sopts, False, False)
+            # what the last round learned: its plan first (grown from, not searched anew);
+            # plans that failed a looser bound fail this one too (Evaluator.retarget)
+            again, summary = self.search(ev, sopts, False, False,
+                                         start=list(result.fp32_layers or ()))
             aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
                          "found": again.found, "fp32_units": len(again.fp32),
                          "evaluations": again.evaluations})
             if not again.found:
+                if again.stopped:
+                    cert.decided = (f"the aimed search used its allowance of {left} "
+                                      "evaluations without a plan")
                 break
             if result.staged:  # the next judge empties the staging folder: rewrite on writing
                 result.staged, result.mixed_model = [], None
@@ -184,13 +205,24 @@ class SearchStage:
             if not nearer.mixed_model_passed:
                 nearer.staged = []
                 break
+            growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
             result, cert = nearer, nearer_cert
+            if growing and not cert.certified:  # chasing noise: each plan moves the spread
+                cert.decided = ("the spread grew with the aimed plan: each nearer plan "
+                                  "moves what the tools compute as much as it gains")
+                break
         if aims:
             result.aimed_searches = aims
-            if cert is not None:
-                cert.aim_round = len(aims)
-                result.certificate = cert.to_json()
+        if cert is not None and (aims or cert.decided):
+            cert.aim_round = len(aims)
+            result.certificate = cert.to_json()
         return result, cert, ev
+
+
+def aim_allowance(first: int) -> int:
+    """Evaluations all aimed searches of a run may take together: AIM_SHARE of the first
+    search's, at least AIM_FLOOR (a certificate costs a fraction of the search)."""
+    return max(AIM_FLOOR, math.ceil(AIM_SHARE * first))
 
 
 def aimed_scope(sopts: Options) -> str:

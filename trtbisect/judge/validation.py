@@ -1,0 +1,160 @@
+"""Validation: the written plan judged on samples the search never saw.
+
+A plan is searched and certified on some samples; on those alone it can be fitted to them (a
+detector's plan that passes its one page fails the same page seen another way at 2.4x the
+bound). So before the search the run sets some samples aside, and the written file, judged by
+the very judge `check` runs, must pass them too before the plan is called `fixed`:
+
+- **held out** (two samples or more): `HOLD_OUT_SHARE` of them, at least one, chosen by
+  `--seed` (`--validation-share` sets the share; 0 turns validation off). The search, its
+  certificate and the renderings never see them.
+- **perturbed** (one sample): `PERTURB_COPIES` copies of it, each input changed in a way that
+  fits its type (`perturb`): float inputs get Gaussian noise of `PERTURB_SCALE` times their
+  own standard deviation; integer inputs (token ids, bytes, masks) get `PERTURB_INT_SHARE` of
+  their positions replaced by values the sample itself holds, so every value stays one the
+  model was given; booleans and integer inputs of fewer than `SHAPE_LIKE` elements (shapes,
+  sample rates, lengths: values the graph branches or reshapes on) stay as they are. The seed
+  is `--seed`. Their FP32 reference is the model's own.
+- **none**: validation turned off; the run says the plan is unvalidated.
+
+A plan that passes its search samples but fails validation is written and called
+`unvalidated` (exit 9), never `fixed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from .criteria import Judgement, Verdict
+
+HOLD_OUT_SHARE = 0.25  # of two samples or more, this share (at least one) validates
+PERTURB_COPIES = 2  # one sample: this many perturbed copies validate
+PERTURB_SCALE = 0.02  # float inputs: Gaussian noise of this many standard deviations
+PERTURB_INT_SHARE = 0.05  # integer inputs: this share of positions takes another own value
+SHAPE_LIKE = 8  # integer inputs with fewer elements stay as they are (shapes, rates, lengths)
+
+Kind = Literal["held_out", "perturbed", "none"]
+Arrays = Mapping[str, np.ndarray]
+
+
+def split(count: int, share: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of `count` samples: those the search judges, those held out (`share` of them,
+    at least one when `share` > 0 and `count` >= 2, never all), chosen by `seed`."""
+    if count < 2 or share <= 0:
+        return list(range(count)), []
+    held = min(count - 1, max(1, int(round(share * count))))
+    chosen = np.random.default_rng(seed).choice(count, size=held, replace=False)
+    out = sorted(int(i) for i in chosen)
+    return [i for i in range(count) if i not in out], out
+
+
+def perturb(sample: Arrays, seed: int) -> dict[str, np.ndarray]:
+    """One perturbed copy of `sample` (module docstring: what each input type gets)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name in sorted(sample):
+        a = np.asarray(sample[name])
+        if a.dtype.kind == "f" and a.size:
+            x = a.astype(np.float64)
+            finite = np.isfinite(x)
+            std = float(np.std(x[finite])) if finite.any() else 0.0
+            noisy = x + rng.standard_normal(a.shape) * PERTURB_SCALE * std
+            out[name] = np.where(finite, noisy, x).astype(a.dtype)
+        elif a.dtype.kind in "iu" and a.size >= SHAPE_LIKE:
+            flat = a.reshape(-1).copy()
+            k = max(1, int(round(PERTURB_INT_SHARE * flat.size)))
+            where = rng.choice(flat.size, size=k, replace=False)
+            flat[where] = rng.choice(flat, size=k)  # values the sample itself holds
+            out[name] = flat.reshape(a.shape)
+        else:
+            out[name] = a.copy()
+    return out
+
+
+@dataclass
+class Holdout:
+    """The samples a run validates its written plan on, and their FP32 references (made on
+    first use: a run that writes no passing plan never pays for them)."""
+
+    kind: Kind
+    samples: Sequence[Arrays]
+    indices: list[int] = field(default_factory=list)  # held out: the user's sample numbers
+    reference: Callable[[Sequence[Arrays]], list[dict[str, np.ndarray]]] | None = field(default=None, repr=False)
+    references: Sequence[Arrays] | None = field(default=None, repr=False)
+
+    def pairs(self) -> list[tuple[Arrays, Arrays]]:
+        """Each validation sample with its FP32 reference; perturbed copies whose reference is
+        not finite are dropped (they ask nothing of FP16)."""
+        if self.references is None:
+            assert self.reference is not None
+            self.references = self.reference(self.samples)
+            keep = [k for k, r in enumerate(self.references)
+                    if all(np.isfinite(np.asarray(v, np.float64)).all()
+                           for v in r.values() if np.asarray(v).dtype.kind == "f")]
+            self.samples = [self.samples[k] for k in keep]
+            self.references = [self.references[k] for k in keep]
+            self.reference = None
+        return list(zip(self.samples, self.references))
+
+    def describe(self) -> str:
+        if self.kind == "held_out":
+            return (f"{len(self.samples)} held-out sample(s) "
+                    f"(#{', #'.join(str(i) for i in self.indices)})")
+        if self.kind == "perturbed":
+            return (f"{len(self.samples)} perturbed copies of the sample (floats "
+                    f"+{PERTURB_SCALE:g} std noise, {PERTURB_INT_SHARE:.0%} of integers "
+                    "redrawn)")
+        return "no samples"
+
+
+@dataclass
+class Validation:
+    """The written plan's verdict on the validation samples."""
+
+    kind: Kind
+    described: str
+    judgements: list[Judgement] = field(default_factory=list, repr=False)
+    verdict: Verdict | None = None
+    indices: list[int] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool | None:
+        """True or False when judged; None when there was nothing to judge on."""
+        if self.kind == "none" or self.verdict is None:
+            return None
+        return self.verdict.passed
+
+    def to_json(self) -> dict:
+        d: dict = {"kind": self.kind, "samples": self.described, "passed": self.passed}
+        if self.indices:
+            d["indices"] = list(self.indices)
+        if self.verdict is not None:
+            d["judged"] = self.verdict.to_json()
+            d["errors"] = {o: e.to_json() for o, e in self.verdict.errors.items()}
+        return d
+
+
+def unvalidated(reason: str) -> Validation:
+    """No validation samples: the plan is called what it is (unvalidated, not wrong)."""
+    return Validation("none", reason)
+
+
+def line(record: Mapping | None) -> str | None:
+    """The console's and the reports' one line on validation."""
+    if not record:
+        return None
+    if record.get("kind") == "none":
+        return f"validation: none ({record.get('samples')}): the plan is unvalidated"
+    worst = ", ".join(f"{o} max|d| {_g(e.get('max_abs'))} (bound {_g(e.get('bound'))})"
+                      for o, e in (record.get("errors") or {}).items()
+                      if e.get("max_abs") is not None)
+    ok = "passes" if record.get("passed") else "FAILS"
+    return f"validation on {record.get('samples')}: the written plan {ok}" + (
+        f"; {worst}" if worst else "")
+
+
+def _g(x) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
