@@ -193,6 +193,7 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
     references = reference_set(graph, samples, opts.threads, f"{sha}:{data_sha}", cache,
                                spool or cache, samples.spooled)
     opts.criteria.check_fit(references[0])
+    _declare_computed_shapes(graph, references[0], path)
     ctx = Context(path, graph.source, graph, samples, references, sha,
                   sources=[path, *external_files(path), *input_files(opts)],
                   data_sha256=data_sha, input_check=InputCheck(path))
@@ -207,6 +208,28 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
         ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate,
                                         low_precision(opts.precision))
     return ctx
+
+
+def _declare_computed_shapes(graph: Graph, reference: Mapping[str, np.ndarray],
+                             path: Path) -> None:
+    """An output whose declared shape contradicts what the model computes (an exporter's
+    rank-0 `[]` on a [1, 40, 18385] tensor): the run's copy declares no shape for it, so every
+    file written from the copy declares nothing false (ONNX Runtime warns on each run of it,
+    and `check` would refuse it). Said in one line, as every repair of the copy is."""
+    from .data.inputs import declared_shape
+    notes = []
+    for v in graph.source.graph.output:
+        if v.name not in reference or not v.type.tensor_type.HasField("shape"):
+            continue
+        dims, got = declared_shape(v), np.shape(reference[v.name])
+        if len(dims) != len(got) or any(isinstance(d, int) and d > 0 and d != n
+                                        for d, n in zip(dims, got)):
+            v.type.tensor_type.ClearField("shape")
+            notes.append(f"declare no shape for output {v.name!r} (the file declares "
+                         f"{list(dims)}, the model computes {list(got)})")
+    if notes:
+        graph.repairs = (*graph.repairs, *notes)
+        log.warning("%s", say(path, tuple(notes)))
 
 
 def input_files(opts: "Options") -> list[Path]:

@@ -210,8 +210,10 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
     g, x = Graph(m), dict(np.load(inputs))
     rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
                           Tolerance(0.0))["score"].rel
+    # a hair above all-FP16's error on its one sample: perturbed copies of it exceed that
+    # bound (validation says `unvalidated`, test_validation.py); here the certificate alone
     r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6)),
-                          semantics="strict"), tmp_path / "det")
+                          semantics="strict", validation_share=0), tmp_path / "det")
     assert r.verdict == "fixed" and r.certificate["certified"]
     m = r.certificate["outputs"]["score"]
     assert m["margin"] > m["spread"] > 0
@@ -283,8 +285,10 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
     x = rng.standard_normal((8, 256)).astype(np.float32)
     np.savez(tmp_path / "a.npz", x=x)
     np.savez(tmp_path / "b.npz", x=x * 1e4)  # |y| ~ 1.6e5: beyond 65504
+    # both samples judged (no hold-out): the rate is over the two
     r = run(path, Options(inputs=[str(tmp_path / "a.npz"), str(tmp_path / "b.npz")],
-                          criteria=parse_criteria(pass_rate=0.5)), tmp_path / "out")
+                          criteria=parse_criteria(pass_rate=0.5), validation_share=0),
+            tmp_path / "out")
     assert r.verdict == "fp16_ok", r.certificate
     y = r.certificate["outputs"]["y"]
     assert y["certified"] and y["margin"] > y["spread"]

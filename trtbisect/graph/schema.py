@@ -64,6 +64,8 @@ def _signature(op_type: str, domain: str, opset: int, inputs: int) -> frozenset[
     floats = [p for p in schema.outputs if "tensor(float)" in allowed.get(p.type_str, {p.type_str})]
     if floats and not any(takes_half(p.type_str) for p in floats):
         return None
+    if _float_only_body(schema):
+        return None
     positions: set[int] = set()
     formal = list(schema.inputs)
     for k in range(inputs):
@@ -71,6 +73,35 @@ def _signature(op_type: str, domain: str, opset: int, inputs: int) -> frozenset[
         if param is not None and takes_half(param.type_str):
             positions.add(k)
     return frozenset(positions)
+
+
+def _float_only_body(schema) -> bool:
+    """An op onnx defines by a function body that fixes float32 constants and casts none to
+    the input's type (MeanVarianceNormalization: `Add(STD, Epsilon)` with a float Epsilon):
+    ONNX Runtime has no float16 kernel for it and expands the body, which then binds one type
+    variable to float16 and float and the file does not load. It stays FP32."""
+    if not schema.has_function:
+        return False
+    body = schema.function_body.node
+    fixed = any(n.op_type == "Constant" and any(
+        a.type == onnx.AttributeProto.TENSOR and a.t.data_type == onnx.TensorProto.FLOAT
+        for a in n.attribute) for n in body)
+    return fixed and not any(n.op_type in ("Cast", "CastLike") for n in body)
+
+
+def type_params(node: onnx.NodeProto, opset: int) -> list[str] | None:
+    """Each input position's type parameter (`T`, `T1`, ...) in the op's schema, or None for an
+    op onnx does not know. Inputs with one type parameter must hold one type."""
+    return _type_params(node.op_type, node.domain, opset, len(node.input))
+
+
+@functools.lru_cache(maxsize=4096)
+def _type_params(op_type: str, domain: str, opset: int, inputs: int) -> list[str] | None:
+    schema, _ = _schema_types(op_type, domain, opset)
+    if schema is None or not schema.inputs:
+        return None
+    formal = list(schema.inputs)
+    return [formal[min(k, len(formal) - 1)].type_str for k in range(inputs)]
 
 
 def has_schema(node: onnx.NodeProto, opset: int) -> bool:

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..graph import (FLOAT, SMALL_BYTES, Graph, _mark_stored, flatten, structure, subgraphs,
                     walk, with_node_names)
+from ..graph.schema import type_params
 from ..judge.loadable import InputCheck, require_written_valid
 from ..judge.precision import FP16, Precision, of_type
 from .files import atomic_write
@@ -292,6 +293,11 @@ class _MixedWriter:
         new.name = name
         want = self.low if name in self.half else FLOAT
         halves = set(g.fp16_inputs(name)) if want == self.low else set()
+        if halves:  # a parameter input bound to the data's type variable follows its type
+            params = type_params(node, g.opset) or []  # (Pad's constant_value is T, as data)
+            bound = {params[k] for k, t in enumerate(node.input) if t in halves and k < len(params)}
+            halves |= {t for k, t in enumerate(node.input)
+                       if k < len(params) and params[k] in bound and g.is_float(t)}
         for k, t in enumerate(new.input):
             if t in halves:
                 new.input[k] = self.as_type(t, self.low)

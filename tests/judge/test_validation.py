@@ -1,0 +1,203 @@
+"""Validation on samples the search never saw (judge/validation.py), and the certificate that
+decides instead of chasing noise (judge/spread.py, search/stage.py `aim`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from trtbisect.cli import main
+from trtbisect.judge import validation
+
+
+def _two_overflows(tmp_path, x_searched, x_held):
+    """y = x*1e3*1e3/1e6 + x*300*300/9e4: the first chain overflows FP16 once |x| > 0.066,
+    the second once |x| > 0.73. The sample the search sees and the one held out are saved so
+    that the split (seed 0) holds out `x_held`."""
+    k = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in
+         (("k1", 1e3), ("d1", 1e6), ("k2", 300.0), ("d2", 9e4))]
+    nodes = [helper.make_node("Mul", ["x", "k1"], ["a1"], name="p1_up"),
+             helper.make_node("Mul", ["a1", "k1"], ["a2"], name="p1_up2"),
+             helper.make_node("Div", ["a2", "d1"], ["a3"], name="p1_down"),
+             helper.make_node("Mul", ["x", "k2"], ["b1"], name="p2_up"),
+             helper.make_node("Mul", ["b1", "k2"], ["b2"], name="p2_up2"),
+             helper.make_node("Div", ["b2", "d2"], ["b3"], name="p2_down"),
+             helper.make_node("Add", ["a3", "b3"], ["y"], name="sum")]
+    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                       [8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])], k)
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              path)
+    kept, held = validation.split(2, validation.HOLD_OUT_SHARE, 0)
+    order = {held[0]: x_held, kept[0]: x_searched}
+    files = []
+    for i in (0, 1):
+        f = tmp_path / f"s{i}.npz"
+        np.savez(f, x=np.asarray(order[i], np.float32))
+        files.append(str(f))
+    return path, files
+
+
+def test_split_is_seeded_holds_out_a_share_and_never_every_sample():
+    assert validation.split(1, 0.25, 0) == ([0], [])
+    assert validation.split(8, 0, 0) == (list(range(8)), [])
+    kept, held = validation.split(8, 0.25, 3)
+    assert len(held) == 2 and sorted(kept + held) == list(range(8))
+    assert validation.split(8, 0.25, 3) == (kept, held)  # the seed decides, nothing else
+    assert validation.split(2, 0.9, 0)[1] and validation.split(2, 0.9, 0)[0]
+
+
+def test_perturbed_copies_fit_each_input_type():
+    rng = np.random.default_rng(0)
+    sample = {"x": rng.standard_normal((4, 16)).astype(np.float16),
+              "ids": rng.integers(5, 9, (1, 64)).astype(np.int64),
+              "sr": np.array(16000, np.int64), "mask": np.ones((1, 64), bool)}
+    a, b = validation.perturb(sample, 1), validation.perturb(sample, 1)
+    for k in sample:
+        assert a[k].dtype == sample[k].dtype and a[k].shape == sample[k].shape
+        assert np.array_equal(a[k], b[k])  # seeded
+    moved = np.abs(a["x"].astype(np.float64) - sample["x"])
+    assert 0 < moved.max() < 10 * validation.PERTURB_SCALE * float(np.std(sample["x"]))
+    assert set(np.unique(a["ids"])) <= set(np.unique(sample["ids"]))  # values it holds
+    assert 0 < int((a["ids"] != sample["ids"]).sum()) <= 4  # 5% of 64 positions redrawn
+    assert a["sr"] == sample["sr"] and a["mask"].all()  # shape-like and boolean: as given
+
+
+def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp_path):
+    """The search sees |x| = 0.5 (the first chain overflows); the held-out sample reaches 1.0
+    (both do): the plan passes its sample and fails the unseen one: `unvalidated`, exit 9,
+    written with the validation's errors."""
+    from trtbisect.pipeline import Options, run
+
+    easy = [0.5, 0.2, -0.3, 0.1, 0.4, -0.5, 0.25, 0.3]
+    hard = [1.0, 0.9, -0.95, 0.8, 0.3, -1.0, 0.2, 0.85]
+    path, files = _two_overflows(tmp_path, easy, hard)
+    r = run(path, Options(inputs=files, semantics="strict"), tmp_path / "out")
+    assert r.verdict == "unvalidated" and r.exit_code == 9
+    # the first chain's overflow, not the second's (the searched sample never overflows it)
+    assert {"p1_up2", "p1_down"} <= set(r.fp32_nodes) and "p2_up2" not in r.fp32_nodes
+    assert r.validation["kind"] == "held_out" and r.validation["passed"] is False
+    assert r.validation["indices"] == validation.split(2, validation.HOLD_OUT_SHARE, 0)[1]
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["verdict"] == "unvalidated" and written["validation"] == r.validation
+    assert (tmp_path / "out" / "two.mixed.onnx").exists()  # the plan is still written
+
+    # the hard sample searched, the easy one held out: the plan covers both, and holds
+    path, files = _two_overflows(tmp_path, hard, easy)
+    r = run(path, Options(inputs=files, semantics="strict"), tmp_path / "out2")
+    assert r.verdict == "fixed" and r.validation["passed"] is True
+    assert {"p1_up2", "p2_up2"} <= set(r.fp32_nodes)
+
+    # the command says it in one line and exits 9
+    path, files = _two_overflows(tmp_path, easy, hard)
+    res = CliRunner().invoke(main, ["run", str(path), *sum((["--inputs", f] for f in files),
+                                                           []), "--semantics", "strict",
+                                    "--out", str(tmp_path / "cli")])
+    assert res.exit_code == 9, res.output
+    assert "unvalidated" in res.output and "validation on 1 held-out sample" in res.output
+    # no validation asked for: the plan is fixed on what it was searched on, and says so
+    res = CliRunner().invoke(main, ["run", str(path), *sum((["--inputs", f] for f in files),
+                                                           []), "--semantics", "strict",
+                                    "--validation-share", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["verdict"] == "fixed" and out["validation"]["kind"] == "none"
+
+
+def test_one_sample_near_the_bound_is_validated_on_perturbed_copies(tmp_path):
+    """One sample whose second chain sits just under 65504 (x = 1.0 times 65500): the plan
+    for the first chain passes it, and perturbed copies push the second over: never fixed."""
+    k = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in
+         (("k1", 1e3), ("d1", 1e6), ("k2", 65500.0))]
+    nodes = [helper.make_node("Mul", ["x", "k1"], ["a1"], name="p1_up"),
+             helper.make_node("Mul", ["a1", "k1"], ["a2"], name="p1_up2"),
+             helper.make_node("Div", ["a2", "d1"], ["a3"], name="p1_down"),
+             helper.make_node("Mul", ["x", "k2"], ["b1"], name="p2_up"),
+             helper.make_node("Div", ["b1", "k2"], ["b2"], name="p2_down"),
+             helper.make_node("Add", ["a3", "b2"], ["y"], name="sum")]
+    g = helper.make_graph(nodes, "near", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [16])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [16])], k)
+    path = tmp_path / "near.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              path)
+    x = np.array([1.0] * 8 + [0.5, 0.2, 0.1, 0.3, 0.6, 0.4, 0.2, 0.5], np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    from trtbisect.pipeline import Options, run
+    r = run(path, Options(inputs=[str(tmp_path / "x.npz")], semantics="strict"),
+            tmp_path / "out")
+    assert {"p1_up2", "p1_down"} <= set(r.fp32_nodes) and "p2_up" not in r.fp32_nodes
+    assert r.validation["kind"] == "perturbed" and r.validation["passed"] is False
+    assert r.verdict == "unvalidated"
+
+
+def test_a_spread_as_large_as_the_effect_is_fragile_at_once(tmp_path):
+    """A bound a quarter of FP32's own noise floor: no aimed search can help, so none runs;
+    the evaluations are the first search's alone and the certificate says why."""
+    from trtbisect.backends.ort import Reference, kernel_noise
+    from trtbisect.graph import Graph
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.pipeline import Options, run
+
+    from tests.judge.test_trust import _matmul
+    m, path, inputs = _matmul(tmp_path)
+    g, x = Graph(m), dict(np.load(inputs))
+    ref = Reference(g).run(x)
+    rtol = kernel_noise(g, [x], [ref])["y"] / 4 / float(np.abs(ref["y"]).max())
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
+    assert r.verdict == "fragile" and r.exit_code == 7
+    assert not r.aimed_searches and "noise is as large" in r.certificate["decided"]
+    assert r.evaluations <= 3  # all-FP16, then the one unit: no search again
+
+
+def test_aimed_rounds_share_a_fraction_of_the_first_search():
+    from trtbisect.judge.spread import AIM_FLOOR
+    from trtbisect.search.stage import aim_allowance
+    assert aim_allowance(0) == AIM_FLOOR
+    assert aim_allowance(1000) == 200  # at most 20% more evaluations than the search
+
+
+def test_retarget_carries_known_failures_to_a_tighter_bound(tmp_path):
+    """A plan that failed under the looser bound is not judged again under the aimed one."""
+    from trtbisect.context import Options, prepare
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.judge.evaluator import Evaluator
+
+    from tests.judge.test_trust import _matmul
+    _, path, inputs = _matmul(tmp_path)
+    opts = Options(inputs=[str(inputs)], tolerance=Tolerance(1e-9))
+    ctx = prepare(path, opts)
+    ev = Evaluator(ctx, opts, {}, None)
+    assert ev.check(frozenset()) is False
+    runs = ev.runs
+    again = ev.retarget(opts, {}, "aim:x")
+    assert again.check(frozenset()) is False and again.runs == 0 and runs == 1
+    again.close()
+
+
+def test_a_declared_shape_the_model_contradicts_is_not_written(tmp_path):
+    """An exporter's rank-0 declaration on a [2, 3] output: the run's copy declares no shape,
+    so the written file declares nothing false and `check` accepts it."""
+    g = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["y"], name="sq")], "r0",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    path = tmp_path / "r0.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              path)
+    np.savez(tmp_path / "x.npz", x=np.ones((2, 3), np.float32))
+    res = CliRunner().invoke(main, ["run", str(path), "--inputs", str(tmp_path / "x.npz"),
+                                    "--out", str(tmp_path / "out"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert any("declare no shape for output 'y'" in n for n in out["model_copy"])
+    mixed = onnx.load(tmp_path / "out" / "r0.mixed.onnx")
+    assert not mixed.graph.output[0].type.tensor_type.HasField("shape")
+    res = CliRunner().invoke(main, ["check", str(tmp_path / "out" / "r0.mixed.onnx"),
+                                    "--reference", str(path), "--inputs",
+                                    str(tmp_path / "x.npz")])
+    assert res.exit_code == 0, res.output
