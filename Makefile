@@ -1,4 +1,4 @@
-.PHONY: install demo test test-slow lint bench bench-search typecheck
+.PHONY: install demo test test-slow lint bench bench-search typecheck gpu gpu-wheels
 
 install:
 	python3 -m pip install -e ".[torch,dev,report]"
@@ -23,3 +23,12 @@ bench-search:
 
 bench:
 	python3 scripts/bench.py
+
+# the prepared GPU run (#44, docs/tensorrt.md): on the GPU machine, OUT=folder make gpu
+gpu:
+	bash scripts/gpu_check.sh $${OUT:-gpu_check}
+
+# what a GPU machine without a registry needs carried: onnx2torch's wheel in .whl/, magika
+gpu-wheels:
+	python3 -m pip download --no-deps --only-binary=:all: -d .whl onnx2torch==1.5.15
+	python3 scripts/fetch_models.py magika
