@@ -376,7 +376,9 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     opts.search_samples, opts.validation_share = search_samples, validation_share
     opts.workers, opts.ray = workers, ray_address
     from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
-    if wants_quantized(model, opts.precision, quant_reference, calibration):
+    quantized = wants_quantized(model, opts.precision, quant_reference, calibration)
+    refuse_flags(quantized, opts.precision)
+    if quantized:
         from .quant.console import run_and_emit
         finish(run_and_emit(model, opts, out, quant_reference, backend, as_json, calibration))
     if ray_address is not None:
@@ -502,6 +504,23 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
             out.print(f"annotated ONNX (open in Netron): {shown(result.files['annotated_model'])}")
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
+
+
+def refuse_flags(quantized: bool, precision: str) -> None:
+    """A flag given on the command line that this run's road cannot honour: refused in one
+    line (roads.py: the one table of every `run` flag and road)."""
+    from click.core import ParameterSource
+
+    from .roads import refusal
+    ctx = click.get_current_context()
+    given = [p.name for p in ctx.command.params if p.name and ctx.get_parameter_source(p.name)
+             in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    roads = (["quantized"] if quantized else ["fp16", "bf16"] if precision == "both"
+             else ["bf16"] if precision == "bf16" else ["fp16"])
+    for road in roads:
+        why = refusal(road, given)
+        if why:
+            raise TrtBisectError(why)
 
 
 def emit_margins(result) -> None:

@@ -130,21 +130,7 @@ class Context:
         from .data.store import View
         from .judge import validation
         assert self.every_sample is not None and self.every_reference is not None
-        if share <= 0:
-            self.validation = None
-            return
-        n = len(self.every_sample)
-        if n >= 2:
-            kept, held = validation.split(n, share, seed)
-            self.validation = validation.Holdout(
-                "held_out", [self.every_sample[i] for i in held], held,
-                references=[self.every_reference[i] for i in held])
-            self.every_sample = View(self.every_sample, kept)
-            self.every_reference = View(self.every_reference, kept)
-            self.samples, self.references, self.subset = (self.every_sample,
-                                                          self.every_reference, None)
-            return
-        graph, first = self.graph, self.every_sample[0]
+        graph = self.graph
 
         def reference(samples):
             ref = Reference(graph, threads)
@@ -152,9 +138,13 @@ class Context:
                 return [ref.run(s) for s in samples]
             finally:
                 ref.close()
-        copies = [validation.perturb(first, seed * 7919 + k + 1)
-                  for k in range(validation.PERTURB_COPIES)]
-        self.validation = validation.Holdout("perturbed", copies, reference=reference)
+        kept, self.validation = validation.hold_out(self.every_sample, self.every_reference,
+                                                    share, seed, reference)
+        if len(kept) < len(self.every_sample):
+            self.every_sample = View(self.every_sample, kept)
+            self.every_reference = View(self.every_reference, kept)
+            self.samples, self.references, self.subset = (self.every_sample,
+                                                          self.every_reference, None)
 
     def narrow(self, subset: Sequence[int] | None) -> None:
         """Let the search judge on `subset` of the samples (None: on every sample)."""
@@ -213,7 +203,8 @@ def prepare(model_path: str | Path, opts: Options, search: bool = True,
 def _declare_computed_shapes(graph: Graph, reference: Mapping[str, np.ndarray],
                              path: Path) -> None:
     """An output whose declared shape contradicts what the model computes (an exporter's
-    rank-0 `[]` on a [1, 40, 18385] tensor): the run's copy declares no shape for it, so every
+    rank-0 `[]` on a [1, 40, 18385] tensor; a static batch of 1 under `--shape x:2x...`): the
+    run's copy declares each contradicted dimension symbolic (of the computed rank), so every
     file written from the copy declares nothing false (ONNX Runtime warns on each run of it,
     and `check` would refuse it). Said in one line, as every repair of the copy is."""
     from .data.inputs import declared_shape
@@ -222,11 +213,22 @@ def _declare_computed_shapes(graph: Graph, reference: Mapping[str, np.ndarray],
         if v.name not in reference or not v.type.tensor_type.HasField("shape"):
             continue
         dims, got = declared_shape(v), np.shape(reference[v.name])
-        if len(dims) != len(got) or any(isinstance(d, int) and d > 0 and d != n
-                                        for d, n in zip(dims, got)):
-            v.type.tensor_type.ClearField("shape")
-            notes.append(f"declare no shape for output {v.name!r} (the file declares "
-                         f"{list(dims)}, the model computes {list(got)})")
+        wrong = len(dims) != len(got)
+        keep = [not wrong and not (isinstance(d, int) and d > 0 and d != n)
+                for d, n in zip(dims if not wrong else got, got)]
+        if all(keep):
+            continue
+        old = list(v.type.tensor_type.shape.dim)
+        v.type.tensor_type.ClearField("shape")
+        shape = v.type.tensor_type.shape
+        for i, ok in enumerate(keep):
+            d = shape.dim.add()
+            if ok:
+                d.CopyFrom(old[i])
+            else:
+                d.dim_param = f"{v.name}_d{i}"
+        notes.append(f"declare output {v.name!r} as {declared_shape(v)} (the file declares "
+                     f"{list(dims)}, the model computes {list(got)})")
     if notes:
         graph.repairs = (*graph.repairs, *notes)
         log.warning("%s", say(path, tuple(notes)))

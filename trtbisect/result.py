@@ -59,6 +59,7 @@ class AimedSearch(TypedDict):
     found: bool
     fp32_units: int
     evaluations: int
+    known_failing: int  # evaluations a looser bound's failure answered (nothing judged)
 
 
 class Partial(TypedDict):
@@ -97,7 +98,8 @@ VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
                 "fragile": EXIT_FRAGILE, "reference_unstable": EXIT_REFERENCE_UNSTABLE,
-                "not_searched": EXIT_OK, "unvalidated": EXIT_UNVALIDATED}  # not_searched: `torch --no-search`, layer-wise only
+                "not_searched": EXIT_OK, "unvalidated": EXIT_UNVALIDATED,
+                "quantized_ok": EXIT_OK}  # the quantized road's file as given passes  # not_searched: `torch --no-search`, layer-wise only
 
 
 def search_verdict(search: SearchResult, planned: bool) -> str:

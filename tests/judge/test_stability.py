@@ -87,7 +87,8 @@ def test_stability_measures_a_check_hook(zoo, tmp_path):
                     "def check(fp32, fp16, sample):\n"
                     f"    return bool(np.array_equal(sample[{name!r}], ORIG))\n")
     crit = parse_criteria(checks=[f"{hook}:check"])
-    r = run(model, Options(inputs=[str(inputs)], stability=3, criteria=crit), tmp_path / "out")
+    r = run(model, Options(inputs=[str(inputs)], stability=3, criteria=crit,
+                           validation_share=0), tmp_path / "out")
     st = r.stability
     assert r.verdict == "fp16_ok"  # the hook passes the user's sample, all FP16
     rows = st["plans"][0]["outputs"]

@@ -32,8 +32,13 @@ def _opts(inputs, rtol, objective: str = "cost") -> Options:
     """`objective="count"` where a test asserts the 1-minimal plan: under the default cost
     objective a cheaper plan one unit away may replace it (search/cheaper.py)."""
     return Options(inputs=[str(inputs)], tolerance=Tolerance(rtol, 0.0), threads=1,
-                   objective=objective)
+                   objective=objective, validation_share=0)  # the search's tests: no hold-out
 
+
+# a plan found whose written file passes: `fixed`, or `fragile` where its certificate finds the
+# margin within what ONNX Runtime's own QDQ fusions move the error by (checked exactly in
+# test_planted_fault_gives_the_exact_minimal_plan_and_its_cause)
+PLANNED = ("fixed", "fragile")
 
 # the fix trtbisect applies and verifies for each planted culprit (None: none it can verify)
 VERIFIED = {"outlier": "SmoothQuant", "fp8_saturation": "max calibration",
@@ -45,7 +50,9 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
     p = make()
     model, inputs = _files(p, tmp_path)
     r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
-    assert r.verdict == "fixed", r.to_json()
+    # the written file judged again under ORT's own optimizations (its QDQ fusions) and other
+    # threads: `fixed` only with the margin over that spread, else `fragile` (judge/spread.py)
+    assert r.verdict == ("fixed" if r.certified["certified"] else "fragile"), r.to_json()
     assert set(r.plan) == p.plan
     assert r.one_minimal
     assert not r.before.passed and r.after.passed
@@ -61,7 +68,7 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
         assert any(VERIFIED[p.name] in v for v in verified), r.fixes
     text = (tmp_path / "out" / "precision.json").read_text()
     written = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
-    assert written["verdict"] == "fixed" and set(written["unquantized_layers"]) == p.plan
+    assert written["verdict"] in PLANNED and set(written["unquantized_layers"]) == p.plan
     assert written["plan"][0]["fixes_judged"] == r.fixes.get(layer, [])
     assert written["one_judge"]["search_equals_check"] is True
 
@@ -72,7 +79,7 @@ def test_a_file_fp16_elsewhere_gets_one_search_over_both_sides(tmp_path):
     p = qm.fp16_side()
     model, inputs = _files(p, tmp_path)
     r = run(model, _opts(inputs, p.rtol, "count"), tmp_path / "out")
-    assert r.verdict == "fixed" and r.one_minimal and r.one_judge is True
+    assert r.verdict in PLANNED and r.one_minimal and r.one_judge is True
     assert r.plan == ["mm1"] and r.fp32_nodes == ["amp", "back"]
     assert r.before.errors["y"].nonfinite > 0  # the overflow, judged with FP16 stores explicit
     assert "beyond FP16's 65504" in r.fp32_reasons["amp"]
@@ -206,9 +213,11 @@ def test_cli_run_on_a_quantized_model(tmp_path):
     p = qm.residual()
     model, inputs = _files(p, tmp_path)
     r = invoke("-q", "run", model, "--inputs", inputs, "--rtol", p.rtol, "--out",
-               tmp_path / "out")
-    assert r.exit_code == 0, r.output
-    assert "fixed by running 1 of 3 quantized layers un-quantized" in r.output
+               tmp_path / "out", "--validation-share", "0")
+    # fixed, or fragile where ORT's own QDQ fusions move the error by more than the margin
+    assert (r.exit_code, r.output.startswith("verdict: fixed")) in ((0, True), (7, False))
+    assert ("fixed by running 1 of 3 quantized layers un-quantized" in r.output
+            or "the plan (1 of 3 layers un-quantized)" in r.output), r.output
     assert "oversized_scale" in r.output
     sh = (tmp_path / "out" / "commands.sh").read_text()
     assert "--nodes_to_exclude 'add$'" in sh and "--quantize_mode=int8" in sh
@@ -232,9 +241,9 @@ def test_cli_reference_fp32_model(tmp_path):
     ref = tmp_path / "fp32.onnx"
     onnx.save(unquantize(p.model, analyse(p.model)), ref)
     r = invoke("-q", "run", model, "--inputs", inputs, "--rtol", p.rtol, "--reference", ref,
-               "--out", tmp_path / "out", "--json")
-    assert r.exit_code == 0, r.output
+               "--out", tmp_path / "out", "--json", "--validation-share", "0")
     got = json.loads(r.output)
+    assert r.exit_code == (0 if got["certificate"]["certified"] else 7), r.output
     assert got["unquantized_layers"] == ["mm1"] and got["reference"] == str(ref)
     other = tmp_path / "other.onnx"
     onnx.save(qm.residual().model, other)
@@ -463,7 +472,7 @@ def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
     model, inputs = _files(p, tmp_path)
     res = invoke("run", model, "--inputs", inputs, "--rtol", str(p.rtol), "--report",
                  "--out", tmp_path / "out")
-    assert res.exit_code == 0, res.output
+    assert res.exit_code in (0, 7), res.output  # fixed, or fragile under ORT's QDQ fusions
     png = tmp_path / "out" / "report_tradeoff.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
@@ -513,7 +522,7 @@ def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
                                session(plain).run(["y"], p.inputs)[0], rtol=1e-5, atol=1e-5)
     np.savez(tmp_path / "in.npz", **p.inputs)
     r = run(qdq_path, _opts(tmp_path / "in.npz", p.rtol, "count"), tmp_path / "out")
-    assert r.verdict == "fixed" and r.plan == ["mm1"] and r.one_judge is True
+    assert r.verdict in PLANNED and r.plan == ["mm1"] and r.one_judge is True
 
 
 def test_hostile_layer_names_reach_commands_sh_whole(tmp_path):
@@ -624,7 +633,7 @@ def _cheaper_run(p: qm.Planted, tmp_path):
     model, inputs = _files(p, tmp_path)
     count = run(model, _opts(inputs, p.rtol, "count"), tmp_path / "count")
     cost = run(model, _opts(inputs, p.rtol), tmp_path / "cost")
-    assert cost.verdict == "fixed" and cost.one_judge is True
+    assert cost.verdict in PLANNED and cost.one_judge is True
     # `check` of the written file gives run's numbers bit for bit
     ref = tmp_path / "ref.onnx"
     onnx.save(unquantize(p.model, analyse(p.model)), ref)
@@ -733,8 +742,9 @@ def _report_run(tmp_path, model: onnx.ModelProto, inputs: dict, rtol: float, ren
     onnx.save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "m.npz", **inputs)
     res = invoke("run", tmp_path / "m.onnx", "--inputs", tmp_path / "m.npz", "--rtol", rtol,
-                 "--report", "--out", tmp_path / "out", "--objective", objective)
-    assert res.exit_code == 0, res.output
+                 "--report", "--out", tmp_path / "out", "--objective", objective,
+                 "--validation-share", "0")  # the pages are the subject
+    assert res.exit_code in (0, 7), res.output  # fixed, or fragile under ORT's QDQ fusions
     return tmp_path / "out"
 
 
@@ -809,7 +819,7 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
     # uncertain, per-node rounding kept
     model, inputs = _files(p, tmp_path)
     fused = run(model, _opts(inputs, p.rtol, "count"), tmp_path / "trt")
-    assert fused.verdict == "fixed" and fused.one_minimal and fused.one_judge is True
+    assert fused.verdict in PLANNED and fused.one_minimal and fused.one_judge is True
     assert fused.plan == ["mm1"] and fused.fp32_nodes == []
     # the pair switches as one unit: kept apart, one in FP32 and the other in FP16, the
     # value TensorRT keeps inside the layer would be stored in FP16 between them
@@ -825,7 +835,7 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
     assert json.loads(r.stdout)["errors"]["y"]["max_abs"] == fused.after.errors["y"].max_abs
     # in the same --out: the journal of the trt run is not replayed (its fingerprint differs)
     head = json.loads((tmp_path / "trt" / "journal.jsonl").read_text().splitlines()[0])
-    assert head["fingerprint"]["semantics"] == "trt"
+    assert head["fingerprint"]["settings"]["semantics"][0] == "trt"
     strict_opts = _opts(inputs, p.rtol, "count")
     strict_opts.semantics = "strict"
     strict = run(model, strict_opts, tmp_path / "trt")

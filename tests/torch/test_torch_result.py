@@ -108,10 +108,28 @@ def test_torch_plan_json_keeps_its_keys_order_and_values(case, tmp_path):
     golden = json.loads(GOLDEN.read_text())[case]
     assert written["verdict"] == CASES[case][-1]
     assert list(written) == list(golden["plan"])  # the keys, in the file's order
-    assert written == golden["plan"]
+    # the values; floats to the CPU's summation order (a mean of float32 errors differs in its
+    # fifth digit between x86 kernels: the golden was written on another processor)
+    assert _same(written, golden["plan"])
     assert returned == written  # what --json prints is what the file says
     assert code == golden["exit_code"] == VERDICT_EXIT[written["verdict"]]  # run's table
-    assert others == golden["others"]  # torch_trace.json, torch_layerwise.json, fp32_plan.py
+    assert _same(others, golden["others"])  # torch_trace.json, torch_layerwise.json, ...
+
+
+def _same(a, b) -> bool:
+    """Equal, keys in order, floats within 1e-3 relative (and ints and strings exactly)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-3, abs=1e-12, nan_ok=True)
+    if isinstance(a, str) and isinstance(b, str) and a != b:  # a JSON file's text
+        try:
+            return _same(json.loads(a), json.loads(b))
+        except ValueError:
+            return False
+    return a == b
 
 
 def _write_golden(folder: Path) -> None:

@@ -137,6 +137,36 @@ class Validation:
         return d
 
 
+def hold_out(samples: Sequence[Arrays], references: Sequence[Arrays], share: float,
+             seed: int, reference: Callable[[Sequence[Arrays]], list[dict[str, np.ndarray]]]
+             ) -> tuple[list[int], Holdout | None]:
+    """The indices of the samples the search keeps, and what validates the written plan
+    (None: `share` 0): of two samples or more the held-out ones, of one its perturbed copies
+    (their references by `reference`, on first use)."""
+    if share <= 0:
+        return list(range(len(samples))), None
+    if len(samples) >= 2:
+        kept, held = split(len(samples), share, seed)
+        return kept, Holdout("held_out", [samples[i] for i in held], held,
+                             references=[references[i] for i in held])
+    copies = [perturb(samples[0], seed * 7919 + k + 1) for k in range(PERTURB_COPIES)]
+    return [0], Holdout("perturbed", copies, reference=reference)
+
+
+def judged(held: Holdout | None,
+           judge: Callable[[list[tuple[Arrays, Arrays]]], list[Judgement]],
+           verdict: Callable[[list[Judgement]], Verdict]) -> Validation:
+    """The validation of a written file: `judge` runs it on the validation pairs, as the
+    run's judge runs it on its samples; `verdict` is the run's criteria's."""
+    if held is None:
+        return unvalidated("validation turned off (--validation-share 0)")
+    pairs = held.pairs()
+    if not pairs:
+        return unvalidated("every perturbed copy's FP32 reference is not finite")
+    js = judge(pairs)
+    return Validation(held.kind, held.describe(), js, verdict(js), list(held.indices))
+
+
 def unvalidated(reason: str) -> Validation:
     """No validation samples: the plan is called what it is (unvalidated, not wrong)."""
     return Validation("none", reason)

@@ -30,7 +30,7 @@ from .criteria import Judgement, Verdict, json_number, timed_out, worst_of
 from .evaluator import Evaluator
 from .loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
-from .validation import Validation, unvalidated
+from .validation import Validation, judged as judged_validation
 from .verdict import decide
 from .precision import of_type
 
@@ -239,20 +239,17 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
 def validate(judge: MixedModel, ctx: Context, opts: Options) -> Validation:
     """The written file's judge run on the run's validation samples (judge/validation.py);
     a run without any says the plan is unvalidated."""
-    held = ctx.validation
-    if held is None:
-        return unvalidated("validation turned off (--validation-share 0)")
     names = ctx.graph.output_names()
-    judged = []
-    for sample, ref in held.pairs():
-        try:
-            outs, _ = judge.run_tensors(sample)
-        except EvalTimeout as exc:
-            judged.append(timed_out(ref, exc.seconds))
-            continue
-        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
-                                          opts.tolerance))
-    if not judged:
-        return unvalidated("every perturbed copy's FP32 reference is not finite")
-    return Validation(held.kind, held.describe(), judged, opts.criteria.verdict(judged),
-                      list(held.indices))
+
+    def run(pairs):
+        out = []
+        for sample, ref in pairs:
+            try:
+                outs, _ = judge.run_tensors(sample)
+            except EvalTimeout as exc:
+                out.append(timed_out(ref, exc.seconds))
+                continue
+            out.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                           opts.tolerance))
+        return out
+    return judged_validation(ctx.validation, run, opts.criteria.verdict)

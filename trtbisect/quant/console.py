@@ -28,7 +28,8 @@ def emit(result, as_json: bool) -> None:
             layer = result.layer(name)
             edges = ", ".join(f"{e.source} ({e.format}{', weight' if e.weight else ''}"
                               f"{', per-channel' if e.per_channel else ''})" for e in layer.edges)
-            why = "; ".join(f.text for f in result.findings.get(name, []))
+            why = ("; ".join(f.text for f in result.findings.get(name, []))
+                   if result.needed.get(name, True) else _faster(result, name))
             t.add_row(shown(name), shown(layer.op), shown(edges), shown(why))
         out.print(t)
         k = 0
@@ -49,9 +50,12 @@ def emit(result, as_json: bool) -> None:
                   title_justify="left")
         for col in ("node", "op", "why"):
             t.add_column(col, overflow="fold")
+        units = {n: u for u, n, _ in result._culprits()}
         for name in result.fp32_nodes:
+            u = units.get(name, name)
             t.add_row(shown(name), shown(ops.get(name, "")),
-                      shown(result.fp32_reasons.get(name, "")))
+                      shown(result.fp32_reasons.get(name, "") if result.needed.get(u, True)
+                            else _faster(result, u)))
         out.print(t)
     if result.before is not None:
         t = Table(title="Outputs", title_justify="left")
@@ -72,6 +76,15 @@ def emit(result, as_json: bool) -> None:
                   f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
                                            if vs is not None and result.units else "")
                   + _boundary_words(c))
+    for line in result.reasons:
+        out.print(f"  why: {shown(line)}")
+    from ..judge.spread import certificate_lines
+    from ..judge.validation import line as validation_line
+    for line in certificate_lines(result.certified or {}):
+        out.print(f"  {shown(line)}")
+    said = validation_line(result.validation)
+    if said:
+        out.print(f"  {shown(said)}")
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
               "ONNX Runtime CPU (Q/DQ run as written"
               + (f"; FP16 stores emulated, {_rounding(result)})" if result.emulated else ")"))
@@ -88,6 +101,14 @@ def emit(result, as_json: bool) -> None:
         if "report_html" in result.files:
             out.print(f"report: {shown(result.files['report_html'])}")
         out.print(f"plan: {shown(result.files.get('plan'))}")
+
+
+def _faster(result, unit: str) -> str:
+    """A unit the plan keeps for estimated engine time, not accuracy (quant/run.py `_honest`):
+    it passes quantized too."""
+    x = result.faster.get(unit)
+    return ("not needed for accuracy: faster un-quantized"
+            + (f" (est. -{100 * x:.1f}%)" if x is not None else ""))
 
 
 def _boundary_words(c: dict) -> str:
@@ -114,13 +135,7 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         raise TrtBisectError(f"--precision {opts.precision}: {model} is quantized (Q/DQ); its "
                              "float side computes in the type the file gives it: drop "
                              "--precision (docs/quantization.md)")
-    unsupported = [flag for flag, used in (
-        ("--stability", opts.stability >= 2),
-        ("--rewrite", opts.rewrite), ("--strict", opts.strict),
-        ("--budget", opts.budget is not None), ("--ray", opts.ray is not None)) if used]
-    if unsupported:
-        raise TrtBisectError(f"{', '.join(unsupported)}: not available for a quantized model "
-                             "yet (docs/quantization.md, 'Not done yet'); drop it")
+    # the flags this road cannot honour were refused already (roads.py, cli.refuse_flags)
     if backend == "trt":
         raise TrtBisectError("--backend trt builds FP16 engines; a quantized model's plan is "
                              "judged on ONNX Runtime CPU: build the written "
@@ -143,12 +158,13 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
     with terminate_as_interrupt(), OutputDir(out_dir).locked(), \
             Progress(quiet_level()) as progress, tempfile.TemporaryDirectory(
                 prefix="trtbisect-ptq-") as scratch:
-        if not is_quantized_file(model):  # --precision int8|fp8 on a float model
+        owned = not is_quantized_file(model)
+        if owned:  # --precision int8|fp8 on a float model: ModelOpt's file is trtbisect's
             from .ptq import quantize_samples
             reference, model = model, str(quantize_samples(model, opts, Path(scratch),
                                                            progress.stage, calibration))
         result = run(model, opts, out_dir, reference, progress.trial, progress.stage,
-                     report)
+                     report, owned)
     emit(result, as_json)
     return result.exit_code
 

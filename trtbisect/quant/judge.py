@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from ..judge.compare import Tolerance
-from ..judge.criteria import Criteria, Verdict
+from ..judge.criteria import Criteria, Judgement, Verdict
 from . import half
 from .qdq import Layer, dequantized_weights, unquantize
 
@@ -140,17 +140,26 @@ class QuantJudge:
 
     def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
         """Any model (a plan's, or a written file) on every sample under the criteria."""
+        return self.criteria.verdict(self.judgements(model))
+
+    def judgements(self, model: onnx.ModelProto | str | Path,
+                   pairs: Sequence[tuple[Mapping[str, np.ndarray],
+                                         Mapping[str, np.ndarray]]] | None = None
+                   ) -> list[Judgement]:
+        """Per sample (or per (sample, reference) of `pairs`: the validation's), the model
+        judged under the criteria, as `judge_model` judges it."""
         if self.emulated:
             if not isinstance(model, onnx.ModelProto):
                 model = onnx.load(str(model))
             model = self.judged_model(model)
         sess = session(model, self.threads)
         judged = []
-        for sample, ref in zip(self.samples, self.references):
+        for sample, ref in (pairs if pairs is not None
+                            else zip(self.samples, self.references)):
             got = run_outputs(sess, sample, list(ref))
             judged.append(self.criteria.judge(ref, got, sample, self.tolerance))
             self.runs += 1
-        return self.criteria.verdict(judged)
+        return judged
 
     def measure(self, plan: frozenset[str]) -> Verdict:
         key = frozenset(plan)

@@ -23,6 +23,11 @@ def verdict_line(result) -> str:
                          f" and keeping {len(result.fp32_nodes)} of {result.half_nodes} FP16 "
                          "nodes in FP32" if result.fp32_nodes else ""),
             "no_plan": f"[red]no plan meets {meet}[/]",
+            "fragile": f"[yellow]fragile[/]: the plan ({n} of {total} layers un-quantized) meets "
+                       f"{meet} by less than the spread of what the tools compute",
+            "unvalidated": f"[yellow]unvalidated[/]: the plan ({n} of {total} layers "
+                           f"un-quantized) meets {meet} on its search samples, not on the "
+                           "samples it never saw",
             "reference_invalid": "[red]the reference is already non-finite[/]"}[result.verdict]
 
 

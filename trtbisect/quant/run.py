@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx
 
-from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_REFERENCE_INVALID, TrtBisectError
+from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge.criteria import Verdict
 from ..outputs.escape import visible
 from ..search.minimal import Progress, find_minimal_fp32
@@ -32,8 +32,6 @@ from .render import renderings
 log = logging.getLogger(__name__)
 
 CHEAPER_PER_UNIT = 2  # --objective cost: new evaluations per unit the cheaper step may make
-VERDICTS = {"quantized_ok": EXIT_OK, "fixed": EXIT_OK, "no_plan": EXIT_NO_PLAN,
-            "reference_invalid": EXIT_REFERENCE_INVALID}
 
 
 @dataclass
@@ -67,9 +65,17 @@ class QuantResult:
     seconds: float = 0.0
     criteria: str = ""
 
+    certified: dict | None = None  # the written file's margin over the spread (judge/spread.py)
+    validation: dict | None = None  # the written file on unseen samples (judge/validation.py)
+    needed: dict[str, bool] = field(default_factory=dict)  # per plan unit: removing it fails
+    faster: dict[str, float] = field(default_factory=dict)  # per unit not needed: est. saving
+    minimal_plan: list[str] = field(default_factory=list)  # the certified 1-minimal plan
+    reasons: list[str] = field(default_factory=list)  # why even all-float fails
+
     @property
     def exit_code(self) -> int:
-        return VERDICTS[self.verdict]
+        from ..result import VERDICT_EXIT
+        return VERDICT_EXIT[self.verdict]  # one exit table for every road
 
     @property
     def minimality(self) -> str:
@@ -92,6 +98,12 @@ class QuantResult:
         if self.after is None or self.search_after is None:
             return None
         return _same(self.after, self.search_after)
+
+    def _culprits(self) -> list[tuple[str, str, str]]:
+        """(unit, name, side) of every unit of the plan: a quantized layer, an FP16 node."""
+        half = {n: u for u, n in (self.judge.half.items() if self.judge else ())}
+        return ([(n, n, "quantized") for n in self.plan]
+                + [(half.get(n, "fp32:" + n), n, "fp16") for n in self.fp32_nodes])
 
     def layer(self, name: str) -> qdq.Layer:
         return next(la for la in self.layers if la.name == name)
@@ -118,10 +130,16 @@ class QuantResult:
             "sides": {**{n: "quantized" for n in self.plan},
                       **{n: "fp16" for n in self.fp32_nodes}},
             "fp32_node_reasons": self.fp32_reasons,
-            "plan": [{**self.layer(n).to_json(),
+            "plan": [{**self.layer(n).to_json(), "needed": self.needed.get(n, True),
                       "findings": [f.to_json() for f in self.findings.get(n, [])],
                       "fixes_judged": self.fixes.get(n, [])}
                      for n in self.plan],
+            "culprits": [{"name": n, "side": side, "needed": self.needed.get(u, True),
+                          **({"faster_by": self.faster[u]} if u in self.faster else {})}
+                         for u, n, side in self._culprits()],
+            "minimal_plan": self.minimal_plan,
+            "certificate": self.certified, "margins": (self.certified or {}).get("outputs"),
+            "validation": self.validation, "reasons": self.reasons,
             "errors_before": errors(self.before), "errors_after": errors(self.after),
             "judged": {"before": self.before.to_json() if self.before else None,
                        "after": self.after.to_json() if self.after else None},
@@ -332,12 +350,14 @@ def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
 def run(model_path: str | Path, opts, out_dir: Path | None = None,
         reference_path: str | Path | None = None, progress: Progress | None = None,
         stage: Callable[[str], None] = log.info,
-        report: Callable[[QuantResult, Path], dict[str, str]] | None = None
-        ) -> QuantResult:
+        report: Callable[[QuantResult, Path], dict[str, str]] | None = None,
+        owned: bool = False) -> QuantResult:
     """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
     samples, criteria, tolerance, threads, gpu, objective and --max-evals are used);
     `report`: --report's writer (quant/pages.py, handed in by quant/console.py), called
-    inside --out's generation; it returns the files it wrote."""
+    inside --out's generation; it returns the files it wrote. `owned`: the model is
+    trtbisect's own (ModelOpt's output in a temporary folder): the judged file is kept in
+    --out whatever the verdict."""
     from ..context import reference_problems
 
     started = time.perf_counter()
@@ -356,15 +376,107 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         result.seconds = time.perf_counter() - started
         _write(result, None, path, out_dir, keep)
         return result
+    samples, references, held = _hold_out(samples, references, ref_model, opts)
     journal = _journal(out_dir, opts, path, reference_path, samples)
     try:
         _search(result, model, ref_model, samples, references, opts, progress, stage, journal)
     finally:
         if journal is not None:
             journal.close()
+    if result.verdict == "no_plan":
+        result.reasons = float_side_reasons(model)
     result.seconds = time.perf_counter() - started
-    _write(result, result.judge, path, out_dir, keep, report)
+    _write(result, result.judge, path, out_dir, keep, report,
+           lambda f: _certify(result, ref_model, samples, references, held, opts, f), owned)
     return result
+
+
+def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
+    """The search's samples and the validation's (judge/validation.py), as the FP16 road
+    holds them out."""
+    from ..backends.ort import Reference
+    from ..data.store import View
+    from ..graph import Graph
+    from ..judge import validation
+
+    def reference(batch):
+        ref = Reference(Graph(ref_model), opts.threads)
+        try:
+            return [ref.run(s) for s in batch]
+        finally:
+            ref.close()
+    kept, held = validation.hold_out(samples, references, opts.validation_share, opts.seed,
+                                     reference)
+    if len(kept) < len(samples):
+        samples, references = View(samples, kept), View(references, kept)
+    return samples, references, held
+
+
+def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
+             opts, written: Path | onnx.ModelProto) -> str:
+    """The written file's certificate and validation, as the FP16 road's (judge/spread.py,
+    judge/validation.py), and the verdict they allow (judge/verdict.py)."""
+    from ..graph import Graph
+    from ..judge import validation
+    from ..judge.spread import certify
+    from ..judge.verdict import decide
+    from ..outputs.mixed import Written
+
+    judge = result.judge
+    assert judge is not None
+    model = written if isinstance(written, onnx.ModelProto) else onnx.load(str(written))
+    judged = judge.judged_model(model)
+    per_sample = judge.judgements(judged)
+    ctx = SimpleNamespace(graph=Graph(ref_model), every_sample=samples,
+                          every_reference=references)
+    cert = certify(ctx, opts, Written(judged, {}), per_sample)  # type: ignore[arg-type]
+    result.certified = cert.to_json()
+    checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
+                                opts.criteria.verdict)
+    result.validation = checked.to_json()
+    verdict = decide(result.verdict, certified=cert.certified, validated=checked.passed)
+    if verdict == "fragile":
+        log.warning("the plan passes by less than the spread of what the tools compute on "
+                    "%s (fragile): it is written, but not called fixed",
+                    "; ".join(cert.uncertified))
+    elif verdict == "unvalidated":
+        log.warning("the plan fails %s it was not searched on (unvalidated): it is written, "
+                    "but not called fixed", checked.described)
+    return verdict
+
+
+def float_side_reasons(model: onnx.ModelProto) -> list[str]:
+    """Why even the all-float plan can fail: weights or constants of the given file that are
+    not finite (a converter wrote a value beyond FP16's range as inf), by name, and which tool
+    wrote the file."""
+    from onnx import numpy_helper
+
+    from ..judge import semantics
+
+    def values():
+        for t in model.graph.initializer:
+            yield t.name, t
+        for n in model.graph.node:
+            t = semantics.constant_tensor(n) if n.op_type == "Constant" else None
+            if t is not None:
+                yield n.output[0], t
+    bad = []
+    for name, t in values():
+        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                               onnx.TensorProto.BFLOAT16):
+            continue
+        a = np.asarray(numpy_helper.to_array(t), np.float64)
+        k = int(a.size - np.count_nonzero(np.isfinite(a)))
+        if k:
+            kind = onnx.TensorProto.DataType.Name(t.data_type).lower()
+            bad.append(f"{visible(name)} ({kind}) holds {k} non-finite value(s)")
+    if not bad:
+        return []
+    who = " ".join(x for x in (model.producer_name, model.producer_version) if x)
+    return [f"the given file's weights are already broken: {'; '.join(bad[:5])}"
+            + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+            + (f"; the file was written by {who}, which probably converted a value beyond "
+               "FP16's range (65504) to inf" if who else "")]
 
 
 def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], None]):
@@ -392,9 +504,12 @@ def _samples(ref_model: onnx.ModelProto, opts, path: Path, reference_path):
     from ..data.store import SampleSet, reference_set
     from ..graph import Graph, model_hash
 
+    from ..data.limits import set_eval_timeout
+
+    set_eval_timeout(opts.limits.eval_timeout)  # every inference of this run (limits.py)
     ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)
     samples = SampleSet(iter_items(ref_graph, list(opts.inputs), opts.data_loader, opts.shapes,
-                                   opts.seed, opts.samples))
+                                   opts.seed, opts.samples, opts.limits), limits=opts.limits)
     references = reference_set(ref_graph, samples, opts.threads,
                                f"quant:{model_hash(path)}:{reference_path}", None)
     opts.criteria.check_fit(references[0])
@@ -410,12 +525,12 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
 
     if out_dir is None:
         return None
-    fingerprint = {
+    from ..context import _samples_hash
+    fingerprint = {  # every setting of the judge, as the FP16 road's (judge/settings.py)
         "mode": "quantized", "version": __version__, "model": model_hash(path),
         "reference": model_hash(reference_path) if reference_path else None,
-        "samples": samples.sha256, "tolerance": opts.tolerance.to_json(),
-        "criteria": opts.criteria.fingerprint(), "objective": opts.objective, "gpu": opts.gpu,
-        "threads": opts.threads, "semantics": opts.semantics}
+        "samples": _samples_hash(samples), "objective": opts.objective,
+        "settings": opts.judge_settings.fingerprint()}
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
     if not opts.resume and journal_path.exists():
@@ -485,6 +600,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
             result.fp32_nodes = [judge.half[u] for u in result.units if u in judge.half]
             result.search_after = judge.measure(frozenset(search.fp32))
             result.verdict = "fixed"
+            _honest(result, search, pricing)
     result.findings = {n: findings[n] for n in result.plan}
     if result.plan:
         stage("judging the fixes diagnosis names, where trtbisect can apply them")
@@ -495,6 +611,24 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.cost = {**pricing.summary(result.units), "objective": opts.objective,
                    **({"certificate": result.certificate} if result.certificate else {})}
     result.renderings = renderings(result, model)
+
+
+def _honest(result: QuantResult, search, pricing) -> None:
+    """Which units of the plan accuracy needs: those of the certified 1-minimal plan (each
+    removal from it failed); a unit the cheaper step added is there for estimated engine time,
+    with what it saves (`faster`)."""
+    judge = result.judge
+    assert judge is not None
+    minimal = (search.certificate or {}).get("minimal_plan") or list(search.fp32)
+    result.minimal_plan = judge.expand(minimal)
+    need = set(result.minimal_plan) if search.one_minimal or "minimal_plan" in (
+        search.certificate or {}) else set(result.units)
+    result.needed = {u: u in need for u in result.units}
+    plan = pricing.price(result.units)
+    for u in result.units:
+        if not result.needed[u]:
+            without = pricing.price([v for v in result.units if v != u])
+            result.faster[u] = (without - plan) / without if without > 0 else 0.0
 
 
 def _certificate(cert: dict | None) -> dict | None:
@@ -614,7 +748,9 @@ def _sources(opts) -> list[Path]:
 
 
 def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
-           keep: Sequence[Path], report: Callable | None = None) -> None:
+           keep: Sequence[Path], report: Callable | None = None,
+           settle: Callable[[Path | onnx.ModelProto], str] | None = None,
+           owned: bool = False) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
     and (`report`: --report) report.html, report.md and the trade-off plot, as one
     generation of --out. Without --out the
@@ -626,9 +762,20 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
         if report is not None and out_dir is not None:
             result.files.update(report(result, out_dir))
 
-    if result.verdict != "fixed":
+    if result.verdict == "quantized_ok" and settle is not None:  # the file as given
+        result.verdict = settle(path)
+    if result.verdict not in ("fixed",):
         if out_dir is not None:
             with OutputDir(out_dir).generation(keep=keep) as gen:
+                if result.verdict in ("quantized_ok", "fragile", "unvalidated"):
+                    if owned:  # ModelOpt's file, judged: the deliverable, kept in --out
+                        name = f"{path.stem}.quantized.onnx"
+                        save_model(out_dir / name, load(path))
+                        result.files["quantized_model"] = str(out_dir / name)
+                        result.model_path = str(out_dir / name)
+                    atomic_write_text(out_dir / "commands.sh",
+                                      result.renderings["commands_sh"])
+                    result.files["commands"] = str(out_dir / "commands.sh")
                 result.files["plan"] = str(out_dir / "precision.json")
                 plot()
                 gen.commit(result.to_json())
@@ -638,12 +785,16 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
     if out_dir is None:  # the search judged this very model last: its verdict, not a rerun
         result.after = (result.search_after if result.search_after is not None
                         else judge.judge_model(mixed))
+        if result.after.passed and settle is not None:
+            result.verdict = settle(mixed)
     else:
         with OutputDir(out_dir).generation(keep=keep) as gen:
             name = f"{path.stem}.unquantized.onnx"
             save_model(out_dir / name, mixed)
             result.files["mixed_qdq_model"] = str(out_dir / name)
             result.after = judge.judge_model(out_dir / name)  # the file, as check judges it
+            if result.after.passed and settle is not None:
+                result.verdict = settle(out_dir / name)
             result.files["plan"] = str(out_dir / "precision.json")
             atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
             result.files["commands"] = str(out_dir / "commands.sh")

@@ -188,11 +188,15 @@ class SearchStage:
             # plans that failed a looser bound fail this one too (Evaluator.retarget)
             again, summary = self.search(ev, sopts, False, False,
                                          start=list(result.fp32_layers or ()))
+            carried = {p for p, ok in ev.known.items() if not ok}
             aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
                          "found": again.found, "fp32_units": len(again.fp32),
-                         "evaluations": again.evaluations})
+                         "evaluations": again.evaluations,
+                         # of which known to fail from the looser bound: judged by nothing
+                         "known_failing": sum(self.as_nodes(t.fp32) in carried
+                                              for t in again.trials)})
             if not again.found:
-                if again.stopped:
+                if again.stopped_early:
                     cert.decided = (f"the aimed search used its allowance of {left} "
                                       "evaluations without a plan")
                 break

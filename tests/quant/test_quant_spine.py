@@ -1,0 +1,92 @@
+"""The quantized road on the one spine (#42): one exit table, the FP16 road's certificate and
+validation, honest culprits, reasons for `no_plan`, the judged file kept for `quantized_ok`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from tests.models import quant_models as qm
+from trtbisect.context import Options
+from trtbisect.judge.compare import Tolerance
+from trtbisect.quant.run import float_side_reasons, run
+from trtbisect.result import VERDICT_EXIT
+
+
+def _files(p, tmp_path):
+    model, inputs = tmp_path / f"{p.name}.onnx", tmp_path / f"{p.name}.npz"
+    onnx.save(p.model, model)
+    np.savez(inputs, **p.inputs)
+    return model, inputs
+
+
+@pytest.mark.parametrize("make", qm.PLANTED, ids=lambda m: m.__name__)
+def test_no_quantized_fixed_misses_the_bound_in_plain_onnx_runtime(make, tmp_path):
+    """Whatever the verdict, `fixed` only where the written file, run as is in a plain
+    InferenceSession (ORT's default optimizations, its QDQ fusions), meets the bound."""
+    p = make()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
+                           threads=1, validation_share=0), tmp_path / "out")
+    assert r.exit_code == VERDICT_EXIT[r.verdict]  # one exit table
+    assert r.certified is not None and r.validation["kind"] == "none"
+    if r.verdict != "fixed":  # (fp8_saturation's plan is fixed: the check below runs)
+        assert r.verdict == "fragile" and not r.certified["certified"]
+        return
+    sess = ort.InferenceSession(r.files["mixed_qdq_model"], providers=["CPUExecutionProvider"])
+    x = dict(np.load(inputs))
+    got = sess.run(None, x)
+    for out, value in zip(sess.get_outputs(), got):
+        e = r.after.errors[out.name]
+        assert float(np.max(np.abs(value - r.judge.references[0][out.name]))) <= e.bound
+
+
+def test_each_culprit_says_whether_accuracy_needs_it(tmp_path):
+    """Under --objective cost the cheaper step may add units for estimated engine time: each
+    unit of the plan is `needed` (in the certified 1-minimal plan) or not, with the saving;
+    the 1-minimal plan is always recorded."""
+    p = qm.fp16_side(fused=False)
+    model, inputs = _files(p, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                           validation_share=0), tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["minimal_plan"] == r.minimal_plan and r.minimal_plan
+    names = [c["name"] for c in written["culprits"]]
+    assert names == [*r.plan, *r.fp32_nodes]
+    for c in written["culprits"]:
+        unit = c["name"] if c["side"] == "quantized" else next(
+            u for u, n in r.judge.half.items() if n == c["name"])
+        assert c["needed"] == (unit in r.minimal_plan)
+        assert ("faster_by" in c) == (not c["needed"])
+
+
+def test_no_plan_names_the_broken_weights_and_who_wrote_them(tmp_path):
+    """A converter that wrote a BatchNorm variance beyond FP16's range as fp16 inf: even all
+    float fails, and the run says why, by name."""
+    p = qm.outlier()
+    m = onnx.ModelProto()
+    m.CopyFrom(p.model)
+    m.producer_name, m.producer_version = "modelopt", "0.47.0"
+    bad = onnx.numpy_helper.from_array(np.array([np.inf, 1.0], np.float16), "bn_var")
+    m.graph.initializer.append(bad)
+    (line,) = float_side_reasons(m)
+    assert "bn_var (float16) holds 1 non-finite value(s)" in line and "modelopt 0.47.0" in line
+    assert float_side_reasons(p.model) == []
+
+
+def test_quantized_ok_keeps_the_file_it_judged(tmp_path):
+    """A file trtbisect made (ModelOpt's, in a temporary folder) that passes as it is: the
+    judged file and its commands stay in --out, and precision.json points at them."""
+    p = qm.outlier()
+    model, inputs = _files(p, tmp_path)
+    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(0.5, 0.0), threads=1,
+                           validation_share=0), tmp_path / "out", owned=True)
+    assert r.verdict == "quantized_ok"
+    kept = tmp_path / "out" / "outlier.quantized.onnx"
+    assert r.files["quantized_model"] == str(kept) == r.model_path and kept.is_file()
+    assert (tmp_path / "out" / "commands.sh").is_file()
+    assert json.loads((tmp_path / "out" / "precision.json").read_text())["model"] == str(kept)
