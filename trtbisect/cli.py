@@ -528,7 +528,6 @@ def emit_margins(result) -> None:
     spread of what the tools compute (judge/spread.py: what `fixed` rests on)."""
     from .judge.hints import hint_lines
     from .judge.spread import certificate_lines
-    from .judge.validation import line as validation_line
 
     if result.criterion_hints:
         out.print("[yellow]the default criterion may not be what you mean[/]:")
@@ -536,9 +535,6 @@ def emit_margins(result) -> None:
             out.print(f"  {shown(line)}")
     for line in certificate_lines(result.certificate or {}):
         out.print(f"  {shown(line)}")
-    said = validation_line(result.validation)
-    if said:
-        out.print(f"  {shown(said)}")
 
 
 def emit_plan_groups(result, top: int | None) -> None:
@@ -637,7 +633,10 @@ def cost_line(c: dict) -> str:
 
 
 def emit_samples(result) -> None:
-    """On how many samples the plan was judged, by which criterion, and how it fared."""
+    """On how many samples the plan was judged, by which criterion, and how it fared; and on
+    which samples the search never saw it was validated (judge/validation.py)."""
+    from .judge.validation import line as validation_line
+
     judged = result.judged or {}
     after = judged.get("after") or judged.get("before")
     if not after:
@@ -650,7 +649,8 @@ def emit_samples(result) -> None:
               f"{escape(str((result.criteria_record or {}).get('description', '')))}: "
               f"{which} passes on {after['passed_samples']} (needs {after['required']})"
               + (f"; fails on sample(s) {shown}" if failed else "")
-              + (f"; the search judged on {len(search)} of them" if search else ""),
+              + (f"; the search judged on {len(search)} of them" if search else "")
+              + (f"; {escape(said)}" if (said := validation_line(result.validation)) else ""),
               soft_wrap=True)
 
 

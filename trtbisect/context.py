@@ -113,10 +113,17 @@ class Context:
     input_check: InputCheck = field(default_factory=InputCheck)
     # the samples the written plan is validated on, never searched (judge/validation.py)
     validation: Holdout | None = None
+    # every sample the user gave and its reference, held-out ones included, in their order:
+    # what the written file is reported on (`check` of it on the user's data says the same)
+    given_sample: Sequence[Sample] | None = None
+    given_reference: Sequence[dict[str, np.ndarray]] | None = None
+    kept: list[int] | None = None  # every_sample's indices among the given samples
 
     def __post_init__(self) -> None:
         if self.every_sample is None:
             self.every_sample, self.every_reference = self.samples, self.references
+        if self.given_sample is None:
+            self.given_sample, self.given_reference = self.every_sample, self.every_reference
 
     @property
     def judged(self) -> Graph:
@@ -140,6 +147,8 @@ class Context:
                 ref.close()
         kept, self.validation = validation.hold_out(self.every_sample, self.every_reference,
                                                     share, seed, reference)
+        self.given_sample, self.given_reference = self.every_sample, self.every_reference
+        self.kept = kept
         if len(kept) < len(self.every_sample):
             self.every_sample = View(self.every_sample, kept)
             self.every_reference = View(self.every_reference, kept)

@@ -381,7 +381,9 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
     new = Context(ctx.path, model, graph, ctx.samples, ctx.references, ctx.sha256,
                   sources=ctx.sources, data_sha256=ctx.data_sha256,
                   every_sample=ctx.every_sample, every_reference=ctx.every_reference,
-                  subset=ctx.subset, input_check=ctx.input_check)
+                  subset=ctx.subset, input_check=ctx.input_check,
+                  validation=ctx.validation, given_sample=ctx.given_sample,
+                  given_reference=ctx.given_reference, kept=ctx.kept)
     new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
     new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate,
                                     ctx.rules.precision)

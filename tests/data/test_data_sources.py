@@ -292,7 +292,7 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
     The result is the plan judged on every sample throughout, certified by the written file."""
     from trtbisect.pipeline import Options, run
     model, data = _two_faults(tmp_path)
-    opts = dict(inputs=[str(data)], semantics="strict")
+    opts = dict(inputs=[str(data)], semantics="strict", validation_share=0)  # none held out
     sub = run(model, Options(search_samples=2, **opts), tmp_path / "sub")
     full = run(model, Options(search_samples=0, **opts), tmp_path / "full")
     assert set(sub.fp32_nodes) == set(full.fp32_nodes) == {"sq_a", "sqrt_a", "sq_b", "sqrt_b"}

@@ -100,6 +100,7 @@ def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp
                                     "--out", str(tmp_path / "cli")])
     assert res.exit_code == 9, res.output
     assert "unvalidated" in res.output and "validation on 1 held-out sample" in res.output
+    assert "FAILS" in res.output
     # no validation asked for: the plan is fixed on what it was searched on, and says so
     res = CliRunner().invoke(main, ["run", str(path), *sum((["--inputs", f] for f in files),
                                                            []), "--semantics", "strict",

@@ -103,10 +103,8 @@ class Holdout:
         if self.kind == "held_out":
             return (f"{len(self.samples)} held-out sample(s) "
                     f"(#{', #'.join(str(i) for i in self.indices)})")
-        if self.kind == "perturbed":
-            return (f"{len(self.samples)} perturbed copies of the sample (floats "
-                    f"+{PERTURB_SCALE:g} std noise, {PERTURB_INT_SHARE:.0%} of integers "
-                    "redrawn)")
+        if self.kind == "perturbed":  # how: the module docstring, docs/trust.md
+            return f"{len(self.samples)} perturbed copies of the sample"
         return "no samples"
 
 
@@ -119,13 +117,17 @@ class Validation:
     judgements: list[Judgement] = field(default_factory=list, repr=False)
     verdict: Verdict | None = None
     indices: list[int] = field(default_factory=list)
+    # held out: the criteria over every sample given (their --pass-rate counts them all)
+    overall: bool | None = None
 
     @property
     def passed(self) -> bool | None:
-        """True or False when judged; None when there was nothing to judge on."""
+        """True or False when judged; None when there was nothing to judge on. Held-out
+        samples pass when the plan meets the criteria on every sample the user gave (so
+        `--pass-rate` lets a held-out sample fail where it lets a searched one)."""
         if self.kind == "none" or self.verdict is None:
             return None
-        return self.verdict.passed
+        return self.overall if self.overall is not None else self.verdict.passed
 
     def to_json(self) -> dict:
         d: dict = {"kind": self.kind, "samples": self.described, "passed": self.passed}
@@ -178,12 +180,12 @@ def line(record: Mapping | None) -> str | None:
         return None
     if record.get("kind") == "none":
         return f"validation: none ({record.get('samples')}): the plan is unvalidated"
+    errors = list((record.get("errors") or {}).items())
     worst = ", ".join(f"{o} max|d| {_g(e.get('max_abs'))} (bound {_g(e.get('bound'))})"
-                      for o, e in (record.get("errors") or {}).items()
-                      if e.get("max_abs") is not None)
+                      for o, e in errors[:2] if e.get("max_abs") is not None)
     ok = "passes" if record.get("passed") else "FAILS"
-    return f"validation on {record.get('samples')}: the written plan {ok}" + (
-        f"; {worst}" if worst else "")
+    return f"validation on {record.get('samples')}: {ok}" + (f"; {worst}" if worst else "") + (
+        f" (+{len(errors) - 2} outputs)" if len(errors) > 2 else "")
 
 
 def _g(x) -> str:

@@ -30,7 +30,7 @@ from .criteria import Judgement, Verdict, json_number, timed_out, worst_of
 from .evaluator import Evaluator
 from .loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
-from .validation import Validation, judged as judged_validation
+from .validation import Validation, judged as judged_validation, unvalidated
 from .verdict import decide
 from .precision import of_type
 
@@ -227,12 +227,23 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
         if expose:
             tensors.append({t: exposed[t] for t in wanted})
     verdict = opts.criteria.verdict(judged)
-    # the run's own file that passes: judged on the samples the search never saw, by this
-    # very judge (judge/validation.py)
-    checked = validate(judge, ctx, opts) if ours and verdict.passed else None
-    return CheckResult(verdict.passed, verdict.errors, len(graph.half_typed), len(judged),
+    # the run's own file: judged on the samples the search never saw, by this very judge
+    # (judge/validation.py): held-out ones always (the file is reported on every sample the
+    # user gave, as `check` of it on their data says), perturbed copies once it passes
+    held = ctx.validation if ours else None
+    checked = (validate(judge, ctx, opts) if held is not None and (
+        held.kind == "held_out" or verdict.passed)
+        else unvalidated("validation turned off (--validation-share 0)")
+        if ours and verdict.passed else None)
+    reported = verdict
+    if held is not None and held.kind == "held_out" and checked is not None:
+        searched, unseen = iter(judged), dict(zip(held.indices, checked.judgements))
+        reported = opts.criteria.verdict([unseen[i] if i in unseen else next(searched)
+                                          for i in range(len(held.indices) + len(judged))])
+        checked.overall = reported.passed
+    return CheckResult(verdict.passed, reported.errors, len(graph.half_typed), len(judged),
                        Written(judge.proto, judge.arrays), tensors,
-                       [c.to_json() for c in coverage.unjudged(graph)], judged, verdict,
+                       [c.to_json() for c in coverage.unjudged(graph)], judged, reported,
                        checked)
 
 

@@ -135,7 +135,7 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
 
     work = out_dir.resolve()
     samples = []
-    for k, sample in enumerate(ctx.every_sample):
+    for k, sample in enumerate(ctx.given_sample or ()):  # held-out ones too: the user's data
         path = out_dir / "inputs" / f"sample_{k:03d}.npz"
         data = npz_bytes(sample)
         atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
@@ -166,9 +166,9 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
         mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
         emulated_model=relative_to(emulated, work),
         tolerance=result.tolerance, criteria=result.criteria, outputs=tuple(g.output_names()),
-        output_bounds=output_bounds(ctx.every_reference, result.tolerance),
+        output_bounds=output_bounds(ctx.given_reference, result.tolerance),
         shape_ranges=shape_ranges({v.name: declared_shape(v) for v in g.inputs()},
-                                  ctx.every_sample),
+                                  ctx.given_sample),
         samples=tuple(samples), data_loader="data_loader.py",
         autocast_output=f"{stem}.autocast.onnx", engine_stem=stem, node_names=tuple(g.names),
         true_fp32=not ctx.rules.tf32,

@@ -249,8 +249,8 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.criteria_record = {**opts.criteria.to_json(),
                               "description": opts.criteria.describe()}
     judged: JudgedRecord = {"before": opts.criteria.verdict(before).to_json()}
-    if ctx.subset is not None:
-        judged["search_samples"] = list(ctx.subset)
+    if ctx.subset is not None:  # the user's sample numbers (held-out ones not among them)
+        judged["search_samples"] = [ctx.kept[i] if ctx.kept else i for i in ctx.subset]
     result.judged = judged
 
 
