@@ -88,3 +88,48 @@ def test_without_a_record_a_written_file_is_held_to_the_full_check(tmp_path):
         require_written_valid(paths["fails"], held=InputCheck(paths["passes"]))
     require_written_valid(paths["fails"], held=InputCheck(paths["fails"]))
     require_written_valid(paths["passes"])
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("opset", [12, 15])
+def test_a_bf16_file_no_onnx_tool_loads_is_said_so_never_claimed_loaded(opset, tmp_path):
+    """A BF16 Conv at opset 12 (copied at 13) or 15: onnx lists bfloat16 for Conv from opset
+    22 only and ONNX Runtime refuses the file. The run and `check` say plainly that no ONNX tool
+    loads it and what was judged instead (its emulation, which loads); neither says ONNX Runtime
+    loads it."""
+    import numpy as np
+    import onnxruntime as ort
+    from click.testing import CliRunner
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtbisect.cli import main
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv",
+                                            pads=[1, 1, 1, 1])], "c",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [w])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                                ir_version=7), path)
+    np.savez(tmp_path / "x.npz", x=rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
+    run = CliRunner().invoke(main, ["run", str(path), "--inputs", str(tmp_path / "x.npz"),
+                                    "--precision", "bf16", "--rtol", "0.1",
+                                    "--out", str(tmp_path / "o")])
+    assert run.exit_code == 0, run.output
+    said = " ".join(run.output.split())  # rich wraps the warning on the terminal
+    assert "no ONNX tool loads it as written" in said and "ONNX Runtime loads it" not in said
+    mixed = tmp_path / "o" / "conv.mixed.onnx"
+    with pytest.raises(Exception):  # the words are true: ORT refuses the file as written
+        ort.InferenceSession(str(mixed), providers=["CPUExecutionProvider"])
+    emulated = tmp_path / "o" / "conv.mixed.emulated.onnx"  # what was judged: it loads
+    ort.InferenceSession(str(emulated), providers=["CPUExecutionProvider"])
+    check = CliRunner().invoke(main, ["check", str(mixed), "--reference", str(path),
+                                      "--inputs", str(tmp_path / "x.npz"), "--precision",
+                                      "bf16", "--rtol", "0.1"])
+    assert check.exit_code == 0, check.output
+    said = " ".join(check.output.split())
+    assert "no ONNX tool loads it as written" in said and "ONNX Runtime loads it" not in said

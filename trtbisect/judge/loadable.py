@@ -67,20 +67,34 @@ def runtime_problem(path: str | Path, weight_bytes: int | None = None) -> str | 
     try:
         ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises several unrelated types for unloadable models
-        if "Could not find an implementation" in str(exc):
+        if "Could not find an implementation" in str(exc) and _holds_bfloat16(path):
             # the graph resolved (types and shapes check out); the CPU provider only lacks a
-            # kernel for a type, as it does for most bfloat16 ops: TensorRT has them
-            return None
+            # bfloat16 kernel (TensorRT has them): it is still not a load
+            return f"onnxruntime: no CPU kernel for bfloat16: {first_error(exc)}"
         return f"onnxruntime: {first_error(exc)}"
     return None
 
 
-def _bfloat16_schema_gap(why: str | None) -> bool:
+def _holds_bfloat16(path: str | Path) -> bool:
+    m = onnx.load(str(path), load_external_data=False)
+    return any(t.data_type == onnx.TensorProto.BFLOAT16 for t in m.graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.BFLOAT16
+                                    for a in n.attribute) for n in m.graph.node)
+
+
+def bfloat16_gap(why: str | None) -> bool:
     """The checker's or ONNX Runtime's refusal is only that this opset's schema of an op does
     not list bfloat16 (Conv lists it from opset 22 only, Pow from 15). A BF16 file for
     TensorRT is then still the graph TensorRT builds; no ONNX tool at that opset takes it."""
     return why is not None and ("unsupported type: tensor(bfloat16)" in why
-                                or ("Type 'tensor(bfloat16)'" in why and "is invalid" in why))
+                                or ("Type 'tensor(bfloat16)'" in why and "is invalid" in why)
+                                or "no CPU kernel for bfloat16" in why)
+
+
+BF16_GAP = ("no ONNX tool loads it as written: this opset's schemas (or ONNX Runtime's CPU "
+            "kernels) predate bfloat16 for that op, and nothing here has built it with "
+            "TensorRT; what trtbisect judges is its emulation (float32 compute, every bfloat16 "
+            "rounding made explicit), which loads")
 
 
 @dataclass(frozen=True)
@@ -109,19 +123,18 @@ def require_written_valid(path: str | Path, weight_bytes: int | None = None,
     else a one-line TrtBisectError that says the fault is trtbisect's.
 
     Two exceptions, warned about: a BF16 file at an opset whose schema of some op does not
-    list bfloat16 (`_bfloat16_schema_gap`); and a copy of an input model that fails the
+    list bfloat16 (`bfloat16_gap`); and a copy of an input model that fails the
     checker itself (`held`: the run's record of its input; None: no input to forgive),
     which ONNX Runtime runs: the copy must then load in ONNX Runtime."""
     why = checker_problem(path)
-    if why is not None and not _bfloat16_schema_gap(why) and held is not None \
+    if why is not None and not bfloat16_gap(why) and held is not None \
             and held.problem is not None:
         log.warning("%s fails %s, as the model given does (%s); ONNX Runtime loads it",
                     Path(path).name, why, held.problem)
         why = None
     why = why or runtime_problem(path, weight_bytes)
-    if _bfloat16_schema_gap(why):
-        log.warning("%s: %s: this opset's schema predates bfloat16 for that op; TensorRT "
-                    "builds it, ONNX tools at this opset refuse it", Path(path).name, why)
+    if bfloat16_gap(why):
+        log.warning("%s: %s: %s", Path(path).name, why, BF16_GAP)
         return
     if why is not None:
         raise TrtBisectError(f"trtbisect wrote {Path(path).name}, which fails {why} (a bug in "
@@ -135,6 +148,6 @@ def require_loadable(path: str | Path, weight_bytes: int | None = None) -> str |
     and ONNX Runtime are what run it), and the bfloat16 schema gap likewise."""
     checker = checker_problem(path)
     runtime = runtime_problem(path, weight_bytes)
-    if runtime is not None and not _bfloat16_schema_gap(runtime):
+    if runtime is not None and not bfloat16_gap(runtime):
         raise TrtBisectError(f"{path} does not load: {checker or runtime}")
     return checker or runtime
