@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import onnx
 from click.testing import CliRunner
 from onnx import TensorProto, helper
@@ -204,3 +205,27 @@ def test_a_declared_shape_the_model_contradicts_is_not_written(tmp_path):
                                     "--reference", str(path), "--inputs",
                                     str(tmp_path / "x.npz")])
     assert res.exit_code == 0, res.output
+
+
+def test_a_metric_plan_needs_its_score_clear_of_the_threshold_by_the_spread():
+    """Under `--metric` the certificate holds each score against its threshold: the worst
+    score over the samples, the largest move of it under the variations; certified only
+    when the margin exceeds that move (#46 item 3)."""
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.judge.flags import parse_criteria
+    from trtbisect.judge.spread import _score_margins
+
+    crit = parse_criteria(metrics=["cosine:0.99"])
+    rng = np.random.default_rng(0)
+    ref = {"y": rng.standard_normal(64)}
+    near = {"y": ref["y"] + 0.1 * rng.standard_normal(64)}  # cosine ~0.995
+    judged = [crit.judge(ref, near, {}, Tolerance())]
+    score = judged[0].errors["y"].scores[0].value
+    assert 0.99 < score < 1
+    still = {"ORT variant": [crit.judge(ref, near, {}, Tolerance())]}
+    (m,) = _score_margins(judged, still, {0}).values()
+    assert m.spread == 0 and m.margin == pytest.approx(score - 0.99) and m.certified
+    moved = {"y": ref["y"] + 0.14 * rng.standard_normal(64)}  # the variant's score drops
+    far = {"ORT variant": [crit.judge(ref, moved, {}, Tolerance())]}
+    (m,) = _score_margins(judged, far, {0}).values()
+    assert m.spread > m.margin > 0 and not m.certified

@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 from .compare import Tolerance
 from ..context import Context, Options
 from ..outputs.mixed import Written
-from .criteria import Judgement
+from .criteria import Judgement, Score
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
@@ -78,6 +78,41 @@ class OutputMargin:
 
 
 @dataclass
+class ScoreMargin:
+    """One criterion's score (a `--metric`, a `--check-error-stat` statistic, a hook's score)
+    clear of its threshold against how far the same variations move it."""
+
+    bound: float  # the threshold the score is held to
+    worst: float  # the judge's worst score over the samples
+    higher_is_better: bool
+    spread: float  # max over variations and samples of |score moved|
+
+    @property
+    def margin(self) -> float:
+        return self.worst - self.bound if self.higher_is_better else self.bound - self.worst
+
+    @property
+    def certified(self) -> bool:
+        return self.margin > self.spread
+
+    def to_json(self) -> dict:
+        return {"bound": _num(self.bound), "worst": _num(self.worst),
+                "margin": _num(self.margin), "spread": _num(self.spread),
+                "higher_is_better": self.higher_is_better, "certified": self.certified}
+
+
+def _scores(j: Judgement) -> dict[str, "Score"]:
+    """A judgement's scores with a threshold, by `output:criterion` (`sample:` for a hook's)."""
+    out = {}
+    for e in j.errors.values():
+        for s in e.scores:
+            out[f"{s.output}:{s.criterion}"] = s
+    for s in j.scores:
+        out[f"{s.output or 'sample'}:{s.criterion}"] = s
+    return {k: s for k, s in out.items() if math.isfinite(s.bound)}
+
+
+@dataclass
 class Certificate:
     """Whether a written plan holds under the variations (module docstring)."""
 
@@ -85,6 +120,7 @@ class Certificate:
     variant_verdicts: dict[str, bool]  # per variation: the run's criteria pass on it
     aim_round: int = 0  # searches aimed inside the bound before this plan
     decided: str | None = None  # why no (further) aimed search: `fragile` at once
+    scores: dict[str, ScoreMargin] = field(default_factory=dict)  # every criterion's score
     # the FP32 noise floor per output: the reference's alone, so one measurement serves every
     # plan of the run (an aimed search's certificate reuses it)
     noise: dict[str, float] = field(default_factory=dict, repr=False)
@@ -92,12 +128,14 @@ class Certificate:
     @property
     def certified(self) -> bool:
         return (all(self.variant_verdicts.values())
-                and all(m.certified for m in self.outputs.values()))
+                and all(m.certified for m in self.outputs.values())
+                and all(m.certified for m in self.scores.values()))
 
     @property
     def uncertified(self) -> list[str]:
         """What fails: outputs with too little margin, variations whose verdict fails."""
         return ([o for o, m in self.outputs.items() if not m.certified]
+                + [k for k, m in self.scores.items() if not m.certified]
                 + [f"the criteria under {v}" for v, ok in self.variant_verdicts.items() if not ok])
 
     def hopeless(self) -> str | None:
@@ -134,6 +172,8 @@ class Certificate:
         d = {"certified": self.certified, "aim_rounds": self.aim_round,
              "outputs": {k: m.to_json() for k, m in self.outputs.items()},
              "variants": self.variant_verdicts}
+        if self.scores:
+            d["scores"] = {k: m.to_json() for k, m in self.scores.items()}
         if self.decided:
             d["decided"] = self.decided
         return d
@@ -178,7 +218,31 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
         floor = noise.get(o, 0.0)
         outputs[o] = OutputMargin(bound, worst, max(moved[o], floor), floor, worst_v[o])
     verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
-    return Certificate(outputs, verdicts, noise=dict(noise))
+    return Certificate(outputs, verdicts, noise=dict(noise),
+                       scores=_score_margins(judged, per_variant, keep))
+
+
+def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[Judgement]],
+                   keep: set[int]) -> dict[str, ScoreMargin]:
+    """Per criterion with a threshold: the worst score over the samples that count, against
+    the largest move of that score under a variation (on the same sample)."""
+    out: dict[str, ScoreMargin] = {}
+    for key in (_scores(judged[0]) if judged else {}):
+        own = [_scores(judged[k])[key] for k in sorted(keep) if key in _scores(judged[k])]
+        if not own:
+            continue
+        up = own[0].higher_is_better
+        worst = min(s.value for s in own) if up else max(s.value for s in own)
+        moved = 0.0
+        for js in per_variant.values():
+            for k, j in enumerate(js):
+                if k not in keep or key not in _scores(j) or key not in _scores(judged[k]):
+                    continue
+                a, b = _scores(j)[key].value, _scores(judged[k])[key].value
+                moved = max(moved, abs(a - b) if math.isfinite(a) and math.isfinite(b)
+                            else 0.0 if a == b else math.inf)
+        out[key] = ScoreMargin(own[0].bound, worst, up, moved)
+    return out
 
 
 def aimed(opts: Options, tolerance: Tolerance) -> Options:
@@ -197,6 +261,10 @@ def certificate_lines(cert: Mapping) -> list[str]:
     for label, ok in cert.get("variants", {}).items():
         if not ok:
             lines.append(f"fails the criteria under {label}")
+    for key, m in (cert.get("scores") or {}).items():
+        ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
+        lines.append(f"{key}: score {_fmt(m['worst'])} clears {_fmt(m['bound'])} by "
+                     f"{_fmt(m['margin'])} {ok} {_fmt(m['spread'])}")
     if cert.get("decided"):
         lines.append(f"fragile at once: {cert['decided']}")
     return lines

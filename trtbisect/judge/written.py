@@ -119,6 +119,10 @@ def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "Ch
         o: {"margin": json_number(m.margin), "spread": json_number(m.spread),
             "noise_floor": json_number(m.noise_floor), "fragile": not m.certified}
         for o, m in cert.outputs.items()}
+    result.margins.update({  # a criterion's score against its threshold (judge/spread.py)
+        k: {"margin": json_number(m.margin), "spread": json_number(m.spread),
+            "noise_floor": None, "fragile": not m.certified}
+        for k, m in cert.scores.items()})
     result.fragile = not cert.certified
     return cert
 

@@ -400,8 +400,14 @@ def margin_lines(result: "RunResult") -> list[str]:
     out = []
     for name, err in list(errors.items())[:5]:
         if err.scores:
+            held = [f"{k.split(':', 1)[1]} clears its threshold by {num(float(m['margin']))} "
+                    f"against a spread of {num(float(m['spread']))}"
+                    + ("" if m["certified"] else " (fragile: the margin is within it)")
+                    for k, m in ((result.certificate or {}).get("scores") or {}).items()
+                    if k.startswith(f"{name}:") and isinstance(m.get("margin"), (int, float))
+                    and isinstance(m.get("spread"), (int, float))]
             out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
-                       f"{err.scores_text}")
+                       f"{err.scores_text}" + (f"; {'; '.join(held)}" if held else ""))
             continue
         worst, bound = err.max_abs, err.bound
         held = ((result.certificate or {}).get("outputs") or {}).get(name)
