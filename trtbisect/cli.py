@@ -643,14 +643,14 @@ def emit_samples(result) -> None:
         return
     which = "the plan" if "after" in judged else "all FP16"
     failed = [k for k, s in enumerate(after["per_sample"]) if not s["passed"]]
-    shown = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
+    failing = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
     search = judged.get("search_samples")
     out.print(f"judged on {after['samples']} sample(s) by "
               f"{escape(str((result.criteria_record or {}).get('description', '')))}: "
               f"{which} passes on {after['passed_samples']} (needs {after['required']})"
-              + (f"; fails on sample(s) {shown}" if failed else "")
+              + (f"; fails on sample(s) {failing}" if failed else "")
               + (f"; the search judged on {len(search)} of them" if search else "")
-              + (f"; {escape(said)}" if (said := validation_line(result.validation)) else ""),
+              + (f"; {shown(said)}" if (said := validation_line(result.validation)) else ""),
               soft_wrap=True)
 
 

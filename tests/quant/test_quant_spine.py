@@ -90,3 +90,28 @@ def test_quantized_ok_keeps_the_file_it_judged(tmp_path):
     assert r.files["quantized_model"] == str(kept) == r.model_path and kept.is_file()
     assert (tmp_path / "out" / "commands.sh").is_file()
     assert json.loads((tmp_path / "out" / "precision.json").read_text())["model"] == str(kept)
+
+
+def test_a_one_hot_tensor_is_no_activation_outlier():
+    """Mostly zeros (a one-hot): most values sit below one quantization step and the median
+    magnitude is 0, so no outlier ratio is said (#46: '1 is 1e+30x its median magnitude 0');
+    a tensor with a real median is still an outlier, its ratio against that median."""
+    from onnx import helper
+
+    from trtbisect.quant.diagnose import EdgeStats, _edge_findings
+    from trtbisect.quant.qdq import Edge, Layer
+
+    e = Edge("mm", 0, "dq", "q", "x", False, "int8", "s", False, 1)
+    layer = Layer("mm", "MatMul", (e,), "R2")
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
+    hot = np.zeros(64, np.float32)
+    hot[3] = 1.0
+    kinds = {f.kind for f in _edge_findings(
+        layer, e, EdgeStats(hot, 0.1, np.array([1 / 127], np.float32), 0.0, 0.98), node)}
+    assert "activation_outlier" not in kinds
+    spiky = np.full(64, 0.01, np.float32)
+    spiky[3] = 1.0
+    (f,) = [f for f in _edge_findings(
+        layer, e, EdgeStats(spiky, 0.1, np.array([1 / 127], np.float32), 0.0, 0.98), node)
+        if f.kind == "activation_outlier"]
+    assert "is 100x its median magnitude 0.01" in f.text

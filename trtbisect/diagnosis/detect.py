@@ -303,6 +303,10 @@ def detect_pattern(f: Facts, group: Sequence[str], cause: str, ev: Evidence) -> 
     if cause == "constant_out_of_range":
         return _constant_pattern(f, ev)
     norm = _norm_pattern(f, group)
+    if norm and cause == "overflow":  # the words name the square itself, wherever it overflows
+        sq = _norm_square(f, group)
+        if sq is not None:
+            ev["squared_absmax"], ev["square_absmax"] = f.in_absmax(sq), f.out_absmax(sq)
     if _spectral(f, group):
         return "power_spectrum"
     if norm:
@@ -353,13 +357,21 @@ def is_square(f: Facts, node: str) -> bool:
 
 def _norm_pattern(f: Facts, group: Sequence[str]) -> str | None:
     """Square -> ReduceMean -> (+eps) -> Sqrt: LayerNorm when the squared value is x - mean(x)."""
+    sq = _norm_square(f, group)
+    if sq is None:
+        return None
+    return "layernorm_decomposed" if _centered(f, sq) else "rmsnorm_decomposed"
+
+
+def _norm_square(f: Facts, group: Sequence[str]) -> str | None:
+    """The square node of a decomposed norm around the group (None: no such norm)."""
     squares = {n for n in group if is_square(f, n)}
     for n in group:  # the group may start after the square (it only carries the variance)
         squares.update(p for t in f.g.node(n).input if (p := f.producer(t)) and is_square(f, p))
     for sq in sorted(squares, key=f.g.index.__getitem__):
         if reaches(f, sq, {"Sqrt", "Rsqrt"}, 3, frozenset({"ReduceMean", "Add"})) and any(
                 f.op(s) == "ReduceMean" for s in f.successors(sq)):
-            return "layernorm_decomposed" if _centered(f, sq) else "rmsnorm_decomposed"
+            return sq
     return None
 
 

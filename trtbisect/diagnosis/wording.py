@@ -204,14 +204,21 @@ def _count(n: object, word: str) -> str:
 
 
 def _overflow_words(pattern: str | None, ev: Evidence, g, p: Precision = FP16) -> str:
-    over = f"overflows {p.label} (max {p.max_text}, {num(_f(ev.get('factor')))}x over)"
+    factor = _f(ev.get("factor"))
+    if pattern in ("layernorm_decomposed", "rmsnorm_decomposed") and _f(ev.get("square_absmax")):
+        factor = (_f(ev.get("square_absmax")) or 0.0) / p.max  # the square's own overflow
+    over = f"overflows {p.label} (max {p.max_text}, {num(factor)}x over)"
     peak_over = f"overflows {p.label} (max {p.max_text}, {num(_f(ev.get('peak_factor')))}x over)"
+    # the square's own input and output where detect.py found it (the group's first overflow
+    # may be a later tensor: the mean of the squares)
+    into = "squared_absmax" if ev.get("squared_absmax") is not None else "input_absmax"
+    out = "square_absmax" if ev.get("square_absmax") is not None else "fp32_absmax"
     if pattern == "layernorm_decomposed":
-        return f"the decomposed LayerNorm squares values of {g('input_absmax')}: " \
-               f"(x - mean)^2 = {g('fp32_absmax')} {over}"
+        return f"the decomposed LayerNorm squares values of {g(into)}: " \
+               f"(x - mean)^2 = {g(out)} {over}"
     if pattern == "rmsnorm_decomposed":
-        return f"the decomposed RMSNorm squares values of {g('input_absmax')}: " \
-               f"x^2 = {g('fp32_absmax')} {over}"
+        return f"the decomposed RMSNorm squares values of {g(into)}: " \
+               f"x^2 = {g(out)} {over}"
     if pattern == "attention_logits":
         back = f", scaled back to {g('back_in_range')}" if ev.get("back_in_range") else ""
         return f"attention logits Q.K^T reach {g('peak')} before the scale{back}; that {peak_over}"
@@ -280,8 +287,13 @@ def node_why(f: Facts, node: str, cause: str, ev: Evidence) -> str:
             return _flushed_words(op, flushed, p)
     if cause == "non_finite_origin" and node == ev.get("node"):
         return f"{op}: first NaN/inf in {low} ({ev['nonfinite']} of {ev['size']} values), FP32 finite"
-    return (f"{op}: {low} error {pct(nn.input_rel_err)} -> {pct(nn.output_rel_err)} of the "
-            f"range (values up to {num(outs)}, {low} spacing {num(nn.fp16_spacing)})")
+    a, b = nn.input_rel_err, nn.output_rel_err
+    moves = ("grows from" if b > 1.05 * a else "falls from" if b < a / 1.05 else "stays at")
+    return (f"{op}: {low} error {moves} {pct(a)} to {pct(b)} of the "
+            f"range (values up to {num(outs)}, {low} spacing {num(nn.fp16_spacing)})"
+            if moves != "stays at" else
+            f"{op}: {low} error stays near {pct(b)} of the range (values up to {num(outs)}, "
+            f"{low} spacing {num(nn.fp16_spacing)})")
 
 
 def _converts(ev: Evidence, p: Precision = FP16) -> str:

@@ -146,7 +146,8 @@ def has_plan(result: Any) -> bool:
     verdict = result.verdict
     if verdict == "partial":
         verdict = (result.partial or {}).get("judged_verdict", verdict)
-    return verdict in ("fixed", "over_budget")
+    # fragile and unvalidated plans are written and judged too: their own errors are shown
+    return verdict in ("fixed", "over_budget", "fragile", "unvalidated")
 
 
 def search_words(result: Any) -> str:

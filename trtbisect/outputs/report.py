@@ -940,7 +940,8 @@ def _html_culprits(result: "RunResult") -> list[str]:
     head, rows = culprit_rows(result)
     if not rows:
         return []
-    return [f"<details><summary>Every node of the plan ({len(rows)})</summary>",
+    nodes = sum(1 for r in rows if r[0] != "(boundary Casts)")  # the Casts' row is no node
+    return [f"<details><summary>Every node of the plan ({nodes})</summary>",
             *_html_table("", head, rows), "</details>"]
 
 

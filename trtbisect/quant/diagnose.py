@@ -240,11 +240,11 @@ def _edge_findings(layer: Layer, e: Edge, s: EdgeStats, node: onnx.NodeProto) ->
                 "data)",
                 "give the tensor a scale from its own range (for an Add, each side its own "
                 "scale), or exclude the layer", evidence))
-        else:
+        elif median > 0:  # a median of 0 (one-hot, mostly zeros) gives no outlier ratio
             out.append(Finding(
                 "activation_outlier", name,
                 f"{_pct(s.below_step)} of the values of {_q(name)} are below one quantization step "
-                f"({_g(step)}): its largest value {_g(top)} is {_g(top / max(median, 1e-30))}x "
+                f"({_g(step)}): its largest value {_g(top)} is {_g(top / median)}x "
                 f"its median magnitude {_g(median)}, and the per-tensor scale stretches to it",
                 "SmoothQuant-style scaling (move the outlier channel's range into the next "
                 "weight), or a percentile/entropy calibration (ModelOpt "
