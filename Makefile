@@ -1,4 +1,4 @@
-.PHONY: install demo test test-slow lint bench bench-search typecheck gpu gpu-wheels
+.PHONY: install demo test test-slow lint bench bench-search typecheck gpu gpu-wheels ci
 
 install:
 	python3 -m pip install -e ".[torch,dev,report]"
@@ -16,7 +16,12 @@ lint:
 	ruff check trtbisect tests scripts
 
 typecheck:
+	python3 -m mypy trtbisect
 	PYTHON=python3 bash scripts/check_trt_types.sh
+
+# what CI runs, exactly: a fresh virtual environment, the README's two commands, the checks
+ci:
+	bash .ci/run
 
 bench-search:
 	python3 scripts/bench_search.py

@@ -29,7 +29,8 @@ from .judge.precision import one_precision, precision_option
 from .judge.validation import HOLD_OUT_SHARE
 from .data.limits import limit_options, pop_limits
 from .outputs.outdir import OutputDir
-from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, cause_text, has_plan, layers_words,
+from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, PlanGroup, cause_text, has_plan,
+                                  layers_words,
                                   plan_groups, plural, rest_text, search_words)
 
 
@@ -554,23 +555,25 @@ def emit_plan_groups(result, top: int | None) -> None:
     if costs:
         t.add_column("cost", overflow="fold")
     t.add_column("cause", overflow="fold")
-    rows = [(shown(g.label), g.nodes_text, g,
-             *([pct(g.share) if g.share is not None else ""] if costs else []),
-             shown(cause_text(g, diag))) for g in shown_rows]
+    rows: list[tuple[str, str, PlanGroup | None, list[str]]] = [
+        (shown(g.label), g.nodes_text, g,
+         [*([pct(g.share) if g.share is not None else ""] if costs else []),
+          shown(cause_text(g, diag))]) for g in shown_rows]
     casts = boundary_row(result.cost) if costs else None
     if casts is not None:  # with the rows (and the rest line) it adds up to the slowdown
-        rows.append(("(Casts)", "", None, casts[0], ""))
+        rows.append(("(Casts)", "", None, [casts[0], ""]))
+    cells = [[label, nodes, "", *rest] for label, nodes, _, rest in rows]
     # the ops cell gets what the other cells leave of the line, so that a row is one line
-    others = sum(max([len(c.header), *(len(str(r[j])) for r in rows)])
+    others = sum(max([len(str(c.header)), *(len(r[j]) for r in cells)])
                  for j, c in enumerate(t.columns) if j != 2)
     width = None if top is None else max(OPS_WIDTH, out.width - 3 * len(t.columns) - 1 - others)
-    for label, nodes, g, *rest in rows:
+    for label, nodes, g, rest in rows:
         t.add_row(label, nodes, "boundary Casts" if g is None else shown(g.ops_text(width)),
                   *rest)
     out.print(t)
-    rest = groups[len(shown_rows):]
-    if rest:
-        out.print(rest_text(rest) + ": --top N or --all shows them")
+    hidden = groups[len(shown_rows):]
+    if hidden:
+        out.print(rest_text(hidden) + ": --top N or --all shows them")
 
 
 def emit_node_table(result) -> None:
@@ -758,8 +761,9 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],
                                **({"all_fp16": judged.to_json()} if judged else {})}, indent=2))
         return
-    t = Table(title=f"FP32 vs all-{low.label}: {summary['tensors']} stored tensors and "
-                    f"{len(stats) - summary['tensors']} graph input(s)", title_justify="left")
+    stored = int(summary["tensors"])  # type: ignore[call-overload]
+    t = Table(title=f"FP32 vs all-{low.label}: {stored} stored tensors and "
+                    f"{len(stats) - stored} graph input(s)", title_justify="left")
     for col in ("tensor", "producer", "FP32 max|x|", "rel err", "non-finite", "overflow", "flushed"):
         t.add_column(col, overflow="fold")
     flagged = [s for s in stats.values() if s.overflow or s.new_nonfinite or s.flushed

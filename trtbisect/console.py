@@ -16,6 +16,7 @@ from typing import Callable, Iterator, NoReturn
 import click
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.status import Status
 from rich.markup import escape
 
 from .errors import EXIT_SIGPIPE
@@ -156,7 +157,7 @@ class Progress:
     def __init__(self, quiet: int, console: Console | None = None, interval: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet, self.console, self.interval, self.clock = quiet, console or err, interval, clock
-        self.status = None
+        self.status: Status | None = None
         self.last = float("-inf")
 
     def __enter__(self) -> "Progress":

@@ -106,8 +106,8 @@ class Context:
     data_sha256: str | None = None  # of the external data files, when the model has some
     # every sample and its reference (streamed, data/store.py): what a written plan is
     # certified on; `samples`/`references` unless the search judges a subset
-    every_sample: Sequence[Sample] | None = None
-    every_reference: Sequence[dict[str, np.ndarray]] | None = None
+    every_sample: Sequence[Sample] = ()  # () until __post_init__: `samples`
+    every_reference: Sequence[dict[str, np.ndarray]] = ()
     subset: tuple[int, ...] | None = None  # indices into every_sample the search judges on
     # what the run's written copies are held to: the input's own checker verdict (loadable.py)
     input_check: InputCheck = field(default_factory=InputCheck)
@@ -115,14 +115,14 @@ class Context:
     validation: Holdout | None = None
     # every sample the user gave and its reference, held-out ones included, in their order:
     # what the written file is reported on (`check` of it on the user's data says the same)
-    given_sample: Sequence[Sample] | None = None
-    given_reference: Sequence[dict[str, np.ndarray]] | None = None
+    given_sample: Sequence[Sample] = ()  # () until __post_init__: `every_sample`
+    given_reference: Sequence[dict[str, np.ndarray]] = ()
     kept: list[int] | None = None  # every_sample's indices among the given samples
 
     def __post_init__(self) -> None:
-        if self.every_sample is None:
+        if not self.every_sample:  # no run has no sample: () is the unset default
             self.every_sample, self.every_reference = self.samples, self.references
-        if self.given_sample is None:
+        if not self.given_sample:
             self.given_sample, self.given_reference = self.every_sample, self.every_reference
 
     @property
@@ -136,7 +136,6 @@ class Context:
         from .backends.ort import Reference
         from .data.store import View
         from .judge import validation
-        assert self.every_sample is not None and self.every_reference is not None
         graph = self.graph
 
         def reference(samples):
@@ -158,7 +157,6 @@ class Context:
     def narrow(self, subset: Sequence[int] | None) -> None:
         """Let the search judge on `subset` of the samples (None: on every sample)."""
         from .data.store import View
-        assert self.every_sample is not None and self.every_reference is not None
         if subset is None or len(subset) == len(self.every_sample):
             self.samples, self.references, self.subset = (self.every_sample,
                                                           self.every_reference, None)
@@ -263,7 +261,6 @@ def _samples_hash(samples: Sequence[Sample]) -> str:
 
 
 def reference_problems(ctx: Context) -> list[str]:
-    assert ctx.every_reference is not None  # prepare() sets it
     return nonfinite_references(ctx.every_reference)
 
 

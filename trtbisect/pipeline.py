@@ -310,6 +310,7 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
     """After the written plan's verdict: why each node, the culprit groups, what per-node
     rounding says beside TensorRT's, and what the report and --stability ask for."""
     g, low, stats = ctx.judged, ctx.rules.precision, result.stats
+    assert ctx.prepared is not None  # prepare(search=True) made it
     plan = frozenset(result.fp32_nodes)
     result.culprits = explain(g, result.fp32_nodes, stats, constants,
                               semantics.fused_layer_names(ctx.prepared), low)

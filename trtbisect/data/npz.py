@@ -117,7 +117,7 @@ def _read_row(fh, m: Member, path: str) -> np.ndarray:
     """One sample of `m` from where `fh` stands, into a writable array of its own (as np.load
     gives; a 0-d sample stays an array)."""
     out = np.empty(m.row_shape, m.dtype)
-    view, got = memoryview(out).cast("B") if out.nbytes else memoryview(b""), 0
+    view, got = out.data.cast("B") if out.nbytes else memoryview(b""), 0
     while got < out.nbytes:
         n = fh.readinto(view[got:])
         if not n:

@@ -83,9 +83,10 @@ def release_pages(arrays: Iterable[np.ndarray]) -> None:
 
 
 def _mapping(a: np.ndarray) -> mmap.mmap | None:
-    while a is not None:
-        m = getattr(a, "_mmap", None)
+    at: np.ndarray | None = a
+    while at is not None:
+        m = getattr(at, "_mmap", None)
         if isinstance(m, mmap.mmap):
             return m
-        a = a.base if isinstance(a.base, np.ndarray) else None
+        at = at.base if isinstance(at.base, np.ndarray) else None
     return None

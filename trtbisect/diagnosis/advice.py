@@ -36,13 +36,13 @@ def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
     if not wanted:
         return
     record = result.rewrites
-    found: tuple[list, list] = ([], [])
+    found: tuple[list, list] | None = ([], [])
     if not isinstance(record, Mapping):
         found = _find(ctx, stats, wanted)
         if found is None:
             return
     for g in groups:
-        advise_group(g, record if isinstance(record, Mapping) else None, *found)
+        advise_group(g, record if isinstance(record, Mapping) else None, *(found or ([], [])))
 
 
 def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, list] | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -247,8 +247,9 @@ class TensorStats:
     @classmethod
     def from_json(cls, d: dict) -> "TensorStats":
         text = ("name", "producer")  # every other string is a non-finite number ("inf", "nan")
-        return cls(**{k: (float(v) if isinstance(v, str) and k not in text else v)
-                      for k, v in d.items()})
+        fields: dict[str, Any] = {k: (float(v) if isinstance(v, str) and k not in text else v)
+                                  for k, v in d.items()}
+        return cls(**fields)
 
 
 FP16_OVERFLOW = 65520.0  # the smallest magnitude an FP16 store rounds to inf (RNE)

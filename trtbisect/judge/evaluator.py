@@ -4,7 +4,7 @@ process or on the workers (parallel/), each verdict scored and journaled."""
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from .. import parallel
 from ..backends.ort import Emulator
@@ -42,7 +42,8 @@ class Evaluator:
             groups = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
                       if ctx.prepared is not None else ())
         self.groups = [list(g) for g in groups]
-        self._emulator_args = dict(watch=self.watch, rules=ctx.rules, groups=self.groups)
+        self._emulator_args: dict[str, Any] = dict(watch=self.watch, rules=ctx.rules,
+                                                   groups=self.groups)
         self._emulator: Emulator | None = None
         self.workers: Workers | None = None  # evaluations on worker processes
         self.parallel_note: dict | None = None  # why the run judged in this process
@@ -96,7 +97,6 @@ class Evaluator:
 
     def sample_indices(self, full: bool = False) -> list[int]:
         """Indices into every sample of those a verdict judges (`full`: all of them)."""
-        assert self.ctx.every_sample is not None
         if full or self.ctx.subset is None:
             return list(range(len(self.ctx.every_sample)))
         return list(self.ctx.subset)

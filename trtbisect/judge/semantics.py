@@ -655,7 +655,7 @@ class _Work:
             from onnx.reference import ReferenceEvaluator
             ev = ReferenceEvaluator(node, opsets={"": self.opset})
             feeds = {t: v for t, v in zip(node.input, values) if t}
-            result = np.asarray(ev.run(None, feeds)[0])
+            result = np.asarray(ev.run(None, feeds)[0])  # type: ignore[index]
         except Exception as exc:  # an op the reference cannot run: leave it to the runtime
             log.debug("not folding %s: %s", node.name, exc)
             return None
@@ -713,8 +713,9 @@ class _Work:
         inits = self.inits()
         if len(bn.output) != 1 or len(bn.input) != 5:
             return None  # training mode: not an inference BatchNorm
-        params = [self.constant_value(t, inits, {}) for t in bn.input[1:]]
-        if any(p is None or p.dtype != np.float32 for p in params):
+        found = [self.constant_value(t, inits, {}) for t in bn.input[1:]]
+        params = [p for p in found if p is not None and p.dtype == np.float32]
+        if len(params) != 4:
             return None  # parameters computed at run time: TensorRT decomposes it too
         gamma, beta, mean, var = params
         eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)

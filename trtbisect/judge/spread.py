@@ -80,16 +80,20 @@ class OutputMargin:
 @dataclass
 class ScoreMargin:
     """One criterion's score (a `--metric`, a `--check-error-stat` statistic, a hook's score)
-    clear of its threshold against how far the same variations move it."""
+    clear of its threshold against how far the same variations move it. Measured in the
+    score's severity (criteria.Score.severity: 1 at the threshold, under 1 passing; a
+    statistic passes on its absolute or its relative bound, Polygraphy's rule), so every
+    criterion's margin reads alike: 1 - worst severity, against the largest move of the
+    severity under a variation."""
 
-    bound: float  # the threshold the score is held to
-    worst: float  # the judge's worst score over the samples
-    higher_is_better: bool
-    spread: float  # max over variations and samples of |score moved|
+    bound: float  # the threshold the score is held to (its own units)
+    worst: float  # the worst-severity sample's score (its own units)
+    severity: float  # the worst severity over the samples
+    spread: float  # max over variations and samples of |severity moved|
 
     @property
     def margin(self) -> float:
-        return self.worst - self.bound if self.higher_is_better else self.bound - self.worst
+        return 1.0 - self.severity
 
     @property
     def certified(self) -> bool:
@@ -97,8 +101,8 @@ class ScoreMargin:
 
     def to_json(self) -> dict:
         return {"bound": _num(self.bound), "worst": _num(self.worst),
-                "margin": _num(self.margin), "spread": _num(self.spread),
-                "higher_is_better": self.higher_is_better, "certified": self.certified}
+                "severity": _num(self.severity), "margin": _num(self.margin),
+                "spread": _num(self.spread), "certified": self.certified}
 
 
 def _scores(j: Judgement) -> dict[str, "Score"]:
@@ -186,7 +190,6 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
     measured already (an earlier certificate's `noise`)."""
     from ..backends.ort import kernel_noise, variant_runs
 
-    assert ctx.every_sample is not None and ctx.every_reference is not None
     if noise is None:
         noise = kernel_noise(ctx.graph, ctx.every_sample, ctx.every_reference, opts.threads)
     default = [o for o in ctx.graph.output_names()
@@ -231,17 +234,16 @@ def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[J
         own = [_scores(judged[k])[key] for k in sorted(keep) if key in _scores(judged[k])]
         if not own:
             continue
-        up = own[0].higher_is_better
-        worst = min(s.value for s in own) if up else max(s.value for s in own)
+        worst = max(own, key=lambda s: s.severity)
         moved = 0.0
         for js in per_variant.values():
             for k, j in enumerate(js):
                 if k not in keep or key not in _scores(j) or key not in _scores(judged[k]):
                     continue
-                a, b = _scores(j)[key].value, _scores(judged[k])[key].value
+                a, b = _scores(j)[key].severity, _scores(judged[k])[key].severity
                 moved = max(moved, abs(a - b) if math.isfinite(a) and math.isfinite(b)
                             else 0.0 if a == b else math.inf)
-        out[key] = ScoreMargin(own[0].bound, worst, up, moved)
+        out[key] = ScoreMargin(worst.bound, worst.value, worst.severity, moved)
     return out
 
 
@@ -263,8 +265,9 @@ def certificate_lines(cert: Mapping) -> list[str]:
             lines.append(f"fails the criteria under {label}")
     for key, m in (cert.get("scores") or {}).items():
         ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
-        lines.append(f"{key}: score {_fmt(m['worst'])} clears {_fmt(m['bound'])} by "
-                     f"{_fmt(m['margin'])} {ok} {_fmt(m['spread'])}")
+        lines.append(f"{key}: score {_fmt(m['worst'])} against {_fmt(m['bound'])}, at "
+                     f"{_fmt(m['severity'])} of its threshold: margin {_fmt(m['margin'])} "
+                     f"{ok} {_fmt(m['spread'])}")
     if cert.get("decided"):
         lines.append(f"fragile at once: {cert['decided']}")
     return lines

@@ -219,7 +219,8 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
     wanted = [t for t in expose if t in graph.producer]
     judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
                        expose=wanted)
-    judged, tensors = [], []
+    judged: list[Judgement] = []
+    tensors: list[dict[str, np.ndarray]] = []
     for sample, ref in zip(ctx.every_sample, ctx.every_reference):  # certified on every one
         try:
             outs, exposed = judge.run_tensors(sample)

@@ -125,7 +125,7 @@ def claim(path: str | os.PathLike) -> None:
         _roots[found[0]][1]("/".join(found[1]))
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
     """Write through a temporary file in a private folder beside `path`, then rename: never a
     half file, never through a link. `write` gets the temporary file's path."""
     path = Path(path)

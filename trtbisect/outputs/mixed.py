@@ -81,7 +81,7 @@ class Written:
                         pad = (-fh.tell()) % 64
                         fh.write(b"\0" * pad)
                         offsets[t.name] = (fh.tell(), arr.nbytes)
-                        fh.write(memoryview(arr.reshape(-1).view(np.uint8)))
+                        fh.write(arr.reshape(-1).view(np.uint8).data)
                         release_pages([self.arrays[t.name]])
         atomic_write(data, write_data)
         for t in proto.graph.initializer:

@@ -302,7 +302,7 @@ def polygraphy_criterion(ctx: RenderContext) -> list[str]:
     per_output = {name: crit.for_output(name) for name in ctx.outputs}
     kinds = set()
     for name, crits in per_output.items():
-        funcs = []
+        funcs: list[str] = []
         for c in crits:
             if c.entry.polygraphy is None:
                 raise Inexpressible(f"--metric {c.spec()}: {c.entry.why_not_polygraphy}")
@@ -314,10 +314,10 @@ def polygraphy_criterion(ctx: RenderContext) -> list[str]:
     if len(kinds) != 1:
         raise Inexpressible("the outputs are judged by different kinds of criteria, while "
                             "Polygraphy runs each comparison function on every output")
-    (funcs,) = kinds
-    argv = [] if funcs == {"simple"} else ["--compare", *[f for f in POLYGRAPHY_FUNCS
-                                                           if f in funcs]]
-    if "simple" in funcs:
+    (kind,) = kinds
+    argv = [] if kind == {"simple"} else ["--compare", *[f for f in POLYGRAPHY_FUNCS
+                                                           if f in kind]]
+    if "simple" in kind:
         stats, rtols, atols, quants = [], [], [], []
         for name, crits in per_output.items():
             rtol, atol = ctx.tolerance.for_output(name)
@@ -338,7 +338,7 @@ def polygraphy_criterion(ctx: RenderContext) -> list[str]:
         argv += ["--error-quantile", *quants] if quants else []
     for func, flag in (("cosine_similarity", "--cosine-similarity-threshold"),
                        ("snr", "--snr-threshold")):
-        if func in funcs:
+        if func in kind:
             argv.append(flag)
             for name, crits in per_output.items():
                 (c,) = [c for c in crits if c.entry.polygraphy(c.args).get("compare") == func]  # type: ignore[misc]

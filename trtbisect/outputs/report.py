@@ -400,8 +400,8 @@ def margin_lines(result: "RunResult") -> list[str]:
     out = []
     for name, err in list(errors.items())[:5]:
         if err.scores:
-            held = [f"{k.split(':', 1)[1]} clears its threshold by {num(float(m['margin']))} "
-                    f"against a spread of {num(float(m['spread']))}"
+            held = [f"{k.split(':', 1)[1]} sits at {num(float(m['severity']))} of its threshold "
+                    f"(margin {num(float(m['margin']))}, spread {num(float(m['spread']))})"
                     + ("" if m["certified"] else " (fragile: the margin is within it)")
                     for k, m in ((result.certificate or {}).get("scores") or {}).items()
                     if k.startswith(f"{name}:") and isinstance(m.get("margin"), (int, float))
@@ -410,15 +410,15 @@ def margin_lines(result: "RunResult") -> list[str]:
                        f"{err.scores_text}" + (f"; {'; '.join(held)}" if held else ""))
             continue
         worst, bound = err.max_abs, err.bound
-        held = ((result.certificate or {}).get("outputs") or {}).get(name)
-        if isinstance(held, Mapping) and isinstance(held.get("bound"), (int, float)):
+        cert_out = ((result.certificate or {}).get("outputs") or {}).get(name)
+        if isinstance(cert_out, Mapping) and isinstance(cert_out.get("bound"), (int, float)):
             # the bound the renderings write and the margin is measured under (judge/spread.py)
-            worst, bound = float(held["worst"]), float(held["bound"])
+            worst, bound = float(cert_out["worst"]), float(cert_out["bound"])
         used = worst / bound if bound > 0 else math.inf
         m = margins.get(name) if isinstance(margins, Mapping) else None
         spread = m.get("spread") if isinstance(m, Mapping) else None
         floor = (f"; what the tools compute spreads by {num(float(spread))}"
-                 + (" (fragile: the margin is within it)" if m.get("fragile") else "")
+                 + (" (fragile: the margin is within it)" if m and m.get("fragile") else "")
                  if isinstance(spread, (int, float)) else "")
         verb = "uses" if err.passed and not err.nonfinite else "misses: reaches"
         out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound (max|d| "
@@ -556,9 +556,10 @@ def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
     cert = result.certificate
     if not isinstance(cert, dict):
         return []
-    rows = [(name, fmt_num(m["bound"]), fmt_num(m["margin"]), fmt_num(m["spread"]),
-             fmt_num(m["noise_floor"]), "yes" if m["certified"] else "NO (fragile)")
-            for name, m in cert["outputs"].items()]
+    rows: list[tuple[str, ...]] = [
+        (str(name), fmt_num(m["bound"]), fmt_num(m["margin"]), fmt_num(m["spread"]),
+         fmt_num(m["noise_floor"]), "yes" if m["certified"] else "NO (fragile)")
+        for name, m in cert["outputs"].items()]
     rows += [(f"(every output) under {label}", "", "", "", "", "fails the criteria")
              for label, ok in cert["variants"].items() if not ok]
     return rows
@@ -965,7 +966,7 @@ def _html_trace(result: "RunResult") -> list[str]:
     total = len(result.search.trials) if result.search else 0
     note = (f"<p class='muted'>First {TRACE_ROWS} of {total} evaluations; trace.json has all."
             "</p>" if total > TRACE_ROWS else "")
-    rows = [row[:4] for row in rows]  # which units: trace.json (the plan's are listed once)
+    rows = [row[:4] for row in rows]  # type: ignore[misc]  # units: trace.json has them
     return [f"<details><summary>Search trace ({plural(total, 'evaluation')})</summary>",
             *_html_table("", ["#", "phase", "FP32 units (TensorRT layers)", "result"], rows,
                          result_col=3), note, "</details>"]

@@ -127,6 +127,10 @@ def _builds_differently(ctx: Context) -> bool:
     return False
 
 
+def _bytes_writer(data: bytes) -> Callable[[str], object]:
+    return lambda tmp: Path(tmp).write_bytes(data)
+
+
 def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
     """What every rendering needs to reproduce this run; writes the samples (one .npz each)
     and a Polygraphy data loader beside the plan."""
@@ -137,8 +141,7 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
     samples = []
     for k, sample in enumerate(ctx.given_sample or ()):  # held-out ones too: the user's data
         path = out_dir / "inputs" / f"sample_{k:03d}.npz"
-        data = npz_bytes(sample)
-        atomic_write(path, lambda tmp, data=data: Path(tmp).write_bytes(data))
+        atomic_write(path, _bytes_writer(npz_bytes(sample)))
         samples.append(relative_to(path, work))
     for stale in (out_dir / "inputs").glob("sample_*.npz"):  # a previous run's: the folder
         if relative_to(stale, work) not in samples:  # is the samples (AutoCast, check lines)
@@ -155,14 +158,14 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
     result.emulated_mixed = None
     result.files["emulated_mixed_model"] = str(emulated)
     g = ctx.judged  # the plan names its nodes
-    names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
+    names: dict[int, str] = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
              onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT32: "int32",
              onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT8: "int8",
              onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
     stem = ctx.path.stem
     return RenderContext(
         model=relative_to(result.files.get("rewritten_model")
-                          or result.files.get("named_model", ctx.path), work),
+                          or result.files.get("named_model") or ctx.path, work),
         mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
         emulated_model=relative_to(emulated, work),
         tolerance=result.tolerance, criteria=result.criteria, outputs=tuple(g.output_names()),

@@ -182,7 +182,6 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
         from .ray_pool import RayPool
         pool, data, stats = RayPool.start(spec, ctx, opts.ray, requested, plan)
     else:
-        assert ctx.every_sample is not None and ctx.every_reference is not None  # __post_init__
         data = FolderData.write(ctx.every_sample, ctx.every_reference, data_parent)
         pool = LocalPool(spec, data, plan.workers)
         stats = Stats(plan.workers, "local", opts.threads, plan.why)

@@ -82,9 +82,9 @@ def emit(result, as_json: bool) -> None:
     from ..judge.validation import line as validation_line
     for line in certificate_lines(result.certified or {}):
         out.print(f"  {shown(line)}")
-    said = validation_line(result.validation)
-    if said:
-        out.print(f"  {shown(said)}")
+    told = validation_line(result.validation)
+    if told:
+        out.print(f"  {shown(told)}")
     out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
               "ONNX Runtime CPU (Q/DQ run as written"
               + (f"; FP16 stores emulated, {_rounding(result)})" if result.emulated else ")"))

@@ -97,7 +97,7 @@ def _added(result) -> dict[str, str]:
 
 def culprit_rows(result) -> list[tuple[str, ...]]:
     added = _added(result)
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name in result.plan:
         layer = result.layer(name)
         edges = ", ".join(f"{e.source} ({e.format}{', weight' if e.weight else ''}"

@@ -40,7 +40,7 @@ Q, DQ = "QuantizeLinear", "DequantizeLinear"
 COMMUTING = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity",
                        "MaxPool", "Slice", "Gather", "Expand", "Concat"})
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})  # R2
-FORMATS = {TensorProto.INT8: "int8", TensorProto.UINT8: "uint8",
+FORMATS: dict[int, str] = {TensorProto.INT8: "int8", TensorProto.UINT8: "uint8",
            TensorProto.FLOAT8E4M3FN: "fp8e4m3fn", TensorProto.FLOAT8E5M2: "fp8e5m2",
            TensorProto.INT4: "int4", TensorProto.UINT4: "uint4"}
 FP8_MAX = {"fp8e4m3fn": 448.0, "fp8e5m2": 57344.0}
@@ -156,7 +156,8 @@ def analyse(model: onnx.ModelProto) -> list[Layer]:
             if owner is None:
                 continue
             edges.setdefault(owner, []).append(Edge(
-                names[c], slot, names[d], names[p] if q_node is not None else None, source,
+                names[c], slot, names[d], names[p] if q_node is not None and p is not None
+                else None, source,
                 weight, fmt, scale, per_channel, _attr(node, "axis", 1),
                 q_node is not None and not weight and _clamps_at_zero(q_node, inits, fmt)
                 and _op(nodes, producer, source) != "Relu"))
@@ -165,7 +166,7 @@ def analyse(model: onnx.ModelProto) -> list[Layer]:
             # quantized), its DQ gives the graph its float output; un-quantized, the DQ node
             # becomes an Identity of the Q's input (the output keeps its name)
             owner = producer.get(source)
-            if owner is not None and nodes[owner].op_type not in (Q, DQ):
+            if owner is not None and p is not None and nodes[owner].op_type not in (Q, DQ):
                 edges.setdefault(owner, []).append(Edge(
                     names[d], -1, names[d], names[p], source, False, fmt, scale, per_channel,
                     _attr(node, "axis", 1), _clamps_at_zero(q_node, inits, fmt)

@@ -114,6 +114,13 @@ class View:
         i = self.producer.get(tensor)
         return None if i is None else self.nodes[i]
 
+    def made(self, tensor: str) -> onnx.NodeProto:
+        """The node producing `tensor`, which a rule's match found (a bug if none)."""
+        node = self.prod(tensor)
+        if node is None:
+            raise ValueError(f"no node produces {tensor!r}: the match is stale")
+        return node
+
     def users(self, tensor: str) -> list[onnx.NodeProto]:
         return [self.nodes[i] for i in self.consumers.get(tensor, [])]
 
@@ -340,7 +347,8 @@ def norm_tail(view: View, sqrt: onnx.NodeProto, x: str) -> NormTail | str:
     if u.op_type == "Div" and u.input[1] == s:
         pre = view.prod(u.input[0])
         w = _other(pre, x) if pre is not None and pre.op_type == "Mul" else None
-        if w is not None and view.const(w) is not None and view.only_user(pre.output[0]) is u:
+        if pre is not None and w is not None and view.const(w) is not None \
+                and view.only_user(pre.output[0]) is u:
             return NormTail([pre, u], pre, u.output[0], w)
         if u.input[0] != x and view.scalar(u.input[0]) == 1.0:
             return _times_x(view, [u], x)

@@ -95,6 +95,8 @@ def _extreme(view: View, tensor: str) -> float:
     arr = view.const(tensor)
     if arr is None:
         arr = _node_value(view.prod(tensor))
+    if arr is None:
+        raise ValueError(f"{tensor!r} holds no constant: the match is stale")
     finite = arr[np.isfinite(arr)]
     return float(finite[np.argmax(np.abs(finite))])
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Sequence
+
 import numpy as np
 import onnx
 from onnx import version_converter
@@ -50,7 +52,8 @@ def find_layernorm(model: onnx.ModelProto, ranges: Ranges | None = None) -> list
         d = square_of(view, node)
         sub = view.prod(d) if d else None
         mean = view.prod(sub.input[1]) if sub is not None and sub.op_type == "Sub" else None
-        if mean is None or mean.op_type != "ReduceMean" or mean.input[0] != sub.input[0]:
+        if sub is None or mean is None or mean.op_type != "ReduceMean" \
+                or mean.input[0] != sub.input[0]:
             continue
         found.append(_layernorm(view, mean, sub, node))
     return found
@@ -142,10 +145,11 @@ def _chain(view: View, rule: str, sq: onnx.NodeProto, num: str, head: list[str],
     where += [view.name(sqrt), *(view.name(n) for n in tail.nodes)]
     drop = [sq.output[0], var.output[0], add.output[0], sqrt.output[0],
             *(n.output[0] for n in tail.nodes)]
-    chain = Chain(where, drop, tail.out, k, float(eps.reshape(-1)[0]), None, None)
-    chain = _affine(view, chain, num, rule, beta)
+    bare = Chain(where, drop, tail.out, k, float(eps.reshape(-1)[0]), None, None)
+    chain = _affine(view, bare, num, rule, beta)
+    shape = view.shape(num)
     if isinstance(chain, Chain) and tail.weight is not None:  # w * x / sqrt(...): w is gamma
-        w = _fit(view.const(tail.weight), view.shape(num)[-k:])
+        w = _fit(view.const(tail.weight), shape[-k:] if shape is not None else None)
         if w is None:
             return refuse(f"the weight {tail.weight} applied before the division does not fit "
                           "the normalised shape")
@@ -192,14 +196,16 @@ def _affine(view: View, chain: Chain, x: str, rule: str, beta: bool) -> Chain | 
         chain.drop.append(nxt.output[0])
         chain.out = nxt.output[0]
     if chain.gamma is None:
-        chain.gamma = np.ones(norm, np.float32)
+        chain.gamma = np.ones([int(d or 0) for d in norm], np.float32)
     return chain
 
 
-def _fit(value: np.ndarray | None, norm: list[int]) -> np.ndarray | None:
-    """The constant broadcast to the normalised shape, or None when it does not fit."""
-    if value is None or value.dtype != np.float32:
+def _fit(value: np.ndarray | None, shape: Sequence[int | None] | None) -> np.ndarray | None:
+    """The constant broadcast to the normalised shape, or None when it does not fit (or the
+    shape is not known)."""
+    if value is None or value.dtype != np.float32 or shape is None or None in shape:
         return None
+    norm = [int(d) for d in shape if d is not None]
     while value.ndim > len(norm) and value.shape[0] == 1:
         value = value.reshape(value.shape[1:])
     try:
@@ -235,6 +241,7 @@ def _apply(model: onnx.ModelProto, match: Match, op: str) -> onnx.ModelProto:
     if missing:
         raise RewriteRefused(f"the opset conversion rewrote the chain ({missing[0]} is gone)")
     scope = chain.where[-1].rsplit("/", 1)[0] if "/" in chain.where[-1] else chain.where[-1]
+    assert chain.gamma is not None  # _affine always sets it
     inputs = [match.params["x"], ed.constant(f"{scope}.{op}.scale", chain.gamma)]
     if chain.beta is not None:
         inputs.append(ed.constant(f"{scope}.{op}.bias", chain.beta))

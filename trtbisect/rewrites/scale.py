@@ -79,7 +79,7 @@ def _reaches_softmax(view: View, node: onnx.NodeProto, hops: int = 4) -> bool:
 def apply_prescale(model: onnx.ModelProto, match: Match) -> onnx.ModelProto:
     ed = Editor(model)
     mm_t, out = match.params["mm"], match.params["out"]
-    mm = ed.view.prod(mm_t)
+    mm = ed.view.made(mm_t)
     name = ed.view.name(mm)
     factor = ed.constant(f"{name}.prescale", float(match.params["factor"]))
     q = ed.fresh(f"{mm.input[0]}/prescaled")
@@ -134,7 +134,7 @@ def _reducesum_match(view: View, rs: onnx.NodeProto, nxt: onnx.NodeProto,
 def apply_reducesum(model: onnx.ModelProto, match: Match) -> onnx.ModelProto:
     ed = Editor(model)
     p = match.params
-    rs = ed.view.prod(p["sum"])
+    rs = ed.view.made(p["sum"])
     name, keepdims = ed.view.name(rs), ed.view.attr(rs, "keepdims", 1)
     ed.drop(p["sum"], p["out"])
     if p["mean"]:
@@ -166,7 +166,7 @@ def find_square(model: onnx.ModelProto, ranges: Ranges | None = None) -> list[Ma
     for i, sq in enumerate(view.nodes):
         x = square_of(view, sq)
         mean = view.only_user(sq.output[0]) if x else None
-        if mean is None or mean.op_type != "ReduceMean":
+        if x is None or mean is None or mean.op_type != "ReduceMean":
             continue
         where = (view.names[i], view.name(mean))
         if ranges is None:
@@ -227,7 +227,7 @@ def apply_square(model: onnx.ModelProto, match: Match) -> onnx.ModelProto:
     ed = Editor(model)
     p = match.params
     x, s, norm = p["x"], p["s"], p["norm"]
-    base = ed.view.name(ed.view.prod(p["sq"]))
+    base = ed.view.name(ed.view.made(p["sq"]))
     xs = ed.fresh(f"{x}/scaled")
     ed.add(x, "Mul", [x, ed.constant(f"{base}.inv_scale", float(1.0 / s))], [xs], f"{base}/scale")
     ed.replace_input(p["sq"], x, xs)

@@ -356,7 +356,7 @@ class Oracle:
 
 def find_minimal_fp32(
     candidates: Sequence[str],
-    check: Check,
+    check: Check | Batch,
     seeds: Iterable[str] = (),
     ranking: Sequence[str] = (),
     max_evaluations: int | None = None,
@@ -406,7 +406,7 @@ def find_minimal_fp32(
         return _stopped(oracle, cand)
 
 
-def _ordered(candidates: Sequence[str], seeds: Sequence[str],
+def _ordered(candidates: Sequence[str], seeds: Iterable[str],
              ranking: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
     """The candidates once each, the seeds among them, and the ranking: seeds first, then the
     prior's order, then every other candidate."""
@@ -526,7 +526,7 @@ def _certify(oracle: Oracle, plan: frozenset[str], rank: list[str]) -> frozenset
 
 # ---------------------------------------------------------------- cost-aware search
 
-def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str],
+def _find_cheapest(candidates: Sequence[str], check: Check | Batch, seeds: Iterable[str],
                    ranking: Sequence[str], max_evaluations: int | None,
                    progress: Progress | None, price: Price,
                    adjacent: Mapping[str, Sequence[str]], swap_k: int,
@@ -572,7 +572,7 @@ def _find_cheapest(candidates: Sequence[str], check: Check, seeds: Iterable[str]
         return _stopped(oracle, cand)
 
 
-def _find_within(candidates: Sequence[str], check: Check, seeds: Iterable[str],
+def _find_within(candidates: Sequence[str], check: Check | Batch, seeds: Iterable[str],
                  ranking: Sequence[str], max_evaluations: int | None,
                  progress: Progress | None, price: Price,
                  adjacent: Mapping[str, Sequence[str]], swap_k: int,

@@ -65,6 +65,7 @@ class SearchStage:
         """The stage over `ctx`'s judged graph: its prior, units and prices (`probe`: the
         shapes that shape inference leaves open, for the pricing)."""
         g, low = ctx.judged, ctx.rules.precision
+        assert ctx.prepared is not None  # prepare(search=True) made it
         prior = build_prior(g, stats, constants, low)
         units = semantics.units(ctx.prepared, g.candidates())
         unit_of = {n: u for u, nodes in units.items() for n in nodes}
@@ -211,7 +212,7 @@ class SearchStage:
                 break
             growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
             result, cert = nearer, nearer_cert
-            if growing and not cert.certified:  # chasing noise: each plan moves the spread
+            if growing and cert is not None and not cert.certified:  # chasing noise
                 cert.decided = ("the spread grew with the aimed plan: each nearer plan "
                                   "moves what the tools compute as much as it gains")
                 break
