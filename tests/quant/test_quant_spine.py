@@ -115,3 +115,23 @@ def test_a_one_hot_tensor_is_no_activation_outlier():
         layer, e, EdgeStats(spiky, 0.1, np.array([1 / 127], np.float32), 0.0, 0.98), node)
         if f.kind == "activation_outlier"]
     assert "is 100x its median magnitude 0.01" in f.text
+
+
+def test_one_all_fp16_price_per_model_and_gpu_class(tmp_path):
+    """The quantized run's all-FP16 figure is the FP16 run's of the same float model on the
+    same GPU class (#46: 98.53 us against 45.57 us for magika), and the file's own float side
+    is priced beside it."""
+    from trtbisect.pipeline import run as fp16_run
+    from trtbisect.quant.qdq import analyse, unquantize
+
+    p = qm.outlier()
+    model, inputs = _files(p, tmp_path)
+    ref = tmp_path / "fp32.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), ref)
+    q = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                           validation_share=0, gpu="h100"), tmp_path / "q")
+    f = fp16_run(ref, Options(inputs=[str(inputs)], threads=1, validation_share=0,
+                              gpu="h100"), tmp_path / "f")
+    assert q.cost["all_fp16_s"] == f.cost["all_fp16_s"] > 0
+    assert q.cost["all_fp16_from"] == "the FP16 road's engine of the float model"
+    assert q.cost["file_all_float_s"] > 0 and q.cost["file_fp32_nodes"] >= 0

@@ -71,6 +71,10 @@ def emit(result, as_json: bool) -> None:
         def us(x: float) -> str:
             return f"{x * 1e6:.4g} us"
         vs = c.get("plan_vs_all_quantized")
+        if c.get("file_fp32_nodes"):
+            out.print(f"the file keeps {c['file_fp32_nodes']} float nodes in FP32 outside its "
+                      "quantized layers (its quantizer left them so): priced as FP32 in the "
+                      "file's figures below")
         out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
                   f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
                   f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"

@@ -249,6 +249,30 @@ def shape_probe(model: onnx.ModelProto, sample: Mapping[str, np.ndarray],
     return probe
 
 
+def fp16_road_price(ref_model: onnx.ModelProto, sample: Mapping[str, np.ndarray], gpu: str,
+                    trt_version: int = 11, threads: int | None = None) -> float:
+    """All-FP16's estimated time as the FP16 road prices the float model (search/cost.py:
+    TensorRT's fused layers), so that a quantized run and an FP16 run of one model on one GPU
+    class say one all-FP16 figure (#46)."""
+    from ..backends.ort import Reference
+    from ..judge import semantics
+    from ..search.cost import engine_pricing
+
+    g = Graph(ref_model)
+    judged, prepared = semantics.prepare_graph(g, "trt", trt_version)
+    units = semantics.units(prepared, judged.candidates())
+
+    def probe_for(graph: Graph) -> Probe:
+        def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+            ref = Reference(graph, threads)
+            try:
+                return {t: tuple(a.shape) for t, a in ref.run_tensors(sample, names).items()}
+            finally:
+                ref.close()
+        return probe
+    return engine_pricing(g, judged, prepared, units, sample, gpu, False, probe_for).engine.fp16_s
+
+
 def pricing_for(model: onnx.ModelProto, layers: Sequence[Layer], half_units: Mapping[str, str],
                 sample: Mapping[str, np.ndarray], gpu: str, half_file: bool,
                 probe: Probe | None = None) -> QuantPricing:

@@ -609,8 +609,37 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
     result.cost = {**pricing.summary(result.units), "objective": opts.objective,
-                   **({"certificate": result.certificate} if result.certificate else {})}
+                   **({"certificate": result.certificate} if result.certificate else {}),
+                   **_one_price(model, ref_model, layers, halves, samples[0], opts,
+                                pricing.all_fp16())}
     result.renderings = renderings(result, model)
+
+
+def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halves,
+               sample, opts, file_float_s: float) -> dict:
+    """One price per model and GPU class (#46): all-FP16 as the FP16 road prices the float
+    model (an FP16 run of it says the same figure), beside this file's own float side,
+    whose nodes outside the quantized layers a quantizer may have left FP32 (named, priced
+    as FP32 in every figure of the file)."""
+    from . import half
+    from .cost import fp16_road_price
+
+    types = half.types(model)
+    inside = {la.name for la in layers}
+    fp32 = [n.name for n in model.graph.node
+            if n.op_type not in ("QuantizeLinear", "DequantizeLinear", "Cast")
+            and n.name not in inside and n.name not in set(halves)
+            and any(types.get(t) == onnx.TensorProto.FLOAT for t in n.output if t)]
+    try:
+        road = fp16_road_price(ref_model, sample, opts.gpu, opts.trt_version, opts.threads)
+    except TrtBisectError as exc:  # a float model the FP16 road cannot price: say so
+        log.info("all-FP16 not priced as the FP16 road: %s", exc)
+        road = None
+    return {"all_fp16_s": road if road is not None else file_float_s,
+            "all_fp16_from": "the FP16 road's engine of the float model" if road is not None
+            else "this file's float side in FP16",
+            "file_all_float_s": file_float_s, "file_fp32_nodes": len(fp32),
+            "file_fp32_examples": fp32[:5]}
 
 
 def _honest(result: QuantResult, search, pricing) -> None:
