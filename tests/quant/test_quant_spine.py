@@ -57,11 +57,36 @@ def test_each_culprit_says_whether_accuracy_needs_it(tmp_path):
     assert written["minimal_plan"] == r.minimal_plan and r.minimal_plan
     names = [c["name"] for c in written["culprits"]]
     assert names == [*r.plan, *r.fp32_nodes]
+    plan = frozenset(r.units)  # fp16_side: un-fused, a search unit per node
     for c in written["culprits"]:
         unit = c["name"] if c["side"] == "quantized" else next(
             u for u, n in r.judge.half.items() if n == c["name"])
-        assert c["needed"] == (unit in r.minimal_plan)
+        # needed: the written plan without it fails, judged afresh here
+        assert c["needed"] == (not r.judge.judge_model(r.judge.model_for(plan - {unit})).passed)
         assert ("faster_by" in c) == (not c["needed"])
+    # the cheaper step added mm2 for estimated time: not needed, the 1-minimal plan without it
+    assert [c["name"] for c in written["culprits"] if not c["needed"]] == ["mm2"]
+    assert "mm2" not in written["minimal_plan"] and "mm2" in written["unquantized_layers"]
+    assert written["culprits"][1]["faster_by"] > 0
+
+
+def test_the_console_gives_a_cause_only_to_needed_culprits(tmp_path, monkeypatch):
+    """The "why" column: a failure cause for a needed layer, "faster un-quantized (est. -x%)"
+    for one the cheaper step added (its number: precision.json's faster_by)."""
+    from tests.test_cli import invoke
+
+    monkeypatch.setenv("COLUMNS", "400")
+    p = qm.fp16_side(fused=False)
+    model, inputs = _files(p, tmp_path)
+    r = invoke("-q", "run", model, "--inputs", inputs, "--rtol", p.rtol, "--out",
+               tmp_path / "out", "--validation-share", "0")
+    got = json.loads((tmp_path / "out" / "precision.json").read_text())
+    faster = next(c["faster_by"] for c in got["culprits"] if c["name"] == "mm2")
+    rows = {line.split()[1]: line for line in r.output.splitlines()
+            if line.startswith("│") and len(line.split()) > 1}
+    assert f"faster un-quantized (est. -{100 * faster:.1f}%)" in rows["mm2"], r.output
+    assert "faster" not in rows["mm1"] and "fails" not in rows["mm2"]
+    assert any(f["text"] in rows["mm1"] for f in got["plan"][0]["findings"]), r.output
 
 
 def test_no_plan_names_the_broken_weights_and_who_wrote_them(tmp_path):

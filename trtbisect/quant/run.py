@@ -584,7 +584,8 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     else:
         stage(f"searching which of {len(layers)} quantized layers to run in float"
               + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
-        search = find_minimal_fp32(judge.units, _journaled(judge, journal),
+        check = _journaled(judge, journal)
+        search = find_minimal_fp32(judge.units, check,
                                    ranking=_ranking(layers, findings, _search_half(judge),
                                                     values, model),
                                    max_evaluations=opts.max_evaluations, progress=progress,
@@ -600,7 +601,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
             result.fp32_nodes = [judge.half[u] for u in result.units if u in judge.half]
             result.search_after = judge.measure(frozenset(search.fp32))
             result.verdict = "fixed"
-            _honest(result, search, pricing)
+            _honest(result, search, pricing, check)
     result.findings = {n: findings[n] for n in result.plan}
     if result.plan:
         stage("judging the fixes diagnosis names, where trtbisect can apply them")
@@ -642,16 +643,29 @@ def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halve
             "file_fp32_examples": fp32[:5]}
 
 
-def _honest(result: QuantResult, search, pricing) -> None:
-    """Which units of the plan accuracy needs: those of the certified 1-minimal plan (each
-    removal from it failed); a unit the cheaper step added is there for estimated engine time,
-    with what it saves (`faster`)."""
+def _honest(result: QuantResult, search, pricing,
+            check: Callable[[frozenset[str]], bool]) -> None:
+    """Which units of the written plan accuracy needs: a unit is needed when the plan without
+    it fails. The certified 1-minimal plan's removals all failed (its certificate), and the
+    cheaper step judged the removals that were cheaper; a removal neither judged is judged
+    here (memoized and journaled: at most one evaluation per unit of the plan, counted). A unit
+    whose removal passes was kept (or added by the cheaper step) for estimated engine time,
+    with what it saves (`faster`). The 1-minimal plan, before the cheaper step changed it, is
+    always recorded."""
     judge = result.judge
     assert judge is not None
+    final = frozenset(search.fp32)
     minimal = (search.certificate or {}).get("minimal_plan") or list(search.fp32)
     result.minimal_plan = judge.expand(minimal)
-    need = set(result.minimal_plan) if search.one_minimal or "minimal_plan" in (
-        search.certificate or {}) else set(result.units)
+    before = judge.runs
+    needed_units: set[str] = set()
+    for s in final:
+        if len(final) == 1 or not check(final - {s}):
+            needed_units.add(s)
+    extra = judge.runs - before
+    if extra:
+        result.evaluations += extra // max(1, len(judge.samples))
+    need = set(judge.expand(needed_units))
     result.needed = {u: u in need for u in result.units}
     plan = pricing.price(result.units)
     for u in result.units:
