@@ -873,7 +873,9 @@ def optional_components() -> list[tuple[str, bool, str]]:
     """(component, usable, detail) for optional packages torch/tensorrt/cuda rows omit."""
     from importlib import metadata
 
-    rows = []
+    from .quant.ptq import status
+
+    rows = [("ModelOpt ONNX PTQ", *status())]
     for module, (dist, purpose, hint) in OPTIONAL.items():
         try:
             importlib.import_module(module)

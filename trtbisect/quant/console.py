@@ -76,7 +76,8 @@ def emit(result, as_json: bool) -> None:
                       "quantized layers (its quantizer left them so): priced as FP32 in the "
                       "file's figures below")
         out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
-                  f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
+                  f"all quantized ({c['format'].upper()}{_float_words(c, us)}) "
+                  f"{us(c['all_quantized_s'])}, the plan "
                   f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
                                            if vs is not None and result.units else "")
                   + _boundary_words(c))
@@ -113,6 +114,20 @@ def _faster(result, unit: str) -> str:
     x = result.faster.get(unit)
     return ("not needed for accuracy: faster un-quantized"
             + (f" (est. -{100 * x:.1f}%)" if x is not None else ""))
+
+
+def _float_words(c: dict, us) -> str:
+    """What the quantized file keeps outside its quantized layers, priced as it keeps it
+    (quant/cost.py `float_side`): in a file FP32 elsewhere, what FP16 there would cost."""
+    f = c.get("float_side") or {}
+    if not f.get("nodes"):
+        return ""
+    said = (f"; the file keeps its other {f['nodes']} node(s) in {f['dtype'].upper()}, "
+            "priced so")
+    if "all_quantized_fp16_elsewhere_s" in f:
+        said += (f"; with FP16 there (ModelOpt's high_precision_dtype='fp16') "
+                 f"{us(f['all_quantized_fp16_elsewhere_s'])}")
+    return said
 
 
 def _boundary_words(c: dict) -> str:

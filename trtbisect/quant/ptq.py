@@ -17,6 +17,48 @@ from .render import INSTALL
 
 MODES = ("int8", "fp8")
 
+# import name -> distribution: what nvidia-modelopt 0.47.0 requires and its ONNX PTQ imports
+# (pyproject.toml's quant extra, ModelOpt itself aside)
+REQUIRES = {"modelopt": "nvidia-modelopt", "torch": "torch", "ninja": "ninja",
+            "omegaconf": "omegaconf", "pulp": "pulp", "pydantic": "pydantic", "yaml": "PyYAML",
+            "regex": "regex", "safetensors": "safetensors", "scipy": "scipy", "tqdm": "tqdm",
+            "pynvml": "nvidia-ml-py", "onnx_graphsurgeon": "onnx-graphsurgeon",
+            "onnxslim": "onnxslim", "lief": "lief", "onnxscript": "onnxscript"}
+
+
+def missing() -> list[str]:
+    """The distributions of REQUIRES not installed here (found without importing them)."""
+    import importlib.util
+
+    out = []
+    for module, dist in REQUIRES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(dist)
+    return out
+
+
+def status() -> tuple[bool, str]:
+    """`trtbisect env`'s line for ModelOpt's ONNX PTQ: usable, or what is missing and how to
+    install it, in one line."""
+    from importlib import metadata
+
+    gone = missing()
+    if gone:
+        return False, (f"missing {', '.join(gone)}; for run --precision int8|fp8: {INSTALL}")
+    return True, (f"nvidia-modelopt {metadata.version('nvidia-modelopt')} and what its ONNX "
+                  "PTQ needs, for run --precision int8|fp8")
+
+
+def _require(mode: str):
+    gone = missing()
+    return require("modelopt.onnx.quantization",
+                   f"--precision {mode} quantizes with NVIDIA ModelOpt"
+                   + (f" (missing {', '.join(gone)})" if gone else "") + f": {INSTALL}")
+
 
 def calibration(samples: Sequence[dict]) -> dict[str, np.ndarray]:
     """The samples stacked on their leading axis, as ModelOpt's calibration_data takes them."""
@@ -31,8 +73,7 @@ def quantize(model_path: Path, mode: str, samples: Sequence[dict], out_path: Pat
     model back over it), and the user's input is never modified."""
     if mode not in MODES:
         raise TrtBisectError(f"--precision {mode}: ModelOpt quantizes to {' or '.join(MODES)}")
-    mq = require("modelopt.onnx.quantization",
-                 f"--precision {mode} quantizes with NVIDIA ModelOpt: {INSTALL}")
+    mq = _require(mode)
     model_path = _copy_in(model_path, out_path.parent / "input")
     try:  # ModelOpt logs to the stdout of the moment: stderr here (stdout carries --json)
         with contextlib.redirect_stdout(sys.stderr):
@@ -71,8 +112,7 @@ def quantize_samples(model: str, opts, scratch: Path, stage,
     from ..data.sources import iter_items
     from ..graph import Graph
 
-    require("modelopt.onnx.quantization",
-            f"--precision {opts.precision} quantizes with NVIDIA ModelOpt: {INSTALL}")
+    _require(opts.precision)
     graph = Graph.from_path(model)
     if calibration:
         items = iter_items(graph, list(calibration), None, opts.shapes, opts.seed)

@@ -17,8 +17,11 @@ import onnx
 
 QuantResult = Any  # quant/run.py's QuantResult (it imports this module: no import back)
 
-INSTALL = ("pip install --no-deps nvidia-modelopt==0.47.0 && pip install onnx-graphsurgeon tqdm "
-           "nvidia-ml-py onnxslim onnxscript lief 'trtbisect[torch]' (docs/quantization.md)")
+# ModelOpt with --no-deps (its metadata asks an unpinned torch: the CUDA build), then the quant
+# extra: everything ModelOpt 0.47 requires and its ONNX PTQ imports, so pip's resolver has
+# nothing to say (pyproject.toml; tried in a fresh venv, docs/quantization.md "Set-up")
+INSTALL = ("pip install --no-deps nvidia-modelopt==0.47.0 && pip install 'trtbisect[quant]' "
+           "(from a checkout: pip install -e '.[quant]'; docs/quantization.md)")
 
 
 def quantize_mode(formats) -> str:

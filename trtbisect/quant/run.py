@@ -385,6 +385,10 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
             journal.close()
     if result.verdict == "no_plan":
         result.reasons = float_side_reasons(model)
+    if result.verdict != "reference_invalid":
+        from .cost import one_price
+        one_price(result.cost, str(reference_path) if reference_path else ref_model,
+                  samples[0], opts)
     result.seconds = time.perf_counter() - started
     _write(result, result.judge, path, out_dir, keep, report,
            lambda f: _certify(result, ref_model, samples, references, held, opts, f), owned)
@@ -561,7 +565,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
             samples, references, opts, progress: Progress | None,
             stage: Callable[[str], None], journal=None) -> None:
     """Judge the file, diagnose its layers, search the plan, judge the fixes, price it."""
-    from .cost import pricing_for, shape_probe
+    from .cost import float_side, pricing_for, shape_probe
     from .half import half_nodes
 
     layers = result.layers
@@ -610,6 +614,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
     result.cost = {**pricing.summary(result.units), "objective": opts.objective,
+                   "float_side": float_side(pricing),
                    **({"certificate": result.certificate} if result.certificate else {}),
                    **_one_price(model, ref_model, layers, halves, samples[0], opts,
                                 pricing.all_fp16())}

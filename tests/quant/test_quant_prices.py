@@ -1,0 +1,43 @@
+"""One price per model and GPU class (#46 item 5): the quantized run's all-FP16 figure is the
+FP16 run's for the same float model, and the console says what the quantized file keeps in
+FP32 and prices it so."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.models import quant_models as qm
+from tests.test_cli import invoke
+from trtbisect.quant import analyse, unquantize
+from trtbisect.quant.cost import pricing_for
+
+
+@pytest.mark.parametrize("make", [qm.channels, qm.softmax], ids=lambda m: m.__name__)
+def test_the_all_fp16_price_is_the_fp16_runs(make, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    p = make()
+    model, fp32, inputs = (tmp_path / "q.onnx", tmp_path / "f.onnx", tmp_path / "in.npz")
+    onnx.save(p.model, model)
+    onnx.save(unquantize(p.model, analyse(p.model)), fp32)
+    np.savez(inputs, **p.inputs)
+    common = ["--inputs", inputs, "--rtol", p.rtol, "--validation-share", "0", "--gpu", "l4"]
+    fp16 = invoke("-q", "run", fp32, *common, "--out", tmp_path / "a", "--json")
+    quant = invoke("-q", "run", model, *common, "--reference", fp32, "--out", tmp_path / "b")
+    assert fp16.exit_code in (0, 7) and quant.exit_code in (0, 7), quant.output
+    a = json.loads(fp16.stdout)["cost"]["all_fp16_s"]
+    got = json.loads((tmp_path / "b" / "precision.json").read_text())["cost"]
+    assert got["all_fp16_s"] == a  # the same figure, bit for bit
+    # softmax: the per-node price the quantized road used to give all-FP16 is another figure
+    own = pricing_for(p.model, analyse(p.model), {}, p.inputs, "l4", False).all_fp16()
+    assert (own != a) == (p.name == "softmax")
+    line = next(x for x in quant.output.splitlines() if x.startswith("estimated engine"))
+    assert f"all FP16 {a * 1e6:.4g} us" in line
+    side = got["float_side"]
+    assert side["dtype"] == "fp32"
+    if side["nodes"]:  # channels: its un-quantized node runs in FP32 in the file
+        assert f"keeps its other {side['nodes']} node(s) in FP32" in line
+        assert side["all_quantized_fp16_elsewhere_s"] < got["all_quantized_s"]
