@@ -4,7 +4,11 @@ skip without it, as in CI), and the rendered `nodes_to_exclude` applied by Model
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -28,10 +32,11 @@ def test_precision_int8_quantizes_then_bisects_and_the_exclusions_reproduce_the_
     before = fp32.read_bytes()
     r = invoke("-q", "run", fp32, "--precision", "int8", "--inputs", tmp_path / "in.npz",
                "--rtol", p.rtol, "--out", tmp_path / "out", "--json")
-    assert r.exit_code == 0, r.output
+    # fixed, or fragile where ORT's own QDQ fusions move the error by more than the margin
+    assert r.exit_code in (0, 7), r.output
     assert fp32.read_bytes() == before  # ModelOpt rewrites its input: it gets a copy
     got = json.loads(r.stdout)
-    assert got["verdict"] == "fixed" and got["unquantized_layers"] == ["mm1"]
+    assert got["verdict"] in ("fixed", "fragile") and got["unquantized_layers"] == ["mm1"]
     assert got["reference"] == str(fp32)
     # ModelOpt given the rendered exclusions leaves exactly the plan's layer un-quantized,
     # and that file passes the judge the plan passed
@@ -46,6 +51,44 @@ def test_precision_int8_quantizes_then_bisects_and_the_exclusions_reproduce_the_
     r = invoke("-q", "run", out, "--inputs", tmp_path / "in.npz", "--rtol", p.rtol,
                "--reference", fp32, "--out", tmp_path / "out2", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["verdict"] == "quantized_ok", r.output
+
+
+@pytest.mark.slow
+def test_commands_sh_runs_modelopt_as_written_and_check_judges_its_file(tmp_path):
+    """commands.sh's ModelOpt line, run as written from the run folder (calib.npz is there,
+    the FP32 model named by its absolute path), writes a file that `trtbisect check` judges
+    as precision.json recorded ModelOpt's file of the same exclusions: the same layers
+    quantized, the same errors, bit for bit."""
+    p = qm.outlier()
+    fp32 = tmp_path / "outlier_fp32.onnx"
+    onnx.save(unquantize(p.model, analyse(p.model)), fp32)
+    np.savez(tmp_path / "in.npz", **p.inputs)
+    out = tmp_path / "out"
+    r = invoke("-q", "run", fp32, "--precision", "int8", "--inputs", tmp_path / "in.npz",
+               "--rtol", p.rtol, "--out", out, "--json")
+    assert r.exit_code in (0, 7), r.output
+    got = json.loads(r.stdout)
+    rep = got["renderings"]["modelopt_reproduction"]
+    assert rep["ran"] and rep["exact"] and rep["path"] == got["files"]["modelopt_model"]
+    sh = (out / "commands.sh").read_text()
+    line = next(x for x in sh.splitlines() if x.startswith("python -m modelopt"))
+    assert "tried: ModelOpt quantizes exactly the layers the plan keeps quantized" in sh
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+           f"{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["sh", "-c", line], cwd=out, env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = out / "model.quant.onnx"
+    assert {la.name for la in analyse(onnx.load(written))} == {"mm2"}
+    c = invoke("-q", "check", written, "--reference", fp32, "--inputs", tmp_path / "in.npz",
+               "--rtol", p.rtol, "--json")
+    judged = json.loads(c.stdout)
+    assert c.exit_code == (0 if rep["passed"] else 4) and judged["passed"] == rep["passed"]
+    assert judged["errors"]["y"]["max_abs"] == rep["errors"]["y"]["max_abs"]
+    # a plan ModelOpt cannot reproduce is said so (its neighbours' rule), in words
+    from trtbisect.quant.render import _reproduction_lines
+    (said,) = _reproduction_lines({**rep, "exact": False, "also_unquantized": ["mm2"]})
+    assert "cannot reproduce the plan exactly" in said and "also leaves mm2 un-quantized" in said
 
 
 @pytest.mark.slow

@@ -16,6 +16,8 @@ from ..errors import TrtBisectError, require
 from .render import INSTALL
 
 MODES = ("int8", "fp8")
+CALIB = "calib.npz"  # the calibration data ModelOpt was given, as commands.sh names it
+GIVEN = "calib.trtbisect.npz"  # the same, beside the file trtbisect had ModelOpt write
 
 # import name -> distribution: what nvidia-modelopt 0.47.0 requires and its ONNX PTQ imports
 # (pyproject.toml's quant extra, ModelOpt itself aside)
@@ -75,10 +77,12 @@ def quantize(model_path: Path, mode: str, samples: Sequence[dict], out_path: Pat
         raise TrtBisectError(f"--precision {mode}: ModelOpt quantizes to {' or '.join(MODES)}")
     mq = _require(mode)
     model_path = _copy_in(model_path, out_path.parent / "input")
+    data = calibration(samples)
+    np.savez(out_path.parent / GIVEN, **data)  # commands.sh's ModelOpt line reads it (--out)
     try:  # ModelOpt logs to the stdout of the moment: stderr here (stdout carries --json)
         with contextlib.redirect_stdout(sys.stderr):
             mq.quantize(onnx_path=str(model_path), quantize_mode=mode,
-                        calibration_data=calibration(samples), output_path=str(out_path),
+                        calibration_data=data, output_path=str(out_path),
                         high_precision_dtype="fp32", calibration_eps=["cpu"],
                         log_level="WARNING")
     except Exception as exc:  # ModelOpt raises what it likes; one line and exit 2
@@ -123,3 +127,87 @@ def quantize_samples(model: str, opts, scratch: Path, stage,
     stage(f"quantizing to {opts.precision} with ModelOpt's ONNX PTQ on {len(samples)} samples")
     return quantize(Path(model), opts.precision, samples,
                     scratch / f"{Path(model).stem}.{opts.precision}.onnx")
+
+
+def write_calibration(out_dir: Path, source: Path, samples: Sequence[dict]) -> Path | None:
+    """calib.npz in --out, the file commands.sh's ModelOpt line reads: the data trtbisect gave
+    ModelOpt (`source`'s folder holds it when trtbisect quantized the model), else the run's
+    samples stacked (a Q/DQ file given as it is: its own calibration data is not known). None
+    where the samples do not stack (their shapes differ)."""
+    from ..outputs.files import atomic_write
+
+    given = source.parent / GIVEN
+    if given.is_file():
+        data = dict(np.load(given))
+    else:
+        try:
+            data = calibration(list(samples))
+        except (ValueError, IndexError):
+            return None
+    target = out_dir / CALIB
+    atomic_write(target, lambda tmp: _savez(tmp, data))
+    return target
+
+
+def _savez(path: str, data: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as fh:  # np.savez on a name would append ".npz" to it
+        np.savez(fh, **data)
+
+
+def reproduce(result, judge, fp32: Path, source: Path) -> dict | None:
+    """ModelOpt's ONNX PTQ run with the rendered exclusions on the calibration data it was
+    given (only where trtbisect quantized the model itself: `source`'s folder holds that
+    data): the layers its file quantizes against the plan's, and that file judged by the run's
+    judge (`trtbisect check` of it says the same). ModelOpt also leaves un-quantized some
+    neighbours of an excluded node, so its file may differ from the plan. The file is written
+    under `source`'s folder (run.py keeps it in --out). None where ModelOpt is not here."""
+    from . import qdq
+    from .render import patterns
+
+    given = source.parent / GIVEN
+    if not result.plan or not given.is_file():
+        return None
+    try:
+        mq = _require(result.renderings.get("quantize_mode", "int8"))
+    except TrtBisectError:
+        return None
+    out = source.parent / f"{fp32.stem}.modelopt.onnx"
+    model_path = _copy_in(fp32, source.parent / "again")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            mq.quantize(onnx_path=str(model_path),
+                        quantize_mode=result.renderings.get("quantize_mode", "int8"),
+                        calibration_data=dict(np.load(given)), output_path=str(out),
+                        high_precision_dtype="fp32", calibration_eps=["cpu"],
+                        nodes_to_exclude=patterns(result.plan), log_level="WARNING")
+    except Exception as exc:  # noqa: BLE001 - ModelOpt raises what it likes: said, not fatal
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return {"ran": False, "error": first}
+    import onnx
+
+    from ..graph import with_node_names
+    got = {la.name for la in qdq.analyse(with_node_names(onnx.load(str(out))))}
+    meant = {la.name for la in result.layers if la.name not in set(result.plan)}
+    v = judge.judge_model(out)
+    return {"ran": True, "path": str(out), "exact": got == meant,
+            "also_unquantized": sorted(meant - got), "also_quantized": sorted(got - meant),
+            "passed": v.passed, "errors": {k: e.to_json() for k, e in v.errors.items()}}
+
+
+def keep_side_files(result, judge, source: Path, out_dir: Path) -> None:
+    """Inside --out's generation, beside commands.sh: calib.npz (`write_calibration`) and
+    ModelOpt's file of the rendered exclusions (`reproduce`), precision.json pointing at
+    them."""
+    from ..outputs.files import save_model
+    import onnx
+
+    samples = judge.samples if judge is not None else ()
+    calib = write_calibration(out_dir, source, samples)
+    if calib is not None:
+        result.files["calibration"] = str(calib)
+    rep = result.renderings.get("modelopt_reproduction")
+    if rep and rep.get("ran") and Path(rep["path"]).parent != out_dir:
+        target = out_dir / Path(rep["path"]).name
+        save_model(target, onnx.load(rep["path"]))
+        rep["path"] = str(target)
+        result.files["modelopt_model"] = str(target)

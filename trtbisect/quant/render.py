@@ -15,6 +15,8 @@ from typing import Any
 
 import onnx
 
+from ..outputs.escape import visible
+
 QuantResult = Any  # quant/run.py's QuantResult (it imports this module: no import back)
 
 # ModelOpt with --no-deps (its metadata asks an unpinned torch: the CUDA build), then the quant
@@ -38,10 +40,18 @@ def stem_of(result: "QuantResult") -> str:
     return result.model_path.rsplit("/", 1)[-1].removesuffix(".onnx")
 
 
-def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
+def renderings(result: "QuantResult", model: onnx.ModelProto,
+               reproduction: dict | None = None, calibrated: bool = False) -> dict:
+    """Every tool's view of the plan. `reproduction`: ModelOpt's own run of the rendered
+    exclusions (ptq.reproduce), said beside its line and recorded; `calibrated`: calib.npz is
+    the data trtbisect gave ModelOpt (else the run's samples)."""
+    from pathlib import Path
+
     mode = quantize_mode({f for la in result.layers for f in la.formats})
     excl = patterns(result.plan)
-    ref = result.reference if result.reference.endswith(".onnx") else "model_fp32.onnx"
+    known = result.reference.endswith(".onnx")
+    # commands.sh runs from the run folder: the FP32 model by its absolute path
+    ref = str(Path(result.reference).resolve()) if known else "model_fp32.onnx"
     # a file FP16 elsewhere is rewritten so; ModelOpt keeps FP16 nodes in FP32 by op type only
     high = "fp16" if result.half_nodes else "fp32"
     fp32_ops = sorted(set(result.fp32_ops.values()))
@@ -56,7 +66,8 @@ def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
         + "         output_path='model.quant.onnx')\n")
     cli = ["python", "-m", "modelopt.onnx.quantization", f"--onnx_path={ref}",
            f"--quantize_mode={mode}", "--calibration_data_path=calib.npz",
-           f"--high_precision_dtype={high}", "--output_path=model.quant.onnx"]
+           f"--high_precision_dtype={high}", "--calibration_eps", "cpu",
+           "--output_path=model.quant.onnx"]
     if excl:
         cli += ["--nodes_to_exclude", *excl]
     if fp32_ops:
@@ -65,7 +76,12 @@ def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
     lines = ["#!/bin/sh", "# trtbisect: the quantized plan for other tools (precision.json has "
              "the plan and its reasons)",
              f"# ModelOpt ONNX PTQ, the plan's {len(result.plan)} layer(s) left in float "
-             f"({INSTALL}):", cli_line]
+             f"({INSTALL}); calib.npz: "
+             + ("the data ModelOpt was given" if calibrated else
+                "the run's samples (the file's own calibration data is not known)"),
+             *([] if known else ["# model_fp32.onnx: the FP32 model the file was quantized "
+                                 "from (give it with --reference to name it here)"]),
+             cli_line, *_reproduction_lines(reproduction)]
     if result.units:
         plan_file = f"{stem_of(result)}.unquantized.onnx"
         lines += ["# TensorRT (strongly typed: precision comes from the Q/DQ in the file):",
@@ -82,4 +98,30 @@ def renderings(result: "QuantResult", model: onnx.ModelProto) -> dict:
                                    "--stronglyTyped"]) if result.units else None,
             "modelopt_python": python,
             "modelopt_cli": cli_line, "quantize_mode": mode,
+            **({"modelopt_reproduction": reproduction} if reproduction is not None else {}),
             "commands_sh": "\n".join(lines) + "\n"}
+
+
+def _reproduction_lines(rep: dict | None) -> list[str]:
+    """commands.sh's words on ModelOpt's own run of the line above (ptq.reproduce)."""
+    if rep is None:
+        return []
+    if not rep.get("ran"):
+        return [f"# ModelOpt failed on this line here: {visible(rep.get('error', ''))}"]
+    name = visible(rep["path"].rsplit("/", 1)[-1])
+    judged = "passes" if rep["passed"] else "FAILS"
+    worst = max((e.get("rel", 0.0) for e in rep["errors"].values()
+                 if isinstance(e.get("rel"), (int, float))), default=None)
+    said = f" (max relative error {worst:.3g})" if worst is not None else ""
+    if rep["exact"]:
+        return [f"# tried: ModelOpt quantizes exactly the layers the plan keeps quantized; its "
+                f"file ({name}) {judged} the run's criteria{said}"]
+    off = []
+    if rep["also_unquantized"]:
+        off.append(f"also leaves {', '.join(map(visible, rep['also_unquantized']))} un-quantized (it skips "
+                   "neighbours of excluded nodes)")
+    if rep["also_quantized"]:
+        off.append(f"quantizes {', '.join(map(visible, rep['also_quantized']))} besides")
+    return [f"# ModelOpt cannot reproduce the plan exactly: it {'; it '.join(off)}; its file "
+            f"({name}) {judged} the run's criteria{said}. The plan itself is the "
+            ".unquantized.onnx file below"]

@@ -383,6 +383,10 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     finally:
         if journal is not None:
             journal.close()
+    if owned and result.judge is not None and reference_path is not None:
+        from .ptq import reproduce  # ModelOpt's own run of the rendered exclusions
+        result.renderings = renderings(result, model, reproduce(
+            result, result.judge, Path(reference_path), path), calibrated=True)
     if result.verdict == "no_plan":
         result.reasons = float_side_reasons(model)
     if result.verdict != "reference_invalid":
@@ -805,6 +809,7 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
     in-memory model is judged."""
     from ..outputs.outdir import OutputDir
     from ..outputs.files import atomic_write_text, save_model
+    from .ptq import keep_side_files
 
     def plot() -> None:
         if report is not None and out_dir is not None:
@@ -824,6 +829,7 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
                     atomic_write_text(out_dir / "commands.sh",
                                       result.renderings["commands_sh"])
                     result.files["commands"] = str(out_dir / "commands.sh")
+                    keep_side_files(result, judge, path, out_dir)
                 result.files["plan"] = str(out_dir / "precision.json")
                 plot()
                 gen.commit(result.to_json())
@@ -846,6 +852,7 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
             result.files["plan"] = str(out_dir / "precision.json")
             atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
             result.files["commands"] = str(out_dir / "commands.sh")
+            keep_side_files(result, judge, path, out_dir)
             if not result.after.passed:
                 result.verdict = "no_plan"
             plot()
