@@ -454,37 +454,10 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
 
 
 def float_side_reasons(model: onnx.ModelProto) -> list[str]:
-    """Why even the all-float plan can fail: weights or constants of the given file that are
-    not finite (a converter wrote a value beyond FP16's range as inf), by name, and which tool
-    wrote the file."""
-    from onnx import numpy_helper
-
-    from ..judge import semantics
-
-    def values():
-        for t in model.graph.initializer:
-            yield t.name, t
-        for n in model.graph.node:
-            t = semantics.constant_tensor(n) if n.op_type == "Constant" else None
-            if t is not None:
-                yield n.output[0], t
-    bad = []
-    for name, t in values():
-        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
-                               onnx.TensorProto.BFLOAT16):
-            continue
-        a = np.asarray(numpy_helper.to_array(t), np.float64)
-        k = int(a.size - np.count_nonzero(np.isfinite(a)))
-        if k:
-            kind = onnx.TensorProto.DataType.Name(t.data_type).lower()
-            bad.append(f"{visible(name)} ({kind}) holds {k} non-finite value(s)")
-    if not bad:
-        return []
-    who = " ".join(x for x in (model.producer_name, model.producer_version) if x)
-    return [f"the given file's weights are already broken: {'; '.join(bad[:5])}"
-            + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
-            + (f"; the file was written by {who}, which probably converted a value beyond "
-               "FP16's range (65504) to inf" if who else "")]
+    """Why even the all-float plan can fail: broken weights or constants of the given file,
+    by name, and which tool probably wrote it (quant/broken.py)."""
+    from .broken import reasons
+    return reasons(model)
 
 
 def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], None]):
