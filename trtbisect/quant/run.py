@@ -639,14 +639,23 @@ def _honest(result: QuantResult, search, pricing,
     final = frozenset(search.fp32)
     minimal = (search.certificate or {}).get("minimal_plan") or list(search.fp32)
     result.minimal_plan = judge.expand(minimal)
-    before = judge.runs
+    from ..search.minimal import Trial
+    from .report import worst_rel
+
     needed_units: set[str] = set()
-    for s in final:
-        if len(final) == 1 or not check(final - {s}):
+    order = {u: k for k, u in enumerate(judge.units)}
+    for s in sorted(final, key=order.__getitem__):
+        rest = final - {s}
+        before = judge.runs
+        passed = check(rest)
+        if judge.runs > before:  # judged here: an evaluation of the run, in its trace
+            result.evaluations += 1
+            result.trials.append(Trial(len(result.trials) + 1,
+                                       tuple(sorted(rest, key=order.__getitem__)), passed,
+                                       "needed", pricing.price(judge.expand(rest)),
+                                       worst_rel(judge.measure(rest).errors)))
+        if not passed:
             needed_units.add(s)
-    extra = judge.runs - before
-    if extra:
-        result.evaluations += extra // max(1, len(judge.samples))
     need = set(judge.expand(needed_units))
     result.needed = {u: u in need for u in result.units}
     plan = pricing.price(result.units)
