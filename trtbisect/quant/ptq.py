@@ -78,7 +78,7 @@ def quantize(model_path: Path, mode: str, samples: Sequence[dict], out_path: Pat
     mq = _require(mode)
     model_path = _copy_in(model_path, out_path.parent / "input")
     data = calibration(samples)
-    np.savez(out_path.parent / GIVEN, **data)  # commands.sh's ModelOpt line reads it (--out)
+    np.savez(out_path.parent / GIVEN, **data)  # type: ignore[arg-type]  # commands.sh's ModelOpt line reads it (--out)
     try:  # ModelOpt logs to the stdout of the moment: stderr here (stdout carries --json)
         with contextlib.redirect_stdout(sys.stderr):
             mq.quantize(onnx_path=str(model_path), quantize_mode=mode,
@@ -151,7 +151,7 @@ def write_calibration(out_dir: Path, source: Path, samples: Sequence[dict]) -> P
 
 def _savez(path: str, data: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as fh:  # np.savez on a name would append ".npz" to it
-        np.savez(fh, **data)
+        np.savez(fh, **data)  # type: ignore[arg-type]
 
 
 def reproduce(result, judge, fp32: Path, source: Path) -> dict | None:
