@@ -69,6 +69,9 @@ def test_commands_sh_runs_modelopt_as_written_and_check_judges_its_file(tmp_path
     assert r.exit_code in (0, 7), r.output
     got = json.loads(r.stdout)
     rep = got["renderings"]["modelopt_reproduction"]
+    # one price (#46 item 5): the int8 run's all-FP16 is the FP16 run's of the same model
+    f = invoke("-q", "run", fp32, "--inputs", tmp_path / "in.npz", "--rtol", p.rtol, "--json")
+    assert got["cost"]["all_fp16_s"] == json.loads(f.stdout)["cost"]["all_fp16_s"]
     assert rep["ran"] and rep["exact"] and rep["path"] == got["files"]["modelopt_model"]
     sh = (out / "commands.sh").read_text()
     line = next(x for x in sh.splitlines() if x.startswith("python -m modelopt"))

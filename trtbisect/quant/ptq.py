@@ -51,8 +51,12 @@ def status() -> tuple[bool, str]:
     gone = missing()
     if gone:
         return False, (f"missing {', '.join(gone)}; for run --precision int8|fp8: {INSTALL}")
-    return True, (f"nvidia-modelopt {metadata.version('nvidia-modelopt')} and what its ONNX "
-                  "PTQ needs, for run --precision int8|fp8")
+    try:
+        version = metadata.version("nvidia-modelopt")
+    except metadata.PackageNotFoundError:  # importable from a path pip did not install
+        version = "(version unknown)"
+    return True, (f"nvidia-modelopt {version} and what its ONNX PTQ needs, for run "
+                  "--precision int8|fp8")
 
 
 def _require(mode: str):
