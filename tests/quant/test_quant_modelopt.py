@@ -112,3 +112,73 @@ def test_calibration_samples_are_given_apart(tmp_path):
     assert got["unquantized_layers"] == ["mm1", "mm2"]
     kinds = {f["kind"] for layer in got["plan"] for f in layer["findings"]}
     assert "saturation" in kinds
+
+
+def _chain(tmp_path: Path) -> Path:
+    """MatMul n0, MatMul n1, Add n2 (n1's output and n0's), MatMul n3, Relu n4, MatMul n5."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    c, nodes, inits, t = 64, [], [], "x"
+    for i, op in enumerate(["MatMul", "MatMul", "Add", "MatMul", "Relu", "MatMul"]):
+        if op == "MatMul":
+            w = (rng.standard_normal((c, c)) / 8).astype(np.float32)
+            inits.append(numpy_helper.from_array(w, f"w{i}"))
+            nodes.append(helper.make_node(op, [t, f"w{i}"], [f"t{i}"], name=f"n{i}"))
+        else:
+            ins = [t, "t0"] if op == "Add" else [t]
+            nodes.append(helper.make_node(op, ins, [f"t{i}"], name=f"n{i}"))
+        t = f"t{i}"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [32, c])],
+                          [helper.make_tensor_value_info(t, TensorProto.FLOAT, [32, c])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, tmp_path / "chain.onnx")
+    return tmp_path / "chain.onnx"
+
+
+@pytest.mark.slow
+def test_a_plan_modelopt_cannot_reproduce_is_said_so_and_its_file_judged(tmp_path):
+    """ModelOpt told to exclude n1 also leaves its neighbour, the Add n2, un-quantized: the
+    reproduction says so, in commands.sh's words, and its file is judged as check judges it."""
+    from types import SimpleNamespace
+
+    from modelopt.onnx.quantization import quantize
+
+    from trtbisect.backends.ort import Reference
+    from trtbisect.graph import Graph, with_node_names
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.judge.criteria import Criteria
+    from trtbisect.quant import ptq
+    from trtbisect.quant.judge import QuantJudge
+    from trtbisect.quant.render import _reproduction_lines
+
+    fp32 = _chain(tmp_path)
+    data = {"x": np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)}
+    np.savez(tmp_path / "in.npz", **data)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    np.savez(scratch / ptq.GIVEN, **data)
+    q = scratch / "chain.int8.onnx"
+    quantize(onnx_path=str(fp32), quantize_mode="int8", calibration_data=data,
+             output_path=str(q), high_precision_dtype="fp32", calibration_eps=["cpu"])
+    model = with_node_names(onnx.load(q))
+    layers = analyse(model)
+    assert {la.name for la in layers} == {"n0", "n1", "n2", "n3", "n5"}
+    ref = Reference(Graph(onnx.load(fp32)), 1)
+    refs = [ref.run(data)]
+    ref.close()
+    judge = QuantJudge(model, layers, [data], refs, Criteria(), Tolerance(0.05, 0.0), 1)
+    result = SimpleNamespace(plan=["n1"], layers=layers, renderings={"quantize_mode": "int8"})
+    rep = ptq.reproduce(result, judge, fp32, q)
+    assert rep["ran"] and not rep["exact"]
+    assert rep["also_unquantized"] == ["n2"] and rep["also_quantized"] == []
+    (said,) = _reproduction_lines(rep)
+    assert "cannot reproduce the plan exactly: it also leaves n2 un-quantized (it skips " \
+           "neighbours of excluded nodes)" in said
+    c = invoke("-q", "check", rep["path"], "--reference", fp32, "--inputs", tmp_path / "in.npz",
+               "--rtol", 0.05, "--json")
+    judged = json.loads(c.stdout)
+    assert judged["passed"] == rep["passed"]
+    assert judged["errors"] == {k: {**e} for k, e in rep["errors"].items()}
