@@ -863,7 +863,8 @@ OPTIONAL = {  # module -> (distribution, what it is for, how to install)
     "polygraphy": ("polygraphy", "the rendered Polygraphy commands",
                    "pip install polygraphy==0.53.6"),
     "modelopt.onnx.autocast": ("nvidia-modelopt", "the rendered AutoCast commands",
-                               "pip install --no-deps nvidia-modelopt==0.47.0 (see README)"),
+                               "pip install --no-deps nvidia-modelopt==0.47.0 && pip install "
+                               "'trtbisect[quant]' (docs/quantization.md)"),
     "onnxscript": ("onnxscript", "export with torch's dynamo exporter",
                    "pip install onnxscript"),
 }
