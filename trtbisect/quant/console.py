@@ -74,10 +74,9 @@ def emit(result, as_json: bool) -> None:
         if c.get("file_fp32_nodes"):
             out.print(f"the file keeps {c['file_fp32_nodes']} float nodes in FP32 outside its "
                       "quantized layers (its quantizer left them so): priced as FP32 in the "
-                      "file's figures below")
+                      "file's figures below" + _float_words(c, us))
         out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
-                  f"all quantized ({c['format'].upper()}{_float_words(c, us)}) "
-                  f"{us(c['all_quantized_s'])}, the plan "
+                  f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
                   f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
                                            if vs is not None and result.units else "")
                   + _boundary_words(c))
@@ -126,17 +125,11 @@ def _faster(result, unit: str) -> str:
 
 
 def _float_words(c: dict, us) -> str:
-    """What the quantized file keeps outside its quantized layers, priced as it keeps it
-    (quant/cost.py `float_side`): in a file FP32 elsewhere, what FP16 there would cost."""
-    f = c.get("float_side") or {}
-    if not f.get("nodes"):
-        return ""
-    said = (f"; the file keeps its other {f['nodes']} node(s) in {f['dtype'].upper()}, "
-            "priced so")
-    if "all_quantized_fp16_elsewhere_s" in f:
-        said += (f"; with FP16 there (ModelOpt's high_precision_dtype='fp16') "
-                 f"{us(f['all_quantized_fp16_elsewhere_s'])}")
-    return said
+    """In a file FP32 outside its quantized layers, what all-quantized would cost with FP16
+    there (quant/cost.py `float_side`)."""
+    x = (c.get("float_side") or {}).get("all_quantized_fp16_elsewhere_s")
+    return ("" if x is None else f"; with FP16 there (ModelOpt's high_precision_dtype='fp16') "
+            f"all quantized would take {us(x)}")
 
 
 def _boundary_words(c: dict) -> str:

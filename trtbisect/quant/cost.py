@@ -367,67 +367,17 @@ def _boundaries(model: onnx.ModelProto, layers: Sequence[Layer], elems, float_by
     return out
 
 
-def float_baseline(reference: onnx.ModelProto | str, sample: Mapping[str, np.ndarray], opts
-                   ) -> float:
-    """The all-FP16 engine of the float model, priced by the FP16 road (search/cost.py's
-    `engine_pricing` over the TensorRT layers `--semantics trt` predicts, at this sample's
-    shapes): one model on one GPU class has one all-FP16 price, whichever road asks.
-    `reference`: the FP32 model's path (loaded as the FP16 run loads it) or the model itself
-    (a Q/DQ file's own float model, its Q/DQ removed)."""
-    from ..backends.ort import Reference
-    from ..data.sources import npz_shapes
-    from ..judge import semantics
-    from ..judge.precision import FP16
-    from ..search.cost import engine_pricing
-
-    if isinstance(reference, onnx.ModelProto):
-        graph = Graph(reference)
-    else:
-        graph = Graph.from_path(reference, FP16.min_opset,
-                                {**npz_shapes(list(opts.inputs)), **opts.shapes})
-    judged, prepared = semantics.prepare_graph(graph, "trt", opts.trt_version)
-    units = semantics.units(prepared, judged.candidates())
-
-    def probe_for(g: Graph) -> Probe:
-        def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-            ref, out = Reference(g, opts.threads), {}
-            try:
-                for k in range(0, len(names), 512):
-                    out.update({t: tuple(a.shape) for t, a in
-                                ref.run_tensors(sample, names[k:k + 512]).items()})
-            finally:
-                ref.close()
-            return out
-        return probe
-    return engine_pricing(graph, judged, prepared, units, sample, opts.gpu, opts.tf32,
-                          probe_for).fp16_s
-
-
 def float_side(pricing: QuantPricing) -> dict:
-    """What the quantized file keeps outside its quantized layers, and its price: the nodes
-    computing in the file's float type (FP32 in a file ModelOpt wrote with
-    high_precision_dtype='fp32'), and the all-quantized engine with that side in FP16 instead
-    (high_precision_dtype='fp16'), so a reader sees why all-quantized can cost more than
-    all-FP16."""
+    """The float type the quantized file computes in outside its quantized layers (FP32 in a
+    file ModelOpt wrote with high_precision_dtype='fp32'), and in such a file the
+    all-quantized engine with that side in FP16 instead (high_precision_dtype='fp16'), so a
+    reader sees why all-quantized can cost more than all-FP16."""
     from dataclasses import replace
 
-    nodes = [n for n in pricing.nodes if n.name not in pricing.layer_of
-             and n.name not in pricing.epilogue]
-    out = {"dtype": pricing._base, "nodes": len(nodes)}
+    out: dict = {"dtype": pricing._base}
     if not pricing.half_file:
         half = replace(pricing, half_file=True,
                        boundaries=[replace(b, float_bytes=2) for b in pricing.boundaries])
         out["all_quantized_fp16_elsewhere_s"] = half.price(())
     return out
 
-
-def one_price(cost: dict, reference: onnx.ModelProto | str, sample: Mapping[str, np.ndarray],
-              opts) -> None:
-    """precision.json's "cost" with its all-FP16 figure the FP16 road's (`float_baseline`):
-    the same figure an FP16 run of the same model on the same GPU class reports."""
-    if not cost or "all_fp16_s" not in cost:
-        return
-    fp16 = float_baseline(reference, sample, opts)
-    cost["all_fp16_s"] = fp16
-    cost["all_fp16_priced_by"] = "the FP16 road's pricing of the float model (search/cost.py)"
-    cost["plan_vs_all_fp16"] = cost["plan_s"] / fp16 - 1 if fp16 else None

@@ -389,10 +389,6 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
             result, result.judge, Path(reference_path), path), calibrated=True)
     if result.verdict == "no_plan":
         result.reasons = float_side_reasons(model)
-    if result.verdict != "reference_invalid":
-        from .cost import one_price
-        one_price(result.cost, str(reference_path) if reference_path else ref_model,
-                  samples[0], opts)
     result.seconds = time.perf_counter() - started
     _write(result, result.judge, path, out_dir, keep, report,
            lambda f: _certify(result, ref_model, samples, references, held, opts, f), owned)
