@@ -630,14 +630,14 @@ def _honest(result: QuantResult, search, pricing,
     whose removal passes was kept (or added by the cheaper step) for estimated engine time,
     with what it saves (`faster`). The 1-minimal plan, before the cheaper step changed it, is
     always recorded."""
+    from ..search.minimal import Trial
+    from .report import worst_rel
+
     judge = result.judge
     assert judge is not None
     final = frozenset(search.fp32)
     minimal = (search.certificate or {}).get("minimal_plan") or list(search.fp32)
     result.minimal_plan = judge.expand(minimal)
-    from ..search.minimal import Trial
-    from .report import worst_rel
-
     needed_units: set[str] = set()
     order = {u: k for k, u in enumerate(judge.units)}
     for s in sorted(final, key=order.__getitem__):
