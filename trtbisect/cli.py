@@ -239,7 +239,7 @@ def input_options(f: Callable, both: bool = False) -> Callable:
 
 def make_options(kw: dict, both: bool = False):
     """Options from the shared flags; `both`: the command takes --precision both (run)."""
-    from .pipeline import Options
+    from .context import Options
 
     one_precision(kw.get("precision", "fp16"), both)
     per_output = {}
@@ -365,6 +365,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
       trtbisect run model_qdq.onnx --inputs val.npz   (INT8/FP8 Q/DQ: layers to un-quantize)
     """
     from . import pipeline
+    from .outputs.write import PLAN_VERDICTS
     from .torch.export import resolve_model_arg
 
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
@@ -413,7 +414,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         finish(both.exit_code)
     with terminate_as_interrupt(), OutputDir(out).locked(), Progress(quiet_level()) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
-        if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
+        if backend == "trt" and result.verdict in PLAN_VERDICTS:
             progress.stage("verifying the emulator's plan with TensorRT engines")
             pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
     emit_run(result, as_json, None if show_all else top)
@@ -684,7 +685,8 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
     cause column numbers them; the first group of a kind speaks for the others), at most
     `top` of them (None: every group, identical ones folded), then any stability flags."""
     groups = result.culprit_groups or []
-    folded = fold_groups(groups) if top is None else fold_kinds(groups)
+    keys = ("cause", "pattern", "summary") if top is None else ("cause", "pattern")  # kinds
+    folded = fold_groups(groups, keys)
     for k, (g, count) in enumerate(folded[:top] if top is not None else folded, 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
         times = (f" (x{count} identical groups)" if top is None else
@@ -700,20 +702,13 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
                   + shown("; ".join(flags)))
 
 
-def fold_kinds(groups: list) -> list[tuple[dict, int]]:
-    """Culprit groups of one cause and pattern, once each (the first) with a count."""
+def fold_groups(groups: list, keys: tuple[str, ...] = ("cause", "pattern", "summary"),
+                ) -> list[tuple[dict, int]]:
+    """Culprit groups alike in `keys`, once each (the first) with a count: by default those
+    whose paragraph would read the same; ("cause", "pattern"): one per kind of cause."""
     folded: dict[tuple, list] = {}
     for g in groups:
-        folded.setdefault((g.get("cause"), g.get("pattern")), [g, 0])[1] += 1
-    return [(g, n) for g, n in folded.values()]
-
-
-def fold_groups(groups: list) -> list[tuple[dict, int]]:
-    """Culprit groups whose paragraph would read the same, once each with a count."""
-    folded: dict[tuple, list] = {}
-    for g in groups:
-        key = (g.get("cause"), g.get("pattern"), g.get("summary"))
-        folded.setdefault(key, [g, 0])[1] += 1
+        folded.setdefault(tuple(g.get(k) for k in keys), [g, 0])[1] += 1
     return [(g, n) for g, n in folded.values()]
 
 

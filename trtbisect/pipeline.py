@@ -18,11 +18,9 @@ from .judge import coverage, degenerate, semantics
 from .search import cost
 from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
-# the run's nouns live in context.py; named here too for the imports that know them here
-from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
-                      prepare, reference_problems)
-from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
-from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
+from .context import Context, Options, _samples_hash, prepare, reference_problems
+from .result import RunResult
+from .judge.evaluator import Evaluator, _severity
 from .judge.compare import OutputError, TensorStats
 from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
@@ -39,7 +37,7 @@ from .judge.verdict import decide
 from .search.journal import Journal
 from .outputs.outdir import OutputDir
 from .outputs.report import write_report
-from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
+from .outputs.write import write_outputs
 from .search.minimal import Progress
 from .search.stage import SearchStage, prefetch_nodes
 from .search.prior import ConstantStats, build_prior, constant_stats
