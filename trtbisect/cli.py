@@ -20,7 +20,6 @@ from .console import (USAGE, Progress, Terminated, configure_logging, error_cell
                       finish, fmt, log, out, pipe_closed, quiet_level, rel_cell, shown,
                       terminate_as_interrupt, usable_streams, verbosity_options)
 from .judge.compare import Tolerance
-from .judge.degenerate import nothing_to_judge
 from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
 from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
 from .data.inputs import MAX_SAMPLES, parse_shapes
@@ -730,32 +729,17 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
       trtbisect compare models/demo.onnx --inputs models/demo_inputs.npz
     """
     from . import pipeline
-    from .judge import layerwise
 
     opts = make_options(kw)
-    ctx = pipeline.prepare(model, opts)
-    problems = pipeline.reference_problems(ctx)
-    if problems:
-        raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}", 3)
-    pipeline.require_reproducible(ctx, opts.threads)
-    nothing = nothing_to_judge(ctx.judged)
-    if nothing:
-        if as_json:
-            click.echo(json.dumps({"summary": {"tensors": 0, "nothing_to_judge": nothing},
-                                   "tensors": []}, indent=2))
-        else:
-            out.print(f"nothing to compare: {shown(nothing)}")
-        return
     with Progress(quiet_level() + int(as_json)) as progress:  # --json: stdout is for machines
-        progress.stage(f"layer-wise comparison, FP32 vs {ctx.rules.precision.label}")
-        stats = layerwise.layerwise(ctx, opts, progress.layerwise)
-    low = ctx.rules.precision
-    summary = {**layerwise.summarize_layerwise(ctx.graph, stats, low), "precision": low.name}
-    judged = None if opts.criteria.default else pipeline.judge_all_fp16(ctx, opts)
+        found = pipeline.compare(model, opts, progress.stage, progress.layerwise)
     if as_json:
-        click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],
-                               **({"all_fp16": judged.to_json()} if judged else {})}, indent=2))
+        click.echo(json.dumps(found.to_json(), indent=2))
         return
+    if found.nothing:
+        out.print(f"nothing to compare: {shown(found.nothing)}")
+        return
+    low, stats, summary, judged = found.precision, found.stats, found.summary, found.judged
     stored = int(summary["tensors"])  # type: ignore[call-overload]
     t = Table(title=f"FP32 vs all-{low.label}: {stored} stored tensors and "
                     f"{len(stats) - stored} graph input(s)", title_justify="left")
