@@ -63,7 +63,8 @@ from trtbisect.judge.compare import Tolerance, compare_output, compare_outputs  
 from trtbisect.graph import Graph, infer_types, with_node_names  # noqa: E402
 from trtbisect.data.sources import load_samples  # noqa: E402
 from trtbisect.outputs.mixed import write_mixed_onnx  # noqa: E402
-from trtbisect.pipeline import Options, check_mixed, run  # noqa: E402
+from trtbisect.context import Options  # noqa: E402
+from trtbisect.pipeline import check_mixed, run  # noqa: E402
 from trtbisect.search.minimal import BudgetExhausted, ddmin  # noqa: E402
 
 log = logging.getLogger("bench")

@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from trtbisect.graph import with_node_names  # noqa: E402
-from trtbisect.pipeline import Options, check_mixed, run  # noqa: E402
+from trtbisect.context import Options  # noqa: E402
+from trtbisect.pipeline import check_mixed, run  # noqa: E402
 from doc_section import replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "bf16.md"

@@ -46,8 +46,10 @@ from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.judge.compare import Tolerance  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.search.cost import engine_pricing  # noqa: E402
-from trtbisect.pipeline import (Evaluator, Options, RunResult, _shape_probe, prepare,  # noqa: E402
-                                run)
+from trtbisect.context import Options, prepare  # noqa: E402
+from trtbisect.judge.evaluator import Evaluator  # noqa: E402
+from trtbisect.pipeline import _shape_probe, run  # noqa: E402
+from trtbisect.result import RunResult  # noqa: E402
 from trtbisect.search.minimal import ddmin  # noqa: E402
 
 FLOP_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")

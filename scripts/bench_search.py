@@ -46,6 +46,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_models import synthetic_transformer, wide_matmul_stack  # noqa: E402
 from tests.models.make_models import deep_model, zoo  # noqa: E402
 from trtbisect import pipeline  # noqa: E402
+from trtbisect.context import Context, Options, prepare  # noqa: E402
+from trtbisect.judge.evaluator import Evaluator  # noqa: E402
 from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.backends.ort import Reference  # noqa: E402
 from trtbisect.search.minimal import ddmin  # noqa: E402
@@ -220,11 +222,11 @@ def _plain_session(path: str, threads: int):
     return onnxruntime.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def _evaluator(ctx: pipeline.Context, opts: pipeline.Options,
-               units: bool = True) -> pipeline.Evaluator:
+def _evaluator(ctx: Context, opts: Options,
+               units: bool = True) -> Evaluator:
     """The pipeline's own evaluator (same emulator and criterion as `run`), unjournaled;
     `units=False` (ddmin, whose plans are any sets of nodes): every node switches alone."""
-    return pipeline.Evaluator(ctx, opts, {}, None, None if units else ())
+    return Evaluator(ctx, opts, {}, None, None if units else ())
 
 
 # the run's stages (pipeline.run's stages) that decide the plan: the all-FP16
@@ -248,7 +250,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         row.plain_ms = 1e3 * timed(lambda: sess.run(None, feeds), repeat)
         row.run_rss = peak_rss()
         return row
-    opts = pipeline.Options(inputs=[case.inputs], threads=threads)
+    opts = Options(inputs=[case.inputs], threads=threads)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         res = pipeline.run(case.path, opts, Path(tmp) / "out")
@@ -267,7 +269,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     _emulator_cost(row, case, opts, feeds, frozenset(res.fp32_nodes), threads, repeat)
     emit(row)
     t = time.perf_counter()
-    ctx = pipeline.prepare(case.path, opts)
+    ctx = prepare(case.path, opts)
     prepared = time.perf_counter()
     ev = _evaluator(ctx, opts, units=False)
     plain = ddmin(ctx.judged.candidates(), ev.check, max_evaluations=ddmin_budget)  # as searched
@@ -278,13 +280,13 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     return row
 
 
-def _emulator_cost(row: Row, case: Case, opts: pipeline.Options, feeds: dict,
+def _emulator_cost(row: Row, case: Case, opts: Options, feeds: dict,
                    plan: frozenset[str], threads: int, repeat: int) -> None:
     """FP32 inference vs one evaluation, in this process, same threads."""
     sess = _plain_session(case.path, threads)
     row.plain_ms = 1e3 * timed(lambda: sess.run(None, feeds), repeat)
     t = time.perf_counter()
-    ctx = pipeline.prepare(case.path, opts)
+    ctx = prepare(case.path, opts)
     row.prepare_s = time.perf_counter() - t
     ref = Reference(ctx.graph, threads)
     row.reference_ms = 1e3 * timed(lambda: ref.run(feeds), repeat)

@@ -74,6 +74,10 @@ def test_identical_groups_fold_into_one_with_a_count():
     g = {"cause": "overflow", "pattern": "layernorm_decomposed", "summary": "same words"}
     other = {"cause": "overflow", "pattern": None, "summary": "other words"}
     assert fold_groups([g, dict(g), other, dict(g)]) == [(g, 3), (other, 1)]
+    # one kind of cause (cause and pattern), whatever its words: the first speaks for the rest
+    reworded = {**g, "summary": "other words at another place"}
+    assert fold_groups([g, reworded, other], ("cause", "pattern")) == [(g, 2), (other, 1)]
+    assert fold_groups([g, reworded, other]) == [(g, 1), (reworded, 1), (other, 1)]
 
 
 @pytest.mark.parametrize("command, absent", [("export", "no precision plan meets"),

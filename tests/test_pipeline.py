@@ -13,7 +13,8 @@ from tests.conftest import save_zoo_model
 from tests.models.make_models import deep_model
 from trtbisect.graph import Graph
 from trtbisect.search.journal import Journal
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options, prepare
+from trtbisect.pipeline import check_mixed, run
 from trtbisect.search.minimal import ddmin
 
 ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
@@ -131,17 +132,17 @@ def test_resume_replays_the_journal(zoo, tmp_path):
     j.start(done[3]["done"])
     j.close()
     calls = []
-    from trtbisect import pipeline
-    orig = pipeline.Evaluator.measure
+    from trtbisect.judge.evaluator import Evaluator
+    orig = Evaluator.measure
 
     def counting(self, plan, stop_early=False, full=False):
         calls.append(plan)
         return orig(self, plan, stop_early, full)
-    pipeline.Evaluator.measure = counting
+    Evaluator.measure = counting
     try:
         second = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     finally:
-        pipeline.Evaluator.measure = orig
+        Evaluator.measure = orig
     assert second.fp32_nodes == first.fp32_nodes or set(second.fp32_nodes) == set(z.expected_fp32)
     # the final check is always run (all-FP16 is judged on its written file, not measured);
     # the search ran everything except all-FP16 and the three replayed plans (the one in
@@ -284,7 +285,7 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     monkeypatch.setattr(layerwise, "estimate_bytes", lambda *a: sized.append(1) or real_sizes(*a))
     r = run(model, opts, tmp_path / "out")
     assert r.verdict == "fixed" and len(sized) == 1  # the batches are planned once a run
-    ctx = pipeline.prepare(model, opts)
+    ctx = prepare(model, opts)
     ctx.hold_out(opts.validation_share, opts.seed)  # the run's statistics: its search samples
     batches = layerwise.layerwise_batches(ctx, opts)
     assert (len(batches) > 1) == (budget < 1 << 20)

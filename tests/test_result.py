@@ -14,7 +14,8 @@ import onnx
 import pytest
 
 from tests.models.control_flow_models import all_planted
-from trtbisect.pipeline import Options, run
+from trtbisect.context import Options
+from trtbisect.pipeline import run
 from trtbisect.result import JSON_KEY, JSON_ORDER, TYPED, RunResult
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,6 @@ from .console import (USAGE, Progress, Terminated, configure_logging, error_cell
                       finish, fmt, log, out, pipe_closed, quiet_level, rel_cell, shown,
                       terminate_as_interrupt, usable_streams, verbosity_options)
 from .judge.compare import Tolerance
-from .judge.degenerate import nothing_to_judge
 from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
 from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
 from .data.inputs import MAX_SAMPLES, parse_shapes
@@ -239,7 +238,7 @@ def input_options(f: Callable, both: bool = False) -> Callable:
 
 def make_options(kw: dict, both: bool = False):
     """Options from the shared flags; `both`: the command takes --precision both (run)."""
-    from .pipeline import Options
+    from .context import Options
 
     one_precision(kw.get("precision", "fp16"), both)
     per_output = {}
@@ -365,6 +364,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
       trtbisect run model_qdq.onnx --inputs val.npz   (INT8/FP8 Q/DQ: layers to un-quantize)
     """
     from . import pipeline
+    from .outputs.write import PLAN_VERDICTS
     from .torch.export import resolve_model_arg
 
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
@@ -413,7 +413,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         finish(both.exit_code)
     with terminate_as_interrupt(), OutputDir(out).locked(), Progress(quiet_level()) as progress:
         result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
-        if backend == "trt" and result.verdict in pipeline.PLAN_VERDICTS:
+        if backend == "trt" and result.verdict in PLAN_VERDICTS:
             progress.stage("verifying the emulator's plan with TensorRT engines")
             pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
     emit_run(result, as_json, None if show_all else top)
@@ -684,7 +684,8 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
     cause column numbers them; the first group of a kind speaks for the others), at most
     `top` of them (None: every group, identical ones folded), then any stability flags."""
     groups = result.culprit_groups or []
-    folded = fold_groups(groups) if top is None else fold_kinds(groups)
+    keys = ("cause", "pattern", "summary") if top is None else ("cause", "pattern")  # kinds
+    folded = fold_groups(groups, keys)
     for k, (g, count) in enumerate(folded[:top] if top is not None else folded, 1):
         pattern = f", {g['pattern']}" if g.get("pattern") else ""
         times = (f" (x{count} identical groups)" if top is None else
@@ -700,20 +701,13 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
                   + shown("; ".join(flags)))
 
 
-def fold_kinds(groups: list) -> list[tuple[dict, int]]:
-    """Culprit groups of one cause and pattern, once each (the first) with a count."""
+def fold_groups(groups: list, keys: tuple[str, ...] = ("cause", "pattern", "summary"),
+                ) -> list[tuple[dict, int]]:
+    """Culprit groups alike in `keys`, once each (the first) with a count: by default those
+    whose paragraph would read the same; ("cause", "pattern"): one per kind of cause."""
     folded: dict[tuple, list] = {}
     for g in groups:
-        folded.setdefault((g.get("cause"), g.get("pattern")), [g, 0])[1] += 1
-    return [(g, n) for g, n in folded.values()]
-
-
-def fold_groups(groups: list) -> list[tuple[dict, int]]:
-    """Culprit groups whose paragraph would read the same, once each with a count."""
-    folded: dict[tuple, list] = {}
-    for g in groups:
-        key = (g.get("cause"), g.get("pattern"), g.get("summary"))
-        folded.setdefault(key, [g, 0])[1] += 1
+        folded.setdefault(tuple(g.get(k) for k in keys), [g, 0])[1] += 1
     return [(g, n) for g, n in folded.values()]
 
 
@@ -735,32 +729,17 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
       trtbisect compare models/demo.onnx --inputs models/demo_inputs.npz
     """
     from . import pipeline
-    from .judge import layerwise
 
     opts = make_options(kw)
-    ctx = pipeline.prepare(model, opts)
-    problems = pipeline.reference_problems(ctx)
-    if problems:
-        raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}", 3)
-    pipeline.require_reproducible(ctx, opts.threads)
-    nothing = nothing_to_judge(ctx.judged)
-    if nothing:
-        if as_json:
-            click.echo(json.dumps({"summary": {"tensors": 0, "nothing_to_judge": nothing},
-                                   "tensors": []}, indent=2))
-        else:
-            out.print(f"nothing to compare: {shown(nothing)}")
-        return
     with Progress(quiet_level() + int(as_json)) as progress:  # --json: stdout is for machines
-        progress.stage(f"layer-wise comparison, FP32 vs {ctx.rules.precision.label}")
-        stats = layerwise.layerwise(ctx, opts, progress.layerwise)
-    low = ctx.rules.precision
-    summary = {**layerwise.summarize_layerwise(ctx.graph, stats, low), "precision": low.name}
-    judged = None if opts.criteria.default else pipeline.judge_all_fp16(ctx, opts)
+        found = pipeline.compare(model, opts, progress.stage, progress.layerwise)
     if as_json:
-        click.echo(json.dumps({"summary": summary, "tensors": [s.to_json() for s in stats.values()],
-                               **({"all_fp16": judged.to_json()} if judged else {})}, indent=2))
+        click.echo(json.dumps(found.to_json(), indent=2))
         return
+    if found.nothing:
+        out.print(f"nothing to compare: {shown(found.nothing)}")
+        return
+    low, stats, summary, judged = found.precision, found.stats, found.summary, found.judged
     stored = int(summary["tensors"])  # type: ignore[call-overload]
     t = Table(title=f"FP32 vs all-{low.label}: {stored} stored tensors and "
                     f"{len(stats) - stored} graph input(s)", title_justify="left")

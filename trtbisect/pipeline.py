@@ -18,28 +18,26 @@ from .judge import coverage, degenerate, semantics
 from .search import cost
 from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
-# the run's nouns live in context.py; named here too for the imports that know them here
-from .context import (Context, Options, _samples_hash, input_files,  # noqa: F401
-                      prepare, reference_problems)
-from .result import BULKY_EXTRAS, VERDICT_EXIT, RunResult  # noqa: F401 (moved there)
-from .judge.evaluator import Evaluator, _score, _severity  # noqa: F401 (moved there)
+from .context import Context, Options, _samples_hash, prepare, reference_problems
+from .result import RunResult
+from .judge.evaluator import Evaluator, _severity
 from .judge.compare import OutputError, TensorStats
 from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
 from .graph import Graph
 from .judge import subset
-from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches
+from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches, summarize_layerwise
 from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.hints import criterion_hints
 from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, worst_of,
                             write_and_judge)
 from .judge.criteria import Judgement, Verdict
-from .judge.precision import precision as low_precision
+from .judge.precision import Precision, precision as low_precision
 from .judge.verdict import decide
 from .search.journal import Journal
 from .outputs.outdir import OutputDir
 from .outputs.report import write_report
-from .outputs.write import PLAN_VERDICTS, write_outputs  # noqa: F401 (cli: pipeline.PLAN_VERDICTS)
+from .outputs.write import write_outputs
 from .search.minimal import Progress
 from .search.stage import SearchStage, prefetch_nodes
 from .search.prior import ConstantStats, build_prior, constant_stats
@@ -459,6 +457,48 @@ def judge_all_fp16(ctx: Context, opts: Options) -> Verdict:
     judged = ev.measure(frozenset())[1]
     ev.close()
     return opts.criteria.verdict(judged)
+
+
+# ---------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`trtbisect compare`: FP32 against all-FP16 (or all-BF16) tensor by tensor, no search."""
+
+    precision: Precision
+    stats: dict[str, TensorStats] = field(default_factory=dict)  # tensor -> statistics
+    summary: dict[str, object] = field(default_factory=dict)  # where things first go wrong
+    judged: Verdict | None = None  # the run's criteria on the all-low outputs (criterion flags)
+    nothing: str | None = None  # why there is nothing to compare (the rest is then empty)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.nothing:
+            return {"summary": {"tensors": 0, "nothing_to_judge": self.nothing}, "tensors": []}
+        return {"summary": self.summary, "tensors": [s.to_json() for s in self.stats.values()],
+                **({"all_fp16": self.judged.to_json()} if self.judged else {})}
+
+
+def compare(model_path: str | Path, opts: Options, say: Callable[[str], None] = log.info,
+            on_layer: Callable[[int, int], None] | None = None) -> Comparison:
+    """FP32 against all-low-precision on the emulator, tensor by tensor; with criterion flags
+    also the all-low outputs judged by them. A broken (exit 3) or unreproducible (exit 8)
+    reference is refused. `say` hears the stage, `on_layer` the tensors compared so far."""
+    ctx = prepare(model_path, opts)
+    problems = reference_problems(ctx)
+    if problems:
+        raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
+                             EXIT_REFERENCE_INVALID)
+    require_reproducible(ctx, opts.threads)
+    low = ctx.rules.precision
+    nothing = degenerate.nothing_to_judge(ctx.judged)
+    if nothing:
+        return Comparison(low, nothing=nothing)
+    say(f"layer-wise comparison, FP32 vs {low.label}")
+    stats = layerwise(ctx, opts, on_layer)
+    summary = {**summarize_layerwise(ctx.graph, stats, low), "precision": low.name}
+    judged = None if opts.criteria.default else judge_all_fp16(ctx, opts)
+    return Comparison(low, stats, summary, judged)
 
 
 # ---------------------------------------------------------------- check

@@ -16,7 +16,7 @@ from tests.conftest import save_zoo_model
 from tests.test_cli import invoke
 from tests.backends.test_trt_backend import restored_tensorrt_modules
 from trtbisect.backends import trt as trt_backend
-from trtbisect.pipeline import Options
+from trtbisect.context import Options
 
 # what NVIDIA's __init__.py does after __version__: load libraries this machine lacks
 UNIMPORTABLE = 'raise ImportError("libnvinfer.so.11: cannot open shared object file")\n'

@@ -290,7 +290,8 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
     """The search judges on the 2 samples where all-FP16 fails worst (both break branch a);
     the plan it finds fails sample 15 (branch b), which joins the subset for a second search.
     The result is the plan judged on every sample throughout, certified by the written file."""
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
     model, data = _two_faults(tmp_path)
     opts = dict(inputs=[str(data)], semantics="strict", validation_share=0)  # none held out
     sub = run(model, Options(search_samples=2, **opts), tmp_path / "sub")
@@ -310,7 +311,8 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
 
 def test_under_a_pass_rate_the_search_judges_every_sample(tmp_path):
     from trtbisect.judge.flags import parse_criteria
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
     model, data = _two_faults(tmp_path)
     r = run(model, Options(inputs=[str(data)], semantics="strict", search_samples=2,
                            criteria=parse_criteria(pass_rate=0.9)), tmp_path / "o")

@@ -13,7 +13,8 @@ from trtbisect.judge.compare import FP16_MAX
 from trtbisect.diagnosis.detect import CAUSES, detect, flushed_at, group_culprits, node_numbers
 from trtbisect.diagnosis.facts import Facts
 from trtbisect.graph import Graph
-from trtbisect.pipeline import Context, Options, layerwise
+from trtbisect.context import Context, Options
+from trtbisect.judge.layerwise import layerwise
 from trtbisect.search.prior import constant_stats
 
 IDENT = re.compile(r"^[a-z][a-z0-9_]*$")

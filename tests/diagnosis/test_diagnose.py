@@ -19,7 +19,9 @@ from trtbisect.judge.compare import FP16_MAX
 from trtbisect.diagnosis.diagnose import CulpritGroup, diagnose, group_culprits
 from trtbisect.backends.ort import Reference
 from trtbisect.graph import Graph
-from trtbisect.pipeline import Context, Options, layerwise, run
+from trtbisect.context import Context, Options
+from trtbisect.judge.layerwise import layerwise
+from trtbisect.pipeline import run
 from trtbisect.search.prior import constant_stats
 
 N = helper.make_node

@@ -18,7 +18,8 @@ from trtbisect.judge.compare import Tolerance
 from trtbisect.graph import Graph, with_node_names
 from trtbisect.judge.loadable import checker_problem, runtime_problem
 from trtbisect.outputs.mixed import mixed_model
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
 
 PLANTED = all_planted()
 SUBGRAPHS = ["if_taken_branch", "if_other_branch", "nested_if", "loop_third_trip", "scan_rows",

@@ -20,7 +20,8 @@ from tests.models import input_models as im
 from trtbisect.cli import main
 from trtbisect.errors import EXIT_REFERENCE_UNSTABLE
 from trtbisect.judge.loadable import require_written_valid
-from trtbisect.pipeline import Options, run
+from trtbisect.context import Options
+from trtbisect.pipeline import run
 
 SEMANTICS = ("trt", "strict")
 

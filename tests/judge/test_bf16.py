@@ -17,11 +17,13 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto as TP, helper as h, numpy_helper as nh
 
-from trtbisect import pipeline
 from trtbisect.outputs import render
 from trtbisect.cli import main
 from trtbisect.judge.precision import BF16
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options, prepare
+from trtbisect.judge.evaluator import Evaluator
+from trtbisect.judge.layerwise import layerwise
+from trtbisect.pipeline import check_mixed, run
 from trtbisect.rewrites.rules import REWRITES, rewrites_for
 
 
@@ -122,8 +124,8 @@ def test_bf16_range_fixes_vanish_from_a_diagnosis(tmp_path):
     from trtbisect.graph import Graph
     from trtbisect.search.prior import constant_stats
     model, inputs = squares(tmp_path)
-    ctx = pipeline.prepare(model, Options(inputs=[str(inputs)]))
-    stats = pipeline.layerwise(ctx, Options(inputs=[str(inputs)]))
+    ctx = prepare(model, Options(inputs=[str(inputs)]))
+    stats = layerwise(ctx, Options(inputs=[str(inputs)]))
     g = Graph.from_path(model)
     fp16 = diagnose(g, ["sq", "mean"], stats, constant_stats(g))
     assert any(f.kind == "prescale_norm" for f in fp16[0].fixes)
@@ -143,8 +145,8 @@ def test_one_judge_in_bf16_for_random_unit_plans_under_trt_semantics(tmp_path):
         np.savez(tmp_path / "x.npz", **inputs)
         for tf32 in (False, True):
             opts = Options(inputs=[str(tmp_path / "x.npz")], tf32=tf32, precision="bf16")
-            ctx = pipeline.prepare(path, opts)
-            ev = pipeline.Evaluator(ctx, opts, {}, None)
+            ctx = prepare(path, opts)
+            ev = Evaluator(ctx, opts, {}, None)
             units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
             rng = np.random.default_rng(5)
             plans = [frozenset(), *(frozenset(n for u in units if rng.random() < p for n in u)

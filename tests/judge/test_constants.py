@@ -26,7 +26,9 @@ from tests.judge.test_semantics_pipeline import _judge_agrees, _same_bits
 from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator, make_session
 from trtbisect.graph import Graph, fp16_signature, fp32_outputs, node_names
-from trtbisect.pipeline import Options, RunResult, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
+from trtbisect.result import RunResult
 
 CONSTANT_PLANTED = constant_planted()
 ZOO_AS_CONSTANTS = ["eps_underflow", "constant_out_of_range", "layernorm_overflow",

@@ -13,7 +13,8 @@ from tests.conftest import save_zoo_model
 from trtbisect import pipeline
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.judge.criteria import Criteria, Judgement, Verdict
-from trtbisect.pipeline import Options, run
+from trtbisect.context import Options
+from trtbisect.pipeline import run
 
 ROOT = Path(__file__).parents[2]
 VOLATILE = ("seconds", "stages", "files", "renderings", "workdir", "criteria", "judged")

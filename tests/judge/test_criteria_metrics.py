@@ -15,7 +15,8 @@ from trtbisect.judge.compare import Tolerance
 from trtbisect.errors import TrtBisectError
 from trtbisect.judge.flags import parse_criteria, parse_metric
 from trtbisect.judge.metrics import cosine, iou, snr, topk_agreement
-from trtbisect.pipeline import Options, run
+from trtbisect.context import Options
+from trtbisect.pipeline import run
 
 
 def _judge(metric: str, ref, got, **kw):

@@ -19,7 +19,8 @@ from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator
 from trtbisect.graph import Graph
 from trtbisect.outputs.mixed import mixed_model
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
 
 BLOCK = sem.FP16_ACCUMULATE_BLOCK
 F = TensorProto.FLOAT

@@ -17,7 +17,10 @@ from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.graph import Graph
 from trtbisect.judge import written
 from trtbisect.outputs.mixed import mixed_model
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options, prepare
+from trtbisect.judge.evaluator import Evaluator
+from trtbisect.judge.layerwise import layerwise
+from trtbisect.pipeline import check_mixed, run
 
 ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
        "constant_out_of_range", "two_outputs", "precision_loss", "healthy"]
@@ -260,8 +263,8 @@ def test_a_float16_models_fused_layers_are_the_same_to_the_search_and_to_check(t
     assert emulator_first.one_judge["search_equals_check"]
     assert {k: e.to_json() for k, e in emulator_first.errors_before.items()} == \
         {k: e.to_json() for k, e in file_first.errors_before.items()}
-    ctx = pipeline.prepare(path, opts)
-    emu_stats = pipeline.layerwise(ctx, opts)  # the FP16 side from the search's emulator
+    ctx = prepare(path, opts)
+    emu_stats = layerwise(ctx, opts)  # the FP16 side from the search's emulator
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", 1 << 30)
     with_report = run(path, Options(inputs=[str(tmp_path / "x.npz")], report=True), tmp_path / "c")
     assert {k: s.to_json() for k, s in with_report.stats.items()} == \
@@ -291,7 +294,6 @@ def test_trt_semantics_search_and_written_file_agree_for_random_unit_plans(tmp_p
     """Under trt semantics (fused layers, folded constants, BatchNorm as scale/shift), with
     and without TF32 and FP16 accumulation: the search's numbers for a plan of whole units
     are, bit for bit, those of the judge of its written file."""
-    from trtbisect import pipeline
     from trtbisect.judge import semantics
     model, inputs = TRT_CASES[name]
     path = tmp_path / "m.onnx"
@@ -299,8 +301,8 @@ def test_trt_semantics_search_and_written_file_agree_for_random_unit_plans(tmp_p
     np.savez(tmp_path / "x.npz", **inputs)
     odd = kernels != "plain"
     opts = Options(inputs=[str(tmp_path / "x.npz")], tf32=odd, fp16_accumulate=odd)
-    ctx = pipeline.prepare(path, opts)
-    ev = pipeline.Evaluator(ctx, opts, {}, None)
+    ctx = prepare(path, opts)
+    ev = Evaluator(ctx, opts, {}, None)
     units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
     rng = np.random.default_rng(5)
     plans = [frozenset(), frozenset(n for u in units for n in u),

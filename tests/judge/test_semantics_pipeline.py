@@ -20,7 +20,8 @@ from trtbisect.backends.ort import Emulator, MixedModel
 from trtbisect.graph import Graph
 from trtbisect.outputs.mixed import mixed_model
 from trtbisect.judge.compare import Tolerance
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
 
 PLANTED = planted()
 DEMO = Path(__file__).resolve().parents[2] / "models"

@@ -14,7 +14,8 @@ from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.settings import JudgeSettings
 from trtbisect.data.limits import Limits
-from trtbisect.pipeline import Options, _fingerprint, prepare, run
+from trtbisect.context import Options, prepare
+from trtbisect.pipeline import _fingerprint, run
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO, INPUTS = ROOT / "models" / "demo.onnx", ROOT / "models" / "demo_inputs.npz"

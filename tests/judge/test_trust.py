@@ -86,7 +86,8 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
     what ORT's optimized kernels move the error by, so it is not `fp16_ok`; the search aims
     inside the bound and keeps the MatMul in FP32, which holds with margin."""
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     m, path, inputs = _matmul(tmp_path)
     rel = _all_fp16_rel(m, inputs)
@@ -112,7 +113,8 @@ def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
     from trtbisect.backends.ort import Reference, kernel_noise
     from trtbisect.judge.compare import Tolerance
     from trtbisect.graph import Graph
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     m, path, inputs = _matmul(tmp_path)
     g, x = Graph(m), dict(np.load(inputs))
@@ -187,7 +189,8 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
     from pathlib import Path
 
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     root = Path(__file__).resolve().parents[2]
     r = run(root / "models" / "demo.onnx",
@@ -278,7 +281,8 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
     """--pass-rate 0.5 on two samples, the second overflowing FP16 (a failure the rate
     allows): the margin is measured on the sample that passes, so all-FP16 holds."""
     from trtbisect.judge.flags import parse_criteria
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     m, path, _ = _matmul(tmp_path)
     rng = np.random.default_rng(1)
@@ -298,7 +302,8 @@ def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
     """The aimed rounds judge in the run's process; the first search on 2 workers: the plan,
     the certificate and the evaluations are those of one process."""
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     m, path, inputs = _conv_detector(tmp_path)
     from trtbisect.backends.ort import Emulator, Reference
@@ -323,7 +328,8 @@ def test_the_noise_floor_is_measured_once_per_run(tmp_path, monkeypatch):
     (each measurement builds two sessions and runs every sample twice)."""
     import trtbisect.backends.ort as ort_backend
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     calls = []
     real = ort_backend.kernel_noise

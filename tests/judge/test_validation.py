@@ -73,7 +73,8 @@ def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp
     """The search sees |x| = 0.5 (the first chain overflows); the held-out sample reaches 1.0
     (both do): the plan passes its sample and fails the unseen one: `unvalidated`, exit 9,
     written with the validation's errors."""
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     easy = [0.5, 0.2, -0.3, 0.1, 0.4, -0.5, 0.25, 0.3]
     hard = [1.0, 0.9, -0.95, 0.8, 0.3, -1.0, 0.2, 0.85]
@@ -130,7 +131,8 @@ def test_one_sample_near_the_bound_is_validated_on_perturbed_copies(tmp_path):
               path)
     x = np.array([1.0] * 8 + [0.5, 0.2, 0.1, 0.3, 0.6, 0.4, 0.2, 0.5], np.float32)
     np.savez(tmp_path / "x.npz", x=x)
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
     r = run(path, Options(inputs=[str(tmp_path / "x.npz")], semantics="strict"),
             tmp_path / "out")
     assert {"p1_up2", "p1_down"} <= set(r.fp32_nodes) and "p2_up" not in r.fp32_nodes
@@ -144,7 +146,8 @@ def test_a_spread_as_large_as_the_effect_is_fragile_at_once(tmp_path):
     from trtbisect.backends.ort import Reference, kernel_noise
     from trtbisect.graph import Graph
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     from tests.judge.test_trust import _matmul
     m, path, inputs = _matmul(tmp_path)

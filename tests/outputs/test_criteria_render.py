@@ -15,7 +15,8 @@ from tests.test_cli import invoke
 from trtbisect.outputs import render
 from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import criteria_flags, parse_criteria
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
 
 ROOT = Path(__file__).parents[2]
 DEMO, DATA = ROOT / "models" / "demo.onnx", ROOT / "models" / "demo_inputs.npz"

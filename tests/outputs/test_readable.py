@@ -27,7 +27,8 @@ def stack_run(tmp_path_factory):
 
 
 def _stack(tmp, report: bool):
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     model, inputs = save_zoo_model(norm_stack(36), tmp)
     opts = Options(inputs=[str(inputs)])
@@ -286,7 +287,8 @@ def test_only_run_offers_precision_both(command):
 
 
 def test_check_infers_bf16_from_the_file(zoo, tmp_path):
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
@@ -386,7 +388,8 @@ def test_conv_norm_pairs_and_what_the_export_left():
 def test_small_report_order_and_numbers(zoo, tmp_path):
     """The fast twin of the large-plan report test: the answer first, numbers for people."""
     pytest.importorskip("matplotlib")
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
     run(model, Options(inputs=[str(inputs)], report=True), tmp_path / "o")

@@ -17,7 +17,8 @@ import pytest
 from tests.conftest import save_zoo_model
 from trtbisect.outputs import render as rd
 from trtbisect.judge.compare import Tolerance
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
 
 ODD = ["/a:b/Pow", "with space", "ünï/ç:ode", "trailing:", ":leading", "x=y", "a*b"]
 

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from tests.conftest import save_zoo_model
 from trtbisect.cli import main
 from trtbisect.errors import TrtBisectError
-from trtbisect.pipeline import Options, run
+from trtbisect.context import Options
+from trtbisect.pipeline import run
 from trtbisect.outputs.report import render_html
 
 pytest.importorskip("matplotlib")

@@ -119,7 +119,8 @@ def test_run_with_workers_builds_on_the_gpus_and_says_so(monkeypatch, zoo, tmp_p
     import json
 
     from tests.conftest import save_zoo_model
-    from trtbisect.pipeline import Options, run, verify_on_tensorrt
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run, verify_on_tensorrt
 
     fake.install(monkeypatch, fused=FUSED)
     start = trt_pool.start

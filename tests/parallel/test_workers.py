@@ -18,7 +18,8 @@ from trtbisect.judge.flags import parse_criteria
 from trtbisect.parallel import judge as pjudge, plan_workers
 from trtbisect.parallel.batch import chunks
 from trtbisect.parallel.pool import DIE_ONCE_ENV
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
 
 
 def _run(model, inputs, out, workers: int, **kw):

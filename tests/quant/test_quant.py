@@ -15,7 +15,7 @@ import pytest
 from tests.models import quant_models as qm
 from tests.test_cli import assert_one_line_error, invoke
 from trtbisect.judge.compare import Tolerance
-from trtbisect.pipeline import Options
+from trtbisect.context import Options
 from trtbisect.quant import analyse, is_quantized, run, unquantize
 from trtbisect.quant.judge import QuantJudge, session
 from trtbisect.quant.render import patterns

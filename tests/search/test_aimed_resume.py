@@ -68,7 +68,8 @@ def _same_bar_timings(a: dict, b: dict) -> None:
 
 
 def test_a_run_cut_in_an_aimed_round_resumes_to_the_same_plan(tmp_path, monkeypatch):
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     path, inputs, tol = _planted(tmp_path)
     # the resume of an aimed round is the subject: no validation (test_validation.py has it)
@@ -120,7 +121,7 @@ def test_a_verdict_under_one_bound_is_never_replayed_under_another(tmp_path):
     journal record is its own; a forged verdict under round 1's bound decides round 1 (so the
     journal is read) and nothing under round 2's or the run's own bound."""
     from trtbisect.context import prepare
-    from trtbisect.pipeline import Options
+    from trtbisect.context import Options
 
     path, inputs, tol = _planted(tmp_path)
     # the resume of an aimed round is the subject: no validation (test_validation.py has it)
@@ -191,7 +192,7 @@ def test_sigkill_in_an_aimed_round_resumes_to_the_same_plan(tmp_path):
 def test_an_aimed_scope_names_its_bound(tmp_path, cap):
     """Two caps give two scopes; the same cap gives the same scope in another process's
     options (a digest of the settings, not of the object)."""
-    from trtbisect.pipeline import Options
+    from trtbisect.context import Options
 
     t = Tolerance(1e-2)
     a = Options(tolerance=replace(t, ceiling={"y": 1e-2 * cap}))

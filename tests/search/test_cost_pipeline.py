@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from tests.models.make_models import zoo
 from trtbisect.cli import main
-from trtbisect.pipeline import Options, check_mixed, run
+from trtbisect.context import Options
+from trtbisect.pipeline import check_mixed, run
 from trtbisect.outputs.report import pareto_front
 
 

@@ -42,7 +42,7 @@ STOP_GRACE = 10.0  # seconds a runtime told to stop may take before it is left b
 @dataclass(frozen=True)
 class Limits:
     samples: int = MAX_SAMPLES
-    input_bytes: int | None = None  # None: half of this machine's memory (inputs.memory_limit)
+    input_bytes: int | None = None  # None: half of this machine's memory (limits.memory_limit)
     spool_bytes: int = SPOOL_BYTES
     eval_timeout: float = EVAL_TIMEOUT
 

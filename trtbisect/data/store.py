@@ -24,7 +24,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, overload
 import numpy as np
 
 from ..errors import TrtBisectError
-from .inputs import read_npz, memory_limit
+from .inputs import read_npz
+from .limits import memory_limit
 from .limits import DEFAULT as DEFAULT_LIMITS, Limits, Meter
 from ..outputs import cache as result_cache
 from .sources import Item
