@@ -2,8 +2,11 @@
 current, opsets 1 to current: old PyTorch exports, onnx's own light model zoo) that ONNX
 Runtime CPU runs in FP32 with a float output, under both semantics: one row per model and
 semantics with the exit code and the first line of any error (docs/input_models.md).
+`--node`: onnx's node tests instead (one model per operator case, made from
+`onnx.backend.test.case.node`, which the wheel ships as code, not as files), fed the case's inputs.
 
-    python scripts/sweep_onnx_models.py [--only SUBSTRING ...] [--out DIR]
+    python scripts/sweep_onnx_models.py [--node] [--semantics trt|strict ...]
+                                        [--only SUBSTRING ...] [--out DIR]
 
 Each run goes through the command line in this process, fed the model's own test_data_set_0
 inputs (random ones where it has none); anything but exit 0/2/3/4/5/7, or a traceback, is a bug.
@@ -27,12 +30,40 @@ from onnx import numpy_helper
 from trtbisect.cli import main as cli_main
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
-DOCUMENTED = {0, 2, 3, 4, 5, 7}
+DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 8, 9}  # every exit code but 1 (a bug)
 
 
 def models() -> list[Path]:
     return sorted(Path(p) for p in glob.glob(str(DATA / "*" / "*" / "model.onnx"))) + \
         sorted(Path(p) for p in glob.glob(str(DATA / "light" / "*.onnx")))
+
+
+def node_models(work: Path, only: list[str]) -> list[Path]:
+    """Each node test case of the installed onnx as `<work>/node/<case>/model.onnx`, with its
+    first data set saved as the test_data_set_0 inputs `feeds_of` reads."""
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    out = []
+    for c in cases:
+        if only and not any(o in c.name for o in only):
+            continue
+        d = work / "node" / c.name
+        (d / "test_data_set_0").mkdir(parents=True, exist_ok=True)
+        onnx.save(c.model, d / "model.onnx")
+        ins = c.data_sets[0][0] if c.data_sets else []
+        for i, a in enumerate(ins):
+            if isinstance(a, np.ndarray):
+                onnx.save_tensor(numpy_helper.from_array(a), str(d / "test_data_set_0" /
+                                                                 f"input_{i}.pb"))
+        out.append(d / "model.onnx")
+    return out
+
+
+VERDICTS = {0, 3, 4, 5, 6, 7, 8, 9}  # exit codes of a verdict (2: a refusal, 1: a bug)
 
 
 def feeds_of(model: Path) -> dict[str, np.ndarray] | None:
@@ -59,13 +90,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=[])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--node", action="store_true", help="onnx's node tests")
+    ap.add_argument("--semantics", nargs="*", default=["trt", "strict"])
     args = ap.parse_args()
     work = Path(args.out or tempfile.mkdtemp(prefix="sweep-"))
     work.mkdir(parents=True, exist_ok=True)
     bad = 0
     rows = 0
-    for model in models():
-        name = str(model.relative_to(DATA))
+    verdicts = 0
+    base = work / "node" if args.node else DATA
+    for model in (node_models(work, args.only) if args.node else models()):
+        name = str(model.relative_to(base))
         if args.only and not any(o in name for o in args.only):
             continue
         feeds = feeds_of(model)
@@ -74,7 +109,7 @@ def main() -> int:
         tag = name.replace("/", "_").replace(".onnx", "")
         inputs = work / f"{tag}.npz"
         np.savez(inputs, **feeds)
-        for semantics in ("trt", "strict"):  # in this process: a fresh one costs seconds
+        for semantics in args.semantics:  # in this process: a fresh one costs seconds
             done = CliRunner().invoke(cli_main, [
                 "-q", "run", str(model), "--inputs", str(inputs), "--out",
                 str(work / f"{tag}-{semantics}"), "--semantics", semantics, "--max-evals", "60",
@@ -85,9 +120,11 @@ def main() -> int:
             ok = done.exit_code in DOCUMENTED and not crashed
             bad += not ok
             rows += 1
+            verdicts += ok and done.exit_code in VERDICTS
             print(f"{'ok ' if ok else 'BUG'} {done.exit_code} {semantics:6} {name} "
                   f"{err[:160]}", flush=True)
-    print(f"{rows} runs, {bad} ending otherwise than with a documented exit code")
+    print(f"{rows} runs, {verdicts} with a verdict, {bad} ending otherwise than with a "
+          "documented exit code")
     return 1 if bad else 0
 
 
