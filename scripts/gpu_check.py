@@ -42,6 +42,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def main() -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = out / "work"
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))  # runs, engines: never in OUT
     began = time.monotonic()
 
     def left() -> float:
@@ -116,13 +117,18 @@ def main() -> int:
         if result.get("model") and left() > 0:
             steps[f"{name} cost"] = cost_step(name, result, work, args.device,
                                               min(STEP_LIMIT_S["cost"], max(left(), 1)))
+        save(out, report, rows, steps, began)  # a run killed later still brings these back
+    save(out, report, rows, steps, began)
+    shutil.rmtree(work, ignore_errors=True)
+    print((out / "gpu_check.md").read_text())
+    return 0
+
+
+def save(out: Path, report: dict, rows: list, steps: dict, began: float) -> None:
     report["fidelity"], report["steps"] = rows, steps
     report["seconds"] = round(time.monotonic() - began, 1)
     write_text(out / "gpu_check.json", json.dumps(report, indent=1, default=str))
     write_text(out / "gpu_check.md", markdown(report))
-    shutil.rmtree(work, ignore_errors=True)  # only the two files come back
-    print((out / "gpu_check.md").read_text())
-    return 0
 
 
 def write_text(path: Path, text: str) -> None:
@@ -418,10 +424,18 @@ def module_outputs(net, sample: dict, device: str, names: list[str], half: bool)
     if half:
         net = net.half()
         feeds = [x.half() if x.is_floating_point() else x for x in feeds]
+        for sub in list(net.modules())[1:]:  # a Cast to float inside still computes in FP16
+            sub.register_forward_pre_hook(_to_half)
     with torch.no_grad():
         got = net(*feeds)
     got = got if isinstance(got, (tuple, list)) else [got]
     return {n: g.float().cpu().numpy().astype(np.float64) for n, g in zip(names, got)}
+
+
+def _to_half(module, args):
+    import torch
+    return tuple(a.half() if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a
+                 for a in args)
 
 
 def onnx2torch_outputs(model: Path, sample: dict, device: str, half: bool = False) -> dict:
@@ -430,8 +444,28 @@ def onnx2torch_outputs(model: Path, sample: dict, device: str, half: bool = Fals
     import onnx
     _torchvision_optional()
     from onnx2torch import convert
+    _onnx2torch_extras()
     net = convert(onnx.load(str(model)))
     return module_outputs(net, sample, device, output_names(model), half=half)
+
+
+def _onnx2torch_extras() -> None:
+    """Converters onnx2torch 1.5 lacks and a model here needs (magika's GlobalMaxPool)."""
+    import torch
+    from onnx2torch.node_converters.registry import add_converter
+    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+    class GlobalMaxPool(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.amax(x, dim=tuple(range(2, x.dim())), keepdim=True)
+
+    def convert(node, graph):
+        return OperationConverterResult(torch_module=GlobalMaxPool(),
+                                        onnx_mapping=onnx_mapping_from_node(node=node))
+    try:
+        add_converter(operation_type="GlobalMaxPool", version=1)(convert)
+    except ValueError:  # registered already (a second call in this process)
+        pass
 
 
 def _cpu_half_ok(torch) -> bool:
