@@ -419,6 +419,7 @@ def module_outputs(net, sample: dict, device: str, names: list[str], half: bool)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # FP32 accumulation
     net = net.to(device).eval()
     feeds = [torch.from_numpy(np.asarray(v)).to(device) for v in sample.values()]
     if half:
