@@ -33,7 +33,9 @@ bench:
 gpu:
 	bash scripts/gpu_check.sh $${OUT:-gpu_check}
 
-# what a GPU machine without a registry needs carried: onnx2torch's wheel in .whl/, magika
+# what a GPU machine without a registry needs carried (docs/tensorrt.md): onnx2torch's wheel
+# in .whl/ (for the H200 image's Python 3.12), magika in .bench_cache/models/
 gpu-wheels:
-	python3 -m pip download --no-deps --only-binary=:all: -d .whl onnx2torch==1.5.15
+	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux2014_x86_64 -d .whl onnx2torch==1.5.15
 	python3 scripts/fetch_models.py magika

@@ -42,13 +42,20 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts., tests., trtbisect
+
 ROOT = Path(__file__).resolve().parent.parent
-COLUMNS = ["model", "output", "emulator all-FP16", "real all-FP16", "emulator plan",
-           "real plan", "TensorRT plan", "bound", "notes"]
-STEP_LIMIT_S = {"machine": 90, "model": 240, "cost": 120}
+COLUMNS = ["model", "output", "emulator all-FP16", "real all-FP16", "TensorRT all-FP16",
+           "emulator plan", "real plan", "TensorRT plan", "bound", "real via", "notes"]
+MODELS = ("demo", "cnn_transformer", "magika", "deep")  # in this order: the budget may stop
+STEP_LIMIT_S = {"model": 150, "trt": 150, "cost": 60, "pip": 150}
+TORCH_SOURCES = ("demo", "cnn_transformer")  # scripts/make_demo.py's DemoNet
 
 
 def main() -> int:
@@ -56,56 +63,82 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="folder for gpu_check.md and gpu_check.json")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cuda: the check; cpu: a dry run of the plumbing (numbers mean nothing)")
-    ap.add_argument("--models", default="demo,deep,magika",
-                    help="comma-separated: demo, deep (the zoo's transformer), magika")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="comma-separated, of: " + ", ".join(MODELS))
     ap.add_argument("--budget-s", type=float, default=540,
                     help="stop starting steps after this many seconds in all")
+    ap.add_argument("--no-install", action="store_true",
+                    help="do not try `pip install tensorrt-cuXX` when tensorrt does not import")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a model's step, in its own process
+    ap.add_argument("--trt", action="store_true", help=argparse.SUPPRESS)  # its TensorRT step
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(fidelity(args.one, Path(args.work), args.device)))
+        fn = tensorrt_errors if args.trt else fidelity
+        print(json.dumps(fn(args.one, Path(args.work), args.device)))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = out / "work"
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))  # runs, engines: never in OUT
     began = time.monotonic()
+
+    def left() -> float:
+        return args.budget_s - (time.monotonic() - began)
     report: dict = {"device": args.device, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                   time.gmtime())}
-    report["machine"] = step([sys.executable, __file__, "--out", str(out)], "machine",
-                             lambda: machine(args.device))
+    report["machine"] = step("machine", lambda: machine(args.device, not args.no_install))
+    print(json.dumps(report["machine"], indent=1), flush=True)
     rows, steps = [], {}
     for name in [m for m in args.models.split(",") if m]:
-        if time.monotonic() - began > args.budget_s:
+        if left() <= 0:
             steps[name] = {"ok": False, "why": "the time budget ran out before this step"}
+            rows.append({"model": name, "output": "-", "notes": steps[name]["why"]})
             continue
-        steps[name] = run_step([sys.executable, __file__, "--out", str(out), "--one", name,
-                                "--work", str(work), "--device", args.device],
-                               STEP_LIMIT_S["model"])
+        base = [sys.executable, __file__, "--out", str(out), "--one", name, "--work", str(work),
+                "--device", args.device]
+        steps[name] = run_step(base, min(STEP_LIMIT_S["model"], max(left(), 1)))
         result = steps[name].get("result") or {}
+        trt: dict = {}
+        if result.get("outputs") and args.device == "cuda" and left() > 0:
+            steps[f"{name} TensorRT"] = run_step(base + ["--trt"],
+                                                 min(STEP_LIMIT_S["trt"], max(left(), 1)))
+            trt = steps[f"{name} TensorRT"].get("result") or {}
+            if not steps[f"{name} TensorRT"]["ok"]:
+                trt = {"notes": [f"TensorRT: {steps[f'{name} TensorRT']['why']}"]}
+        elif result.get("outputs"):
+            trt = {"notes": ["TensorRT: n/a on cpu"]}
+        notes = "; ".join(result.get("notes", []) + trt.get("notes", []))
         for o in result.get("outputs", []):
-            rows.append({"model": name, **o, "notes": "; ".join(result.get("notes", []))})
+            got = trt.get("outputs", {}).get(o["output"], {})
+            rows.append({"model": name, **o, "TensorRT all-FP16": got.get("all-FP16"),
+                         "TensorRT plan": got.get("plan"), "notes": notes})
         if not result.get("outputs"):
             rows.append({"model": name, "output": "-", "notes": steps[name].get("why", "")})
-        if result.get("model") and time.monotonic() - began < args.budget_s:
-            cost_md = work / f"{name}_cost.md"
-            steps[f"{name} cost"] = run_step(
-                [sys.executable, str(ROOT / "scripts" / "check_cost_model.py"), result["model"],
-                 "--inputs", result["inputs"], "--device", args.device, "--reps",
-                 "20" if args.device == "cuda" else "2", "--out", str(cost_md)],
-                STEP_LIMIT_S["cost"], parse_json=False)
-            if cost_md.exists():
-                steps[f"{name} cost"]["summary"] = [
-                    line for line in cost_md.read_text().splitlines() if line.startswith("- ")]
-    report["fidelity"], report["steps"] = rows, steps
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "gpu_check.md").write_text(markdown(report))
-    shutil.rmtree(work, ignore_errors=True)  # only the two files come back
+        if result.get("model") and left() > 0:
+            steps[f"{name} cost"] = cost_step(name, result, work, args.device,
+                                              min(STEP_LIMIT_S["cost"], max(left(), 1)))
+        save(out, report, rows, steps, began)  # a run killed later still brings these back
+    save(out, report, rows, steps, began)
+    shutil.rmtree(work, ignore_errors=True)
     print((out / "gpu_check.md").read_text())
     return 0
 
 
-def step(cmd, label: str, fn) -> dict:
+def save(out: Path, report: dict, rows: list, steps: dict, began: float) -> None:
+    report["fidelity"], report["steps"] = rows, steps
+    report["seconds"] = round(time.monotonic() - began, 1)
+    write_text(out / "gpu_check.json", json.dumps(report, indent=1, default=str))
+    write_text(out / "gpu_check.md", markdown(report))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomically: a killed run leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def step(label: str, fn) -> dict:
     """A step run here (it only reads the machine), its failure said, not raised."""
     try:
         return {"ok": True, **fn()}
@@ -115,32 +148,59 @@ def step(cmd, label: str, fn) -> dict:
 
 def run_step(cmd: list[str], limit: float, parse_json: bool = True) -> dict:
     """A step in its own process with a hard time limit: its JSON result, or why not."""
+    began = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "why": f"timed out after {limit:g} s"}
+        return {"ok": False, "why": f"timed out after {limit:.0f} s"}
     tail = (p.stderr or "").strip().splitlines()[-5:]
+    seconds = round(time.monotonic() - began, 1)
     if p.returncode != 0:
         return {"ok": False, "why": (tail[-1] if tail else f"exit {p.returncode}")[:300],
-                "log": tail}
+                "log": tail, "seconds": seconds}
     if not parse_json:
-        return {"ok": True, "log": tail}
+        return {"ok": True, "log": tail, "seconds": seconds}
     try:
-        return {"ok": True, "result": json.loads(p.stdout.strip().splitlines()[-1])}
+        return {"ok": True, "result": json.loads(p.stdout.strip().splitlines()[-1]),
+                "seconds": seconds}
     except (ValueError, IndexError):
         return {"ok": False, "why": "the step printed no result", "log": tail}
 
 
-def machine(device: str) -> dict:
-    """What the machine has: driver, GPU, torch and its CUDA, onnx2torch, TensorRT."""
+def cost_step(name: str, result: dict, work: Path, device: str, limit: float) -> dict:
+    """scripts/check_cost_model.py on the model: estimated against measured FP32 premiums."""
+    cost_md = work / f"{name}_cost.md"
+    cmd = [sys.executable, str(ROOT / "scripts" / "check_cost_model.py"), result["model"],
+           "--inputs", result["inputs"], "--device", device, "--reps",
+           "20" if device == "cuda" else "2", "--out", str(cost_md)]
+    if device == "cuda":
+        cmd += ["--gpu", "h100"]  # the cost model's Hopper class (an H200 computes as one)
+    if result.get("trace") and Path(result["trace"]).exists():
+        cmd += ["--trace", result["trace"]]
+    got = run_step(cmd, limit, parse_json=False)
+    if cost_md.exists():
+        got["summary"] = [line for line in cost_md.read_text().splitlines()
+                          if line.startswith("- ")]
+    return got
+
+
+def machine(device: str, install: bool) -> dict:
+    """What the machine has: driver, GPU, CUDA, torch and its CUDA, onnx2torch, TensorRT."""
     info: dict = {"python": platform.python_version(), "platform": platform.platform()}
     smi = shutil.which("nvidia-smi")
     if smi:
         q = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total",
                             "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
         info["nvidia-smi"] = q.stdout.strip() or q.stderr.strip()
+        q = subprocess.run([smi], capture_output=True, text=True, timeout=30)
+        cuda = [ln for ln in q.stdout.splitlines() if "CUDA Version" in ln]
+        info["driver's CUDA"] = cuda[0].split("CUDA Version:")[-1].strip(" |") if cuda else "?"
     else:
         info["nvidia-smi"] = "not found"
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        q = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30)
+        info["nvcc"] = (q.stdout.strip().splitlines() or ["?"])[-1]
     try:
         import torch
         info["torch"] = torch.__version__
@@ -150,8 +210,14 @@ def machine(device: str) -> dict:
     except ImportError as exc:
         info["torch"] = f"not importable: {exc}"
     _torchvision_optional()
-    info["onnx2torch"] = _version("onnx2torch")
-    info["tensorrt"] = tensorrt_status(device)
+    for module in ("onnx", "onnxruntime", "onnx2torch"):
+        info[module] = _version(module)
+    try:
+        import onnxruntime
+        info["onnxruntime providers"] = ", ".join(onnxruntime.get_available_providers())
+    except ImportError:
+        pass
+    info["tensorrt"] = tensorrt_status(device, install, info.get("torch cuda", ""))
     return info
 
 
@@ -163,20 +229,30 @@ def _version(module: str) -> str:
         return f"not importable: {type(exc).__name__}: {str(exc)[:120]}"
 
 
-def tensorrt_status(device: str) -> str:
-    """`tensorrt`'s version if it imports; else whether pip installs it (time-limited)."""
+def tensorrt_status(device: str, install: bool, torch_cuda: str) -> str:
+    """`tensorrt`'s version if it imports; else whether pip installs it (time-limited: the
+    machine may have no registry). The wheel follows torch's CUDA major (tensorrt-cu12 or
+    -cu13), unpinned: trtbisect reads 10.x and 11.x (trtbisect/backends/trt_surface/)."""
     have = _version("tensorrt")
-    if not have.startswith("not importable") or device != "cuda":
+    if not have.startswith("not importable") or device != "cuda" or not install:
         return have
+    major = torch_cuda.split(".")[0] if torch_cuda[:1].isdigit() else "12"
+    wheel = f"tensorrt-cu{major if major in ('12', '13') else '12'}"
+    limit = STEP_LIMIT_S["pip"]
     try:
-        p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "tensorrt-cu12"],
-                           capture_output=True, text=True, timeout=60)
+        p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--retries", "0",
+                            "--timeout", "15", wheel], capture_output=True, text=True,
+                           timeout=limit)
     except subprocess.TimeoutExpired:
-        return "not importable; pip install tensorrt-cu12 timed out after 60 s (no registry?)"
+        return f"not importable; pip install {wheel} timed out after {limit} s"
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["?"])[-1]
-        return f"not importable; pip install tensorrt-cu12 failed: {last[:160]}"
-    return _version("tensorrt")
+        return f"not importable; pip install {wheel} failed: {last[:160]}"
+    got = subprocess.run([sys.executable, "-c", "import tensorrt; print(tensorrt.__version__)"],
+                         capture_output=True, text=True, timeout=60)
+    return (f"{got.stdout.strip()} (installed now: {wheel})" if got.returncode == 0 else
+            f"pip installed {wheel} but it does not import: "
+            f"{(got.stderr.strip().splitlines() or ['?'])[-1][:160]}")
 
 
 # ---------------------------------------------------------------- one model
@@ -190,8 +266,16 @@ def prepare_model(name: str, work: Path) -> tuple[Path, Path]:
     work.mkdir(parents=True, exist_ok=True)
     if name == "demo":
         return ROOT / "models" / "demo.onnx", ROOT / "models" / "demo_inputs.npz"
+    if name == "cnn_transformer":
+        import torch
+
+        from scripts.make_demo import export
+        net, image = cnn_transformer()
+        with torch.no_grad():
+            onnx.save(export(net, torch.from_numpy(image)), work / "cnn_transformer.onnx")
+        np.savez(work / "cnn_transformer.npz", image=image)
+        return work / "cnn_transformer.onnx", work / "cnn_transformer.npz"
     if name == "deep":
-        sys.path.insert(0, str(ROOT))
         from tests.models.make_models import deep_model
         z = deep_model()
         onnx.save(z.model, work / "deep.onnx")
@@ -201,16 +285,45 @@ def prepare_model(name: str, work: Path) -> tuple[Path, Path]:
         cache = Path(os.environ.get("TRTBISECT_BENCH_CACHE", ROOT / ".bench_cache"))
         path = cache / "models" / "magika.onnx"
         if not path.exists():
-            raise FileNotFoundError(f"{path} is not here: run `python scripts/fetch_models.py "
-                                    "magika` where a registry answers and carry .bench_cache")
+            raise FileNotFoundError(f"{path} is not here (no registry on this machine?): run "
+                                    "`make gpu-wheels` where one answers and carry .bench_cache")
         rng = np.random.default_rng(0)
         np.savez(work / "magika.npz", bytes=rng.integers(0, 256, (1, 2048)).astype(np.int32))
         return path, work / "magika.npz"
     raise ValueError(f"unknown model {name!r}")
 
 
+def cnn_transformer():
+    """The demo's CNN + Transformer without its planted fault (both LayerScales ~1), other
+    weights (seed 1): the emulator's all-FP16 rounding against real kernels', no overflow."""
+    import numpy as np
+    import torch
+
+    from scripts.make_demo import OVERFLOW_SCALE, DemoNet
+    torch.manual_seed(1)
+    net = DemoNet().eval()
+    with torch.no_grad():
+        for ls in (net.blocks[1].ls1, net.blocks[1].ls2):
+            ls.gamma /= OVERFLOW_SCALE
+    image = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    return net, image
+
+
+def torch_source(name: str):
+    """The PyTorch module the model was exported from (None: an ONNX-only model)."""
+    if name == "demo":
+        import torch
+
+        from scripts.make_demo import DemoNet
+        torch.manual_seed(0)  # as scripts/make_demo.py builds it
+        return DemoNet().eval()
+    if name == "cnn_transformer":
+        return cnn_transformer()[0]
+    return None
+
+
 def fidelity(name: str, work: Path, device: str) -> dict:
-    """Per output: the emulator's all-FP16 and plan errors, real kernels' and TensorRT's."""
+    """Per output: the emulator's all-FP16 and plan errors, and real kernels'."""
     import numpy as np
 
     model, inputs = prepare_model(name, work)
@@ -224,60 +337,136 @@ def fidelity(name: str, work: Path, device: str) -> dict:
                            f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
     run = json.loads(p.stdout)
     notes.append(f"verdict {run['verdict']}, {len(run['fp32_nodes'])} FP32 nodes")
+    write_text(work / f"{name}_plan.json", json.dumps({"model": str(model), "inputs": str(inputs),
+                                                       "fp32_nodes": run["fp32_nodes"]}))
     with np.load(inputs) as d:
         sample = {k: d[k] for k in d.files}
     mixed = out_dir / f"{model.stem}.mixed.onnx"
-    real_half, real_plan = {}, {}
-    try:
-        ref, real_half = real_kernels(model, sample, device, half=True)
-        if mixed.exists() and run["fp32_nodes"]:
-            _, real_plan = real_kernels(mixed, sample, device, half=False, reference=ref)
-    except Exception as exc:  # noqa: BLE001 - the row says why
-        notes.append(f"real kernels: {type(exc).__name__}: {str(exc)[:160]}")
-    trt = tensorrt_plan(model, inputs, work, device, notes)
+    real_half, real_plan, via = real_all_fp16(name, model, sample, device, notes)
+    if mixed.exists() and run["fp32_nodes"]:
+        try:
+            ref = onnx2torch_outputs(model, sample, device)
+            got = onnx2torch_outputs(mixed, sample, device)
+            real_plan = max_abs(got, ref)
+        except Exception as exc:  # noqa: BLE001 - the row says why
+            notes.append(f"real plan: {type(exc).__name__}: {str(exc)[:160]}")
     outputs = []
     for o, before in run["errors_before"].items():
         after = run["errors_after"].get(o, {})
         outputs.append({"output": o, "emulator all-FP16": before.get("max_abs"),
                         "real all-FP16": real_half.get(o), "emulator plan": after.get("max_abs")
                         if run["fp32_nodes"] else None, "real plan": real_plan.get(o),
-                        "TensorRT plan": trt.get(o), "bound": before.get("bound")})
-    return {"outputs": outputs, "notes": notes, "model": str(model), "inputs": str(inputs)}
+                        "bound": before.get("bound"), "real via": via})
+    trace = out_dir / "trace.json"
+    return {"outputs": outputs, "notes": notes, "model": str(model), "inputs": str(inputs),
+            "trace": str(trace) if trace.exists() else None}
 
 
-def real_kernels(model: Path, sample: dict, device: str, half: bool, reference=None):
-    """The ONNX file as a PyTorch module (onnx2torch) on `device`: FP32 reference outputs and
-    each output's max|d| of the module run in float16 (`half`) or as the file types it (a
-    mixed file's Casts)."""
-    import numpy as np
-    import onnx
+def real_all_fp16(name: str, model: Path, sample: dict, device: str,
+                  notes: list) -> tuple[dict, dict, str]:
+    """Each output's max|d| of the model run in float16 on real kernels against its FP32
+    run on the same device: from its PyTorch source where there is one (checked to agree
+    with the ONNX file in FP32), else converted from ONNX by onnx2torch."""
     import torch
+    if device == "cpu" and not _cpu_half_ok(torch):
+        notes.append("real kernels: this torch has no CPU float16 conv")
+        return {}, {}, "n/a"
+    try:
+        net = torch_source(name)
+        if net is not None:
+            names = output_names(model)
+            ref = module_outputs(net, sample, device, names, half=False)
+            onnx_ref = emulator_fp32(model, sample)
+            drift = max(max_abs(ref, onnx_ref).values(), default=0.0)
+            scale = max(float(np.max(np.abs(v), initial=1.0)) for v in onnx_ref.values())
+            if drift <= 1e-3 * scale:
+                got = module_outputs(net, sample, device, names, half=True)
+                return max_abs(got, ref), {}, "torch source"
+            notes.append(f"torch source differs from the ONNX file in FP32 ({drift:.3g}): "
+                         "onnx2torch instead")
+    except Exception as exc:  # noqa: BLE001 - fall back to onnx2torch, say why
+        notes.append(f"torch source: {type(exc).__name__}: {str(exc)[:120]}")
+    try:
+        ref = onnx2torch_outputs(model, sample, device)
+        got = onnx2torch_outputs(model, sample, device, half=True)
+        return max_abs(got, ref), {}, "onnx2torch"
+    except Exception as exc:  # noqa: BLE001 - the row says why
+        notes.append(f"real kernels: {type(exc).__name__}: {str(exc)[:160]}")
+        return {}, {}, "n/a"
 
-    _torchvision_optional()
-    from onnx2torch import convert
 
+def max_abs(got: dict, ref: dict) -> dict:
+    return {n: float(np.max(np.abs(np.asarray(got[n], np.float64) - ref[n]), initial=0.0))
+            for n in got if n in ref}
+
+
+def output_names(model: Path) -> list[str]:
+    import onnx
+    return [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
+
+
+def emulator_fp32(model: Path, sample: dict) -> dict:
+    """The ONNX file's FP32 outputs on ONNX Runtime's CPU provider (what trtbisect reads)."""
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    outs = sess.run(None, sample)
+    return {o.name: np.asarray(v, np.float64) for o, v in zip(sess.get_outputs(), outs)}
+
+
+def module_outputs(net, sample: dict, device: str, names: list[str], half: bool) -> dict:
+    """A PyTorch module's outputs on `device`, as its parameters are typed or all float16
+    (`half`); TF32 off."""
+    import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    module = convert(onnx.load(str(model))).to(device).eval()
-    names = [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # FP32 accumulation
+    net = net.to(device).eval()
     feeds = [torch.from_numpy(np.asarray(v)).to(device) for v in sample.values()]
-
-    def outputs(m, xs):
-        with torch.no_grad():
-            got = m(*xs)
-        got = got if isinstance(got, (tuple, list)) else [got]
-        return {n: g.float().cpu().numpy().astype(np.float64) for n, g in zip(names, got)}
-    if reference is None:
-        reference = outputs(module, feeds)
     if half:
-        xs = [x.half() if x.is_floating_point() else x for x in feeds]
-        if device == "cpu" and not _cpu_half_ok(torch):
-            return reference, {}
-        got = outputs(module.half(), xs)
-    else:
-        got = outputs(module, feeds)
-    return reference, {n: float(np.max(np.abs(got[n] - reference[n]), initial=0.0))
-                       for n in got if n in reference}
+        net = net.half()
+        feeds = [x.half() if x.is_floating_point() else x for x in feeds]
+        for sub in list(net.modules())[1:]:  # a Cast to float inside still computes in FP16
+            sub.register_forward_pre_hook(_to_half)
+    with torch.no_grad():
+        got = net(*feeds)
+    got = got if isinstance(got, (tuple, list)) else [got]
+    return {n: g.float().cpu().numpy().astype(np.float64) for n, g in zip(names, got)}
+
+
+def _to_half(module, args):
+    import torch
+    return tuple(a.half() if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a
+                 for a in args)
+
+
+def onnx2torch_outputs(model: Path, sample: dict, device: str, half: bool = False) -> dict:
+    """The ONNX file as a PyTorch module (onnx2torch): FP32 as written (a mixed file's Casts
+    keep their types), or `half` (every float parameter and input float16)."""
+    import onnx
+    _torchvision_optional()
+    from onnx2torch import convert
+    _onnx2torch_extras()
+    net = convert(onnx.load(str(model)))
+    return module_outputs(net, sample, device, output_names(model), half=half)
+
+
+def _onnx2torch_extras() -> None:
+    """Converters onnx2torch 1.5 lacks and a model here needs (magika's GlobalMaxPool)."""
+    import torch
+    from onnx2torch.node_converters.registry import add_converter
+    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+    class GlobalMaxPool(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.amax(x, dim=tuple(range(2, x.dim())), keepdim=True)
+
+    def convert(node, graph):
+        return OperationConverterResult(torch_module=GlobalMaxPool(),
+                                        onnx_mapping=onnx_mapping_from_node(node=node))
+    try:
+        add_converter(operation_type="GlobalMaxPool", version=1)(convert)
+    except ValueError:  # registered already (a second call in this process)
+        pass
 
 
 def _cpu_half_ok(torch) -> bool:
@@ -304,26 +493,25 @@ def _torchvision_optional() -> None:
         sys.modules["torchvision"], sys.modules["torchvision.ops"] = tv, tv.ops
 
 
-def tensorrt_plan(model: Path, inputs: Path, work: Path, device: str, notes: list) -> dict:
-    """The plan verified on TensorRT FP16 engines (`run --backend trt`), where it imports."""
+def tensorrt_errors(name: str, work: Path, device: str) -> dict:
+    """TensorRT FP16 engines (trtbisect/backends/trt.py) of the model: all-FP16 and the
+    emulator's written plan, each output's max|d| against the FP32 engine on the same sample."""
     if device != "cuda":
-        notes.append("TensorRT: n/a on cpu")
-        return {}
-    if _version("tensorrt").startswith("not importable"):
-        notes.append("TensorRT: not importable")
-        return {}
-    out = work / f"{model.stem}_trt"
-    p = subprocess.run([sys.executable, "-m", "trtbisect.cli", "run", str(model), "--inputs",
-                        str(inputs), "--out", str(out), "--backend", "trt", "--json",
-                        "--no-resume"], capture_output=True, text=True, cwd=ROOT, timeout=180)
+        return {"outputs": {}, "notes": ["TensorRT: n/a on cpu"]}
+    plan = json.loads((work / f"{name}_plan.json").read_text())
+    from trtbisect.backends.trt import TrtBackend
+    backend = TrtBackend(plan["model"], cache_dir=work / "trt_cache")
+    with np.load(plan["inputs"]) as d:
+        sample = {k: d[k] for k in d.files}
     try:
-        trt = json.loads(p.stdout).get("tensorrt") or {}
-    except ValueError:
-        notes.append(f"TensorRT: exit {p.returncode}: "
-                     f"{(p.stderr.strip().splitlines() or ['?'])[-1][:160]}")
-        return {}
-    errors = trt.get("errors_after") or trt.get("errors") or {}
-    return {o: e.get("max_abs") for o, e in errors.items() if isinstance(e, dict)}
+        ref = backend.reference(sample)
+        all16 = max_abs(backend.run(frozenset(), sample), ref)
+        planned = (max_abs(backend.run(frozenset(plan["fp32_nodes"]), sample), ref)
+                   if plan["fp32_nodes"] else {})
+    finally:
+        backend.close()
+    return {"outputs": {o: {"all-FP16": all16.get(o), "plan": planned.get(o)} for o in all16},
+            "notes": [f"TensorRT {backend.trt_version}, {backend.builds} engines built"]}
 
 
 # ---------------------------------------------------------------- the table
