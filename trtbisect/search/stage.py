@@ -199,6 +199,7 @@ class SearchStage:
                 if again.stopped_early:
                     cert.decided = (f"the aimed search used its allowance of {left} "
                                       "evaluations without a plan")
+                _count_unkept(result, again, ev)
                 break
             if result.staged:  # the next judge empties the staging folder: rewrite on writing
                 result.staged, result.mixed_model = [], None
@@ -208,6 +209,7 @@ class SearchStage:
                                              out_dir, noise=cert.noise)  # FP32's noise: once
             if not nearer.mixed_model_passed:
                 nearer.staged = []
+                _count_unkept(result, again, ev)
                 break
             growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
             result, cert = nearer, nearer_cert
@@ -221,6 +223,13 @@ class SearchStage:
             cert.aim_round = len(aims)
             result.certificate = cert.to_json()
         return result, cert, ev
+
+
+def _count_unkept(result: RunResult, again: SearchResult, ev: Evaluator) -> None:
+    """An aimed round whose plan is not kept still cost its evaluations and inferences: the
+    run's counts say them (a kept plan's result counts them as `spent`)."""
+    result.evaluations += again.evaluations
+    result.inferences += ev.runs
 
 
 def aim_allowance(first: int) -> int:
