@@ -266,7 +266,7 @@ def certificate_lines(cert: Mapping) -> list[str]:
         lines.append(f"{key}: score {_fmt(m['worst'])} clears {_fmt(m['bound'])} by "
                      f"{_fmt(m['margin'])} {ok} {_fmt(m['spread'])}")
     if cert.get("decided"):
-        lines.append(f"fragile at once: {cert['decided']}")
+        lines.append(f"fragile, decided: {cert['decided']}")
     return lines
 
 

@@ -166,6 +166,8 @@ class SearchStage:
                 break
             tol = cert.aim(sopts.tolerance)
             if tol is None:
+                cert.decided = ("no output's bound can be aimed inside: what fails is a "
+                                "variation's verdict under a criterion with no bound")
                 break
             left = allowance - sum(a["evaluations"] for a in aims)
             if left <= 0:
@@ -196,9 +198,9 @@ class SearchStage:
                          "known_failing": sum(self.as_nodes(t.fp32) in carried
                                               for t in again.trials)})
             if not again.found:
-                if again.stopped_early:
-                    cert.decided = (f"the aimed search used its allowance of {left} "
-                                      "evaluations without a plan")
+                cert.decided = (f"the aimed search used its allowance of {left} evaluations "
+                                "without a plan" if again.stopped_early else
+                                "no plan passes inside the aimed bound")
                 _count_unkept(result, again, ev)
                 break
             if result.staged:  # the next judge empties the staging folder: rewrite on writing
@@ -210,6 +212,7 @@ class SearchStage:
             if not nearer.mixed_model_passed:
                 nearer.staged = []
                 _count_unkept(result, again, ev)
+                cert.decided = "the aimed plan's written file fails its own judge"
                 break
             growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
             result, cert = nearer, nearer_cert
@@ -217,6 +220,10 @@ class SearchStage:
                 cert.decided = ("the spread grew with the aimed plan: each nearer plan "
                                   "moves what the tools compute as much as it gains")
                 break
+        else:  # every round ran: none left for a plan still without the margin
+            if cert is not None and not cert.certified and not cert.decided:
+                cert.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by more "
+                                "than the spread")
         if aims:
             result.aimed_searches = aims
         if cert is not None and (aims or cert.decided):
