@@ -267,3 +267,37 @@ def test_fp16_as_it_is_passing_only_its_searched_sample_is_not_fp16_ok(tmp_path)
     r = run(path, Options(inputs=files, semantics="strict"))
     assert r.verdict == "unvalidated" and verdict_line(r).startswith(
         "unvalidated: FP16 as it is meets")
+
+
+def test_inputs_read_as_shapes_or_counts_are_not_perturbed():
+    """Resize's scales (a float input), a length that feeds Range through integer arithmetic
+    and Casts: read as a shape or a count, never perturbed; token ids that feed a Gather and
+    the image that is resized: perturbed."""
+    from trtbisect.graph import Graph
+
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    zero = helper.make_tensor("zero", TensorProto.INT64, [], [0])
+    emb = helper.make_tensor("emb", TensorProto.FLOAT, [10, 2], list(np.arange(20.0)))
+    nodes = [helper.make_node("Resize", ["img", "", "scales"], ["big"], name="resize"),
+             helper.make_node("Cast", ["n"], ["n64"], to=TensorProto.INT64, name="cast"),
+             helper.make_node("Add", ["n64", "one"], ["n1"], name="plus"),
+             helper.make_node("Range", ["zero", "n1", "one"], ["r"], name="range"),
+             helper.make_node("Gather", ["emb", "ids"], ["e"], name="gather")]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "shapes",
+                          [vi("img", TensorProto.FLOAT, [1, 1, 4, 4]),
+                           vi("scales", TensorProto.FLOAT, [4]),
+                           vi("n", TensorProto.INT32, []), vi("ids", TensorProto.INT64, [16])],
+                          [vi("big", TensorProto.FLOAT, None), vi("r", TensorProto.INT64, None),
+                           vi("e", TensorProto.FLOAT, [16, 2])], [one, zero, emb])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    keep = validation.shape_like_inputs(Graph(model))
+    assert keep == {"scales", "n"}
+    rng = np.random.default_rng(0)
+    sample = {"img": rng.standard_normal((1, 1, 4, 4)).astype(np.float32),
+              "scales": np.array([1, 1, 2, 2], np.float32), "n": np.array(5, np.int32),
+              "ids": rng.integers(0, 10, 16).astype(np.int64)}
+    copy = validation.perturb(sample, 3, keep)
+    assert np.array_equal(copy["scales"], sample["scales"]) and copy["n"] == 5
+    assert not np.array_equal(copy["img"], sample["img"])
+    assert not np.array_equal(copy["ids"], sample["ids"])
