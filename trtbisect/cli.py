@@ -450,12 +450,13 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                            f"{result.candidates} nodes{layers_words(result)} in FP32 and meets "
                            f"{meet} by less than the spread of what the tools compute (see the "
                            "margins below); no plan has the margin, so it is not called fixed",
-                "unvalidated": f"[yellow]unvalidated[/]: the plan keeps "
-                               f"{len(result.fp32_nodes)} of {result.candidates} nodes"
-                               f"{layers_words(result)} in FP32 and meets {meet} on the "
-                               "samples it was searched on, but not on the samples it never "
-                               "saw (below): give more samples (--inputs, "
-                               "--data-loader-script) or a criterion that fits"}
+                "unvalidated": "[yellow]unvalidated[/]: "
+                               + (f"the plan keeps {len(result.fp32_nodes)} of "
+                                  f"{result.candidates} nodes{layers_words(result)} in FP32 and "
+                                  if result.fp32_nodes else f"{low} as it is ")
+                               + f"meets {meet} on the samples it was searched on, but not "
+                               "on the samples it never saw (below): give more samples "
+                               "(--inputs, --data-loader-script) or a criterion that fits"}
     if result.verdict == "partial":
         from .judge.coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"

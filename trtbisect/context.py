@@ -144,8 +144,9 @@ class Context:
                 return [ref.run(s) for s in samples]
             finally:
                 ref.close()
-        kept, self.validation = validation.hold_out(self.every_sample, self.every_reference,
-                                                    share, seed, reference)
+        kept, self.validation = validation.hold_out(
+            self.every_sample, self.every_reference, share, seed, reference,
+            validation.shape_like_inputs(graph) if len(self.every_sample) == 1 else frozenset())
         self.given_sample, self.given_reference = self.every_sample, self.every_reference
         self.kept = kept
         if len(kept) < len(self.every_sample):

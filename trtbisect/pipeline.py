@@ -33,7 +33,7 @@ from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan
                             write_and_judge)
 from .judge.criteria import Judgement, Verdict
 from .judge.precision import Precision, precision as low_precision
-from .judge.verdict import decide
+from .judge.verdict import decide, on_tensorrt
 from .search.journal import Journal
 from .outputs.outdir import OutputDir
 from .outputs.report import write_report
@@ -440,14 +440,15 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
                             TrtSearchOptions.of(opts), emulator_plan=result.fp32_nodes,
                             seeds=result.prior_seeds, say=say)
     result.extra["tensorrt"] = report.to_json()
-    if not report.result.found:
-        result.verdict = "no_plan"
-    elif set(report.result.fp32) != set(result.fp32_nodes):
+    found = report.result.found
+    changed = found and set(report.result.fp32) != set(result.fp32_nodes)
+    if changed:
         result.fp32_nodes = list(report.result.fp32)
         result.mixed_model = result.mixed_check = None  # they described the emulator's plan
         result.files.pop("mixed_model", None)
         result.staged, result.emulated_mixed = [], None
-        result.verdict = "fixed" if result.fp32_nodes else "fp16_ok"
+    result.verdict = on_tensorrt(result.verdict, found=found, changed=changed,
+                                 planned=bool(result.fp32_nodes))
     write_outputs(result, ctx, out_dir)
 
 

@@ -233,3 +233,75 @@ def test_a_metric_plan_needs_its_score_clear_of_the_threshold_by_the_spread():
     far = {"ORT variant": [crit.judge(ref, moved, {}, Tolerance())]}
     (m,) = _score_margins(judged, far, {0}).values()
     assert m.spread > m.margin > 0 and not m.certified
+
+
+def test_fp16_as_it_is_passing_only_its_searched_sample_is_not_fp16_ok(tmp_path):
+    """y = x*256*256/65536 (powers of two: exact in FP16 until x*65536 overflows, |x| > 1).
+    The searched sample stays under 1, the held-out one reaches 1.5: all-FP16 passes what it
+    was judged on and fails the unseen sample, so the verdict is `unvalidated` with no FP32
+    node, said as FP16 as it is, exit 9."""
+    k = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in
+         (("up", 256.0), ("down", 1 / 65536))]
+    nodes = [helper.make_node("Mul", ["x", "up"], ["a"], name="up1"),
+             helper.make_node("Mul", ["a", "up"], ["b"], name="up2"),
+             helper.make_node("Mul", ["b", "down"], ["y"], name="down")]
+    g = helper.make_graph(nodes, "pow2", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [8])], k)
+    path = tmp_path / "pow2.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              path)
+    kept, held = validation.split(2, validation.HOLD_OUT_SHARE, 0)
+    xs = {kept[0]: [0.5, -0.25, 0.75, 0.125, -0.5, 0.25, 0.0, -0.75],
+          held[0]: [1.5, -1.25, 0.5, 1.0, -1.5, 0.25, 0.0, 1.25]}
+    files = []
+    for i in (0, 1):
+        np.savez(tmp_path / f"s{i}.npz", x=np.asarray(xs[i], np.float32))
+        files.append(str(tmp_path / f"s{i}.npz"))
+    res = CliRunner().invoke(main, ["run", str(path), *sum((["--inputs", f] for f in files),
+                                                           []), "--semantics", "strict",
+                                    "--out", str(tmp_path / "out")])
+    assert res.exit_code == 9, res.output
+    assert "unvalidated: FP16 as it is meets" in " ".join(res.output.split())
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["verdict"] == "unvalidated" and written["fp32_nodes"] == []
+    assert written["validation"]["passed"] is False
+    from trtbisect.outputs.report import verdict_line
+    from trtbisect.pipeline import Options, run
+    r = run(path, Options(inputs=files, semantics="strict"))
+    assert r.verdict == "unvalidated" and verdict_line(r).startswith(
+        "unvalidated: FP16 as it is meets")
+
+
+def test_inputs_read_as_shapes_or_counts_are_not_perturbed():
+    """Resize's scales (a float input), a length that feeds Range through integer arithmetic
+    and Casts: read as a shape or a count, never perturbed; token ids that feed a Gather and
+    the image that is resized: perturbed."""
+    from trtbisect.graph import Graph
+
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    zero = helper.make_tensor("zero", TensorProto.INT64, [], [0])
+    emb = helper.make_tensor("emb", TensorProto.FLOAT, [10, 2], list(np.arange(20.0)))
+    nodes = [helper.make_node("Resize", ["img", "", "scales"], ["big"], name="resize"),
+             helper.make_node("Cast", ["n"], ["n64"], to=TensorProto.INT64, name="cast"),
+             helper.make_node("Add", ["n64", "one"], ["n1"], name="plus"),
+             helper.make_node("Range", ["zero", "n1", "one"], ["r"], name="range"),
+             helper.make_node("Gather", ["emb", "ids"], ["e"], name="gather")]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "shapes",
+                          [vi("img", TensorProto.FLOAT, [1, 1, 4, 4]),
+                           vi("scales", TensorProto.FLOAT, [4]),
+                           vi("n", TensorProto.INT32, []), vi("ids", TensorProto.INT64, [16])],
+                          [vi("big", TensorProto.FLOAT, None), vi("r", TensorProto.INT64, None),
+                           vi("e", TensorProto.FLOAT, [16, 2])], [one, zero, emb])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    keep = validation.shape_like_inputs(Graph(model))
+    assert keep == {"scales", "n"}
+    rng = np.random.default_rng(0)
+    sample = {"img": rng.standard_normal((1, 1, 4, 4)).astype(np.float32),
+              "scales": np.array([1, 1, 2, 2], np.float32), "n": np.array(5, np.int32),
+              "ids": rng.integers(0, 10, 16).astype(np.int64)}
+    copy = validation.perturb(sample, 3, keep)
+    assert np.array_equal(copy["scales"], sample["scales"]) and copy["n"] == 5
+    assert not np.array_equal(copy["img"], sample["img"])
+    assert not np.array_equal(copy["ids"], sample["ids"])

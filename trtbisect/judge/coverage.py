@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
+from .verdict import decide
 
 # onnx-tensorrt's operator support matrix, docs/operators.md at commit 96e7811 (2024-06-17:
 # "TensorRT 10.0 supports operators in the inclusive range of opset 9 to opset 20"), the newest
@@ -176,9 +177,10 @@ def apply_partial(result) -> None:
     """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes becomes
     "partial": the judged part passes, the rest was never rounded. The plan is kept."""
     counts = (result.coverage or {}).get("unjudged") or []
-    if result.verdict in ("fp16_ok", "fixed") and counts:
+    verdict = decide(result.verdict, covered=not counts)
+    if verdict != result.verdict:
         result.partial = {"judged_verdict": result.verdict, "unjudged": counts}
-        result.verdict = "partial"
+        result.verdict = verdict
 
 
 def partial_words(result) -> str:

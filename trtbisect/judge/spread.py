@@ -269,7 +269,7 @@ def certificate_lines(cert: Mapping) -> list[str]:
                      f"{_fmt(m['severity'])} of its threshold: margin {_fmt(m['margin'])} "
                      f"{ok} {_fmt(m['spread'])}")
     if cert.get("decided"):
-        lines.append(f"fragile at once: {cert['decided']}")
+        lines.append(f"fragile, decided: {cert['decided']}")
     return lines
 
 

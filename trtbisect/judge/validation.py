@@ -12,9 +12,11 @@ the very judge `check` runs, must pass them too before the plan is called `fixed
   fits its type (`perturb`): float inputs get Gaussian noise of `PERTURB_SCALE` times their
   own standard deviation; integer inputs (token ids, bytes, masks) get `PERTURB_INT_SHARE` of
   their positions replaced by values the sample itself holds, so every value stays one the
-  model was given; booleans and integer inputs of fewer than `SHAPE_LIKE` elements (shapes,
-  sample rates, lengths: values the graph branches or reshapes on) stay as they are. The seed
-  is `--seed`. Their FP32 reference is the model's own.
+  model was given; booleans, integer inputs of fewer than `SHAPE_LIKE` elements (shapes,
+  sample rates, lengths: values the graph branches or reshapes on) and inputs the graph reads
+  as a shape, a count or a branch (`shape_like_inputs`: Reshape's shape, Slice's bounds,
+  If's condition, ..., directly or through integer arithmetic and Casts) stay as they are. The
+  seed is `--seed`. Their FP32 reference is the model's own.
 - **none**: validation turned off; the run says the plan is unvalidated.
 
 A plan that passes its search samples but fails validation is written and called
@@ -51,13 +53,54 @@ def split(count: int, share: float, seed: int) -> tuple[list[int], list[int]]:
     return [i for i in range(count) if i not in out], out
 
 
-def perturb(sample: Arrays, seed: int) -> dict[str, np.ndarray]:
-    """One perturbed copy of `sample` (module docstring: what each input type gets)."""
+# Per op, the operands a graph reads as a shape, a size, a count, an axis or a branch: an input
+# that reaches one keeps its values in a perturbed copy (a moved value would change what the
+# model computes, not how precisely).
+SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,),
+    "Slice": (1, 2, 3, 4), "Range": (0, 1, 2), "TopK": (1,), "Resize": (1, 2, 3),
+    "Upsample": (1,), "Pad": (1, 3), "Squeeze": (1,), "Unsqueeze": (1,), "OneHot": (1,),
+    "Split": (1,), "Trilu": (1,), "CumSum": (1,), "If": (0,), "Loop": (0, 1),
+    "NonMaxSuppression": (2,), "CenterCropPad": (1,), "DFT": (1, 2), "STFT": (1, 3),
+    **{f"Reduce{r}": (1,) for r in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2",
+                                     "LogSum", "LogSumExp", "SumSquare")}}
+_FLOATS = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def shape_like_inputs(graph) -> frozenset[str]:
+    """The graph inputs whose values reach an operand read as a shape, count, axis or branch
+    (SHAPE_OPERANDS), directly or through Casts and integer-typed tensors (`seq_len + 1`
+    feeding a Range). `graph`: a graph.Graph (its flattened nodes, consumers and types)."""
+    out = set()
+    for v in graph.inputs():
+        seen, todo = {v.name}, [v.name]
+        while todo and v.name not in out:
+            t = todo.pop()
+            for i in graph.consumers.get(t, ()):
+                node = graph.nodes[i]
+                slots = SHAPE_OPERANDS.get(node.op_type, ())
+                if any(k < len(node.input) and node.input[k] == t for k in slots):
+                    out.add(v.name)
+                    break
+                for o in node.output:
+                    if o and o not in seen and (node.op_type == "Cast" or graph.types.get(
+                            o, 1) not in _FLOATS):
+                        seen.add(o)
+                        todo.append(o)
+    return frozenset(out)
+
+
+def perturb(sample: Arrays, seed: int, keep: frozenset[str] = frozenset()
+            ) -> dict[str, np.ndarray]:
+    """One perturbed copy of `sample` (module docstring: what each input type gets); the
+    inputs named in `keep` (`shape_like_inputs`) stay as they are."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for name in sorted(sample):
         a = np.asarray(sample[name])
-        if a.dtype.kind == "f" and a.size:
+        if name in keep:
+            out[name] = a.copy()
+        elif a.dtype.kind == "f" and a.size:
             x = a.astype(np.float64)
             finite = np.isfinite(x)
             std = float(np.std(x[finite])) if finite.any() else 0.0
@@ -140,18 +183,18 @@ class Validation:
 
 
 def hold_out(samples: Sequence[Arrays], references: Sequence[Arrays], share: float,
-             seed: int, reference: Callable[[Sequence[Arrays]], list[dict[str, np.ndarray]]]
-             ) -> tuple[list[int], Holdout | None]:
+             seed: int, reference: Callable[[Sequence[Arrays]], list[dict[str, np.ndarray]]],
+             keep: frozenset[str] = frozenset()) -> tuple[list[int], Holdout | None]:
     """The indices of the samples the search keeps, and what validates the written plan
     (None: `share` 0): of two samples or more the held-out ones, of one its perturbed copies
-    (their references by `reference`, on first use)."""
+    (their references by `reference`, on first use; the inputs in `keep` unchanged)."""
     if share <= 0:
         return list(range(len(samples))), None
     if len(samples) >= 2:
         kept, held = split(len(samples), share, seed)
         return kept, Holdout("held_out", [samples[i] for i in held], held,
                              references=[references[i] for i in held])
-    copies = [perturb(samples[0], seed * 7919 + k + 1) for k in range(PERTURB_COPIES)]
+    copies = [perturb(samples[0], seed * 7919 + k + 1, keep) for k in range(PERTURB_COPIES)]
     return [0], Holdout("perturbed", copies, reference=reference)
 
 

@@ -1,38 +1,62 @@
 """The run's verdict, decided in one place from what the run found.
 
-A search proposes (`search_verdict`: a plan, none, one over the budget, or FP16 as it is); the
-written file, its certificate and its validation decide what that plan may be called:
+A search proposes (`result.search_verdict`: a plan, none, one over the budget, or FP16 as it
+is); the written file, its certificate, its validation and the graph's coverage decide what
+that plan may be called, in this order:
 
-- the written file fails its own judge: `no_plan` (one judge: a file that fails is never
-  `fixed`); a plan over the `--budget` whose file passes is `fixed` after all;
-- it passes by less than the spread of what the tools compute (judge/spread.py): `fragile`;
-- it fails the samples the search never saw (judge/validation.py): `unvalidated`.
+1. the written file fails its own judge: `no_plan` (one judge: a file that fails is never
+   `fixed`); a plan over the `--budget` whose file passes is `fixed` after all;
+2. it passes by less than the spread of what the tools compute (judge/spread.py), or the
+   certificate decided that no nearer plan can have the margin: `fragile`;
+3. it fails the samples the search never saw (judge/validation.py): `unvalidated`;
+4. a passing verdict on a graph the emulator could not wholly round (judge/coverage.py):
+   `partial` (the judged part passes; the rest ran in FP32).
 
-`coverage.apply_partial` (a graph not wholly judged) and the TensorRT backend's own search
-(`pipeline.verify_on_tensorrt`) come after, on what this decides.
+What `fixed` (and `fp16_ok`) certifies is therefore all of: the written file passes the
+run's criteria on every sample searched, by more than the spread on every output, and on
+every validation sample (held out, or perturbed copies of a single one) where the run had
+any. A finding left `None` was not judged and decides nothing.
+
+The TensorRT backend's own search (`pipeline.verify_on_tensorrt`) judges engines instead of
+the emulator: `on_tensorrt` says what its outcome makes of the verdict.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 VerdictName = Literal["fp16_ok", "fixed", "no_plan", "over_budget", "fragile", "unvalidated",
                       "partial", "reference_invalid", "reference_unstable", "nothing_to_judge",
                       "not_searched", "quantized_ok"]
-PASSING = ("fixed", "fp16_ok")
+PASSING: tuple[VerdictName, ...] = ("fixed", "fp16_ok")
 
 
 def decide(proposed: str, *, file_passed: bool | None = None, certified: bool | None = None,
-           validated: bool | None = None) -> str:
-    """The verdict a proposed one becomes given the findings known so far (None: not
-    judged, so it decides nothing)."""
-    verdict = proposed
+           validated: bool | None = None, covered: bool | None = None) -> VerdictName:
+    """The verdict a proposed one becomes given the findings known so far (module
+    docstring: the order; None: not judged, so it decides nothing)."""
+    verdict = cast(VerdictName, proposed)
     if verdict == "over_budget":
         return "fixed" if file_passed else verdict
-    if verdict in PASSING and file_passed is False:
+    if verdict not in PASSING:
+        return verdict
+    if file_passed is False:
         return "no_plan"
-    if verdict in PASSING and certified is False:
+    if certified is False:
         return "fragile"
-    if verdict in PASSING and validated is False:
+    if validated is False:
         return "unvalidated"
+    if covered is False:
+        return "partial"
     return verdict
+
+
+def on_tensorrt(proposed: str, *, found: bool, changed: bool, planned: bool) -> VerdictName:
+    """The verdict after TensorRT's own search (`--backend trt`): no engine plan passes:
+    `no_plan`; TensorRT needed another plan than the emulator's: that plan, judged on the
+    engines themselves, is `fixed` (or `fp16_ok` when empty); the same plan: as decided."""
+    if not found:
+        return "no_plan"
+    if changed:
+        return "fixed" if planned else "fp16_ok"
+    return cast(VerdictName, proposed)

@@ -45,7 +45,11 @@ VERDICTS = {"fp16_ok": "FP16 already meets {meet}: nothing needs FP32",
                        "plan has the margin, so it is not called fixed",
             "unvalidated": "unvalidated: the plan keeps {n} of {c} nodes{layers} in FP32 and "
                            "meets {meet} on the samples it was searched on, but fails the "
-                           "samples it never saw; it is not called fixed"}
+                           "samples it never saw; it is not called fixed",
+            # unvalidated with no FP32 node: FP16 as it is passed the searched samples only
+            "unvalidated_as_is": "unvalidated: FP16 as it is meets {meet} on the samples it "
+                                 "was judged on, but fails the samples it never saw; it is "
+                                 "not called fixed"}
 
 
 def require_matplotlib() -> None:
@@ -83,12 +87,15 @@ def low_of(result: "RunResult") -> Precision:
 def verdict_line(result: "RunResult") -> str:
     from ..judge.coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
-    line = VERDICTS[result.verdict].format(n=len(result.fp32_nodes), c=result.candidates,
+    key = result.verdict
+    if key == "unvalidated" and not result.fp32_nodes:
+        key = "unvalidated_as_is"
+    line = VERDICTS[key].format(n=len(result.fp32_nodes), c=result.candidates,
                                            layers=layers_words(result),
                                            partial=partial,
                                            meet=result.criteria.standard)
     low = low_of(result)
-    return line.replace("FP16", low.label) if result.verdict == "fp16_ok" else line
+    return line.replace("FP16", low.label) if key in ("fp16_ok", "unvalidated_as_is") else line
 
 
 def groups_of(result: "RunResult") -> list[dict]:

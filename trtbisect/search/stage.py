@@ -167,6 +167,8 @@ class SearchStage:
                 break
             tol = cert.aim(sopts.tolerance)
             if tol is None:
+                cert.decided = ("no output's bound can be aimed inside: what fails is a "
+                                "variation's verdict under a criterion with no bound")
                 break
             left = allowance - sum(a["evaluations"] for a in aims)
             if left <= 0:
@@ -197,9 +199,10 @@ class SearchStage:
                          "known_failing": sum(self.as_nodes(t.fp32) in carried
                                               for t in again.trials)})
             if not again.found:
-                if again.stopped_early:
-                    cert.decided = (f"the aimed search used its allowance of {left} "
-                                      "evaluations without a plan")
+                cert.decided = (f"the aimed search used its allowance of {left} evaluations "
+                                "without a plan" if again.stopped_early else
+                                "no plan passes inside the aimed bound")
+                _count_unkept(result, again, ev)
                 break
             if result.staged:  # the next judge empties the staging folder: rewrite on writing
                 result.staged, result.mixed_model = [], None
@@ -209,6 +212,8 @@ class SearchStage:
                                              out_dir, noise=cert.noise)  # FP32's noise: once
             if not nearer.mixed_model_passed:
                 nearer.staged = []
+                _count_unkept(result, again, ev)
+                cert.decided = "the aimed plan's written file fails its own judge"
                 break
             growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
             result, cert = nearer, nearer_cert
@@ -216,12 +221,23 @@ class SearchStage:
                 cert.decided = ("the spread grew with the aimed plan: each nearer plan "
                                   "moves what the tools compute as much as it gains")
                 break
+        else:  # every round ran: none left for a plan still without the margin
+            if cert is not None and not cert.certified and not cert.decided:
+                cert.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by more "
+                                "than the spread")
         if aims:
             result.aimed_searches = aims
         if cert is not None and (aims or cert.decided):
             cert.aim_round = len(aims)
             result.certificate = cert.to_json()
         return result, cert, ev
+
+
+def _count_unkept(result: RunResult, again: SearchResult, ev: Evaluator) -> None:
+    """An aimed round whose plan is not kept still cost its evaluations and inferences: the
+    run's counts say them (a kept plan's result counts them as `spent`)."""
+    result.evaluations += again.evaluations
+    result.inferences += ev.runs
 
 
 def aim_allowance(first: int) -> int:

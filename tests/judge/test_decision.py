@@ -1,0 +1,79 @@
+"""The run's verdict decided in one place (judge/verdict.py), and the certificate's decision
+rules (judge/spread.py): what `fixed` needs, what makes it `fragile` at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtbisect.judge.compare import Tolerance
+from trtbisect.judge.spread import (AIM_FACTOR, SPREAD_SHARE, Certificate, OutputMargin)
+from trtbisect.judge.verdict import PASSING, decide, on_tensorrt
+from trtbisect.result import VERDICT_EXIT
+
+
+@pytest.mark.parametrize("proposed", PASSING)
+def test_a_passing_verdict_needs_every_finding_in_order(proposed):
+    assert decide(proposed) == proposed  # nothing judged: nothing decided
+    assert decide(proposed, file_passed=True, certified=True, validated=True,
+                  covered=True) == proposed
+    # the first finding that fails names the verdict: file, certificate, validation, coverage
+    assert decide(proposed, file_passed=False, certified=False, validated=False,
+                  covered=False) == "no_plan"
+    assert decide(proposed, file_passed=True, certified=False, validated=False) == "fragile"
+    assert decide(proposed, certified=True, validated=False, covered=False) == "unvalidated"
+    assert decide(proposed, certified=True, validated=True, covered=False) == "partial"
+
+
+def test_other_verdicts_stay_and_a_budget_plan_whose_file_passes_is_fixed():
+    for v in ("no_plan", "reference_invalid", "reference_unstable", "nothing_to_judge",
+              "fragile", "unvalidated"):
+        assert decide(v, file_passed=False, certified=False, validated=False,
+                      covered=False) == v
+    assert decide("over_budget", file_passed=True) == "fixed"
+    assert decide("over_budget", file_passed=False) == "over_budget"
+    assert decide("over_budget") == "over_budget"
+
+
+def test_tensorrts_own_search_decides_its_plan():
+    assert on_tensorrt("fixed", found=False, changed=False, planned=True) == "no_plan"
+    assert on_tensorrt("fp16_ok", found=True, changed=True, planned=True) == "fixed"
+    assert on_tensorrt("fixed", found=True, changed=True, planned=False) == "fp16_ok"
+    assert on_tensorrt("unvalidated", found=True, changed=False, planned=True) == "unvalidated"
+
+
+def test_every_verdict_has_an_exit_code():
+    from typing import get_args
+
+    from trtbisect.judge.verdict import VerdictName
+    assert set(get_args(VerdictName)) <= set(VERDICT_EXIT)
+    assert VERDICT_EXIT["unvalidated"] == 9 and VERDICT_EXIT["fragile"] == 7
+
+
+def _cert(bound: float, worst: float, spread: float) -> Certificate:
+    return Certificate({"y": OutputMargin(bound, worst, spread, 0.0)}, {"v": True})
+
+
+def test_a_spread_over_a_quarter_of_the_bound_is_hopeless_at_once():
+    assert _cert(1.0, 0.9, 0.2).hopeless() is None  # 20%: an aimed round may help
+    why = _cert(1.0, 0.9, 0.3).hopeless()
+    assert why is not None and "noise is as large as the effect" in why
+    assert _cert(1.0, 0.5, 0.3).hopeless() is None  # certified: nothing to decide
+
+
+def test_an_aimed_ceiling_never_falls_below_half_the_bound():
+    """The rule in docs/trust.md: a spread above SPREAD_SHARE of the bound is fragile at once,
+    so every ceiling a search aims at keeps at least 1 - AIM_FACTOR * SPREAD_SHARE of it."""
+    assert 1 - AIM_FACTOR * SPREAD_SHARE >= 0.5
+    cert = _cert(1.0, 0.95, SPREAD_SHARE)  # the widest spread still aimed at
+    assert cert.hopeless() is None
+    tol = cert.aim(Tolerance())
+    assert tol is not None and tol.ceiling["y"] == pytest.approx(1 - AIM_FACTOR * SPREAD_SHARE)
+    for spread in (0.01, 0.1, SPREAD_SHARE):  # a second round, whatever its plan's spread
+        again = _cert(1.0, 1.0 - spread / 2, spread).aim(tol)
+        assert again is None or 0.5 <= again.ceiling["y"] <= tol.ceiling["y"]
+
+
+def test_a_spread_that_grows_with_the_nearer_plan_is_seen():
+    assert _cert(1.0, 0.95, 0.1).spread_grew(_cert(1.0, 0.7, 0.2))
+    assert not _cert(1.0, 0.95, 0.1).spread_grew(_cert(1.0, 0.7, 0.05))
+    assert not _cert(1.0, 0.5, 0.1).spread_grew(_cert(1.0, 0.7, 0.2))  # it was certified

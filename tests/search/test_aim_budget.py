@@ -1,0 +1,61 @@
+"""The aimed rounds (search/stage.py `aim`) start from what the first search learned and share
+an allowance of its evaluations; a round that runs out decides `fragile` at once (#45 item 3).
+On the planted detector of test_aimed_resume.py: the first search finds {conv1}, which passes
+its bound by less than the spread, and one aimed round keeps conv1 and the head."""
+
+from __future__ import annotations
+
+import json
+
+from tests.search.test_aimed_resume import _planted
+from trtbisect.search import stage
+from trtbisect.search.stage import aim_allowance
+
+
+def _run(tmp_path, name: str):
+    from trtbisect.pipeline import Options, run
+
+    path, inputs, tol = _planted(tmp_path)
+    # the aim is the subject: no validation (tests/judge/test_validation.py has it)
+    return run(path, Options(inputs=[str(inputs)], tolerance=tol, semantics="strict",
+                             validation_share=0), tmp_path / name)
+
+
+def _first_search(tmp_path, monkeypatch) -> int:
+    """The first search's evaluations alone: the same run with no aimed round."""
+    with monkeypatch.context() as m:
+        m.setattr(stage, "AIM_ROUNDS", 0)
+        r = _run(tmp_path, "first")
+    assert r.verdict == "fragile" and r.fp32_nodes == ["conv1"] and not r.aimed_searches
+    return r.evaluations
+
+
+def test_an_aimed_round_grows_from_the_last_plan_within_its_allowance(tmp_path, monkeypatch):
+    first = _first_search(tmp_path, monkeypatch)
+    r = _run(tmp_path, "out")
+    assert r.verdict == "fixed" and r.fp32_nodes == ["conv1", "head"]
+    (aim,) = r.aimed_searches
+    assert aim["found"] and r.evaluations == first + aim["evaluations"]
+    assert aim["evaluations"] <= aim_allowance(first)
+    # all-FP16 failed the looser bound: known to fail the tighter one, judged by nothing
+    assert aim["known_failing"] >= 1
+    # after the empty plan, the aimed search tries the last plan first: grown, not searched anew
+    assert r.search.trials[1].fp32 == ("conv1",)
+
+
+def test_an_aimed_round_that_uses_its_allowance_is_fragile_at_once(tmp_path, monkeypatch):
+    """An allowance of 2 evaluations (the planted round needs more): no plan within it, so
+    the verdict is `fragile` with the first plan written, and the run stops there (the
+    evaluations are the first search's and the 2)."""
+    first = _first_search(tmp_path, monkeypatch)
+    monkeypatch.setattr(stage, "AIM_FLOOR", 2)
+    monkeypatch.setattr(stage, "AIM_SHARE", 0.0)
+    r = _run(tmp_path, "out")
+    assert r.verdict == "fragile" and r.exit_code == 7 and r.fp32_nodes == ["conv1"]
+    (aim,) = r.aimed_searches
+    assert not aim["found"] and aim["evaluations"] == 2
+    assert r.evaluations == first + 2  # what the aimed round spent is counted
+    assert "used its allowance of 2 evaluations" in r.certificate["decided"]
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["verdict"] == "fragile" and written["certificate"]["decided"]
+    assert (tmp_path / "out" / "det.mixed.onnx").exists()  # the plan is still written
