@@ -334,3 +334,63 @@ def test_the_noise_floor_is_measured_once_per_run(tmp_path, monkeypatch):
     r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
             tmp_path / "out")
     assert r.aimed_searches and len(calls) == 1
+
+
+# ---------------------------------------------------------------- one number per output
+
+def test_one_number_per_output_over_several_samples(tmp_path):
+    """Four samples of one model at four scales (one held out): the console's Outputs table,
+    `check` of the written file, precision.json, the report, the certificate's margin line and
+    the rendered Polygraphy bound all say the same max|d| (the largest over the samples, with
+    its sample) against the same bound (the smallest, with its sample), and the margin line's
+    numbers are the table's (#46 item 2)."""
+    import json
+    import re
+
+    from tests.models.make_models import precision_loss
+
+    p = precision_loss()
+    onnx.save(p.model, tmp_path / "m.onnx")
+    scales = (1.0, 3.0, 1.5, 2.0)  # the largest error on sample 1, the smallest bound on 0
+    np.savez(tmp_path / "x.npz", x=np.stack([p.inputs["x"] * s for s in scales]))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--inputs",
+                                  str(tmp_path / "x.npz"), "--out", str(out), "--report"],
+                           env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    plan = json.loads((out / "precision.json").read_text())
+    assert plan["verdict"] == "fixed"
+    assert plan["validation"]["indices"], "a sample is held out"
+    e = plan["errors_after"]["y"]
+    # the numbers are over every sample given, held-out ones too, and say whose they are
+    assert (e["sample"], e["bound_sample"]) == (1, 0)
+    cell = f"max|d| {e['max_abs']:.3g} on sample 1 (bound {e['bound']:.3g} of sample 0)"
+    table = r.output.split("Outputs", 1)[1]
+    (row,) = [ln for ln in table.splitlines() if ln.startswith("│ y")]
+    assert row.split("│")[3].strip() == f"ok {cell}"  # the "with the plan" column
+    c = CliRunner().invoke(main, ["check", str(out / "m.mixed.onnx"), "--reference",
+                                  str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "x.npz")],
+                           env={"COLUMNS": "250"})
+    assert c.exit_code == 0, c.output
+    assert f"y: ok {cell}" in c.output
+    # the certificate measures the very numbers the table shows
+    cert = plan["certificate"]["outputs"]["y"]
+    assert (cert["worst"], cert["bound"], cert["sample"], cert["bound_sample"]) == (
+        e["max_abs"], e["bound"], 1, 0)
+    margin = next(ln for ln in r.output.splitlines() if "margin" in ln and ln.strip()
+                  .startswith("y:"))
+    said = re.findall(r"\d[\d.e+-]*", margin.split("spread")[0])
+    assert f"{e['bound']:.3g}" in said and f"{e['max_abs']:.3g}" in said
+    assert f"{e['bound']:.3g}" in row and f"{e['max_abs']:.3g}" in row
+    # the report says the same cell; the renderings check against the same bound
+    report = (out / "report.md").read_text()
+    assert cell.replace(f"{e['max_abs']:.3g}", _num(e["max_abs"])).replace(
+        f"{e['bound']:.3g}", _num(e["bound"])) in report
+    assert f"--atol y:{e['bound']!r}" in (out / "commands.sh").read_text()
+    # a single place of truth: the search's own record of the plan agrees bit for bit
+    assert plan["one_judge"]["search_equals_check"]
+
+
+def _num(x: float) -> str:
+    from trtbisect.diagnosis.diagnose import num
+    return num(x)

@@ -370,9 +370,11 @@ class Criteria:
 DEFAULT = Criteria()
 
 
-def worst_of(judged: Iterable[Judgement]) -> dict[str, OutputError]:
-    """Per output, the worst error over the judged samples."""
-    return worst(j.errors for j in judged)
+def worst_of(judged: Iterable[Judgement], numbers: Sequence[int] | None = None
+             ) -> dict[str, OutputError]:
+    """Per output, the one record over the judged samples (compare.py `worst`); `numbers`:
+    the user's number of each sample."""
+    return worst((j.errors for j in judged), numbers)
 
 
 def json_number(x: float) -> float | str:

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from .compare import Tolerance
+from .compare import Tolerance, worst
 from ..context import Context, Options
 from ..outputs.mixed import Written
 from .criteria import Judgement, Score
@@ -61,6 +61,8 @@ class OutputMargin:
     spread: float  # max over variations and samples of |max|d| moved|, or the noise floor
     noise_floor: float
     variants: dict[str, float] = field(default_factory=dict)  # each variation's worst max|d|
+    sample: int | None = None  # the user's number of the sample whose max|d| is `worst`
+    bound_sample: int | None = None  # ... and of the sample whose bound is `bound`
 
     @property
     def margin(self) -> float:
@@ -74,7 +76,9 @@ class OutputMargin:
         return {"bound": _num(self.bound), "worst": _num(self.worst), "margin": _num(self.margin),
                 "spread": _num(self.spread), "noise_floor": _num(self.noise_floor),
                 "certified": self.certified,
-                "variants": {k: _num(v) for k, v in self.variants.items()}}
+                "variants": {k: _num(v) for k, v in self.variants.items()},
+                **({"sample": self.sample, "bound_sample": self.bound_sample}
+                   if self.sample is not None else {})}
 
 
 @dataclass
@@ -180,10 +184,14 @@ class Certificate:
 
 
 def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Judgement],
-            noise: Mapping[str, float] | None = None) -> Certificate:
+            noise: Mapping[str, float] | None = None,
+            given: Sequence[Judgement] | None = None) -> Certificate:
     """The certificate of the plan whose written file's judge graph is `emulated` and whose
     judgements (per sample, every sample) are `judged`. `noise`: the run's FP32 noise floor,
-    measured already (an earlier certificate's `noise`)."""
+    measured already (an earlier certificate's `noise`). `given`: the file's judgements on
+    every sample the user gave, in their order (held-out ones included: the renderings check
+    them all): the worst max|d| and the bound are over these, the very numbers the tables
+    show (compare.py `worst`); the spread is measured on `judged`'s samples."""
     from ..backends.ort import kernel_noise, variant_runs
 
     assert ctx.every_sample is not None and ctx.every_reference is not None
@@ -209,14 +217,17 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
             moved[o] = max(moved[o], d)
             worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
     outputs = {}
-    counted = [judged[k] for k in sorted(keep)]
+    every = list(given) if given else list(judged)
+    # under --pass-rate a failing sample does not count (the margin is the passing ones')
+    counted = [k for k, j in enumerate(every) if j.passed or opts.criteria.pass_rate >= 1]
+    shown = worst([every[k].errors for k in counted], counted if len(every) > 1 else None)
     for o in default:
-        if not counted:
-            break
-        bound = min(j.errors[o].bound for j in counted)
-        worst = max(j.errors[o].max_abs for j in counted)
+        if o not in shown:
+            continue
+        s = shown[o]
         floor = noise.get(o, 0.0)
-        outputs[o] = OutputMargin(bound, worst, max(moved[o], floor), floor, worst_v[o])
+        outputs[o] = OutputMargin(s.bound, s.max_abs, max(moved[o], floor), floor, worst_v[o],
+                                  s.sample, s.bound_sample)
     verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
     return Certificate(outputs, verdicts, noise=dict(noise),
                        scores=_score_margins(judged, per_variant, keep))
@@ -256,8 +267,9 @@ def certificate_lines(cert: Mapping) -> list[str]:
     lines = []
     for name, m in cert.get("outputs", {}).items():
         ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
-        lines.append(f"{name}: margin {_fmt(m['margin'])} of {_fmt(m['bound'])} {ok} "
-                     f"{_fmt(m['spread'])}")
+        lines.append(f"{name}: margin {_fmt(m['margin'])} = bound {_fmt(m['bound'])}"
+                     f"{_of_sample(m.get('bound_sample'))} - max|d| {_fmt(m.get('worst'))}"
+                     f"{_of_sample(m.get('sample'))} {ok} {_fmt(m['spread'])}")
     for label, ok in cert.get("variants", {}).items():
         if not ok:
             lines.append(f"fails the criteria under {label}")
@@ -268,6 +280,10 @@ def certificate_lines(cert: Mapping) -> list[str]:
     if cert.get("decided"):
         lines.append(f"fragile at once: {cert['decided']}")
     return lines
+
+
+def _of_sample(k) -> str:
+    return f" (sample {k})" if isinstance(k, int) else ""
 
 
 def _fmt(x) -> str:

@@ -409,11 +409,10 @@ def margin_lines(result: "RunResult") -> list[str]:
             out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
                        f"{err.scores_text}" + (f"; {'; '.join(held)}" if held else ""))
             continue
+        # the one record per output (compare.py `worst`): the largest max|d| over the
+        # samples against the smallest bound, the one the renderings write and the
+        # certificate's margin is measured under (judge/spread.py)
         worst, bound = err.max_abs, err.bound
-        held = ((result.certificate or {}).get("outputs") or {}).get(name)
-        if isinstance(held, Mapping) and isinstance(held.get("bound"), (int, float)):
-            # the bound the renderings write and the margin is measured under (judge/spread.py)
-            worst, bound = float(held["worst"]), float(held["bound"])
         used = worst / bound if bound > 0 else math.inf
         m = margins.get(name) if isinstance(margins, Mapping) else None
         spread = m.get("spread") if isinstance(m, Mapping) else None
@@ -421,9 +420,8 @@ def margin_lines(result: "RunResult") -> list[str]:
                  + (" (fragile: the margin is within it)" if m.get("fragile") else "")
                  if isinstance(spread, (int, float)) else "")
         verb = "uses" if err.passed and not err.nonfinite else "misses: reaches"
-        out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound (max|d| "
-                   f"{num(worst)} of {num(bound)}"
-                   + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + f"){floor}")
+        out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound: {err.max_text(num)}"
+                   + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + f"{floor}")
     if len(errors) > 5:
         out.append(f"... and {plural(len(errors) - 5, 'more output')} under “Error per output”")
     said = validation_line(result.validation)
@@ -462,10 +460,11 @@ def error_text(e: OutputError | None) -> str:
         return "-"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
     if e.scores:  # judged by other criteria than the default (judge/criteria.py)
+        on = f" on sample {e.sample}" if e.sample is not None else ""
         return (f"{'pass' if e.passed else 'FAIL'}: " + e.scores_text
-                + f" (max|d| {num(e.max_abs)}, cosine {e.cosine:.4f}){extra}")
-    return (f"{'pass' if e.passed else 'FAIL'}: max|d| {num(e.max_abs)} (bound {num(e.bound)}, "
-            f"rel {num(e.rel)}, cosine {e.cosine:.4f}){extra}")
+                + f"{on} (max|d| {num(e.max_abs)}, cosine {e.cosine:.4f}){extra}")
+    return (f"{'pass' if e.passed else 'FAIL'}: {e.max_text(num)}, rel {num(e.rel)}, "
+            f"cosine {e.cosine:.4f}{extra}")
 
 
 def trace_rows(result: "RunResult") -> list[tuple[int, str, int, str, str]]:
@@ -547,7 +546,8 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     return "\n".join(parts).rstrip() + "\n"
 
 
-MARGIN_HEAD = ["output", "bound (as rendered)", "margin", "spread", "noise floor", "holds"]
+MARGIN_HEAD = ["output", "bound (as rendered)", "worst", "margin", "spread", "noise floor",
+               "holds"]
 
 
 def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
@@ -556,10 +556,19 @@ def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
     cert = result.certificate
     if not isinstance(cert, dict):
         return []
-    rows = [(name, fmt_num(m["bound"]), fmt_num(m["margin"]), fmt_num(m["spread"]),
-             fmt_num(m["noise_floor"]), "yes" if m["certified"] else "NO (fragile)")
+    def of(m: Mapping, key: str) -> str:
+        return f" (sample {m[key]})" if isinstance(m.get(key), int) else ""
+    rows = [(name, fmt_num(m["bound"]) + of(m, "bound_sample"),
+             f"max|d| {fmt_num(m.get('worst'))}{of(m, 'sample')}", fmt_num(m["margin"]),
+             fmt_num(m["spread"]), fmt_num(m["noise_floor"]),
+             "yes" if m["certified"] else "NO (fragile)")
             for name, m in cert["outputs"].items()]
-    rows += [(f"(every output) under {label}", "", "", "", "", "fails the criteria")
+    # a criterion's score against its threshold (--metric, --check-error-stat, a hook's)
+    rows += [(key, f"threshold {fmt_num(m['bound'])}", f"score {fmt_num(m.get('worst'))}",
+              fmt_num(m["margin"]), fmt_num(m["spread"]), "-",
+              "yes" if m["certified"] else "NO (fragile)")
+             for key, m in (cert.get("scores") or {}).items()]
+    rows += [(f"(every output) under {label}", "", "", "", "", "", "fails the criteria")
              for label, ok in cert["variants"].items() if not ok]
     return rows
 

@@ -134,7 +134,8 @@ class SearchStage:
             fp32_nodes=[n for n in ctx.judged.names if n in plan] if search.found else [],
             evaluations=search.evaluations + judged + spent[0],
             inferences=ev.runs + judged * len(ctx.samples) + spent[1],
-            errors_before=worst_of(self.before), errors_after=worst_of(self.before),
+            errors_before=worst_of(self.before, _numbers(ctx, self.before)),
+            errors_after=worst_of(self.before, _numbers(ctx, self.before)),
             one_minimal=search.one_minimal and search.found, search=search,
             stats=self.stats, prior_seeds=self.prior.seeds, **self.record, **self.base)
         _record_search(result, ctx, self.opts, search, self.pricing, self.before, summary)
@@ -221,6 +222,13 @@ class SearchStage:
             cert.aim_round = len(aims)
             result.certificate = cert.to_json()
         return result, cert, ev
+
+
+def _numbers(ctx: Context, judged: Sequence[Judgement]) -> list[int] | None:
+    """The user's sample numbers of the search's judgements (None: not the search's)."""
+    numbers = ctx.sample_numbers()
+    several = len(ctx.given_sample or ()) > 1  # one sample: no number to say
+    return numbers if several and len(numbers) == len(judged) else None
 
 
 def aim_allowance(first: int) -> int:
