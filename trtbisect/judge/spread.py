@@ -218,8 +218,10 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
             worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
     outputs = {}
     every = list(given) if given else list(judged)
-    # under --pass-rate a failing sample does not count (the margin is the passing ones')
-    counted = [k for k, j in enumerate(every) if j.passed or opts.criteria.pass_rate >= 1]
+    # a failing sample does not count: under --pass-rate the margin is the passing ones', and
+    # a held-out sample that fails is the validation's verdict (judge/validation.py)
+    counted = [k for k, j in enumerate(every) if j.passed or (
+        opts.criteria.pass_rate >= 1 and not given)]
     shown = worst([every[k].errors for k in counted], counted if len(every) > 1 else None)
     for o in default:
         if o not in shown:
