@@ -394,3 +394,51 @@ def test_one_number_per_output_over_several_samples(tmp_path):
 def _num(x: float) -> str:
     from trtbisect.diagnosis.diagnose import num
     return num(x)
+
+
+# ---------------------------------------------------------------- a margin under every criterion
+
+def test_a_metric_plan_says_its_margin_everywhere(tmp_path):
+    """Under --metric the written plan's score is held clear of its threshold by more than the
+    variations move it: the certificate records it (with the worst sample), the margins carry
+    it, and the console and the report say it (#46 item 3)."""
+    import json
+
+    from tests.models.make_models import precision_loss
+
+    p = precision_loss()
+    onnx.save(p.model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.stack([p.inputs["x"] * s for s in (1.0, 3.0, 1.5)]))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--inputs",
+                                  str(tmp_path / "x.npz"), "--out", str(out), "--report",
+                                  "--metric", "cosine:0.9999"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    plan = json.loads((out / "precision.json").read_text())
+    assert plan["verdict"] == "fixed"
+    (key, m), = plan["certificate"]["scores"].items()
+    assert key == "y:cosine:0.9999" and m["certified"] and m["margin"] > m["spread"]
+    e = plan["errors_after"]["y"]  # the table's: the worst sample's score
+    assert (m["worst"], m["sample"]) == (e["scores"][0]["value"], e["sample"])
+    assert m["bound"] == 0.9999 and m["margin"] == 1 - m["severity"]
+    assert abs(m["severity"] - (1 - m["worst"]) / (1 - 0.9999)) < 1e-9
+    assert plan["margins"][key]["fragile"] is False
+    said = f"score {m['worst']:.6g} on sample {m['sample']} against threshold 0.9999"
+    assert f"{key}: {said}" in r.output
+    assert said in (out / "report.md").read_text()
+
+
+def test_a_polygraphy_statistic_is_clear_by_either_of_its_rules():
+    """Polygraphy's statistic passes when |d| <= atol OR rel <= rtol: a quantile far above
+    atol but well inside rtol has its margin, in the severity both rules share (1 at the
+    threshold), not a negative |d| - atol."""
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.judge.flags import parse_criteria
+    from trtbisect.judge.spread import _score_margins
+
+    crit = parse_criteria(stats=["quantile"], quantiles=["0.99"])
+    ref = {"y": np.linspace(50, 100, 256)}
+    got = {"y": ref["y"] + 0.05}  # |d| 0.05 over atol 1e-3; rel 5e-4 of rtol 1e-2
+    judged = [crit.judge(ref, got, {}, Tolerance(1e-2, 1e-3))]
+    (m,) = _score_margins(judged, {"v": judged}, {0}).values()
+    assert m.worst > m.bound and 0.8 < m.margin < 1 and m.certified

@@ -224,7 +224,8 @@ def test_a_metric_plan_needs_its_score_clear_of_the_threshold_by_the_spread():
     assert 0.99 < score < 1
     still = {"ORT variant": [crit.judge(ref, near, {}, Tolerance())]}
     (m,) = _score_margins(judged, still, {0}).values()
-    assert m.spread == 0 and m.margin == pytest.approx(score - 0.99) and m.certified
+    # in severity (1 at the threshold): a metric's (1 - score) / (1 - threshold)
+    assert m.spread == 0 and m.margin == pytest.approx((score - 0.99) / 0.01) and m.certified
     moved = {"y": ref["y"] + 0.14 * rng.standard_normal(64)}  # the variant's score drops
     far = {"ORT variant": [crit.judge(ref, moved, {}, Tolerance())]}
     (m,) = _score_margins(judged, far, {0}).values()

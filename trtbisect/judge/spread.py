@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 from .compare import Tolerance, worst
 from ..context import Context, Options
 from ..outputs.mixed import Written
-from .criteria import Judgement, Score
+from .criteria import Judgement, Score, score_margin_text
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
@@ -84,25 +84,38 @@ class OutputMargin:
 @dataclass
 class ScoreMargin:
     """One criterion's score (a `--metric`, a `--check-error-stat` statistic, a hook's score)
-    clear of its threshold against how far the same variations move it."""
+    clear of its threshold against how far the same variations move it.
 
-    bound: float  # the threshold the score is held to
-    worst: float  # the judge's worst score over the samples
+    Measured in the score's severity (criteria.Score.severity: 1 at the threshold, below 1
+    passing), the one number that follows each pass rule exactly: a metric's (1 - score) /
+    (1 - threshold), Polygraphy's statistic passing when |d| <= atol OR rel <= rtol (the
+    smaller of the two ratios), SNR's ratio of noise powers. The margin is 1 - the worst
+    severity over the samples, the spread the largest move of the severity under a variation
+    on the same sample; certified when the margin exceeds the spread."""
+
+    bound: float  # the threshold the score is held to (its own units)
+    worst: float  # the worst sample's score (its own units)
     higher_is_better: bool
-    spread: float  # max over variations and samples of |score moved|
+    severity: float  # the worst severity over the samples
+    spread: float  # max over variations and samples of |severity moved|
+    sample: int | None = None  # the user's number of the worst sample (several samples)
 
     @property
     def margin(self) -> float:
-        return self.worst - self.bound if self.higher_is_better else self.bound - self.worst
+        return 1.0 - self.severity
 
     @property
     def certified(self) -> bool:
         return self.margin > self.spread
 
     def to_json(self) -> dict:
-        return {"bound": _num(self.bound), "worst": _num(self.worst),
-                "margin": _num(self.margin), "spread": _num(self.spread),
-                "higher_is_better": self.higher_is_better, "certified": self.certified}
+        d = {"bound": _num(self.bound), "worst": _num(self.worst),
+             "severity": _num(self.severity), "margin": _num(self.margin),
+             "spread": _num(self.spread), "higher_is_better": self.higher_is_better,
+             "certified": self.certified}
+        if self.sample is not None:
+            d["sample"] = self.sample
+        return d
 
 
 def _scores(j: Judgement) -> dict[str, "Score"]:
@@ -232,29 +245,32 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
                                   s.sample, s.bound_sample)
     verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
     return Certificate(outputs, verdicts, noise=dict(noise),
-                       scores=_score_margins(judged, per_variant, keep))
+                       scores=_score_margins(judged, per_variant, keep, ctx.kept))
 
 
 def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[Judgement]],
-                   keep: set[int]) -> dict[str, ScoreMargin]:
-    """Per criterion with a threshold: the worst score over the samples that count, against
-    the largest move of that score under a variation (on the same sample)."""
+                   keep: set[int], numbers: Sequence[int] | None = None
+                   ) -> dict[str, ScoreMargin]:
+    """Per criterion with a threshold: the worst severity over the samples that count, against
+    the largest move of that severity under a variation (on the same sample)."""
     out: dict[str, ScoreMargin] = {}
+    several = len(judged) > 1
     for key in (_scores(judged[0]) if judged else {}):
-        own = [_scores(judged[k])[key] for k in sorted(keep) if key in _scores(judged[k])]
+        own = [(k, _scores(judged[k])[key]) for k in sorted(keep) if key in _scores(judged[k])]
         if not own:
             continue
-        up = own[0].higher_is_better
-        worst = min(s.value for s in own) if up else max(s.value for s in own)
+        k_worst, worst = max(own, key=lambda p: p[1].severity)  # the first of equals
         moved = 0.0
         for js in per_variant.values():
             for k, j in enumerate(js):
                 if k not in keep or key not in _scores(j) or key not in _scores(judged[k]):
                     continue
-                a, b = _scores(j)[key].value, _scores(judged[k])[key].value
+                a, b = _scores(j)[key].severity, _scores(judged[k])[key].severity
                 moved = max(moved, abs(a - b) if math.isfinite(a) and math.isfinite(b)
                             else 0.0 if a == b else math.inf)
-        out[key] = ScoreMargin(own[0].bound, worst, up, moved)
+        out[key] = ScoreMargin(worst.bound, worst.value, worst.higher_is_better,
+                               worst.severity, moved, (numbers[k_worst] if numbers else k_worst)
+                               if several else None)
     return out
 
 
@@ -276,9 +292,7 @@ def certificate_lines(cert: Mapping) -> list[str]:
         if not ok:
             lines.append(f"fails the criteria under {label}")
     for key, m in (cert.get("scores") or {}).items():
-        ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
-        lines.append(f"{key}: score {_fmt(m['worst'])} clears {_fmt(m['bound'])} by "
-                     f"{_fmt(m['margin'])} {ok} {_fmt(m['spread'])}")
+        lines.append(score_margin_text(key, m))
     if cert.get("decided"):
         lines.append(f"fragile at once: {cert['decided']}")
     return lines

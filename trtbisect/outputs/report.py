@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
+from ..judge.criteria import score_margin_text
 from ..diagnosis.diagnose import num, pct
 from ..errors import require
 from ..judge.precision import FP16, Precision, precision as low_precision
@@ -400,9 +401,7 @@ def margin_lines(result: "RunResult") -> list[str]:
     out = []
     for name, err in list(errors.items())[:5]:
         if err.scores:
-            held = [f"{k.split(':', 1)[1]} clears its threshold by {num(float(m['margin']))} "
-                    f"against a spread of {num(float(m['spread']))}"
-                    + ("" if m["certified"] else " (fragile: the margin is within it)")
+            held = [score_margin_text("its margin", m)
                     for k, m in ((result.certificate or {}).get("scores") or {}).items()
                     if k.startswith(f"{name}:") and isinstance(m.get("margin"), (int, float))
                     and isinstance(m.get("spread"), (int, float))]
@@ -564,7 +563,9 @@ def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
              "yes" if m["certified"] else "NO (fragile)")
             for name, m in cert["outputs"].items()]
     # a criterion's score against its threshold (--metric, --check-error-stat, a hook's)
-    rows += [(key, f"threshold {fmt_num(m['bound'])}", f"score {fmt_num(m.get('worst'))}",
+    rows += [(key, f"threshold {fmt_num(m['bound'])}", f"score {fmt_num(m.get('worst'))}"
+              + (f" (sample {m['sample']})" if isinstance(m.get("sample"), int) else "")
+              + f", severity {fmt_num(m.get('severity'))}",
               fmt_num(m["margin"]), fmt_num(m["spread"]), "-",
               "yes" if m["certified"] else "NO (fragile)")
              for key, m in (cert.get("scores") or {}).items()]
