@@ -229,8 +229,7 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
             first = None  # memory: the search writes and judges its own plan
     half = _AllFp16(all_half, before, narrow, run_seconds() - half_began, first, fp16_first,
                     batches)
-    ev.known[frozenset()] = all_half
-    ev.scores[frozenset()] = _severity(before)
+    ev.judged_outside(frozenset(), all_half, before)
     return half
 
 

@@ -442,3 +442,38 @@ def test_a_polygraphy_statistic_is_clear_by_either_of_its_rules():
     judged = [crit.judge(ref, got, {}, Tolerance(1e-2, 1e-3))]
     (m,) = _score_margins(judged, {"v": judged}, {0}).values()
     assert m.worst > m.bound and 0.8 < m.margin < 1 and m.certified
+
+
+# ---------------------------------------------------------------- the trade-off plot says why
+
+def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
+    """The data behind report_tradeoff.png labels each failing trial with its reason, naming
+    the output and the sample; a plan that fails under the tolerance line failed by something
+    its error does not show: here the aimed bound (the margin), and the Pareto front runs
+    through passing plans only (#46 item 4)."""
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.outputs.report import failing_below, pareto_front, tradeoff_points
+    from trtbisect.pipeline import Options, run
+    from tests.models.make_models import precision_loss
+
+    p = precision_loss()
+    onnx.save(p.model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.stack([p.inputs["x"] * s for s in (1.0, 3.0, 1.5, 2.0)]))
+    r = run(tmp_path / "m.onnx", Options(inputs=[str(tmp_path / "x.npz")]), tmp_path / "o")
+    points, _, rtol = tradeoff_points(r)
+    failing = [pt for pt in points if not pt[2]]
+    assert failing and all(pt[3].startswith("bound: y on sample ") for pt in failing)
+    assert all(pt[1] > rtol for pt in failing)  # over the line: the line explains them
+    assert failing_below(points, rtol) == {}
+    assert all(points[i][2] for i in pareto_front(points))
+
+    m, path, inputs = _matmul(tmp_path)  # passes by a hair: the search aims inside the bound
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(_all_fp16_rel(m, inputs)
+                                                                    * (1 + 1e-6))),
+            tmp_path / "aimed")
+    assert r.aimed_searches  # the written plan comes from the aimed search
+    points, _, rtol = tradeoff_points(r)
+    below = failing_below(points, rtol)
+    assert below and set(below.values()) == {"margin"}  # all-FP16, under the line: the margin
+    assert all(points[i][3] == "margin: y on sample 0" for i in below)
+    assert all(points[i][2] for i in pareto_front(points))

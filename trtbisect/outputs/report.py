@@ -262,13 +262,16 @@ def _short(name: str, width: int = 28) -> str:
 
 # ---------------------------------------------------------------- trade-off
 
-Point = tuple[float, float, bool]  # (estimated cost, score, passed); lower is better in both
+# (estimated cost, score, passed[, why it failed: `KIND: where`, judge/evaluator.py
+# `failure`]); lower is better in both
+Point = tuple
 
 
 def pareto_front(points: Sequence[Point]) -> list[int]:
-    """Indices of the points no other point beats in both cost and score (ties: the first),
-    cheapest first. A non-finite score (NaN: not measured) is never on the front."""
-    order = sorted((i for i, p in enumerate(points) if p[1] == p[1]),
+    """Indices of the passing points no other passing point beats in both cost and score
+    (ties: the first), cheapest first. A non-finite score (NaN: not measured) is never on the
+    front, nor a failing plan (a front through plans that fail promises what none gives)."""
+    order = sorted((i for i, p in enumerate(points) if p[1] == p[1] and p[2]),
                    key=lambda i: (points[i][0], points[i][1], i))
     front, best = [], math.inf
     for i in order:
@@ -288,7 +291,8 @@ def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, flo
         return [], None, result.tolerance.rtol
     base = float(all_low_s(cost) or 0.0)
     pts = [(100 * (t.price / base - 1), math.nan if t.score is None else float(t.score),
-            t.passed) for t in result.search.trials if t.price is not None]
+            t.passed, None if t.passed else (t.why or "failed"))
+           for t in result.search.trials if t.price is not None]
     chosen = None
     plan = tuple(result.fp32_layers or ())
     for t, p in zip([t for t in result.search.trials if t.price is not None], pts):
@@ -338,12 +342,22 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
     def y(v: float) -> float:
         return ceiling if not math.isfinite(v) else max(v, low)
 
+    below = failing_below(points, limit)
     for passed, style in ((True, dict(marker="o", color="#2ca02c", label="passes")),
                           (False, dict(marker="x", color="#d62728", label="fails"))):
-        sel = [p for p in points if p[2] == passed and p[1] == p[1]]
+        sel = [p for i, p in enumerate(points) if p[2] == passed and p[1] == p[1]
+               and i not in below]
         if sel:
             ax.scatter([p[0] for p in sel], [y(p[1]) for p in sel], s=28, alpha=0.75,
                        **style)  # type: ignore[arg-type]
+    # a plan that fails under the line failed by what its error does not show: marked by why
+    kinds: dict[str, list[Point]] = {}
+    for i in sorted(below):
+        kinds.setdefault(below[i], []).append(points[i])
+    for (kind, sel), marker in zip(sorted(kinds.items()), "^sDvP<>*"):
+        ax.scatter([p[0] for p in sel], [y(p[1]) for p in sel], s=34, marker=marker,
+                   facecolors="none", edgecolors="#d62728", linewidths=1.2,
+                   label=f"fails under the line: {FAILURE_WORDS.get(kind, kind)} ({len(sel)})")
     front = [points[i] for i in pareto_front(points)]
     if front:
         xs, ys = [p[0] for p in front], [y(p[1]) for p in front]
@@ -374,6 +388,25 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+FAILURE_WORDS = {  # judge/evaluator.py FAILURES, short enough for a legend
+    "tensor": "a tensor non-finite (--strict)", "timeout": "--eval-timeout",
+    "nonfinite": "an output non-finite", "criterion": "a criterion", "hook": "the --check hook",
+    "margin": "the aimed bound (margin)", "own": "an output's own --output-tol",
+    "bound": "an output's bound", "pass-rate": "--pass-rate", "crashed": "crashed",
+    "carried": "a looser bound, carried", "failed": "no reason recorded"}
+
+
+def failing_below(points: Sequence[Point], limit: float | None) -> dict[int, str]:
+    """Index -> the kind of failure (judge/evaluator.py `failure`: `KIND: where`) of each
+    failing point drawn at or under the `limit` line: plans the line alone would call
+    passing."""
+    if limit is None:
+        return {}
+    return {i: str(p[3] if len(p) > 3 and p[3] else "failed").split(":", 1)[0]
+            for i, p in enumerate(points)
+            if not p[2] and p[1] == p[1] and p[1] <= limit}
 
 
 # ---------------------------------------------------------------- shared rows
@@ -607,7 +640,11 @@ TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown aga
                  "(docs/cost.md) and its worst relative error over the outputs (under a criterion "
                  "flag: its worst severity, 1 at the criterion's bound; a failing "
                  "plan's error is what the samples up to the first failing one showed); the "
-                 "line is the Pareto front, the star the written plan.")
+                 "line is the Pareto front of the passing plans, the star the written plan. A "
+                 "plan that fails under the tolerance line failed by what its error does not "
+                 "show, marked by why (an aimed bound inside the tolerance: the margin; an "
+                 "output's own tolerance; a criterion; a non-finite tensor); trace.json gives "
+                 "each failing plan's reason, output and sample (`why`).")
 
 
 def _cost_facts(result: "RunResult") -> list[str]:

@@ -119,7 +119,8 @@ class SearchStage:
                                              _counting_nodes(self.progress, as_nodes),
                                              **cost.search_args(self.pricing, sopts, score)))
         summary = parallel_batch.summary(workers, search, ev)
-        cost.score_trials(search, self.pricing, score)
+        cost.score_trials(search, self.pricing, score,
+                          lambda us: ev.why.get(as_nodes(us), "failed"))
         over = cost.within_budget(search, self.pricing, self.opts.budget)
         return (over if over is not None else search), summary
 
