@@ -245,7 +245,8 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
                                   s.sample, s.bound_sample)
     verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
     return Certificate(outputs, verdicts, noise=dict(noise),
-                       scores=_score_margins(judged, per_variant, keep, ctx.kept))
+                       scores=_score_margins(judged, per_variant, keep,
+                                                     getattr(ctx, "kept", None)))
 
 
 def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[Judgement]],
