@@ -208,8 +208,9 @@ def error_cell(e: OutputError | None) -> str:
     mark = "[green]ok[/]" if e.passed else "[red]FAIL[/]"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
     if e.scores:  # judged by other criteria than the default (judge/criteria.py)
-        return f"{mark} " + escape(e.scores_text) + extra
-    return f"{mark} max|d| {fmt(e.max_abs)} (bound {fmt(e.bound)}){extra}"
+        on = f" (sample {e.sample})" if e.sample is not None else ""
+        return f"{mark} " + escape(e.scores_text) + on + extra
+    return f"{mark} {escape(e.max_text(fmt))}{extra}"
 
 
 def rel_cell(rel: float, nonfinite: int = 0) -> str:

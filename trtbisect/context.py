@@ -155,6 +155,13 @@ class Context:
             self.samples, self.references, self.subset = (self.every_sample,
                                                           self.every_reference, None)
 
+    def sample_numbers(self) -> list[int]:
+        """The user's number of each sample the search judges (`samples`): held-out ones are
+        not among them, and a subset is the subset's."""
+        assert self.every_sample is not None
+        idx = range(len(self.every_sample)) if self.subset is None else self.subset
+        return [self.kept[i] if self.kept else i for i in idx]
+
     def narrow(self, subset: Sequence[int] | None) -> None:
         """Let the search judge on `subset` of the samples (None: on every sample)."""
         from .data.store import View

@@ -20,7 +20,7 @@ from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
 from .context import Context, Options, _samples_hash, prepare, reference_problems
 from .result import RunResult
-from .judge.evaluator import Evaluator, _severity
+from .judge.evaluator import Evaluator
 from .judge.compare import OutputError, TensorStats
 from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
@@ -227,8 +227,7 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
             first = None  # memory: the search writes and judges its own plan
     half = _AllFp16(all_half, before, narrow, run_seconds() - half_began, first, fp16_first,
                     batches)
-    ev.known[frozenset()] = all_half
-    ev.scores[frozenset()] = _severity(before)
+    ev.judged_outside(frozenset(), all_half, before)
     return half
 
 

@@ -340,3 +340,146 @@ def test_the_noise_floor_is_measured_once_per_run(tmp_path, monkeypatch):
     r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
             tmp_path / "out")
     assert r.aimed_searches and len(calls) == 1
+
+
+# ---------------------------------------------------------------- one number per output
+
+def test_one_number_per_output_over_several_samples(tmp_path):
+    """Four samples of one model at four scales (one held out): the console's Outputs table,
+    `check` of the written file, precision.json, the report, the certificate's margin line and
+    the rendered Polygraphy bound all say the same max|d| (the largest over the samples, with
+    its sample) against the same bound (the smallest, with its sample), and the margin line's
+    numbers are the table's (#46 item 2)."""
+    import json
+    import re
+
+    from tests.models.make_models import precision_loss
+
+    p = precision_loss()
+    onnx.save(p.model, tmp_path / "m.onnx")
+    scales = (1.0, 3.0, 1.5, 2.0)  # the largest error on sample 1, the smallest bound on 0
+    np.savez(tmp_path / "x.npz", x=np.stack([p.inputs["x"] * s for s in scales]))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--inputs",
+                                  str(tmp_path / "x.npz"), "--out", str(out), "--report"],
+                           env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    plan = json.loads((out / "precision.json").read_text())
+    assert plan["verdict"] == "fixed"
+    assert plan["validation"]["indices"], "a sample is held out"
+    e = plan["errors_after"]["y"]
+    # the numbers are over every sample given, held-out ones too, and say whose they are
+    assert (e["sample"], e["bound_sample"]) == (1, 0)
+    cell = f"max|d| {e['max_abs']:.3g} on sample 1 (bound {e['bound']:.3g} of sample 0)"
+    table = r.output.split("Outputs", 1)[1]
+    (row,) = [ln for ln in table.splitlines() if ln.startswith("│ y")]
+    assert row.split("│")[3].strip() == f"ok {cell}"  # the "with the plan" column
+    c = CliRunner().invoke(main, ["check", str(out / "m.mixed.onnx"), "--reference",
+                                  str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "x.npz")],
+                           env={"COLUMNS": "250"})
+    assert c.exit_code == 0, c.output
+    assert f"y: ok {cell}" in c.output
+    # the certificate measures the very numbers the table shows
+    cert = plan["certificate"]["outputs"]["y"]
+    assert (cert["worst"], cert["bound"], cert["sample"], cert["bound_sample"]) == (
+        e["max_abs"], e["bound"], 1, 0)
+    margin = next(ln for ln in r.output.splitlines() if "margin" in ln and ln.strip()
+                  .startswith("y:"))
+    said = re.findall(r"\d[\d.e+-]*", margin.split("spread")[0])
+    assert f"{e['bound']:.3g}" in said and f"{e['max_abs']:.3g}" in said
+    assert f"{e['bound']:.3g}" in row and f"{e['max_abs']:.3g}" in row
+    # the report says the same cell; the renderings check against the same bound
+    report = (out / "report.md").read_text()
+    assert cell.replace(f"{e['max_abs']:.3g}", _num(e["max_abs"])).replace(
+        f"{e['bound']:.3g}", _num(e["bound"])) in report
+    assert f"--atol y:{e['bound']!r}" in (out / "commands.sh").read_text()
+    # a single place of truth: the search's own record of the plan agrees bit for bit
+    assert plan["one_judge"]["search_equals_check"]
+
+
+def _num(x: float) -> str:
+    from trtbisect.diagnosis.diagnose import num
+    return num(x)
+
+
+# ---------------------------------------------------------------- a margin under every criterion
+
+def test_a_metric_plan_says_its_margin_everywhere(tmp_path):
+    """Under --metric the written plan's score is held clear of its threshold by more than the
+    variations move it: the certificate records it (with the worst sample), the margins carry
+    it, and the console and the report say it (#46 item 3)."""
+    import json
+
+    from tests.models.make_models import precision_loss
+
+    p = precision_loss()
+    onnx.save(p.model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.stack([p.inputs["x"] * s for s in (1.0, 3.0, 1.5)]))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--inputs",
+                                  str(tmp_path / "x.npz"), "--out", str(out), "--report",
+                                  "--metric", "cosine:0.9999"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    plan = json.loads((out / "precision.json").read_text())
+    assert plan["verdict"] == "fixed"
+    (key, m), = plan["certificate"]["scores"].items()
+    assert key == "y:cosine:0.9999" and m["certified"] and m["margin"] > m["spread"]
+    e = plan["errors_after"]["y"]  # the table's: the worst sample's score
+    assert (m["worst"], m["sample"]) == (e["scores"][0]["value"], e["sample"])
+    assert m["bound"] == 0.9999 and m["margin"] == 1 - m["severity"]
+    assert abs(m["severity"] - (1 - m["worst"]) / (1 - 0.9999)) < 1e-9
+    assert plan["margins"][key]["fragile"] is False
+    said = f"score {m['worst']:.6g} on sample {m['sample']} against threshold 0.9999"
+    assert f"{key}: {said}" in r.output
+    assert said in (out / "report.md").read_text()
+
+
+def test_a_polygraphy_statistic_is_clear_by_either_of_its_rules():
+    """Polygraphy's statistic passes when |d| <= atol OR rel <= rtol: a quantile far above
+    atol but well inside rtol has its margin, in the severity both rules share (1 at the
+    threshold), not a negative |d| - atol."""
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.judge.flags import parse_criteria
+    from trtbisect.judge.spread import _score_margins
+
+    crit = parse_criteria(stats=["quantile"], quantiles=["0.99"])
+    ref = {"y": np.linspace(50, 100, 256)}
+    got = {"y": ref["y"] + 0.05}  # |d| 0.05 over atol 1e-3; rel 5e-4 of rtol 1e-2
+    judged = [crit.judge(ref, got, {}, Tolerance(1e-2, 1e-3))]
+    (m,) = _score_margins(judged, {"v": judged}, {0}).values()
+    assert m.worst > m.bound and 0.8 < m.margin < 1 and m.certified
+
+
+# ---------------------------------------------------------------- the trade-off plot says why
+
+def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
+    """The data behind report_tradeoff.png labels each failing trial with its reason, naming
+    the output and the sample; a plan that fails under the tolerance line failed by something
+    its error does not show: here the aimed bound (the margin), and the Pareto front runs
+    through passing plans only (#46 item 4)."""
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.outputs.report import failing_below, pareto_front, tradeoff_points
+    from trtbisect.pipeline import Options, run
+    from tests.models.make_models import precision_loss
+
+    p = precision_loss()
+    onnx.save(p.model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.stack([p.inputs["x"] * s for s in (1.0, 3.0, 1.5, 2.0)]))
+    r = run(tmp_path / "m.onnx", Options(inputs=[str(tmp_path / "x.npz")]), tmp_path / "o")
+    points, _, rtol = tradeoff_points(r)
+    failing = [pt for pt in points if not pt[2]]
+    assert failing and all(pt[3].startswith("bound: y on sample ") for pt in failing)
+    assert all(pt[1] > rtol for pt in failing)  # over the line: the line explains them
+    assert failing_below(points, rtol) == {}
+    assert all(points[i][2] for i in pareto_front(points))
+
+    m, path, inputs = _matmul(tmp_path)  # passes by a hair: the search aims inside the bound
+    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(_all_fp16_rel(m, inputs)
+                                                                    * (1 + 1e-6))),
+            tmp_path / "aimed")
+    assert r.aimed_searches  # the written plan comes from the aimed search
+    points, _, rtol = tradeoff_points(r)
+    below = failing_below(points, rtol)
+    assert below and set(below.values()) == {"margin"}  # all-FP16, under the line: the margin
+    assert all(points[i][3] == "margin: y on sample 0" for i in below)
+    assert all(points[i][2] for i in pareto_front(points))

@@ -227,8 +227,8 @@ def test_a_metric_plan_needs_its_score_clear_of_the_threshold_by_the_spread():
     assert 0.99 < score < 1
     still = {"ORT variant": [crit.judge(ref, near, {}, Tolerance())]}
     (m,) = _score_margins(judged, still, {0}).values()
-    # in severity: 1 at the threshold, (1 - cosine) / (1 - 0.99) for a cosine
-    assert m.spread == 0 and m.margin == pytest.approx(1 - (1 - score) / 0.01) and m.certified
+    # in severity (1 at the threshold): a metric's (1 - score) / (1 - threshold)
+    assert m.spread == 0 and m.margin == pytest.approx((score - 0.99) / 0.01) and m.certified
     moved = {"y": ref["y"] + 0.14 * rng.standard_normal(64)}  # the variant's score drops
     far = {"ORT variant": [crit.judge(ref, moved, {}, Tolerance())]}
     (m,) = _score_margins(judged, far, {0}).values()

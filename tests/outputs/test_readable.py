@@ -231,6 +231,63 @@ def test_error_trend_words_follow_the_numbers():
                                           "FP16")
 
 
+def _sentences(x):
+    """Every string of a run's record (its diagnosis, its why-cells, its summaries)."""
+    if isinstance(x, str):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _sentences(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _sentences(v)
+
+
+NUM = r"(\d[\d.]*(?:e[+-]?\d+)?)"
+
+
+def _said(text: str, pattern: str) -> list[tuple[float, ...]]:
+    return [tuple(float(v) for v in m) if isinstance(m, tuple) else (float(m),)
+            for m in re.findall(pattern.replace("N", NUM), text)]
+
+
+@pytest.mark.parametrize("name, budget", [("layernorm_overflow", None), ("two_outputs", 2),
+                                          ("precision_loss", None)])
+def test_every_sentence_says_the_numbers_it_describes(tmp_path, name, budget):
+    """Each number a sentence relates to another follows from it (#46 item 6): a square's
+    result is its input squared ("squares values of 1.08e3: x^2 = 1.17e6"), an overflow
+    factor is the value over FP16's max, an error "grows" only upward and "falls" only
+    downward, "keep these N nodes" counts the group's nodes, and report.html's "Every node of
+    the plan (N)" counts the plan's nodes (not the boundary Casts' row)."""
+    from tests.models.make_models import zoo
+    from trtbisect.outputs.report import render_html
+    from trtbisect.pipeline import Options, run
+
+    path, inputs = save_zoo_model(zoo()[name], tmp_path)
+    r = run(path, Options(inputs=[str(inputs)], budget=budget), tmp_path / "o")
+    checked = 0
+    for text in _sentences(r.to_json()):
+        for a, b in _said(text, r"squares values of N: (?:\(x - mean\)\^2|x\^2) = N"):
+            assert b == pytest.approx(a * a, rel=0.02), text
+            checked += 1
+        for b, factor in _said(text, r"= N overflows FP16 \(max 65504, N+x over\)"):
+            assert factor == pytest.approx(b / 65504, rel=0.02), text
+        for a, b in _said(text, r"grows from N% to N%"):
+            assert b > a, text
+            checked += 1
+        for a, b in [*_said(text, r"already N% where the values enter, falls to N%"),
+                     *_said(text, r"falls from N% to N%")]:
+            assert b < a, text
+    for g in r.culprit_groups or []:
+        for (n,) in _said(g["summary"], r"keep these N nodes"):
+            assert n == len(g["nodes"]), g["summary"]
+            checked += 1
+    assert checked  # the model's diagnosis says such numbers
+    page = render_html(r, None, [], None)  # report.html without its plots
+    (n,) = _said(page, r"Every node of the plan \(N\)")
+    assert n == (len(r.fp32_nodes),)
+
+
 def test_loosening_the_criterion_quotes_what_all_fp16_needs():
     from types import SimpleNamespace
 

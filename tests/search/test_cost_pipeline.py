@@ -99,7 +99,9 @@ def test_count_objective_reports_the_price_too(ln, tmp_path):
 def test_pareto_front():
     pts = [(0.0, 0.5, False), (2.0, 0.1, False), (1.0, 0.5, False), (3.0, 0.001, True),
            (4.0, 0.001, True), (2.5, math.nan, False), (5.0, 0.0005, True)]
-    assert pareto_front(pts) == [0, 1, 3, 6]
+    assert pareto_front(pts) == [3, 6]  # passing plans only: a failing one promises nothing
+    pts[1] = (2.0, 0.1, True)
+    assert pareto_front(pts) == [1, 3, 6]
     assert pareto_front([]) == []
 
 

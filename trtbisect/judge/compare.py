@@ -6,8 +6,8 @@ The tolerance defaults live here and nowhere else.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -78,12 +78,26 @@ class OutputError:
     nonfinite: int  # candidate non-finite where the reference is finite
     passed: bool
     scores: tuple = ()  # judge.criteria.Score, one per criterion judging this output
+    # over several samples (`worst`): the user's number of the sample whose max|d| this is,
+    # and of the sample whose bound is the smallest (the one the renderings write)
+    sample: int | None = None
+    bound_sample: int | None = None
 
     def to_json(self) -> dict:
-        d = {k: _json_float(v) for k, v in vars(self).items() if k != "scores"}  # no deep copy
+        d = {k: _json_float(v) for k, v in vars(self).items()
+             if k != "scores" and not (k in ("sample", "bound_sample") and v is None)}
         if self.scores:
             d["scores"] = [s.to_json() for s in self.scores]
         return d
+
+    def max_text(self, fmt: Callable[[float], str] = lambda x: f"{x:.3g}") -> str:
+        """The default criterion's numbers as every place says them: "max|d| 0.0055 on
+        sample 2 (bound 0.0643 of sample 0)" over several samples (`worst`), "max|d| 0.0055
+        (bound 0.0643)" for one."""
+        if self.sample is None:
+            return f"max|d| {fmt(self.max_abs)} (bound {fmt(self.bound)})"
+        of = "" if self.bound_sample is None else f" of sample {self.bound_sample}"
+        return f"max|d| {fmt(self.max_abs)} on sample {self.sample} (bound {fmt(self.bound)}{of})"
 
     @property
     def scores_text(self) -> str:
@@ -207,16 +221,50 @@ def compare_outputs(
     return result
 
 
-def worst(errors: Iterable[Mapping[str, OutputError]]) -> dict[str, OutputError]:
-    """Per output, the worst error over several samples (failures first, then the largest
-    severity: under the default criterion the largest rel)."""
-    out: dict[str, OutputError] = {}
-    for sample in errors:
+def worst(errors: Iterable[Mapping[str, OutputError]],
+          numbers: Sequence[int] | None = None) -> dict[str, OutputError]:
+    """Per output, one record over several samples, the one every place shows (the console's
+    table, `check`, precision.json, the report, the certificate, the renderings):
+
+    - under the default criterion: the largest max|d| over the samples (`sample`: whose),
+      against the smallest bound over them (`bound_sample`: whose), the bound the renderings
+      write, since Polygraphy takes one --atol per output for every sample; `passed` is the
+      judge's (every sample within its own bound), rel, mean, p99 and non-finite count the
+      largest, cosine the smallest;
+    - under other criteria: the worst sample's record (failures first, then the largest
+      severity), with its `sample`.
+
+    `numbers`: the user's number of each sample (default 0, 1, ...)."""
+    per: dict[str, list[tuple[int, OutputError]]] = {}
+    for k, sample in enumerate(errors):
+        n = numbers[k] if numbers is not None else k
         for name, e in sample.items():
-            cur = out.get(name)
-            if cur is None or (cur.passed, -cur.severity) > (e.passed, -e.severity):
-                out[name] = e
+            per.setdefault(name, []).append((n, e))
+    out: dict[str, OutputError] = {}
+    for name, es in per.items():
+        if len(es) == 1:  # one sample: its number said only when it is one of several
+            out[name] = es[0][1] if numbers is None else replace(es[0][1], sample=es[0][0])
+        elif any(e.scores for _, e in es):
+            n, e = min(es, key=lambda p: (p[1].passed, -p[1].severity))
+            out[name] = replace(e, sample=n)
+        else:
+            out[name] = _over_samples(es)
     return out
+
+
+def _over_samples(es: Sequence[tuple[int, OutputError]]) -> OutputError:
+    """Default-criterion records of one output over samples (`worst`)."""
+    def big(v: float) -> float:  # nan counts as the largest (it fails)
+        return math.inf if v != v else v
+    n_max, top = max(es, key=lambda p: big(p[1].max_abs))  # the first of equals
+    bounds = [(n, e.bound) for n, e in es if e.bound == e.bound]
+    n_bound, bound = min(bounds, key=lambda p: p[1]) if bounds else (n_max, math.nan)
+    cosines = [e.cosine for _, e in es]
+    return OutputError(
+        top.max_abs, bound, max((big(e.rel) for _, e in es)),
+        max(big(e.mean_abs) for _, e in es), max(big(e.p99_abs) for _, e in es),
+        math.nan if any(c != c for c in cosines) else min(cosines),
+        max(e.nonfinite for _, e in es), all(e.passed for _, e in es), (), n_max, n_bound)
 
 
 @dataclass

@@ -8,12 +8,12 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from .. import parallel
 from ..backends.ort import Emulator
-from .compare import TensorStats
+from .compare import TensorStats, Tolerance
 from ..context import Context, Options
 from ..errors import TrtBisectError
 from ..search.journal import Journal, plan_key
 from . import semantics, subset
-from .criteria import Judgement, json_number, worst_of
+from .criteria import TIMEOUT, Judgement, json_number, worst_of
 
 
 class Workers(Protocol):
@@ -52,6 +52,7 @@ class Evaluator:
         self.last_plan: frozenset[str] | None = None
         self.last_errors: list[Judgement] = []  # per sample, for `last_plan`
         self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst severity
+        self.why: dict[frozenset[str], str] = {}  # each failing plan's first failure (`failure`)
         self.failed: set[frozenset[str]] = set()  # plans judged failing (carried by retarget)
 
     @property
@@ -73,6 +74,8 @@ class Evaluator:
         if opts.criteria.pass_rate >= 1:
             again.failed = set(self.failed)
             again.known.update({p: False for p in self.failed})
+            again.why.update({p: "carried: failed under a looser bound ("
+                              + self.why.get(p, "failed") + ")" for p in self.failed})
         if self.workers is not None:
             self.workers.close()
             self.workers = None
@@ -136,6 +139,17 @@ class Evaluator:
             key += "#" + self.scope
         return key
 
+    def judged_outside(self, plan: frozenset[str], passed: bool,
+                       judged: Sequence[Judgement]) -> None:
+        """A plan judged outside the search (all-FP16, its written file): its verdict, its
+        score and, failing, why (`failure`), as if the search had judged it."""
+        self.known[plan] = passed
+        self.scores[plan] = _severity(judged)
+        if not passed:
+            numbers = self.ctx.sample_numbers()
+            self.why[plan] = failure(judged, [], self.opts.tolerance,
+                                     numbers if len(numbers) >= len(judged) else None)
+
     def known_verdict(self, plan: frozenset[str]) -> bool | None:
         """The verdict `check` gives without judging (known, or in a resumed run's journal);
         nothing written."""
@@ -155,6 +169,8 @@ class Evaluator:
                                      else _score(rec.get("rel", {})))
                 if not rec["passed"]:
                     self.failed.add(plan)
+                    self.why[plan] = str(rec.get("why") or ("crashed" if rec.get("crashed")
+                                                            else "failed (an earlier run's)"))
                 return bool(rec["passed"])
             self.journal.start(key)
         try:
@@ -173,21 +189,76 @@ class Evaluator:
             if self.ctx.subset is None and not m.stopped:
                 self.last_plan, self.last_errors = plan, m.judged
         self.scores[plan] = _severity(m.judged)
+        why = None
         if not m.passed:
             self.failed.add(plan)
+            numbers = self.ctx.sample_numbers()
+            why = self.why[plan] = failure(m.judged, m.nonfinite, self.opts.tolerance,
+                                           numbers if len(numbers) >= len(m.judged) else None)
         if self.journal is not None:
             self.journal.record(self._key(plan), m.passed, {
                 "rel": {n: json_number(e.rel) for n, e in worst_of(m.judged).items()},
                 "severity": json_number(self.scores[plan]),
-                "nonfinite_tensors": m.nonfinite[:10]})
+                "nonfinite_tensors": m.nonfinite[:10], **({"why": why} if why else {})})
         return m.passed
 
     def crashed(self, plan: frozenset[str], attempts: int) -> bool:
         """A plan that killed `attempts` workers: judged failed, as the journal judges a plan
         that crashes the process."""
+        self.why[plan] = "crashed"
         if self.journal is not None:
             self.journal.record(self._key(plan), False, {"crashed": True, "attempts": attempts})
         return False
+
+
+FAILURES = {  # a failing plan's reason, by kind (the trade-off plot marks each kind)
+    "tensor": "a watched tensor went non-finite (--strict)",
+    "timeout": "an inference ran past --eval-timeout",
+    "nonfinite": "an output went non-finite",
+    "criterion": "a criterion's score missed its threshold",
+    "hook": "the --check hook failed a sample",
+    "margin": "over the aimed bound (the margin inside the tolerance)",
+    "own": "over the output's own --output-tol",
+    "bound": "over the tolerance bound",
+    "pass-rate": "too few samples passed (--pass-rate)",
+    "carried": "failed under a looser bound, so under this one (an aimed search)",
+    "crashed": "the plan crashed the process",
+    "failed": "failed (no reason recorded)",
+}
+
+
+def failure(judged: Sequence[Judgement], nonfinite: Sequence[str], tol: Tolerance,
+            numbers: Sequence[int] | None = None) -> str:
+    """Why a plan failed, as `KIND: where` (KIND a key of FAILURES): the first failure in
+    sample order, naming the output and the sample (the user's number, `numbers`). The
+    trade-off plot's score is the worst relative error over outputs and samples; a plan that
+    fails under the line failed by something that score does not show (a tighter aimed or
+    per-output bound, a criterion, a non-finite tensor), and this says which."""
+    if nonfinite:
+        return f"tensor: {nonfinite[0]}"
+    for k, j in enumerate(judged):
+        if j.passed:
+            continue
+        n = numbers[k] if numbers is not None else k
+        for o, e in j.errors.items():
+            if e.passed:
+                continue
+            if any(s.criterion == TIMEOUT for s in e.scores):
+                return f"timeout: sample {n}"
+            if e.nonfinite:
+                return f"nonfinite: {o} on sample {n}"
+            if e.scores:
+                miss = next((s for s in e.scores if not s.passed), e.scores[0])
+                return f"criterion: {o} {miss.criterion} on sample {n}"
+            ceiling = tol.ceiling_for(o)
+            if math.isfinite(ceiling) and e.bound >= ceiling:
+                return f"margin: {o} on sample {n}"
+            if tol.for_output(o) != (tol.rtol, tol.atol):
+                return f"own: {o} on sample {n}"
+            return f"bound: {o} on sample {n}"
+        if any(not s.passed for s in j.scores):
+            return f"hook: sample {n}"
+    return "pass-rate: " + f"{sum(j.passed for j in judged)} of {len(judged)} samples"
 
 
 def _score(rel: Mapping[str, object]) -> float:

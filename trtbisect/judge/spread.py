@@ -32,10 +32,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from .compare import Tolerance
+from .compare import Tolerance, worst
 from ..context import Context, Options
 from ..outputs.mixed import Written
-from .criteria import Judgement, Score
+from .criteria import Judgement, Score, score_margin_text
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
@@ -61,6 +61,8 @@ class OutputMargin:
     spread: float  # max over variations and samples of |max|d| moved|, or the noise floor
     noise_floor: float
     variants: dict[str, float] = field(default_factory=dict)  # each variation's worst max|d|
+    sample: int | None = None  # the user's number of the sample whose max|d| is `worst`
+    bound_sample: int | None = None  # ... and of the sample whose bound is `bound`
 
     @property
     def margin(self) -> float:
@@ -74,22 +76,29 @@ class OutputMargin:
         return {"bound": _num(self.bound), "worst": _num(self.worst), "margin": _num(self.margin),
                 "spread": _num(self.spread), "noise_floor": _num(self.noise_floor),
                 "certified": self.certified,
-                "variants": {k: _num(v) for k, v in self.variants.items()}}
+                "variants": {k: _num(v) for k, v in self.variants.items()},
+                **({"sample": self.sample, "bound_sample": self.bound_sample}
+                   if self.sample is not None else {})}
 
 
 @dataclass
 class ScoreMargin:
     """One criterion's score (a `--metric`, a `--check-error-stat` statistic, a hook's score)
-    clear of its threshold against how far the same variations move it. Measured in the
-    score's severity (criteria.Score.severity: 1 at the threshold, under 1 passing; a
-    statistic passes on its absolute or its relative bound, Polygraphy's rule), so every
-    criterion's margin reads alike: 1 - worst severity, against the largest move of the
-    severity under a variation."""
+    clear of its threshold against how far the same variations move it.
+
+    Measured in the score's severity (criteria.Score.severity: 1 at the threshold, below 1
+    passing), the one number that follows each pass rule exactly: a metric's (1 - score) /
+    (1 - threshold), Polygraphy's statistic passing when |d| <= atol OR rel <= rtol (the
+    smaller of the two ratios), SNR's ratio of noise powers. The margin is 1 - the worst
+    severity over the samples, the spread the largest move of the severity under a variation
+    on the same sample; certified when the margin exceeds the spread."""
 
     bound: float  # the threshold the score is held to (its own units)
-    worst: float  # the worst-severity sample's score (its own units)
+    worst: float  # the worst sample's score (its own units)
+    higher_is_better: bool
     severity: float  # the worst severity over the samples
     spread: float  # max over variations and samples of |severity moved|
+    sample: int | None = None  # the user's number of the worst sample (several samples)
 
     @property
     def margin(self) -> float:
@@ -100,9 +109,13 @@ class ScoreMargin:
         return self.margin > self.spread
 
     def to_json(self) -> dict:
-        return {"bound": _num(self.bound), "worst": _num(self.worst),
-                "severity": _num(self.severity), "margin": _num(self.margin),
-                "spread": _num(self.spread), "certified": self.certified}
+        d = {"bound": _num(self.bound), "worst": _num(self.worst),
+             "severity": _num(self.severity), "margin": _num(self.margin),
+             "spread": _num(self.spread), "higher_is_better": self.higher_is_better,
+             "certified": self.certified}
+        if self.sample is not None:
+            d["sample"] = self.sample
+        return d
 
 
 def _scores(j: Judgement) -> dict[str, "Score"]:
@@ -184,10 +197,14 @@ class Certificate:
 
 
 def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Judgement],
-            noise: Mapping[str, float] | None = None) -> Certificate:
+            noise: Mapping[str, float] | None = None,
+            given: Sequence[Judgement] | None = None) -> Certificate:
     """The certificate of the plan whose written file's judge graph is `emulated` and whose
     judgements (per sample, every sample) are `judged`. `noise`: the run's FP32 noise floor,
-    measured already (an earlier certificate's `noise`)."""
+    measured already (an earlier certificate's `noise`). `given`: the file's judgements on
+    every sample the user gave, in their order (held-out ones included: the renderings check
+    them all): the worst max|d| and the bound are over these, the very numbers the tables
+    show (compare.py `worst`); the spread is measured on `judged`'s samples."""
     from ..backends.ort import kernel_noise, variant_runs
 
     if noise is None:
@@ -212,29 +229,37 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
             moved[o] = max(moved[o], d)
             worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
     outputs = {}
-    counted = [judged[k] for k in sorted(keep)]
+    every = list(given) if given else list(judged)
+    # a failing sample does not count: under --pass-rate the margin is the passing ones', and
+    # a held-out sample that fails is the validation's verdict (judge/validation.py)
+    counted = [k for k, j in enumerate(every) if j.passed or (
+        opts.criteria.pass_rate >= 1 and not given)]
+    shown = worst([every[k].errors for k in counted], counted if len(every) > 1 else None)
     for o in default:
-        if not counted:
-            break
-        bound = min(j.errors[o].bound for j in counted)
-        worst = max(j.errors[o].max_abs for j in counted)
+        if o not in shown:
+            continue
+        s = shown[o]
         floor = noise.get(o, 0.0)
-        outputs[o] = OutputMargin(bound, worst, max(moved[o], floor), floor, worst_v[o])
+        outputs[o] = OutputMargin(s.bound, s.max_abs, max(moved[o], floor), floor, worst_v[o],
+                                  s.sample, s.bound_sample)
     verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
     return Certificate(outputs, verdicts, noise=dict(noise),
-                       scores=_score_margins(judged, per_variant, keep))
+                       scores=_score_margins(judged, per_variant, keep,
+                                                     getattr(ctx, "kept", None)))
 
 
 def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[Judgement]],
-                   keep: set[int]) -> dict[str, ScoreMargin]:
-    """Per criterion with a threshold: the worst score over the samples that count, against
-    the largest move of that score under a variation (on the same sample)."""
+                   keep: set[int], numbers: Sequence[int] | None = None
+                   ) -> dict[str, ScoreMargin]:
+    """Per criterion with a threshold: the worst severity over the samples that count, against
+    the largest move of that severity under a variation (on the same sample)."""
     out: dict[str, ScoreMargin] = {}
+    several = len(judged) > 1
     for key in (_scores(judged[0]) if judged else {}):
-        own = [_scores(judged[k])[key] for k in sorted(keep) if key in _scores(judged[k])]
+        own = [(k, _scores(judged[k])[key]) for k in sorted(keep) if key in _scores(judged[k])]
         if not own:
             continue
-        worst = max(own, key=lambda s: s.severity)
+        k_worst, worst = max(own, key=lambda p: p[1].severity)  # the first of equals
         moved = 0.0
         for js in per_variant.values():
             for k, j in enumerate(js):
@@ -243,7 +268,9 @@ def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[J
                 a, b = _scores(j)[key].severity, _scores(judged[k])[key].severity
                 moved = max(moved, abs(a - b) if math.isfinite(a) and math.isfinite(b)
                             else 0.0 if a == b else math.inf)
-        out[key] = ScoreMargin(worst.bound, worst.value, worst.severity, moved)
+        out[key] = ScoreMargin(worst.bound, worst.value, worst.higher_is_better,
+                               worst.severity, moved, (numbers[k_worst] if numbers else k_worst)
+                               if several else None)
     return out
 
 
@@ -258,19 +285,21 @@ def certificate_lines(cert: Mapping) -> list[str]:
     lines = []
     for name, m in cert.get("outputs", {}).items():
         ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
-        lines.append(f"{name}: margin {_fmt(m['margin'])} of {_fmt(m['bound'])} {ok} "
-                     f"{_fmt(m['spread'])}")
+        lines.append(f"{name}: margin {_fmt(m['margin'])} = bound {_fmt(m['bound'])}"
+                     f"{_of_sample(m.get('bound_sample'))} - max|d| {_fmt(m.get('worst'))}"
+                     f"{_of_sample(m.get('sample'))} {ok} {_fmt(m['spread'])}")
     for label, ok in cert.get("variants", {}).items():
         if not ok:
             lines.append(f"fails the criteria under {label}")
     for key, m in (cert.get("scores") or {}).items():
-        ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
-        lines.append(f"{key}: score {_fmt(m['worst'])} against {_fmt(m['bound'])}, at "
-                     f"{_fmt(m['severity'])} of its threshold: margin {_fmt(m['margin'])} "
-                     f"{ok} {_fmt(m['spread'])}")
+        lines.append(score_margin_text(key, m))
     if cert.get("decided"):
         lines.append(f"fragile, decided: {cert['decided']}")
     return lines
+
+
+def _of_sample(k) -> str:
+    return f" (sample {k})" if isinstance(k, int) else ""
 
 
 def _fmt(x) -> str:

@@ -25,11 +25,12 @@ A plan that passes its search samples but fails validation is written and called
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from .compare import worst
 from .criteria import Judgement, Verdict
 
 HOLD_OUT_SHARE = 0.25  # of two samples or more, this share (at least one) validates
@@ -209,7 +210,10 @@ def judged(held: Holdout | None,
     if not pairs:
         return unvalidated("every perturbed copy's FP32 reference is not finite")
     js = judge(pairs)
-    return Validation(held.kind, held.describe(), js, verdict(js), list(held.indices))
+    v = verdict(js)
+    if held.indices:  # its numbers said in the user's sample numbers
+        v = replace(v, errors=worst((j.errors for j in js), held.indices))
+    return Validation(held.kind, held.describe(), js, v, list(held.indices))
 
 
 def unvalidated(reason: str) -> Validation:
@@ -224,7 +228,11 @@ def line(record: Mapping | None) -> str | None:
     if record.get("kind") == "none":
         return f"validation: none ({record.get('samples')}): the plan is unvalidated"
     errors = list((record.get("errors") or {}).items())
-    worst = ", ".join(f"{o} max|d| {_g(e.get('max_abs'))} (bound {_g(e.get('bound'))})"
+    worst = ", ".join(f"{o} max|d| {_g(e.get('max_abs'))}"
+                      + (f" on sample {e['sample']}" if e.get("sample") is not None else "")
+                      + f" (bound {_g(e.get('bound'))}"
+                      + (f" of sample {e['bound_sample']}" if e.get("bound_sample") is not None
+                         else "") + ")"
                       for o, e in errors[:2] if e.get("max_abs") is not None)
     ok = "passes" if record.get("passed") else "FAILS"
     return f"validation on {record.get('samples')}: {ok}" + (f"; {worst}" if worst else "") + (

@@ -101,6 +101,10 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
         result.one_minimal = False
         log.error("the written mixed model fails the tolerance: no plan is reported")
     result.verdict = decide(result.verdict, file_passed=checked.passed)
+    if result.verdict == "fp16_ok" and not plan and result.rewritten_model is None:
+        # the written file is all-FP16: its numbers over every sample given (held-out ones
+        # too) are the table's, as the certificate's margin is measured on them
+        result.errors_before = checked.errors
     return certify_written(result, ctx, opts, checked, noise)
 
 
@@ -113,7 +117,8 @@ def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "Ch
         result.certificate = None
         result.margins, result.fragile = {}, False
         return None
-    cert = certify(ctx, opts, checked.emulated, checked.judgements, noise)
+    cert = certify(ctx, opts, checked.emulated, checked.judgements, noise,
+                   given=checked.given or None)
     result.certificate = cert.to_json()
     result.margins = {
         o: {"margin": json_number(m.margin), "spread": json_number(m.spread),
@@ -159,6 +164,9 @@ class CheckResult:
     judgements: list[Judgement] = field(default_factory=list, repr=False)  # per sample
     verdict: Verdict | None = field(default=None, repr=False)
     validation: Validation | None = field(default=None, repr=False)  # the run's own files
+    # per sample the user gave, in their order (held-out ones included): what `errors` and
+    # the certificate's numbers are over
+    given: list[Judgement] = field(default_factory=list, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -242,16 +250,17 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
         held.kind == "held_out" or verdict.passed)
         else unvalidated("validation turned off (--validation-share 0)")
         if ours and verdict.passed else None)
-    reported = verdict
+    reported, given = verdict, judged
     if held is not None and held.kind == "held_out" and checked is not None:
         searched, unseen = iter(judged), dict(zip(held.indices, checked.judgements))
-        reported = opts.criteria.verdict([unseen[i] if i in unseen else next(searched)
-                                          for i in range(len(held.indices) + len(judged))])
+        given = [unseen[i] if i in unseen else next(searched)
+                 for i in range(len(held.indices) + len(judged))]
+        reported = opts.criteria.verdict(given)
         checked.overall = reported.passed
     return CheckResult(verdict.passed, reported.errors, len(graph.half_typed), len(judged),
                        Written(judge.proto, judge.arrays), tensors,
                        [c.to_json() for c in coverage.unjudged(graph)], judged, reported,
-                       checked)
+                       checked, given)
 
 
 def validate(judge: MixedModel, ctx: Context, opts: Options) -> Validation:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
+from ..judge.criteria import score_margin_text
 from ..diagnosis.diagnose import num, pct
 from ..errors import require
 from ..judge.precision import FP16, Precision, precision as low_precision
@@ -268,13 +269,16 @@ def _short(name: str, width: int = 28) -> str:
 
 # ---------------------------------------------------------------- trade-off
 
-Point = tuple[float, float, bool]  # (estimated cost, score, passed); lower is better in both
+# (estimated cost, score, passed[, why it failed: `KIND: where`, judge/evaluator.py
+# `failure`]); lower is better in both
+Point = tuple
 
 
 def pareto_front(points: Sequence[Point]) -> list[int]:
-    """Indices of the points no other point beats in both cost and score (ties: the first),
-    cheapest first. A non-finite score (NaN: not measured) is never on the front."""
-    order = sorted((i for i, p in enumerate(points) if p[1] == p[1]),
+    """Indices of the passing points no other passing point beats in both cost and score
+    (ties: the first), cheapest first. A non-finite score (NaN: not measured) is never on the
+    front, nor a failing plan (a front through plans that fail promises what none gives)."""
+    order = sorted((i for i, p in enumerate(points) if p[1] == p[1] and p[2]),
                    key=lambda i: (points[i][0], points[i][1], i))
     front, best = [], math.inf
     for i in order:
@@ -294,14 +298,16 @@ def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, flo
         return [], None, result.tolerance.rtol
     base = float(all_low_s(cost) or 0.0)
     pts = [(100 * (t.price / base - 1), math.nan if t.score is None else float(t.score),
-            t.passed) for t in result.search.trials if t.price is not None]
+            t.passed, None if t.passed else (t.why or "failed"))
+           for t in result.search.trials if t.price is not None]
     chosen = None
     plan = tuple(result.fp32_layers or ())
     for t, p in zip([t for t in result.search.trials if t.price is not None], pts):
         if set(t.fp32) == set(plan):
             chosen = p
     if chosen is None and result.verdict in ("fixed", "fp16_ok", "over_budget"):
-        chosen = (100 * float(cost["slowdown"]), math.nan, result.verdict != "over_budget")
+        chosen = (100 * float(cost["slowdown"]), math.nan, result.verdict != "over_budget",
+                  None)
     return pts, chosen, result.tolerance.rtol
 
 
@@ -344,12 +350,22 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
     def y(v: float) -> float:
         return ceiling if not math.isfinite(v) else max(v, low)
 
+    below = failing_below(points, limit)
     for passed, style in ((True, dict(marker="o", color="#2ca02c", label="passes")),
                           (False, dict(marker="x", color="#d62728", label="fails"))):
-        sel = [p for p in points if p[2] == passed and p[1] == p[1]]
+        sel = [p for i, p in enumerate(points) if p[2] == passed and p[1] == p[1]
+               and i not in below]
         if sel:
             ax.scatter([p[0] for p in sel], [y(p[1]) for p in sel], s=28, alpha=0.75,
                        **style)  # type: ignore[arg-type]
+    # a plan that fails under the line failed by what its error does not show: marked by why
+    kinds: dict[str, list[Point]] = {}
+    for i in sorted(below):
+        kinds.setdefault(below[i], []).append(points[i])
+    for (kind, sel), marker in zip(sorted(kinds.items()), "^sDvP<>*"):
+        ax.scatter([p[0] for p in sel], [y(p[1]) for p in sel], s=34, marker=marker,
+                   facecolors="none", edgecolors="#d62728", linewidths=1.2,
+                   label=f"fails under the line: {FAILURE_WORDS.get(kind, kind)} ({len(sel)})")
     front = [points[i] for i in pareto_front(points)]
     if front:
         xs, ys = [p[0] for p in front], [y(p[1]) for p in front]
@@ -382,6 +398,25 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
     return buf.getvalue()
 
 
+FAILURE_WORDS = {  # judge/evaluator.py FAILURES, short enough for a legend
+    "tensor": "a tensor non-finite (--strict)", "timeout": "--eval-timeout",
+    "nonfinite": "an output non-finite", "criterion": "a criterion", "hook": "the --check hook",
+    "margin": "the aimed bound (margin)", "own": "an output's own --output-tol",
+    "bound": "an output's bound", "pass-rate": "--pass-rate", "crashed": "crashed",
+    "carried": "a looser bound, carried", "failed": "no reason recorded"}
+
+
+def failing_below(points: Sequence[Point], limit: float | None) -> dict[int, str]:
+    """Index -> the kind of failure (judge/evaluator.py `failure`: `KIND: where`) of each
+    failing point drawn at or under the `limit` line: plans the line alone would call
+    passing."""
+    if limit is None:
+        return {}
+    return {i: str(p[3] if len(p) > 3 and p[3] else "failed").split(":", 1)[0]
+            for i, p in enumerate(points)
+            if not p[2] and p[1] == p[1] and p[1] <= limit}
+
+
 # ---------------------------------------------------------------- shared rows
 
 def output_rows(result: "RunResult") -> list[tuple[str, ...]]:
@@ -407,20 +442,17 @@ def margin_lines(result: "RunResult") -> list[str]:
     out = []
     for name, err in list(errors.items())[:5]:
         if err.scores:
-            held = [f"{k.split(':', 1)[1]} sits at {num(float(m['severity']))} of its threshold "
-                    f"(margin {num(float(m['margin']))}, spread {num(float(m['spread']))})"
-                    + ("" if m["certified"] else " (fragile: the margin is within it)")
+            held = [score_margin_text("its margin", m)
                     for k, m in ((result.certificate or {}).get("scores") or {}).items()
                     if k.startswith(f"{name}:") and isinstance(m.get("margin"), (int, float))
                     and isinstance(m.get("spread"), (int, float))]
             out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
                        f"{err.scores_text}" + (f"; {'; '.join(held)}" if held else ""))
             continue
+        # the one record per output (compare.py `worst`): the largest max|d| over the
+        # samples against the smallest bound, the one the renderings write and the
+        # certificate's margin is measured under (judge/spread.py)
         worst, bound = err.max_abs, err.bound
-        cert_out = ((result.certificate or {}).get("outputs") or {}).get(name)
-        if isinstance(cert_out, Mapping) and isinstance(cert_out.get("bound"), (int, float)):
-            # the bound the renderings write and the margin is measured under (judge/spread.py)
-            worst, bound = float(cert_out["worst"]), float(cert_out["bound"])
         used = worst / bound if bound > 0 else math.inf
         m = margins.get(name) if isinstance(margins, Mapping) else None
         spread = m.get("spread") if isinstance(m, Mapping) else None
@@ -428,9 +460,8 @@ def margin_lines(result: "RunResult") -> list[str]:
                  + (" (fragile: the margin is within it)" if m and m.get("fragile") else "")
                  if isinstance(spread, (int, float)) else "")
         verb = "uses" if err.passed and not err.nonfinite else "misses: reaches"
-        out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound (max|d| "
-                   f"{num(worst)} of {num(bound)}"
-                   + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + f"){floor}")
+        out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound: {err.max_text(num)}"
+                   + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + f"{floor}")
     if len(errors) > 5:
         out.append(f"... and {plural(len(errors) - 5, 'more output')} under “Error per output”")
     said = validation_line(result.validation)
@@ -469,10 +500,11 @@ def error_text(e: OutputError | None) -> str:
         return "-"
     extra = f", {e.nonfinite} non-finite" if e.nonfinite else ""
     if e.scores:  # judged by other criteria than the default (judge/criteria.py)
+        on = f" on sample {e.sample}" if e.sample is not None else ""
         return (f"{'pass' if e.passed else 'FAIL'}: " + e.scores_text
-                + f" (max|d| {num(e.max_abs)}, cosine {e.cosine:.4f}){extra}")
-    return (f"{'pass' if e.passed else 'FAIL'}: max|d| {num(e.max_abs)} (bound {num(e.bound)}, "
-            f"rel {num(e.rel)}, cosine {e.cosine:.4f}){extra}")
+                + f"{on} (max|d| {num(e.max_abs)}, cosine {e.cosine:.4f}){extra}")
+    return (f"{'pass' if e.passed else 'FAIL'}: {e.max_text(num)}, rel {num(e.rel)}, "
+            f"cosine {e.cosine:.4f}{extra}")
 
 
 def trace_rows(result: "RunResult") -> list[tuple[int, str, int, str, str]]:
@@ -554,7 +586,8 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     return "\n".join(parts).rstrip() + "\n"
 
 
-MARGIN_HEAD = ["output", "bound (as rendered)", "margin", "spread", "noise floor", "holds"]
+MARGIN_HEAD = ["output", "bound (as rendered)", "worst", "margin", "spread", "noise floor",
+               "holds"]
 
 
 def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
@@ -563,11 +596,21 @@ def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
     cert = result.certificate
     if not isinstance(cert, dict):
         return []
-    rows: list[tuple[str, ...]] = [
-        (str(name), fmt_num(m["bound"]), fmt_num(m["margin"]), fmt_num(m["spread"]),
-         fmt_num(m["noise_floor"]), "yes" if m["certified"] else "NO (fragile)")
-        for name, m in cert["outputs"].items()]
-    rows += [(f"(every output) under {label}", "", "", "", "", "fails the criteria")
+    def of(m: Mapping, key: str) -> str:
+        return f" (sample {m[key]})" if isinstance(m.get(key), int) else ""
+    rows: list[tuple[str, ...]] = [(name, fmt_num(m["bound"]) + of(m, "bound_sample"),
+             f"max|d| {fmt_num(m.get('worst'))}{of(m, 'sample')}", fmt_num(m["margin"]),
+             fmt_num(m["spread"]), fmt_num(m["noise_floor"]),
+             "yes" if m["certified"] else "NO (fragile)")
+            for name, m in cert["outputs"].items()]
+    # a criterion's score against its threshold (--metric, --check-error-stat, a hook's)
+    rows += [(key, f"threshold {fmt_num(m['bound'])}", f"score {fmt_num(m.get('worst'))}"
+              + (f" (sample {m['sample']})" if isinstance(m.get("sample"), int) else "")
+              + f", severity {fmt_num(m.get('severity'))}",
+              fmt_num(m["margin"]), fmt_num(m["spread"]), "-",
+              "yes" if m["certified"] else "NO (fragile)")
+             for key, m in (cert.get("scores") or {}).items()]
+    rows += [(f"(every output) under {label}", "", "", "", "", "", "fails the criteria")
              for label, ok in cert["variants"].items() if not ok]
     return rows
 
@@ -605,7 +648,11 @@ TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown aga
                  "(docs/cost.md) and its worst relative error over the outputs (under a criterion "
                  "flag: its worst severity, 1 at the criterion's bound; a failing "
                  "plan's error is what the samples up to the first failing one showed); the "
-                 "line is the Pareto front, the star the written plan.")
+                 "line is the Pareto front of the passing plans, the star the written plan. A "
+                 "plan that fails under the tolerance line failed by what its error does not "
+                 "show, marked by why (an aimed bound inside the tolerance: the margin; an "
+                 "output's own tolerance; a criterion; a non-finite tensor); trace.json gives "
+                 "each failing plan's reason, output and sample (`why`).")
 
 
 def _cost_facts(result: "RunResult") -> list[str]:

@@ -71,9 +71,8 @@ def margin_lines(result) -> list[str]:
             continue
         used = err.max_abs / err.bound if err.bound > 0 else math.inf
         verb = "uses" if err.passed and not err.nonfinite else "misses: reaches"
-        out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound (max|d| "
-                   f"{num(err.max_abs)} of {num(err.bound)}"
-                   + (f", {err.nonfinite} non-finite" if err.nonfinite else "") + ")")
+        out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound: {err.max_text(num)}"
+                   + (f", {err.nonfinite} non-finite" if err.nonfinite else ""))
     return out
 
 

@@ -683,12 +683,15 @@ def search_args(pricing: Pricing | PlanPricing, options,
     return out
 
 
-def score_trials(result, pricing: Pricing | PlanPricing, score: Callable[[tuple[str, ...]], float | None]) -> None:
+def score_trials(result, pricing: Pricing | PlanPricing,
+                 score: Callable[[tuple[str, ...]], float | None],
+                 why: Callable[[tuple[str, ...]], str | None] = lambda units: None) -> None:
     """Each evaluated plan with its price and its worst relative error (the trade-off plot's
-    points): `score(units)` is what the evaluator measured for it."""
+    points): `score(units)` is what the evaluator measured for it, `why(units)` why it failed."""
     from dataclasses import replace
 
-    result.trials = [replace(t, price=pricing.price(t.fp32), score=score(t.fp32))
+    result.trials = [replace(t, price=pricing.price(t.fp32), score=score(t.fp32),
+                             why=None if t.passed else why(t.fp32))
                      for t in result.trials]
 
 

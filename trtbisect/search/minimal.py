@@ -63,6 +63,7 @@ class Trial:
     phase: str
     price: float | None = None  # estimated engine seconds (cost-aware searches)
     score: float | None = None  # the plan's worst relative error, when the caller knows it
+    why: str | None = None  # a failing plan: why, when the caller knows (judge/evaluator.py)
 
     def to_json(self) -> dict:
         out = {"index": self.index, "size": len(self.fp32), "passed": self.passed,
@@ -71,6 +72,8 @@ class Trial:
             out["price_s"] = self.price
         if self.score is not None:
             out["score"] = self.score
+        if self.why is not None:
+            out["why"] = self.why
         return out
 
 

@@ -120,7 +120,8 @@ class SearchStage:
                                              _counting_nodes(self.progress, as_nodes),
                                              **cost.search_args(self.pricing, sopts, score)))
         summary = parallel_batch.summary(workers, search, ev)
-        cost.score_trials(search, self.pricing, score)
+        cost.score_trials(search, self.pricing, score,
+                          lambda us: ev.why.get(as_nodes(us), "failed"))
         over = cost.within_budget(search, self.pricing, self.opts.budget)
         return (over if over is not None else search), summary
 
@@ -135,7 +136,8 @@ class SearchStage:
             fp32_nodes=[n for n in ctx.judged.names if n in plan] if search.found else [],
             evaluations=search.evaluations + judged + spent[0],
             inferences=ev.runs + judged * len(ctx.samples) + spent[1],
-            errors_before=worst_of(self.before), errors_after=worst_of(self.before),
+            errors_before=worst_of(self.before, _numbers(ctx, self.before)),
+            errors_after=worst_of(self.before, _numbers(ctx, self.before)),
             one_minimal=search.one_minimal and search.found, search=search,
             stats=self.stats, prior_seeds=self.prior.seeds, **self.record, **self.base)
         _record_search(result, ctx, self.opts, search, self.pricing, self.before, summary)
@@ -238,6 +240,13 @@ def _count_unkept(result: RunResult, again: SearchResult, ev: Evaluator) -> None
     run's counts say them (a kept plan's result counts them as `spent`)."""
     result.evaluations += again.evaluations
     result.inferences += ev.runs
+
+
+def _numbers(ctx: Context, judged: Sequence[Judgement]) -> list[int] | None:
+    """The user's sample numbers of the search's judgements (None: not the search's)."""
+    numbers = ctx.sample_numbers()
+    several = len(ctx.given_sample or ()) > 1  # one sample: no number to say
+    return numbers if several and len(numbers) == len(judged) else None
 
 
 def aim_allowance(first: int) -> int:
