@@ -409,8 +409,9 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
             return [ref.run(s) for s in batch]
         finally:
             ref.close()
-    kept, held = validation.hold_out(samples, references, opts.validation_share, opts.seed,
-                                     reference)
+    kept, held = validation.hold_out(
+        samples, references, opts.validation_share, opts.seed, reference,
+        validation.shape_like_inputs(Graph(ref_model)) if len(samples) == 1 else frozenset())
     if len(kept) < len(samples):
         samples, references = View(samples, kept), View(references, kept)
     return samples, references, held
