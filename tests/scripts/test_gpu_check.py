@@ -65,3 +65,21 @@ def test_a_step_past_its_limit_is_killed_and_said():
     assert got == {"ok": False, "why": "timed out after 1 s"}
     got = run_step([sys.executable, "-c", "import sys; sys.exit('no GPU here')"], 30)
     assert got["ok"] is False and got["why"] == "no GPU here"
+
+
+def test_the_tensorrt_step_reads_engines_all_fp16_and_with_the_plan(monkeypatch, tmp_path):
+    """The TensorRT step on the fake 10.13 bindings (tests/fixtures/trt): the all-FP16 engine
+    overflows in the demo's planted LayerNorm, the engine with that LayerNorm in FP32 does not."""
+    from scripts import gpu_check
+    from tests.fixtures.trt import fake_tensorrt as fake
+    fake.install(monkeypatch)
+    plan = [f"/blocks.1/ln2/{n}" for n in ("Pow", "ReduceMean_1", "Add", "Sqrt", "Div", "Mul",
+                                            "Add_1")]
+    (tmp_path / "demo_plan.json").write_text(json.dumps({
+        "model": str(ROOT / "models" / "demo.onnx"),
+        "inputs": str(ROOT / "models" / "demo_inputs.npz"), "fp32_nodes": plan}))
+    got = gpu_check.tensorrt_errors("demo", tmp_path, "cuda")
+    logits = got["outputs"]["logits"]
+    assert logits["all-FP16"] > 100 and logits["plan"] < 1  # the bound is ~12
+    assert got["notes"][0].startswith("TensorRT 10.13") and "engines built" in got["notes"][0]
+    assert gpu_check.tensorrt_errors("demo", tmp_path, "cpu")["outputs"] == {}
