@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -149,11 +150,17 @@ def step(label: str, fn) -> dict:
 def run_step(cmd: list[str], limit: float, parse_json: bool = True) -> dict:
     """A step in its own process with a hard time limit: its JSON result, or why not."""
     began = time.monotonic()
+    # its own process group: a step killed at its limit takes its children (trtbisect run,
+    # engine builds) with it, so none goes on eating the next step's time
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=ROOT, start_new_session=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT)
+        stdout, stderr = p.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return {"ok": False, "why": f"timed out after {limit:.0f} s"}
-    tail = (p.stderr or "").strip().splitlines()[-5:]
+    tail = (stderr or "").strip().splitlines()[-5:]
     seconds = round(time.monotonic() - began, 1)
     if p.returncode != 0:
         return {"ok": False, "why": (tail[-1] if tail else f"exit {p.returncode}")[:300],
@@ -161,7 +168,7 @@ def run_step(cmd: list[str], limit: float, parse_json: bool = True) -> dict:
     if not parse_json:
         return {"ok": True, "log": tail, "seconds": seconds}
     try:
-        return {"ok": True, "result": json.loads(p.stdout.strip().splitlines()[-1]),
+        return {"ok": True, "result": json.loads(stdout.strip().splitlines()[-1]),
                 "seconds": seconds}
     except (ValueError, IndexError):
         return {"ok": False, "why": "the step printed no result", "log": tail}
@@ -332,10 +339,12 @@ def fidelity(name: str, work: Path, device: str) -> dict:
     p = subprocess.run([sys.executable, "-m", "trtbisect.cli", "run", str(model), "--inputs",
                         str(inputs), "--out", str(out_dir), "--json", "--no-resume"],
                        capture_output=True, text=True, cwd=ROOT)
-    if p.returncode not in (0, 4, 5, 7, 9):
+    try:  # every verdict's exit code prints the same JSON; an error prints none
+        run = json.loads(p.stdout)
+        run["errors_before"], run["errors_after"], run["fp32_nodes"]  # noqa: B018
+    except (ValueError, KeyError):
         raise RuntimeError(f"trtbisect run exit {p.returncode}: "
-                           f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
-    run = json.loads(p.stdout)
+                           f"{(p.stderr.strip().splitlines() or ['?'])[-1]}") from None
     notes.append(f"verdict {run['verdict']}, {len(run['fp32_nodes'])} FP32 nodes")
     write_text(work / f"{name}_plan.json", json.dumps({"model": str(model), "inputs": str(inputs),
                                                        "fp32_nodes": run["fp32_nodes"]}))
