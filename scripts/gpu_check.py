@@ -7,30 +7,31 @@ minutes, start-up included) runs this and brings back one small folder:
     bash scripts/gpu_check.sh OUT_DIR            # on the GPU machine (= make gpu)
     python scripts/gpu_check.py --device cpu --out /tmp/gpu_dry   # the plumbing on CPU (CI)
 
-Steps, each in a subprocess with a hard time limit; a step that fails writes why in its row and
-the rest go on:
+Steps, each in its own process group with a hard time limit; a step that fails writes why in
+its row and the rest go on; no step starts after --budget-s:
 
-1. **machine**: nvidia-smi (driver, GPU), torch and its CUDA build, onnx2torch, whether
-   `tensorrt` imports or installs (`pip install` with a time limit: the machine may have no
-   registry), and which version.
-2. **fidelity**, per model and output: trtbisect's emulated all-FP16 error and its written
-   plan's error (`trtbisect run`, the judge `check` runs), against the error of real CUDA FP16
-   kernels: the FP32 model converted to PyTorch (onnx2torch) and run `.half()` on the device,
-   and the written mixed ONNX converted the same way (its Casts to float16 make those ops run
-   in real FP16 kernels); and a TensorRT FP16 engine of the plan (`trtbisect run --backend
-   trt`) where TensorRT imports. Errors are max|d| against the FP32 reference on the same
-   device, as trtbisect measures them.
+1. **machine**: nvidia-smi (GPU, driver, the driver's CUDA), nvcc, torch and its CUDA build,
+   onnx, onnxruntime and its providers, onnx2torch, and whether `tensorrt` imports or
+   installs (`pip install tensorrt-cu12`/`-cu13` by torch's CUDA major, time-limited: the
+   machine may have no registry), and which version.
+2. **fidelity**, per model and output, each a max|d| against FP32 on the same sample:
+   trtbisect's emulated all-FP16 error and its written plan's (`trtbisect run --json`, judged
+   as `check` judges the file); real FP16 kernels in PyTorch on the device (from the model's
+   PyTorch source where there is one, else the ONNX file converted by onnx2torch), all-FP16
+   and the written mixed ONNX as its Casts type it; and TensorRT FP16 engines, all-FP16 and
+   with the plan in FP32 (trtbisect/backends/trt.py), where `tensorrt` imports.
 3. **cost**: scripts/check_cost_model.py on the same models (per-unit FP32 premium, estimated
-   against measured).
+   against measured, and the run's plans ranked both ways).
 
 Writes OUT/gpu_check.md (the tables) and OUT/gpu_check.json (every raw number and each step's
-log tail): two files, a few kilobytes.
+outcome): two files, a few kilobytes, rewritten after every model.
 
-Models: the demo (models/demo.onnx, a CNN + Transformer with a planted LayerNorm overflow), the
-test zoo's transformer stack (tests/models/make_models.py `deep_model`, planted attention and
-LayerNorm faults) and magika (a real model from PyPI, scripts/fetch_models.py); a GPU machine
-without a registry has magika only if `.bench_cache/models/magika.onnx` was fetched here and
-carried (docs/tensorrt.md).
+Models (--models): demo (models/demo.onnx, a CNN + Transformer with a planted LayerNorm
+overflow), cnn_transformer (the same network without the fault, built from
+scripts/make_demo.py), magika (a real model from PyPI, scripts/fetch_models.py) and deep (the
+test zoo's transformer stack, tests/models/make_models.py). A GPU machine without a registry
+has magika only if `.bench_cache/models/magika.onnx` was fetched here (`make gpu-wheels`) and
+carried, and onnx2torch only from the carried `.whl/` (docs/tensorrt.md).
 """
 
 from __future__ import annotations
@@ -537,9 +538,10 @@ def markdown(report: dict) -> str:
               "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in report.get("fidelity", []):
         lines.append("| " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |")
-    lines += ["", "## Steps", "", "| step | ok | why / summary |", "|---|---|---|"]
+    lines += ["", f"## Steps ({report.get('seconds')} s in all)", "",
+              "| step | ok | seconds | why / summary |", "|---|---|---|---|"]
     for k, s in report.get("steps", {}).items():
-        lines.append(f"| {k} | {'yes' if s.get('ok') else 'no'} | "
+        lines.append(f"| {k} | {'yes' if s.get('ok') else 'no'} | {_cell(s.get('seconds'))} | "
                      f"{_cell(s.get('why') or '; '.join(s.get('summary', [])))} |")
     return "\n".join(lines) + "\n"
 
