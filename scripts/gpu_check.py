@@ -57,7 +57,6 @@ COLUMNS = ["model", "output", "emulator all-FP16", "real all-FP16", "TensorRT al
            "emulator plan", "real plan", "TensorRT plan", "bound", "real via", "notes"]
 MODELS = ("demo", "cnn_transformer", "magika", "deep")  # in this order: the budget may stop
 STEP_LIMIT_S = {"model": 150, "trt": 150, "cost": 60, "pip": 150}
-TORCH_SOURCES = ("demo", "cnn_transformer")  # scripts/make_demo.py's DemoNet
 
 
 def main() -> int:
@@ -232,9 +231,13 @@ def machine(device: str, install: bool) -> dict:
 def _version(module: str) -> str:
     try:
         m = __import__(module)
-        return getattr(m, "__version__", "importable")
     except Exception as exc:  # noqa: BLE001
         return f"not importable: {type(exc).__name__}: {str(exc)[:120]}"
+    try:
+        from importlib.metadata import version
+        return getattr(m, "__version__", None) or version(module)
+    except Exception:  # noqa: BLE001 - imports, no version said
+        return "importable"
 
 
 def tensorrt_status(device: str, install: bool, torch_cuda: str) -> str:
