@@ -7,30 +7,31 @@ minutes, start-up included) runs this and brings back one small folder:
     bash scripts/gpu_check.sh OUT_DIR            # on the GPU machine (= make gpu)
     python scripts/gpu_check.py --device cpu --out /tmp/gpu_dry   # the plumbing on CPU (CI)
 
-Steps, each in a subprocess with a hard time limit; a step that fails writes why in its row and
-the rest go on:
+Steps, each in its own process group with a hard time limit; a step that fails writes why in
+its row and the rest go on; no step starts after --budget-s:
 
-1. **machine**: nvidia-smi (driver, GPU), torch and its CUDA build, onnx2torch, whether
-   `tensorrt` imports or installs (`pip install` with a time limit: the machine may have no
-   registry), and which version.
-2. **fidelity**, per model and output: trtbisect's emulated all-FP16 error and its written
-   plan's error (`trtbisect run`, the judge `check` runs), against the error of real CUDA FP16
-   kernels: the FP32 model converted to PyTorch (onnx2torch) and run `.half()` on the device,
-   and the written mixed ONNX converted the same way (its Casts to float16 make those ops run
-   in real FP16 kernels); and a TensorRT FP16 engine of the plan (`trtbisect run --backend
-   trt`) where TensorRT imports. Errors are max|d| against the FP32 reference on the same
-   device, as trtbisect measures them.
+1. **machine**: nvidia-smi (GPU, driver, the driver's CUDA), nvcc, torch and its CUDA build,
+   onnx, onnxruntime and its providers, onnx2torch, and whether `tensorrt` imports or
+   installs (`pip install tensorrt-cu12`/`-cu13` by torch's CUDA major, time-limited: the
+   machine may have no registry), and which version.
+2. **fidelity**, per model and output, each a max|d| against FP32 on the same sample:
+   trtbisect's emulated all-FP16 error and its written plan's (`trtbisect run --json`, judged
+   as `check` judges the file); real FP16 kernels in PyTorch on the device (from the model's
+   PyTorch source where there is one, else the ONNX file converted by onnx2torch), all-FP16
+   and the written mixed ONNX as its Casts type it; and TensorRT FP16 engines, all-FP16 and
+   with the plan in FP32 (trtbisect/backends/trt.py), where `tensorrt` imports.
 3. **cost**: scripts/check_cost_model.py on the same models (per-unit FP32 premium, estimated
-   against measured).
+   against measured, and the run's plans ranked both ways).
 
 Writes OUT/gpu_check.md (the tables) and OUT/gpu_check.json (every raw number and each step's
-log tail): two files, a few kilobytes.
+outcome): two files, a few kilobytes, rewritten after every model.
 
-Models: the demo (models/demo.onnx, a CNN + Transformer with a planted LayerNorm overflow), the
-test zoo's transformer stack (tests/models/make_models.py `deep_model`, planted attention and
-LayerNorm faults) and magika (a real model from PyPI, scripts/fetch_models.py); a GPU machine
-without a registry has magika only if `.bench_cache/models/magika.onnx` was fetched here and
-carried (docs/tensorrt.md).
+Models (--models): demo (models/demo.onnx, a CNN + Transformer with a planted LayerNorm
+overflow), cnn_transformer (the same network without the fault, built from
+scripts/make_demo.py), magika (a real model from PyPI, scripts/fetch_models.py) and deep (the
+test zoo's transformer stack, tests/models/make_models.py). A GPU machine without a registry
+has magika only if `.bench_cache/models/magika.onnx` was fetched here (`make gpu-wheels`) and
+carried, and onnx2torch only from the carried `.whl/` (docs/tensorrt.md).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +57,6 @@ COLUMNS = ["model", "output", "emulator all-FP16", "real all-FP16", "TensorRT al
            "emulator plan", "real plan", "TensorRT plan", "bound", "real via", "notes"]
 MODELS = ("demo", "cnn_transformer", "magika", "deep")  # in this order: the budget may stop
 STEP_LIMIT_S = {"model": 150, "trt": 150, "cost": 60, "pip": 150}
-TORCH_SOURCES = ("demo", "cnn_transformer")  # scripts/make_demo.py's DemoNet
 
 
 def main() -> int:
@@ -149,11 +150,17 @@ def step(label: str, fn) -> dict:
 def run_step(cmd: list[str], limit: float, parse_json: bool = True) -> dict:
     """A step in its own process with a hard time limit: its JSON result, or why not."""
     began = time.monotonic()
+    # its own process group: a step killed at its limit takes its children (trtbisect run,
+    # engine builds) with it, so none goes on eating the next step's time
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=ROOT, start_new_session=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT)
+        stdout, stderr = p.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return {"ok": False, "why": f"timed out after {limit:.0f} s"}
-    tail = (p.stderr or "").strip().splitlines()[-5:]
+    tail = (stderr or "").strip().splitlines()[-5:]
     seconds = round(time.monotonic() - began, 1)
     if p.returncode != 0:
         return {"ok": False, "why": (tail[-1] if tail else f"exit {p.returncode}")[:300],
@@ -161,7 +168,7 @@ def run_step(cmd: list[str], limit: float, parse_json: bool = True) -> dict:
     if not parse_json:
         return {"ok": True, "log": tail, "seconds": seconds}
     try:
-        return {"ok": True, "result": json.loads(p.stdout.strip().splitlines()[-1]),
+        return {"ok": True, "result": json.loads(stdout.strip().splitlines()[-1]),
                 "seconds": seconds}
     except (ValueError, IndexError):
         return {"ok": False, "why": "the step printed no result", "log": tail}
@@ -224,9 +231,13 @@ def machine(device: str, install: bool) -> dict:
 def _version(module: str) -> str:
     try:
         m = __import__(module)
-        return getattr(m, "__version__", "importable")
     except Exception as exc:  # noqa: BLE001
         return f"not importable: {type(exc).__name__}: {str(exc)[:120]}"
+    try:
+        from importlib.metadata import version
+        return getattr(m, "__version__", None) or version(module)
+    except Exception:  # noqa: BLE001 - imports, no version said
+        return "importable"
 
 
 def tensorrt_status(device: str, install: bool, torch_cuda: str) -> str:
@@ -332,10 +343,12 @@ def fidelity(name: str, work: Path, device: str) -> dict:
     p = subprocess.run([sys.executable, "-m", "trtbisect.cli", "run", str(model), "--inputs",
                         str(inputs), "--out", str(out_dir), "--json", "--no-resume"],
                        capture_output=True, text=True, cwd=ROOT)
-    if p.returncode not in (0, 4, 5, 7, 9):
+    try:  # every verdict's exit code prints the same JSON; an error prints none
+        run = json.loads(p.stdout)
+        run["errors_before"], run["errors_after"], run["fp32_nodes"]  # noqa: B018
+    except (ValueError, KeyError):
         raise RuntimeError(f"trtbisect run exit {p.returncode}: "
-                           f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
-    run = json.loads(p.stdout)
+                           f"{(p.stderr.strip().splitlines() or ['?'])[-1]}") from None
     notes.append(f"verdict {run['verdict']}, {len(run['fp32_nodes'])} FP32 nodes")
     write_text(work / f"{name}_plan.json", json.dumps({"model": str(model), "inputs": str(inputs),
                                                        "fp32_nodes": run["fp32_nodes"]}))
@@ -528,9 +541,10 @@ def markdown(report: dict) -> str:
               "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in report.get("fidelity", []):
         lines.append("| " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + " |")
-    lines += ["", "## Steps", "", "| step | ok | why / summary |", "|---|---|---|"]
+    lines += ["", f"## Steps ({report.get('seconds')} s in all)", "",
+              "| step | ok | seconds | why / summary |", "|---|---|---|---|"]
     for k, s in report.get("steps", {}).items():
-        lines.append(f"| {k} | {'yes' if s.get('ok') else 'no'} | "
+        lines.append(f"| {k} | {'yes' if s.get('ok') else 'no'} | {_cell(s.get('seconds'))} | "
                      f"{_cell(s.get('why') or '; '.join(s.get('summary', [])))} |")
     return "\n".join(lines) + "\n"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,3 +66,39 @@ def test_a_step_past_its_limit_is_killed_and_said():
     assert got == {"ok": False, "why": "timed out after 1 s"}
     got = run_step([sys.executable, "-c", "import sys; sys.exit('no GPU here')"], 30)
     assert got["ok"] is False and got["why"] == "no GPU here"
+
+
+def test_a_killed_step_takes_its_children_with_it(tmp_path):
+    """A step's `trtbisect run` or engine build must not eat the next step's time."""
+    from scripts.gpu_check import run_step
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)'], stdout=subprocess.DEVNULL, "
+            "stderr=subprocess.DEVNULL); open(sys.argv[1], 'w').write(str(c.pid)); "
+            "time.sleep(60)")
+    got = run_step([sys.executable, "-c", code, str(pid_file)], 5)
+    assert got["why"] == "timed out after 5 s"
+    status = Path(f"/proc/{pid_file.read_text()}/status")
+    for _ in range(50):  # SIGKILL is delivered at once; its reaping may lag a moment
+        if not status.exists() or "\nState:\tZ" in status.read_text():
+            break
+        time.sleep(0.1)
+    assert not status.exists() or "\nState:\tZ" in status.read_text()
+
+
+def test_the_tensorrt_step_reads_engines_all_fp16_and_with_the_plan(monkeypatch, tmp_path):
+    """The TensorRT step on the fake 10.13 bindings (tests/fixtures/trt): the all-FP16 engine
+    overflows in the demo's planted LayerNorm, the engine with that LayerNorm in FP32 does not."""
+    from scripts import gpu_check
+    from tests.fixtures.trt import fake_tensorrt as fake
+    fake.install(monkeypatch)
+    plan = [f"/blocks.1/ln2/{n}" for n in ("Pow", "ReduceMean_1", "Add", "Sqrt", "Div", "Mul",
+                                            "Add_1")]
+    (tmp_path / "demo_plan.json").write_text(json.dumps({
+        "model": str(ROOT / "models" / "demo.onnx"),
+        "inputs": str(ROOT / "models" / "demo_inputs.npz"), "fp32_nodes": plan}))
+    got = gpu_check.tensorrt_errors("demo", tmp_path, "cuda")
+    logits = got["outputs"]["logits"]
+    assert logits["all-FP16"] > 100 and logits["plan"] < 1  # the bound is ~12
+    assert got["notes"][0].startswith("TensorRT 10.13") and "engines built" in got["notes"][0]
+    assert gpu_check.tensorrt_errors("demo", tmp_path, "cpu")["outputs"] == {}
