@@ -934,7 +934,8 @@ def findings(infos: list[dict], rows: list[Row], methods: Sequence[str]) -> list
             if _passing(r) and m not in ours_pass
         ]
 
-        def compare(attr: str, fmt: Callable[[float], str]) -> tuple[list[str], list[str]]:
+        def compare(attr: str, fmt: Callable[[float], str], mine: dict = mine,
+                    both: list[str] = both) -> tuple[list[str], list[str]]:
             lower = [
                 f"{m} ({fmt(getattr(mine[m], attr) or 0)} vs {fmt(getattr(ours[m], attr) or 0)})"
                 for m in both

@@ -308,7 +308,7 @@ def _emulator_cost(row: Row, case: Case, opts: Options, feeds: dict,
         if label == "all-FP16":
             row.evaluator_s = time.perf_counter() - t
         _, t_eval, ratio = timed_pair(lambda: sess.run(None, feeds),
-                                      lambda: ev.emulator.run(p, feeds), repeat)
+                                      lambda ev=ev, p=p: ev.emulator.run(p, feeds), repeat)
         row.eval_ms[label], row.ratios[label] = 1e3 * t_eval, ratio
         ev.emulator.close()
 

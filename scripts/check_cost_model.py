@@ -145,7 +145,8 @@ def main() -> int:
     try:
         import torch
     except ImportError:
-        raise SystemExit("needs PyTorch: pip install 'trtbisect[torch]' (a CUDA build for the check)")
+        raise SystemExit("needs PyTorch: pip install 'trtbisect[torch]' "
+                         "(a CUDA build for the check)") from None
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this check needs a GPU (--device cpu only dry-runs it)")
     if args.device == "cuda":

@@ -108,6 +108,32 @@ def test_compare_and_check_commands(zoo, tmp_path):
     assert same.exit_code == 0 and "0 float16 tensors" in same.output
 
 
+
+def test_compare_is_the_librarys_call_the_command_prints(zoo, tmp_path):
+    """pipeline.compare finds, `compare --json` prints exactly that; criterion flags add the
+    all-FP16 verdict; a broken reference is refused by the library (exit 3) and the command."""
+    from trtbisect import pipeline
+    from trtbisect.context import Options
+    from trtbisect.errors import TrtBisectError
+    from trtbisect.judge.criteria import Criteria
+
+    model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
+    found = pipeline.compare(model, Options(inputs=[str(inputs)]))
+    assert found.nothing is None and found.judged is None and found.summary["first_overflow"]
+    printed = json.loads(invoke("-q", "compare", model, "--inputs", inputs, "--json").output)
+    assert printed == json.loads(json.dumps(found.to_json()))
+    half = Options(inputs=[str(inputs)], criteria=Criteria(pass_rate=0.5))
+    judged = pipeline.compare(model, half)
+    assert judged.judged is not None and judged.stats == found.stats  # the same tensors, judged
+    printed = json.loads(invoke("-q", "compare", model, "--inputs", inputs, "--pass-rate", "0.5",
+                                "--json").output)
+    assert printed["all_fp16"] == json.loads(json.dumps(judged.judged.to_json()))
+    broken, broken_inputs = save_zoo_model(zoo["fp32_broken"], tmp_path / "b")
+    with pytest.raises(TrtBisectError) as e:
+        pipeline.compare(broken, Options(inputs=[str(broken_inputs)]))
+    assert e.value.exit_code == 3
+    assert_one_line_error(invoke("compare", broken, "--inputs", broken_inputs), 3, "already broken")
+
 def test_every_command_has_help():
     for cmd in [[], *[[name] for name in main.list_commands(click.Context(main))]]:
         r = invoke(*cmd, "--help")

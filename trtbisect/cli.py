@@ -247,7 +247,7 @@ def make_options(kw: dict, both: bool = False):
         try:
             per_output[parts[0]] = (float(parts[1]), float(parts[2]) if len(parts) > 2 else 0.0)
         except (IndexError, ValueError):
-            raise TrtBisectError(f"bad --output-tol {spec!r}: expected NAME:RTOL[:ATOL]")
+            raise TrtBisectError(f"bad --output-tol {spec!r}: expected NAME:RTOL[:ATOL]") from None
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
     return Options(inputs=kw.pop("inputs"), data_loader=kw.pop("data_loader"),
                    shapes=parse_shapes(kw.pop("shapes")),

@@ -145,8 +145,6 @@ def test_search_graph_reads_untouched_weights_from_the_original_store(tmp_path):
            {"g": np.ones(64), "b": np.zeros(64), "mu": np.zeros(64), "v": np.full(64, 1e6)}.items()],
          numpy_helper.from_array(np.array([1, 64, 1, 1], np.int64), "shape"),
          numpy_helper.from_array(np.array([1, 64], np.int64), "shape2")])
-    # nodes out of order on purpose? no: keep topological
-    g_.node.sort if False else None
     m = helper.make_model(g_, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
     nodes = list(m.graph.node)

@@ -483,7 +483,7 @@ class _Builder:
         bias = new.input[2] if len(new.input) > 2 and new.input[2] else None
         attrs = [x for x in new.attribute if x.name not in ("alpha", "beta")]
         acc = ""
-        for j, (lo, hi) in enumerate(spec.blocks):
+        for lo, hi in spec.blocks:
             part = self.fresh("part")
             node = helper.make_node(new.op_type, [self._slice(a, spec.axis_a, lo, hi),
                                                   self._slice(b, spec.axis_b, lo, hi)], [part])

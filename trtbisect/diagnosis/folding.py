@@ -44,8 +44,8 @@ def conv_norm_pairs(module: Any) -> list[Pair]:
         children = list(parent.named_children())
         for (a, ma), (b, mb) in zip(children, children[1:]):
             if type(ma).__name__ in CONVS and type(mb).__name__ in NORMS:
-                join = (lambda c: f"{name}.{c}") if name else (lambda c: c)
-                out.append(Pair(join(a), type(ma).__name__, join(b), type(mb).__name__))
+                at = f"{name}." if name else ""  # the children's qualified names
+                out.append(Pair(at + a, type(ma).__name__, at + b, type(mb).__name__))
     return out
 
 

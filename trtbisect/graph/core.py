@@ -240,7 +240,7 @@ class Graph:
     def _stored(self) -> list[str]:
         out: list[str] = []
         for i in self.order:
-            for attr, body in subgraphs(self.nodes[i]):
+            for _attr, body in subgraphs(self.nodes[i]):
                 out += [v.name for v in body.input if self.is_float(v.name)
                         and self.exposable(v.name)]
             if self.names[i] in self.candidate_set:

@@ -38,9 +38,9 @@ def load_model(path: str | os.PathLike, min_opset: int = 1,
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError, UnicodeDecodeError) as exc:
         raise TrtBisectError(f"{p} is not a readable ONNX model (truncated or corrupt?): "
-                             f"{first_line(exc)}")
+                             f"{first_line(exc)}") from exc
     except OSError as exc:
-        raise TrtBisectError(f"cannot read {p}: {exc.strerror or exc}")
+        raise TrtBisectError(f"cannot read {p}: {exc.strerror or exc}") from exc
     if not model.graph.node and not model.graph.output:
         raise TrtBisectError(f"{p} is not a readable ONNX model (empty graph: truncated?)")
     external = [t for g in walk_graphs(model.graph) for t in g.initializer  # bodies' too

@@ -122,7 +122,7 @@ class Journal:
         except TrtBisectError:
             raise JournalRejected("not a regular file") from None
         except OSError as exc:
-            raise JournalRejected(f"unreadable ({exc.strerror})")
+            raise JournalRejected(f"unreadable ({exc.strerror})") from exc
         complete, sep, partial = data.rpartition(b"\n")
         lines = complete.split(b"\n") if sep else []
         if not lines:

@@ -73,7 +73,8 @@ def parse_input_specs(specs: Iterable[str]) -> list[InputSpec]:
         try:
             shape = tuple(int(d) for d in parts[1].split("x")) if parts[1] else ()
         except ValueError:
-            raise TrtBisectError(f"bad --input {spec!r}: dimensions must be integers, e.g. 1x3x224x224")
+            raise TrtBisectError(f"bad --input {spec!r}: dimensions must be integers, "
+                                 "e.g. 1x3x224x224") from None
         if any(d <= 0 for d in shape):
             raise TrtBisectError(f"bad --input {spec!r}: dimensions must be positive")
         out.append(InputSpec(parts[0], shape, dtype))
@@ -140,7 +141,8 @@ def load_factory(arg: str) -> tuple[Any, Any]:
             result = obj()
         except Exception as exc:
             log.debug("factory %s failed", arg, exc_info=True)
-            raise TrtBisectError(f"calling {attr}() from {path} failed: {type(exc).__name__}: {exc}")
+            raise TrtBisectError(f"calling {attr}() from {path} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
     else:
         raise TrtBisectError(f"{attr} in {path} is a {type(obj).__name__}, not a factory or module")
     example = None
@@ -168,7 +170,7 @@ def _import_file(path: Path):
     except Exception as exc:
         del sys.modules[name]
         log.debug("importing %s failed", path, exc_info=True)
-        raise TrtBisectError(f"importing {path} failed: {type(exc).__name__}: {exc}")
+        raise TrtBisectError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     finally:
         sys.path.remove(str(path.resolve().parent))
     return module
@@ -380,7 +382,7 @@ def _run_exporter(module, args: tuple, input_names: list[str], output_names: lis
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         other = "dynamo" if opts.exporter == "torchscript" else "torchscript"
         raise TrtBisectError(f"the {opts.exporter} exporter failed at opset {opts.opset}: {first}; "
-                             f"try --exporter {other} or another --opset")
+                             f"try --exporter {other} or another --opset") from exc
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
@@ -408,7 +410,7 @@ def finish_model(model: onnx.ModelProto, module, source: str) -> onnx.ModelProto
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
-        raise TrtBisectError(f"the exported model is not valid ONNX: {first}")
+        raise TrtBisectError(f"the exported model is not valid ONNX: {first}") from exc
     return model
 
 
