@@ -13,12 +13,16 @@ on with the judge's threads and with one thread, optimizations off with one thre
 reference beside it under the same variation, as Polygraphy computes both. Per output judged by
 trtbisect's default criterion:
 
-- the bound is the one the renderings write: the smallest over the samples (Polygraphy takes
-  one `--atol` per output for every sample);
+- the bound is the one the renderings write: the smallest over every sample given, held-out
+  ones included (Polygraphy takes one `--atol` per output for every sample);
 - the spread is the largest move of max|d| under a variation, on any sample, or the FP32 noise
   floor (`kernel_noise`: optimized kernels and one-ulp input nudges), whichever is larger;
-- the margin is that bound less the judge's worst max|d|; the output is certified when the
-  margin exceeds the spread.
+- the margin is that bound less the judge's worst max|d| over those samples: the very record
+  the tables show (compare.py `worst`, with both samples named); the output is certified when
+  the margin exceeds the spread.
+
+A criterion with a threshold (`--metric`, `--check-error-stat`, a hook's score) is held to the
+same rule in its severity (`ScoreMargin`: 1 at the threshold).
 
 Under every criterion, each variation's verdict must pass too. A plan is `fixed` (and FP16
 `fp16_ok`) only when certified; else the search aims inside the bound by the spread

@@ -507,10 +507,13 @@ def error_text(e: OutputError | None) -> str:
             f"cosine {e.cosine:.4f}{extra}")
 
 
-def trace_rows(result: "RunResult") -> list[tuple[int, str, int, str, str]]:
+def trace_rows(result: "RunResult") -> list[tuple[int, str, int, str, str, str]]:
+    """Per evaluation: its number, phase, size, result, units and why it failed (judge/
+    evaluator.py `failure`)."""
     if result.search is None:
         return []
-    return [(t.index, t.phase, len(t.fp32), "pass" if t.passed else "fail", _nodes(t.fp32))
+    return [(t.index, t.phase, len(t.fp32), "pass" if t.passed else "fail", _nodes(t.fp32),
+             "" if t.passed else (t.why or ""))
             for t in result.search.trials[:TRACE_ROWS]]
 
 
@@ -577,7 +580,7 @@ def render_markdown(result: "RunResult", plot_name: str | None,
                        code=(0, 2))
     parts += _md_stability(result)
     parts += _md_table("Search trace", ["#", "phase", "FP32 units (TensorRT layers)", "result",
-                                        "units"],
+                                        "units", "why it failed"],
                        trace_rows(result))
     if command_rows(result):
         parts += ["## Apply the plan", ""]
@@ -1020,10 +1023,11 @@ def _html_trace(result: "RunResult") -> list[str]:
     total = len(result.search.trials) if result.search else 0
     note = (f"<p class='muted'>First {TRACE_ROWS} of {total} evaluations; trace.json has all."
             "</p>" if total > TRACE_ROWS else "")
-    rows = [row[:4] for row in rows]  # type: ignore[misc]  # units: trace.json has them
+    shown_rows = [(*row[:4], row[5]) for row in rows]  # which units: trace.json (the plan's
+    # are listed once)
     return [f"<details><summary>Search trace ({plural(total, 'evaluation')})</summary>",
-            *_html_table("", ["#", "phase", "FP32 units (TensorRT layers)", "result"], rows,
-                         result_col=3), note, "</details>"]
+            *_html_table("", ["#", "phase", "FP32 units (TensorRT layers)", "result",
+                              "why it failed"], shown_rows, result_col=3), note, "</details>"]
 
 
 def _html_stability(result: "RunResult") -> list[str]:
