@@ -83,7 +83,14 @@ def feeds_of(model: Path) -> dict[str, np.ndarray] | None:
         outs = s.run(None, feeds)
     except Exception:  # ORT cannot run it: not this sweep's business
         return None
-    return feeds if any(np.asarray(o).dtype.kind == "f" for o in outs) else None
+    return feeds if any(_floats(o) for o in outs) else None
+
+
+def _floats(out) -> bool:
+    """A float tensor, or a sequence holding one (SplitToSequence, a Loop's scan outputs)."""
+    if isinstance(out, (list, tuple)):
+        return any(_floats(o) for o in out)
+    return isinstance(out, np.ndarray) and out.dtype.kind == "f"
 
 
 def main() -> int:
@@ -92,6 +99,8 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--node", action="store_true", help="onnx's node tests")
     ap.add_argument("--semantics", nargs="*", default=["trt", "strict"])
+    ap.add_argument("--skip", default=None,
+                    help="a previous sweep's output: skip the models it has a row for")
     args = ap.parse_args()
     work = Path(args.out or tempfile.mkdtemp(prefix="sweep-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -99,9 +108,13 @@ def main() -> int:
     rows = 0
     verdicts = 0
     base = work / "node" if args.node else DATA
+    done = set()
+    if args.skip:  # rows read "ok  0 trt    NAME ..."
+        done = {ln.split()[3] for ln in Path(args.skip).read_text().splitlines()
+                if ln.startswith(("ok ", "BUG")) and len(ln.split()) > 3}
     for model in (node_models(work, args.only) if args.node else models()):
         name = str(model.relative_to(base))
-        if args.only and not any(o in name for o in args.only):
+        if (args.only and not any(o in name for o in args.only)) or name in done:
             continue
         feeds = feeds_of(model)
         if feeds is None:
@@ -109,9 +122,10 @@ def main() -> int:
         tag = name.replace("/", "_").replace(".onnx", "")
         inputs = work / f"{tag}.npz"
         np.savez(inputs, **feeds)
+        fed = ["--inputs", str(inputs)] if feeds else []  # a model without inputs: none
         for semantics in args.semantics:  # in this process: a fresh one costs seconds
             done = CliRunner().invoke(cli_main, [
-                "-q", "run", str(model), "--inputs", str(inputs), "--out",
+                "-q", "run", str(model), *fed, "--out",
                 str(work / f"{tag}-{semantics}"), "--semantics", semantics, "--max-evals", "60",
                 "--workers", "1"])
             crashed = done.exception is not None and not isinstance(done.exception, SystemExit)

@@ -9,7 +9,10 @@ import onnx
 
 # Nodes that move or retype data but compute nothing in floating point: they keep their
 # declared types (the mixed model never retypes a user's Cast) and are never FP16 candidates.
-PASS_THROUGH_OPS = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "CastLike"})
+# EyeLike makes ones and zeros of its dtype (exact in every precision; ONNX Runtime has no
+# float16 kernel for it).
+PASS_THROUGH_OPS = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "CastLike",
+                              "EyeLike"})
 # Inputs that parametrise an op (positions), never rounded: they are not FP16 data.
 PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "Resize": (1, 2), "Upsample": (1,), "Range": (0, 1, 2), "Pad": (2,), "Dropout": (1,),

@@ -193,6 +193,10 @@ class _Diff:
 
 def compare_output(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float,
                    ceiling: float = math.inf) -> OutputError:
+    """`got` against `ref`. An output whose shape depends on the data (Unique, NonZero) may
+    come out of another shape: that is itself a difference, an infinite error that fails."""
+    if np.shape(ref) != np.shape(got):
+        return shape_changed(ref, rtol, atol, ceiling)
     d = _Diff.of(ref, got)
     bad = 0 if d.all_got else int(np.count_nonzero(d.finite_ref & ~d.finite_got))
     bound = min(rtol * d.ref_max + atol, ceiling)
@@ -201,6 +205,16 @@ def compare_output(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float,
         p99 = float(np.percentile(d.diff, 99)) if d.diff.size else 0.0
     passed = bad == 0 and max_abs <= bound
     return OutputError(max_abs, bound, d.rel(max_abs), d.mean_abs, p99, d.cosine(), bad, passed)
+
+
+def shape_changed(ref: np.ndarray, rtol: float, atol: float,
+                  ceiling: float = math.inf) -> OutputError:
+    """The error of an output computed in another shape than the reference's: infinite, and
+    failing under every criterion (no element of one corresponds to an element of the other)."""
+    r = np.asarray(ref, np.float64).ravel()
+    finite = r[np.isfinite(r)]
+    bound = min(rtol * float(np.abs(finite).max(initial=0.0)) + atol, ceiling)
+    return OutputError(math.inf, bound, math.inf, math.inf, math.inf, math.nan, 0, False)
 
 
 def _cosine64(a: np.ndarray, b: np.ndarray) -> float:
@@ -310,7 +324,15 @@ def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarr
     precision (FP16 unless given) does to the reference (the layer-wise pass runs this on
     every stored tensor: no percentile). `overflow` and `flushed` count against that
     precision's range; the `fp16_*` fields hold the low-precision side whichever it is."""
-    d = _Diff.of(np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32))
+    ref, got = np.asarray(ref, dtype=np.float32), np.asarray(got, dtype=np.float32)
+    if ref.shape != got.shape:  # a data-dependent shape moved: an infinite difference
+        r = ref.ravel()
+        finite = np.isfinite(r)
+        return TensorStats(name, producer, float(np.abs(r[finite]).max(initial=0.0)),
+                           float(np.abs(got[np.isfinite(got)]).max(initial=0.0)), math.inf,
+                           math.inf, math.inf, math.nan, int(r.size - finite.sum()),
+                           int(got.size - np.isfinite(got).sum()), 0, 0, int(r.size))
+    d = _Diff.of(ref, got)
     got_mag = np.abs(d.got)
     max_abs = d.max_abs
     overflow_at, flush_at = ((FP16_OVERFLOW, FP16_FLUSH) if precision is None

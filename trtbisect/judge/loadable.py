@@ -129,9 +129,12 @@ def require_written_valid(path: str | Path, weight_bytes: int | None = None,
     why = checker_problem(path)
     if why is not None and not bfloat16_gap(why) and held is not None \
             and held.problem is not None:
-        log.warning("%s fails %s, as the model given does (%s); ONNX Runtime loads it",
-                    Path(path).name, why, held.problem)
-        why = None
+        runtime = runtime_problem(path, weight_bytes)  # the load is tried before it is said
+        if runtime is None:
+            log.warning("%s fails %s, as the model given does (%s); ONNX Runtime loads it",
+                        Path(path).name, why, held.problem)
+            return
+        why = runtime
     why = why or runtime_problem(path, weight_bytes)
     if bfloat16_gap(why):
         log.warning("%s: %s: %s", Path(path).name, why, BF16_GAP)
@@ -143,11 +146,20 @@ def require_written_valid(path: str | Path, weight_bytes: int | None = None,
 
 def require_loadable(path: str | Path, weight_bytes: int | None = None) -> str | None:
     """A file given to `check`: ONNX Runtime must load it as it is (else a one-line
-    TrtBisectError naming the first checker error too). Returns the checker's first error
-    for a file ONNX Runtime loads all the same (a warning, not a refusal: TensorRT's parser
-    and ONNX Runtime are what run it), and the bfloat16 schema gap likewise."""
+    TrtBisectError naming the first checker error too). Returns, as the line to warn with,
+    what the checker says of a file ONNX Runtime loads all the same (a warning, not a refusal:
+    TensorRT's parser and ONNX Runtime are what run it), or, for a file ONNX Runtime refuses
+    only for bfloat16 (`bfloat16_gap`), that no ONNX tool loads it and what is judged instead:
+    never a load that did not happen. None: it passes both."""
     checker = checker_problem(path)
     runtime = runtime_problem(path, weight_bytes)
     if runtime is not None and not bfloat16_gap(runtime):
         raise TrtBisectError(f"{path} does not load: {checker or runtime}")
-    return checker or runtime
+    if runtime is not None:
+        return f"{path} fails {checker or runtime}: {BF16_GAP}"
+    if checker is not None and bfloat16_gap(checker):
+        return (f"{path} fails {checker}: the checker's schemas at this opset predate "
+                "bfloat16 for that op; ONNX Runtime loads it, so it is judged as it is")
+    if checker is not None:
+        return f"{path} fails {checker}; ONNX Runtime loads it, so it is judged as it is"
+    return None

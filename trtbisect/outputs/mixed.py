@@ -199,7 +199,8 @@ class _MixedWriter:
         og = out.graph
         for v in og.output:
             declared = g.declared.get(v.name, FLOAT)
-            if self.home.get(v.name) != declared and v.name in g.producer:
+            # (a sequence or optional output has no element type here: it keeps its own)
+            if v.name in self.home and self.home[v.name] != declared and v.name in g.producer:
                 self.renamed[v.name] = f"{v.name}{self.sep}{_suffix(self.home[v.name])}"
         for i in range(g.top):
             self.nodes.append(self._node(i))
