@@ -525,12 +525,11 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
 
     if out_dir is None:
         return None
-    from ..context import _samples_hash
-    fingerprint = {  # every setting of the judge, as the FP16 road's (judge/settings.py)
-        "mode": "quantized", "version": __version__, "model": model_hash(path),
-        "reference": model_hash(reference_path) if reference_path else None,
-        "samples": _samples_hash(samples), "objective": opts.objective,
-        "settings": opts.judge_settings.fingerprint()}
+    from ..context import run_fingerprint
+    fingerprint = run_fingerprint(  # the FP16 road's: JudgeSettings' and the road's own keys
+        opts.judge_settings.fingerprint(), model_hash(path), samples, __version__,
+        mode="quantized", objective=opts.objective,
+        reference=model_hash(reference_path) if reference_path else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
     if not opts.resume and journal_path.exists():
