@@ -14,28 +14,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
+from ..backends.ort import model_session as session  # every session: backends/ort.py's
 from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria, Judgement, Verdict
 from . import half
 from .qdq import Layer, dequantized_weights, unquantize
 
 FP32_PREFIX = "fp32:"  # a search unit that keeps an FP16 node in FP32 (a layer's is its name)
-
-
-def session(model: onnx.ModelProto | str | Path, threads: int | None = None):
-    """An ORT session under the judge's options, over an in-memory model or a file."""
-    import onnxruntime as ort
-
-    from ..backends.ort import session_options
-    from ..errors import TrtBisectError
-
-    what = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
-    try:
-        return ort.InferenceSession(what, session_options(threads),
-                                    providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises several unrelated types for unloadable models
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise TrtBisectError(f"onnxruntime cannot load the quantized model: {first}") from exc
 
 
 def run_outputs(sess, sample: Mapping[str, np.ndarray], names: Sequence[str]
