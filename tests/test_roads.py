@@ -13,8 +13,7 @@ from trtbisect.roads import FLAGS, ROADS, refusal
 from tests.models import quant_models as qm
 
 # a value each refusable option can be given with (a flag: no value)
-VALUES = {"trt_version": ["10"], "tf32": [], "fp16_accumulate": [], "strict": [],
-          "search_samples": ["4"], "budget": ["5"], "workers": ["2"], "ray_address": [],
+VALUES = {"tf32": [], "fp16_accumulate": [], "strict": [], "budget": ["5"], "workers": ["2"], "ray_address": [],
           "rewrite": [], "stability": ["3"], "calibration": ["x.npz"],
           "quant_reference": ["ref.onnx"]}
 

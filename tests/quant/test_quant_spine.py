@@ -135,3 +135,45 @@ def test_one_all_fp16_price_per_model_and_gpu_class(tmp_path):
     assert q.cost["all_fp16_s"] == f.cost["all_fp16_s"] > 0
     assert q.cost["all_fp16_from"] == "the FP16 road's engine of the float model"
     assert q.cost["file_all_float_s"] > 0 and q.cost["file_fp32_nodes"] >= 0
+
+
+def test_search_samples_searches_on_the_worst_and_certifies_on_all(tmp_path):
+    """--search-samples on the quantized road (the FP16 road's judge/subset.py): the search
+    judges its plans on the samples where the file as given fails worst, the plan found is
+    judged on every sample; the same plan as a search on every sample."""
+    p = qm.outlier()
+    files = []
+    for k, scale in enumerate((1.0, 0.02, 0.5, 0.01)):  # two samples far below the outlier
+        f = tmp_path / f"s{k}.npz"
+        np.savez(f, x=(p.inputs["x"] * scale).astype(np.float32))
+        files.append(str(f))
+    model = tmp_path / "q.onnx"
+    onnx.save(p.model, model)
+
+    def go(n, out):
+        said = []
+        r = run(model, Options(inputs=files, tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                               validation_share=0, search_samples=n), tmp_path / out,
+                stage=said.append)
+        return r, said
+    narrow, said = go(1, "narrow")
+    every, said_every = go(0, "every")
+    assert any("the search judges on 1 of 4 samples" in s for s in said), said
+    assert not any("the search judges on" in s for s in said_every)
+    assert narrow.plan == every.plan and narrow.verdict == every.verdict
+    assert len(narrow.after.samples) == 4 and narrow.after.passed  # certified on all of them
+    assert narrow.one_judge  # the search's last verdict of the plan is on every sample too
+    assert narrow.judge.runs < every.judge.runs  # the search's inferences: on one sample
+
+
+@pytest.mark.parametrize("flag", [["--search-samples", "1"], ["--trt-version", "10"]])
+def test_flags_the_quantized_road_honours_are_not_refused(flag, tmp_path):
+    from click.testing import CliRunner
+
+    from trtbisect.cli import main
+    p = qm.outlier()
+    model, inputs = _files(p, tmp_path)
+    res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), *flag,
+                                    "--rtol", str(p.rtol), "--out", str(tmp_path / "o")])
+    assert res.exit_code != 2, res.output
+    assert (tmp_path / "o" / "precision.json").is_file()

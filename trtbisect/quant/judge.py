@@ -63,8 +63,16 @@ class QuantJudge:
         self.samples, self.references = samples, references
         self.criteria, self.tolerance, self.threads = criteria, tolerance, threads
         self.weights = dequantized_weights(model, [e for la in self.layers for e in la.edges])
-        self.verdicts: dict[frozenset[str], Verdict] = {}
+        self.verdicts: dict[frozenset[str], Verdict] = {}  # each plan's latest (the search's)
+        self._memo: dict[tuple[tuple[int, ...] | None, frozenset[str]], Verdict] = {}
+        self.active: list[int] | None = None  # the search's samples (judge/subset.py); None: all
         self.runs = 0  # inferences
+
+    def narrow(self, subset: Sequence[int] | None) -> None:
+        """The search judges its plans (`measure`) on these samples only, as the FP16 road's
+        --search-samples (judge/subset.py); None: on every sample. `judge_model` and
+        `judgements`, the written file's judge, always judge every sample."""
+        self.active = sorted(subset) if subset is not None else None
 
     @staticmethod
     def by_name_set(layers: Sequence[Layer]) -> set[str]:
@@ -147,10 +155,23 @@ class QuantJudge:
         return judged
 
     def measure(self, plan: frozenset[str]) -> Verdict:
+        """The search's verdict of `plan`, on its samples (`narrow`), memoized."""
         key = frozenset(plan)
-        if key not in self.verdicts:
-            self.verdicts[key] = self.judge_model(self.model_for(key))
+        on = tuple(self.active) if self.active is not None else None
+        if (on, key) not in self._memo:
+            pairs = None if on is None else [(self.samples[k], self.references[k]) for k in on]
+            self._memo[on, key] = self.criteria.verdict(
+                self.judgements(self.model_for(key), pairs))
+        self.verdicts[key] = self._memo[on, key]
         return self.verdicts[key]
+
+    def measure_all(self, plan: frozenset[str]) -> tuple[Verdict, list[Judgement]]:
+        """`plan` on every sample, with its per-sample judgements (what the search's subset
+        is chosen and widened by); its verdict is `measure`'s on every sample."""
+        key = frozenset(plan)
+        judged = self.judgements(self.model_for(key))
+        self._memo[None, key] = self.verdicts[key] = self.criteria.verdict(judged)
+        return self._memo[None, key], judged
 
     def check(self, plan: frozenset[str]) -> bool:
         return self.measure(plan).passed

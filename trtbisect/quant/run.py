@@ -21,9 +21,10 @@ import numpy as np
 import onnx
 
 from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
+from ..judge import subset
 from ..judge.criteria import Verdict
 from ..outputs.escape import visible
-from ..search.minimal import Progress, find_minimal_fp32
+from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from . import qdq
 from .diagnose import SAMPLES, Finding, diagnose
 from .judge import QuantJudge
@@ -546,6 +547,8 @@ def _journaled(judge: QuantJudge, journal) -> Callable[[frozenset[str]], bool]:
         if journal is None:
             return judge.check(plan)
         key = plan_key(plan)
+        if judge.active is not None:  # a verdict on the search's samples: keyed by them
+            key += "@" + subset.signature(judge.active)
         rec = journal.lookup(key)
         if rec is not None:
             return bool(rec["passed"])
@@ -572,7 +575,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated,
                           shape_probe(model, samples[0], opts.threads))
     stage("judging the quantized model as given")
-    result.before = judge.measure(frozenset())
+    result.before, before = judge.measure_all(frozenset())
     stage("diagnosing the quantized layers")
     outs = [t for n in model.graph.node if n.name in set(halves)
             for t in [*n.input, *n.output] if t]
@@ -583,12 +586,15 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     else:
         stage(f"searching which of {len(layers)} quantized layers to run in float"
               + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
-        search = find_minimal_fp32(judge.units, _journaled(judge, journal),
-                                   ranking=_ranking(layers, findings, _search_half(judge),
-                                                    values, model),
-                                   max_evaluations=opts.max_evaluations, progress=progress,
-                                   **(_cost_search(judge, model, pricing)
-                                      if opts.objective == "cost" else {}))
+        ranking = _ranking(layers, findings, _search_half(judge), values, model)
+        if subset.wanted(len(samples), opts.search_samples, opts.criteria.pass_rate):
+            judge.narrow(subset.choose(before, opts.search_samples))
+            stage(f"the search judges on {len(judge.active or ())} of {len(samples)} samples "
+                  "(where the file as given fails worst); the plan is certified on all of them")
+        search = _rounds(judge, opts, stage, lambda left: find_minimal_fp32(
+            judge.units, _journaled(judge, journal), ranking=ranking, max_evaluations=left,
+            progress=progress,
+            **(_cost_search(judge, model, pricing) if opts.objective == "cost" else {})))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal = search.one_minimal
@@ -612,6 +618,37 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                    **_one_price(model, ref_model, layers, halves, samples[0], opts,
                                 pricing.all_fp16())}
     result.renderings = renderings(result, model)
+
+
+def _rounds(judge: QuantJudge, opts, stage: Callable[[str], None],
+            search: Callable[[int | None], SearchResult]) -> SearchResult:
+    """`search(budget)` on the judge's samples; when they are a subset (--search-samples,
+    judge/subset.py), the plan found is judged on every sample and the samples it fails join
+    the subset for another search, until it passes everywhere: the FP16 road's rounds
+    (search/stage.py). Evaluations and trials add up over rounds; the judge judges every
+    sample again afterwards."""
+    from dataclasses import replace
+
+    evaluations, trials = 0, []
+    while True:
+        left = (None if opts.max_evaluations is None
+                else max(opts.max_evaluations - evaluations, 0))
+        found = search(left)
+        trials += [replace(t, index=t.index + evaluations) for t in found.trials]
+        evaluations += found.evaluations
+        if not found.found or judge.active is None:
+            break
+        verdict, judged = judge.measure_all(frozenset(found.fp32))
+        evaluations += 1
+        wider = subset.widen(judge.active, judged, opts.search_samples)
+        if verdict.passed or len(wider) == len(judge.active):
+            break
+        stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
+              f"searching again on {len(wider)} samples")
+        judge.narrow(wider)
+    judge.narrow(None)
+    found.evaluations, found.trials = evaluations, trials
+    return found
 
 
 def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halves,
