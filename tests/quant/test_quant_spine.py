@@ -177,3 +177,27 @@ def test_flags_the_quantized_road_honours_are_not_refused(flag, tmp_path):
                                     "--rtol", str(p.rtol), "--out", str(tmp_path / "o")])
     assert res.exit_code != 2, res.output
     assert (tmp_path / "o" / "precision.json").is_file()
+
+
+def test_the_written_file_loads_and_declares_what_it_computes(tmp_path):
+    """The plan's file, as the FP16 road's: it passes the checker's full check, ONNX Runtime
+    loads it, and its metadata names the layers it runs in float and the FP16 nodes it keeps
+    in FP32 (an entry of an earlier run's file is replaced, not repeated)."""
+    from trtbisect.judge.loadable import checker_problem, runtime_problem
+
+    p = qm.fp16_side(fused=False)
+    m = onnx.ModelProto()
+    m.CopyFrom(p.model)
+    m.metadata_props.append(onnx.StringStringEntryProto(key="trtbisect.fp32_nodes", value="x"))
+    model, inputs = tmp_path / "q.onnx", tmp_path / "q.npz"
+    onnx.save(m, model)
+    np.savez(inputs, **p.inputs)
+    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                           validation_share=0), tmp_path / "out")
+    written = r.files["mixed_qdq_model"]
+    assert checker_problem(written) is None and runtime_problem(written) is None
+    meta = [(e.key, e.value) for e in onnx.load(written).metadata_props]
+    keys = [k for k, _ in meta]
+    assert len(keys) == len(set(keys))
+    assert dict(meta)["trtbisect.unquantized_layers"] == ",".join(r.plan)
+    assert dict(meta)["trtbisect.fp32_nodes"] == ",".join(r.fp32_nodes) and r.fp32_nodes

@@ -19,6 +19,7 @@ from ..backends.ort import emulation_of_mixed
 from ..context import Context
 from ..diagnosis.diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
+from ..judge.loadable import InputCheck
 from ..judge.precision import FP16
 from ..judge.written import write_plan
 from .mixed import Written, graph_model
@@ -103,6 +104,31 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
     if report is not None:
         result.files.update(report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
+
+
+QUANT_KEYS = ("trtbisect.version", "trtbisect.verdict", "trtbisect.unquantized_layers",
+              "trtbisect.fp32_nodes")
+
+
+def save_quantized(path: Path, model: onnx.ModelProto, declares: dict[str, str],
+                   held: InputCheck | None = None) -> None:
+    """A file the quantized road writes (its plan's model, or the file ModelOpt wrote that the
+    run judged), as the FP16 road writes its own: it declares what it computes in its metadata
+    (`declares`: trtbisect.unquantized_layers, trtbisect.fp32_nodes, ...; an earlier run's
+    entries replaced, never repeated), lands atomically, and is held to the checker's full
+    check and to loading in ONNX Runtime (judge/loadable.py; `held`: the input's record)."""
+    from ..judge.loadable import require_written_valid
+    from .files import save_model
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [p for p in out.metadata_props if p.key not in QUANT_KEYS and p.key not in declares]
+    del out.metadata_props[:]
+    out.metadata_props.extend(kept)
+    out.metadata_props.extend(onnx.StringStringEntryProto(key=k, value=v)
+                              for k, v in {"trtbisect.version": __version__, **declares}.items())
+    save_model(path, out)
+    require_written_valid(path, None, held)
 
 
 def _builds_differently(ctx: Context) -> bool:

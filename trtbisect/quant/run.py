@@ -807,6 +807,15 @@ def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
     return out
 
 
+def _declares(result: QuantResult, what: str) -> dict[str, str]:
+    """What a written quantized file computes, in its metadata: which quantized layers run in
+    float (`plan`: the run's plan; `as quantized`: none, the file as the run judged it) and
+    which FP16 nodes of the file run in FP32."""
+    plan = what == "plan"
+    return {"trtbisect.unquantized_layers": ",".join(result.plan if plan else ()),
+            "trtbisect.fp32_nodes": ",".join(result.fp32_nodes if plan else ())}
+
+
 def _sources(opts) -> list[Path]:
     from ..context import input_files
     return input_files(opts)
@@ -820,8 +829,13 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
     and (`report`: --report) report.html, report.md and the trade-off plot, as one
     generation of --out. Without --out the
     in-memory model is judged."""
+    from ..judge.loadable import InputCheck
+    from ..outputs.files import atomic_write_text
     from ..outputs.outdir import OutputDir
-    from ..outputs.files import atomic_write_text, save_model
+    from ..outputs.write import save_quantized
+
+    held = InputCheck(path)  # the input's own record: a copy of a file that fails the
+    # checker as the input does is held to loading in ONNX Runtime (judge/loadable.py)
 
     def plot() -> None:
         if report is not None and out_dir is not None:
@@ -835,7 +849,8 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
                 if result.verdict in ("quantized_ok", "fragile", "unvalidated"):
                     if owned:  # ModelOpt's file, judged: the deliverable, kept in --out
                         name = f"{path.stem}.quantized.onnx"
-                        save_model(out_dir / name, load(path))
+                        save_quantized(out_dir / name, load(path),
+                                       _declares(result, "as quantized"), held)
                         result.files["quantized_model"] = str(out_dir / name)
                         result.model_path = str(out_dir / name)
                     atomic_write_text(out_dir / "commands.sh",
@@ -855,7 +870,7 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
     else:
         with OutputDir(out_dir).generation(keep=keep) as gen:
             name = f"{path.stem}.unquantized.onnx"
-            save_model(out_dir / name, mixed)
+            save_quantized(out_dir / name, mixed, _declares(result, "plan"), held)
             result.files["mixed_qdq_model"] = str(out_dir / name)
             result.after = judge.judge_model(out_dir / name)  # the file, as check judges it
             if result.after.passed and settle is not None:
