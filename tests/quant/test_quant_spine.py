@@ -14,7 +14,7 @@ from tests.models import quant_models as qm
 from trtbisect.context import Options
 from trtbisect.judge.compare import Tolerance
 from trtbisect.quant.run import float_side_reasons, run
-from trtbisect.result import VERDICT_EXIT
+from trtbisect.result import VERDICT_EXIT, Found
 
 
 def _files(p, tmp_path):
@@ -33,6 +33,9 @@ def test_no_quantized_fixed_misses_the_bound_in_plain_onnx_runtime(make, tmp_pat
     r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
                            threads=1, validation_share=0), tmp_path / "out")
     assert r.exit_code == VERDICT_EXIT[r.verdict]  # one exit table
+    assert isinstance(r, Found)  # one result type: what every search run finds
+    assert r.errors_before == r.before.errors and r.errors_after == r.after.errors
+    assert r.candidates == len(r.judge.units) and r.inferences == r.judge.runs > 0
     assert r.certified is not None and r.validation["kind"] == "none"
     if r.verdict != "fixed":  # (fp8_saturation's plan is fixed: the check below runs)
         assert r.verdict == "fragile" and not r.certified["certified"]

@@ -162,7 +162,7 @@ TRACE_HEAD = ["#", "phase", "units", "result", "est. us", "worst rel. error", "w
 
 def facts(result) -> list[str]:
     """The run's facts in sentences: reference, judge, estimated times, search."""
-    out = [f"reference: {result.reference}; judged by {result.criteria} on ONNX Runtime CPU "
+    out = [f"reference: {result.reference}; judged by {result.criteria.describe()} on ONNX Runtime CPU "
            "(Q/DQ run as written" + (f"; FP16 stores emulated, {rounding_words(result)})"
                                  if result.emulated else ")")]
     c = result.cost or {}
@@ -185,7 +185,7 @@ def facts(result) -> list[str]:
     if result.one_judge is not None:
         out.append("one judge: the written file's errors equal the search's, bit for bit: "
                    f"{'yes' if result.one_judge else 'NO'}")
-    out += [f"reference problem: {p}" for p in result.problems]
+    out += [f"reference problem: {p}" for p in result.reference_problems]
     return out
 
 

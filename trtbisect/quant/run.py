@@ -13,9 +13,9 @@ import logging
 import math
 import time
 from types import SimpleNamespace
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -24,6 +24,7 @@ from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge import subset
 from ..judge.criteria import Verdict
 from ..outputs.escape import visible
+from ..result import Found
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from . import qdq
 from .diagnose import SAMPLES, Finding, diagnose
@@ -36,19 +37,20 @@ CHEAPER_PER_UNIT = 2  # --objective cost: new evaluations per unit the cheaper s
 
 
 @dataclass
-class QuantResult:
-    verdict: str  # quantized_ok | fixed | no_plan | reference_invalid
+class QuantResult(Found[Any, Any]):
+    """The quantized road's result: what every search run finds (result.Found: the verdict,
+    `fp32_nodes`: here the FP16 nodes of the file kept in FP32, the counts, the errors before
+    and after, the files; one exit table, result.VERDICT_EXIT) and the road's own fields. The
+    errors before and after are those of `before` and `after`, set with them."""
+    _: KW_ONLY
     model_path: str
     layers: list[qdq.Layer]
     plan: list[str]  # layers to run un-quantized, in graph order
     before: Verdict | None  # the model as given
     after: Verdict | None  # the written plan's file (one judge)
     search_after: Verdict | None = None  # the search's own verdict of the plan
-    evaluations: int = 0
-    one_minimal: bool = False
     trials: list = field(default_factory=list)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
-    fp32_nodes: list[str] = field(default_factory=list)  # FP16 nodes of the file kept in FP32
     half_nodes: int = 0  # FP16 nodes the file has (candidates on the float side)
     fp32_reasons: dict[str, str] = field(default_factory=dict)
     units: list[str] = field(default_factory=list)  # the search's plan (judge.py's unit names)
@@ -60,11 +62,7 @@ class QuantResult:
     certificate: dict | None = None  # --objective cost: removals, swaps, the cheaper step
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
-    files: dict[str, str] = field(default_factory=dict)
     renderings: dict = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    criteria: str = ""
 
     certified: dict | None = None  # the written file's margin over the spread (judge/spread.py)
     validation: dict | None = None  # the written file on unseen samples (judge/validation.py)
@@ -73,10 +71,11 @@ class QuantResult:
     minimal_plan: list[str] = field(default_factory=list)  # the certified 1-minimal plan
     reasons: list[str] = field(default_factory=list)  # why even all-float fails
 
-    @property
-    def exit_code(self) -> int:
-        from ..result import VERDICT_EXIT
-        return VERDICT_EXIT[self.verdict]  # one exit table for every road
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name in ("before", "after"):  # Found's errors are those of the verdict, always
+            errors = getattr(value, "errors", None)
+            super().__setattr__(f"errors_{name}", dict(errors) if errors is not None else {})
 
     @property
     def minimality(self) -> str:
@@ -146,13 +145,13 @@ class QuantResult:
                        "after": self.after.to_json() if self.after else None},
             "one_judge": {"search_equals_check": self.one_judge,
                           "search": errors(self.search_after)},
-            "criteria": self.criteria, "fp16_stores_emulated": self.emulated,
+            "criteria": self.criteria.describe(), "fp16_stores_emulated": self.emulated,
             "semantics": self.semantics,
             "cost": self.cost,
             "evaluations": self.evaluations,
             "one_minimal": self.one_minimal,
             "trials": [t.to_json() for t in self.trials], "renderings": self.renderings,
-            "reference_problems": self.problems, "files": self.files,
+            "reference_problems": self.reference_problems, "files": self.files,
             "seconds": round(self.seconds, 3),
             "layers": [la.to_json() for la in self.layers]}
 
@@ -367,12 +366,13 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     model, layers, ref_model, where = _load(path, reference_path, stage)
     opts.criteria.validate([o.name for o in ref_model.graph.output])
     samples, references = _samples(ref_model, opts, path, reference_path)
-    result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
-                         criteria=opts.criteria.describe(), emulated=_half(model),
+    result = QuantResult("no_plan", [], 0, 0, 0, len(samples), opts.tolerance, {}, {},
+                         criteria=opts.criteria, model_path=str(path), layers=layers, plan=[],
+                         before=None, after=None, reference=where, emulated=_half(model),
                          semantics=opts.semantics)
-    result.problems = reference_problems(  # it reads ctx.every_reference only
+    result.reference_problems = reference_problems(  # it reads ctx.every_reference only
         SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
-    if result.problems:
+    if result.reference_problems:
         result.verdict = "reference_invalid"
         result.seconds = time.perf_counter() - started
         _write(result, None, path, out_dir, keep)
@@ -389,6 +389,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     result.seconds = time.perf_counter() - started
     _write(result, result.judge, path, out_dir, keep, report,
            lambda f: _certify(result, ref_model, samples, references, held, opts, f), owned)
+    result.inferences = result.judge.runs if result.judge is not None else 0
     return result
 
 
@@ -572,6 +573,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
                        opts.threads, halves, opts.semantics)
     result.judge = judge
+    result.candidates, result.samples = len(judge.units), len(samples)
     pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated,
                           shape_probe(model, samples[0], opts.threads))
     stage("judging the quantized model as given")
@@ -597,7 +599,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
             **(_cost_search(judge, model, pricing) if opts.objective == "cost" else {})))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
-        result.one_minimal = search.one_minimal
+        result.one_minimal, result.search = search.one_minimal, search
         result.certificate = _certificate(search.certificate)
         if search.found:
             result.units = judge.expand(search.fp32)
