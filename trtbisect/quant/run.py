@@ -421,7 +421,6 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     from ..graph import Graph
     from ..judge import validation
     from ..judge.spread import certify
-    from ..judge.verdict import decide
     from ..outputs.mixed import Written
 
     judge = result.judge
@@ -436,7 +435,7 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 opts.criteria.verdict)
     result.validation = checked.to_json()
-    verdict = decide(result.verdict, certified=cert.certified, validated=checked.passed)
+    verdict = decided(result.verdict, certified=cert.certified, validated=checked.passed)
     if verdict == "fragile":
         log.warning("the plan passes by less than the spread of what the tools compute on "
                     "%s (fragile): it is written, but not called fixed",
@@ -445,6 +444,20 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
         log.warning("the plan fails %s it was not searched on (unvalidated): it is written, "
                     "but not called fixed", checked.described)
     return verdict
+
+
+def decided(proposed: str, *, file_passed: bool | None = None, certified: bool | None = None,
+            validated: bool | None = None) -> str:
+    """The quantized road's verdict, decided in one place from what the run found (the seam
+    for the FP16 road's single verdict function): judge/verdict.decide's rules, under which
+    the file as given (`quantized_ok`) is held to the certificate and the validation as
+    FP16 as it is (`fp16_ok`) is: without its margin over the spread it is `fragile`."""
+    from ..judge.verdict import decide
+
+    as_given = proposed == "quantized_ok"
+    verdict = decide("fp16_ok" if as_given else proposed, file_passed=file_passed,
+                     certified=certified, validated=validated)
+    return "quantized_ok" if as_given and verdict == "fp16_ok" else verdict
 
 
 def float_side_reasons(model: onnx.ModelProto) -> list[str]:
@@ -881,8 +894,8 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
             atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
             result.files["commands"] = str(out_dir / "commands.sh")
             if not result.after.passed:
-                result.verdict = "no_plan"
+                result.verdict = decided(result.verdict, file_passed=False)
             plot()
             gen.commit(result.to_json())
     if not result.after.passed:
-        result.verdict = "no_plan"  # a file that fails is never `fixed`
+        result.verdict = decided(result.verdict, file_passed=False)  # never `fixed`
