@@ -24,7 +24,11 @@ def _files(p, tmp_path):
     return model, inputs
 
 
-@pytest.mark.parametrize("make", qm.PLANTED, ids=lambda m: m.__name__)
+FP16_SIDE = (lambda: qm.fp16_side(fused=False), lambda: qm.fp16_side(fused=True))
+
+
+@pytest.mark.parametrize("make", [*qm.PLANTED, *FP16_SIDE],
+                         ids=[*(m.__name__ for m in qm.PLANTED), "fp16_side", "fp16_side_fused"])
 def test_no_quantized_fixed_misses_the_bound_in_plain_onnx_runtime(make, tmp_path):
     """Whatever the verdict, `fixed` only where the written file, run as is in a plain
     InferenceSession (ORT's default optimizations, its QDQ fusions), meets the bound."""
