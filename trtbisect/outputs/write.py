@@ -7,7 +7,7 @@ run judged is moved into place (never rewritten), and precision.json lands last.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -129,6 +129,34 @@ def save_quantized(path: Path, model: onnx.ModelProto, declares: dict[str, str],
                               for k, v in {"trtbisect.version": __version__, **declares}.items())
     save_model(path, out)
     require_written_valid(path, None, held)
+
+
+def write_quantized(result: Any, out_dir: Path, keep: Sequence[Path],
+                    held: InputCheck | None = None,
+                    model: tuple[str, str, onnx.ModelProto, dict[str, str]] | None = None,
+                    judge: Callable[[Path], None] | None = None, commands: bool = False,
+                    report: Callable[[Any, Path], dict[str, str]] | None = None) -> None:
+    """The quantized road's files (quant/run.py's result), as one generation of --out that
+    replaces the last (outdir.py), as `write_outputs` writes the FP16 road's: `model` (its key
+    in `result.files`, its file name, the model, what it declares) saved by `save_quantized`,
+    then judged from the file by `judge` (one judge: what `check` says of it, inside the
+    generation, before anything claims it passed); commands.sh (`commands`, or with a model:
+    its renderings, `result.renderings["commands_sh"]`); `report`'s pages; precision.json
+    last."""
+    with OutputDir(out_dir).generation(keep=keep) as gen:
+        if model is not None:
+            key, name, proto, declares = model
+            save_quantized(out_dir / name, proto, declares, held)
+            result.files[key] = str(out_dir / name)
+            if judge is not None:
+                judge(out_dir / name)
+        if model is not None or commands:
+            atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
+            result.files["commands"] = str(out_dir / "commands.sh")
+        result.files["plan"] = str(out_dir / "precision.json")
+        if report is not None:
+            result.files.update(report(result, out_dir))
+        gen.commit(result.to_json())
 
 
 def _builds_differently(ctx: Context) -> bool:

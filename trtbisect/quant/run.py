@@ -842,38 +842,25 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
            owned: bool = False) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
     and (`report`: --report) report.html, report.md and the trade-off plot, as one
-    generation of --out. Without --out the
-    in-memory model is judged."""
+    generation of --out, by the one writer (outputs/write.py `write_quantized`). Without
+    --out the in-memory model is judged."""
     from ..judge.loadable import InputCheck
-    from ..outputs.files import atomic_write_text
-    from ..outputs.outdir import OutputDir
-    from ..outputs.write import save_quantized
+    from ..outputs.write import write_quantized
 
     held = InputCheck(path)  # the input's own record: a copy of a file that fails the
     # checker as the input does is held to loading in ONNX Runtime (judge/loadable.py)
-
-    def plot() -> None:
-        if report is not None and out_dir is not None:
-            result.files.update(report(result, out_dir))
-
     if result.verdict == "quantized_ok" and settle is not None:  # the file as given
         result.verdict = settle(path)
     if result.verdict not in ("fixed",):
         if out_dir is not None:
-            with OutputDir(out_dir).generation(keep=keep) as gen:
-                if result.verdict in ("quantized_ok", "fragile", "unvalidated"):
-                    if owned:  # ModelOpt's file, judged: the deliverable, kept in --out
-                        name = f"{path.stem}.quantized.onnx"
-                        save_quantized(out_dir / name, load(path),
-                                       _declares(result, "as quantized"), held)
-                        result.files["quantized_model"] = str(out_dir / name)
-                        result.model_path = str(out_dir / name)
-                    atomic_write_text(out_dir / "commands.sh",
-                                      result.renderings["commands_sh"])
-                    result.files["commands"] = str(out_dir / "commands.sh")
-                result.files["plan"] = str(out_dir / "precision.json")
-                plot()
-                gen.commit(result.to_json())
+            deploys = result.verdict in ("quantized_ok", "fragile", "unvalidated")
+            kept = None
+            if deploys and owned:  # ModelOpt's file, judged: the deliverable, kept in --out
+                name = f"{path.stem}.quantized.onnx"
+                kept = ("quantized_model", name, load(path), _declares(result, "as quantized"))
+                result.model_path = str(out_dir / name)
+            write_quantized(result, out_dir, keep, held, kept, commands=deploys,
+                            report=report)
         return
     assert judge is not None
     mixed = judge.model_for(frozenset(result.units))
@@ -883,19 +870,13 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
         if result.after.passed and settle is not None:
             result.verdict = settle(mixed)
     else:
-        with OutputDir(out_dir).generation(keep=keep) as gen:
-            name = f"{path.stem}.unquantized.onnx"
-            save_quantized(out_dir / name, mixed, _declares(result, "plan"), held)
-            result.files["mixed_qdq_model"] = str(out_dir / name)
-            result.after = judge.judge_model(out_dir / name)  # the file, as check judges it
+        def judged(file: Path) -> None:  # the file, as check judges it
+            result.after = judge.judge_model(file)
             if result.after.passed and settle is not None:
-                result.verdict = settle(out_dir / name)
-            result.files["plan"] = str(out_dir / "precision.json")
-            atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
-            result.files["commands"] = str(out_dir / "commands.sh")
-            if not result.after.passed:
-                result.verdict = decided(result.verdict, file_passed=False)
-            plot()
-            gen.commit(result.to_json())
-    if not result.after.passed:
-        result.verdict = decided(result.verdict, file_passed=False)  # never `fixed`
+                result.verdict = settle(file)
+            result.verdict = decided(result.verdict, file_passed=result.after.passed)
+        write_quantized(result, out_dir, keep, held,
+                        ("mixed_qdq_model", f"{path.stem}.unquantized.onnx", mixed,
+                         _declares(result, "plan")), judged, report=report)
+    assert result.after is not None
+    result.verdict = decided(result.verdict, file_passed=result.after.passed)  # never `fixed`
