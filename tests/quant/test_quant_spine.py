@@ -222,3 +222,27 @@ def test_the_quantized_verdict_is_decided_in_one_place():
     assert decided("quantized_ok", certified=True, validated=False) == "unvalidated"
     assert decided("quantized_ok", certified=True, validated=None) == "quantized_ok"
     assert decided("no_plan", certified=True) == "no_plan"
+
+
+def test_the_journal_is_not_replayed_under_other_judge_settings(tmp_path):
+    """The quantized journal's fingerprint is JudgeSettings' (context.run_fingerprint, as the
+    FP16 road's): the same run replays its evaluations, a run under another --eval-timeout
+    or --trt-version judges afresh (its journal is set aside, never trusted)."""
+    from dataclasses import replace
+
+    from trtbisect.data.limits import Limits
+
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+
+    def opts(**kw):
+        return Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                       validation_share=0, **kw)
+    first = run(model, opts(), tmp_path / "out")
+    again = run(model, opts(), tmp_path / "out")
+    assert len(again.judge.verdicts) < len(first.judge.verdicts)  # replayed
+    timed = run(model, opts(limits=replace(Limits(), eval_timeout=300.0)), tmp_path / "out")
+    assert len(timed.judge.verdicts) == len(first.judge.verdicts)  # judged afresh
+    other = run(model, opts(trt_version=10), tmp_path / "out")
+    assert len(other.judge.verdicts) == len(first.judge.verdicts)
+    assert other.units == timed.units == first.units
