@@ -43,8 +43,7 @@ FLAGS: dict[str, dict[str, str | None]] = {
     # quantization); the flag prices all-FP16 as the FP16 road does for that version and
     # enters the journal's fingerprint (JudgeSettings)
     "trt_version": _ALL,
-    "tf32": _quant("--tf32: the quantized road judges its float side as the file types it, "
-                   "without TF32 rounding; drop it"),
+    "tf32": _ALL,  # the quantized road: its FP32 inner products' operands TF32-rounded
     "fp16_accumulate": {"fp16": None, "bf16": "--fp16-accumulate models FP16-accumulating "
                         "kernels; BF16 GEMMs accumulate in FP32: drop it",
                         "quantized": "--fp16-accumulate: not modelled on a quantized file's "

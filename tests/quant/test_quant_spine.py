@@ -246,3 +246,31 @@ def test_the_journal_is_not_replayed_under_other_judge_settings(tmp_path):
     other = run(model, opts(trt_version=10), tmp_path / "out")
     assert len(other.judge.verdicts) == len(first.judge.verdicts)
     assert other.units == timed.units == first.units
+
+
+def test_tf32_rounds_the_operands_of_fp32_inner_products_only(tmp_path):
+    """--tf32 on the quantized road: a layer run un-quantized (an FP32 MatMul) reads its
+    operands TF32-rounded, as the FP16 road's emulator rounds them; a quantized layer's MatMul
+    (reading DequantizeLinear) is TensorRT's INT8 kernel and is left alone; the run judges its
+    plans and its written file under it."""
+    from trtbisect.quant.judge import QuantJudge, tf32_rounded
+    from trtbisect.quant.half import types
+    from trtbisect.quant.qdq import analyse
+
+    p = qm.outlier()
+    layers = analyse(p.model)
+    assert tf32_rounded(p.model, p.model, types(p.model)) is p.model  # all quantized
+    judge = QuantJudge(p.model, layers, [p.inputs], [{}], Options().criteria, Tolerance(),
+                       tf32=True)
+    plan = judge.model_for(frozenset({"mm1"}))
+    judged = judge.judged_model(plan)
+    mm1 = next(n for n in judged.graph.node if n.name == "mm1")
+    mm2 = next(n for n in judged.graph.node if n.name == "mm2")
+    assert all(i.endswith("__tf32") for i in mm1.input)
+    assert not any(i.endswith("__tf32") for i in mm2.input)
+    model, inputs = _files(p, tmp_path)
+    r = {tf: run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
+                                threads=1, validation_share=0, tf32=tf), tmp_path / f"o{tf}")
+         for tf in (False, True)}
+    assert r[True].plan == r[False].plan == ["mm1"]
+    assert r[True].after.errors["y"].max_abs != r[False].after.errors["y"].max_abs

@@ -38,13 +38,14 @@ class QuantJudge:
                  samples: Sequence[Mapping[str, np.ndarray]],
                  references: Sequence[Mapping[str, np.ndarray]], criteria: Criteria,
                  tolerance: Tolerance, threads: int | None = None,
-                 half_nodes: Sequence[str] = (), semantics: str = "trt") -> None:
+                 half_nodes: Sequence[str] = (), semantics: str = "trt",
+                 tf32: bool = False) -> None:
         """`half_nodes`: FP16 nodes of the file that plans may keep in FP32 (half.py); their
         units are named FP32_PREFIX + node name (`units`). `semantics`: where the FP16 side
         rounds (`trt`: once per fused TensorRT layer, half.fused_internal; `strict`: every
         node)."""
         self.model, self.layers = model, list(layers)
-        self.semantics = semantics
+        self.semantics, self.tf32 = semantics, tf32
         self.half: dict[str, str] = {}
         for n in half_nodes:
             unit = FP32_PREFIX + n
@@ -124,12 +125,18 @@ class QuantJudge:
 
     def judged_model(self, model: onnx.ModelProto) -> onnx.ModelProto:
         """What runs for `model`: itself, or for a file with float16 values, its emulation
-        (half.emulate: FP16 stores made explicit)."""
-        if not self.emulated:
+        (half.emulate: FP16 stores made explicit); under --tf32 the operands of its FP32 inner
+        products (not a quantized layer's: TensorRT runs those in INT8/FP8) TF32-rounded, as
+        the FP16 road's emulator rounds them (semantics.TF32_INPUTS)."""
+        if not self.emulated and not self.tf32:
             return model
         types = half.types(model)
-        fused = half.fused_internal(model, types) if self.semantics == "trt" else frozenset()
-        return half.emulate(model, types, fused)
+        out = model
+        if self.emulated:
+            fused = (half.fused_internal(model, types) if self.semantics == "trt"
+                     else frozenset())
+            out = half.emulate(model, types, fused)
+        return tf32_rounded(out, model, types) if self.tf32 else out
 
     def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
         """Any model (a plan's, or a written file) on every sample under the criteria."""
@@ -141,7 +148,7 @@ class QuantJudge:
                    ) -> list[Judgement]:
         """Per sample (or per (sample, reference) of `pairs`: the validation's), the model
         judged under the criteria, as `judge_model` judges it."""
-        if self.emulated:
+        if self.emulated or self.tf32:
             if not isinstance(model, onnx.ModelProto):
                 model = onnx.load(str(model))
             model = self.judged_model(model)
@@ -175,3 +182,36 @@ class QuantJudge:
 
     def check(self, plan: frozenset[str]) -> bool:
         return self.measure(plan).passed
+
+
+def tf32_rounded(model: onnx.ModelProto, given: onnx.ModelProto,
+                 types: Mapping[str, int]) -> onnx.ModelProto:
+    """`model` (the given file or its emulation) with the operands of the given file's FP32
+    inner products (MatMul, Gemm, Conv, ConvTranspose writing float32; none reading a
+    DequantizeLinear, a quantized layer's) rounded to TF32 first (semantics.tf32_round_nodes,
+    bit-identical to TensorRT's TF32 operand rounding under the judge's session options)."""
+    from ..judge.semantics import TF32_INPUTS, tf32_round_nodes
+
+    dq = {o for n in given.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    chosen = {n.name for n in given.graph.node if n.op_type in TF32_INPUTS
+              and all(types.get(o) == onnx.TensorProto.FLOAT for o in n.output if o)
+              and not any(t in dq for t in n.input if t)}
+    if not chosen:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    rounded: dict[str, str] = {}
+    for node in out.graph.node:
+        if node.name in chosen:
+            for k in TF32_INPUTS[node.op_type]:
+                if k < len(node.input) and node.input[k]:
+                    src = node.input[k]
+                    if src not in rounded:
+                        rounded[src] = f"{src}__tf32"
+                        nodes += tf32_round_nodes(src, rounded[src], f"{src}__tf32_")
+                    node.input[k] = rounded[src]
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out

@@ -584,7 +584,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     halves = half_nodes(model)
     result.half_nodes = len(halves)
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
-                       opts.threads, halves, opts.semantics)
+                       opts.threads, halves, opts.semantics, opts.tf32)
     result.judge = judge
     result.candidates, result.samples = len(judge.units), len(samples)
     pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated,
@@ -790,7 +790,8 @@ def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verd
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
     judge = QuantJudge(model, qdq.analyse(model), samples, references, opts.criteria,
-                       opts.tolerance, opts.threads, half_nodes(model), opts.semantics)
+                       opts.tolerance, opts.threads, half_nodes(model), opts.semantics,
+                       opts.tf32)
     return judge.judge_model(model)
 
 
