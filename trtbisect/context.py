@@ -258,7 +258,7 @@ def input_files(opts: "Options") -> list[Path]:
     return found
 
 
-def _samples_hash(samples: Sequence[Sample]) -> str:
+def samples_hash(samples: Sequence[Sample]) -> str:
     sha = getattr(samples, "sha256", None)  # a SampleSet hashed itself while reading
     if sha is not None:
         return sha
@@ -266,6 +266,16 @@ def _samples_hash(samples: Sequence[Sample]) -> str:
     for s in samples:
         update_hash(h, s)
     return h.hexdigest()
+
+
+def run_fingerprint(settings: dict, model: str, samples: Sequence[Sample], version: str,
+                    **road: object) -> dict:
+    """What a journaled verdict depends on, on every road: the model, the samples, the
+    version, every setting of the judge (`JudgeSettings.fingerprint()`: one object, so none
+    can be left out), and the road's own keys (`road`: the FP16 road's rewrites, the quantized
+    road's reference and objective)."""
+    return {"model": model, "samples": samples_hash(samples), "version": version,
+            "settings": settings, **road}
 
 
 def reference_problems(ctx: Context) -> list[str]:

@@ -18,7 +18,7 @@ from .judge import coverage, degenerate, semantics
 from .search import cost
 from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
-from .context import Context, Options, _samples_hash, prepare, reference_problems
+from .context import Context, Options, prepare, reference_problems, run_fingerprint
 from .result import RunResult
 from .judge.evaluator import Evaluator
 from .judge.compare import OutputError, TensorStats
@@ -391,12 +391,12 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
 def _fingerprint(ctx: Context, opts: Options) -> dict:
     """What a journaled verdict depends on: the model, the samples, the version, and every
     setting of the judge (judge/settings.py: one object, so none can be left out)."""
-    return {"model": ctx.sha256, "model_data": ctx.data_sha256,
-            "samples": _samples_hash(ctx.every_sample), "rewrite": opts.rewrite,
-            "version": __version__,
-            # what a plan means: since #26 a plan leaves subgraph nodes FP16 unless it names
-            # them (a journal of an earlier version judged them FP32): never replayed across
-            "judge": "subgraphs", "settings": opts.judge_settings.fingerprint()}
+    return run_fingerprint(opts.judge_settings.fingerprint(), ctx.sha256, ctx.every_sample,
+                           __version__, model_data=ctx.data_sha256, rewrite=opts.rewrite,
+                           # what a plan means: since #26 a plan leaves subgraph nodes FP16
+                           # unless it names them (a journal of an earlier version judged
+                           # them FP32): never replayed across
+                           judge="subgraphs")
 
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):

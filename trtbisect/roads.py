@@ -39,10 +39,11 @@ FLAGS: dict[str, dict[str, str | None]] = {
     "error_quantile": _ALL, "metrics": _ALL, "checks": _ALL, "pass_rate": _ALL,
     # where the low precision rounds
     "semantics": _ALL, "precision": _ALL,
-    "trt_version": _quant("--trt-version: a Q/DQ file is built as written by TensorRT 10 and "
-                          "11 alike (explicit quantization); drop it"),
-    "tf32": _quant("--tf32: the quantized road judges its float side as the file types it, "
-                   "without TF32 rounding; drop it"),
+    # --trt-version on a Q/DQ file: TensorRT 10 and 11 build it as written (explicit
+    # quantization); the flag prices all-FP16 as the FP16 road does for that version and
+    # enters the journal's fingerprint (JudgeSettings)
+    "trt_version": _ALL,
+    "tf32": _ALL,  # the quantized road: its FP32 inner products' operands TF32-rounded
     "fp16_accumulate": {"fp16": None, "bf16": "--fp16-accumulate models FP16-accumulating "
                         "kernels; BF16 GEMMs accumulate in FP32: drop it",
                         "quantized": "--fp16-accumulate: not modelled on a quantized file's "
@@ -51,8 +52,7 @@ FLAGS: dict[str, dict[str, str | None]] = {
                      "quantized judge does not expose; drop it"),
     # the search
     "max_evaluations": _ALL, "objective": _ALL, "gpu": _ALL,
-    "search_samples": _quant("--search-samples: the quantized search judges every sample; "
-                             "drop it"),
+    "search_samples": _ALL,  # the quantized search's rounds: quant/run.py _rounds
     "budget": _quant("--budget: not available for a quantized model yet "
                      "(docs/quantization.md); drop it"),
     "workers": _quant("--workers: the quantized search runs in this process; drop it"),

@@ -14,7 +14,7 @@ from tests.models import quant_models as qm
 from trtbisect.context import Options
 from trtbisect.judge.compare import Tolerance
 from trtbisect.quant.run import float_side_reasons, run
-from trtbisect.result import VERDICT_EXIT
+from trtbisect.result import VERDICT_EXIT, Found
 
 
 def _files(p, tmp_path):
@@ -24,7 +24,11 @@ def _files(p, tmp_path):
     return model, inputs
 
 
-@pytest.mark.parametrize("make", qm.PLANTED, ids=lambda m: m.__name__)
+FP16_SIDE = (lambda: qm.fp16_side(fused=False), lambda: qm.fp16_side(fused=True))
+
+
+@pytest.mark.parametrize("make", [*qm.PLANTED, *FP16_SIDE],
+                         ids=[*(m.__name__ for m in qm.PLANTED), "fp16_side", "fp16_side_fused"])
 def test_no_quantized_fixed_misses_the_bound_in_plain_onnx_runtime(make, tmp_path):
     """Whatever the verdict, `fixed` only where the written file, run as is in a plain
     InferenceSession (ORT's default optimizations, its QDQ fusions), meets the bound."""
@@ -33,6 +37,9 @@ def test_no_quantized_fixed_misses_the_bound_in_plain_onnx_runtime(make, tmp_pat
     r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
                            threads=1, validation_share=0), tmp_path / "out")
     assert r.exit_code == VERDICT_EXIT[r.verdict]  # one exit table
+    assert isinstance(r, Found)  # one result type: what every search run finds
+    assert r.errors_before == r.before.errors and r.errors_after == r.after.errors
+    assert r.candidates == len(r.judge.units) and r.inferences == r.judge.runs > 0
     assert r.certified is not None and r.validation["kind"] == "none"
     if r.verdict != "fixed":  # (fp8_saturation's plan is fixed: the check below runs)
         assert r.verdict == "fragile" and not r.certified["certified"]
@@ -160,3 +167,138 @@ def test_one_all_fp16_price_per_model_and_gpu_class(tmp_path):
     assert q.cost["all_fp16_s"] == f.cost["all_fp16_s"] > 0
     assert q.cost["all_fp16_from"] == "the FP16 road's engine of the float model"
     assert q.cost["file_all_float_s"] > 0 and q.cost["file_fp32_nodes"] >= 0
+
+
+def test_search_samples_searches_on_the_worst_and_certifies_on_all(tmp_path):
+    """--search-samples on the quantized road (the FP16 road's judge/subset.py): the search
+    judges its plans on the samples where the file as given fails worst, the plan found is
+    judged on every sample; the same plan as a search on every sample."""
+    p = qm.outlier()
+    files = []
+    for k, scale in enumerate((1.0, 0.02, 0.5, 0.01)):  # two samples far below the outlier
+        f = tmp_path / f"s{k}.npz"
+        np.savez(f, x=(p.inputs["x"] * scale).astype(np.float32))
+        files.append(str(f))
+    model = tmp_path / "q.onnx"
+    onnx.save(p.model, model)
+
+    def go(n, out):
+        said = []
+        r = run(model, Options(inputs=files, tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                               validation_share=0, search_samples=n), tmp_path / out,
+                stage=said.append)
+        return r, said
+    narrow, said = go(1, "narrow")
+    every, said_every = go(0, "every")
+    assert any("the search judges on 1 of 4 samples" in s for s in said), said
+    assert not any("the search judges on" in s for s in said_every)
+    assert narrow.plan == every.plan and narrow.verdict == every.verdict
+    assert len(narrow.after.samples) == 4 and narrow.after.passed  # certified on all of them
+    assert narrow.one_judge  # the search's last verdict of the plan is on every sample too
+    # the search's inferences: on one sample (the culprits' removals, judged on all four where
+    # the narrowed search did not know them, aside: quant/run.py `_honest`)
+    needed = sum(t.phase == "needed" for t in narrow.trials)
+    assert narrow.judge.runs - 4 * needed < every.judge.runs
+
+
+@pytest.mark.parametrize("flag", [["--search-samples", "1"], ["--trt-version", "10"]])
+def test_flags_the_quantized_road_honours_are_not_refused(flag, tmp_path):
+    from click.testing import CliRunner
+
+    from trtbisect.cli import main
+    p = qm.outlier()
+    model, inputs = _files(p, tmp_path)
+    res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), *flag,
+                                    "--rtol", str(p.rtol), "--out", str(tmp_path / "o")])
+    assert res.exit_code != 2, res.output
+    assert (tmp_path / "o" / "precision.json").is_file()
+
+
+def test_the_written_file_loads_and_declares_what_it_computes(tmp_path):
+    """The plan's file, as the FP16 road's: it passes the checker's full check, ONNX Runtime
+    loads it, and its metadata names the layers it runs in float and the FP16 nodes it keeps
+    in FP32 (an entry of an earlier run's file is replaced, not repeated)."""
+    from trtbisect.judge.loadable import checker_problem, runtime_problem
+
+    p = qm.fp16_side(fused=False)
+    m = onnx.ModelProto()
+    m.CopyFrom(p.model)
+    m.metadata_props.append(onnx.StringStringEntryProto(key="trtbisect.fp32_nodes", value="x"))
+    model, inputs = tmp_path / "q.onnx", tmp_path / "q.npz"
+    onnx.save(m, model)
+    np.savez(inputs, **p.inputs)
+    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                           validation_share=0), tmp_path / "out")
+    written = r.files["mixed_qdq_model"]
+    assert checker_problem(written) is None and runtime_problem(written) is None
+    meta = [(e.key, e.value) for e in onnx.load(written).metadata_props]
+    keys = [k for k, _ in meta]
+    assert len(keys) == len(set(keys))
+    assert dict(meta)["trtbisect.unquantized_layers"] == ",".join(r.plan)
+    assert dict(meta)["trtbisect.fp32_nodes"] == ",".join(r.fp32_nodes) and r.fp32_nodes
+
+
+def test_the_quantized_verdict_is_decided_in_one_place():
+    """quant/run.decided: judge/verdict.decide's rules; the file as given is held to the
+    certificate and the validation as FP16 as it is on the FP16 road."""
+    from trtbisect.quant.run import decided
+
+    assert decided("fixed", file_passed=False) == "no_plan"
+    assert decided("fixed", certified=False) == "fragile"
+    assert decided("fixed", certified=True, validated=False) == "unvalidated"
+    assert decided("quantized_ok", certified=False) == "fragile"
+    assert decided("quantized_ok", certified=True, validated=False) == "unvalidated"
+    assert decided("quantized_ok", certified=True, validated=None) == "quantized_ok"
+    assert decided("no_plan", certified=True) == "no_plan"
+
+
+def test_the_journal_is_not_replayed_under_other_judge_settings(tmp_path):
+    """The quantized journal's fingerprint is JudgeSettings' (context.run_fingerprint, as the
+    FP16 road's): the same run replays its evaluations, a run under another --eval-timeout
+    or --trt-version judges afresh (its journal is set aside, never trusted)."""
+    from dataclasses import replace
+
+    from trtbisect.data.limits import Limits
+
+    p = qm.fp16_side()
+    model, inputs = _files(p, tmp_path)
+
+    def opts(**kw):
+        return Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                       validation_share=0, **kw)
+    first = run(model, opts(), tmp_path / "out")
+    again = run(model, opts(), tmp_path / "out")
+    assert len(again.judge.verdicts) < len(first.judge.verdicts)  # replayed
+    timed = run(model, opts(limits=replace(Limits(), eval_timeout=300.0)), tmp_path / "out")
+    assert len(timed.judge.verdicts) == len(first.judge.verdicts)  # judged afresh
+    other = run(model, opts(trt_version=10), tmp_path / "out")
+    assert len(other.judge.verdicts) == len(first.judge.verdicts)
+    assert other.units == timed.units == first.units
+
+
+def test_tf32_rounds_the_operands_of_fp32_inner_products_only(tmp_path):
+    """--tf32 on the quantized road: a layer run un-quantized (an FP32 MatMul) reads its
+    operands TF32-rounded, as the FP16 road's emulator rounds them; a quantized layer's MatMul
+    (reading DequantizeLinear) is TensorRT's INT8 kernel and is left alone; the run judges its
+    plans and its written file under it."""
+    from trtbisect.quant.judge import QuantJudge, tf32_rounded
+    from trtbisect.quant.half import types
+    from trtbisect.quant.qdq import analyse
+
+    p = qm.outlier()
+    layers = analyse(p.model)
+    assert tf32_rounded(p.model, p.model, types(p.model)) is p.model  # all quantized
+    judge = QuantJudge(p.model, layers, [p.inputs], [{}], Options().criteria, Tolerance(),
+                       tf32=True)
+    plan = judge.model_for(frozenset({"mm1"}))
+    judged = judge.judged_model(plan)
+    mm1 = next(n for n in judged.graph.node if n.name == "mm1")
+    mm2 = next(n for n in judged.graph.node if n.name == "mm2")
+    assert all(i.endswith("__tf32") for i in mm1.input)
+    assert not any(i.endswith("__tf32") for i in mm2.input)
+    model, inputs = _files(p, tmp_path)
+    r = {tf: run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
+                                threads=1, validation_share=0, tf32=tf), tmp_path / f"o{tf}")
+         for tf in (False, True)}
+    assert r[True].plan == r[False].plan == ["mm1"]
+    assert r[True].after.errors["y"].max_abs != r[False].after.errors["y"].max_abs

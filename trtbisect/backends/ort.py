@@ -32,6 +32,7 @@ import math
 import time
 from collections import ChainMap, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -136,6 +137,21 @@ def make_session(model: onnx.ModelProto, threads: int | None = None):
     arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
               if t.data_location != TensorProto.EXTERNAL}
     return Session(structure(model), arrays, threads).session
+
+
+def model_session(model: onnx.ModelProto | str | Path, threads: int | None = None,
+                  what: str = "the quantized model"):
+    """A raw ORT session under the judge's options (`session_options`) over an in-memory
+    model or a file, as written: the quantized judge's (quant/judge.py), whose Q/DQ and float16
+    values must run exactly as the file holds them (no initializer is moved or converted)."""
+    import onnxruntime as ort
+
+    source = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(source, session_options(threads),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises several unrelated types for unloadable models
+        raise TrtBisectError(f"onnxruntime cannot load {what}: {_first_line(exc)}") from exc
 
 
 _ran = [0.0]  # seconds spent inside ORT's run in this process

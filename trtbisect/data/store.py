@@ -41,7 +41,7 @@ def default_budget() -> int:
 
 
 def update_hash(h, sample: Mapping[str, np.ndarray]) -> None:
-    """The resume fingerprint's hash of one sample (context._samples_hash: every sample's)."""
+    """The resume fingerprint's hash of one sample (context.samples_hash: every sample's)."""
     for k in sorted(sample):
         h.update(k.encode())
         h.update(str(sample[k].dtype).encode() + str(sample[k].shape).encode())

@@ -562,9 +562,9 @@ def render_markdown(result: "RunResult", plot_name: str | None,
              f"**Verdict: {md_text(verdict_line(result))}.**", "",
              *(f"- {md_text(line)}" for line in margin_lines(result)), "", *_md_facts(result), ""]
     title, head, rows = plan_group_table(result)
-    parts += _md_table(title, head, rows, code=(0,))
+    parts += md_table(title, head, rows, code=(0,))
     parts += _md_groups(result)
-    parts += _md_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result),
+    parts += md_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result),
                        code=(1,))
     parts += _md_culprits(result)
     if plot_name:
@@ -573,13 +573,13 @@ def render_markdown(result: "RunResult", plot_name: str | None,
     if tradeoff_name:
         parts += ["## Error against estimated cost", "", TRADEOFF_NOTE, "",
                   f"![trade-off plot]({tradeoff_name})", ""]
-    parts += _md_table("Error per output", *output_table(result), code=(0,))
-    parts += _md_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
+    parts += md_table("Error per output", *output_table(result), code=(0,))
+    parts += md_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
                        margin_rows(result), code=(0,))
-    parts += _md_table("Criteria that may fit better", HINT_HEAD, hint_rows(result),
+    parts += md_table("Criteria that may fit better", HINT_HEAD, hint_rows(result),
                        code=(0, 2))
     parts += _md_stability(result)
-    parts += _md_table("Search trace", ["#", "phase", "FP32 units (TensorRT layers)", "result",
+    parts += md_table("Search trace", ["#", "phase", "FP32 units (TensorRT layers)", "result",
                                         "units", "why it failed"],
                        trace_rows(result))
     if command_rows(result):
@@ -827,7 +827,7 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
 def _md_culprits(result: "RunResult") -> list[str]:
     head, rows = culprit_rows(result)
     names = [k for k, h in enumerate(head) if h not in ("cost", "cause", "why")]  # model strings
-    return _md_table("Nodes to keep in FP32", head, rows, code=tuple(names))
+    return md_table("Nodes to keep in FP32", head, rows, code=tuple(names))
 
 
 def _md_stability(result: "RunResult") -> list[str]:
@@ -841,11 +841,11 @@ def _md_stability(result: "RunResult") -> list[str]:
             f"{md_text(st['deterministic'])}.",
             "", *([f"- **{md_text(f)}**" for f in st["flags"]]
                   or ["- no plan flips or sits within the noise"]), ""]
-    return head + _md_table("", ["plan", "output", "error / bound", "noise", "margin", "flips",
+    return head + md_table("", ["plan", "output", "error / bound", "noise", "margin", "flips",
                                  "fragile"], rows, code=(1,))
 
 
-def _md_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
+def md_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
               code: Sequence[int] = ()) -> list[str]:
     """A GFM table; cells in `code` columns are names (code spans), the others sentences."""
     if not rows:
@@ -921,11 +921,11 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
                  f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
     body += _html_plan_groups(result)
     body += _html_groups(result)
-    body += _html_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
-    body += _html_table("Error per output", *output_table(result))
-    body += _html_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
+    body += html_table("FP16-safe rewrites applied", REWRITE_HEAD, rewrite_rows(result))
+    body += html_table("Error per output", *output_table(result))
+    body += html_table("Margin against the spread of what the tools compute", MARGIN_HEAD,
                         margin_rows(result))
-    body += _html_table("Criteria that may fit better", HINT_HEAD, hint_rows(result))
+    body += html_table("Criteria that may fit better", HINT_HEAD, hint_rows(result))
     if png is not None:
         hover = "".join(f"<span class='col' title='{e(t)}' style='left:{x:.3f}%;top:{y:.3f}%;"
                         f"width:{w:.3f}%;height:{h:.3f}%'></span>" for t, x, y, w, h in columns)
@@ -986,10 +986,10 @@ def _html_plan_groups(result: "RunResult", top: int = DEFAULT_TOP) -> list[str]:
     title, head, rows = plan_group_table(result)
     if not rows:
         return []
-    out = _html_table(title, head, rows[:top])
+    out = html_table(title, head, rows[:top])
     if len(rows) > top:
         out += [f"<details><summary>{len(rows) - top} more rows</summary>",
-                *_html_table("", head, rows[top:]), "</details>"]
+                *html_table("", head, rows[top:]), "</details>"]
     return out
 
 
@@ -1000,10 +1000,10 @@ def _html_culprits(result: "RunResult") -> list[str]:
         return []
     nodes = sum(1 for r in rows if r[0] != "(boundary Casts)")  # the Casts' row is no node
     return [f"<details><summary>Every node of the plan ({nodes})</summary>",
-            *_html_table("", head, rows), "</details>"]
+            *html_table("", head, rows), "</details>"]
 
 
-def _html_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
+def html_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
                 result_col: int | None = None) -> list[str]:
     """A table; `result_col` holds "pass"/"fail", which colours its cell."""
     if not rows:
@@ -1026,7 +1026,7 @@ def _html_trace(result: "RunResult") -> list[str]:
     shown_rows = [(*row[:4], row[5]) for row in rows]  # which units: trace.json (the plan's
     # are listed once)
     return [f"<details><summary>Search trace ({plural(total, 'evaluation')})</summary>",
-            *_html_table("", ["#", "phase", "FP32 units (TensorRT layers)", "result",
+            *html_table("", ["#", "phase", "FP32 units (TensorRT layers)", "result",
                               "why it failed"], shown_rows, result_col=3), note, "</details>"]
 
 
@@ -1040,7 +1040,7 @@ def _html_stability(result: "RunResult") -> list[str]:
     flags = "".join(f"<li class='flag'>{e(f)}</li>" for f in st["flags"]) or \
         "<li>no plan flips or sits within the noise</li>"
     return ["<h2>Stability</h2>", f"<p class='muted'>{e(st['method'])}; deterministic reruns: "
-            f"{e(st['deterministic'])}</p><ul>{flags}</ul>"] + _html_table(
+            f"{e(st['deterministic'])}</p><ul>{flags}</ul>"] + html_table(
         "", ["plan", "output", "error / bound", "noise", "margin", "flips", "fragile"], rows)
 
 

@@ -7,7 +7,7 @@ run judged is moved into place (never rewritten), and precision.json lands last.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -19,6 +19,7 @@ from ..backends.ort import emulation_of_mixed
 from ..context import Context
 from ..diagnosis.diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
+from ..judge.loadable import InputCheck
 from ..judge.precision import FP16
 from ..judge.written import write_plan
 from .mixed import Written, graph_model
@@ -103,6 +104,62 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
     if report is not None:
         result.files.update(report(result, out_dir))
     result.files["plan"] = str(out_dir / "precision.json")
+
+
+QUANT_KEYS = ("trtbisect.version", "trtbisect.verdict", "trtbisect.unquantized_layers",
+              "trtbisect.fp32_nodes")
+
+
+def save_quantized(path: Path, model: onnx.ModelProto, declares: dict[str, str],
+                   held: InputCheck | None = None) -> None:
+    """A file the quantized road writes (its plan's model, or the file ModelOpt wrote that the
+    run judged), as the FP16 road writes its own: it declares what it computes in its metadata
+    (`declares`: trtbisect.unquantized_layers, trtbisect.fp32_nodes, ...; an earlier run's
+    entries replaced, never repeated), lands atomically, and is held to the checker's full
+    check and to loading in ONNX Runtime (judge/loadable.py; `held`: the input's record)."""
+    from ..judge.loadable import require_written_valid
+    from .files import save_model
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [p for p in out.metadata_props if p.key not in QUANT_KEYS and p.key not in declares]
+    del out.metadata_props[:]
+    out.metadata_props.extend(kept)
+    out.metadata_props.extend(onnx.StringStringEntryProto(key=k, value=v)
+                              for k, v in {"trtbisect.version": __version__, **declares}.items())
+    save_model(path, out)
+    require_written_valid(path, None, held)
+
+
+def write_quantized(result: Any, out_dir: Path, keep: Sequence[Path],
+                    held: InputCheck | None = None,
+                    model: tuple[str, str, onnx.ModelProto, dict[str, str]] | None = None,
+                    judge: Callable[[Path], None] | None = None, commands: bool = False,
+                    report: Callable[[Any, Path], dict[str, str]] | None = None,
+                    side: Callable[[Path], None] | None = None) -> None:
+    """The quantized road's files (quant/run.py's result), as one generation of --out that
+    replaces the last (outdir.py), as `write_outputs` writes the FP16 road's: `model` (its key
+    in `result.files`, its file name, the model, what it declares) saved by `save_quantized`,
+    then judged from the file by `judge` (one judge: what `check` says of it, inside the
+    generation, before anything claims it passed); commands.sh (`commands`, or with a model:
+    its renderings, `result.renderings["commands_sh"]`); `report`'s pages; precision.json
+    last."""
+    with OutputDir(out_dir).generation(keep=keep) as gen:
+        if model is not None:
+            key, name, proto, declares = model
+            save_quantized(out_dir / name, proto, declares, held)
+            result.files[key] = str(out_dir / name)
+            if judge is not None:
+                judge(out_dir / name)
+        if model is not None or commands:
+            atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
+            result.files["commands"] = str(out_dir / "commands.sh")
+            if side is not None:  # what the commands read, beside them (quant/ptq.py)
+                side(out_dir)
+        result.files["plan"] = str(out_dir / "precision.json")
+        if report is not None:
+            result.files.update(report(result, out_dir))
+        gen.commit(result.to_json())
 
 
 def _builds_differently(ctx: Context) -> bool:

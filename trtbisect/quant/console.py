@@ -18,7 +18,7 @@ def emit(result, as_json: bool) -> None:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     out.print(f"verdict: {verdict_line(result)}")
-    for p in result.problems:
+    for p in result.reference_problems:
         out.print(f"  {shown(p)}")
     if result.plan:
         t = Table(title="Layers to run un-quantized", title_justify="left")
@@ -89,7 +89,7 @@ def emit(result, as_json: bool) -> None:
     told = validation_line(result.validation)
     if told:
         out.print(f"  {shown(told)}")
-    out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria)} on "
+    out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria.describe())} on "
               "ONNX Runtime CPU (Q/DQ run as written"
               + (f"; FP16 stores emulated, {_rounding(result)})" if result.emulated else ")"))
     if result.evaluations:

@@ -14,28 +14,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
+from ..backends.ort import model_session as session  # every session: backends/ort.py's
 from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria, Judgement, Verdict
 from . import half
 from .qdq import Layer, dequantized_weights, unquantize
 
 FP32_PREFIX = "fp32:"  # a search unit that keeps an FP16 node in FP32 (a layer's is its name)
-
-
-def session(model: onnx.ModelProto | str | Path, threads: int | None = None):
-    """An ORT session under the judge's options, over an in-memory model or a file."""
-    import onnxruntime as ort
-
-    from ..backends.ort import session_options
-    from ..errors import TrtBisectError
-
-    what = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
-    try:
-        return ort.InferenceSession(what, session_options(threads),
-                                    providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises several unrelated types for unloadable models
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise TrtBisectError(f"onnxruntime cannot load the quantized model: {first}") from exc
 
 
 def run_outputs(sess, sample: Mapping[str, np.ndarray], names: Sequence[str]
@@ -53,13 +38,14 @@ class QuantJudge:
                  samples: Sequence[Mapping[str, np.ndarray]],
                  references: Sequence[Mapping[str, np.ndarray]], criteria: Criteria,
                  tolerance: Tolerance, threads: int | None = None,
-                 half_nodes: Sequence[str] = (), semantics: str = "trt") -> None:
+                 half_nodes: Sequence[str] = (), semantics: str = "trt",
+                 tf32: bool = False) -> None:
         """`half_nodes`: FP16 nodes of the file that plans may keep in FP32 (half.py); their
         units are named FP32_PREFIX + node name (`units`). `semantics`: where the FP16 side
         rounds (`trt`: once per fused TensorRT layer, half.fused_internal; `strict`: every
         node)."""
         self.model, self.layers = model, list(layers)
-        self.semantics = semantics
+        self.semantics, self.tf32 = semantics, tf32
         self.half: dict[str, str] = {}
         for n in half_nodes:
             unit = FP32_PREFIX + n
@@ -78,8 +64,16 @@ class QuantJudge:
         self.samples, self.references = samples, references
         self.criteria, self.tolerance, self.threads = criteria, tolerance, threads
         self.weights = dequantized_weights(model, [e for la in self.layers for e in la.edges])
-        self.verdicts: dict[frozenset[str], Verdict] = {}
+        self.verdicts: dict[frozenset[str], Verdict] = {}  # each plan's latest (the search's)
+        self._memo: dict[tuple[tuple[int, ...] | None, frozenset[str]], Verdict] = {}
+        self.active: list[int] | None = None  # the search's samples (judge/subset.py); None: all
         self.runs = 0  # inferences
+
+    def narrow(self, subset: Sequence[int] | None) -> None:
+        """The search judges its plans (`measure`) on these samples only, as the FP16 road's
+        --search-samples (judge/subset.py); None: on every sample. `judge_model` and
+        `judgements`, the written file's judge, always judge every sample."""
+        self.active = sorted(subset) if subset is not None else None
 
     @staticmethod
     def by_name_set(layers: Sequence[Layer]) -> set[str]:
@@ -131,12 +125,18 @@ class QuantJudge:
 
     def judged_model(self, model: onnx.ModelProto) -> onnx.ModelProto:
         """What runs for `model`: itself, or for a file with float16 values, its emulation
-        (half.emulate: FP16 stores made explicit)."""
-        if not self.emulated:
+        (half.emulate: FP16 stores made explicit); under --tf32 the operands of its FP32 inner
+        products (not a quantized layer's: TensorRT runs those in INT8/FP8) TF32-rounded, as
+        the FP16 road's emulator rounds them (semantics.TF32_INPUTS)."""
+        if not self.emulated and not self.tf32:
             return model
         types = half.types(model)
-        fused = half.fused_internal(model, types) if self.semantics == "trt" else frozenset()
-        return half.emulate(model, types, fused)
+        out = model
+        if self.emulated:
+            fused = (half.fused_internal(model, types) if self.semantics == "trt"
+                     else frozenset())
+            out = half.emulate(model, types, fused)
+        return tf32_rounded(out, model, types) if self.tf32 else out
 
     def judge_model(self, model: onnx.ModelProto | str | Path) -> Verdict:
         """Any model (a plan's, or a written file) on every sample under the criteria."""
@@ -148,7 +148,7 @@ class QuantJudge:
                    ) -> list[Judgement]:
         """Per sample (or per (sample, reference) of `pairs`: the validation's), the model
         judged under the criteria, as `judge_model` judges it."""
-        if self.emulated:
+        if self.emulated or self.tf32:
             if not isinstance(model, onnx.ModelProto):
                 model = onnx.load(str(model))
             model = self.judged_model(model)
@@ -162,10 +162,56 @@ class QuantJudge:
         return judged
 
     def measure(self, plan: frozenset[str]) -> Verdict:
+        """The search's verdict of `plan`, on its samples (`narrow`), memoized."""
         key = frozenset(plan)
-        if key not in self.verdicts:
-            self.verdicts[key] = self.judge_model(self.model_for(key))
+        on = tuple(self.active) if self.active is not None else None
+        if (on, key) not in self._memo:
+            pairs = None if on is None else [(self.samples[k], self.references[k]) for k in on]
+            self._memo[on, key] = self.criteria.verdict(
+                self.judgements(self.model_for(key), pairs))
+        self.verdicts[key] = self._memo[on, key]
         return self.verdicts[key]
+
+    def measure_all(self, plan: frozenset[str]) -> tuple[Verdict, list[Judgement]]:
+        """`plan` on every sample, with its per-sample judgements (what the search's subset
+        is chosen and widened by); its verdict is `measure`'s on every sample."""
+        key = frozenset(plan)
+        judged = self.judgements(self.model_for(key))
+        self._memo[None, key] = self.verdicts[key] = self.criteria.verdict(judged)
+        return self._memo[None, key], judged
 
     def check(self, plan: frozenset[str]) -> bool:
         return self.measure(plan).passed
+
+
+def tf32_rounded(model: onnx.ModelProto, given: onnx.ModelProto,
+                 types: Mapping[str, int]) -> onnx.ModelProto:
+    """`model` (the given file or its emulation) with the operands of the given file's FP32
+    inner products (MatMul, Gemm, Conv, ConvTranspose writing float32; none reading a
+    DequantizeLinear, a quantized layer's) rounded to TF32 first (semantics.tf32_round_nodes,
+    bit-identical to TensorRT's TF32 operand rounding under the judge's session options)."""
+    from ..judge.semantics import TF32_INPUTS, tf32_round_nodes
+
+    dq = {o for n in given.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    chosen = {n.name for n in given.graph.node if n.op_type in TF32_INPUTS
+              and all(types.get(o) == onnx.TensorProto.FLOAT for o in n.output if o)
+              and not any(t in dq for t in n.input if t)}
+    if not chosen:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    rounded: dict[str, str] = {}
+    for node in out.graph.node:
+        if node.name in chosen:
+            for k in TF32_INPUTS[node.op_type]:
+                if k < len(node.input) and node.input[k]:
+                    src = node.input[k]
+                    if src not in rounded:
+                        rounded[src] = f"{src}__tf32"
+                        nodes += tf32_round_nodes(src, rounded[src], f"{src}__tf32_")
+                    node.input[k] = rounded[src]
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out

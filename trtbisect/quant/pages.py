@@ -24,7 +24,7 @@ from rich.text import Text
 from ..search.cost import pct as cost_pct
 from ..outputs.escape import md_code, md_fence, md_text
 from ..outputs.files import atomic_write, atomic_write_text
-from ..outputs.report import (CSS, TRACE_ROWS, _html_table, _md_table, e, e_lines, error_text,
+from ..outputs.report import (CSS, TRACE_ROWS, html_table, md_table, e, e_lines, error_text,
                       plot_tradeoff, pct_of)
 from ..diagnosis.wording import num
 from .report import NAME as TRADEOFF, rounding_words, tradeoff_png, verdict_line
@@ -161,7 +161,7 @@ TRACE_HEAD = ["#", "phase", "units", "result", "est. us", "worst rel. error", "w
 
 def facts(result) -> list[str]:
     """The run's facts in sentences: reference, judge, estimated times, search."""
-    out = [f"reference: {result.reference}; judged by {result.criteria} on ONNX Runtime CPU "
+    out = [f"reference: {result.reference}; judged by {result.criteria.describe()} on ONNX Runtime CPU "
            "(Q/DQ run as written" + (f"; FP16 stores emulated, {rounding_words(result)})"
                                  if result.emulated else ")")]
     c = result.cost or {}
@@ -184,7 +184,7 @@ def facts(result) -> list[str]:
     if result.one_judge is not None:
         out.append("one judge: the written file's errors equal the search's, bit for bit: "
                    f"{'yes' if result.one_judge else 'NO'}")
-    out += [f"reference problem: {p}" for p in result.problems]
+    out += [f"reference problem: {p}" for p in result.reference_problems]
     return out
 
 
@@ -208,11 +208,11 @@ def render_markdown(result, tradeoff: str | None) -> str:
     if tradeoff:
         parts += ["## Error against estimated cost", "", md_text(TRADEOFF_NOTE), "",
                   f"![trade-off plot]({tradeoff})", ""]
-    parts += _md_table("Culprits and their side", CULPRIT_HEAD, culprit_rows(result),
+    parts += md_table("Culprits and their side", CULPRIT_HEAD, culprit_rows(result),
                        code=(0,))
     parts += _md_diagnosis(result)
-    parts += _md_table("Error per output", *output_table(result), code=(0,))
-    parts += _md_table("Search trace", TRACE_HEAD, trace_rows(result))
+    parts += md_table("Error per output", *output_table(result), code=(0,))
+    parts += md_table("Search trace", TRACE_HEAD, trace_rows(result))
     rows = command_rows(result)
     if rows:
         parts += ["## Apply the plan", ""]
@@ -252,13 +252,13 @@ def render_html(result, tradeoff: bytes | None) -> str:
                  f"<p class='muted'>{e(TRADEOFF_NOTE)}</p>",
                  "<img class='plot narrow' alt='error against estimated cost' "
                  f"src='data:image/png;base64,{base64.b64encode(tradeoff).decode()}'>"]
-    body += _html_table("Culprits and their side", CULPRIT_HEAD, culprit_rows(result))
+    body += html_table("Culprits and their side", CULPRIT_HEAD, culprit_rows(result))
     body += _html_diagnosis(result)
-    body += _html_table("Error per output", *output_table(result))
+    body += html_table("Error per output", *output_table(result))
     rows = trace_rows(result)
     if rows:
         body += [f"<details><summary>Search trace ({len(result.trials)} evaluations)"
-                 "</summary>", *_html_table("", TRACE_HEAD, rows, result_col=3), "</details>"]
+                 "</summary>", *html_table("", TRACE_HEAD, rows, result_col=3), "</details>"]
     body += _html_commands(result)
     body += ["<h2>Run</h2>", "<div class='muted'>" + "<br>".join(e(f) for f in facts(result))
              + "</div>"]

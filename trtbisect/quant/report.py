@@ -14,7 +14,7 @@ NAME = "report_tradeoff.png"
 
 def verdict_line(result) -> str:
     """The verdict in rich markup (the console prints it; the report pages strip the markup)."""
-    meet = "the criteria" if "default" not in result.criteria else "the tolerance"
+    meet = "the criteria" if "default" not in result.criteria.describe() else "the tolerance"
     n, total = len(result.plan), len(result.layers)
     return {"quantized_ok": f"[green]the quantized model already meets {meet}[/] ({total} "
                             "quantized layers)",

@@ -13,17 +13,19 @@ import logging
 import math
 import time
 from types import SimpleNamespace
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
 
 from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
+from ..judge import subset
 from ..judge.criteria import Verdict
 from ..outputs.escape import visible
-from ..search.minimal import Progress, find_minimal_fp32
+from ..result import Found
+from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from . import qdq
 from .diagnose import SAMPLES, Finding, diagnose
 from .judge import QuantJudge
@@ -35,19 +37,20 @@ CHEAPER_PER_UNIT = 2  # --objective cost: new evaluations per unit the cheaper s
 
 
 @dataclass
-class QuantResult:
-    verdict: str  # quantized_ok | fixed | no_plan | reference_invalid
+class QuantResult(Found[Any, Any]):
+    """The quantized road's result: what every search run finds (result.Found: the verdict,
+    `fp32_nodes`: here the FP16 nodes of the file kept in FP32, the counts, the errors before
+    and after, the files; one exit table, result.VERDICT_EXIT) and the road's own fields. The
+    errors before and after are those of `before` and `after`, set with them."""
+    _: KW_ONLY
     model_path: str
     layers: list[qdq.Layer]
     plan: list[str]  # layers to run un-quantized, in graph order
     before: Verdict | None  # the model as given
     after: Verdict | None  # the written plan's file (one judge)
     search_after: Verdict | None = None  # the search's own verdict of the plan
-    evaluations: int = 0
-    one_minimal: bool = False
     trials: list = field(default_factory=list)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
-    fp32_nodes: list[str] = field(default_factory=list)  # FP16 nodes of the file kept in FP32
     half_nodes: int = 0  # FP16 nodes the file has (candidates on the float side)
     fp32_reasons: dict[str, str] = field(default_factory=dict)
     units: list[str] = field(default_factory=list)  # the search's plan (judge.py's unit names)
@@ -59,11 +62,7 @@ class QuantResult:
     certificate: dict | None = None  # --objective cost: removals, swaps, the cheaper step
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
-    files: dict[str, str] = field(default_factory=dict)
     renderings: dict = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    criteria: str = ""
 
     certified: dict | None = None  # the written file's margin over the spread (judge/spread.py)
     validation: dict | None = None  # the written file on unseen samples (judge/validation.py)
@@ -72,10 +71,11 @@ class QuantResult:
     minimal_plan: list[str] = field(default_factory=list)  # the certified 1-minimal plan
     reasons: list[str] = field(default_factory=list)  # why even all-float fails
 
-    @property
-    def exit_code(self) -> int:
-        from ..result import VERDICT_EXIT
-        return VERDICT_EXIT[self.verdict]  # one exit table for every road
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name in ("before", "after"):  # Found's errors are those of the verdict, always
+            errors = getattr(value, "errors", None)
+            super().__setattr__(f"errors_{name}", dict(errors) if errors is not None else {})
 
     @property
     def minimality(self) -> str:
@@ -145,13 +145,13 @@ class QuantResult:
                        "after": self.after.to_json() if self.after else None},
             "one_judge": {"search_equals_check": self.one_judge,
                           "search": errors(self.search_after)},
-            "criteria": self.criteria, "fp16_stores_emulated": self.emulated,
+            "criteria": self.criteria.describe(), "fp16_stores_emulated": self.emulated,
             "semantics": self.semantics,
             "cost": self.cost,
             "evaluations": self.evaluations,
             "one_minimal": self.one_minimal,
             "trials": [t.to_json() for t in self.trials], "renderings": self.renderings,
-            "reference_problems": self.problems, "files": self.files,
+            "reference_problems": self.reference_problems, "files": self.files,
             "seconds": round(self.seconds, 3),
             "layers": [la.to_json() for la in self.layers]}
 
@@ -366,12 +366,13 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     model, layers, ref_model, where = _load(path, reference_path, stage)
     opts.criteria.validate([o.name for o in ref_model.graph.output])
     samples, references = _samples(ref_model, opts, path, reference_path)
-    result = QuantResult("no_plan", str(path), layers, [], None, None, reference=where,
-                         criteria=opts.criteria.describe(), emulated=_half(model),
+    result = QuantResult("no_plan", [], 0, 0, 0, len(samples), opts.tolerance, {}, {},
+                         criteria=opts.criteria, model_path=str(path), layers=layers, plan=[],
+                         before=None, after=None, reference=where, emulated=_half(model),
                          semantics=opts.semantics)
-    result.problems = reference_problems(  # it reads ctx.every_reference only
+    result.reference_problems = reference_problems(  # it reads ctx.every_reference only
         SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
-    if result.problems:
+    if result.reference_problems:
         result.verdict = "reference_invalid"
         result.seconds = time.perf_counter() - started
         _write(result, None, path, out_dir, keep)
@@ -392,6 +393,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     result.seconds = time.perf_counter() - started
     _write(result, result.judge, path, out_dir, keep, report,
            lambda f: _certify(result, ref_model, samples, references, held, opts, f), owned)
+    result.inferences = result.judge.runs if result.judge is not None else 0
     return result
 
 
@@ -424,7 +426,6 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     from ..graph import Graph
     from ..judge import validation
     from ..judge.spread import certify
-    from ..judge.verdict import decide
     from ..outputs.mixed import Written
 
     judge = result.judge
@@ -439,7 +440,7 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 opts.criteria.verdict)
     result.validation = checked.to_json()
-    verdict = decide(result.verdict, certified=cert.certified, validated=checked.passed)
+    verdict = decided(result.verdict, certified=cert.certified, validated=checked.passed)
     if verdict == "fragile":
         log.warning("the plan passes by less than the spread of what the tools compute on "
                     "%s (fragile): it is written, but not called fixed",
@@ -448,6 +449,20 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
         log.warning("the plan fails %s it was not searched on (unvalidated): it is written, "
                     "but not called fixed", checked.described)
     return verdict
+
+
+def decided(proposed: str, *, file_passed: bool | None = None, certified: bool | None = None,
+            validated: bool | None = None) -> str:
+    """The quantized road's verdict, decided in one place from what the run found (the seam
+    for the FP16 road's single verdict function): judge/verdict.decide's rules, under which
+    the file as given (`quantized_ok`) is held to the certificate and the validation as
+    FP16 as it is (`fp16_ok`) is: without its margin over the spread it is `fragile`."""
+    from ..judge.verdict import decide
+
+    as_given = proposed == "quantized_ok"
+    verdict = decide("fp16_ok" if as_given else proposed, file_passed=file_passed,
+                     certified=certified, validated=validated)
+    return "quantized_ok" if as_given and verdict == "fp16_ok" else verdict
 
 
 def float_side_reasons(model: onnx.ModelProto) -> list[str]:
@@ -503,12 +518,11 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
 
     if out_dir is None:
         return None
-    from ..context import _samples_hash
-    fingerprint = {  # every setting of the judge, as the FP16 road's (judge/settings.py)
-        "mode": "quantized", "version": __version__, "model": model_hash(path),
-        "reference": model_hash(reference_path) if reference_path else None,
-        "samples": _samples_hash(samples), "objective": opts.objective,
-        "settings": opts.judge_settings.fingerprint()}
+    from ..context import run_fingerprint
+    fingerprint = run_fingerprint(  # the FP16 road's: JudgeSettings' and the road's own keys
+        opts.judge_settings.fingerprint(), model_hash(path), samples, __version__,
+        mode="quantized", objective=opts.objective,
+        reference=model_hash(reference_path) if reference_path else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
     if not opts.resume and journal_path.exists():
@@ -525,6 +539,8 @@ def _journaled(judge: QuantJudge, journal) -> Callable[[frozenset[str]], bool]:
         if journal is None:
             return judge.check(plan)
         key = plan_key(plan)
+        if judge.active is not None:  # a verdict on the search's samples: keyed by them
+            key += "@" + subset.signature(judge.active)
         rec = journal.lookup(key)
         if rec is not None:
             return bool(rec["passed"])
@@ -546,12 +562,13 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     halves = half_nodes(model)
     result.half_nodes = len(halves)
     judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
-                       opts.threads, halves, opts.semantics)
+                       opts.threads, halves, opts.semantics, opts.tf32)
     result.judge = judge
+    result.candidates, result.samples = len(judge.units), len(samples)
     pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated,
                           shape_probe(model, samples[0], opts.threads))
     stage("judging the quantized model as given")
-    result.before = judge.measure(frozenset())
+    result.before, before = judge.measure_all(frozenset())
     stage("diagnosing the quantized layers")
     outs = [t for n in model.graph.node if n.name in set(halves)
             for t in [*n.input, *n.output] if t]
@@ -562,16 +579,19 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     else:
         stage(f"searching which of {len(layers)} quantized layers to run in float"
               + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
+        ranking = _ranking(layers, findings, _search_half(judge), values, model)
+        if subset.wanted(len(samples), opts.search_samples, opts.criteria.pass_rate):
+            judge.narrow(subset.choose(before, opts.search_samples))
+            stage(f"the search judges on {len(judge.active or ())} of {len(samples)} samples "
+                  "(where the file as given fails worst); the plan is certified on all of them")
         check = _journaled(judge, journal)
-        search = find_minimal_fp32(judge.units, check,
-                                   ranking=_ranking(layers, findings, _search_half(judge),
-                                                    values, model),
-                                   max_evaluations=opts.max_evaluations, progress=progress,
-                                   **(_cost_search(judge, model, pricing)
-                                      if opts.objective == "cost" else {}))
+        search = _rounds(judge, opts, stage, lambda left: find_minimal_fp32(
+            judge.units, check, ranking=ranking, max_evaluations=left,
+            progress=progress,
+            **(_cost_search(judge, model, pricing) if opts.objective == "cost" else {})))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
-        result.one_minimal = search.one_minimal
+        result.one_minimal, result.search = search.one_minimal, search
         result.certificate = _certificate(search.certificate)
         if search.found:
             result.units = judge.expand(search.fp32)
@@ -593,6 +613,37 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                    **_one_price(model, ref_model, layers, halves, samples[0], opts,
                                 pricing.all_fp16())}
     result.renderings = renderings(result, model)
+
+
+def _rounds(judge: QuantJudge, opts, stage: Callable[[str], None],
+            search: Callable[[int | None], SearchResult]) -> SearchResult:
+    """`search(budget)` on the judge's samples; when they are a subset (--search-samples,
+    judge/subset.py), the plan found is judged on every sample and the samples it fails join
+    the subset for another search, until it passes everywhere: the FP16 road's rounds
+    (search/stage.py). Evaluations and trials add up over rounds; the judge judges every
+    sample again afterwards."""
+    from dataclasses import replace
+
+    evaluations, trials = 0, []
+    while True:
+        left = (None if opts.max_evaluations is None
+                else max(opts.max_evaluations - evaluations, 0))
+        found = search(left)
+        trials += [replace(t, index=t.index + evaluations) for t in found.trials]
+        evaluations += found.evaluations
+        if not found.found or judge.active is None:
+            break
+        verdict, judged = judge.measure_all(frozenset(found.fp32))
+        evaluations += 1
+        wider = subset.widen(judge.active, judged, opts.search_samples)
+        if verdict.passed or len(wider) == len(judge.active):
+            break
+        stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
+              f"searching again on {len(wider)} samples")
+        judge.narrow(wider)
+    judge.narrow(None)
+    found.evaluations, found.trials = evaluations, trials
+    return found
 
 
 def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halves,
@@ -741,7 +792,8 @@ def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verd
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
     judge = QuantJudge(model, qdq.analyse(model), samples, references, opts.criteria,
-                       opts.tolerance, opts.threads, half_nodes(model), opts.semantics)
+                       opts.tolerance, opts.threads, half_nodes(model), opts.semantics,
+                       opts.tf32)
     return judge.judge_model(model)
 
 
@@ -773,6 +825,15 @@ def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
     return out
 
 
+def _declares(result: QuantResult, what: str) -> dict[str, str]:
+    """What a written quantized file computes, in its metadata: which quantized layers run in
+    float (`plan`: the run's plan; `as quantized`: none, the file as the run judged it) and
+    which FP16 nodes of the file run in FP32."""
+    plan = what == "plan"
+    return {"trtbisect.unquantized_layers": ",".join(result.plan if plan else ()),
+            "trtbisect.fp32_nodes": ",".join(result.fp32_nodes if plan else ())}
+
+
 def _sources(opts) -> list[Path]:
     from ..context import input_files
     return input_files(opts)
@@ -784,34 +845,29 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
            owned: bool = False) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
     and (`report`: --report) report.html, report.md and the trade-off plot, as one
-    generation of --out. Without --out the
-    in-memory model is judged."""
-    from ..outputs.outdir import OutputDir
-    from ..outputs.files import atomic_write_text, save_model
+    generation of --out, by the one writer (outputs/write.py `write_quantized`). Without
+    --out the in-memory model is judged."""
+    from ..judge.loadable import InputCheck
+    from ..outputs.write import write_quantized
     from .ptq import keep_side_files
 
-    def plot() -> None:
-        if report is not None and out_dir is not None:
-            result.files.update(report(result, out_dir))
+    def side(folder: Path) -> None:  # beside commands.sh: calib.npz, ModelOpt's own file
+        keep_side_files(result, judge, path, folder)
 
+    held = InputCheck(path)  # the input's own record: a copy of a file that fails the
+    # checker as the input does is held to loading in ONNX Runtime (judge/loadable.py)
     if result.verdict == "quantized_ok" and settle is not None:  # the file as given
         result.verdict = settle(path)
     if result.verdict not in ("fixed",):
         if out_dir is not None:
-            with OutputDir(out_dir).generation(keep=keep) as gen:
-                if result.verdict in ("quantized_ok", "fragile", "unvalidated"):
-                    if owned:  # ModelOpt's file, judged: the deliverable, kept in --out
-                        name = f"{path.stem}.quantized.onnx"
-                        save_model(out_dir / name, load(path))
-                        result.files["quantized_model"] = str(out_dir / name)
-                        result.model_path = str(out_dir / name)
-                    atomic_write_text(out_dir / "commands.sh",
-                                      result.renderings["commands_sh"])
-                    result.files["commands"] = str(out_dir / "commands.sh")
-                    keep_side_files(result, judge, path, out_dir)
-                result.files["plan"] = str(out_dir / "precision.json")
-                plot()
-                gen.commit(result.to_json())
+            deploys = result.verdict in ("quantized_ok", "fragile", "unvalidated")
+            kept = None
+            if deploys and owned:  # ModelOpt's file, judged: the deliverable, kept in --out
+                name = f"{path.stem}.quantized.onnx"
+                kept = ("quantized_model", name, load(path), _declares(result, "as quantized"))
+                result.model_path = str(out_dir / name)
+            write_quantized(result, out_dir, keep, held, kept, commands=deploys,
+                            report=report, side=side if deploys else None)
         return
     assert judge is not None
     mixed = judge.model_for(frozenset(result.units))
@@ -821,20 +877,13 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
         if result.after.passed and settle is not None:
             result.verdict = settle(mixed)
     else:
-        with OutputDir(out_dir).generation(keep=keep) as gen:
-            name = f"{path.stem}.unquantized.onnx"
-            save_model(out_dir / name, mixed)
-            result.files["mixed_qdq_model"] = str(out_dir / name)
-            result.after = judge.judge_model(out_dir / name)  # the file, as check judges it
+        def judged(file: Path) -> None:  # the file, as check judges it
+            result.after = judge.judge_model(file)
             if result.after.passed and settle is not None:
-                result.verdict = settle(out_dir / name)
-            result.files["plan"] = str(out_dir / "precision.json")
-            atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
-            result.files["commands"] = str(out_dir / "commands.sh")
-            keep_side_files(result, judge, path, out_dir)
-            if not result.after.passed:
-                result.verdict = "no_plan"
-            plot()
-            gen.commit(result.to_json())
-    if not result.after.passed:
-        result.verdict = "no_plan"  # a file that fails is never `fixed`
+                result.verdict = settle(file)
+            result.verdict = decided(result.verdict, file_passed=result.after.passed)
+        write_quantized(result, out_dir, keep, held,
+                        ("mixed_qdq_model", f"{path.stem}.unquantized.onnx", mixed,
+                         _declares(result, "plan")), judged, report=report, side=side)
+    assert result.after is not None
+    result.verdict = decided(result.verdict, file_passed=result.after.passed)  # never `fixed`
