@@ -459,7 +459,8 @@ def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
     through passing plans only (#46 item 4)."""
     from trtbisect.judge.compare import Tolerance
     from trtbisect.outputs.report import failing_below, pareto_front, tradeoff_points
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
     from tests.models.make_models import precision_loss
 
     p = precision_loss()

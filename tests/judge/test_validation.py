@@ -267,7 +267,8 @@ def test_fp16_as_it_is_passing_only_its_searched_sample_is_not_fp16_ok(tmp_path)
     assert written["verdict"] == "unvalidated" and written["fp32_nodes"] == []
     assert written["validation"]["passed"] is False
     from trtbisect.outputs.report import verdict_line
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
     r = run(path, Options(inputs=files, semantics="strict"))
     assert r.verdict == "unvalidated" and verdict_line(r).startswith(
         "unvalidated: FP16 as it is meets")

@@ -261,7 +261,8 @@ def test_every_sentence_says_the_numbers_it_describes(tmp_path, name, budget):
     the plan (N)" counts the plan's nodes (not the boundary Casts' row)."""
     from tests.models.make_models import zoo
     from trtbisect.outputs.report import render_html
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     path, inputs = save_zoo_model(zoo()[name], tmp_path)
     r = run(path, Options(inputs=[str(inputs)], budget=budget), tmp_path / "o")

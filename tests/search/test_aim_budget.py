@@ -13,7 +13,8 @@ from trtbisect.search.stage import aim_allowance
 
 
 def _run(tmp_path, name: str):
-    from trtbisect.pipeline import Options, run
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
 
     path, inputs, tol = _planted(tmp_path)
     # the aim is the subject: no validation (tests/judge/test_validation.py has it)

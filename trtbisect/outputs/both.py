@@ -33,7 +33,7 @@ VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no pla
 class Both:
     """The two runs, FP16's first."""
 
-    results: dict  # precision name -> pipeline.RunResult
+    results: dict  # precision name -> result.RunResult
     folders: dict  # precision name -> its --out folder
 
     @property

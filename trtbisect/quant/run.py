@@ -352,7 +352,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
         stage: Callable[[str], None] = log.info,
         report: Callable[[QuantResult, Path], dict[str, str]] | None = None,
         owned: bool = False) -> QuantResult:
-    """The whole quantized run (see the module docstring); `opts`: pipeline.Options (its
+    """The whole quantized run (see the module docstring); `opts`: context.Options (its
     samples, criteria, tolerance, threads, gpu, objective and --max-evals are used);
     `report`: --report's writer (quant/pages.py, handed in by quant/console.py), called
     inside --out's generation; it returns the files it wrote. `owned`: the model is
