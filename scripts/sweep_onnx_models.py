@@ -108,13 +108,13 @@ def main() -> int:
     rows = 0
     verdicts = 0
     base = work / "node" if args.node else DATA
-    done = set()
+    seen = set()
     if args.skip:  # rows read "ok  0 trt    NAME ..."
-        done = {ln.split()[3] for ln in Path(args.skip).read_text().splitlines()
+        seen = {ln.split()[3] for ln in Path(args.skip).read_text().splitlines()
                 if ln.startswith(("ok ", "BUG")) and len(ln.split()) > 3}
     for model in (node_models(work, args.only) if args.node else models()):
         name = str(model.relative_to(base))
-        if (args.only and not any(o in name for o in args.only)) or name in done:
+        if (args.only and not any(o in name for o in args.only)) or name in seen:
             continue
         feeds = feeds_of(model)
         if feeds is None:

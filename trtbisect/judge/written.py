@@ -234,6 +234,8 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
             tensors = []  # the exposed tensors are all or nothing
             expose = ()
             continue
+        if not ours:  # a user's file of another rank is another model (check refuses it);
+            _same_ranks(ref, outs, names)  # a data-dependent shape (Unique) moves its dims
         judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
                                           opts.tolerance))
         if expose:
@@ -277,3 +279,14 @@ def validate(judge: MixedModel, ctx: Context, opts: Options) -> Validation:
                                            opts.tolerance))
         return out
     return judged_validation(ctx.validation, run, opts.criteria.verdict)
+
+
+def _same_ranks(ref: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray],
+                names: Sequence[str]) -> None:
+    """A file whose output has another rank than the reference's computes another tensor:
+    the ValueError `check` turns into its one-line refusal. Within one rank, a moved shape is
+    a difference the criteria fail (infinitely), never an error."""
+    for k in names:
+        if np.ndim(ref[k]) != np.ndim(outs[k]):
+            raise ValueError(f"shape mismatch {np.shape(outs[k])} vs reference "
+                             f"{np.shape(ref[k])}")
