@@ -15,12 +15,23 @@ from trtbisect.cli import main
 from trtbisect.judge import validation
 
 
+
+def _save_1d(tmp_path, name: str, nodes, consts, size: int):
+    """A model of `nodes` over a float input x[size] with scalar constants `consts`
+    ((name, value) pairs) and output y[size], saved as NAME.onnx; its path."""
+    k = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in consts]
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [size])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [size])], k)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              path)
+    return path
+
 def _two_overflows(tmp_path, x_searched, x_held):
     """y = x*1e3*1e3/1e6 + x*300*300/9e4: the first chain overflows FP16 once |x| > 0.066,
     the second once |x| > 0.73. The sample the search sees and the one held out are saved so
     that the split (seed 0) holds out `x_held`."""
-    k = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in
-         (("k1", 1e3), ("d1", 1e6), ("k2", 300.0), ("d2", 9e4))]
     nodes = [helper.make_node("Mul", ["x", "k1"], ["a1"], name="p1_up"),
              helper.make_node("Mul", ["a1", "k1"], ["a2"], name="p1_up2"),
              helper.make_node("Div", ["a2", "d1"], ["a3"], name="p1_down"),
@@ -28,12 +39,8 @@ def _two_overflows(tmp_path, x_searched, x_held):
              helper.make_node("Mul", ["b1", "k2"], ["b2"], name="p2_up2"),
              helper.make_node("Div", ["b2", "d2"], ["b3"], name="p2_down"),
              helper.make_node("Add", ["a3", "b3"], ["y"], name="sum")]
-    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                       [8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])], k)
-    path = tmp_path / "two.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
-              path)
+    path = _save_1d(tmp_path, "two", nodes,
+                    (("k1", 1e3), ("d1", 1e6), ("k2", 300.0), ("d2", 9e4)), 8)
     kept, held = validation.split(2, validation.HOLD_OUT_SHARE, 0)
     order = {held[0]: x_held, kept[0]: x_searched}
     files = []
@@ -115,20 +122,13 @@ def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp
 def test_one_sample_near_the_bound_is_validated_on_perturbed_copies(tmp_path):
     """One sample whose second chain sits just under 65504 (x = 1.0 times 65500): the plan
     for the first chain passes it, and perturbed copies push the second over: never fixed."""
-    k = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in
-         (("k1", 1e3), ("d1", 1e6), ("k2", 65500.0))]
     nodes = [helper.make_node("Mul", ["x", "k1"], ["a1"], name="p1_up"),
              helper.make_node("Mul", ["a1", "k1"], ["a2"], name="p1_up2"),
              helper.make_node("Div", ["a2", "d1"], ["a3"], name="p1_down"),
              helper.make_node("Mul", ["x", "k2"], ["b1"], name="p2_up"),
              helper.make_node("Div", ["b1", "k2"], ["b2"], name="p2_down"),
              helper.make_node("Add", ["a3", "b2"], ["y"], name="sum")]
-    g = helper.make_graph(nodes, "near", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [16])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [16])], k)
-    path = tmp_path / "near.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
-              path)
+    path = _save_1d(tmp_path, "near", nodes, (("k1", 1e3), ("d1", 1e6), ("k2", 65500.0)), 16)
     x = np.array([1.0] * 8 + [0.5, 0.2, 0.1, 0.3, 0.6, 0.4, 0.2, 0.5], np.float32)
     np.savez(tmp_path / "x.npz", x=x)
     from trtbisect.context import Options
@@ -240,17 +240,10 @@ def test_fp16_as_it_is_passing_only_its_searched_sample_is_not_fp16_ok(tmp_path)
     The searched sample stays under 1, the held-out one reaches 1.5: all-FP16 passes what it
     was judged on and fails the unseen sample, so the verdict is `unvalidated` with no FP32
     node, said as FP16 as it is, exit 9."""
-    k = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in
-         (("up", 256.0), ("down", 1 / 65536))]
     nodes = [helper.make_node("Mul", ["x", "up"], ["a"], name="up1"),
              helper.make_node("Mul", ["a", "up"], ["b"], name="up2"),
              helper.make_node("Mul", ["b", "down"], ["y"], name="down")]
-    g = helper.make_graph(nodes, "pow2", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [8])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, [8])], k)
-    path = tmp_path / "pow2.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
-              path)
+    path = _save_1d(tmp_path, "pow2", nodes, (("up", 256.0), ("down", 1 / 65536)), 8)
     kept, held = validation.split(2, validation.HOLD_OUT_SHARE, 0)
     xs = {kept[0]: [0.5, -0.25, 0.75, 0.125, -0.5, 0.25, 0.0, -0.75],
           held[0]: [1.5, -1.25, 0.5, 1.0, -1.5, 0.25, 0.0, 1.25]}
