@@ -67,6 +67,9 @@ def _signature(op_type: str, domain: str, opset: int, inputs: int) -> frozenset[
     floats = [p for p in schema.outputs if "tensor(float)" in allowed.get(p.type_str, {p.type_str})]
     if floats and not any(takes_half(p.type_str) for p in floats):
         return None
+    if schema.outputs and not any(any(t.startswith("tensor(") for t in allowed.get(
+            p.type_str, {p.type_str})) for p in schema.outputs):
+        return None  # it makes sequences or optionals (SplitToSequence): they keep their type
     if _float_only_body(schema):
         return None
     positions: set[int] = set()
