@@ -15,7 +15,7 @@ from onnx import helper
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from .limits import memory_limit  # noqa: F401 (its home is limits.py; imported from here too)
+from .limits import memory_limit
 
 Sample = dict[str, np.ndarray]
 

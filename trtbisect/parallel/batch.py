@@ -26,7 +26,7 @@ from ..judge.layerwise import estimate_bytes
 from ..search.minimal import SearchResult
 from .data import FolderData
 from .judge import JudgeSpec, Measured, graph_digest, merge
-from .pool import LocalPool, Stats, Task, TaskResult  # noqa: F401 (Stats: moved there)
+from .pool import LocalPool, Stats, Task, TaskResult
 from .sizing import plan_workers
 
 log = logging.getLogger(__name__)
