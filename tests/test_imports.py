@@ -138,6 +138,67 @@ def test_the_package_has_no_import_circle_but_the_listed_ones():
         f"  {', '.join(c)}" for c in gone)
 
 
+# Folder-level circles not yet cut (#43 item 1). The mechanical move (git mv of the stages into
+# stages/, the plumbing into base/, ...) empties this list; until then it holds the one circle of
+# main, so a new folder joining it fails the test. BEGIN/END: the move script rewrites the block.
+# BEGIN ALLOWED_FOLDER_CYCLES
+ALLOWED_FOLDER_CYCLES: list[tuple[str, ...]] = [
+    ("backends", "context", "data", "diagnosis", "graph", "judge", "outputs", "parallel",
+     "result", "rewrites", "search", "torch"),
+]
+# END ALLOWED_FOLDER_CYCLES
+
+
+def room(module: str) -> str:
+    """The folder a module lives in (`trtbisect.judge.compare` -> judge); a module at the top of
+    the package is a room of its own (`trtbisect.context` -> context)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Folder A imports folder B when a module of A imports one of B, wherever the import is
+    (functions and TYPE_CHECKING counted); the package's own __init__ is no room."""
+    folders: dict[str, set[str]] = {room(m): set() for m in graph if m != "trtbisect"}
+    for m, targets in graph.items():
+        for t in targets:
+            if m != "trtbisect" and t != "trtbisect" and room(m) != room(t):
+                folders[room(m)].add(room(t))
+    return folders
+
+
+def test_folders_are_layers():
+    """No circle between folders: a folder is a layer, it imports only folders below it."""
+    graph = import_graph()
+    folders = folder_graph(graph)
+    found = components(folders)
+    new = [c for c in found if c not in ALLOWED_FOLDER_CYCLES]
+    gone = [c for c in ALLOWED_FOLDER_CYCLES if c not in found]
+
+    def why(c: tuple[str, ...]) -> str:
+        path = circle(folders, c)
+        return " -> ".join(path) + "\n" + "\n".join(
+            f"    {a} -> {b}: " + ", ".join(sorted(f"{m} imports {t}" for m in graph
+                                                  if room(m) == a for t in graph[m]
+                                                  if room(t) == b)[:3])
+            for a, b in zip(path, path[1:]))
+    assert not new, "folder circles:\n" + "\n".join(why(c) for c in new)
+    assert not gone, f"listed folder circles that are gone: delete them from ALLOWED_FOLDER_CYCLES {gone}"
+
+
+def test_the_folder_graph_counts_every_import(tmp_path):
+    pkg = tmp_path / "trtbisect"
+    for d in ("low", "high"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high" / "a.py").write_text("from ..low.b import f\n")
+    (pkg / "low" / "b.py").write_text("def f():\n    from ..high import a\n")
+    folders = folder_graph(import_graph(pkg))
+    assert folders == {"low": {"high"}, "high": {"low"}}
+    assert components(folders) == [("high", "low")]
+
+
 def test_no_lower_module_imports_the_commands_the_orchestrator_or_the_report():
     graph = import_graph()
     wrong = sorted(f"{m} imports {t}" for m, targets in graph.items() if m not in MAY_IMPORT_UPPER
@@ -177,7 +238,7 @@ def test_the_tensorrt_backend_only_builds_and_runs_engines():
                 todo.append(t)
     allowed_judge = {"trtbisect.judge", "trtbisect.judge.compare", "trtbisect.judge.trt_layers",
                      "trtbisect.judge.precision", "trtbisect.judge.semantics",
-                     "trtbisect.judge.loadable"}
+                     "trtbisect.judge.loadable", "trtbisect.judge.mixed"}
     wrong = sorted(t for t in reached
                    if t.startswith(("trtbisect.search", "trtbisect.parallel", "trtbisect.judge"))
                    and t not in allowed_judge)

@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 from tests.conftest import save_zoo_model
+from trtbisect.outputs.files import npz_bytes
 from trtbisect.outputs import render as rd
 from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
@@ -111,7 +112,7 @@ def test_shape_ranges_only_for_dynamic_inputs():
 
 def test_npz_keeps_any_input_name(tmp_path):
     arrays = {"file": np.arange(3.0), "a/b:c d": np.ones((2, 2), np.float16)}
-    (tmp_path / "s.npz").write_bytes(rd.npz_bytes(arrays))
+    (tmp_path / "s.npz").write_bytes(npz_bytes(arrays))
     with np.load(tmp_path / "s.npz") as z:
         assert set(z.files) == set(arrays) and z["a/b:c d"].dtype == np.float16
 

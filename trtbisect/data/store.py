@@ -64,7 +64,7 @@ class _Spool:
         self.meter = meter or spool_meter()
 
     def write(self, k: int, arrays: Mapping[str, np.ndarray]) -> Path:
-        from ..outputs.render import npz_bytes
+        from ..outputs.files import npz_bytes
         data = npz_bytes(arrays)
         self.meter.add(len(data), f"{self._prefix.rstrip('-')} {k}")
         if self.folder is None:

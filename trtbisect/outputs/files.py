@@ -18,14 +18,17 @@ Anything refused is a one-line TrtBisectError (exit 2) naming the path.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import stat
 import tempfile
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
+import numpy as np
 import onnx
 
 from ..errors import TrtBisectError
@@ -235,3 +238,13 @@ def move_file(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
     check_target(dst)
     os.replace(src, dst)
     return True
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """An .npz whose keys are exactly the given names (np.savez chokes on some names)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name, value in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, np.asarray(value, order="C"), allow_pickle=False)
+    return buf.getvalue()

@@ -45,11 +45,9 @@ The grammars encoded here, with their sources:
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shlex
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -743,16 +741,6 @@ def relative_to(path: str | Path, workdir: Path) -> str:
         return str(p.relative_to(workdir.resolve()))
     except ValueError:
         return str(p)
-
-
-def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
-    """An .npz whose keys are exactly the given names (np.savez chokes on some names)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        for name, value in arrays.items():
-            with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
-                np.lib.format.write_array(fh, np.asarray(value, order="C"), allow_pickle=False)
-    return buf.getvalue()
 
 
 DATA_LOADER = '''"""Polygraphy data loader: feeds the samples trtbisect judged the plan on.

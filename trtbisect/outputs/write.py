@@ -192,7 +192,8 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
     """What every rendering needs to reproduce this run; writes the samples (one .npz each)
     and a Polygraphy data loader beside the plan."""
     from ..data.inputs import declared_shape
-    from .render import data_loader_script, npz_bytes, output_bounds, relative_to, shape_ranges
+    from .render import data_loader_script, output_bounds, relative_to, shape_ranges
+    from .files import npz_bytes
 
     work = out_dir.resolve()
     samples = []
