@@ -6,7 +6,7 @@ Every method gets the same model (nodes named as trtbisect names them), the same
 same criterion, and every plan it returns is judged the same way: by `trtbisect check` semantics
 (`trtbisect.pipeline.check_mixed`, the faithful FP16 emulator) on the mixed-precision ONNX. Where a
 tool writes its own mixed model (onnxconverter-common, ModelOpt AutoCast) that model is judged;
-otherwise `trtbisect.outputs.mixed.write_mixed_onnx` renders the plan.
+otherwise `trtbisect.judge.mixed.write_mixed_onnx` renders the plan.
 
 Methods (docs/benchmarks.md explains each):
 
@@ -62,7 +62,7 @@ from trtbisect.backends.ort import Emulator, Reference  # noqa: E402
 from trtbisect.judge.compare import Tolerance, compare_output, compare_outputs  # noqa: E402
 from trtbisect.graph import Graph, infer_types, with_node_names  # noqa: E402
 from trtbisect.data.sources import load_samples  # noqa: E402
-from trtbisect.outputs.mixed import write_mixed_onnx  # noqa: E402
+from trtbisect.judge.mixed import write_mixed_onnx  # noqa: E402
 from trtbisect.context import Options  # noqa: E402
 from trtbisect.pipeline import check_mixed, run  # noqa: E402
 from trtbisect.search.minimal import BudgetExhausted, ddmin  # noqa: E402

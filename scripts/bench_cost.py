@@ -51,7 +51,7 @@ from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.search.cost import engine_pricing  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.context import Options, prepare  # noqa: E402
-from trtbisect.judge.evaluator import Evaluator  # noqa: E402
+from trtbisect.stages.evaluator import Evaluator  # noqa: E402
 from trtbisect.pipeline import _shape_probe, check_mixed, run  # noqa: E402
 from trtbisect.search.minimal import ddmin  # noqa: E402
 from doc_section import replace_section  # noqa: E402

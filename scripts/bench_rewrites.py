@@ -47,7 +47,7 @@ from trtbisect.judge.compare import Tolerance  # noqa: E402
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.search.cost import engine_pricing  # noqa: E402
 from trtbisect.context import Options, prepare  # noqa: E402
-from trtbisect.judge.evaluator import Evaluator  # noqa: E402
+from trtbisect.stages.evaluator import Evaluator  # noqa: E402
 from trtbisect.pipeline import _shape_probe, run  # noqa: E402
 from trtbisect.result import RunResult  # noqa: E402
 from trtbisect.search.minimal import ddmin  # noqa: E402

@@ -47,7 +47,7 @@ from bench_models import synthetic_transformer, wide_matmul_stack  # noqa: E402
 from tests.models.make_models import deep_model, zoo  # noqa: E402
 from trtbisect import pipeline  # noqa: E402
 from trtbisect.context import Context, Options, prepare  # noqa: E402
-from trtbisect.judge.evaluator import Evaluator  # noqa: E402
+from trtbisect.stages.evaluator import Evaluator  # noqa: E402
 from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.backends.ort import Reference  # noqa: E402
 from trtbisect.search.minimal import ddmin  # noqa: E402

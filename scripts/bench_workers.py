@@ -152,7 +152,8 @@ def run_child(case: Case, workers: int, work: Path, timeout: int) -> Run:
 def sim_child(model: str, out: str, rest: list[str]) -> None:
     """The run in this process with an `InlinePool` SIM_WIDTH wide as its workers."""
     from trtbisect.cli import main
-    from trtbisect.parallel import batch, pool
+    from trtbisect.stages import batch
+    from trtbisect.parallel import pool
 
     batch.LocalPool = lambda spec, data, width: pool.InlinePool(spec, data, SIM_WIDTH)
     sys.argv = ["trtbisect", "-q", "run", model, *rest, "--out", out,

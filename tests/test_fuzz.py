@@ -39,9 +39,9 @@ def apply_patch(name: str | None, monkeypatch: pytest.MonkeyPatch, args: list[st
     """Faults the file system would inject: a full disk, another run holding the lock.
     Returns descriptors to close afterwards."""
     if name == "enospc-write":
-        monkeypatch.setattr("trtbisect.outputs.files.tempfile.mkdtemp", _enospc)
+        monkeypatch.setattr("trtbisect.base.files.tempfile.mkdtemp", _enospc)
     elif name == "enospc-replace":
-        monkeypatch.setattr("trtbisect.outputs.files.os.replace", _enospc)
+        monkeypatch.setattr("trtbisect.base.files.os.replace", _enospc)
     elif name == "enospc-journal":
         monkeypatch.setattr("trtbisect.search.journal.Journal._write", _enospc)
     elif name == "locked":

@@ -99,7 +99,7 @@ def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
 
 
 def test_all_fp16_mixed_model_fails_check(zoo, tmp_path):
-    from trtbisect.outputs.mixed import write_mixed_onnx
+    from trtbisect.judge.mixed import write_mixed_onnx
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
     path = tmp_path / "all16.onnx"
@@ -132,7 +132,7 @@ def test_resume_replays_the_journal(zoo, tmp_path):
     j.start(done[3]["done"])
     j.close()
     calls = []
-    from trtbisect.judge.evaluator import Evaluator
+    from trtbisect.stages.evaluator import Evaluator
     orig = Evaluator.measure
 
     def counting(self, plan, stop_early=False, full=False):
@@ -239,7 +239,7 @@ def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
 
 def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatch):
     from trtbisect import pipeline
-    from trtbisect.judge import layerwise
+    from trtbisect.stages import layerwise
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
     first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
@@ -264,7 +264,7 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     batch: the statistics are those of the layer-wise pass on its own, bit for bit, with one
     emulator session fewer (two samples; one batch, or many under a small budget)."""
     from trtbisect import pipeline
-    from trtbisect.judge import layerwise
+    from trtbisect.stages import layerwise
     z = deep_model()
     model, inputs = save_zoo_model(z, tmp_path)
     other = tmp_path / "other.npz"

@@ -50,7 +50,7 @@ _API: dict[str, tuple[str, str]] = {
     "TorchOptions": ("trtbisect.torch.result", "TorchOptions"),
     "pick_precision": ("trtbisect.torch.precision", "pick_precision"),
     "apply_plan": ("trtbisect.torch.snippet", "apply_plan"),
-    "module_of": ("trtbisect.torch.modules", "module_of"),
+    "module_of": ("trtbisect.graph.modules", "module_of"),
 }
 
 __all__ = ["__version__", *_API]

@@ -26,7 +26,7 @@ from .data.inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .judge.validation import HOLD_OUT_SHARE
-from .data.limits import limit_options, pop_limits
+from .base.limits import limit_options, pop_limits
 from .outputs.outdir import OutputDir
 from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, PlanGroup, cause_text, has_plan,
                                   layers_words,
@@ -364,7 +364,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
       trtbisect run model_qdq.onnx --inputs val.npz   (INT8/FP8 Q/DQ: layers to un-quantize)
     """
     from . import pipeline
-    from .outputs.write import PLAN_VERDICTS
+    from .reports.write import PLAN_VERDICTS
     from .torch.export import resolve_model_arg
 
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
@@ -458,7 +458,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                                "on the samples it never saw (below): give more samples "
                                "(--inputs, --data-loader-script) or a criterion that fits"}
     if result.verdict == "partial":
-        from .judge.coverage import partial_words
+        from .stages.coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
     out.print(f"verdict: {verdicts[result.verdict]}")
     for p in result.reference_problems:
@@ -527,9 +527,9 @@ def refuse_flags(quantized: bool, precision: str) -> None:
 
 def emit_margins(result) -> None:
     """The criteria that may fit better (judge/hints.py) and each output's margin against the
-    spread of what the tools compute (judge/spread.py: what `fixed` rests on)."""
+    spread of what the tools compute (stages/spread.py: what `fixed` rests on)."""
     from .judge.hints import hint_lines
-    from .judge.spread import certificate_lines
+    from .stages.spread import certificate_lines
 
     if result.criterion_hints:
         out.print("[yellow]the default criterion may not be what you mean[/]:")

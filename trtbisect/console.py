@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from .errors import EXIT_SIGPIPE
 from .judge.compare import OutputError
-from .outputs.escape import VisibleLog, shown_text
+from .base.escape import VisibleLog, shown_text
 
 
 log = logging.getLogger("trtbisect")
@@ -80,7 +80,7 @@ def fail(message: str, code: int) -> NoReturn:
 
 def shown(text: object) -> str:
     """A model-controlled string for a rich console: control characters, escape sequences and
-    bidi overrides shown escaped (outputs/escape.py), rich markup escaped. Every table cell and
+    bidi overrides shown escaped (base/escape.py), rich markup escaped. Every table cell and
     line that shows a name goes through it. A name of absurd length is shortened
     (`shortened`: precision.json keeps it whole)."""
     return escape(shown_text(text))

@@ -27,7 +27,7 @@ from .judge.precision import precision as low_precision
 from .judge.loadable import InputCheck
 from .judge.settings import JudgeSettings
 from .judge.validation import HOLD_OUT_SHARE, Holdout
-from .data.limits import Limits, set_eval_timeout
+from .base.limits import Limits, set_eval_timeout
 from .data.sources import npz_shapes
 from .graph.repair import say
 

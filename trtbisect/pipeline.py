@@ -14,32 +14,33 @@ import onnx
 
 from . import __version__
 from .diagnosis import advice
-from .judge import coverage, degenerate, semantics
+from .stages import coverage
+from .judge import degenerate, semantics
 from .search import cost
 from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
 from .context import Context, Options, prepare, reference_problems, run_fingerprint
 from .result import RunResult
-from .judge.evaluator import Evaluator
+from .stages.evaluator import Evaluator
 from .judge.compare import OutputError, TensorStats
 from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
 from .graph import Graph
 from .judge import subset
-from .judge.layerwise import cached_layerwise, layerwise, layerwise_batches, summarize_layerwise
-from .judge.strict import absorbed_nodes, compare_with_strict, semantics_notes
+from .stages.layerwise import cached_layerwise, layerwise, layerwise_batches, summarize_layerwise
+from .stages.strict import absorbed_nodes, compare_with_strict, semantics_notes
 from .judge.hints import criterion_hints
-from .judge.written import (CheckResult, Judged, judge_mixed, judge_written_plan, worst_of,
+from .stages.written import (CheckResult, Judged, judge_mixed, judge_written_plan, worst_of,
                             write_and_judge)
 from .judge.criteria import Judgement, Verdict
 from .judge.precision import Precision, precision as low_precision
 from .judge.verdict import decide, on_tensorrt
 from .search.journal import Journal
 from .outputs.outdir import OutputDir
-from .outputs.report import write_report
-from .outputs.write import write_outputs
+from .reports.report import write_report
+from .reports.write import write_outputs
 from .search.minimal import Progress
-from .search.stage import SearchStage, prefetch_nodes
+from .stages.search import SearchStage, prefetch_nodes
 from .search.prior import ConstantStats, build_prior, constant_stats
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _load(model_path: str | Path, opts: Options, out_dir: Path | None,
     """The model with its samples and FP32 reference, and the output folder's cache; what
     the folder or the memory cannot take is refused first, not after the search."""
     if opts.report:
-        from .outputs.report import require_matplotlib
+        from .reports.report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
     if out_dir is not None:  # refuse now, not after the search, what the folder cannot take
@@ -143,7 +144,7 @@ def _load(model_path: str | Path, opts: Options, out_dir: Path | None,
     ctx = prepare(model_path, opts, cache=cache if opts.resume else None, spool=cache)
     assert ctx.prepared is not None
     if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
-        from .judge.stability import guard_memory
+        from .stages.stability import guard_memory
         guard_memory(ctx.every_sample, ctx.every_reference, opts.stability)
     return ctx, cache
 
@@ -254,7 +255,7 @@ def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
 
 
 def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
-    """The verdict the written plan's certificate allows (judge/spread.py: `fragile` where
+    """The verdict the written plan's certificate allows (stages/spread.py: `fragile` where
     no plan has the margin), and the criteria that may fit better (judge/hints.py)."""
     validated = (result.validation or {}).get("passed")
     verdict = decide(result.verdict, certified=None if cert is None else cert.certified,
@@ -286,7 +287,7 @@ def _unjudgeable(ctx: Context, record: dict, base: dict,
         return RunResult("reference_invalid", fp32_nodes=[], evaluations=0, inferences=0,
                          errors_before={}, errors_after={}, reference_problems=problems,
                          **record, **base)
-    from .judge.reproducible import unstable
+    from .stages.reproducible import unstable
     moving = unstable(ctx.graph, ctx.every_sample[0], threads)
     if moving:
         return RunResult("reference_unstable", fp32_nodes=[], evaluations=0, inferences=0,
@@ -401,7 +402,7 @@ def _fingerprint(ctx: Context, opts: Options) -> dict:
 
 def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
     """The noise floor of the error around the final and the all-FP16 plan (stability.py)."""
-    from .judge.stability import measure_stability
+    from .stages.stability import measure_stability
 
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
     return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
@@ -432,7 +433,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
     FP32 nodes than the emulator did, its plan becomes the plan. Engines are judged by the
     run's criteria. `--workers N` builds on up to N visible GPUs at once (`say` tells how many).
     """
-    from .search.trt import TrtSearchOptions, run_trt_search
+    from .stages.trt import TrtSearchOptions, run_trt_search
 
     ctx = prepare(result.model_path, opts)
     report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt",
@@ -529,7 +530,7 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
 def require_reproducible(ctx: Context, threads: int | None) -> None:
     """`check` and `compare`: a reference two runs do not reproduce (random ops) is refused,
     exit 8, naming the op (`run` gives it a verdict of its own)."""
-    from .judge.reproducible import unstable
+    from .stages.reproducible import unstable
     moving = unstable(ctx.graph, ctx.every_sample[0], threads)
     if moving:
         raise TrtBisectError(f"the FP32 reference is not reproducible: {'; '.join(moving)}",

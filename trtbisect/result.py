@@ -15,7 +15,7 @@ from .diagnosis.diagnose import Culprit
 from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
 from .judge.criteria import Criteria
-from .outputs.mixed import Written
+from .judge.mixed import Written
 from .outputs.render import RenderContext
 from .search.minimal import SearchResult
 
@@ -53,7 +53,7 @@ class JudgedRecord(TypedDict, total=False):
 
 
 class AimedSearch(TypedDict):
-    """One search again inside the certificate's bound (judge/spread.py)."""
+    """One search again inside the certificate's bound (stages/spread.py)."""
     round: int
     ceiling: object
     found: bool
@@ -201,7 +201,7 @@ class RunResult(Found[Culprit, TensorStats]):
     validation: ValidationRecord | None = None  # the written plan on unseen samples
     criterion_hints: list[Hint] | None = None
     culprit_groups: list[CulpritGroup] | None = None
-    errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (judge/strict.py)
+    errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (stages/strict.py)
     strict_only_culprits: list[str] | None = None  # failing only under per-node rounding
     stability: Stability | None = None
     partial: Partial | None = None

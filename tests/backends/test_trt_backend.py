@@ -29,7 +29,7 @@ from trtbisect.backends import trt as trt_backend
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
 from trtbisect.graph import node_names
-from trtbisect.search.trt import TrtSearchOptions, run_trt_search
+from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 
 BLOCK = """
 import importlib.abc, sys

@@ -10,9 +10,9 @@ import pytest
 from tests.conftest import save_zoo_model
 from tests.test_cli import assert_one_line_error, invoke
 from tests.backends.test_trt_backend import LN, fake
-from trtbisect.data.limits import EVAL_TIMEOUT
+from trtbisect.base.limits import EVAL_TIMEOUT
 from trtbisect.judge.flags import parse_criteria
-from trtbisect.search.trt import TrtSearchOptions, run_trt_search
+from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 
 SECONDS = 0.5  # far above the fake's execution of these models (milliseconds)
 HANG = "mlp/Relu"  # an engine that leaves it FP16 never finishes
@@ -50,7 +50,7 @@ def test_an_engine_left_running_is_never_run_again(monkeypatch, zoo, tmp_path):
     """A stuck engine is set aside: the same plan builds a fresh one from the cache (and hangs
     again, as TensorRT would), while other plans run on."""
     from trtbisect.backends.trt import TrtBackend
-    from trtbisect.data.limits import EvalTimeout
+    from trtbisect.base.limits import EvalTimeout
 
     fake.install(monkeypatch, hang=HANG)
     z = zoo[LN]
@@ -68,7 +68,7 @@ def test_an_engine_left_running_is_never_run_again(monkeypatch, zoo, tmp_path):
 
 def test_the_run_hands_its_eval_timeout_to_the_tensorrt_search_and_its_gpu_workers():
     from trtbisect.context import Options
-    from trtbisect.data.limits import Limits
+    from trtbisect.base.limits import Limits
 
     opts = Options(limits=Limits(eval_timeout=7.0))
     t = TrtSearchOptions.of(opts)

@@ -37,7 +37,7 @@ from trtbisect.outputs import render
 from trtbisect.backends import trt as trt_backend
 from trtbisect.backends import trt_surface
 from trtbisect.errors import TrtBisectError
-from trtbisect.search.trt import TrtSearchOptions, run_trt_search
+from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 
 ROOT = Path(__file__).resolve().parents[2]
 TRT_PY = ROOT / "trtbisect" / "backends" / "trt.py"
@@ -433,8 +433,8 @@ def test_the_fakes_inspector_writes_its_releases_format(monkeypatch, zoo, tmp_pa
 
 def snippet_context(tmp: Path, zoo) -> tuple[render.RenderContext, list[str]]:
     """A plan of the zoo model, its files on disk, and a dynamic input (profile lines)."""
-    from trtbisect.outputs.mixed import write_mixed_onnx
-    from trtbisect.outputs.files import save_model
+    from trtbisect.judge.mixed import write_mixed_onnx
+    from trtbisect.base.files import save_model
     z = zoo[LN]
     plan = sorted(z.expected_fp32)
     save_model(tmp / "model.onnx", z.model)

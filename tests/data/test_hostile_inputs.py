@@ -24,7 +24,7 @@ from trtbisect.data.sources import iter_items
 from trtbisect.data.store import SampleSet
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
-from trtbisect.data.limits import Limits
+from trtbisect.base.limits import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,7 +195,7 @@ def test_a_plan_whose_loop_never_ends_fails_by_the_eval_timeout(tmp_path):
     assert r.exit_code == 0, r.output  # the written plan finishes, and passes
     fp16 = tmp_path / "fp16.onnx"
     from trtbisect.judge.loadable import InputCheck
-    from trtbisect.outputs.mixed import mixed_model
+    from trtbisect.judge.mixed import mixed_model
     # the model fails the checker itself (a Loop body output of the wrong rank): its copy is
     # held to loading in ONNX Runtime, said explicitly (before, the last run's record said it)
     mixed_model(Graph.from_path(model), frozenset()).save(fp16, held=InputCheck(model))
@@ -309,7 +309,7 @@ def test_a_100k_character_node_name_is_shortened_in_the_reports(tmp_path):
 
 
 def test_shortened_keeps_both_ends_and_says_the_length():
-    from trtbisect.outputs.escape import KEEP, LONG, shortened, shown_text
+    from trtbisect.base.escape import KEEP, LONG, shortened, shown_text
     assert shortened("a" * LONG) == "a" * LONG
     name = "x" * 10 + "m" * 1000 + "y" * 10
     got = shortened(f"keep {name} in FP32")
@@ -370,7 +370,7 @@ def test_a_hook_score_beyond_float_is_inf(two, tmp_path):
 
 
 def test_sizes_read_as_people_write_them():
-    from trtbisect.data.limits import parse_size
+    from trtbisect.base.limits import parse_size
     assert [parse_size(s) for s in ("100", "1K", "512M", "2G", "1.5GiB", "3t")] == [
         100, 1024, 512 << 20, 2 << 30, 3 << 29, 3 << 40]
     for bad in ("", "-1", "1e3", "lots", "5 apples"):

@@ -14,7 +14,7 @@ from trtbisect.diagnosis.detect import CAUSES, detect, flushed_at, group_culprit
 from trtbisect.diagnosis.facts import Facts
 from trtbisect.graph import Graph
 from trtbisect.context import Context, Options
-from trtbisect.judge.layerwise import layerwise
+from trtbisect.stages.layerwise import layerwise
 from trtbisect.search.prior import constant_stats
 
 IDENT = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -20,7 +20,7 @@ from trtbisect.diagnosis.diagnose import CulpritGroup, diagnose, group_culprits
 from trtbisect.backends.ort import Reference
 from trtbisect.graph import Graph
 from trtbisect.context import Context, Options
-from trtbisect.judge.layerwise import layerwise
+from trtbisect.stages.layerwise import layerwise
 from trtbisect.pipeline import run
 from trtbisect.search.prior import constant_stats
 

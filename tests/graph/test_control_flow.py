@@ -17,7 +17,7 @@ from trtbisect.backends.ort import Emulator, MixedModel, Reference
 from trtbisect.judge.compare import Tolerance
 from trtbisect.graph import Graph, with_node_names
 from trtbisect.judge.loadable import checker_problem, runtime_problem
-from trtbisect.outputs.mixed import mixed_model
+from trtbisect.judge.mixed import mixed_model
 from trtbisect.context import Options
 from trtbisect.pipeline import check_mixed, run
 
@@ -124,7 +124,7 @@ def test_run_finds_the_exact_set_and_check_agrees(name, semantics, tmp_path):
 # ------------------------------------------------------------------ never a silent "FP16 is fine"
 
 def test_a_contrib_op_is_listed_as_unjudged_and_as_unsupported_by_tensorrt():
-    from trtbisect.judge import coverage
+    from trtbisect.stages import coverage
 
     g = Graph(PLANTED["contrib_fused_matmul"].model)
     assert g.types["mm"] == onnx.TensorProto.FLOAT  # typed past the op onnx does not know
@@ -276,7 +276,7 @@ def test_a_culprit_inside_a_pytorch_branch_keeps_its_module(tmp_path):
 
 
 def test_default_domain_ops_without_fp16_or_importer_are_listed():
-    from trtbisect.judge import coverage
+    from trtbisect.stages import coverage
 
     nodes = [onnx.helper.make_node("Celu", ["x"], ["c"], name="celu"),  # float only: no FP16
              onnx.helper.make_node("Relu", ["c"], ["r"], name="relu"),

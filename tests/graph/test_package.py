@@ -10,7 +10,7 @@ import trtbisect.graph
 from tests.test_imports import PACKAGE, import_graph
 
 # Bottom first: each module may import only the ones before it (docs/architecture.md's row).
-ORDER = ["control_flow", "schema", "names", "inline", "weights", "float_types", "repair", "load",
+ORDER = ["modules", "control_flow", "schema", "names", "inline", "weights", "float_types", "repair", "load",
          "core"]
 ROOT = PACKAGE.parent
 

@@ -21,8 +21,8 @@ from trtbisect.outputs import render
 from trtbisect.cli import main
 from trtbisect.judge.precision import BF16
 from trtbisect.context import Options, prepare
-from trtbisect.judge.evaluator import Evaluator
-from trtbisect.judge.layerwise import layerwise
+from trtbisect.stages.evaluator import Evaluator
+from trtbisect.stages.layerwise import layerwise
 from trtbisect.pipeline import check_mixed, run
 from trtbisect.rewrites.rules import REWRITES, rewrites_for
 
@@ -137,7 +137,7 @@ def test_one_judge_in_bf16_for_random_unit_plans_under_trt_semantics(tmp_path):
     """The trt-semantics cases of the FP16 one-judge test, in BF16 (TF32 on and off)."""
     from tests.judge.test_one_judge import TRT_CASES
     from trtbisect.judge import semantics
-    from trtbisect.judge import written as judge_written
+    from trtbisect.stages import written as judge_written
     for name in sorted(TRT_CASES):
         model, inputs = TRT_CASES[name]
         path = tmp_path / "m.onnx"
@@ -373,7 +373,7 @@ def test_polygraphy_checks_the_bf16_mixed_model_on_onnx_runtime(tmp_path):
     pytest.importorskip("polygraphy")
     from trtbisect.backends.ort import emulation_of_mixed
     from trtbisect.graph import Graph
-    from trtbisect.outputs.mixed import Written, mixed_model
+    from trtbisect.judge.mixed import Written, mixed_model
     from trtbisect.judge.semantics import Rules
     poly = Path(sys.executable).parent / "polygraphy"
     if not poly.exists():

@@ -1,12 +1,12 @@
 """The run's verdict decided in one place (judge/verdict.py), and the certificate's decision
-rules (judge/spread.py): what `fixed` needs, what makes it `fragile` at once."""
+rules (stages/spread.py): what `fixed` needs, what makes it `fragile` at once."""
 
 from __future__ import annotations
 
 import pytest
 
 from trtbisect.judge.compare import Tolerance
-from trtbisect.judge.spread import (AIM_FACTOR, SPREAD_SHARE, Certificate, OutputMargin)
+from trtbisect.stages.spread import (AIM_FACTOR, SPREAD_SHARE, Certificate, OutputMargin)
 from trtbisect.judge.verdict import PASSING, decide, on_tensorrt
 from trtbisect.result import VERDICT_EXIT
 

@@ -158,7 +158,7 @@ def test_stability_is_bounded(tmp_path, monkeypatch):
     line = one_error_line(invoke("run", tmp_path / "m.onnx", "--stability", "1000",
                                  "--out", tmp_path / "out"))
     assert "0<=x<=100" in line
-    monkeypatch.setattr("trtbisect.data.limits.memory_limit", lambda: 1000)  # 100 copies of 32 B
+    monkeypatch.setattr("trtbisect.base.limits.memory_limit", lambda: 1000)  # 100 copies of 32 B
     line = one_error_line(invoke("run", tmp_path / "m.onnx", "--stability", "100",
                                  "--out", tmp_path / "out"))
     assert "--stability 100" in line and "half of this machine's memory" in line

@@ -18,7 +18,7 @@ from tests.judge.test_semantics_pipeline import DEMO, PLANTED, _judge_agrees, _s
 from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator
 from trtbisect.graph import Graph
-from trtbisect.outputs.mixed import mixed_model
+from trtbisect.judge.mixed import mixed_model
 from trtbisect.context import Options
 from trtbisect.pipeline import check_mixed, run
 

@@ -16,8 +16,8 @@ from trtbisect.context import Options, prepare
 from trtbisect.errors import TrtBisectError
 from trtbisect.judge.loadable import (InputCheck, checker_problem, require_written_valid,
                                       runtime_problem)
-from trtbisect.judge.written import judge_mixed
-from trtbisect.outputs.mixed import graph_model
+from trtbisect.stages.written import judge_mixed
+from trtbisect.judge.mixed import graph_model
 from trtbisect.pipeline import run
 
 FORGIVEN = "as the model given does"

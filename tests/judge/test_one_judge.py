@@ -15,11 +15,11 @@ from tests.conftest import save_zoo_model, x_to_y
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.graph import Graph
-from trtbisect.judge import written
-from trtbisect.outputs.mixed import mixed_model
+from trtbisect.stages import written
+from trtbisect.judge.mixed import mixed_model
 from trtbisect.context import Options, prepare
-from trtbisect.judge.evaluator import Evaluator
-from trtbisect.judge.layerwise import layerwise
+from trtbisect.stages.evaluator import Evaluator
+from trtbisect.stages.layerwise import layerwise
 from trtbisect.pipeline import check_mixed, run
 
 ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
@@ -166,7 +166,7 @@ def test_external_data_model_runs_by_reference_and_its_files_check(tmp_path):
 
 
 def test_written_models_go_external_above_the_embed_limit(tmp_path, monkeypatch):
-    from trtbisect.outputs import mixed
+    from trtbisect.judge import mixed
     path = _external_data_model(tmp_path)
     monkeypatch.setattr(mixed, "EMBED_LIMIT", 1024)
     g = Graph.from_path(path)

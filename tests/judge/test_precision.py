@@ -15,7 +15,7 @@ from trtbisect.backends.ort import Emulator, MixedModel
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
 from trtbisect.judge.precision import BF16, FP16, precision
-from trtbisect.outputs.mixed import mixed_model
+from trtbisect.judge.mixed import mixed_model
 from trtbisect.judge.semantics import Rules, round_weight
 
 

@@ -18,7 +18,7 @@ from tests.test_cli import invoke
 from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator, MixedModel
 from trtbisect.graph import Graph
-from trtbisect.outputs.mixed import mixed_model
+from trtbisect.judge.mixed import mixed_model
 from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
 from trtbisect.pipeline import check_mixed, run

@@ -13,7 +13,7 @@ import pytest
 from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.settings import JudgeSettings
-from trtbisect.data.limits import Limits
+from trtbisect.base.limits import Limits
 from trtbisect.context import Options, prepare
 from trtbisect.pipeline import _fingerprint, run
 

@@ -440,7 +440,7 @@ def test_a_polygraphy_statistic_is_clear_by_either_of_its_rules():
     threshold), not a negative |d| - atol."""
     from trtbisect.judge.compare import Tolerance
     from trtbisect.judge.flags import parse_criteria
-    from trtbisect.judge.spread import _score_margins
+    from trtbisect.stages.spread import _score_margins
 
     crit = parse_criteria(stats=["quantile"], quantiles=["0.99"])
     ref = {"y": np.linspace(50, 100, 256)}
@@ -458,7 +458,7 @@ def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
     its error does not show: here the aimed bound (the margin), and the Pareto front runs
     through passing plans only (#46 item 4)."""
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.outputs.report import failing_below, pareto_front, tradeoff_points
+    from trtbisect.reports.report import failing_below, pareto_front, tradeoff_points
     from trtbisect.context import Options
     from trtbisect.pipeline import run
     from tests.models.make_models import precision_loss

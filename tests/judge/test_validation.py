@@ -1,5 +1,5 @@
 """Validation on samples the search never saw (judge/validation.py), and the certificate that
-decides instead of chasing noise (judge/spread.py, search/stage.py `aim`)."""
+decides instead of chasing noise (stages/spread.py, stages/search.py `aim`)."""
 
 from __future__ import annotations
 
@@ -161,8 +161,8 @@ def test_a_spread_as_large_as_the_effect_is_fragile_at_once(tmp_path):
 
 
 def test_aimed_rounds_share_a_fraction_of_the_first_search():
-    from trtbisect.judge.spread import AIM_FLOOR
-    from trtbisect.search.stage import aim_allowance
+    from trtbisect.stages.spread import AIM_FLOOR
+    from trtbisect.stages.search import aim_allowance
     assert aim_allowance(0) == AIM_FLOOR
     assert aim_allowance(1000) == 200  # at most 20% more evaluations than the search
 
@@ -171,7 +171,7 @@ def test_retarget_carries_known_failures_to_a_tighter_bound(tmp_path):
     """A plan that failed under the looser bound is not judged again under the aimed one."""
     from trtbisect.context import Options, prepare
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.judge.evaluator import Evaluator
+    from trtbisect.stages.evaluator import Evaluator
 
     from tests.judge.test_trust import _matmul
     _, path, inputs = _matmul(tmp_path)
@@ -216,7 +216,7 @@ def test_a_metric_plan_needs_its_score_clear_of_the_threshold_by_the_spread():
     when the margin exceeds that move (#46 item 3)."""
     from trtbisect.judge.compare import Tolerance
     from trtbisect.judge.flags import parse_criteria
-    from trtbisect.judge.spread import _score_margins
+    from trtbisect.stages.spread import _score_margins
 
     crit = parse_criteria(metrics=["cosine:0.99"])
     rng = np.random.default_rng(0)
@@ -259,7 +259,7 @@ def test_fp16_as_it_is_passing_only_its_searched_sample_is_not_fp16_ok(tmp_path)
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["verdict"] == "unvalidated" and written["fp32_nodes"] == []
     assert written["validation"]["passed"] is False
-    from trtbisect.outputs.report import verdict_line
+    from trtbisect.reports.report import verdict_line
     from trtbisect.context import Options
     from trtbisect.pipeline import run
     r = run(path, Options(inputs=files, semantics="strict"))

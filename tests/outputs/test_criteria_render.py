@@ -52,7 +52,7 @@ def demo_files(tmp_path_factory):
     criterion here) and the plan minus one node."""
     from trtbisect.backends.ort import emulation_of_mixed
     from trtbisect.graph import Graph
-    from trtbisect.outputs.mixed import Written, mixed_model
+    from trtbisect.judge.mixed import Written, mixed_model
     out = tmp_path_factory.mktemp("demo")
     r = run(DEMO, Options(inputs=[str(DATA)]), out / "run")
     files = {"plan": out / "run" / "demo.mixed.onnx"}

@@ -31,7 +31,7 @@ from click.testing import CliRunner
 
 from tests.fuzz.make_cases import HOSTILE, overflow_model
 from trtbisect.cli import main
-from trtbisect.outputs.escape import md_code, md_text, visible
+from trtbisect.base.escape import md_code, md_text, visible
 from trtbisect.outputs.render import parse_trtexec_spec
 
 pytest.importorskip("matplotlib")  # --report

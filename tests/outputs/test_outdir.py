@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from tests.fuzz.make_cases import overflow_model
 from trtbisect.outputs import outdir as outdir_mod
-from trtbisect.outputs import cache as result_cache
+from trtbisect.base import cache as result_cache
 from trtbisect.cli import main
 
 X = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
@@ -241,7 +241,7 @@ def test_an_older_trtbisects_folder_is_taken_over(model, tmp_path):
 
 def _fail_writing(monkeypatch, name: str):
     """The write of `name` fails as a full disk would (after the generation began)."""
-    from trtbisect.outputs import files
+    from trtbisect.base import files
 
     real = files.atomic_write
 

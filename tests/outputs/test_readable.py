@@ -260,7 +260,7 @@ def test_every_sentence_says_the_numbers_it_describes(tmp_path, name, budget):
     downward, "keep these N nodes" counts the group's nodes, and report.html's "Every node of
     the plan (N)" counts the plan's nodes (not the boundary Casts' row)."""
     from tests.models.make_models import zoo
-    from trtbisect.outputs.report import render_html
+    from trtbisect.reports.report import render_html
     from trtbisect.context import Options
     from trtbisect.pipeline import run
 

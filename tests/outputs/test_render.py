@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from tests.conftest import save_zoo_model
-from trtbisect.outputs.files import npz_bytes
+from trtbisect.base.files import npz_bytes
 from trtbisect.outputs import render as rd
 from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
@@ -203,7 +203,7 @@ def test_polygraphy_check_passes_on_the_mixed_model_and_fails_all_fp16(odd_run):
     pytest.importorskip("polygraphy")
     from trtbisect.backends.ort import emulation_of_mixed
     from trtbisect.graph import Graph
-    from trtbisect.outputs.mixed import Written, mixed_model
+    from trtbisect.judge.mixed import Written, mixed_model
 
     result, out, model, _ = odd_run
     poly = _tool("polygraphy")

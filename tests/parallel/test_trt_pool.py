@@ -16,7 +16,7 @@ import pytest
 from tests.backends.test_trt_backend import LN, fake
 from trtbisect.parallel import trt_pool
 from trtbisect.parallel.pool import DIE_ONCE_ENV
-from trtbisect.search.trt import TrtSearchOptions, run_trt_search
+from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 
 FUSED = (("ln/Sub", "ln/Pow"),)  # TensorRT disagrees with the emulator: a refinement runs
 

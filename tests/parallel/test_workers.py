@@ -16,7 +16,7 @@ from trtbisect.judge.compare import OutputError
 from trtbisect.judge.criteria import Judgement
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.parallel import judge as pjudge, plan_workers
-from trtbisect.parallel.batch import chunks
+from trtbisect.stages.batch import chunks
 from trtbisect.parallel.pool import DIE_ONCE_ENV
 from trtbisect.context import Options
 from trtbisect.pipeline import check_mixed, run
@@ -239,7 +239,7 @@ def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, 
     all-FP16 verdict's inference time; building a session must not count (on the 20k-node
     transformer it did, and started workers for a 10-evaluation search)."""
     from trtbisect import pipeline
-    from trtbisect.parallel import batch
+    from trtbisect.stages import batch
     from trtbisect.backends import ort as ort_backend
 
     z, model, inputs = deep

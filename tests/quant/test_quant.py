@@ -51,7 +51,7 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
     model, inputs = _files(p, tmp_path)
     r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
     # the written file judged again under ORT's own optimizations (its QDQ fusions) and other
-    # threads: `fixed` only with the margin over that spread, else `fragile` (judge/spread.py)
+    # threads: `fixed` only with the margin over that spread, else `fragile` (stages/spread.py)
     assert r.verdict == ("fixed" if r.certified["certified"] else "fragile"), r.to_json()
     assert set(r.plan) == p.plan
     assert r.one_minimal
@@ -781,7 +781,7 @@ def test_report_pages_escape_a_hostile_layer_name(tmp_path):
     pytest.importorskip("matplotlib")
     from tests.fuzz.make_cases import HOSTILE
     from tests.outputs.test_hostile_names import Tags, _markdown_tokens, _structure, controls
-    from trtbisect.outputs.escape import visible
+    from trtbisect.base.escape import visible
 
     evil = HOSTILE[0] + HOSTILE[2]
     p = qm.residual()

@@ -258,7 +258,7 @@ def test_the_journal_is_not_replayed_under_other_judge_settings(tmp_path):
     or --trt-version judges afresh (its journal is set aside, never trusted)."""
     from dataclasses import replace
 
-    from trtbisect.data.limits import Limits
+    from trtbisect.base.limits import Limits
 
     p = qm.fp16_side()
     model, inputs = _files(p, tmp_path)

@@ -1,4 +1,4 @@
-"""The aimed rounds (search/stage.py `aim`) start from what the first search learned and share
+"""The aimed rounds (stages/search.py `aim`) start from what the first search learned and share
 an allowance of its evaluations; a round that runs out decides `fragile` at once (#45 item 3).
 On the planted detector of test_aimed_resume.py: the first search finds {conv1}, which passes
 its bound by less than the spread, and one aimed round keeps conv1 and the head."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 from tests.search.test_aimed_resume import _planted
-from trtbisect.search import stage
-from trtbisect.search.stage import aim_allowance
+from trtbisect.stages import search as stage
+from trtbisect.stages.search import aim_allowance
 
 
 def _run(tmp_path, name: str):

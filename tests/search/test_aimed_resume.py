@@ -1,4 +1,4 @@
-"""An aimed search (judge/spread.py: the margin too thin, the bound capped inside the spread)
+"""An aimed search (stages/spread.py: the margin too thin, the bound capped inside the spread)
 journals its verdicts like the first search, each under its own bound: a killed run resumes
 them to the plan an uninterrupted run reaches, and a verdict under one bound is never replayed
 under another."""
@@ -16,9 +16,9 @@ import pytest
 
 from tests.judge.test_trust import _conv_detector
 from trtbisect.judge.compare import Tolerance, compare_outputs
-from trtbisect.judge.evaluator import Evaluator
+from trtbisect.stages.evaluator import Evaluator
 from trtbisect.search.journal import Journal
-from trtbisect.search.stage import aimed_scope
+from trtbisect.stages.search import aimed_scope
 
 # The detector head's error with conv1 alone kept FP32, over all-FP16's: the first search finds
 # {conv1}, passing a bound a hair above it by less than the spread, and one aimed round

@@ -13,7 +13,7 @@ from tests.models.make_models import zoo
 from trtbisect.cli import main
 from trtbisect.context import Options
 from trtbisect.pipeline import check_mixed, run
-from trtbisect.outputs.report import pareto_front
+from trtbisect.reports.report import pareto_front
 
 
 @pytest.fixture(scope="module")

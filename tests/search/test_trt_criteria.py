@@ -24,7 +24,7 @@ from tests.parallel.test_trt_pool import FUSED, install_fake
 from trtbisect.judge.compare import Tolerance
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
 from trtbisect.judge.flags import parse_criteria
-from trtbisect.search.trt import TrtSearchOptions, run_trt_search
+from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 
 TIGHT = Tolerance(rtol=1e-4)  # `healthy`'s all-FP16 output misses it (rel 5e-4)
 

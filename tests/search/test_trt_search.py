@@ -8,7 +8,7 @@ from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
 from trtbisect.judge.flags import criteria_flags, parse_criteria
 from trtbisect.judge.settings import criteria_digest
-from trtbisect.search.trt import TrtSearchOptions
+from trtbisect.stages.trt import TrtSearchOptions
 
 
 def test_the_runs_flags_reach_the_trt_search():

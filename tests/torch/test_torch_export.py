@@ -17,7 +17,7 @@ from trtbisect.cli import main  # noqa: E402
 from trtbisect.errors import TrtBisectError  # noqa: E402
 from trtbisect.torch.export import (ExportOptions, export, load_torch_model,  # noqa: E402
                               parse_input_specs, resolve_model_arg)
-from trtbisect.torch.modules import module_of  # noqa: E402
+from trtbisect.graph.modules import module_of  # noqa: E402
 
 FILE = Path(__file__).parents[1] / "models" / "torch_models.py"
 

@@ -1,4 +1,4 @@
-"""ONNX node -> PyTorch module mapping (trtbisect.torch.modules): pure, no torch needed."""
+"""ONNX node -> PyTorch module mapping (trtbisect.graph.modules): pure, no torch needed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from trtbisect.torch.modules import (MODULES_KEY, ancestors, module_label, module_of, rebuild_path,
+from trtbisect.graph.modules import (MODULES_KEY, ancestors, module_label, module_of, rebuild_path,
                                scope_components, unqualified, within)
 
 

@@ -39,9 +39,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..data import limits
+from ..base import limits
 from ..errors import TrtBisectError
-from ..data.spill import release_pages, spill
+from ..base.spill import release_pages, spill
 from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
                      node_reads, structure, subgraphs, walk, walk_graphs)
 from ..judge.precision import FP16, Precision

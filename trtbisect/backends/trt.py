@@ -1,10 +1,10 @@
 """TensorRT backend: engines built and run on the user's NVIDIA GPU (the search that drives
-them is trtbisect/search/trt.py).
+them is trtbisect/stages/trt.py).
 
 TensorRT 10 (weak typing): one network per plan, built with BuilderFlag.FP16 and
 OBEY_PRECISION_CONSTRAINTS; every network layer the ONNX parser made for a plan node gets
 `layer.precision = float32` and FP32 outputs. TensorRT 11 removed weak typing: each plan is
-rendered by `trtbisect.outputs.mixed.write_mixed_onnx` and built strongly typed. The version is read at
+rendered by `trtbisect.judge.mixed.write_mixed_onnx` and built strongly typed. The version is read at
 run time. Engines are cached on disk under a key of model bytes, FP32 nodes and TensorRT version;
 a shared timing cache makes rebuilds cheap. Device memory goes through cuda-python
 (`cuda.bindings.runtime`). Importing this module needs none of TensorRT, CUDA or a GPU; what
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from trtbisect.data import limits
+from trtbisect.base import limits
 from trtbisect.judge import trt_layers as tl
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import TrtBisectError, require
 from trtbisect.graph import Graph, load_model, node_names, with_node_names
-from trtbisect.outputs.files import atomic_write, save_model
+from trtbisect.base.files import atomic_write, save_model
 
 if TYPE_CHECKING:  # annotations only: mypy checks them against the TensorRT 10.13 stubs
     import tensorrt as trt
@@ -316,7 +316,7 @@ class _Engine:
         return floats, times
 
     def _execute(self, clock: _Clock, seconds: float | None) -> float:
-        """One execution, to its end, in ms; on a helper thread (data/limits.py
+        """One execution, to its end, in ms; on a helper thread (base/limits.py
         `interruptible`), so that Ctrl-C and SIGTERM are seen at once and `seconds` bounds it
         (EvalTimeout). Nothing stops an engine's execution once enqueued (TensorRT and CUDA
         have no call for it): one past the bound, or interrupted, is left behind, and this
@@ -442,7 +442,7 @@ class TrtBackend:
                  typing: str = "auto", layerwise: str = "auto", tf32: bool = False,
                  eval_timeout: float | None = None) -> None:
         """`eval_timeout`: seconds one engine execution may run (None: the process's
-        --eval-timeout, data/limits.py); past it, EvalTimeout (`_Engine.infer`)."""
+        --eval-timeout, base/limits.py); past it, EvalTimeout (`_Engine.infer`)."""
         self.trt_version = _ensure_tensorrt()
         ok, self.device = _device_summary()
         if not ok:
@@ -554,7 +554,7 @@ class TrtBackend:
     def _plan_model(self, fp32: frozenset[str], reference: bool = False) -> onnx.ModelProto:
         if not self.strong or reference:
             return self.model
-        from trtbisect.outputs.mixed import write_mixed_onnx
+        from trtbisect.judge.mixed import write_mixed_onnx
         return write_mixed_onnx(self.model, set(fp32))
 
     def _infer(self, spec: _Spec, feeds: Feeds, listener: Any = None, **timing: int

@@ -15,7 +15,7 @@ from onnx import helper
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from .limits import memory_limit
+from ..base.limits import memory_limit
 
 Sample = dict[str, np.ndarray]
 
@@ -310,6 +310,6 @@ def _split_samples(graph: Graph, arrays: Mapping[str, np.ndarray], source: str,
         raise TrtBisectError(f"{source}: stack every input along a leading sample axis of the "
                              "same length, or none")
     n = counts.pop()
-    from .limits import DEFAULT, Limits, check_count
+    from ..base.limits import DEFAULT, Limits, check_count
     check_count(n, DEFAULT if max_samples is None else Limits(samples=max_samples), source)
     return [{name: arrays[name][k, ...] for name in wanted} for k in range(n)]  # 0-d stays an array

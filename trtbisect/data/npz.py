@@ -31,7 +31,7 @@ from ..errors import TrtBisectError
 from ..graph import Graph
 from .inputs import (Sample, member_name, read_npz, guard_size, npy_header, npz_members,
                       validate_npz)
-from .limits import MAX_SAMPLES
+from ..base.limits import MAX_SAMPLES
 
 _READ_ERRORS = (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, struct.error,
                 zlib.error, zipfile.BadZipFile, zipfile.LargeZipFile)

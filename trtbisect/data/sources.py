@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from ..graph import Graph
-from .limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
+from ..base.limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
 from . import npz
 from .inputs import (Sample, member_name, check_sample, check_shape_names, guard_random_samples,
                       npy_header, npz_samples, random_sample)

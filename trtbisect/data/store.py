@@ -25,9 +25,9 @@ import numpy as np
 
 from ..errors import TrtBisectError
 from .inputs import read_npz
-from .limits import memory_limit
-from .limits import DEFAULT as DEFAULT_LIMITS, Limits, Meter
-from ..outputs import cache as result_cache
+from ..base.limits import memory_limit
+from ..base.limits import DEFAULT as DEFAULT_LIMITS, Limits, Meter
+from ..base import cache as result_cache
 from .sources import Item
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class _Spool:
         self.meter = meter or spool_meter()
 
     def write(self, k: int, arrays: Mapping[str, np.ndarray]) -> Path:
-        from ..outputs.files import npz_bytes
+        from ..base.files import npz_bytes
         data = npz_bytes(arrays)
         self.meter.add(len(data), f"{self._prefix.rstrip('-')} {k}")
         if self.folder is None:
@@ -80,7 +80,7 @@ class _Spool:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    from ..outputs.files import atomic_write
+    from ..base.files import atomic_write
 
     def write(tmp: str) -> None:
         Path(tmp).write_bytes(data)
@@ -239,7 +239,7 @@ def reference_set(graph, samples: SampleSet, threads: int | None, model_sha: str
             ref = ref or Reference(graph, threads)
             outs = ref.run(sample)
             if path is not None:
-                try:  # hash-checked, written without following links (outputs/cache.py)
+                try:  # hash-checked, written without following links (base/cache.py)
                     result_cache.save_arrays(path, outs)
                 except (OSError, TrtBisectError) as exc:  # a cache: never fail the run over it
                     log.info("reference outputs not cached: %s", exc)

@@ -21,7 +21,7 @@ from .detect import detect, group_culprits, scope_of
 from .facts import Evidence, Facts
 from ..graph import Graph, walk, with_node_names
 from ..judge.precision import FP16, Precision
-from ..torch.modules import module_label
+from ..graph.modules import module_label
 from ..search.prior import ConstantStats
 from .wording import Fix, fixes_for, node_why, num, pct, summarize
 

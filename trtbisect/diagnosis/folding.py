@@ -53,7 +53,7 @@ def folded_at_export(pairs: Sequence[Pair], nodes: Iterable[Any]) -> list[Pair]:
     """The pairs whose BatchNorm left no node of its own in the exported ONNX: no node names
     its scope (TorchScript: `/stem/stem.1/BatchNormalization`) or its path (dynamo's node
     metadata). A scope name shared with another module counts as present (no note)."""
-    from ..torch.modules import _from_node_metadata, scope_components, unqualified
+    from ..graph.modules import _from_node_metadata, scope_components, unqualified
 
     scopes: set[str] = set()
     paths: set[str] = set()

@@ -46,7 +46,7 @@ class Weights:
         if own:
             for t in model.graph.initializer:
                 if t.data_location != TensorProto.EXTERNAL and _payload_bytes(t) > SMALL_BYTES:
-                    from ..data.spill import spill
+                    from ..base.spill import spill
                     self._raw[t.name] = spill(initializer_array(t))  # on disk, not twice
                     _mark_stored(t)
 
@@ -71,7 +71,7 @@ class Weights:
         arr = self.raw(name)
         if arr.dtype == np.float16 or arr.dtype.name == "bfloat16":
             if name not in self._float:
-                from ..data.spill import release_pages, spill
+                from ..base.spill import release_pages, spill
                 self._float[name] = spill(arr.astype(np.float32))
                 release_pages([arr])
             return self._float[name]

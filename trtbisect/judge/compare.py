@@ -28,7 +28,7 @@ class Tolerance:
     atol: float = DEFAULT_ATOL
     per_output: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     # per output, a cap on the bound: where a search aims inside the user's bound by the
-    # spread of what the tools compute (judge/spread.py); never set by the user
+    # spread of what the tools compute (stages/spread.py); never set by the user
     ceiling: Mapping[str, float] = field(default_factory=dict)
 
     def for_output(self, name: str) -> tuple[float, float]:

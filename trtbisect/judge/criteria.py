@@ -5,7 +5,7 @@ reads, the bound it is held to, the verdict); a `Hook` (a user's `--check FILE.p
 judges a whole sample. `Criteria` holds the run's criteria and says, sample by sample, whether
 a plan passes (`judge`) and, over samples, whether it passes as a whole (`verdict`: every
 sample, or at least a fraction `pass_rate` of them). The judge of the search and the judge of
-a written file (judge/written.py), precision.json, the tables, the report and the renderings
+a written file (stages/written.py), precision.json, the tables, the report and the renderings
 all read these objects; the search only ever sees pass or fail.
 
 Adding a criterion is one `Entry` in `REGISTRY`: how to read its arguments, score an output,
@@ -381,7 +381,7 @@ def worst_of(judged: Iterable[Judgement], numbers: Sequence[int] | None = None
 
 
 def score_margin_text(key: str, m: Mapping) -> str:
-    """A criterion's margin (judge/spread.py `ScoreMargin`, as precision.json records it) in
+    """A criterion's margin (stages/spread.py `ScoreMargin`, as precision.json records it) in
     words: its score and threshold in their own units, the margin and the spread in severity
     (1 at the threshold), as the console and the reports say it."""
     def g(x) -> str:

@@ -7,7 +7,7 @@ tensors): each sample judged by `Criteria.judge`, the plan passing when `Criteri
 says so, and no sample run once the plan cannot pass any more (`Criteria.hopeless`), since on
 TensorRT every sample is an engine execution. Knows no runtime: `infer` runs the plan. The
 torch run (torch/driver.py) judges its module plans by the same rule (`judge_samples`). An
-execution that runs past --eval-timeout fails its sample, as on the emulator (data/limits.py):
+execution that runs past --eval-timeout fails its sample, as on the emulator (base/limits.py):
 an engine whose Loop never ends is no better than one that overflows.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..data.limits import EvalTimeout
+from ..base.limits import EvalTimeout
 from .compare import Tolerance, compare_outputs
 from .criteria import Criteria, Judgement, timed_out
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from .compare import Tolerance
-from ..data.limits import EVAL_TIMEOUT
+from ..base.limits import EVAL_TIMEOUT
 
 if TYPE_CHECKING:
     from .criteria import Criteria

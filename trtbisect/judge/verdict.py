@@ -6,10 +6,10 @@ that plan may be called, in this order:
 
 1. the written file fails its own judge: `no_plan` (one judge: a file that fails is never
    `fixed`); a plan over the `--budget` whose file passes is `fixed` after all;
-2. it passes by less than the spread of what the tools compute (judge/spread.py), or the
+2. it passes by less than the spread of what the tools compute (stages/spread.py), or the
    certificate decided that no nearer plan can have the margin: `fragile`;
 3. it fails the samples the search never saw (judge/validation.py): `unvalidated`;
-4. a passing verdict on a graph the emulator could not wholly round (judge/coverage.py):
+4. a passing verdict on a graph the emulator could not wholly round (stages/coverage.py):
    `partial` (the judged part passes; the rest ran in FP32).
 
 What `fixed` (and `fp16_ok`) certifies is therefore all of: the written file passes the

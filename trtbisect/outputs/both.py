@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..judge.precision import BF16, FP16
-from .files import atomic_write_text
+from ..base.files import atomic_write_text
 
 PRECISIONS = (FP16, BF16)
 VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no plan",

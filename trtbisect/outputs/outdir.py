@@ -23,7 +23,7 @@ A run writes a generation so:
    The run's own inputs (the model and its external data, the --inputs files) are never moved
    or deleted, listed or not.
 2. every file is listed in the manifest (marked incomplete) before it is written (`claim`,
-   called by files.atomic_write in outputs/files.py); a name where something stands that is
+   called by files.atomic_write in base/files.py); a name where something stands that is
    not trtbisect's (a user's file, a link, a folder) is refused with a one-line error;
 3. `commit` marks the manifest complete, then writes precision.json (`trtbisect torch`'s
    torch_plan.json), last of all;
@@ -34,7 +34,7 @@ A run writes a generation so:
 An exclusive, non-blocking flock on `<out>/.trtbisect.lock` refuses a second concurrent run
 with a one-line error; the kernel releases it when the process dies, so a stale lock cannot
 block the next run. The lock is re-entrant within a process. The lock, the journal, the caches
-and every file are opened or replaced without following links (outputs/files.py).
+and every file are opened or replaced without following links (base/files.py).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..errors import TrtBisectError
-from . import files
+from ..base import files
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class OutputDir:
     @contextmanager
     def locked(self) -> Iterator["OutputDir"]:
         """Hold the folder's lock; a second run (another process) gets a usage error. Every
-        file written under the folder meanwhile is guarded (outputs/files.py)."""
+        file written under the folder meanwhile is guarded (base/files.py)."""
         self._mkdir()
         key = os.path.realpath(self.path)
         created = False
@@ -291,7 +291,7 @@ class Manifest:
         return None
 
     def write(self, folder: Path) -> None:
-        from .files import atomic_write_json
+        from ..base.files import atomic_write_json
         atomic_write_json(folder / MANIFEST, self.to_json())
 
 
@@ -413,7 +413,7 @@ class Generation:
     def commit(self, plan: object, name: str = PLAN) -> None:
         """The manifest says complete, then the plan (precision.json; `trtbisect torch`'s
         torch_plan.json): the plan appears last, with all its files."""
-        from .files import atomic_write_json
+        from ..base.files import atomic_write_json
 
         assert name in PLANS, name
         self.claim(name)

@@ -106,7 +106,7 @@ class RenderContext:
     inner_nodes: tuple[str, ...] = ()  # candidates inside If/Loop/Scan subgraphs
     precision: str = "fp16"  # the low precision of the plan (--precision): fp16 | bf16
     # what AutoCast converts, when not `model`: the FP32 model as TensorRT builds it (under
-    # --semantics trt: folds in FP32, Constant values as weights; outputs/write.py)
+    # --semantics trt: folds in FP32, Constant values as weights; reports/write.py)
     autocast_model: str | None = None
 
     @property

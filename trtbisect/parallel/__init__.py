@@ -14,7 +14,7 @@ Ray's object store, so its numbers are the in-process judge's, bit for bit.
 * `trt_pool.py`: `--backend trt --workers N`: the TensorRT search's plans built on up to N
   visible GPUs, one worker process per GPU (tested on the fake TensorRT only).
 * `batch.py`: the search's `Batch` over the run's evaluator and a pool: journal and scores in
-  the order the search takes results. It drives the evaluator (judge/evaluator.py), which
+  the order the search takes results. It drives the evaluator (stages/evaluator.py), which
   judges with `judge.py`: import it as `parallel.batch`, never from this package's face, or
   the evaluator would import itself through it.
 """

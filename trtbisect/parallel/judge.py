@@ -22,7 +22,7 @@ from ..judge.compare import Tolerance
 from ..errors import TrtBisectError
 from ..judge.criteria import Criteria, Judgement, timed_out
 from ..judge.settings import JudgeSettings, criteria_digest
-from ..data.limits import EvalTimeout, set_eval_timeout
+from ..base.limits import EvalTimeout, set_eval_timeout
 
 Arrays = Mapping[str, np.ndarray]
 Result = tuple[Judgement, list[str]]  # one sample: its judgement, its non-finite watched tensors

@@ -46,7 +46,7 @@ def available_memory() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    from ..data.limits import memory_limit
+    from ..base.limits import memory_limit
     return memory_limit()
 
 

@@ -82,7 +82,7 @@ def emit(result, as_json: bool) -> None:
                   + _boundary_words(c))
     for line in result.reasons:
         out.print(f"  why: {shown(line)}")
-    from ..judge.spread import certificate_lines
+    from ..stages.spread import certificate_lines
     from ..judge.validation import line as validation_line
     for line in certificate_lines(result.certified or {}):
         out.print(f"  {shown(line)}")
@@ -165,7 +165,7 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
     if opts.report:  # before a long search, not after it
         from functools import partial
 
-        from ..outputs.report import require_matplotlib
+        from ..reports.report import require_matplotlib
         from .pages import write_report
         require_matplotlib()
         report = partial(write_report, rtol=opts.tolerance.rtol, default=opts.criteria.default)

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..outputs.escape import visible
+from ..base.escape import visible
 from .qdq import DQ, FP8_MAX, INT_RANGE, Q, Edge, Layer, _initializers, _names
 
 OUTLIER_SHARE = 0.5  # at least this share of an activation below one step: an outlier scale

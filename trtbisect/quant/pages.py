@@ -6,7 +6,7 @@ the plan's culprits with the side each is on (a quantized layer run un-quantized
 node of the file kept in FP32), the diagnosis with its fixes and which of them trtbisect
 applied and judged, the error per output, the search trace and the renderings. report.py's
 helpers draw and escape (its `plot_tradeoff`, `e`, tables, CSS): a model's names are hostile
-input, escaped for Markdown and HTML as the FP16 report escapes them (outputs/escape.py).
+input, escaped for Markdown and HTML as the FP16 report escapes them (base/escape.py).
 
 It sits beside report.py, above the run: quant/console.py hands `write_report` to run(),
 which calls it inside --out's generation (a lower module never imports the report).
@@ -22,9 +22,9 @@ from typing import Sequence
 from rich.text import Text
 
 from ..search.cost import pct as cost_pct
-from ..outputs.escape import md_code, md_fence, md_text
-from ..outputs.files import atomic_write, atomic_write_text
-from ..outputs.report import (CSS, TRACE_ROWS, html_table, md_table, e, e_lines, error_text,
+from ..base.escape import md_code, md_fence, md_text
+from ..base.files import atomic_write, atomic_write_text
+from ..reports.report import (CSS, TRACE_ROWS, html_table, md_table, e, e_lines, error_text,
                       plot_tradeoff, pct_of)
 from ..diagnosis.wording import num
 from .report import NAME as TRADEOFF, rounding_words, tradeoff_png, verdict_line

@@ -138,7 +138,7 @@ def write_calibration(out_dir: Path, source: Path, samples: Sequence[dict]) -> P
     ModelOpt (`source`'s folder holds it when trtbisect quantized the model), else the run's
     samples stacked (a Q/DQ file given as it is: its own calibration data is not known). None
     where the samples do not stack (their shapes differ)."""
-    from ..outputs.files import atomic_write
+    from ..base.files import atomic_write
 
     given = source.parent / GIVEN
     if given.is_file():
@@ -202,7 +202,7 @@ def keep_side_files(result, judge, source: Path, out_dir: Path) -> None:
     """Inside --out's generation, beside commands.sh: calib.npz (`write_calibration`) and
     ModelOpt's file of the rendered exclusions (`reproduce`), precision.json pointing at
     them."""
-    from ..outputs.files import save_model
+    from ..base.files import save_model
     import onnx
 
     samples = judge.samples if judge is not None else ()

@@ -15,7 +15,7 @@ from typing import Any
 
 import onnx
 
-from ..outputs.escape import visible
+from ..base.escape import visible
 
 QuantResult = Any  # quant/run.py's QuantResult (it imports this module: no import back)
 

@@ -23,7 +23,7 @@ import onnx
 from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge import subset
 from ..judge.criteria import Verdict
-from ..outputs.escape import visible
+from ..base.escape import visible
 from ..result import Found
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from . import qdq
@@ -64,7 +64,7 @@ class QuantResult(Found[Any, Any]):
     reference: str = "the model with its Q/DQ removed"
     renderings: dict = field(default_factory=dict)
 
-    certified: dict | None = None  # the written file's margin over the spread (judge/spread.py)
+    certified: dict | None = None  # the written file's margin over the spread (stages/spread.py)
     validation: dict | None = None  # the written file on unseen samples (judge/validation.py)
     needed: dict[str, bool] = field(default_factory=dict)  # per plan unit: removing it fails
     faster: dict[str, float] = field(default_factory=dict)  # per unit not needed: est. saving
@@ -421,12 +421,12 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
 
 def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
              opts, written: Path | onnx.ModelProto) -> str:
-    """The written file's certificate and validation, as the FP16 road's (judge/spread.py,
+    """The written file's certificate and validation, as the FP16 road's (stages/spread.py,
     judge/validation.py), and the verdict they allow (judge/verdict.py)."""
     from ..graph import Graph
     from ..judge import validation
-    from ..judge.spread import certify
-    from ..outputs.mixed import Written
+    from ..stages.spread import certify
+    from ..judge.mixed import Written
 
     judge = result.judge
     assert judge is not None
@@ -497,7 +497,7 @@ def _samples(ref_model: onnx.ModelProto, opts, path: Path, reference_path):
     from ..data.store import SampleSet, reference_set
     from ..graph import Graph, model_hash
 
-    from ..data.limits import set_eval_timeout
+    from ..base.limits import set_eval_timeout
 
     set_eval_timeout(opts.limits.eval_timeout)  # every inference of this run (limits.py)
     ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)
@@ -620,7 +620,7 @@ def _rounds(judge: QuantJudge, opts, stage: Callable[[str], None],
     """`search(budget)` on the judge's samples; when they are a subset (--search-samples,
     judge/subset.py), the plan found is judged on every sample and the samples it fails join
     the subset for another search, until it passes everywhere: the FP16 road's rounds
-    (search/stage.py). Evaluations and trials add up over rounds; the judge judges every
+    (stages/search.py). Evaluations and trials add up over rounds; the judge judges every
     sample again afterwards."""
     from dataclasses import replace
 
@@ -845,10 +845,10 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
            owned: bool = False) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
     and (`report`: --report) report.html, report.md and the trade-off plot, as one
-    generation of --out, by the one writer (outputs/write.py `write_quantized`). Without
+    generation of --out, by the one writer (reports/write.py `write_quantized`). Without
     --out the in-memory model is judged."""
     from ..judge.loadable import InputCheck
-    from ..outputs.write import write_quantized
+    from ..reports.write import write_quantized
     from .ptq import keep_side_files
 
     def side(folder: Path) -> None:  # beside commands.sh: calib.npz, ModelOpt's own file

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import TrtBisectError
-from ..outputs import files
+from ..base import files
 
 log = logging.getLogger(__name__)
 

@@ -63,7 +63,7 @@ class Trial:
     phase: str
     price: float | None = None  # estimated engine seconds (cost-aware searches)
     score: float | None = None  # the plan's worst relative error, when the caller knows it
-    why: str | None = None  # a failing plan: why, when the caller knows (judge/evaluator.py)
+    why: str | None = None  # a failing plan: why, when the caller knows (stages/evaluator.py)
 
     def to_json(self) -> dict:
         out = {"index": self.index, "size": len(self.fp32), "passed": self.passed,

@@ -20,7 +20,7 @@ from ..judge.compare import TensorStats
 from ..graph import Graph
 from ..judge.precision import FP16, Precision
 from ..judge.semantics import round_weight
-from ..data.spill import release_pages
+from ..base.spill import release_pages
 
 
 @dataclass(frozen=True)

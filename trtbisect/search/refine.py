@@ -1,6 +1,6 @@
 """The TensorRT search's strategy: the emulator's plan first, one TensorRT verification, and a
 refinement driven by TensorRT's verdicts only where the two disagree. Pure: it is handed the
-checks (an engine's verdict, the emulator's), as search/minimal.py is; search/trt.py builds
+checks (an engine's verdict, the emulator's), as search/minimal.py is; stages/trt.py builds
 them from the backend and the GPU pool."""
 
 from __future__ import annotations

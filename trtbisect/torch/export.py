@@ -27,7 +27,7 @@ import onnx
 
 from ..judge.compare import OutputError, Tolerance, compare_outputs, worst
 from ..errors import TrtBisectError, require
-from .modules import modules_metadata
+from ..graph.modules import modules_metadata
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ def export_model(tm: TorchModel, onnx_path: str | Path, opts: ExportOptions,
     dropped = [n for n in tm.input_names if n not in graph_inputs]
     if dropped:
         notes.append(f"the exporter dropped unused input(s) {', '.join(dropped)}")
-    from ..outputs.files import save_model
+    from ..base.files import save_model
     save_model(onnx_path, model)
     inputs_path = onnx_path.with_name(f"{onnx_path.stem}_inputs.npz")
     _save_samples(inputs_path, tm.samples, graph_inputs)
@@ -437,7 +437,7 @@ def _is_scoped(node: onnx.NodeProto) -> bool:
 
 def _save_samples(path: Path, samples: list[Sample], names: list[str]) -> None:
     """One sample as is; several stacked on a leading axis (what `run --inputs` reads)."""
-    from ..outputs.files import atomic_write
+    from ..base.files import atomic_write
     arrays = ({n: samples[0][n] for n in names} if len(samples) == 1
               else {n: np.stack([s[n] for s in samples]) for n in names})
     atomic_write(path, lambda tmp: _savez(tmp, arrays))

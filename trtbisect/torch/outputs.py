@@ -23,7 +23,7 @@ def write_outputs(result: TorchResult, out_dir: Path) -> None:
     """The run's files as one generation of `out_dir` (outputs/outdir.py, as `run` writes its
     own): an earlier run's files move to `.previous/`, never left beside these, and
     torch_plan.json comes last."""
-    from ..outputs.files import atomic_write_json, atomic_write_records, atomic_write_text
+    from ..base.files import atomic_write_json, atomic_write_records, atomic_write_text
     from ..outputs.outdir import TORCH_PLAN, OutputDir
 
     with OutputDir(out_dir).generation(keep=_inputs(result.source)) as gen:

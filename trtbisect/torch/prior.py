@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 from ..search.prior import Prior
 from .layerwise import ModuleStats
-from .modules import ancestors
+from ..graph.modules import ancestors
 
 # Modules that compute nothing a reduced dtype could change (moves, max, exact clamps):
 # keeping one FP32 never fixes anything, so they are not search candidates.

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import TrtBisectError
 from .export import Sample, TorchModel, flatten_outputs, to_numpy
-from .modules import within
+from ..graph.modules import within
 from .precision import Precision, reduced, reduced_args
 from .snippet import _fp32_forward
 

@@ -9,7 +9,7 @@ from tests.conftest import save_zoo_model
 from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
 from trtbisect.pipeline import run
-from trtbisect.judge.stability import jittered, measure_stability
+from trtbisect.stages.stability import jittered, measure_stability
 
 X = np.linspace(-1.0, 1.0, 64, dtype=np.float32)  # max |ref| = 1, so the bound is rtol
 SAMPLE = {"x": X, "ids": np.arange(4, dtype=np.int64)}

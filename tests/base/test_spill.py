@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtbisect.data import spill
+from trtbisect.base import spill
 
 
 def test_a_spilled_array_survives_release_pages():
@@ -24,7 +24,7 @@ def test_a_spilled_array_survives_release_pages():
 
 
 def test_the_folder_of_a_killed_run_is_swept(monkeypatch):
-    code = ("import os, numpy as np; from trtbisect.data import spill; "
+    code = ("import os, numpy as np; from trtbisect.base import spill; "
             "spill.spill(np.ones(1 << 19, np.float32)); print(spill._folder, flush=True); "
             "os._exit(0)")  # no exit handlers: as if killed
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

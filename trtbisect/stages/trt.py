@@ -23,16 +23,16 @@ from ..judge import trt_layers as tl
 from ..backends.trt import TrtBackend, latency_clock
 from ..judge.compare import Tolerance
 from ..context import Options
-from ..data.limits import EVAL_TIMEOUT, EvalTimeout
+from ..base.limits import EVAL_TIMEOUT, EvalTimeout
 from ..errors import TrtBisectError
 from ..judge.criteria import Criteria
 from ..judge.engine import engine_passes
 from ..judge.flags import criteria_flags
 from ..judge.settings import JudgeSettings, criteria_digest
 from ..parallel import trt_pool
-from ..outputs.files import atomic_write_text
-from .minimal import Check
-from .refine import emulator_then_trt
+from ..base.files import atomic_write_text
+from ..search.minimal import Check
+from ..search.refine import emulator_then_trt
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class TrtSearchOptions:
     workers: int | None = None  # > 1: build on up to this many visible GPUs at once
     max_builds: int | None = None  # a bound on engines built, the FP32 reference included
     certify: bool = False  # remove every node of the final plan once more, on TensorRT
-    eval_timeout: float = EVAL_TIMEOUT  # --eval-timeout: one engine execution (data/limits.py)
+    eval_timeout: float = EVAL_TIMEOUT  # --eval-timeout: one engine execution (base/limits.py)
     # runs in each GPU worker before TensorRT is imported (tests: the fake TensorRT)
     worker_setup: Callable[[], None] | None = None
 

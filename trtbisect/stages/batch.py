@@ -21,13 +21,13 @@ from typing import Any, Callable, Sequence
 
 from ..context import Context, Options
 from ..errors import TrtBisectError
-from ..judge.evaluator import Evaluator
-from ..judge.layerwise import estimate_bytes
+from .evaluator import Evaluator
+from .layerwise import estimate_bytes
 from ..search.minimal import SearchResult
-from .data import FolderData
-from .judge import JudgeSpec, Measured, graph_digest, merge
-from .pool import LocalPool, Stats, Task, TaskResult
-from .sizing import plan_workers
+from ..parallel.data import FolderData
+from ..parallel.judge import JudgeSpec, Measured, graph_digest, merge
+from ..parallel.pool import LocalPool, Stats, Task, TaskResult
+from ..parallel.sizing import plan_workers
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def chunks(indices: Sequence[int], parts: int) -> list[tuple[int, ...]]:
 
 
 class ParallelJudge:
-    """`search.Batch` for the run's `Evaluator` (judge/evaluator.py): plans in units, mapped to
+    """`search.Batch` for the run's `Evaluator` (stages/evaluator.py): plans in units, mapped to
     nodes by `to_nodes`; `measure` also serves the evaluator's own whole-sample verdicts."""
 
     def __init__(self, ev: Evaluator, pool: Any, data: Any, stats: Stats,
@@ -179,7 +179,7 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
     pool: Any
     data: Any
     if opts.ray is not None:
-        from .ray_pool import RayPool
+        from ..parallel.ray_pool import RayPool
         pool, data, stats = RayPool.start(spec, ctx, opts.ray, requested, plan)
     else:
         data = FolderData.write(ctx.every_sample, ctx.every_reference, data_parent)
@@ -198,7 +198,7 @@ def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], r
     if rewritten:  # the rewritten model lives in memory only: saved for the workers
         import tempfile
 
-        from ..outputs.mixed import graph_model
+        from ..judge.mixed import graph_model
         if parent is not None:
             parent.mkdir(parents=True, exist_ok=True)
         model_dir = tempfile.mkdtemp(prefix="model-", dir=parent)

@@ -1,7 +1,7 @@
 """The run's search stage: the minimal FP32 set over TensorRT's units, found on the emulator's
 judge and made the run's result.
 
-The first search and each search aimed inside the certificate's bound (judge/spread.py) share
+The first search and each search aimed inside the certificate's bound (stages/spread.py) share
 one `SearchStage`: the prior, the units and the pricing; each brings its own evaluator and
 options. `pipeline.run` builds it once the all-FP16 verdict, the layer-wise statistics and the
 rewrites are known; search.py stays pure (it is handed the check as a function).
@@ -14,23 +14,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from . import cost
+from ..search import cost
 from ..judge import semantics
 from ..judge.compare import TensorStats
 from ..context import Context, Options
 from ..graph import Graph
 from ..judge import subset
 from ..judge.criteria import Judgement, worst_of
-from ..judge.evaluator import Evaluator
-from ..judge.spread import AIM_FLOOR, AIM_ROUNDS, AIM_SHARE, Certificate, aimed
-from ..judge.written import judge_written_plan
-from ..outputs.mixed import graph_model
-from ..parallel import batch as parallel_batch
+from .evaluator import Evaluator
+from .spread import AIM_FLOOR, AIM_ROUNDS, AIM_SHARE, Certificate, aimed
+from .written import judge_written_plan
+from ..judge.mixed import graph_model
+from . import batch as parallel_batch
 from ..result import AimedSearch, JudgedRecord, RunResult, search_verdict
 from ..rewrites.driver import RewriteOutcome
-from .minimal import Progress, SearchResult, find_minimal_fp32
-from .journal import Journal
-from .prior import ConstantStats, Prior, build_prior
+from ..search.minimal import Progress, SearchResult, find_minimal_fp32
+from ..search.journal import Journal
+from ..search.prior import ConstantStats, Prior, build_prior
 
 Layerwise = Callable[[Context], dict[str, TensorStats]]  # the layer-wise pass, as the run caches it
 
@@ -91,7 +91,7 @@ class SearchStage:
     def search(self, ev: Evaluator, sopts: Options, all_half: bool, pool: bool,
                start: Sequence[str] = ()) -> tuple[SearchResult, dict | None]:
         """One search judged by `ev` under `sopts` (the run's options, or aimed inside the
-        bound: judge/spread.py); `pool`: on worker processes when they pay off. `start`: units
+        bound: stages/spread.py); `pool`: on worker processes when they pay off. `start`: units
         to try first, before the prior's seeds (an aimed search: the previous plan)."""
         ctx, g, prior, units = self.ctx, self.ctx.judged, self.prior, self.units
         workers = None
@@ -151,7 +151,7 @@ class SearchStage:
             out_dir: Path | None, layerwise: Layerwise
             ) -> tuple[RunResult, Certificate | None, Evaluator]:
         """While the written plan passes by less than the spread of what the tools compute,
-        search again inside the bound (judge/spread.py), up to AIM_ROUNDS times; a nearer plan
+        search again inside the bound (stages/spread.py), up to AIM_ROUNDS times; a nearer plan
         replaces the result once its written file passes. Each round's verdicts are journaled
         under its own bound (`aimed_scope`): a resumed run replays them, and never as a verdict
         under another bound. Returns the result, its certificate and the evaluator still open."""

@@ -22,10 +22,10 @@ from ..diagnosis.diagnose import num, pct
 from ..errors import require
 from ..judge.precision import FP16, Precision, precision as low_precision
 from ..judge.validation import line as validation_line
-from .escape import md_code, md_fence, md_table_cell, md_text, shown_text
-from .plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
+from ..base.escape import md_code, md_fence, md_table_cell, md_text, shown_text
+from ..outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
                                   plural, search_words)
-from .files import atomic_write, atomic_write_text
+from ..base.files import atomic_write, atomic_write_text
 from ..result import RunResult
 
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
@@ -86,7 +86,7 @@ def low_of(result: "RunResult") -> Precision:
 
 
 def verdict_line(result: "RunResult") -> str:
-    from ..judge.coverage import partial_words
+    from ..stages.coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
     key = result.verdict
     if key == "unvalidated" and not result.fp32_nodes:
@@ -269,7 +269,7 @@ def _short(name: str, width: int = 28) -> str:
 
 # ---------------------------------------------------------------- trade-off
 
-# (estimated cost, score, passed[, why it failed: `KIND: where`, judge/evaluator.py
+# (estimated cost, score, passed[, why it failed: `KIND: where`, stages/evaluator.py
 # `failure`]); lower is better in both
 Point = tuple
 
@@ -398,7 +398,7 @@ def plot_tradeoff(points: Sequence[Point], chosen: Point | None = None, limit: f
     return buf.getvalue()
 
 
-FAILURE_WORDS = {  # judge/evaluator.py FAILURES, short enough for a legend
+FAILURE_WORDS = {  # stages/evaluator.py FAILURES, short enough for a legend
     "tensor": "a tensor non-finite (--strict)", "timeout": "--eval-timeout",
     "nonfinite": "an output non-finite", "criterion": "a criterion", "hook": "the --check hook",
     "margin": "the aimed bound (margin)", "own": "an output's own --output-tol",
@@ -407,7 +407,7 @@ FAILURE_WORDS = {  # judge/evaluator.py FAILURES, short enough for a legend
 
 
 def failing_below(points: Sequence[Point], limit: float | None) -> dict[int, str]:
-    """Index -> the kind of failure (judge/evaluator.py `failure`: `KIND: where`) of each
+    """Index -> the kind of failure (stages/evaluator.py `failure`: `KIND: where`) of each
     failing point drawn at or under the `limit` line: plans the line alone would call
     passing."""
     if limit is None:
@@ -451,7 +451,7 @@ def margin_lines(result: "RunResult") -> list[str]:
             continue
         # the one record per output (compare.py `worst`): the largest max|d| over the
         # samples against the smallest bound, the one the renderings write and the
-        # certificate's margin is measured under (judge/spread.py)
+        # certificate's margin is measured under (stages/spread.py)
         worst, bound = err.max_abs, err.bound
         used = worst / bound if bound > 0 else math.inf
         m = margins.get(name) if isinstance(margins, Mapping) else None
@@ -525,7 +525,7 @@ def _nodes(names: Sequence[str], limit: int = 6) -> str:
 def command_rows(result: "RunResult") -> list[tuple[str, str]]:
     if result.verdict not in ("fixed", "fp16_ok", "partial"):
         return []
-    from .render import RenderContext, render_all
+    from ..outputs.render import RenderContext, render_all
 
     ctx = result.render_context or RenderContext(
         model=result.files.get("named_model", result.model_path),
@@ -551,7 +551,7 @@ def evidence_items(group: Mapping) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------- markdown
-# Every model-controlled string is escaped for Markdown (outputs/escape.py): names as code
+# Every model-controlled string is escaped for Markdown (base/escape.py): names as code
 # spans nothing in them can end, sentences with Markdown's and HTML's characters escaped, the
 # commands in fenced blocks they cannot close. A Markdown renderer shows a name as text, never
 # as HTML, a link or a heading.
@@ -595,7 +595,7 @@ MARGIN_HEAD = ["output", "bound (as rendered)", "worst", "margin", "spread", "no
 
 def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
     """Per output, the written plan's margin under the bound the renderings check against the
-    spread of what the tools may compute (judge/spread.py); a row per failing variation."""
+    spread of what the tools may compute (stages/spread.py); a row per failing variation."""
     cert = result.certificate
     if not isinstance(cert, dict):
         return []

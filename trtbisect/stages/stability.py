@@ -28,8 +28,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .compare import OutputError, Tolerance, compare_outputs
-from .criteria import Judgement, Score
+from ..judge.compare import OutputError, Tolerance, compare_outputs
+from ..judge.criteria import Judgement, Score
 
 Sample = dict[str, np.ndarray]
 Run = Callable[[Sample], Mapping[str, np.ndarray]]
@@ -164,7 +164,7 @@ def guard_memory(samples: Sequence[Sample], references: Sequence[Mapping[str, np
     """Refuse up front what `measure_stability` could not hold: it keeps every jittered copy
     of every sample, and their reference outputs, at once."""
     from ..errors import TrtBisectError
-    from ..data.limits import memory_limit
+    from ..base.limits import memory_limit
 
     held = runs * (sum(a.nbytes for s in samples for a in s.values())
                    + sum(np.asarray(a).nbytes for r in references for a in r.values()))

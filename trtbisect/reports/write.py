@@ -21,13 +21,13 @@ from ..diagnosis.diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
 from ..judge.loadable import InputCheck
 from ..judge.precision import FP16
-from ..judge.written import write_plan
-from .mixed import Written, graph_model
-from .outdir import OutputDir
-from .files import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
-from .render import RenderContext
+from ..stages.written import write_plan
+from ..judge.mixed import Written, graph_model
+from ..outputs.outdir import OutputDir
+from ..base.files import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
+from ..outputs.render import RenderContext
 from ..result import RunResult
-from .files import claim, move_file
+from ..base.files import claim, move_file
 
 # verdicts whose plan is written with its renderings
 PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile", "unvalidated")
@@ -81,7 +81,7 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
             result.files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
         atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", r["autocast_nodes_to_exclude"])
         result.files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
-        from .render import commands_script
+        from ..outputs.render import commands_script
         atomic_write_text(out_dir / "commands.sh",
                           commands_script(result.fp32_nodes, result.render_context))
         result.files["commands"] = str(out_dir / "commands.sh")
@@ -118,7 +118,7 @@ def save_quantized(path: Path, model: onnx.ModelProto, declares: dict[str, str],
     entries replaced, never repeated), lands atomically, and is held to the checker's full
     check and to loading in ONNX Runtime (judge/loadable.py; `held`: the input's record)."""
     from ..judge.loadable import require_written_valid
-    from .files import save_model
+    from ..base.files import save_model
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -192,8 +192,8 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
     """What every rendering needs to reproduce this run; writes the samples (one .npz each)
     and a Polygraphy data loader beside the plan."""
     from ..data.inputs import declared_shape
-    from .render import data_loader_script, output_bounds, relative_to, shape_ranges
-    from .files import npz_bytes
+    from ..outputs.render import data_loader_script, output_bounds, relative_to, shape_ranges
+    from ..base.files import npz_bytes
 
     work = out_dir.resolve()
     samples = []

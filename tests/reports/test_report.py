@@ -20,7 +20,7 @@ from trtbisect.cli import main
 from trtbisect.errors import TrtBisectError
 from trtbisect.context import Options
 from trtbisect.pipeline import run
-from trtbisect.outputs.report import render_html
+from trtbisect.reports.report import render_html
 
 pytest.importorskip("matplotlib")
 
@@ -136,7 +136,7 @@ def test_report_renders_in_headless_chromium(reported, tmp_path):
 
 
 def test_plan_curve_is_drawn_from_the_pipelines_plan_errors(reported):
-    from trtbisect.outputs.report import plan_errors, plot_png
+    from trtbisect.reports.report import plan_errors, plot_png
 
     r, _ = reported
     stats = list(r.stats.values())
@@ -155,7 +155,7 @@ def test_plan_curve_is_drawn_from_the_pipelines_plan_errors(reported):
 
 
 def test_every_tensor_has_a_hover_title_on_the_plot(reported):
-    from trtbisect.outputs.report import plot, render_html
+    from trtbisect.reports.report import plot, render_html
 
     r, _ = reported
     png, columns = plot(r)
@@ -168,7 +168,7 @@ def test_every_tensor_has_a_hover_title_on_the_plot(reported):
 
 
 def test_culprit_table_names_the_tensorrt_layer_when_fused(reported):
-    from trtbisect.outputs.report import culprit_rows
+    from trtbisect.reports.report import culprit_rows
 
     r, _ = reported  # strict semantics: no culprit is in a fused layer, so no column
     head, _ = culprit_rows(r)
@@ -186,7 +186,7 @@ def test_a_group_without_evidence_or_fixes_shows_no_empty_sections():
     per-node rounding) has no empty "Evidence:" line or "Fixes" heading, in Markdown or HTML."""
     from types import SimpleNamespace
 
-    from trtbisect.outputs.report import _html_groups, _md_groups
+    from trtbisect.reports.report import _html_groups, _md_groups
     bare = {"cause": "per_node_rounding_only", "nodes": ["bn"], "summary": "bn fails only per node",
             "evidence": {}, "fixes": []}
     full = {**bare, "evidence": {"max_abs": 7.0e4}, "fixes": [{"kind": "fp32", "text": "keep bn"}]}

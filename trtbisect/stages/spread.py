@@ -36,10 +36,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from .compare import Tolerance, worst
+from ..judge.compare import Tolerance, worst
 from ..context import Context, Options
-from ..outputs.mixed import Written
-from .criteria import Judgement, Score, score_margin_text
+from ..judge.mixed import Written
+from ..judge.criteria import Judgement, Score, score_margin_text
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`

@@ -8,16 +8,16 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from .. import parallel
 from ..backends.ort import Emulator
-from .compare import TensorStats, Tolerance
+from ..judge.compare import TensorStats, Tolerance
 from ..context import Context, Options
 from ..errors import TrtBisectError
 from ..search.journal import Journal, plan_key
-from . import semantics, subset
-from .criteria import TIMEOUT, Judgement, json_number, worst_of
+from ..judge import semantics, subset
+from ..judge.criteria import TIMEOUT, Judgement, json_number, worst_of
 
 
 class Workers(Protocol):
-    """What the evaluator asks of its workers (parallel/batch.py's `ParallelJudge`, which
+    """What the evaluator asks of its workers (stages/batch.py's `ParallelJudge`, which
     drives this evaluator and so is above it): a plan judged on some samples, and to stop."""
 
     def measure(self, plan: frozenset[str], indices: Sequence[int], stop_early: bool
@@ -34,7 +34,7 @@ class Evaluator:
                  scope: str = "") -> None:
         """`groups`: nodes that plans keep together (default: the search's units). `scope`:
         what sets these verdicts apart in the run's journal from others on the same plans
-        (an aimed search's bound, search/stage.py): "" for the run's own settings."""
+        (an aimed search's bound, stages/search.py): "" for the run's own settings."""
         self.ctx, self.opts, self.journal, self.scope = ctx, opts, journal, scope
         self.watch = [t for t in ctx.judged.stored_tensors()
                       if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
@@ -64,7 +64,7 @@ class Evaluator:
 
     def retarget(self, opts: Options, stats: Mapping[str, TensorStats], scope: str
                  ) -> "Evaluator":
-        """This evaluator under other options (an aimed search's bound, search/stage.py): the
+        """This evaluator under other options (an aimed search's bound, stages/search.py): the
         verdicts it holds and its workers (whose judges carry the old bound) go; its session
         stays when what it watches is the same, since no session depends on the bound (one
         session build saved per aimed round: seconds on a 20k-node model)."""

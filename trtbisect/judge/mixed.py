@@ -22,11 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 from ..graph import (FLOAT, SMALL_BYTES, Graph, _mark_stored, flatten, structure, subgraphs,
                     walk, with_node_names)
 from ..graph.schema import type_params
-from ..judge.loadable import InputCheck, require_written_valid
-from ..judge.precision import FP16, Precision, of_type
-from .files import atomic_write
-from ..data.spill import release_pages, spill
-from ..judge.semantics import round_weight
+from .loadable import InputCheck, require_written_valid
+from .precision import FP16, Precision, of_type
+from ..base.files import atomic_write
+from ..base.spill import release_pages, spill
+from .semantics import round_weight
 
 EMBED_LIMIT = 1 << 28  # weights up to this size are saved inside the .onnx file (256 MiB):
 # above, a single file would mean gathering every weight into one proto (twice the memory)

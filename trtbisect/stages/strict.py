@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import semantics
+from ..judge import semantics
 from ..context import Context, Options
 from ..diagnosis.diagnose import note_semantics
 from ..graph import Graph

@@ -17,15 +17,15 @@ import numpy as np
 import onnx
 
 from ..backends.ort import Emulator, Reference
-from .compare import TensorStats, merge_stats, tensor_stats
+from ..judge.compare import TensorStats, merge_stats, tensor_stats
 from ..context import Context, Options
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
 from ..data.inputs import Sample
-from ..data.limits import EvalTimeout
+from ..base.limits import EvalTimeout
 from ..outputs.outdir import OutputDir
-from ..outputs import cache as result_cache
-from .precision import FP16, Precision
+from ..base import cache as result_cache
+from ..judge.precision import FP16, Precision
 
 log = logging.getLogger(__name__)
 

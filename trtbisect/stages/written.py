@@ -18,21 +18,21 @@ import numpy as np
 
 from . import coverage
 from ..backends.ort import MixedModel, Rounded
-from .compare import OutputError
+from ..judge.compare import OutputError
 from ..context import Context, Options
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
-from ..data.limits import EvalTimeout
-from ..outputs.mixed import Written, mixed_model
+from ..base.limits import EvalTimeout
+from ..judge.mixed import Written, mixed_model
 from ..outputs.outdir import OutputDir
 from ..result import RunResult
-from .criteria import Judgement, Verdict, json_number, timed_out, worst_of
+from ..judge.criteria import Judgement, Verdict, json_number, timed_out, worst_of
 from .evaluator import Evaluator
-from .loadable import require_loadable, require_written_valid
+from ..judge.loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
-from .validation import Validation, judged as judged_validation, unvalidated
-from .verdict import decide
-from .precision import of_type
+from ..judge.validation import Validation, judged as judged_validation, unvalidated
+from ..judge.verdict import decide
+from ..judge.precision import of_type
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
 
 def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "CheckResult",
                     noise: Mapping[str, float] | None = None) -> Certificate | None:
-    """The written plan's certificate (judge/spread.py): whether it passes by more than the
+    """The written plan's certificate (stages/spread.py): whether it passes by more than the
     spread of what the tools may compute. Recorded as `certificate`, with `margins` and
     `fragile` per output as before; None for a file that fails (nothing to certify)."""
     if not checked.passed or checked.emulated is None:
@@ -124,7 +124,7 @@ def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "Ch
         o: {"margin": json_number(m.margin), "spread": json_number(m.spread),
             "noise_floor": json_number(m.noise_floor), "fragile": not m.certified}
         for o, m in cert.outputs.items()}
-    result.margins.update({  # a criterion's score against its threshold (judge/spread.py)
+    result.margins.update({  # a criterion's score against its threshold (stages/spread.py)
         k: {"margin": json_number(m.margin), "spread": json_number(m.spread),
             "noise_floor": None, "fragile": not m.certified}
         for k, m in cert.scores.items()})

@@ -1,0 +1,1 @@
+"""reports/: see docs/architecture.md."""
