@@ -26,7 +26,7 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 JSON = dict[str, Any]
 Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
 CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
-Certificate = JSON  # judge/spread.Certificate.to_json
+Certificate = JSON  # stages/spread.Certificate.to_json
 ValidationRecord = JSON  # judge/validation.Validation.to_json
 
 

@@ -155,7 +155,7 @@ class TrtJudge:
 
     def chunk(self, plan: frozenset[str], pairs: Sequence[tuple[Feeds, Feeds]], total: int,
               stop_early: bool) -> tuple[list[Verdict], bool]:
-        """The sequential search's check (search/trt.run_trt_search's `trt_check`): the plan's
+        """The sequential search's check (stages/trt.run_trt_search's `trt_check`): the plan's
         engine on every sample under the run's criteria, stopping once it cannot pass."""
         from ..judge.engine import engine_passes
         builds, hits = self.backend.builds, self.backend.cache_hits
