@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -207,15 +207,13 @@ def measure(case: Case, workdir: Path, max_evals: int = MAX_EVALS,
                        max_evaluations=max_evals, resume=False)
         for rewrite in (False, True):
             out = workdir / f"{sem}-{'rewrite' if rewrite else 'plain'}"
-            opts.rewrite = rewrite
-            result = run(path, opts, out)
+            result = run(path, replace(opts, rewrite=rewrite), out)
             known = flops
             if "rewritten_model" in result.files:  # a node a rewrite added counts too
                 rewritten = onnx.load(result.files["rewritten_model"])
                 known = {**flop_table(rewritten, case.inputs), **flops}
             rec["runs"][f"{sem}/{'rewrite' if rewrite else 'plain'}"] = summarize(result, known, total)
             step(rec)
-        opts.rewrite = False
         if rec["runs"][f"{sem}/plain"]["verdict"] == "reference_invalid":
             rec["runs"][f"{sem}/ddmin"] = {**rec["runs"][f"{sem}/plain"], "evaluations": 0,
                                             "seconds": 0.0}

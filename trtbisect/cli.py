@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -372,10 +373,9 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     kw["inputs"] = kw["inputs"] or ((str(saved),) if saved else ())
     model = str(onnx_path)
     opts = make_options(kw, both=True)
-    opts.resume = not no_resume
-    opts.report, opts.stability, opts.rewrite = report, stability, rewrite
-    opts.search_samples, opts.validation_share = search_samples, validation_share
-    opts.workers, opts.ray = workers, ray_address
+    opts = replace(opts, resume=not no_resume, report=report, stability=stability,
+                   rewrite=rewrite, search_samples=search_samples,
+                   validation_share=validation_share, workers=workers, ray=ray_address)
     from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
     quantized = wants_quantized(model, opts.precision, quant_reference, calibration)
     refuse_flags(quantized, opts.precision)

@@ -38,7 +38,7 @@ def _default_trt_version() -> int:
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
     inputs: Sequence[str] = ()
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)

@@ -31,8 +31,7 @@ def _stack(tmp, report: bool):
     from trtbisect.pipeline import run
 
     model, inputs = save_zoo_model(norm_stack(36), tmp)
-    opts = Options(inputs=[str(inputs)])
-    opts.report, opts.workers = report, 1
+    opts = Options(inputs=[str(inputs)], report=report, workers=1)
     seen: list = []
     result = run(model, opts, tmp / "o", lambda trial, remaining: seen.append(trial))
     return result, tmp / "o", seen

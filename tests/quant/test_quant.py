@@ -5,6 +5,7 @@ culprit, one judge for the search and the written file, and the renderings."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import json
 import re
 
@@ -582,8 +583,7 @@ def test_a_rerun_replays_the_journaled_evaluations(tmp_path):
     assert again.units == first.units and again.evaluations == first.evaluations
     assert len(again.judge.verdicts) < len(first.judge.verdicts)  # searched plans: replayed
     assert '"done"' in (tmp_path / "out" / "journal.jsonl").read_text()
-    fresh = _opts(inputs, p.rtol)
-    fresh.resume = False
+    fresh = replace(_opts(inputs, p.rtol), resume=False)
     afresh = run(model, fresh, tmp_path / "out")
     assert len(afresh.judge.verdicts) == len(first.judge.verdicts)
 
@@ -609,8 +609,7 @@ def test_detection_reads_big_files_in_chunks(tmp_path):
 def test_the_count_objective_finds_the_same_plans(make, tmp_path):
     p = make()
     model, inputs = _files(p, tmp_path)
-    opts = _opts(inputs, p.rtol)
-    opts.objective = "count"
+    opts = _opts(inputs, p.rtol, "count")
     r = run(model, opts, tmp_path / "out")
     cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
     assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
@@ -836,8 +835,7 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
     # in the same --out: the journal of the trt run is not replayed (its fingerprint differs)
     head = json.loads((tmp_path / "trt" / "journal.jsonl").read_text().splitlines()[0])
     assert head["fingerprint"]["settings"]["semantics"][0] == "trt"
-    strict_opts = _opts(inputs, p.rtol, "count")
-    strict_opts.semantics = "strict"
+    strict_opts = replace(_opts(inputs, p.rtol, "count"), semantics="strict")
     strict = run(model, strict_opts, tmp_path / "trt")
     assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]
     assert strict.before.errors["y"].nonfinite > 0

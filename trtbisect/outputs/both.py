@@ -12,7 +12,7 @@ are comparable), and the worst output error with the plan.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +77,7 @@ def run_both(model: str, opts, out: Path,
             load_model(model, min_opset=p.min_opset)  # raises the one-line refusal
     results, folders = {}, {}
     for p in PRECISIONS:
-        one = copy.copy(opts)
-        one.precision = p.name
+        one = dataclasses.replace(opts, precision=p.name)
         folders[p.name] = out / p.name
         results[p.name] = run(model, one, folders[p.name], p.name)
     both = Both(results, folders)
