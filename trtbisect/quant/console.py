@@ -10,9 +10,7 @@ from .report import rounding_words as _rounding, verdict_line
 
 
 def emit(result, as_json: bool) -> None:
-    from rich.table import Table
-
-    from ..console import error_cell, out, shown
+    from ..console import out, shown
 
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -21,99 +19,147 @@ def emit(result, as_json: bool) -> None:
     for p in result.reference_problems:
         out.print(f"  {shown(p)}")
     if result.plan:
-        t = Table(title="Layers to run un-quantized", title_justify="left")
-        for col in ("layer", "op", "quantized inputs", "why"):
-            t.add_column(col, overflow="fold")
-        for name in result.plan:
-            layer = result.layer(name)
-            edges = ", ".join(f"{e.source} ({e.format}{', weight' if e.weight else ''}"
-                              f"{', per-channel' if e.per_channel else ''})" for e in layer.edges)
-            why = ("; ".join(f.text for f in result.findings.get(name, []))
-                   if result.needed.get(name, True) else _faster(result, name))
-            t.add_row(shown(name), shown(layer.op), shown(edges), shown(why))
-        out.print(t)
-        k = 0
-        for name in result.plan:
-            for f in result.findings.get(name, []):
-                k += 1
-                out.print(f"{k}. {shown(f.kind)}: {shown(name)}: fix: {shown(f.fix)}")
-            for fx in result.fixes.get(name, []):
-                rel = max((e.get("rel", 0) for e in fx.get("errors", {}).values()
-                           if isinstance(e.get("rel"), (int, float))), default=None)
-                said = f" (max relative error {rel:.3g})" if rel is not None else ""
-                out.print(f"   {'[green]verified[/]' if fx['passed'] else '[yellow]tried[/]'}: "
-                          f"{shown(fx['fix'])} {'lets' if fx['passed'] else 'does not let'} "
-                          f"{shown(name)} stay quantized{said}")
+        _emit_layers(result)
     if result.fp32_nodes:
-        ops = result.fp32_ops
-        t = Table(title="FP16 nodes to keep in FP32 (the file's float side)",
-                  title_justify="left")
-        for col in ("node", "op", "why"):
-            t.add_column(col, overflow="fold")
-        units = {n: u for u, n, _ in result._culprits()}
-        for name in result.fp32_nodes:
-            u = units.get(name, name)
-            t.add_row(shown(name), shown(ops.get(name, "")),
-                      shown(result.fp32_reasons.get(name, "") if result.needed.get(u, True)
-                            else _faster(result, u)))
-        out.print(t)
+        _emit_fp32_nodes(result)
     if result.before is not None:
-        t = Table(title="Outputs", title_justify="left")
-        t.add_column("output", overflow="fold")
-        t.add_column("quantized as given")
-        t.add_column("with the plan")
-        for name, before in result.before.errors.items():
-            after = result.after.errors.get(name) if result.after is not None else None
-            t.add_row(shown(name), error_cell(before), error_cell(after))
-        out.print(t)
+        _emit_outputs(result)
     c = result.cost
     if c and result.verdict != "reference_invalid":
-        def us(x: float) -> str:
-            return f"{x * 1e6:.4g} us"
-        vs = c.get("plan_vs_all_quantized")
-        if c.get("file_fp32_nodes"):
-            out.print(f"the file keeps {c['file_fp32_nodes']} float nodes in FP32 outside its "
-                      "quantized layers (its quantizer left them so): priced as FP32 in the "
-                      "file's figures below" + _float_words(c, us))
-        out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
-                  f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
-                  f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
-                                           if vs is not None and result.units else "")
-                  + _boundary_words(c))
+        _emit_cost(result, c)
+    _emit_findings(result)
+    _emit_files(result)
+
+
+def _emit_layers(result) -> None:
+    """The quantized layers of the plan, why each, and the fixes judged for them."""
+    from rich.table import Table
+
+    from ..console import out, shown
+
+    t = Table(title="Layers to run un-quantized", title_justify="left")
+    for col in ("layer", "op", "quantized inputs", "why"):
+        t.add_column(col, overflow="fold")
+    for name in result.plan:
+        layer = result.layer(name)
+        edges = ", ".join(f"{e.source} ({e.format}{', weight' if e.weight else ''}"
+                          f"{', per-channel' if e.per_channel else ''})" for e in layer.edges)
+        why = ("; ".join(f.text for f in result.findings.get(name, []))
+               if result.needed.get(name, True) else _faster(result, name))
+        t.add_row(shown(name), shown(layer.op), shown(edges), shown(why))
+    out.print(t)
+    k = 0
+    for name in result.plan:
+        for f in result.findings.get(name, []):
+            k += 1
+            out.print(f"{k}. {shown(f.kind)}: {shown(name)}: fix: {shown(f.fix)}")
+        for fx in result.fixes.get(name, []):
+            rel = max((e.get("rel", 0) for e in fx.get("errors", {}).values()
+                       if isinstance(e.get("rel"), (int, float))), default=None)
+            said = f" (max relative error {rel:.3g})" if rel is not None else ""
+            out.print(f"   {'[green]verified[/]' if fx['passed'] else '[yellow]tried[/]'}: "
+                      f"{shown(fx['fix'])} {'lets' if fx['passed'] else 'does not let'} "
+                      f"{shown(name)} stay quantized{said}")
+
+
+def _emit_fp32_nodes(result) -> None:
+    """The file's FP16 nodes the plan keeps in FP32, and why."""
+    from rich.table import Table
+
+    from ..console import out, shown
+
+    ops = result.fp32_ops
+    t = Table(title="FP16 nodes to keep in FP32 (the file's float side)", title_justify="left")
+    for col in ("node", "op", "why"):
+        t.add_column(col, overflow="fold")
+    units = {n: u for u, n, _ in result._culprits()}
+    for name in result.fp32_nodes:
+        u = units.get(name, name)
+        t.add_row(shown(name), shown(ops.get(name, "")),
+                  shown(result.fp32_reasons.get(name, "") if result.needed.get(u, True)
+                        else _faster(result, u)))
+    out.print(t)
+
+
+def _emit_outputs(result) -> None:
+    """Each output's error, as given and with the plan."""
+    from rich.table import Table
+
+    from ..console import error_cell, out, shown
+
+    t = Table(title="Outputs", title_justify="left")
+    t.add_column("output", overflow="fold")
+    t.add_column("quantized as given")
+    t.add_column("with the plan")
+    for name, before in result.before.errors.items():
+        after = result.after.errors.get(name) if result.after is not None else None
+        t.add_row(shown(name), error_cell(before), error_cell(after))
+    out.print(t)
+
+
+def _emit_cost(result, c: dict) -> None:
+    """The estimated engine times (quant/cost.py), what the file keeps in FP32 said first."""
+    from ..console import out
+
+    def us(x: float) -> str:
+        return f"{x * 1e6:.4g} us"
+    vs = c.get("plan_vs_all_quantized")
+    if c.get("file_fp32_nodes"):
+        out.print(f"the file keeps {c['file_fp32_nodes']} float nodes in FP32 outside its "
+                  "quantized layers (its quantizer left them so): priced as FP32 in the "
+                  "file's figures below" + _float_words(c, us))
+    out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
+              f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
+              f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
+                                       if vs is not None and result.units else "")
+              + _boundary_words(c))
+
+
+def _emit_findings(result) -> None:
+    """Why even all-float fails, the margins, the validation, the judge and the search."""
+    from ..console import out, shown
+    from ..judge.validation import line as validation_line
+    from ..stages.spread import certificate_lines
+
     for line in result.reasons:
         out.print(f"  why: {shown(line)}")
-    from ..stages.spread import certificate_lines
-    from ..judge.validation import line as validation_line
     for line in certificate_lines(result.certified or {}):
         out.print(f"  {shown(line)}")
     told = validation_line(result.validation)
     if told:
         out.print(f"  {shown(told)}")
-    out.print(f"reference: {shown(result.reference)}; judged by {shown(result.criteria.describe())} on "
-              "ONNX Runtime CPU (Q/DQ run as written"
+    out.print(f"reference: {shown(result.reference)}; judged by "
+              f"{shown(result.criteria.describe())} on ONNX Runtime CPU (Q/DQ run as written"
               + (f"; FP16 stores emulated, {_rounding(result)})" if result.emulated else ")"))
     if result.evaluations:
         out.print(f"{result.evaluations} evaluations, {result.minimality}, "
                   f"{result.seconds:.1f}s")
-    if result.files:
-        if "mixed_qdq_model" in result.files:
-            out.print(f"the plan's Q/DQ ONNX (TensorRT 10 and 11): "
-                      f"{shown(result.files['mixed_qdq_model'])}")
-        if "commands" in result.files:
-            out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
-                      f"{shown(result.files['commands'])}")
-        rep = result.renderings.get("modelopt_reproduction") or {}
-        if rep.get("ran"):
-            where = shown(result.files.get("modelopt_model"))
-            out.print(f"ModelOpt given these exclusions ({where}): "
-                      + ("the plan's quantized layers exactly" if rep["exact"] else
-                         "not the plan exactly (also un-quantized: "
-                         f"{shown(', '.join(rep['also_unquantized']) or 'none')}; also "
-                         f"quantized: {shown(', '.join(rep['also_quantized']) or 'none')})")
-                      + f", {'passes' if rep['passed'] else 'fails'} the criteria")
-        if "report_html" in result.files:
-            out.print(f"report: {shown(result.files['report_html'])}")
-        out.print(f"plan: {shown(result.files.get('plan'))}")
+
+
+def _emit_files(result) -> None:
+    """What the run wrote, and what ModelOpt made of the rendered exclusions."""
+    from ..console import out, shown
+
+    if not result.files:
+        return
+    if "mixed_qdq_model" in result.files:
+        out.print(f"the plan's Q/DQ ONNX (TensorRT 10 and 11): "
+                  f"{shown(result.files['mixed_qdq_model'])}")
+    if "commands" in result.files:
+        out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
+                  f"{shown(result.files['commands'])}")
+    rep = result.renderings.get("modelopt_reproduction") or {}
+    if rep.get("ran"):
+        where = shown(result.files.get("modelopt_model"))
+        out.print(f"ModelOpt given these exclusions ({where}): "
+                  + ("the plan's quantized layers exactly" if rep["exact"] else
+                     "not the plan exactly (also un-quantized: "
+                     f"{shown(', '.join(rep['also_unquantized']) or 'none')}; also "
+                     f"quantized: {shown(', '.join(rep['also_quantized']) or 'none')})")
+                  + f", {'passes' if rep['passed'] else 'fails'} the criteria")
+    if "report_html" in result.files:
+        out.print(f"report: {shown(result.files['report_html'])}")
+    out.print(f"plan: {shown(result.files.get('plan'))}")
 
 
 def _faster(result, unit: str) -> str:
