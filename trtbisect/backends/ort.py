@@ -1077,15 +1077,30 @@ def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
     """Per output, how far FP32 itself moves under changes that mean nothing: ORT's default,
     optimizing kernels (fusions, prepacked weights, NCHWc) instead of the judge's, and float
     inputs nudged by one FP32 ulp. TensorRT's kernels differ from both, so a plan whose
-    margin under the bound is below this floor is fragile."""
-    b = _Builder(graph, {}, Rounded.of(graph))
-    proto = b.build()
-    arrays = b.weights_of(proto)
+    margin under the bound is below this floor is fragile. (The certificate measures the
+    optimized half on the sessions of its own optimized variation: `nudge_noise`.)"""
+    proto, arrays = _fp32_graph(graph)
     try:
-        optimized = Session(proto, arrays, threads, judge=False)
+        optimized = Session(proto, arrays, judge_threads(threads), judge=False)
     except TrtBisectError as exc:  # the noise floor is a diagnostic: never fail a run over it
         log.info("kernel noise not measured: %s", exc)
         return {}
+    names = graph.output_names()
+    noise: dict[str, float] = {}
+    for sample, ref in zip(samples, references):
+        fed = {k: v for k, v in sample.items() if k in optimized.inputs}
+        fp32_moves(noise, ref, dict(zip(names, optimized.run(fed, names))))
+    for name, d in nudge_noise(graph, samples, references, threads).items():
+        noise[name] = max(noise.get(name, 0.0), d)
+    return noise
+
+
+def nudge_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
+                references: Sequence[Mapping[str, np.ndarray]],
+                threads: int | None = None) -> dict[str, float]:
+    """Per output, how far the judge's own FP32 moves when every float input is nudged by one
+    FP32 ulp (up or down at random, seeded): half of `kernel_noise`."""
+    proto, arrays = _fp32_graph(graph)
     judge = Session(proto, arrays, threads)
     names = graph.output_names()
     rng = np.random.default_rng(0)
@@ -1096,17 +1111,38 @@ def kernel_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
         nudged = {k: (np.nextafter(v, np.where(rng.random(v.shape) < 0.5, -np.inf, np.inf)
                                    .astype(np.float32)) if v.dtype == np.float32 else v)
                   for k, v in fed.items()}
-        for outs in (optimized.run(fed, names), judge.run(nudged, names)):
-            for name, got in zip(names, outs):
-                r = np.asarray(ref[name], np.float64)
-                g = np.asarray(got, np.float64)
-                if r.shape != g.shape:  # a data-dependent shape (Unique, NonZero) moved:
-                    noise[name] = math.inf  # FP32 itself computes another tensor
-                    continue
-                finite = np.isfinite(r) & np.isfinite(g)
-                d = float(np.max(np.abs(g - r)[finite], initial=0.0))
-                noise[name] = max(noise.get(name, 0.0), d)
+        fp32_moves(noise, ref, dict(zip(names, judge.run(nudged, names))))
     return noise
+
+
+def fp32_moves(noise: dict[str, float], reference: Mapping[str, np.ndarray],
+               got: Mapping[str, np.ndarray]) -> None:
+    """Raise `noise[output]` to the largest finite |got - reference| of each output; a moved
+    shape (a data-dependent output: Unique, NonZero) is an infinite move, as FP32 itself
+    then computes another tensor."""
+    for name, value in got.items():
+        r = np.asarray(reference[name], np.float64)
+        g = np.asarray(value, np.float64)
+        if r.shape != g.shape:
+            noise[name] = math.inf
+            continue
+        finite = np.isfinite(r) & np.isfinite(g)
+        d = float(np.max(np.abs(g - r)[finite], initial=0.0))
+        noise[name] = max(noise.get(name, 0.0), d)
+
+
+def _fp32_graph(graph: Graph) -> tuple[onnx.ModelProto, Mapping[str, np.ndarray]]:
+    """The FP32 model as the judge builds it (nothing rounded): a proto and its weights."""
+    b = _Builder(graph, {}, Rounded.of(graph))
+    proto = b.build()
+    return proto, b.weights_of(proto)
+
+
+def judge_threads(threads: int | None) -> int:
+    """The intra-op threads a judging session runs on (None: every core, at least 2)."""
+    import os
+
+    return threads or max(2, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -1125,15 +1161,18 @@ class Variant:
 
 
 def variants(threads: int | None) -> list[Variant]:
-    """The variations beside the judge's own run (optimizations off on `threads`, None: ORT's
-    default): optimizations on with one thread and with N (every core, at least 2), and
-    optimizations off with whichever of 1 and N the judge does not use."""
+    """The variations beside the judge's own run (optimizations off on `threads`, None: every
+    core): ORT's default optimizations on the judge's threads (what `polygraphy run --onnxrt`
+    and a plain InferenceSession compute on this machine), and optimizations off on the other
+    thread count (one thread where the judge uses several, else every core: a reduction split
+    otherwise). Two variations, four sessions: on a 20k-node transformer each session of the
+    written file costs seconds, and the combination of both changes (optimized on one thread)
+    moved no certificate measured (docs/search_benchmark.md)."""
     import os
 
-    n = max(2, os.cpu_count() or 1)
-    out = [Variant(True, 1), Variant(True, n), Variant(False, 1), Variant(False, n)]
-    judge = threads or n
-    return [v for v in dict.fromkeys(out) if v.optimized or v.threads != judge]
+    judge = judge_threads(threads)
+    other = 1 if judge != 1 else max(2, os.cpu_count() or 1)
+    return [Variant(True, judge), Variant(False, other)]
 
 
 def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
@@ -1143,9 +1182,7 @@ def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.
     (variant, sample index, reference outputs, emulated outputs); one variant's two sessions
     at a time."""
     names = graph.output_names()
-    b = _Builder(graph, {}, Rounded.of(graph))
-    ref_proto = b.build()
-    ref_arrays = b.weights_of(ref_proto)
+    ref_proto, ref_arrays = _fp32_graph(graph)
     proto, arrays = emulated
     for v in variants(threads):
         ref = Session(ref_proto, ref_arrays, v.threads, judge=not v.optimized)

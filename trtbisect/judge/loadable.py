@@ -118,15 +118,22 @@ class InputCheck:
 
 
 def require_written_valid(path: str | Path, weight_bytes: int | None = None,
-                          held: InputCheck | None = None) -> None:
+                          held: InputCheck | None = None, load: bool = True) -> None:
     """A file trtbisect wrote passes the checker's full check and loads in ONNX Runtime;
     else a one-line TrtBisectError that says the fault is trtbisect's.
 
     Two exceptions, warned about: a BF16 file at an opset whose schema of some op does not
     list bfloat16 (`bfloat16_gap`); and a copy of an input model that fails the
     checker itself (`held`: the run's record of its input; None: no input to forgive),
-    which ONNX Runtime runs: the copy must then load in ONNX Runtime."""
+    which ONNX Runtime runs: the copy must then load in ONNX Runtime.
+
+    `load=False`: the checker's full check alone, for a file judged before it is known to be
+    kept (the all-FP16 file that fails is never an output; loading a 20k-node FP16 file in ONNX
+    Runtime costs about as much as judging it: its CPU provider wraps every FP16 node in Casts
+    and then removes the duplicates); the caller loads it once it is kept."""
     why = checker_problem(path)
+    if not load and (why is None or bfloat16_gap(why)):
+        return
     if why is not None and not bfloat16_gap(why) and held is not None \
             and held.problem is not None:
         runtime = runtime_problem(path, weight_bytes)  # the load is tried before it is said

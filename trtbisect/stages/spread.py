@@ -209,10 +209,11 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
     every sample the user gave, in their order (held-out ones included: the renderings check
     them all): the worst max|d| and the bound are over these, the very numbers the tables
     show (compare.py `worst`); the spread is measured on `judged`'s samples."""
-    from ..backends.ort import kernel_noise, variant_runs
+    from ..backends.ort import fp32_moves, judge_threads, nudge_noise, variant_runs
 
-    if noise is None:
-        noise = kernel_noise(ctx.graph, ctx.every_sample, ctx.every_reference, opts.threads)
+    # the noise floor's optimized half is the optimized variation's own FP32 reference
+    # against the judge's (backends/ort.kernel_noise, without two more sessions)
+    measured: dict[str, float] | None = None if noise is not None else {}
     default = [o for o in ctx.graph.output_names()
                if judged and o in judged[0].errors and not judged[0].errors[o].scores]
     moved: dict[str, float] = {o: 0.0 for o in default}
@@ -222,6 +223,8 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
     keep = {k for k, j in enumerate(judged) if j.passed or opts.criteria.pass_rate >= 1}
     for v, k, ref, got in variant_runs(ctx.graph, (emulated.proto, emulated.arrays),
                                        ctx.every_sample, opts.threads):
+        if measured is not None and v.optimized and v.threads == judge_threads(opts.threads):
+            fp32_moves(measured, ctx.every_reference[k], ref)
         j = opts.criteria.judge(ref, got, ctx.every_sample[k], opts.tolerance)
         per_variant.setdefault(v.label, []).append(j)
         for o in default:
@@ -232,6 +235,11 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
                 0.0 if a == b else math.inf)
             moved[o] = max(moved[o], d)
             worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
+    if measured is not None:
+        nudged = nudge_noise(ctx.graph, ctx.every_sample, ctx.every_reference, opts.threads)
+        noise = {o: max(measured.get(o, 0.0), nudged.get(o, 0.0))
+                 for o in measured.keys() | nudged.keys()}
+    assert noise is not None
     outputs = {}
     every = list(given) if given else list(judged)
     # a failing sample does not count: under --pass-rate the margin is the passing ones', and

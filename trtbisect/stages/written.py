@@ -56,8 +56,12 @@ def write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
     with tempfile.TemporaryDirectory() as tmp:
         path = (staging or Path(tmp)) / f"{ctx.path.stem}.mixed.onnx"
         files = written.save(path, validate=False)  # judge_mixed checks it, as `check` does
+        weights = written.weight_bytes()
         del written  # saved: the file is the model from here on
-        checked = judge_mixed(path, ctx, opts, expose, ours=True)
+        # the all-FP16 file is kept only when it passes: ONNX Runtime loads it only then
+        checked = judge_mixed(path, ctx, opts, expose, ours=True, load=bool(plan))
+        if not plan and checked.passed:
+            require_written_valid(path, weights, ctx.input_check)
     return Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
 
 
@@ -196,16 +200,18 @@ def _refuse_other_precision(graph: Graph, ctx: Context, path: str | Path) -> Non
 
 
 def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
-                expose: Sequence[str] = (), ours: bool = False) -> CheckResult:
+                expose: Sequence[str] = (), ours: bool = False, load: bool = True
+                ) -> CheckResult:
     """The one judge of a written file: its float16 tensors rounded where produced.
     `expose`: tensors of the file to return too, per sample (`CheckResult.tensors`).
 
     The file itself must load in ONNX Runtime (judge/loadable.py): the judge runs a graph
     derived from it, which would forgive what no runtime does. `ours`: a file this run wrote,
-    which must pass the checker's full check as well (a failure is trtbisect's bug)."""
+    which must pass the checker's full check as well (a failure is trtbisect's bug);
+    `load=False`: its load in ONNX Runtime is left to the caller (`require_written_valid`)."""
     graph = Graph.from_path(mixed_path)
     if ours:
-        require_written_valid(mixed_path, graph.weights.total_bytes(), ctx.input_check)
+        require_written_valid(mixed_path, graph.weights.total_bytes(), ctx.input_check, load)
     else:
         warning = require_loadable(mixed_path, graph.weights.total_bytes())
         if warning:  # its own words: what loaded, and what was judged
