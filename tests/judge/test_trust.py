@@ -487,22 +487,26 @@ def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
     assert all(points[i][2] for i in pareto_front(points))
 
 
-def test_onnx_runtime_loads_the_all_fp16_file_only_when_it_is_kept(tmp_path, monkeypatch):
+def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_path,
+                                                                        monkeypatch):
     """Loading an FP16 file in ONNX Runtime costs about what judging it does (20k nodes: 27 s):
     the all-FP16 file that fails is never an output and is only checked by the checker; the
-    plan's file, and an all-FP16 file that passes, are loaded."""
+    plan's file, and an all-FP16 file that passes, are loaded; the emulated file is not loaded
+    again (the judge's session was its load)."""
     import trtbisect.judge.loadable as loadable
     from trtbisect.judge.compare import Tolerance
     from trtbisect.context import Options
     from trtbisect.pipeline import run
 
     loaded: list[str | None] = []
+    paths: list[str] = []
     real = loadable.runtime_problem
 
     def spy(path, weight_bytes=None):
         meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False)
                 .metadata_props}
         loaded.append(meta.get("trtbisect.fp32_nodes"))
+        paths.append(str(path))
         return real(path, weight_bytes)
 
     monkeypatch.setattr(loadable, "runtime_problem", spy)
@@ -512,6 +516,11 @@ def test_onnx_runtime_loads_the_all_fp16_file_only_when_it_is_kept(tmp_path, mon
                   tmp_path / "fails")
     assert failing.fp32_nodes == ["mm"] and failing.verdict in ("fixed", "fragile")
     assert "" not in loaded and "mm" in loaded  # the plan's file loaded, all-FP16's not
+    # the emulated file is the judge's own graph, which ONNX Runtime built a session of: it
+    # is not loaded a second time, and it loads
+    emulated = tmp_path / "fails" / "mm.mixed.emulated.onnx"
+    assert emulated.exists() and not any(p.endswith(".emulated.onnx") for p in paths)
+    assert real(emulated) is None
     loaded.clear()
     passing = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * 100)),
                   tmp_path / "passes")

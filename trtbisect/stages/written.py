@@ -263,7 +263,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
         reported = opts.criteria.verdict(given)
         checked.overall = reported.passed
     return CheckResult(verdict.passed, reported.errors, len(graph.half_typed), len(judged),
-                       Written(judge.proto, judge.arrays), tensors,
+                       Written(judge.proto, judge.arrays, loaded=True), tensors,
                        [c.to_json() for c in coverage.unjudged(graph)], judged, reported,
                        checked, given)
 
