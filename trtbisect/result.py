@@ -9,13 +9,13 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, Mapping, Protocol, TypedDict, TypeVar
 
 from . import __version__
-from .judge import degenerate
 from .judge.compare import OutputError, TensorStats, Tolerance
 from .diagnosis.diagnose import Culprit
 from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
 from .judge.criteria import Criteria
 from .judge.mixed import Written
+from .judge.verdict import VerdictName
 from .outputs.render import RenderContext
 from .search.minimal import SearchResult
 
@@ -64,7 +64,7 @@ class AimedSearch(TypedDict):
 
 class Partial(TypedDict):
     """A verdict over a graph not wholly judged (coverage.apply_partial)."""
-    judged_verdict: str
+    judged_verdict: VerdictName
     unjudged: list
 
 
@@ -94,15 +94,15 @@ TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge",
          "partial", "stages")
 JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, then extra's
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
-VERDICT_EXIT = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
+VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
-                "over_budget": EXIT_OVER_BUDGET, degenerate.NOTHING_TO_JUDGE: EXIT_OK,
+                "over_budget": EXIT_OVER_BUDGET, "nothing_to_judge": EXIT_OK,
                 "fragile": EXIT_FRAGILE, "reference_unstable": EXIT_REFERENCE_UNSTABLE,
                 "not_searched": EXIT_OK, "unvalidated": EXIT_UNVALIDATED,
                 "quantized_ok": EXIT_OK}  # the quantized road's file as given passes  # not_searched: `torch --no-search`, layer-wise only
 
 
-def search_verdict(search: SearchResult, planned: bool) -> str:
+def search_verdict(search: SearchResult, planned: bool) -> VerdictName:
     """A search's verdict before its plan is judged again: no plan found, one over the
     budget, a plan to apply (`planned`: it keeps something FP32, or a rewrite changed the
     model), or the reduced precision as it is."""
@@ -131,7 +131,7 @@ class Found(Generic[C, S]):
     units kept FP32, ONNX nodes or PyTorch module paths), the search and its prior, the
     errors before and after, the culprits, the files. A run's own fields follow in its
     subclass, keyword-only."""
-    verdict: str
+    verdict: VerdictName
     fp32_nodes: list[str]
     candidates: int
     evaluations: int

@@ -79,6 +79,28 @@ def test_html_escapes_names(reported):
     assert "<script>" not in page and "&lt;script&gt;" in page
 
 
+def test_run_facts_are_one_list_rendered_twice(reported):
+    """report.md and report.html's "Run" box render the same facts: a problem's words and a
+    path are Markdown-escaped in one and HTML-escaped in the other, never dropped; the
+    criterion, coverage and cost lines are the Markdown's only."""
+    from trtbisect.reports.report import _facts_text, _md_facts
+
+    r, _ = reported
+    r2 = type(r)(**{**r.__dict__, "model_path": "m`*x*`.onnx",
+                    "reference_problems": ["*bold* <b>x</b>"]})
+    md, text = _md_facts(r2), _facts_text(r2)
+    assert md[0].startswith("- model: ``m`*x*`.onnx`` (sha256 `")
+    assert text[0].startswith("model: m`*x*`.onnx (sha256 ")
+    assert md[-1] == r"- problem: \*bold\* \<b\>x\</b\>"
+    assert text[-1] == "problem: *bold* <b>x</b>"
+    assert "&lt;b&gt;x&lt;/b&gt;" in render_html(r2, None)
+    only_md = [m for m in md if m.startswith(("- criterion:", "- judged on", "- estimated"))]
+    assert only_md and len(md) == len(text) + len(only_md)
+    shared = [m for m in md if m not in only_md]
+    assert [m.removeprefix("- ").replace("`", "").replace("\\", "") for m in shared[1:-1]] \
+        == text[1:-1]
+
+
 @pytest.mark.parametrize("name", ["healthy", "fp32_broken", "two_outputs"])
 def test_report_for_every_verdict(zoo, tmp_path, name):
     model, inputs = save_zoo_model(zoo[name], tmp_path)

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Final
 
 from onnx import TensorProto
 
@@ -28,7 +29,7 @@ from ..graph import PASS_THROUGH_OPS, Graph
 
 log = logging.getLogger(__name__)
 
-NOTHING_TO_JUDGE = "nothing_to_judge"
+NOTHING_TO_JUDGE: Final = "nothing_to_judge"  # a verdict (judge/verdict.VerdictName)
 ONNX_TENSORRT_DOUBLE = ("https://github.com/onnx/onnx-tensorrt/blob/main/importerUtils.cpp "
                         "(convertDtype: DOUBLE -> kFLOAT; convertDouble)")
 

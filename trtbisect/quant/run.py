@@ -23,6 +23,7 @@ import onnx
 from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge import subset
 from ..judge.criteria import Verdict
+from ..judge.verdict import VerdictName
 from ..base.escape import visible
 from ..result import Found
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
@@ -420,7 +421,7 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
 
 
 def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
-             opts, written: Path | onnx.ModelProto) -> str:
+             opts, written: Path | onnx.ModelProto) -> VerdictName:
     """The written file's certificate and validation, as the FP16 road's (stages/spread.py,
     judge/validation.py), and the verdict they allow (judge/verdict.py)."""
     from ..graph import Graph
@@ -451,8 +452,8 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     return verdict
 
 
-def decided(proposed: str, *, file_passed: bool | None = None, certified: bool | None = None,
-            validated: bool | None = None) -> str:
+def decided(proposed: VerdictName, *, file_passed: bool | None = None,
+            certified: bool | None = None, validated: bool | None = None) -> VerdictName:
     """The quantized road's verdict, decided in one place from what the run found (the seam
     for the FP16 road's single verdict function): judge/verdict.decide's rules, under which
     the file as given (`quantized_ok`) is held to the certificate and the validation as
@@ -841,7 +842,7 @@ def _sources(opts) -> list[Path]:
 
 def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
            keep: Sequence[Path], report: Callable | None = None,
-           settle: Callable[[Path | onnx.ModelProto], str] | None = None,
+           settle: Callable[[Path | onnx.ModelProto], VerdictName] | None = None,
            owned: bool = False) -> None:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
     and (`report`: --report) report.html, report.md and the trade-off plot, as one

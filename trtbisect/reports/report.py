@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -88,7 +89,7 @@ def low_of(result: "RunResult") -> Precision:
 def verdict_line(result: "RunResult") -> str:
     from ..stages.coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
-    key = result.verdict
+    key: str = result.verdict
     if key == "unvalidated" and not result.fp32_nodes:
         key = "unvalidated_as_is"
     line = VERDICTS[key].format(n=len(result.fp32_nodes), c=result.candidates,
@@ -634,17 +635,55 @@ def fmt_num(x) -> str:
     return x if isinstance(x, str) else "-" if x is None else f"{x:.3g}"
 
 
-def _md_facts(result: "RunResult") -> list[str]:
-    return [f"- model: {md_code(result.model_path)} (sha256 `{result.model_sha256[:16]}…`, "
-            f"{result.nodes} nodes, {result.candidates} candidates)",
-            f"- tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
-            f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
+class _Code(str):
+    """A fact's name (a path, an output, an op): a code span in Markdown, text in HTML."""
+
+
+class _Words(str):
+    """A fact's sentence the model or a tool wrote: escaped in Markdown, text in HTML. A
+    fact's plain `str` parts are trtbisect's own words, the same in both."""
+
+
+@dataclass(frozen=True)
+class _Fact:
+    """One line of the run's facts: its parts (str, _Code, _Words), rendered by `_md_facts`
+    and `_facts_text`; `markdown_only`: the criterion, coverage and cost lines, which the
+    HTML page's "Run" box does not list."""
+    parts: tuple[str, ...]
+    markdown_only: bool = False
+
+
+def _fact(*parts: str, markdown_only: bool = False) -> _Fact:
+    return _Fact(parts, markdown_only)
+
+
+def _facts(result: "RunResult") -> list[_Fact]:
+    """The run's facts, once: report.md lists them all, report.html's "Run" box those not
+    `markdown_only`."""
+    return [_fact("model: ", _Code(result.model_path), " (sha256 ",
+                  _Code(f"{result.model_sha256[:16]}…"), f", {result.nodes} nodes, "
+                  f"{result.candidates} candidates)"),
+            _fact(f"tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
+                  f"{', strict' if result.strict else ''}; {result.samples} sample(s)"),
             *_criteria_facts(result),
-            f"- search: {search_words(result)}, {result.seconds:.1f}s",
+            _fact(f"search: {search_words(result)}, {result.seconds:.1f}s"),
             *_semantics_facts(result),
             *_coverage_facts(result),
             *_cost_facts(result),
-            *[f"- problem: {md_text(p)}" for p in result.reference_problems]]
+            *[_fact("problem: ", _Words(p)) for p in result.reference_problems]]
+
+
+def _md_facts(result: "RunResult") -> list[str]:
+    """The facts as Markdown list items."""
+    def md(part: str) -> str:
+        return (md_code(part) if isinstance(part, _Code) else
+                md_text(part) if isinstance(part, _Words) else part)
+    return ["- " + "".join(md(p) for p in fact.parts) for fact in _facts(result)]
+
+
+def _facts_text(result: "RunResult") -> list[str]:
+    """The facts as plain text (the HTML escapes them itself), without the Markdown's own."""
+    return ["".join(fact.parts) for fact in _facts(result) if not fact.markdown_only]
 
 
 TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown against all-FP16 "
@@ -658,47 +697,39 @@ TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown aga
                  "each failing plan's reason, output and sample (`why`).")
 
 
-def _cost_facts(result: "RunResult") -> list[str]:
+def _cost_facts(result: "RunResult") -> list[_Fact]:
     """The plan's price (precision.json "cost")."""
     c = result.cost
     if not isinstance(c, Mapping) or result.verdict == "reference_invalid":
         return []
     from ..search.cost import cost_sentence
 
-    return [f"- estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
-            f"{cost_sentence(c)}", *([f"- {md_text(c['fallback'])}"] if c.get("fallback") else [])]
+    return [_fact(f"estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
+                  f"{cost_sentence(c)}", markdown_only=True),
+            *([_fact(_Words(c["fallback"]), markdown_only=True)] if c.get("fallback") else [])]
 
 
-def _coverage_facts(result: "RunResult") -> list[str]:
+def _coverage_facts(result: "RunResult") -> list[_Fact]:
     """Nodes judged inside subgraphs, ops not judged, ops TensorRT's parser cannot import."""
     cov = result.coverage
     if not isinstance(cov, dict):
         return []
     out = []
     if cov.get("judged_in_subgraphs") or cov.get("functions_inlined"):
-        out.append(f"- judged: {cov['judged']} nodes, {cov['judged_in_subgraphs']} of them "
-                   "inside If/Loop/Scan subgraphs"
-                   + ("; model-local functions inlined" if cov.get("functions_inlined") else ""))
+        out.append(_fact(f"judged: {cov['judged']} nodes, {cov['judged_in_subgraphs']} of them "
+                         "inside If/Loop/Scan subgraphs"
+                         + ("; model-local functions inlined" if cov.get("functions_inlined")
+                            else ""), markdown_only=True))
     for key, what in (("unjudged", "not judged (run in FP32)"),
                       ("tensorrt_unsupported", "TensorRT's ONNX parser cannot import")):
         for c in cov.get(key) or []:
-            fix = f"; {c['fix']}" if c.get("fix") else ""
-            out.append(f"- {what}: {md_code(c['op'])} ({md_code(c['domain'])}) x{c['count']}: {md_text(c['why'])}{md_text(fix)}")
+            fix = [_Words(f"; {c['fix']}")] if c.get("fix") else []
+            out.append(_fact(f"{what}: ", _Code(c["op"]), " (", _Code(c["domain"]),
+                             f") x{c['count']}: ", _Words(c["why"]), *fix, markdown_only=True))
     return out
 
 
-def _facts_text(result: "RunResult") -> list[str]:
-    """The same facts as plain text (the HTML escapes them itself)."""
-    return [f"model: {result.model_path} (sha256 {result.model_sha256[:16]}…, {result.nodes} "
-            f"nodes, {result.candidates} candidates)",
-            f"tolerance: rtol {result.tolerance.rtol:g}, atol {result.tolerance.atol:g}"
-            f"{', strict' if result.strict else ''}; {result.samples} sample(s)",
-            f"search: {search_words(result)}, {result.seconds:.1f}s",
-            *_semantics_facts(result, text=True),
-            *[f"problem: {p}" for p in result.reference_problems]]
-
-
-def _criteria_facts(result: "RunResult") -> list[str]:
+def _criteria_facts(result: "RunResult") -> list[_Fact]:
     """The criterion, on how many samples the plan was judged, and how it fared on each."""
     judged = result.judged
     crit = result.criteria_record
@@ -711,34 +742,32 @@ def _criteria_facts(result: "RunResult") -> list[str]:
     failed = [k for k, x in enumerate(per) if not x["passed"]]
     worst = sorted(range(len(per)), key=lambda k: -float(per[k]["severity"]))[:5]
     search = judged.get("search_samples")
-    return [f"- criterion: {crit.get('description')}",
-            f"- judged on {after['samples']} sample(s): "
-            f"{'the plan' if 'after' in judged else 'all FP16'} passes on "
-            f"{after['passed_samples']} (needs {after['required']})"
-            + (f", fails on {', '.join(map(str, failed[:20]))}" if failed else "")
-            + "; worst (severity, 1 = at the bound): "
-            + ", ".join(f"#{k} {float(per[k]['severity']):.3g}" for k in worst)
-            + (f"; the search judged on samples {', '.join(map(str, search))}" if search else "")]
+    return [_fact(f"criterion: {crit.get('description')}", markdown_only=True),
+            _fact(f"judged on {after['samples']} sample(s): "
+                  f"{'the plan' if 'after' in judged else 'all FP16'} passes on "
+                  f"{after['passed_samples']} (needs {after['required']})"
+                  + (f", fails on {', '.join(map(str, failed[:20]))}" if failed else "")
+                  + "; worst (severity, 1 = at the bound): "
+                  + ", ".join(f"#{k} {float(per[k]['severity']):.3g}" for k in worst)
+                  + (f"; the search judged on samples {', '.join(map(str, search))}"
+                     if search else ""), markdown_only=True)]
 
 
-def _semantics_facts(result: "RunResult", text: bool = False) -> list[str]:
+def _semantics_facts(result: "RunResult") -> list[_Fact]:
     """Which emulation semantics judged the run, and all-FP16 under the other (strict) one."""
     rec = result.semantics
     if not isinstance(rec, dict):
         return []
-    code = str if text else md_code
-    bullet = "" if text else "- "
     layers = len(_names(result.fp32_layers))  # named in layer_precisions.txt
-    out = [f"{bullet}semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
-           f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
-           f"{plural(layers, 'TensorRT layer')} kept FP32"]
+    out = [_fact(f"semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
+                 f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
+                 f"{plural(layers, 'TensorRT layer')} kept FP32")]
     strict = result.errors_before_strict
     if isinstance(strict, dict):
-        words = str if text else md_text
-        out += [f"{bullet}all {low_of(result).label} under per-node rounding (strict), "
-                f"{code(name)}: {'pass' if e['passed'] else 'FAIL'}, "
-                + (f"{words(str(e['text']))}, " if e.get("text") else "")
-                + f"max|d| {_g(e['max_abs'])}, rel {_g(e['rel'])}"
+        out += [_fact(f"all {low_of(result).label} under per-node rounding (strict), ",
+                      _Code(name), f": {'pass' if e['passed'] else 'FAIL'}, ",
+                      *([_Words(str(e["text"])), ", "] if e.get("text") else []),
+                      f"max|d| {_g(e['max_abs'])}, rel {_g(e['rel'])}")
                 for name, e in strict.items()]
     return out
 
