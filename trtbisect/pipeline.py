@@ -34,7 +34,7 @@ from .stages.written import (CheckResult, Judged, judge_mixed, judge_written_pla
                             write_and_judge)
 from .judge.criteria import Judgement, Verdict
 from .judge.precision import Precision, precision as low_precision
-from .judge.verdict import decide, on_tensorrt
+from .judge.verdict import TensorRT
 from .search.journal import Journal
 from .outputs.outdir import OutputDir
 from .reports.report import write_report
@@ -257,20 +257,20 @@ def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
 def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
     """The verdict the written plan's certificate allows (stages/spread.py: `fragile` where
     no plan has the margin), and the criteria that may fit better (judge/hints.py)."""
-    validated = (result.validation or {}).get("passed")
-    verdict = decide(result.verdict, certified=None if cert is None else cert.certified,
-                     validated=validated)
-    if verdict == "fragile" and result.verdict != verdict:
+    was = result.verdict
+    verdict = result.settle(certified=None if cert is None else cert.certified,
+                            validated=(result.validation or {}).get("passed"))
+    if verdict == "fragile" and was != verdict:
         assert cert is not None
         log.warning("the plan passes by less than the spread of what the tools compute on %s "
                     "(fragile): it is written, but not called fixed",
                     "; ".join(cert.uncertified))
-    elif verdict == "unvalidated" and result.verdict != verdict:
+    elif verdict == "unvalidated" and was != verdict:
         log.warning("the plan passes the samples it was searched on but fails %s "
                     "(unvalidated): it is written, but not called fixed",
                     (result.validation or {}).get("samples"))
-    if verdict != result.verdict:
-        result.verdict, result.one_minimal = verdict, False
+    if verdict != was:
+        result.one_minimal = False
     if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
         hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)
         if hints:  # the default criterion may not be what the user means
@@ -447,8 +447,8 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
         result.mixed_model = result.mixed_check = None  # they described the emulator's plan
         result.files.pop("mixed_model", None)
         result.staged, result.emulated_mixed = [], None
-    result.verdict = on_tensorrt(result.verdict, found=found, changed=changed,
-                                 planned=bool(result.fp32_nodes))
+    result.settle(tensorrt=TensorRT(found=found, changed=changed,
+                                    planned=bool(result.fp32_nodes)))
     write_outputs(result, ctx, out_dir)
 
 

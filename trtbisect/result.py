@@ -15,7 +15,7 @@ from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT
                      EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
 from .judge.criteria import Criteria
 from .judge.mixed import Written
-from .judge.verdict import VerdictName
+from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
 from .search.minimal import SearchResult
 
@@ -149,10 +149,30 @@ class Found(Generic[C, S]):
     seconds: float = 0.0
     files: dict[str, str] = field(default_factory=dict)
     criteria: Criteria = field(default_factory=Criteria, repr=False)  # what judged the plan
+    # what decided the verdict (judge/verdict.Findings); None: nothing judged since the proposal
+    verdict_findings: Findings | None = field(default=None, repr=False, compare=False)
 
     @property
     def exit_code(self) -> int:
         return VERDICT_EXIT[self.verdict]
+
+    def settle(self, *, file_passed: bool | None = None, certified: bool | None = None,
+               validated: bool | None = None, covered: bool | None = None,
+               tensorrt: TensorRT | None = None) -> VerdictName:
+        """Record what the run found (each finding given; None: not judged) and set the
+        verdict that all the findings so far decide from the search's proposal
+        (judge/verdict.decide): the one place a result's verdict changes once it is built,
+        on every road. Returns the verdict."""
+        was = self.verdict_findings or Findings(self.verdict)
+
+        def known(new, old):
+            return old if new is None else new
+        self.verdict_findings = Findings(
+            was.proposed, file_passed=known(file_passed, was.file_passed),
+            certified=known(certified, was.certified), validated=known(validated, was.validated),
+            covered=known(covered, was.covered), tensorrt=known(tensorrt, was.tensorrt))
+        self.verdict = self.verdict_findings.verdict()
+        return self.verdict
 
     def counts_json(self) -> dict[str, object]:
         """The search's counts, as both plan files write them after the plan."""

@@ -77,3 +77,35 @@ def test_a_spread_that_grows_with_the_nearer_plan_is_seen():
     assert _cert(1.0, 0.95, 0.1).spread_grew(_cert(1.0, 0.7, 0.2))
     assert not _cert(1.0, 0.95, 0.1).spread_grew(_cert(1.0, 0.7, 0.05))
     assert not _cert(1.0, 0.5, 0.1).spread_grew(_cert(1.0, 0.7, 0.2))  # it was certified
+
+
+def test_the_file_as_given_is_held_to_what_fp16_as_it_is_is_held_to():
+    """The quantized road's `quantized_ok` under decide's rules (as `fp16_ok`)."""
+    assert decide("quantized_ok", file_passed=False) == "no_plan"
+    assert decide("quantized_ok", certified=False) == "fragile"
+    assert decide("quantized_ok", certified=True, validated=False) == "unvalidated"
+    assert decide("quantized_ok", certified=True, validated=None) == "quantized_ok"
+    assert decide("fixed", certified=True, validated=False) == "unvalidated"
+    assert decide("no_plan", certified=True) == "no_plan"
+
+
+def test_findings_decide_from_the_proposal_whatever_their_order():
+    """Found.settle records each finding and decides from the search's proposal over all of
+    them: a budget plan whose file passes is then held to its certificate like any `fixed`
+    one; TensorRT's own search comes last."""
+    from trtbisect.judge.verdict import Findings, TensorRT
+    from trtbisect.result import RunResult
+
+    assert decide("over_budget", file_passed=True, certified=False) == "fragile"
+    assert Findings("fixed", covered=False).verdict() == "partial"
+    trt = TensorRT(found=True, changed=True, planned=True)
+    assert Findings("fixed", file_passed=True, covered=False, tensorrt=trt).verdict() == "fixed"
+    r = RunResult("over_budget", fp32_nodes=["a"], candidates=1, evaluations=1, inferences=1,
+                  samples=1, tolerance=Tolerance(), errors_before={}, errors_after={},
+                  model_path="m.onnx", model_sha256="0", nodes=1, strict=False)
+    assert r.settle(certified=False) == "over_budget"  # the file not judged yet
+    assert r.settle(file_passed=True) == "fragile"
+    assert r.settle(validated=True) == "fragile" and r.verdict_findings is not None
+    assert r.verdict_findings.proposed == "over_budget"
+    assert r.verdict_findings.certified is False and r.verdict_findings.file_passed is True
+    assert r.settle(tensorrt=TensorRT(found=False, changed=False, planned=True)) == "no_plan"

@@ -238,20 +238,6 @@ def test_the_written_file_loads_and_declares_what_it_computes(tmp_path):
     assert dict(meta)["trtbisect.fp32_nodes"] == ",".join(r.fp32_nodes) and r.fp32_nodes
 
 
-def test_the_quantized_verdict_is_decided_in_one_place():
-    """quant/run.decided: judge/verdict.decide's rules; the file as given is held to the
-    certificate and the validation as FP16 as it is on the FP16 road."""
-    from trtbisect.quant.run import decided
-
-    assert decided("fixed", file_passed=False) == "no_plan"
-    assert decided("fixed", certified=False) == "fragile"
-    assert decided("fixed", certified=True, validated=False) == "unvalidated"
-    assert decided("quantized_ok", certified=False) == "fragile"
-    assert decided("quantized_ok", certified=True, validated=False) == "unvalidated"
-    assert decided("quantized_ok", certified=True, validated=None) == "quantized_ok"
-    assert decided("no_plan", certified=True) == "no_plan"
-
-
 def test_the_journal_is_not_replayed_under_other_judge_settings(tmp_path):
     """The quantized journal's fingerprint is JudgeSettings' (context.run_fingerprint, as the
     FP16 road's): the same run replays its evaluations, a run under another --eval-timeout

@@ -18,11 +18,20 @@ every validation sample (held out, or perturbed copies of a single one) where th
 any. A finding left `None` was not judged and decides nothing.
 
 The TensorRT backend's own search (`pipeline.verify_on_tensorrt`) judges engines instead of
-the emulator: `on_tensorrt` says what its outcome makes of the verdict.
+the emulator: `on_tensorrt` says what its outcome makes of the verdict, after all the above.
+
+The quantized road's file as given (`quantized_ok`) is held to the same findings as FP16 as
+it is (`fp16_ok`): without its margin over the spread it is `fragile`, and so on.
+
+`Findings` holds what a run found so far; `Findings.verdict()` is `decide` over all of them,
+always from the search's proposal (never from a verdict an earlier finding already changed).
+A result records each finding with `Found.settle` (result.py), the one place its verdict
+changes after it is built, on every road (FP16/BF16, quantized, PyTorch).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, cast
 
 VerdictName = Literal["fp16_ok", "fixed", "no_plan", "over_budget", "fragile", "unvalidated",
@@ -31,13 +40,53 @@ VerdictName = Literal["fp16_ok", "fixed", "no_plan", "over_budget", "fragile", "
 PASSING: tuple[VerdictName, ...] = ("fixed", "fp16_ok")
 
 
+@dataclass(frozen=True)
+class TensorRT:
+    """`--backend trt`'s own search: whether it found an engine plan, whether that plan is
+    another than the emulator's, and whether it keeps anything FP32."""
+    found: bool
+    changed: bool
+    planned: bool
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What decides a run's verdict: the search's proposal and each finding judged since
+    (None: not judged, so it decides nothing)."""
+    proposed: VerdictName
+    file_passed: bool | None = None  # the written file, judged as `check` judges it
+    certified: bool | None = None  # it passes by more than the tools' spread
+    validated: bool | None = None  # it passes the samples the search never saw
+    covered: bool | None = None  # the emulator rounded the whole graph
+    tensorrt: TensorRT | None = None  # TensorRT's own search (--backend trt)
+
+    def verdict(self) -> VerdictName:
+        return decide(self.proposed, file_passed=self.file_passed, certified=self.certified,
+                      validated=self.validated, covered=self.covered, tensorrt=self.tensorrt)
+
+
 def decide(proposed: str, *, file_passed: bool | None = None, certified: bool | None = None,
-           validated: bool | None = None, covered: bool | None = None) -> VerdictName:
+           validated: bool | None = None, covered: bool | None = None,
+           tensorrt: TensorRT | None = None) -> VerdictName:
     """The verdict a proposed one becomes given the findings known so far (module
     docstring: the order; None: not judged, so it decides nothing)."""
-    verdict = cast(VerdictName, proposed)
+    verdict = _emulated(cast(VerdictName, proposed), file_passed, certified, validated,
+                        covered)
+    if tensorrt is not None:
+        return on_tensorrt(verdict, found=tensorrt.found, changed=tensorrt.changed,
+                           planned=tensorrt.planned)
+    return verdict
+
+
+def _emulated(proposed: VerdictName, file_passed: bool | None, certified: bool | None,
+              validated: bool | None, covered: bool | None) -> VerdictName:
+    """The emulator's findings, in the module docstring's order."""
+    as_given = proposed == "quantized_ok"  # held to what FP16 as it is is held to
+    verdict: VerdictName = "fp16_ok" if as_given else proposed
     if verdict == "over_budget":
-        return "fixed" if file_passed else verdict
+        if not file_passed:
+            return verdict
+        verdict = "fixed"  # the file decides: it fits the budget and passes
     if verdict not in PASSING:
         return verdict
     if file_passed is False:
@@ -48,7 +97,7 @@ def decide(proposed: str, *, file_passed: bool | None = None, certified: bool | 
         return "unvalidated"
     if covered is False:
         return "partial"
-    return verdict
+    return "quantized_ok" if as_given else verdict
 
 
 def on_tensorrt(proposed: str, *, found: bool, changed: bool, planned: bool) -> VerdictName:

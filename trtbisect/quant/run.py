@@ -423,7 +423,8 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
 def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
              opts, written: Path | onnx.ModelProto) -> VerdictName:
     """The written file's certificate and validation, as the FP16 road's (stages/spread.py,
-    judge/validation.py), and the verdict they allow (judge/verdict.py)."""
+    judge/validation.py), and the verdict they allow (judge/verdict.py: the file as given,
+    `quantized_ok`, is held to them as FP16 as it is, `fp16_ok`, is)."""
     from ..graph import Graph
     from ..judge import validation
     from ..stages.spread import certify
@@ -441,7 +442,7 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 opts.criteria.verdict)
     result.validation = checked.to_json()
-    verdict = decided(result.verdict, certified=cert.certified, validated=checked.passed)
+    verdict = result.settle(certified=cert.certified, validated=checked.passed)
     if verdict == "fragile":
         log.warning("the plan passes by less than the spread of what the tools compute on "
                     "%s (fragile): it is written, but not called fixed",
@@ -450,20 +451,6 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
         log.warning("the plan fails %s it was not searched on (unvalidated): it is written, "
                     "but not called fixed", checked.described)
     return verdict
-
-
-def decided(proposed: VerdictName, *, file_passed: bool | None = None,
-            certified: bool | None = None, validated: bool | None = None) -> VerdictName:
-    """The quantized road's verdict, decided in one place from what the run found (the seam
-    for the FP16 road's single verdict function): judge/verdict.decide's rules, under which
-    the file as given (`quantized_ok`) is held to the certificate and the validation as
-    FP16 as it is (`fp16_ok`) is: without its margin over the spread it is `fragile`."""
-    from ..judge.verdict import decide
-
-    as_given = proposed == "quantized_ok"
-    verdict = decide("fp16_ok" if as_given else proposed, file_passed=file_passed,
-                     certified=certified, validated=validated)
-    return "quantized_ok" if as_given and verdict == "fp16_ok" else verdict
 
 
 def float_side_reasons(model: onnx.ModelProto) -> list[str]:
@@ -858,7 +845,7 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
     held = InputCheck(path)  # the input's own record: a copy of a file that fails the
     # checker as the input does is held to loading in ONNX Runtime (judge/loadable.py)
     if result.verdict == "quantized_ok" and settle is not None:  # the file as given
-        result.verdict = settle(path)
+        settle(path)
     if result.verdict not in ("fixed",):
         if out_dir is not None:
             deploys = result.verdict in ("quantized_ok", "fragile", "unvalidated")
@@ -876,15 +863,15 @@ def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: P
         result.after = (result.search_after if result.search_after is not None
                         else judge.judge_model(mixed))
         if result.after.passed and settle is not None:
-            result.verdict = settle(mixed)
+            settle(mixed)
     else:
         def judged(file: Path) -> None:  # the file, as check judges it
             result.after = judge.judge_model(file)
             if result.after.passed and settle is not None:
-                result.verdict = settle(file)
-            result.verdict = decided(result.verdict, file_passed=result.after.passed)
+                settle(file)
+            result.settle(file_passed=result.after.passed)
         write_quantized(result, out_dir, keep, held,
                         ("mixed_qdq_model", f"{path.stem}.unquantized.onnx", mixed,
                          _declares(result, "plan")), judged, report=report, side=side)
     assert result.after is not None
-    result.verdict = decided(result.verdict, file_passed=result.after.passed)  # never `fixed`
+    result.settle(file_passed=result.after.passed)  # never `fixed` for a failing file

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import onnx
 
 from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
-from ..judge.verdict import decide
 
 # onnx-tensorrt's operator support matrix, docs/operators.md at commit 96e7811 (2024-06-17:
 # "TensorRT 10.0 supports operators in the inclusive range of opset 9 to opset 20"), the newest
@@ -177,10 +176,9 @@ def apply_partial(result) -> None:
     """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes becomes
     "partial": the judged part passes, the rest was never rounded. The plan is kept."""
     counts = (result.coverage or {}).get("unjudged") or []
-    verdict = decide(result.verdict, covered=not counts)
-    if verdict != result.verdict:
-        result.partial = {"judged_verdict": result.verdict, "unjudged": counts}
-        result.verdict = verdict
+    judged = result.verdict
+    if result.settle(covered=not counts) != judged:
+        result.partial = {"judged_verdict": judged, "unjudged": counts}
 
 
 def partial_words(result) -> str:

@@ -31,7 +31,6 @@ from .evaluator import Evaluator
 from ..judge.loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
 from ..judge.validation import Validation, judged as judged_validation, unvalidated
-from ..judge.verdict import decide
 from ..judge.precision import of_type
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
     elif not checked.passed:
         result.one_minimal = False
         log.error("the written mixed model fails the tolerance: no plan is reported")
-    result.verdict = decide(result.verdict, file_passed=checked.passed)
+    result.settle(file_passed=checked.passed)
     if result.verdict == "fp16_ok" and not plan and result.rewritten_model is None:
         # the written file is all-FP16: its numbers over every sample given (held-out ones
         # too) are the table's, as the certificate's margin is measured on them

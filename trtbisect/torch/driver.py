@@ -90,7 +90,7 @@ def _judge(result: TorchResult, search: SearchResult, measure) -> None:
     if result.verdict == "fixed":
         passed, errors = measure(frozenset(search.fp32))  # the final check, run afresh
         result.evaluations += 1
-        result.verdict = "fixed" if passed else "no_plan"
+        result.settle(file_passed=passed)  # judge/verdict.decide: fixed, or no_plan
         result.errors_after = worst(errors)
         result.fp32_nodes = list(search.fp32) if passed else []
         result.one_minimal = passed and search.one_minimal
