@@ -73,7 +73,7 @@ def test_big_weights_take_the_emulator_first_and_reach_the_same_verdict(zoo, tmp
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", -1)  # every model is "big"
     big = run(model, Options(inputs=[str(inputs)]), tmp_path / "big")
     assert big.verdict == small.verdict == "fp16_ok" and big.mixed_model_passed
-    assert big.one_judge["search_equals_check"]  # the emulator's numbers, the file's
+    assert big.one_judge.search_equals_check  # the emulator's numbers, the file's
     assert {k: e.max_abs for k, e in big.errors_before.items()} == \
         {k: e.max_abs for k, e in small.errors_before.items()}
 
@@ -208,7 +208,7 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
         assert not (tmp_path / "out" / f"{name}.rewritten.onnx").exists()
         return
     assert applied and r.verdict == "fixed" and r.fp32_nodes == []
-    assert r.one_judge["search_equals_check"]
+    assert r.one_judge.search_equals_check
     rewritten = onnx.load(tmp_path / "out" / f"{name}.rewritten.onnx")
     assert [v.name for v in rewritten.graph.output] == [v.name for v in z.model.graph.output]
     assert check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,

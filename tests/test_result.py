@@ -16,7 +16,7 @@ import pytest
 from tests.models.control_flow_models import all_planted
 from trtbisect.context import Options
 from trtbisect.pipeline import run
-from trtbisect.result import JSON_KEY, JSON_ORDER, TYPED, RunResult
+from trtbisect.result import JSON_KEY, JSON_ORDER, TYPED, RunResult, as_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_the_typed_records_round_trip_through_precision_json(written):
     r, text = written
     data = json.loads(text)
     back = RunResult.typed_from_json(data)
-    mine = {a: getattr(r, a) for a in TYPED if getattr(r, a) is not None}
+    mine = {a: as_json(getattr(r, a)) for a in TYPED if getattr(r, a) is not None}
     assert set(back) == set(mine)
     for a in ("cost", "culprit_groups", "certificate", "margins", "fragile", "one_judge",
               "judged", "criteria_record", "fp32_layers", "coverage", "precision",
@@ -59,7 +59,8 @@ def test_the_typed_records_round_trip_through_precision_json(written):
         assert a in back, a  # every record a fixed run sets, under its key
     assert json.loads(json.dumps(mine)) == back  # the same values, as JSON holds them
     assert data["criteria"]["description"] == r.criteria_record["description"]
-    assert data["fragile"] is r.fragile is False and data["margins"] == r.margins
+    assert data["fragile"] is r.fragile is False
+    assert data["margins"] == {k: m.to_json() for k, m in r.margins.items()}
 
 
 def test_precision_json_keeps_the_order_a_run_sets_its_records_in(written):
@@ -82,3 +83,30 @@ def test_no_module_reads_a_typed_record_by_string():
     assert found == []
     # and the pattern does find the old way of reading them
     assert pattern.search('result.extra.get("cost")') and pattern.search("r.extra['margins']")
+
+
+def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribute(written):
+    """The precision, the margins, the one-judge record (and `partial`, set on a graph not
+    wholly judged) are frozen records; precision.json writes them by their `to_json`; no
+    module reads them as dicts any more."""
+    import dataclasses
+
+    from trtbisect.judge.precision import FP16
+    from trtbisect.result import Margin, OneJudge
+
+    r, text = written
+    data = json.loads(text)
+    assert r.precision is FP16 and data["precision"] == FP16.to_json()
+    assert isinstance(r.one_judge, OneJudge) and r.one_judge.search_equals_check
+    assert data["one_judge"] == {"search_equals_check": True,
+                                 "search_errors": r.one_judge.search_errors}
+    assert r.margins and all(isinstance(m, Margin) for m in r.margins.values())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.one_judge.search_equals_check = False  # type: ignore[misc]
+    as_dict = re.compile(r"""\.(precision|partial|one_judge|margins) or \{\}\)|"""
+                         r"""(one_judge|partial|margin)\[["']""")
+    found = [f"{p.relative_to(ROOT)}:{i}"
+             for p in sorted((ROOT / "trtbisect").rglob("*.py")) if "quant" not in p.parts
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if as_dict.search(line)]
+    assert found == []

@@ -25,7 +25,7 @@ from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sente
 from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
 from .data.inputs import MAX_SAMPLES, parse_shapes
 from .judge.flags import criteria_options, pop_criteria
-from .judge.precision import one_precision, precision_option
+from .judge.precision import FP16, one_precision, precision_option
 from .judge.validation import HOLD_OUT_SHARE
 from .base.limits import limit_options, pop_limits
 from .outputs.outdir import OutputDir
@@ -432,7 +432,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
-    low = (result.precision or {}).get("name", "fp16").upper()  # FP16 | BF16
+    low = (result.precision or FP16).name.upper()  # FP16 | BF16
     meet = result.criteria.standard
     verdicts = {"fp16_ok": f"[green]{low} already meets {meet}[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "

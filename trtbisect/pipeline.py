@@ -160,7 +160,7 @@ def _records(model_path: str | Path, ctx: Context, opts: Options) -> tuple[dict[
                 strict=opts.strict, criteria=opts.criteria)
     low = ctx.rules.precision
     record: dict = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
-              "precision": low.to_json(),
+              "precision": low,
               "coverage": coverage.record(g)}
     if ctx.graph.repairs:  # what trtbisect's copy changed (repair.py, docs/input_models.md)
         record["model_copy"] = list(ctx.graph.repairs)

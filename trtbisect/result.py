@@ -14,6 +14,7 @@ from .diagnosis.diagnose import Culprit
 from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
                      EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
 from .judge.criteria import Criteria
+from .judge.precision import Precision
 from .judge.mixed import Written
 from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
@@ -30,18 +31,29 @@ Certificate = JSON  # stages/spread.Certificate.to_json
 ValidationRecord = JSON  # judge/validation.Validation.to_json
 
 
-class Margin(TypedDict):
-    """One output's certificate: how far inside the bound, against the tools' spread."""
+@dataclass(frozen=True)
+class Margin:
+    """One output's certificate: how far inside the bound, against the tools' spread
+    (numbers as judge/criteria.json_number writes them: a non-finite one as a string)."""
     margin: float | str | None
     spread: float | str | None
     noise_floor: float | str | None
     fragile: bool
 
+    def to_json(self) -> JSON:
+        return {"margin": self.margin, "spread": self.spread, "noise_floor": self.noise_floor,
+                "fragile": self.fragile}
 
-class OneJudge(TypedDict):
+
+@dataclass(frozen=True)
+class OneJudge:
     """Whether the search measured the numbers `check` of the written file measures."""
     search_equals_check: bool
     search_errors: dict[str, JSON]  # output -> OutputError.to_json
+
+    def to_json(self) -> JSON:
+        return {"search_equals_check": self.search_equals_check,
+                "search_errors": self.search_errors}
 
 
 class JudgedRecord(TypedDict, total=False):
@@ -62,10 +74,15 @@ class AimedSearch(TypedDict):
     known_failing: int  # evaluations a looser bound's failure answered (nothing judged)
 
 
-class Partial(TypedDict):
-    """A verdict over a graph not wholly judged (coverage.apply_partial)."""
+@dataclass(frozen=True)
+class Partial:
+    """A verdict over a graph not wholly judged (coverage.apply_partial): the judged part's
+    verdict, and the ops not judged (coverage.record's "unjudged")."""
     judged_verdict: VerdictName
-    unjudged: list
+    unjudged: list[JSON]
+
+    def to_json(self) -> JSON:
+        return {"judged_verdict": self.judged_verdict, "unjudged": self.unjudged}
 
 
 class Stage(TypedDict):
@@ -75,7 +92,6 @@ class Stage(TypedDict):
 
 CriteriaRecord = JSON  # Criteria.to_json() and its "description"
 Semantics = JSON  # semantics.record
-Precision = JSON  # LowPrecision.to_json
 Coverage = JSON  # coverage.record
 Workers = JSON  # parallel_batch.summary
 Stability = JSON  # stability.StabilityReport.to_json
@@ -119,6 +135,17 @@ class ToJson(Protocol):
 
 C = TypeVar("C", bound=ToJson)  # a culprit: diagnose.Culprit, torch/result.TorchCulprit
 S = TypeVar("S")  # a unit's layer-wise statistics: compare.TensorStats, torch's ModuleStats
+
+
+def as_json(value: object) -> object:
+    """A typed record as precision.json writes it: a record by its `to_json`, the values of
+    a dict or a list each so; anything else as it is."""
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_json(v) for v in value]
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else value
 
 
 def errors_json(errors: Mapping[str, OutputError]) -> dict[str, dict]:
@@ -257,8 +284,9 @@ class RunResult(Found[Culprit, TensorStats]):
         }
 
     def typed_json(self) -> dict[str, object]:
-        """The typed records set by this run, under precision.json's keys."""
-        return {JSON_KEY.get(a, a): getattr(self, a) for a in TYPED
+        """The typed records set by this run, under precision.json's keys, as JSON (a frozen
+        record is written by its `to_json`)."""
+        return {JSON_KEY.get(a, a): as_json(getattr(self, a)) for a in TYPED
                 if getattr(self, a) is not None}
 
     def records(self) -> dict[str, object]:

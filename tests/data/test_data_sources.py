@@ -300,7 +300,7 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
     assert sub.verdict == "fixed" and sub.one_minimal
     assert sub.judged["search_samples"] == [0, 1, 15]
     assert sub.judged["after"]["passed_samples"] == 20
-    assert sub.one_judge["search_equals_check"]
+    assert sub.one_judge.search_equals_check
     assert "search_samples" not in full.judged
     journal = [json.loads(ln) for ln in (tmp_path / "sub" / "journal.jsonl").read_text()
                .splitlines()[1:]]

@@ -107,7 +107,7 @@ def test_run_finds_the_exact_set_and_check_agrees(name, semantics, tmp_path):
     want = p.strict if semantics == "strict" else p.trt
     assert set(r.fp32_nodes) == want
     assert r.verdict == ("fixed" if want else "fp16_ok")
-    assert r.one_judge["search_equals_check"]
+    assert r.one_judge.search_equals_check
     mixed = tmp_path / "out" / f"{p.name}.mixed.onnx"
     written = sorted((tmp_path / "out").glob("*.onnx"))
     assert mixed in written
@@ -169,7 +169,7 @@ def test_fp16_fine_around_a_contrib_op_is_never_called_fine(tmp_path):
             t.CopyFrom(onnx.numpy_helper.from_array(np.array(0.5, np.float32), t.name))
     model, inputs = _save(Planted(p.name, m, p.inputs, frozenset(), frozenset(), ""), tmp_path)
     r = run(model, Options(inputs=[inputs]), tmp_path / "out")
-    assert r.verdict == "partial" and r.partial["judged_verdict"] == "fp16_ok"
+    assert r.verdict == "partial" and r.partial.judged_verdict == "fp16_ok"
     cli = subprocess.run([sys.executable, "-m", "trtbisect", "run", model, "--inputs", inputs,
                           "--out", str(tmp_path / "cli")], capture_output=True, text=True)
     assert cli.returncode == 5, cli.stderr
@@ -239,7 +239,7 @@ def test_a_weight_inside_a_branch_follows_the_weight_rule(semantics, tmp_path):
     r = run(model, opts, tmp_path / "out")
     want = p.strict if semantics == "strict" else set()
     assert set(r.fp32_nodes) == want and r.verdict == ("fixed" if want else "fp16_ok")
-    assert r.one_judge["search_equals_check"]
+    assert r.one_judge.search_equals_check
     if semantics == "trt":  # all-FP16 is off by 70000 - 65504 times x/1000 (FP16 noise aside)
         assert r.errors_after["y"].max_abs == pytest.approx(
             np.abs(p.inputs["x"] * 1e-3).max() * (7e4 - 65504), rel=0.02)
@@ -312,7 +312,7 @@ def test_the_silero_if_models_are_judged_and_written_whole(name, tmp_path):
                                                     "silero_vad_op15": 78}[name]
     r = run(path, Options(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(rtol=1e-3)),
             tmp_path / "out")
-    assert r.verdict == "fixed" and r.one_judge["search_equals_check"]
+    assert r.verdict == "fixed" and r.one_judge.search_equals_check
     assert name != "silero_vad_if" or any(g.is_inner(n) for n in r.fp32_nodes)  # all inside
     mixed = tmp_path / "out" / f"{name}.mixed.onnx"
     onnx.checker.check_model(onnx.load(mixed), full_check=True)

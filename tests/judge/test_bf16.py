@@ -98,7 +98,7 @@ def test_a_precision_loss_fp16_holds_fails_in_bf16_and_is_said_in_bf16s_words(tm
     assert fp16.verdict == "fp16_ok"
     bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     assert bf16.verdict == "fixed" and "diff" in bf16.fp32_nodes
-    assert bf16.one_judge["search_equals_check"]
+    assert bf16.one_judge.search_equals_check
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
     (group,) = plan["culprit_groups"]
     assert group["cause"] == "precision_loss"

@@ -185,5 +185,5 @@ def test_demo_run_with_fp16_accumulation_keeps_one_judge(tmp_path):
     opts = Options(inputs=[str(DEMO / "demo_inputs.npz")], fp16_accumulate=True)
     r = run(DEMO / "demo.onnx", opts, tmp_path / "o")
     assert r.verdict in ("fixed", "fp16_ok")
-    assert r.one_judge["search_equals_check"] is True
+    assert r.one_judge.search_equals_check is True
     assert r.semantics["fp16_accumulate"] == BLOCK

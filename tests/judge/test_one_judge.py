@@ -66,7 +66,7 @@ def test_run_reports_exactly_what_check_says_of_its_file(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
-    assert r.verdict == "fixed" and r.one_judge["search_equals_check"]
+    assert r.verdict == "fixed" and r.one_judge.search_equals_check
     checked = check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,
                           Options(inputs=[str(inputs)]))
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
@@ -113,8 +113,8 @@ def test_a_plan_within_the_noise_floor_is_not_called_fp16_ok(tmp_path):
     r = run(path, tight, tmp_path / "tight")
     assert r.verdict == "fixed" and r.fp32_nodes == ["mm"]
     margin = r.margins["y"]
-    assert margin["margin"] > margin["spread"] >= margin["noise_floor"] > 0
-    assert not margin["fragile"]
+    assert margin.margin > margin.spread >= margin.noise_floor > 0
+    assert not margin.fragile
     assert json.loads((tmp_path / "tight" / "precision.json").read_text())["fragile"] is False
     loose = run(path, Options(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(e.rel * 2)),
                 tmp_path / "loose")
@@ -152,12 +152,12 @@ def test_external_data_model_runs_by_reference_and_its_files_check(tmp_path):
     # trt: MatMul + Tanh are one layer (the count objective; --objective cost may keep the
     # first layer instead, which passes too and saves the input's Cast)
     fused = run(path, Options(objective="count"), tmp_path / "fused")
-    assert fused.fp32_nodes == ["mm1", "act1"] and fused.one_judge["search_equals_check"]
+    assert fused.fp32_nodes == ["mm1", "act1"] and fused.one_judge.search_equals_check
     cheap = run(path, Options(), tmp_path / "cheap")
     assert cheap.fp32_nodes in (["mm0", "act0"], ["mm1", "act1"])
-    assert cheap.one_judge["search_equals_check"]
+    assert cheap.one_judge.search_equals_check
     assert cheap.cost["plan_s"] <= fused.cost["plan_s"]
-    assert r.one_judge["search_equals_check"]
+    assert r.one_judge.search_equals_check
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
     assert check_mixed(tmp_path / "out" / "ext.mixed.onnx", path, Options(semantics="strict")).passed
     # the graph never pulled the weights into its proto: they are memory-mapped from the file
@@ -200,7 +200,7 @@ def test_float16_models_are_judged_against_their_fp32_upcast(tmp_path):
     opts = Options(inputs=[str(tmp_path / "x.npz")], semantics="strict")
     r = run(path, opts, tmp_path / "out")
     assert r.verdict == "fixed" and set(r.fp32_nodes) == {"square", "root"}
-    assert r.one_judge["search_equals_check"]
+    assert r.one_judge.search_equals_check
     mixed = onnx.load(tmp_path / "out" / "half.mixed.onnx")
     assert mixed.graph.input[0].type.tensor_type.elem_type == TP.FLOAT16  # declared I/O kept
     assert mixed.graph.output[0].type.tensor_type.elem_type == TP.FLOAT16
@@ -228,7 +228,7 @@ def test_parameter_inputs_are_never_rounded_bicubic_resize(tmp_path):
     path = tmp_path / "vit.onnx"
     onnx.save(m, path)
     r = run(path, Options(), tmp_path / "out")
-    assert r.verdict == "fp16_ok" and r.one_judge["search_equals_check"]
+    assert r.verdict == "fp16_ok" and r.one_judge.search_equals_check
 
 
 def test_internal_names_never_collide_with_the_models(tmp_path):
@@ -260,7 +260,7 @@ def test_a_float16_models_fused_layers_are_the_same_to_the_search_and_to_check(t
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", -1)  # the emulator decides first
     emulator_first = run(path, opts, tmp_path / "b")
     assert emulator_first.verdict == "fp16_ok"
-    assert emulator_first.one_judge["search_equals_check"]
+    assert emulator_first.one_judge.search_equals_check
     assert {k: e.to_json() for k, e in emulator_first.errors_before.items()} == \
         {k: e.to_json() for k, e in file_first.errors_before.items()}
     ctx = prepare(path, opts)

@@ -221,7 +221,7 @@ def test_one_judge_on_the_demo(tmp_path, semantics, tf32):
 def test_demo_run_under_trt_keeps_one_judge(tmp_path):
     r = run(DEMO / "demo.onnx", Options(inputs=[str(DEMO / "demo_inputs.npz")]), tmp_path / "o")
     assert r.verdict in ("fixed", "fp16_ok")
-    assert r.one_judge["search_equals_check"] is True
+    assert r.one_judge.search_equals_check is True
     assert r.errors_before_strict is not None
 
 

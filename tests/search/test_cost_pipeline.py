@@ -61,7 +61,7 @@ def test_a_budget_nothing_fits_writes_the_best_plan_within_it_and_says_so(ln, tm
     assert not checked.passed
     assert {k: v.max_abs for k, v in checked.errors.items()} == \
         {k: v.max_abs for k, v in r.errors_after.items()}
-    assert r.one_judge["search_equals_check"]
+    assert r.one_judge.search_equals_check
     assert json.loads((tmp_path / "out" / "precision.json").read_text())["verdict"] == \
         "over_budget"
 

@@ -145,7 +145,7 @@ def has_plan(result: Any) -> bool:
     numbers of its own; not for fp16_ok (nothing to apply) or no_plan (nothing written)."""
     verdict = result.verdict
     if verdict == "partial":
-        verdict = (result.partial or {}).get("judged_verdict", verdict)
+        verdict = result.partial.judged_verdict if result.partial is not None else verdict
     # fragile and unvalidated plans are written and judged too: their own errors are shown
     return verdict in ("fixed", "over_budget", "fragile", "unvalidated")
 

@@ -21,7 +21,7 @@ from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
 from ..judge.criteria import score_margin_text
 from ..diagnosis.diagnose import num, pct
 from ..errors import require
-from ..judge.precision import FP16, Precision, precision as low_precision
+from ..judge.precision import FP16, Precision
 from ..judge.validation import line as validation_line
 from ..base.escape import md_code, md_fence, md_table_cell, md_text, shown_text
 from ..outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
@@ -83,7 +83,7 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 def low_of(result: "RunResult") -> Precision:
     """The run's low precision (precision.json "precision"; FP16 for older runs)."""
-    return low_precision((result.precision or {}).get("name", "fp16"))
+    return result.precision or FP16
 
 
 def verdict_line(result: "RunResult") -> str:
@@ -455,10 +455,10 @@ def margin_lines(result: "RunResult") -> list[str]:
         # certificate's margin is measured under (stages/spread.py)
         worst, bound = err.max_abs, err.bound
         used = worst / bound if bound > 0 else math.inf
-        m = margins.get(name) if isinstance(margins, Mapping) else None
-        spread = m.get("spread") if isinstance(m, Mapping) else None
+        m = margins.get(name)
+        spread = m.spread if m is not None else None
         floor = (f"; what the tools compute spreads by {num(float(spread))}"
-                 + (" (fragile: the margin is within it)" if m and m.get("fragile") else "")
+                 + (" (fragile: the margin is within it)" if m and m.fragile else "")
                  if isinstance(spread, (int, float)) else "")
         verb = "uses" if err.passed and not err.nonfinite else "misses: reaches"
         out.append(f"{name}: {who} {verb} {pct_of(used)} of the bound: {err.max_text(num)}"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
+from ..result import Partial
 
 # onnx-tensorrt's operator support matrix, docs/operators.md at commit 96e7811 (2024-06-17:
 # "TensorRT 10.0 supports operators in the inclusive range of opset 9 to opset 20"), the newest
@@ -178,17 +179,17 @@ def apply_partial(result) -> None:
     counts = (result.coverage or {}).get("unjudged") or []
     judged = result.verdict
     if result.settle(covered=not counts) != judged:
-        result.partial = {"judged_verdict": judged, "unjudged": counts}
+        result.partial = Partial(judged, counts)
 
 
 def partial_words(result) -> str:
     """`FP16 meets the tolerance on the judged part; not judged: FusedMatMul (com.microsoft)
     x1` (the console's and the report's verdict line)."""
-    part = result.partial or {}
+    part = result.partial
     judged = (f"FP16 meets {result.criteria.standard}"
-              if part.get("judged_verdict") == "fp16_ok" else
+              if part is not None and part.judged_verdict == "fp16_ok" else
               f"fixed by keeping {len(result.fp32_nodes)} of {result.candidates} nodes in FP32")
     ops = ", ".join(f"{c['op']}" + (f" ({c['domain']})" if c["domain"] != "ai.onnx" else "")
-                    + f" x{c['count']}" for c in part.get("unjudged", []))
+                    + f" x{c['count']}" for c in (part.unjudged if part is not None else []))
     return (f"{judged} on the judged part only; not judged (the emulator cannot round them, "
             f"they ran in FP32): {ops}")

@@ -25,7 +25,7 @@ from ..graph import Graph
 from ..base.limits import EvalTimeout
 from ..judge.mixed import Written, mixed_model
 from ..outputs.outdir import OutputDir
-from ..result import RunResult
+from ..result import Margin, OneJudge, RunResult
 from ..judge.criteria import Judgement, Verdict, json_number, timed_out, worst_of
 from .evaluator import Evaluator
 from ..judge.loadable import require_loadable, require_written_valid
@@ -92,8 +92,7 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
         result.judged["after"] = checked.verdict.to_json()
     result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
     result.errors_after = checked.errors
-    result.one_judge = {"search_equals_check": same,
-                                 "search_errors": {k: v.to_json() for k, v in searched_worst.items()}}
+    result.one_judge = OneJudge(same, {k: v.to_json() for k, v in searched_worst.items()})
     if not same:
         log.error("the search measured other numbers than `check` of the written file: "
                   "trusting the file (please report this)")
@@ -124,13 +123,11 @@ def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "Ch
                    given=checked.given or None)
     result.certificate = cert.to_json()
     result.margins = {
-        o: {"margin": json_number(m.margin), "spread": json_number(m.spread),
-            "noise_floor": json_number(m.noise_floor), "fragile": not m.certified}
-        for o, m in cert.outputs.items()}
-    result.margins.update({  # a criterion's score against its threshold (stages/spread.py)
-        k: {"margin": json_number(m.margin), "spread": json_number(m.spread),
-            "noise_floor": None, "fragile": not m.certified}
-        for k, m in cert.scores.items()})
+        **{o: Margin(json_number(m.margin), json_number(m.spread), json_number(m.noise_floor),
+                     fragile=not m.certified) for o, m in cert.outputs.items()},
+        # a criterion's score against its threshold (stages/spread.py)
+        **{k: Margin(json_number(m.margin), json_number(m.spread), None,
+                     fragile=not m.certified) for k, m in cert.scores.items()}}
     result.fragile = not cert.certified
     return cert
 
