@@ -259,7 +259,7 @@ def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
     no plan has the margin), and the criteria that may fit better (judge/hints.py)."""
     was = result.verdict
     verdict = result.settle(certified=None if cert is None else cert.certified,
-                            validated=(result.validation or {}).get("passed"))
+                            validated=result.validation.passed if result.validation else None)
     if verdict == "fragile" and was != verdict:
         assert cert is not None
         log.warning("the plan passes by less than the spread of what the tools compute on %s "
@@ -268,7 +268,7 @@ def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
     elif verdict == "unvalidated" and was != verdict:
         log.warning("the plan passes the samples it was searched on but fails %s "
                     "(unvalidated): it is written, but not called fixed",
-                    (result.validation or {}).get("samples"))
+                    result.validation.described if result.validation else None)
     if verdict != was:
         result.one_minimal = False
     if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):

@@ -15,6 +15,7 @@ from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT
                      EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
 from .judge.criteria import Criteria
 from .judge.precision import Precision
+from .judge.validation import Validation
 from .judge.mixed import Written
 from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
@@ -28,7 +29,6 @@ JSON = dict[str, Any]
 Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
 CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
 Certificate = JSON  # stages/spread.Certificate.to_json
-ValidationRecord = JSON  # judge/validation.Validation.to_json
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ class RunResult(Found[Culprit, TensorStats]):
     margins: dict[str, Margin] | None = None
     fragile: bool | None = None
     aimed_searches: list[AimedSearch] | None = None
-    validation: ValidationRecord | None = None  # the written plan on unseen samples
+    validation: Validation | None = None  # the written plan on unseen samples
     criterion_hints: list[Hint] | None = None
     culprit_groups: list[CulpritGroup] | None = None
     errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (stages/strict.py)

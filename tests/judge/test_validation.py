@@ -90,16 +90,16 @@ def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp
     assert r.verdict == "unvalidated" and r.exit_code == 9
     # the first chain's overflow, not the second's (the searched sample never overflows it)
     assert {"p1_up2", "p1_down"} <= set(r.fp32_nodes) and "p2_up2" not in r.fp32_nodes
-    assert r.validation["kind"] == "held_out" and r.validation["passed"] is False
-    assert r.validation["indices"] == validation.split(2, validation.HOLD_OUT_SHARE, 0)[1]
+    assert r.validation.kind == "held_out" and r.validation.passed is False
+    assert r.validation.indices == validation.split(2, validation.HOLD_OUT_SHARE, 0)[1]
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
-    assert written["verdict"] == "unvalidated" and written["validation"] == r.validation
+    assert written["verdict"] == "unvalidated" and written["validation"] == r.validation.to_json()
     assert (tmp_path / "out" / "two.mixed.onnx").exists()  # the plan is still written
 
     # the hard sample searched, the easy one held out: the plan covers both, and holds
     path, files = _two_overflows(tmp_path, hard, easy)
     r = run(path, Options(inputs=files, semantics="strict"), tmp_path / "out2")
-    assert r.verdict == "fixed" and r.validation["passed"] is True
+    assert r.verdict == "fixed" and r.validation.passed is True
     assert {"p1_up2", "p2_up2"} <= set(r.fp32_nodes)
 
     # the command says it in one line and exits 9
@@ -136,7 +136,7 @@ def test_one_sample_near_the_bound_is_validated_on_perturbed_copies(tmp_path):
     r = run(path, Options(inputs=[str(tmp_path / "x.npz")], semantics="strict"),
             tmp_path / "out")
     assert {"p1_up2", "p1_down"} <= set(r.fp32_nodes) and "p2_up" not in r.fp32_nodes
-    assert r.validation["kind"] == "perturbed" and r.validation["passed"] is False
+    assert r.validation.kind == "perturbed" and r.validation.passed is False
     assert r.verdict == "unvalidated"
 
 

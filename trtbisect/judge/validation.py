@@ -152,9 +152,10 @@ class Holdout:
         return "no samples"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Validation:
-    """The written plan's verdict on the validation samples."""
+    """The written plan's verdict on the validation samples (a run's `validation` record:
+    precision.json writes its `to_json`)."""
 
     kind: Kind
     described: str
@@ -221,21 +222,21 @@ def unvalidated(reason: str) -> Validation:
     return Validation("none", reason)
 
 
-def line(record: Mapping | None) -> str | None:
+def line(record: Validation | None) -> str | None:
     """The console's and the reports' one line on validation."""
-    if not record:
+    if record is None:
         return None
-    if record.get("kind") == "none":
-        return f"validation: none ({record.get('samples')}): the plan is unvalidated"
-    errors = list((record.get("errors") or {}).items())
-    worst = ", ".join(f"{o} max|d| {_g(e.get('max_abs'))}"
-                      + (f" on sample {e['sample']}" if e.get("sample") is not None else "")
-                      + f" (bound {_g(e.get('bound'))}"
-                      + (f" of sample {e['bound_sample']}" if e.get("bound_sample") is not None
+    if record.kind == "none":
+        return f"validation: none ({record.described}): the plan is unvalidated"
+    errors = list(record.verdict.errors.items()) if record.verdict is not None else []
+    worst = ", ".join(f"{o} max|d| {_g(e.max_abs)}"
+                      + (f" on sample {e.sample}" if e.sample is not None else "")
+                      + f" (bound {_g(e.bound)}"
+                      + (f" of sample {e.bound_sample}" if e.bound_sample is not None
                          else "") + ")"
-                      for o, e in errors[:2] if e.get("max_abs") is not None)
-    ok = "passes" if record.get("passed") else "FAILS"
-    return f"validation on {record.get('samples')}: {ok}" + (f"; {worst}" if worst else "") + (
+                      for o, e in errors[:2] if e.max_abs is not None)
+    ok = "passes" if record.passed else "FAILS"
+    return f"validation on {record.described}: {ok}" + (f"; {worst}" if worst else "") + (
         f" (+{len(errors) - 2} outputs)" if len(errors) > 2 else "")
 
 

@@ -23,6 +23,7 @@ import onnx
 from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge import subset
 from ..judge.criteria import Verdict
+from ..judge.validation import Validation
 from ..judge.verdict import VerdictName
 from ..base.escape import visible
 from ..result import Found
@@ -66,7 +67,7 @@ class QuantResult(Found[Any, Any]):
     renderings: dict = field(default_factory=dict)
 
     certified: dict | None = None  # the written file's margin over the spread (stages/spread.py)
-    validation: dict | None = None  # the written file on unseen samples (judge/validation.py)
+    validation: Validation | None = None  # the written file on unseen samples
     needed: dict[str, bool] = field(default_factory=dict)  # per plan unit: removing it fails
     faster: dict[str, float] = field(default_factory=dict)  # per unit not needed: est. saving
     minimal_plan: list[str] = field(default_factory=list)  # the certified 1-minimal plan
@@ -140,7 +141,8 @@ class QuantResult(Found[Any, Any]):
                          for u, n, side in self._culprits()],
             "minimal_plan": self.minimal_plan,
             "certificate": self.certified, "margins": (self.certified or {}).get("outputs"),
-            "validation": self.validation, "reasons": self.reasons,
+            "validation": self.validation.to_json() if self.validation else None,
+            "reasons": self.reasons,
             "errors_before": errors(self.before), "errors_after": errors(self.after),
             "judged": {"before": self.before.to_json() if self.before else None,
                        "after": self.after.to_json() if self.after else None},
@@ -441,7 +443,7 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     result.certified = cert.to_json()
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 opts.criteria.verdict)
-    result.validation = checked.to_json()
+    result.validation = checked
     verdict = result.settle(certified=cert.certified, validated=checked.passed)
     if verdict == "fragile":
         log.warning("the plan passes by less than the spread of what the tools compute on "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -96,7 +96,7 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
     if not same:
         log.error("the search measured other numbers than `check` of the written file: "
                   "trusting the file (please report this)")
-    result.validation = checked.validation.to_json() if checked.validation else None
+    result.validation = checked.validation
     if result.verdict == "over_budget":  # the best plan within --budget, known to fail
         result.one_minimal = False  # the file decides (one judge): fits the budget, passes?
     elif not checked.passed:
@@ -257,7 +257,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
         given = [unseen[i] if i in unseen else next(searched)
                  for i in range(len(held.indices) + len(judged))]
         reported = opts.criteria.verdict(given)
-        checked.overall = reported.passed
+        checked = replace(checked, overall=reported.passed)
     return CheckResult(verdict.passed, reported.errors, len(graph.half_typed), len(judged),
                        Written(judge.proto, judge.arrays, loaded=True), tensors,
                        [c.to_json() for c in coverage.unjudged(graph)], judged, reported,
