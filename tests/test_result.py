@@ -58,7 +58,7 @@ def test_the_typed_records_round_trip_through_precision_json(written):
               "semantics"):
         assert a in back, a  # every record a fixed run sets, under its key
     assert json.loads(json.dumps(mine)) == back  # the same values, as JSON holds them
-    assert data["criteria"]["description"] == r.criteria_record["description"]
+    assert data["criteria"]["description"] == r.criteria_record.description
     assert data["fragile"] is r.fragile is False
     assert data["margins"] == {k: m.to_json() for k, m in r.margins.items()}
 
@@ -86,13 +86,14 @@ def test_no_module_reads_a_typed_record_by_string():
 
 
 def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribute(written):
-    """The precision, the margins, the one-judge record (and `partial`, set on a graph not
-    wholly judged) are frozen records; precision.json writes them by their `to_json`; no
-    module reads them as dicts any more."""
+    """The precision, the margins, the one-judge record, the criteria and their verdicts,
+    the validation (and `partial`, set on a graph not wholly judged) are frozen records;
+    precision.json writes them by their `to_json`; no module reads them as dicts any more."""
     import dataclasses
 
     from trtbisect.judge.precision import FP16
-    from trtbisect.result import Margin, OneJudge
+    from trtbisect.judge.validation import Validation
+    from trtbisect.result import CriteriaRecord, JudgedRecord, Margin, OneJudge
 
     r, text = written
     data = json.loads(text)
@@ -101,10 +102,14 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
     assert data["one_judge"] == {"search_equals_check": True,
                                  "search_errors": r.one_judge.search_errors}
     assert r.margins and all(isinstance(m, Margin) for m in r.margins.values())
+    assert isinstance(r.validation, Validation) and data["validation"] == r.validation.to_json()
+    assert isinstance(r.criteria_record, CriteriaRecord) and isinstance(r.judged, JudgedRecord)
+    assert data["judged"] == {"before": r.judged.before, "after": r.judged.after}
+    assert data["judged"]["after"]["passed_samples"] == r.judged.after["passed_samples"] >= 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.one_judge.search_equals_check = False  # type: ignore[misc]
-    as_dict = re.compile(r"""\.(precision|partial|one_judge|margins) or \{\}\)|"""
-                         r"""(one_judge|partial|margin)\[["']""")
+    as_dict = re.compile(r"""\.(precision|partial|one_judge|margins|validation|judged|"""
+                         r"""criteria_record) or \{\}\)|(one_judge|partial|margin)\[["']""")
     found = [f"{p.relative_to(ROOT)}:{i}"
              for p in sorted((ROOT / "trtbisect").rglob("*.py")) if "quant" not in p.parts
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)

@@ -641,16 +641,17 @@ def emit_samples(result) -> None:
     which samples the search never saw it was validated (judge/validation.py)."""
     from .judge.validation import line as validation_line
 
-    judged = result.judged or {}
-    after = judged.get("after") or judged.get("before")
+    judged = result.judged
+    after = judged and (judged.after or judged.before)
     if not after:
         return
-    which = "the plan" if "after" in judged else "all FP16"
+    which = "the plan" if judged.after is not None else "all FP16"
     failed = [k for k, s in enumerate(after["per_sample"]) if not s["passed"]]
     failing = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
-    search = judged.get("search_samples")
+    search = judged.search_samples
+    crit = result.criteria_record
     out.print(f"judged on {after['samples']} sample(s) by "
-              f"{escape(str((result.criteria_record or {}).get('description', '')))}: "
+              f"{escape(crit.description if crit is not None else '')}: "
               f"{which} passes on {after['passed_samples']} (needs {after['required']})"
               + (f"; fails on sample(s) {failing}" if failed else "")
               + (f"; the search judged on {len(search)} of them" if search else "")

@@ -56,12 +56,29 @@ class OneJudge:
                 "search_errors": self.search_errors}
 
 
-class JudgedRecord(TypedDict, total=False):
-    """The criterion's verdicts: all-FP16 ("before"), the written plan ("after"), and the
-    samples the search judged when it judged a subset."""
-    before: JSON
-    after: JSON
-    search_samples: list[int]
+@dataclass(frozen=True)
+class JudgedRecord:
+    """The criterion's verdicts (judge/criteria.Verdict.to_json): all-FP16 ("before"), the
+    written plan ("after"), and the samples the search judged when it judged a subset."""
+    before: JSON | None = None
+    search_samples: list[int] | None = None
+    after: JSON | None = None
+
+    def to_json(self) -> JSON:
+        return {k: v for k, v in (("before", self.before), ("search_samples",
+                                  self.search_samples), ("after", self.after))
+                if v is not None}
+
+
+@dataclass(frozen=True)
+class CriteriaRecord:
+    """The criteria that judged the run (precision.json's "criteria"): Criteria.to_json()
+    and their description in words."""
+    criteria: JSON
+    description: str
+
+    def to_json(self) -> JSON:
+        return {**self.criteria, "description": self.description}
 
 
 class AimedSearch(TypedDict):
@@ -90,7 +107,6 @@ class Stage(TypedDict):
     seconds: float
 
 
-CriteriaRecord = JSON  # Criteria.to_json() and its "description"
 Semantics = JSON  # semantics.record
 Coverage = JSON  # coverage.record
 Workers = JSON  # parallel_batch.summary

@@ -733,18 +733,18 @@ def _criteria_facts(result: "RunResult") -> list[_Fact]:
     """The criterion, on how many samples the plan was judged, and how it fared on each."""
     judged = result.judged
     crit = result.criteria_record
-    if not isinstance(judged, dict) or not isinstance(crit, dict):
+    if judged is None or crit is None:
         return []
-    after = judged.get("after") or judged.get("before")
+    after = judged.after or judged.before
     if not after:
         return []
     per = after["per_sample"]
     failed = [k for k, x in enumerate(per) if not x["passed"]]
     worst = sorted(range(len(per)), key=lambda k: -float(per[k]["severity"]))[:5]
-    search = judged.get("search_samples")
-    return [_fact(f"criterion: {crit.get('description')}", markdown_only=True),
+    search = judged.search_samples
+    return [_fact(f"criterion: {crit.description}", markdown_only=True),
             _fact(f"judged on {after['samples']} sample(s): "
-                  f"{'the plan' if 'after' in judged else 'all FP16'} passes on "
+                  f"{'the plan' if judged.after is not None else 'all FP16'} passes on "
                   f"{after['passed_samples']} (needs {after['required']})"
                   + (f", fails on {', '.join(map(str, failed[:20]))}" if failed else "")
                   + "; worst (severity, 1 = at the bound): "

@@ -26,7 +26,7 @@ from .spread import AIM_FLOOR, AIM_ROUNDS, AIM_SHARE, Certificate, aimed
 from .written import judge_written_plan
 from ..judge.mixed import graph_model
 from . import batch as parallel_batch
-from ..result import AimedSearch, JudgedRecord, RunResult, search_verdict
+from ..result import AimedSearch, CriteriaRecord, JudgedRecord, RunResult, search_verdict
 from ..rewrites.driver import RewriteOutcome
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from ..search.journal import Journal
@@ -272,12 +272,10 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     if parallel_summary is not None:
         result.workers = parallel_summary
     result.cost = pricing.summary(found, opts.objective, opts.budget, ctx.rules.precision.name)
-    result.criteria_record = {**opts.criteria.to_json(),
-                              "description": opts.criteria.describe()}
-    judged: JudgedRecord = {"before": opts.criteria.verdict(before).to_json()}
-    if ctx.subset is not None:  # the user's sample numbers (held-out ones not among them)
-        judged["search_samples"] = [ctx.kept[i] if ctx.kept else i for i in ctx.subset]
-    result.judged = judged
+    result.criteria_record = CriteriaRecord(opts.criteria.to_json(), opts.criteria.describe())
+    result.judged = JudgedRecord(  # search_samples: the user's numbers (held-out ones not among them)
+        opts.criteria.verdict(before).to_json(),
+        None if ctx.subset is None else [ctx.kept[i] if ctx.kept else i for i in ctx.subset])
 
 
 def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callable[[str], None],

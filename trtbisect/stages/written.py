@@ -25,7 +25,7 @@ from ..graph import Graph
 from ..base.limits import EvalTimeout
 from ..judge.mixed import Written, mixed_model
 from ..outputs.outdir import OutputDir
-from ..result import Margin, OneJudge, RunResult
+from ..result import JudgedRecord, Margin, OneJudge, RunResult
 from ..judge.criteria import Judgement, Verdict, json_number, timed_out, worst_of
 from .evaluator import Evaluator
 from ..judge.loadable import require_loadable, require_written_valid
@@ -87,9 +87,8 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
         same_numbers(a, b) for a, b in zip(searched, checked.judgements))
     result.mixed_check = checked.errors
     if checked.verdict is not None:
-        if result.judged is None:
-            result.judged = {}
-        result.judged["after"] = checked.verdict.to_json()
+        result.judged = replace(result.judged or JudgedRecord(),
+                                after=checked.verdict.to_json())
     result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
     result.errors_after = checked.errors
     result.one_judge = OneJudge(same, {k: v.to_json() for k, v in searched_worst.items()})
