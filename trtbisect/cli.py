@@ -485,11 +485,11 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
             out.print(f"... and {plural(len(names) - top, 'more output')}: --all, or "
                       "precision.json \"errors_after\"")
         strict = result.errors_before_strict or {}
-        for name, e in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
-            judged = (escape(str(e["text"])) if e.get("text") else
-                      f"max|d| {fmt(float(e['max_abs']))}")
+        for name, s in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
+            judged = (escape(str(s.text)) if s.text else
+                      f"max|d| {fmt(float(s.error.max_abs))}")
             out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
-                      f"{'ok' if e['passed'] else 'FAIL'} {judged}")
+                      f"{'ok' if s.error.passed else 'FAIL'} {judged}")
     emit_margins(result)
     if result.cost and result.verdict != "reference_invalid":
         out.print(cost_line(result.cost))

@@ -57,6 +57,20 @@ class OneJudge:
 
 
 @dataclass(frozen=True)
+class StrictError:
+    """One output's all-low-precision error under per-node rounding (stages/strict.py), and
+    the run's criteria's words for it where a criterion scored it."""
+    error: OutputError
+
+    @property
+    def text(self) -> str | None:
+        return self.error.scores_text if self.error.scores else None
+
+    def to_json(self) -> JSON:
+        return {**self.error.to_json(), **({"text": self.text} if self.error.scores else {})}
+
+
+@dataclass(frozen=True)
 class JudgedRecord:
     """The criterion's verdicts (judge/criteria.Verdict.to_json): all-FP16 ("before"), the
     written plan ("after"), and the samples the search judged when it judged a subset."""
@@ -264,7 +278,7 @@ class RunResult(Found[Culprit, TensorStats]):
     validation: Validation | None = None  # the written plan on unseen samples
     criterion_hints: list[Hint] | None = None
     culprit_groups: list[CulpritGroup] | None = None
-    errors_before_strict: dict[str, JSON] | None = None  # all-FP16 per node (stages/strict.py)
+    errors_before_strict: dict[str, StrictError] | None = None  # all-FP16 per node (strict.py)
     strict_only_culprits: list[str] | None = None  # failing only under per-node rounding
     stability: Stability | None = None
     partial: Partial | None = None

@@ -56,7 +56,7 @@ def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
     r = run(model, _opts("trt", inputs), tmp_path / "out")
     assert r.verdict == "fp16_ok"
     strict_before = r.errors_before_strict["y"]
-    assert not strict_before["passed"] and all(e.passed for e in r.errors_before.values())
+    assert not strict_before.error.passed and all(e.passed for e in r.errors_before.values())
     assert r.strict_only_culprits == ["bn"]
     group = next(g for g in r.culprit_groups if g["cause"] == "per_node_rounding_only")
     assert group["nodes"] == ["bn"]

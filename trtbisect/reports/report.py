@@ -763,12 +763,12 @@ def _semantics_facts(result: "RunResult") -> list[_Fact]:
                  f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
                  f"{plural(layers, 'TensorRT layer')} kept FP32")]
     strict = result.errors_before_strict
-    if isinstance(strict, dict):
+    if strict is not None:
         out += [_fact(f"all {low_of(result).label} under per-node rounding (strict), ",
-                      _Code(name), f": {'pass' if e['passed'] else 'FAIL'}, ",
-                      *([_Words(str(e["text"])), ", "] if e.get("text") else []),
-                      f"max|d| {_g(e['max_abs'])}, rel {_g(e['rel'])}")
-                for name, e in strict.items()]
+                      _Code(name), f": {'pass' if s.error.passed else 'FAIL'}, ",
+                      *([_Words(str(s.text)), ", "] if s.text else []),
+                      f"max|d| {_g(s.error.max_abs)}, rel {_g(s.error.rel)}")
+                for name, s in strict.items()]
     return out
 
 

@@ -14,7 +14,7 @@ from ..judge import semantics
 from ..context import Context, Options
 from ..diagnosis.diagnose import note_semantics
 from ..graph import Graph
-from ..result import RunResult
+from ..result import RunResult, StrictError
 from .evaluator import Evaluator
 from .written import worst_of
 
@@ -29,9 +29,7 @@ def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
     absorbed = absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))
     _, before, _ = strict.measure(frozenset())
-    result.errors_before_strict = {  # "text": the run's criteria, as the tables say
-        k: {**v.to_json(), **({"text": v.scores_text} if v.scores else {})}
-        for k, v in worst_of(before).items()}
+    result.errors_before_strict = {k: StrictError(v) for k, v in worst_of(before).items()}
     if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
             or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
         return
