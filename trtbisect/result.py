@@ -165,6 +165,12 @@ class ToJson(Protocol):
 
 C = TypeVar("C", bound=ToJson)  # a culprit: diagnose.Culprit, torch/result.TorchCulprit
 S = TypeVar("S")  # a unit's layer-wise statistics: compare.TensorStats, torch's ModuleStats
+V = TypeVar("V")
+
+
+def known(new: V | None, old: V | None) -> V | None:
+    """A finding just judged, else the one known before (None: still not judged)."""
+    return old if new is None else new
 
 
 def as_json(value: object) -> object:
@@ -221,9 +227,6 @@ class Found(Generic[C, S]):
         (judge/verdict.decide): the one place a result's verdict changes once it is built,
         on every road. Returns the verdict."""
         was = self.verdict_findings or Findings(self.verdict)
-
-        def known(new, old):
-            return old if new is None else new
         self.verdict_findings = Findings(
             was.proposed, file_passed=known(file_passed, was.file_passed),
             certified=known(certified, was.certified), validated=known(validated, was.validated),
