@@ -117,7 +117,7 @@ def measure(name: str, path: Path, samples, inputs: list[str], work: Path) -> di
         row["runs"].append({"semantics": sem, "rtol": rtol, "verdict": r.verdict,
                             "fp32": len(r.fp32_nodes), "fp32_inner": plan_inner,
                             "evaluations": r.evaluations, "wall": wall,
-                            "one_judge": (r.one_judge or {}).get("search_equals_check"),
+                            "one_judge": (r.one_judge.search_equals_check if r.one_judge else None),
                             "plan": list(r.fp32_nodes)})
         print(f"[bench] {name} {sem} rtol={rtol}: {r.verdict}, {len(r.fp32_nodes)} FP32, "
               f"{r.evaluations} evaluations, {wall:.1f} s", file=sys.stderr)
@@ -144,7 +144,7 @@ def planted_rows(work: Path) -> list[dict]:
         rows.append({"name": name, "inner": len(inner) or ("inlined" if g.inlined else 0),
                      "before": old, "verdict": r.verdict, "fp32": sorted(r.fp32_nodes),
                      "exact": set(r.fp32_nodes) == p.strict, "evaluations": r.evaluations,
-                     "one_judge": (r.one_judge or {}).get("search_equals_check")})
+                     "one_judge": (r.one_judge.search_equals_check if r.one_judge else None)})
     return rows
 
 
