@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +16,7 @@ from ..judge.compare import OutputError, Tolerance, worst
 from ..context import nonfinite_references
 from ..judge.criteria import Criteria, worst_of
 from ..judge.engine import judge_samples
+from ..judge.verdict import Findings
 from ..result import search_verdict
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from .explain import explain
@@ -66,34 +68,53 @@ def diagnose(tm: TorchModel, opts: TorchOptions, out_dir: Path | None = None,
         return passed, [j.errors for j in judged]
 
     _, before = measure(frozenset())
-    result = TorchResult("not_searched", fp32_nodes=[], candidates=len(cands), evaluations=0,
-                         inferences=0, errors_before=worst(before), errors_after=worst(before),
-                         stats=stats, summary=summarize(stats, tol.rtol), prior_seeds=suspects.seeds,
-                         **base)
+    searched = None
     if opts.search:
         stage(f"searching {len(cands)} candidate modules ({len(suspects.seeds)} suspects)")
         search = find_minimal_fp32(cands, lambda plan: measure(plan, stop_early=True)[0],
                                    suspects.seeds, suspects.ranking, opts.max_evaluations,
                                    progress)
-        _judge(result, search, measure)
-        if result.verdict == "fixed":
-            result.snippet_check = _check_snippet(tm, p, tol, result.fp32_modules, refs, crit)
-    result.inferences = runner.runs
-    result.culprits = explain(runner, stats, result.fp32_modules)
+        searched = _judge(search, measure)
+    # the result, assembled once from what the search and its final check found
+    verdict = searched.findings.verdict() if searched is not None else "not_searched"
+    fp32 = searched.fp32 if searched is not None else []
+    snippet = _check_snippet(tm, p, tol, fp32, refs, crit) if verdict == "fixed" else None
+    inferences = runner.runs
+    culprits = explain(runner, stats, fp32)
+    after = searched.errors_after if searched is not None else None
+    result = TorchResult(
+        verdict, fp32_nodes=fp32, candidates=len(cands),
+        evaluations=searched.evaluations if searched is not None else 0,
+        inferences=inferences, errors_before=worst(before),
+        errors_after=after if after is not None else worst(before), culprits=culprits,
+        one_minimal=searched is not None and searched.one_minimal,
+        search=searched.search if searched is not None else None, stats=stats,
+        prior_seeds=suspects.seeds,
+        verdict_findings=searched.findings if searched is not None else None,
+        summary=summarize(stats, tol.rtol), snippet_check=snippet, **base)
     return _finish(result, out_dir, started)
 
 
-def _judge(result: TorchResult, search: SearchResult, measure) -> None:
-    result.search, result.evaluations = search, search.evaluations
-    result.verdict = search_verdict(search, bool(search.fp32))
-    result.one_minimal = result.verdict == "fp16_ok"
-    if result.verdict == "fixed":
-        passed, errors = measure(frozenset(search.fp32))  # the final check, run afresh
-        result.evaluations += 1
-        result.settle(file_passed=passed)  # judge/verdict.decide: fixed, or no_plan
-        result.errors_after = worst(errors)
-        result.fp32_nodes = list(search.fp32) if passed else []
-        result.one_minimal = passed and search.one_minimal
+@dataclass(frozen=True)
+class _Searched:
+    """What the search and the plan's final check found: the result is built from it."""
+    search: SearchResult
+    findings: Findings  # the search's proposal and the final check (judge/verdict.py)
+    evaluations: int
+    fp32: list[str]  # the plan, when its final check passes
+    errors_after: dict[str, OutputError] | None  # the plan's (None: all-FP16's stand)
+    one_minimal: bool
+
+
+def _judge(search: SearchResult, measure) -> _Searched:
+    proposed = search_verdict(search, bool(search.fp32))
+    if proposed != "fixed":
+        return _Searched(search, Findings(proposed), search.evaluations, [], None,
+                         proposed == "fp16_ok")
+    passed, errors = measure(frozenset(search.fp32))  # the final check, run afresh
+    return _Searched(search, Findings(proposed, file_passed=passed), search.evaluations + 1,
+                     list(search.fp32) if passed else [], worst(errors),
+                     passed and search.one_minimal)
 
 
 def _check_snippet(tm: TorchModel, p: Precision, tol: Tolerance, fp32: list[str],
