@@ -86,18 +86,21 @@ def test_no_module_reads_a_typed_record_by_string():
 
 
 def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribute(written):
-    """The precision, the margins, the one-judge record, the criteria and their verdicts,
+    """The precision, the semantics, the margins, the one-judge record, the criteria and their verdicts,
     the validation (and `partial`, set on a graph not wholly judged) are frozen records;
     precision.json writes them by their `to_json`; no module reads them as dicts any more."""
     import dataclasses
 
     from trtbisect.judge.precision import FP16
+    from trtbisect.judge.semantics import Record as SemanticsRecord
     from trtbisect.judge.validation import Validation
     from trtbisect.result import CriteriaRecord, JudgedRecord, Margin, OneJudge
 
     r, text = written
     data = json.loads(text)
     assert r.precision is FP16 and data["precision"] == FP16.to_json()
+    assert isinstance(r.semantics, SemanticsRecord) and r.semantics.semantics == "trt"
+    assert data["semantics"] == r.semantics.to_json() and data["semantics"]["rules"]
     assert isinstance(r.one_judge, OneJudge) and r.one_judge.search_equals_check
     assert data["one_judge"] == {"search_equals_check": True,
                                  "search_errors": r.one_judge.search_errors}

@@ -15,6 +15,7 @@ from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT
                      EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
 from .judge.criteria import Criteria
 from .judge.precision import Precision
+from .judge.semantics import Record as SemanticsRecord
 from .judge.validation import Validation
 from .judge.mixed import Written
 from .judge.verdict import Findings, TensorRT, VerdictName
@@ -121,7 +122,6 @@ class Stage(TypedDict):
     seconds: float
 
 
-Semantics = JSON  # semantics.record
 Coverage = JSON  # coverage.record
 Workers = JSON  # parallel_batch.summary
 Stability = JSON  # stability.StabilityReport.to_json
@@ -262,7 +262,7 @@ class RunResult(Found[Culprit, TensorStats]):
     render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
     model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
     # the typed records (TYPED); None: not recorded by this run, not written
-    semantics: Semantics | None = None
+    semantics: SemanticsRecord | None = None
     precision: Precision | None = None
     coverage: Coverage | None = None
     model_copy: list[str] | None = None  # what trtbisect's copy repaired (graph/repair.py)

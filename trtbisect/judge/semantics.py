@@ -1129,14 +1129,33 @@ def applied_rules(semantics: str, trt_version: int, tf32: bool, accumulate: int 
     return names + (["tf32"] if tf32 else []) + (["fp16_accumulation"] if accumulate else [])
 
 
+@dataclass(frozen=True)
+class Record:
+    """What judged a run (precision.json's "semantics"): the semantics, the TensorRT
+    version, TF32, the FP16 accumulation block (0: off), the weight rule, the rules applied
+    and the preparation's notes."""
+    semantics: str
+    trt_version: int
+    tf32: bool
+    fp16_accumulate: int
+    weight_rule: str
+    rules: list[str]
+    notes: list[str]
+
+    def to_json(self) -> dict:
+        return {"semantics": self.semantics, "trt_version": self.trt_version, "tf32": self.tf32,
+                "fp16_accumulate": self.fp16_accumulate, "weight_rule": self.weight_rule,
+                "rules": self.rules, "notes": self.notes}
+
+
 def record(prepared: Prepared, tf32: bool, accumulate: int = 0,
-           precision: Precision = FP16) -> dict:
+           precision: Precision = FP16) -> Record:
     """precision.json's "semantics" entry (`fp16_accumulate`: the block size, 0 when off)."""
-    return {"semantics": prepared.semantics, "trt_version": prepared.trt_version, "tf32": tf32,
-            "fp16_accumulate": accumulate, "weight_rule": prepared.weight_rule,
-            "rules": applied_rules(prepared.semantics, prepared.trt_version, tf32, accumulate,
-                                   precision),
-            "notes": list(prepared.notes)}
+    return Record(prepared.semantics, prepared.trt_version, tf32, accumulate,
+                  prepared.weight_rule,
+                  applied_rules(prepared.semantics, prepared.trt_version, tf32, accumulate,
+                                precision),
+                  list(prepared.notes))
 
 
 def prepare_graph(graph: Graph, semantics: str = "trt", trt_version: int = 10

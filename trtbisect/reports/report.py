@@ -756,11 +756,11 @@ def _criteria_facts(result: "RunResult") -> list[_Fact]:
 def _semantics_facts(result: "RunResult") -> list[_Fact]:
     """Which emulation semantics judged the run, and all-FP16 under the other (strict) one."""
     rec = result.semantics
-    if not isinstance(rec, dict):
+    if rec is None:
         return []
     layers = len(_names(result.fp32_layers))  # named in layer_precisions.txt
-    out = [_fact(f"semantics: {rec['semantics']} (TensorRT {rec['trt_version']}, TF32 "
-                 f"{'on' if rec['tf32'] else 'off'}, weights {rec['weight_rule']}); "
+    out = [_fact(f"semantics: {rec.semantics} (TensorRT {rec.trt_version}, TF32 "
+                 f"{'on' if rec.tf32 else 'off'}, weights {rec.weight_rule}); "
                  f"{plural(layers, 'TensorRT layer')} kept FP32")]
     strict = result.errors_before_strict
     if strict is not None:
