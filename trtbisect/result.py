@@ -107,6 +107,27 @@ class AimedSearch(TypedDict):
 
 
 @dataclass(frozen=True)
+class Coverage:
+    """How much of the graph the judge rounds, what it cannot, and what TensorRT's parser
+    would refuse (stages/coverage.record; precision.json's "coverage"); the ops are
+    coverage.OpCount.to_json's."""
+    nodes: int
+    judged: int
+    judged_in_subgraphs: int
+    functions_inlined: bool
+    unjudged: list[JSON]
+    tensorrt_unsupported: list[JSON]
+    tensorrt_operator_list: str
+
+    def to_json(self) -> JSON:
+        return {"nodes": self.nodes, "judged": self.judged,
+                "judged_in_subgraphs": self.judged_in_subgraphs,
+                "functions_inlined": self.functions_inlined, "unjudged": self.unjudged,
+                "tensorrt_unsupported": self.tensorrt_unsupported,
+                "tensorrt_operator_list": self.tensorrt_operator_list}
+
+
+@dataclass(frozen=True)
 class Partial:
     """A verdict over a graph not wholly judged (coverage.apply_partial): the judged part's
     verdict, and the ops not judged (coverage.record's "unjudged")."""
@@ -122,7 +143,6 @@ class Stage(TypedDict):
     seconds: float
 
 
-Coverage = JSON  # coverage.record
 Workers = JSON  # parallel_batch.summary
 Stability = JSON  # stability.StabilityReport.to_json
 Rewrites = JSON  # rewrite.RewriteOutcome.to_json

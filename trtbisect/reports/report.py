@@ -712,17 +712,17 @@ def _cost_facts(result: "RunResult") -> list[_Fact]:
 def _coverage_facts(result: "RunResult") -> list[_Fact]:
     """Nodes judged inside subgraphs, ops not judged, ops TensorRT's parser cannot import."""
     cov = result.coverage
-    if not isinstance(cov, dict):
+    if cov is None:
         return []
     out = []
-    if cov.get("judged_in_subgraphs") or cov.get("functions_inlined"):
-        out.append(_fact(f"judged: {cov['judged']} nodes, {cov['judged_in_subgraphs']} of them "
+    if cov.judged_in_subgraphs or cov.functions_inlined:
+        out.append(_fact(f"judged: {cov.judged} nodes, {cov.judged_in_subgraphs} of them "
                          "inside If/Loop/Scan subgraphs"
-                         + ("; model-local functions inlined" if cov.get("functions_inlined")
+                         + ("; model-local functions inlined" if cov.functions_inlined
                             else ""), markdown_only=True))
-    for key, what in (("unjudged", "not judged (run in FP32)"),
-                      ("tensorrt_unsupported", "TensorRT's ONNX parser cannot import")):
-        for c in cov.get(key) or []:
+    for ops, what in ((cov.unjudged, "not judged (run in FP32)"),
+                      (cov.tensorrt_unsupported, "TensorRT's ONNX parser cannot import")):
+        for c in ops:
             fix = [_Words(f"; {c['fix']}")] if c.get("fix") else []
             out.append(_fact(f"{what}: ", _Code(c["op"]), " (", _Code(c["domain"]),
                              f") x{c['count']}: ", _Words(c["why"]), *fix, markdown_only=True))

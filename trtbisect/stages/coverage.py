@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
-from ..result import Partial
+from ..result import Coverage, Partial
 
 # onnx-tensorrt's operator support matrix, docs/operators.md at commit 96e7811 (2024-06-17:
 # "TensorRT 10.0 supports operators in the inclusive range of opset 9 to opset 20"), the newest
@@ -156,16 +156,14 @@ def trt_unsupported(graph: Graph) -> list[OpCount]:
             for (op, domain), nodes in found.items()]
 
 
-def record(graph: Graph) -> dict:
+def record(graph: Graph) -> Coverage:
     """precision.json's "coverage": how much of the graph the judge rounds, what it cannot,
     and what TensorRT's parser would refuse."""
     rounded = graph.candidates()
     inner = sum(1 for n in rounded if graph.is_inner(n))
-    return {"nodes": len(graph.names), "judged": len(rounded), "judged_in_subgraphs": inner,
-            "functions_inlined": graph.inlined,
-            "unjudged": [c.to_json() for c in unjudged(graph)],
-            "tensorrt_unsupported": [c.to_json() for c in trt_unsupported(graph)],
-            "tensorrt_operator_list": OPERATORS_SOURCE}
+    return Coverage(len(graph.names), len(rounded), inner, graph.inlined,
+                    [c.to_json() for c in unjudged(graph)],
+                    [c.to_json() for c in trt_unsupported(graph)], OPERATORS_SOURCE)
 
 
 def summary(counts: list[OpCount]) -> str:
@@ -176,7 +174,7 @@ def summary(counts: list[OpCount]) -> str:
 def apply_partial(result) -> None:
     """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes becomes
     "partial": the judged part passes, the rest was never rounded. The plan is kept."""
-    counts = (result.coverage or {}).get("unjudged") or []
+    counts = result.coverage.unjudged if result.coverage is not None else []
     judged = result.verdict
     if result.settle(covered=not counts) != judged:
         result.partial = Partial(judged, counts)
