@@ -50,16 +50,20 @@ def weighted_ops(path: Path) -> int:
 
 def margin(d: dict) -> str:
     """The output nearest to failing its certificate: margin and spread as shares of its bound
-    (precision.json `margins`, stages/spread.py: certified when the margin exceeds the spread)."""
-    margins = d.get("margins") or {}
-    rows = [m for m in margins.values()
-            if all(isinstance(m.get(k), float) for k in ("bound", "margin", "spread"))
-            and m["bound"] > 0]
-    if not rows:
+    (precision.json `margins`, stages/spread.py: certified when the margin exceeds the spread).
+    A `--metric`'s score is measured in its severity (1 at the threshold), so its margin and
+    spread are already shares of the distance from a perfect score to the threshold."""
+    shares = [(m["margin"] / m["bound"], m["spread"] / m["bound"], m["certified"])
+              for m in (d.get("margins") or {}).values()
+              if all(isinstance(m.get(k), float) for k in ("bound", "margin", "spread"))
+              and m["bound"] > 0]
+    shares += [(m["margin"], m["spread"], m["certified"])
+               for m in ((d.get("certificate") or {}).get("scores") or {}).values()
+               if isinstance(m.get("margin"), float) and isinstance(m.get("spread"), float)]
+    if not shares:
         return "-"
-    m = min(rows, key=lambda m: (m["margin"] - m["spread"]) / m["bound"])
-    return (f"{m['margin'] / m['bound']:.2f} / {m['spread'] / m['bound']:.2f}"
-            f"{'' if m['certified'] else ' (fails)'}")
+    m, spread, certified = min(shares, key=lambda t: t[0] - t[1])
+    return f"{m:.2f} / {spread:.2f}{'' if certified else ' (fails)'}"
 
 
 def validated(d: dict) -> str:
