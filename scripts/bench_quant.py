@@ -3,7 +3,12 @@
 ModelOpt's ONNX PTQ (`trtbisect run --precision int8|fp8`, FP32 elsewhere) on 4 seeded samples
 (`--samples N`)
 from scripts/fetch_models.py, then bisected. One line per model and format: the verdict, layers
-un-quantized, evaluations, errors before and after, the estimated engine times, wall time.
+un-quantized, evaluations, errors before and after, the written file's margin under the bound
+against the spread the variations measure (precision.json `margins`: the output nearest to
+failing its certificate, both as a share of its bound; `fragile` where the spread is larger),
+the validation on unseen samples (precision.json `validation`: what was held out, passed or
+not), the estimated engine times, wall time. `--keep DIR` keeps each run's --out folder
+(precision.json, renderings) under DIR instead of a temporary folder.
 
 Needs ModelOpt (docs/quantization.md has the install line) and the fetched models.
 `--max-evals N` bounds each search (the row then says whether the plan is certified). The
@@ -43,6 +48,32 @@ def weighted_ops(path: Path) -> int:
     return sum(1 for n in m.graph.node if n.op_type in WEIGHTED)
 
 
+def margin(d: dict) -> str:
+    """The output nearest to failing its certificate: margin and spread as shares of its bound
+    (precision.json `margins`, stages/spread.py: certified when the margin exceeds the spread).
+    A `--metric`'s score is measured in its severity (1 at the threshold), so its margin and
+    spread are already shares of the distance from a perfect score to the threshold."""
+    shares = [(m["margin"] / m["bound"], m["spread"] / m["bound"], m["certified"])
+              for m in (d.get("margins") or {}).values()
+              if all(isinstance(m.get(k), float) for k in ("bound", "margin", "spread"))
+              and m["bound"] > 0]
+    shares += [(m["margin"], m["spread"], m["certified"])
+               for m in ((d.get("certificate") or {}).get("scores") or {}).values()
+               if isinstance(m.get("margin"), float) and isinstance(m.get("spread"), float)]
+    if not shares:
+        return "-"
+    m, spread, certified = min(shares, key=lambda t: t[0] - t[1])
+    return f"{m:.2f} / {spread:.2f}{'' if certified else ' (fails)'}"
+
+
+def validated(d: dict) -> str:
+    """precision.json `validation`: the samples held out (or perturbed copies), passed or not."""
+    v = d.get("validation")
+    if not v:
+        return "-"
+    return f"{v['samples']}: {'passed' if v['passed'] else 'FAILED'}"
+
+
 def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMPLES,
         max_evals: int | None = None) -> str:
     path = fetch(name)
@@ -78,7 +109,7 @@ def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMP
     return (f"| {name} | {fmt} | {weighted} of {weighted_ops(path)} | {d['verdict']} | {plan} "
             f"of {d['quantized_layers']} | {d['evaluations']}{certified} | "
             f"{worst(d['errors_before'])} | "
-            f"{worst(d['errors_after'])} | {c['all_fp16_s'] * 1e6:.1f} | "
+            f"{worst(d['errors_after'])} | {margin(d)} | {validated(d)} | {c['all_fp16_s'] * 1e6:.1f} | "
             f"{c['all_quantized_s'] * 1e6:.1f} | {c['plan_s'] * 1e6:.1f} | {wall:.0f} s |")
 
 
@@ -91,15 +122,20 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=["int8", "fp8"], choices=["int8", "fp8"])
     ap.add_argument("--samples", type=int, default=SAMPLES, help="seeded samples per model")
     ap.add_argument("--max-evals", type=int, default=None, help="bound each search")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep each run's --out folder under this folder")
     args = ap.parse_args(argv)
     print("| model | format | ModelOpt default: weighted ops quantized | verdict | layers "
-          "un-quantized | evaluations | rel. error before (ModelOpt default) | after | est. all "
-          "FP16 (us) | all quantized (us) | plan (us) | wall |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "un-quantized | evaluations | rel. error before (ModelOpt default) | after | margin / "
+          "spread (of the bound) | validation | est. all FP16 (us) | all quantized (us) | "
+          "plan (us) | wall |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as tmp:
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for name in args.models:
             for fmt in args.formats:
-                print(one(name, fmt, extra, Path(tmp), args.samples, args.max_evals),
+                print(one(name, fmt, extra, folder, args.samples, args.max_evals),
                       flush=True)
 
 

@@ -19,7 +19,7 @@ from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
 from trtbisect.quant import analyse, is_quantized, run, unquantize
 from trtbisect.quant.judge import QuantJudge, session
-from trtbisect.quant.render import patterns
+from trtbisect.outputs.quantized import patterns
 
 
 def _files(p: qm.Planted, tmp_path):

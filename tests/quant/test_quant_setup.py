@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from trtbisect.cli import main
 from trtbisect.quant import ptq
-from trtbisect.quant.render import INSTALL
+from trtbisect.outputs.quantized import INSTALL
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,9 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import TrtBisectError, require
-from .render import INSTALL
+from ..outputs.quantized import CALIB, INSTALL
 
 MODES = ("int8", "fp8")
-CALIB = "calib.npz"  # the calibration data ModelOpt was given, as commands.sh names it
 GIVEN = "calib.trtbisect.npz"  # the same, beside the file trtbisect had ModelOpt write
 
 # import name -> distribution: what nvidia-modelopt 0.47.0 requires and its ONNX PTQ imports
@@ -166,7 +165,7 @@ def reproduce(result, judge, fp32: Path, source: Path) -> dict | None:
     neighbours of an excluded node, so its file may differ from the plan. The file is written
     under `source`'s folder (run.py keeps it in --out). None where ModelOpt is not here."""
     from . import qdq
-    from .render import patterns
+    from ..outputs.quantized import patterns
 
     given = source.parent / GIVEN
     if not result.plan or not given.is_file():

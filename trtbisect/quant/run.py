@@ -26,12 +26,12 @@ from ..judge.criteria import Verdict
 from ..judge.validation import Validation
 from ..judge.verdict import VerdictName
 from ..base.escape import visible
+from ..outputs.quantized import QuantPlan, renderings
 from ..result import Found
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from . import qdq
 from .diagnose import SAMPLES, Finding, diagnose
 from .judge import QuantJudge
-from .render import renderings
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,14 @@ class QuantResult(Found[Any, Any]):
         half = {n: u for u, n in (self.judge.half.items() if self.judge else ())}
         return ([(n, n, "quantized") for n in self.plan]
                 + [(half.get(n, "fp32:" + n), n, "fp16") for n in self.fp32_nodes])
+
+    def rendered(self) -> QuantPlan:
+        """The plan as the renderings take it (outputs/quantized.py): plain data."""
+        return QuantPlan(model_path=self.model_path, reference=self.reference,
+                         formats=frozenset(f for la in self.layers for f in la.formats),
+                         unquantized=tuple(self.plan),
+                         fp32_ops=tuple(sorted(set(self.fp32_ops.values()))),
+                         half=bool(self.half_nodes), plan_file=bool(self.units))
 
     def layer(self, name: str) -> qdq.Layer:
         return next(la for la in self.layers if la.name == name)
@@ -389,7 +397,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
             journal.close()
     if owned and result.judge is not None and reference_path is not None:
         from .ptq import reproduce  # ModelOpt's own run of the rendered exclusions
-        result.renderings = renderings(result, model, reproduce(
+        result.renderings = renderings(result.rendered(), reproduce(
             result, result.judge, Path(reference_path), path), calibrated=True)
     if result.verdict == "no_plan":
         result.reasons = float_side_reasons(model)
@@ -602,7 +610,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                    **({"certificate": result.certificate} if result.certificate else {}),
                    **_one_price(model, ref_model, layers, halves, samples[0], opts,
                                 pricing.all_fp16())}
-    result.renderings = renderings(result, model)
+    result.renderings = renderings(result.rendered())
 
 
 def _rounds(judge: QuantJudge, opts, stage: Callable[[str], None],

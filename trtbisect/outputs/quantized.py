@@ -1,6 +1,15 @@
 """The quantized plan for other tools: ModelOpt's ONNX PTQ with the plan's layers excluded
-(Python and CLI), and the commands file. The mixed Q/DQ model itself is written by run.py
-(the plan's layers with their Q/DQ removed: TensorRT 10 and 11 build it as it stands).
+(Python and CLI), trtexec and Polygraphy on the plan's file, and the commands file. The mixed
+Q/DQ model itself is written by quant/run.py (the plan's layers with their Q/DQ removed:
+TensorRT 10 and 11 build it as it stands).
+
+It sits beside render.py, not in it: render.py renders one plan of FP32 nodes through a
+`RenderContext` (the FP16/BF16 road's trtexec, Polygraphy, AutoCast and TensorRT Python views
+of one mixed ONNX), while a quantized plan is other data (the Q/DQ layers left in float, the
+FP16 nodes kept in FP32, the FP32 model it was quantized from) for another tool's grammar
+(ModelOpt's PTQ `nodes_to_exclude`); both are outputs/, below the runs that call them. It takes
+plain data (`QuantPlan`), never quant/'s objects: outputs/ sits below quant/
+(docs/architecture.md), and quant/run.py makes the `QuantPlan` of its result.
 
 ModelOpt matches each `nodes_to_exclude` entry as a regular expression with `re.match`
 (modelopt.onnx.quantization's expand_node_names_from_patterns), so a name is escaped and
@@ -11,50 +20,60 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
-
-import onnx
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
 
 from ..base.escape import visible
-
-QuantResult = Any  # quant/run.py's QuantResult (it imports this module: no import back)
 
 # ModelOpt with --no-deps (its metadata asks an unpinned torch: the CUDA build), then the quant
 # extra: everything ModelOpt 0.47 requires and its ONNX PTQ imports, so pip's resolver has
 # nothing to say (pyproject.toml; tried in a fresh venv, docs/quantization.md "Set-up")
 INSTALL = ("pip install --no-deps nvidia-modelopt==0.47.0 && pip install 'trtbisect[quant]' "
            "(from a checkout: pip install -e '.[quant]'; docs/quantization.md)")
+CALIB = "calib.npz"  # the calibration data ModelOpt was given, as commands.sh names it
 
 
-def quantize_mode(formats) -> str:
+@dataclass(frozen=True)
+class QuantPlan:
+    """What the renderings need of a quantized run's plan, as plain data."""
+
+    model_path: str  # the Q/DQ file judged: its stem names the plan's .unquantized.onnx
+    reference: str  # the FP32 model's path (a `.onnx`), else words saying what it was
+    formats: frozenset[str]  # the formats of the file's quantized layers (int8, fp8, ...)
+    unquantized: tuple[str, ...]  # the plan's layers left in float, in the plan's order
+    fp32_ops: tuple[str, ...]  # op types of the plan's FP16 nodes kept in FP32, sorted, once
+    half: bool  # the file has FP16 nodes (ModelOpt's FP16 elsewhere)
+    plan_file: bool  # the run wrote the plan's file (its search has units)
+
+    @property
+    def stem(self) -> str:
+        return self.model_path.rsplit("/", 1)[-1].removesuffix(".onnx")
+
+
+def quantize_mode(formats: Iterable[str]) -> str:
     """ModelOpt's --quantize_mode for a file of these formats."""
     return "fp8" if any(f.startswith("fp8") for f in formats) else "int8"
 
 
-def patterns(names) -> list[str]:
+def patterns(names: Iterable[str]) -> list[str]:
     """`nodes_to_exclude` entries that match exactly these node names."""
     return [re.escape(n) + "$" for n in names]
 
 
-def stem_of(result: "QuantResult") -> str:
-    return result.model_path.rsplit("/", 1)[-1].removesuffix(".onnx")
-
-
-def renderings(result: "QuantResult", model: onnx.ModelProto,
-               reproduction: dict | None = None, calibrated: bool = False) -> dict:
+def renderings(plan: QuantPlan, reproduction: dict | None = None,
+               calibrated: bool = False) -> dict:
     """Every tool's view of the plan. `reproduction`: ModelOpt's own run of the rendered
-    exclusions (ptq.reproduce), said beside its line and recorded; `calibrated`: calib.npz is
-    the data trtbisect gave ModelOpt (else the run's samples)."""
-    from pathlib import Path
-
-    mode = quantize_mode({f for la in result.layers for f in la.formats})
-    excl = patterns(result.plan)
-    known = result.reference.endswith(".onnx")
+    exclusions (quant/ptq.reproduce), said beside its line and recorded; `calibrated`:
+    calib.npz is the data trtbisect gave ModelOpt (else the run's samples)."""
+    mode = quantize_mode(plan.formats)
+    excl = patterns(plan.unquantized)
+    known = plan.reference.endswith(".onnx")
     # commands.sh runs from the run folder: the FP32 model by its absolute path
-    ref = str(Path(result.reference).resolve()) if known else "model_fp32.onnx"
+    ref = str(Path(plan.reference).resolve()) if known else "model_fp32.onnx"
     # a file FP16 elsewhere is rewritten so; ModelOpt keeps FP16 nodes in FP32 by op type only
-    high = "fp16" if result.half_nodes else "fp32"
-    fp32_ops = sorted(set(result.fp32_ops.values()))
+    high = "fp16" if plan.half else "fp32"
+    fp32_ops = list(plan.fp32_ops)
     python = (
         "from modelopt.onnx.quantization import quantize\n"
         f"quantize(onnx_path={ref!r}, quantize_mode={mode!r},\n"
@@ -65,7 +84,7 @@ def renderings(result: "QuantResult", model: onnx.ModelProto,
            "the plan's nodes\n" if fp32_ops else "")
         + "         output_path='model.quant.onnx')\n")
     cli = ["python", "-m", "modelopt.onnx.quantization", f"--onnx_path={ref}",
-           f"--quantize_mode={mode}", "--calibration_data_path=calib.npz",
+           f"--quantize_mode={mode}", f"--calibration_data_path={CALIB}",
            f"--high_precision_dtype={high}", "--calibration_eps", "cpu",
            "--output_path=model.quant.onnx"]
     if excl:
@@ -75,15 +94,15 @@ def renderings(result: "QuantResult", model: onnx.ModelProto,
     cli_line = shlex.join(cli)
     lines = ["#!/bin/sh", "# trtbisect: the quantized plan for other tools (precision.json has "
              "the plan and its reasons)",
-             f"# ModelOpt ONNX PTQ, the plan's {len(result.plan)} layer(s) left in float "
-             f"({INSTALL}); calib.npz: "
+             f"# ModelOpt ONNX PTQ, the plan's {len(plan.unquantized)} layer(s) left in float "
+             f"({INSTALL}); {CALIB}: "
              + ("the data ModelOpt was given" if calibrated else
                 "the run's samples (the file's own calibration data is not known)"),
              *([] if known else ["# model_fp32.onnx: the FP32 model the file was quantized "
                                  "from (give it with --reference to name it here)"]),
-             cli_line, *_reproduction_lines(reproduction)]
-    if result.units:
-        plan_file = f"{stem_of(result)}.unquantized.onnx"
+             cli_line, *reproduction_lines(reproduction)]
+    plan_file = f"{plan.stem}.unquantized.onnx"
+    if plan.plan_file:
         lines += ["# TensorRT (strongly typed: precision comes from the Q/DQ in the file):",
                   shlex.join(["trtexec", f"--onnx={plan_file}", "--stronglyTyped"]),
                   "# Polygraphy: the reference's outputs on ONNX Runtime, then the plan's "
@@ -94,16 +113,16 @@ def renderings(result: "QuantResult", model: onnx.ModelProto,
                   shlex.join(["polygraphy", "run", plan_file, "--trt", "--strongly-typed",
                               "--load-outputs", "reference_outputs.json"])]
     return {"modelopt_nodes_to_exclude": excl, "modelopt_op_types_to_exclude_fp16": fp32_ops,
-            "trtexec": shlex.join(["trtexec", f"--onnx={stem_of(result)}.unquantized.onnx",
-                                   "--stronglyTyped"]) if result.units else None,
+            "trtexec": shlex.join(["trtexec", f"--onnx={plan_file}", "--stronglyTyped"])
+            if plan.plan_file else None,
             "modelopt_python": python,
             "modelopt_cli": cli_line, "quantize_mode": mode,
             **({"modelopt_reproduction": reproduction} if reproduction is not None else {}),
             "commands_sh": "\n".join(lines) + "\n"}
 
 
-def _reproduction_lines(rep: dict | None) -> list[str]:
-    """commands.sh's words on ModelOpt's own run of the line above (ptq.reproduce)."""
+def reproduction_lines(rep: dict | None) -> list[str]:
+    """commands.sh's words on ModelOpt's own run of the line above (quant/ptq.reproduce)."""
     if rep is None:
         return []
     if not rep.get("ran"):
