@@ -7,7 +7,6 @@ import importlib
 import json
 import math
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -250,14 +249,14 @@ def make_options(kw: dict, both: bool = False):
         except (IndexError, ValueError):
             raise TrtBisectError(f"bad --output-tol {spec!r}: expected NAME:RTOL[:ATOL]") from None
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
-    return Options(inputs=kw.pop("inputs"), data_loader=kw.pop("data_loader"),
-                   shapes=parse_shapes(kw.pop("shapes")),
-                   seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
-                   criteria=pop_criteria(kw),
-                   limits=pop_limits(kw),
-                   threads=kw.pop("threads") or JUDGE_THREADS,
-                   trt_version=_trt_version(kw.pop("trt_version")),
-                   **kw)
+    return Options.of(inputs=kw.pop("inputs"), data_loader=kw.pop("data_loader"),
+                      shapes=parse_shapes(kw.pop("shapes")),
+                      seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
+                      criteria=pop_criteria(kw),
+                      limits=pop_limits(kw),
+                      threads=kw.pop("threads") or JUDGE_THREADS,
+                      trt_version=_trt_version(kw.pop("trt_version")),
+                      **kw)
 
 
 def _trt_version(given: str | None) -> int:
@@ -372,13 +371,13 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     onnx_path, saved = resolve_model_arg(model, kw.pop("torch_inputs"), out)  # FILE.py:FACTORY
     kw["inputs"] = kw["inputs"] or ((str(saved),) if saved else ())
     model = str(onnx_path)
-    opts = make_options(kw, both=True)
-    opts = replace(opts, resume=not no_resume, report=report, stability=stability,
-                   rewrite=rewrite, search_samples=search_samples,
-                   validation_share=validation_share, workers=workers, ray=ray_address)
+    opts = make_options(kw, both=True).but(
+        resume=not no_resume, report=report, stability=stability, rewrite=rewrite,
+        search_samples=search_samples, validation_share=validation_share, workers=workers,
+        ray=ray_address)
     from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
-    quantized = wants_quantized(model, opts.precision, quant_reference, calibration)
-    refuse_flags(quantized, opts.precision)
+    quantized = wants_quantized(model, opts.judge.precision, quant_reference, calibration)
+    refuse_flags(quantized, opts.judge.precision)
     if quantized:
         from .quant.console import run_and_emit
         finish(run_and_emit(model, opts, out, quant_reference, backend, as_json, calibration))
@@ -386,7 +385,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         from .parallel.ray_pool import check_address, require_ray
         require_ray()  # before any work: a one-line install hint,
         check_address(ray_address)  # or a head nobody answers at
-    if backend == "trt" and opts.precision != "fp16":  # backends/trt.py builds FP16 engines
+    if backend == "trt" and opts.judge.precision != "fp16":  # backends/trt.py builds FP16 engines
         raise TrtBisectError("--backend trt verifies FP16 plans only; judge a BF16 plan on the "
                              "emulator and build it with commands.sh (--bf16, the bf16 mixed "
                              "ONNX)")
@@ -399,7 +398,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     ctx = click.get_current_context()
     ctx.meta["resume_hint"] = (f"run the same command again to resume from {out / 'journal.jsonl'}"
                                " (--no-resume starts afresh)")
-    if opts.precision == "both":  # outputs/both.py: one run per precision, side by side
+    if opts.judge.precision == "both":  # outputs/both.py: one run per precision, side by side
         from .outputs.both import run_both
 
         with terminate_as_interrupt(), OutputDir(out).locked(), \
@@ -760,7 +759,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         if summary.get(key):
             out.print(f"{label}: {shown(summary[key])}")
     if judged is not None:  # the run's criteria, on the all-FP16 outputs
-        out.print(f"all {low.label} under {shown(opts.criteria.describe())}: "
+        out.print(f"all {low.label} under {shown(opts.judge.criteria.describe())}: "
                   f"{'[green]pass[/]' if judged.passed else '[red]FAIL[/]'} on "
                   f"{sum(judged.samples)} of {len(judged.samples)} sample(s)", soft_wrap=True)
         for name, e in judged.errors.items():

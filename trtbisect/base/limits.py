@@ -44,7 +44,6 @@ class Limits:
     samples: int = MAX_SAMPLES
     input_bytes: int | None = None  # None: half of this machine's memory (limits.memory_limit)
     spool_bytes: int = SPOOL_BYTES
-    eval_timeout: float = EVAL_TIMEOUT
 
     @property
     def total_input_bytes(self) -> int:
@@ -256,5 +255,6 @@ def limit_options(f: Callable) -> Callable:
 
 
 def pop_limits(kw: dict) -> Limits:
-    return Limits(kw.pop("max_samples"), kw.pop("max_input_bytes"), kw.pop("max_spool_bytes"),
-                  kw.pop("eval_timeout"))
+    """The bounds on samples of `limit_options`' values in `kw` (removed from it); the
+    --eval-timeout is the judge's (context.JudgeOptions) and stays in `kw`."""
+    return Limits(kw.pop("max_samples"), kw.pop("max_input_bytes"), kw.pop("max_spool_bytes"))

@@ -77,7 +77,7 @@ def run_both(model: str, opts, out: Path,
             load_model(model, min_opset=p.min_opset)  # raises the one-line refusal
     results, folders = {}, {}
     for p in PRECISIONS:
-        one = dataclasses.replace(opts, precision=p.name)
+        one = dataclasses.replace(opts, judge=dataclasses.replace(opts.judge, precision=p.name))
         folders[p.name] = out / p.name
         results[p.name] = run(model, one, folders[p.name], p.name)
     both = Both(results, folders)

@@ -70,7 +70,7 @@ class SearchStage:
         units = semantics.units(ctx.prepared, g.candidates())
         unit_of = {n: u for u, nodes in units.items() for n in nodes}
         pricing = cost.engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0],
-                                      opts.gpu, opts.tf32, probe)
+                                      opts.search.gpu, opts.judge.tf32, probe)
         return cls(ctx, opts, stats, constants, prior, units, unit_of, pricing, **rest)
 
     @property
@@ -118,11 +118,11 @@ class SearchStage:
                                              [*start, *self.as_units(prior.seeds)],
                                              self.as_units(prior.ranking), budget,
                                              _counting_nodes(self.progress, as_nodes),
-                                             **cost.search_args(self.pricing, sopts, score)))
+                                             **cost.search_args(self.pricing, sopts.search, score)))
         summary = parallel_batch.summary(workers, search, ev)
         cost.score_trials(search, self.pricing, score,
                           lambda us: ev.why.get(as_nodes(us), "failed"))
-        over = cost.within_budget(search, self.pricing, self.opts.budget)
+        over = cost.within_budget(search, self.pricing, self.opts.search.budget)
         return (over if over is not None else search), summary
 
     def judge(self, search: SearchResult, ev: Evaluator, summary: dict | None,
@@ -167,7 +167,7 @@ class SearchStage:
                 cert.decided = hopeless
                 self.stage(f"fragile at once: {hopeless}")
                 break
-            tol = cert.aim(sopts.tolerance)
+            tol = cert.aim(sopts.judge.tolerance)
             if tol is None:
                 cert.decided = ("no output's bound can be aimed inside: what fails is a "
                                 "variation's verdict under a criterion with no bound")
@@ -177,8 +177,8 @@ class SearchStage:
                 cert.decided = (f"the aimed searches used their allowance of {allowance} "
                                   "evaluations without a plan clear of the spread")
                 break
-            sopts = replace(aimed(opts, tol), max_evaluations=left if opts.max_evaluations
-                            is None else min(left, opts.max_evaluations))
+            most = opts.search.max_evaluations
+            sopts = aimed(opts, tol).but(max_evaluations=left if most is None else min(left, most))
             self.stage(f"the plan passes by less than the spread of what the tools compute on "
                        f"{'; '.join(cert.uncertified)}: searching again inside the bound")
             if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
@@ -259,7 +259,7 @@ def aimed_scope(sopts: Options) -> str:
     """An aimed search's verdicts in the run's journal: the digest of every judge setting they
     were judged under (the capped tolerance above all), so a round's record is replayed only
     under that very bound, and an earlier round's never under a later, tighter one."""
-    return "aim:" + sopts.judge_settings.digest()
+    return "aim:" + sopts.judge.settings.digest()
 
 
 def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
@@ -271,10 +271,10 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.fp32_layers = found
     if parallel_summary is not None:
         result.workers = parallel_summary
-    result.cost = pricing.summary(found, opts.objective, opts.budget, ctx.rules.precision.name)
-    result.criteria_record = {**opts.criteria.to_json(),
-                              "description": opts.criteria.describe()}
-    judged: JudgedRecord = {"before": opts.criteria.verdict(before).to_json()}
+    result.cost = pricing.summary(found, opts.search.objective, opts.search.budget, ctx.rules.precision.name)
+    result.criteria_record = {**opts.judge.criteria.to_json(),
+                              "description": opts.judge.criteria.describe()}
+    judged: JudgedRecord = {"before": opts.judge.criteria.verdict(before).to_json()}
     if ctx.subset is not None:  # the user's sample numbers (held-out ones not among them)
         judged["search_samples"] = [ctx.kept[i] if ctx.kept else i for i in ctx.subset]
     result.judged = judged
@@ -288,7 +288,7 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
     another search, until it passes everywhere. Evaluations and trials add up over rounds."""
     evaluations, trials, rounds, speculative = 0, [], 0, 0
     while True:
-        left = None if opts.max_evaluations is None else max(opts.max_evaluations - evaluations, 0)
+        left = None if opts.search.max_evaluations is None else max(opts.search.max_evaluations - evaluations, 0)
         result = search(left)
         trials += [replace(t, index=t.index + evaluations) for t in result.trials]
         evaluations += result.evaluations
@@ -297,7 +297,7 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
             break
         passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
         evaluations, rounds = evaluations + 1, rounds + 1
-        wider = subset.widen(ctx.subset, judged, opts.search_samples)
+        wider = subset.widen(ctx.subset, judged, opts.sample.search_samples)
         if passed or len(wider) == len(ctx.subset):
             break
         stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "

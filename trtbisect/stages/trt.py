@@ -59,8 +59,8 @@ class TrtSearchOptions:
     @classmethod
     def of(cls, opts: Options) -> TrtSearchOptions:
         """The options `trtbisect run --backend trt` gives the search (context.Options)."""
-        return cls(tolerance=opts.tolerance, criteria=opts.criteria, shapes=opts.shapes,
-                   workers=opts.workers, eval_timeout=opts.limits.eval_timeout)
+        return cls(tolerance=opts.judge.tolerance, criteria=opts.judge.criteria, shapes=opts.sample.shapes,
+                   workers=opts.search.workers, eval_timeout=opts.judge.eval_timeout)
 
     @property
     def judged_by(self) -> Criteria | None:

@@ -228,7 +228,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
                              "reference model does not have")
     _refuse_other_precision(graph, ctx, mixed_path)
     wanted = [t for t in expose if t in graph.producer]
-    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
+    judge = MixedModel(graph, opts.judge.threads, ctx.rules, fused=opts.judge.semantics == "trt",
                        expose=wanted)
     judged: list[Judgement] = []
     tensors: list[dict[str, np.ndarray]] = []
@@ -242,11 +242,11 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
             continue
         if not ours:  # a user's file of another rank is another model (check refuses it);
             _same_ranks(ref, outs, names)  # a data-dependent shape (Unique) moves its dims
-        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
-                                          opts.tolerance))
+        judged.append(opts.judge.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                          opts.judge.tolerance))
         if expose:
             tensors.append({t: exposed[t] for t in wanted})
-    verdict = opts.criteria.verdict(judged)
+    verdict = opts.judge.criteria.verdict(judged)
     # the run's own file: judged on the samples the search never saw, by this very judge
     # (judge/validation.py): held-out ones always (the file is reported on every sample the
     # user gave, as `check` of it on their data says), perturbed copies once it passes
@@ -260,7 +260,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
         searched, unseen = iter(judged), dict(zip(held.indices, checked.judgements))
         given = [unseen[i] if i in unseen else next(searched)
                  for i in range(len(held.indices) + len(judged))]
-        reported = opts.criteria.verdict(given)
+        reported = opts.judge.criteria.verdict(given)
         checked.overall = reported.passed
     return CheckResult(verdict.passed, reported.errors, len(graph.half_typed), len(judged),
                        Written(judge.proto, judge.arrays, loaded=True), tensors,
@@ -281,10 +281,10 @@ def validate(judge: MixedModel, ctx: Context, opts: Options) -> Validation:
             except EvalTimeout as exc:
                 out.append(timed_out(ref, exc.seconds))
                 continue
-            out.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
-                                           opts.tolerance))
+            out.append(opts.judge.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                           opts.judge.tolerance))
         return out
-    return judged_validation(ctx.validation, run, opts.criteria.verdict)
+    return judged_validation(ctx.validation, run, opts.judge.criteria.verdict)
 
 
 def _same_ranks(ref: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray],
