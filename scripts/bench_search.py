@@ -250,7 +250,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         row.plain_ms = 1e3 * timed(lambda: sess.run(None, feeds), repeat)
         row.run_rss = peak_rss()
         return row
-    opts = Options(inputs=[case.inputs], threads=threads)
+    opts = Options.of(inputs=[case.inputs], threads=threads)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         res = pipeline.run(case.path, opts, Path(tmp) / "out")

@@ -30,7 +30,7 @@ def _inputs(tmp_path):
     for name, build in MODELS.items():
         paths[name] = tmp_path / f"{name}.onnx"
         onnx.save(build(), paths[name])
-    return paths, Options(inputs=[str(tmp_path / "in.npz")])
+    return paths, Options.of(inputs=[str(tmp_path / "in.npz")])
 
 
 def _forgiven(caplog) -> list[str]:

@@ -73,7 +73,7 @@ def test_a_run_cut_in_an_aimed_round_resumes_to_the_same_plan(tmp_path, monkeypa
 
     path, inputs, tol = _planted(tmp_path)
     # the resume of an aimed round is the subject: no validation (test_validation.py has it)
-    opts = Options(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
+    opts = Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
     out = tmp_path / "out"
     calls = _counting(monkeypatch)
     fresh = run(path, opts, out)
@@ -125,10 +125,10 @@ def test_a_verdict_under_one_bound_is_never_replayed_under_another(tmp_path):
 
     path, inputs, tol = _planted(tmp_path)
     # the resume of an aimed round is the subject: no validation (test_validation.py has it)
-    opts = Options(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
+    opts = Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
     ctx = prepare(path, opts)
-    one = replace(opts, tolerance=replace(tol, ceiling={"score": tol.rtol * 0.9}))
-    two = replace(opts, tolerance=replace(tol, ceiling={"score": tol.rtol * 0.8}))
+    one = opts.but(tolerance=replace(tol, ceiling={"score": tol.rtol * 0.9}))
+    two = opts.but(tolerance=replace(tol, ceiling={"score": tol.rtol * 0.8}))
     assert len({aimed_scope(one), aimed_scope(two), aimed_scope(opts)}) == 3
     fingerprint = {"run": "test"}
     j = Journal(tmp_path / "journal.jsonl", fingerprint)
@@ -195,6 +195,6 @@ def test_an_aimed_scope_names_its_bound(tmp_path, cap):
     from trtbisect.context import Options
 
     t = Tolerance(1e-2)
-    a = Options(tolerance=replace(t, ceiling={"y": 1e-2 * cap}))
-    b = Options(tolerance=Tolerance(1e-2, ceiling={"y": 1e-2 * cap}))
-    assert aimed_scope(a) == aimed_scope(b) != aimed_scope(Options(tolerance=t))
+    a = Options.of(tolerance=replace(t, ceiling={"y": 1e-2 * cap}))
+    b = Options.of(tolerance=Tolerance(1e-2, ceiling={"y": 1e-2 * cap}))
+    assert aimed_scope(a) == aimed_scope(b) != aimed_scope(Options.of(tolerance=t))
