@@ -148,7 +148,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
             seconds=round(time.perf_counter() - t, 2))
         yield_rec(rec)
     t = time.perf_counter()
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     ev.emulator.ensure(g.candidates())
     s = ddmin(list(units), lambda us: ev.check(frozenset(n for u in us for n in units[u])),
               max_evaluations=MAX_EVALS)

@@ -248,7 +248,7 @@ def run_ddmin(path: Path, opts: Options, flops: Mapping[str, int | None], total:
     units the pipeline searches (TensorRT-fused layers under trt, nodes under strict)."""
     started = time.perf_counter()
     ctx = prepare(path, opts)
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     assert ctx.prepared is not None
     units = semantics.units(ctx.prepared, ctx.judged.candidates())
     ev.emulator.ensure(ctx.judged.candidates())  # ddmin's second plan is all-FP32

@@ -226,7 +226,7 @@ def _evaluator(ctx: Context, opts: Options,
                units: bool = True) -> Evaluator:
     """The pipeline's own evaluator (same emulator and criterion as `run`), unjournaled;
     `units=False` (ddmin, whose plans are any sets of nodes): every node switches alone."""
-    return Evaluator(ctx, opts, {}, None, None if units else ())
+    return Evaluator(ctx, opts.judge, {}, None, None if units else ())
 
 
 # the run's stages (pipeline.run's stages) that decide the plan: the all-FP16

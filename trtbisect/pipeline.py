@@ -89,7 +89,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         stage("layer-wise comparison, FP32 vs FP16")
         stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
     journal = _journal(out_dir, opts, fingerprint)
-    ev = Evaluator(ctx, opts, stats, journal)
+    ev = Evaluator(ctx, opts.judge, stats, journal)
     stage("all-FP16 evaluation")
     half = _all_fp16(ctx, opts, ev, stats, constants, out_dir)
     if half.narrow and not half.passed:  # judge/subset.py: search on the worst, certify on all
@@ -116,7 +116,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     cert = None
     if search.found:
         stage("judging the written plan")
-        cert = judge_written_plan(result, ctx, opts, ev, st.as_nodes(search.fp32), out_dir,
+        cert = judge_written_plan(result, ctx, opts.judge, ev, st.as_nodes(search.fp32), out_dir,
                                   half.first)
     result, cert, ev = st.aim(result, cert, ev, out_dir, lambda c: cached_layerwise(
         c, opts, out_dir, fingerprint, on_layerwise))
@@ -217,8 +217,8 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
-        batches = None if narrow else layerwise_batches(ctx, opts)  # narrow: for the subset
-        first = write_and_judge(ctx, opts, frozenset(), out_dir,
+        batches = None if narrow else layerwise_batches(ctx, opts.search)  # narrow: for the subset
+        first = write_and_judge(ctx, opts.judge, frozenset(), out_dir,
                                 expose=batches[0] if batches else ())
         all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
@@ -248,7 +248,7 @@ def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
         g = ctx.judged
         constants = constant_stats(g, ctx.rules.weight_rule, low)  # the rewritten weights
         base.update(candidates=len(g.candidates()), nodes=len(g.names))
-        ev = Evaluator(ctx, opts, stats, journal)
+        ev = Evaluator(ctx, opts.judge, stats, journal)
         half.passed = outcome.passed
         ev.known[frozenset()] = half.passed
     return outcome, ctx, constants, ev
@@ -454,7 +454,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
 
 def judge_all_fp16(ctx: Context, opts: Options) -> Verdict:
     """All-FP16 on the emulator under the run's criteria (`compare` with criterion flags)."""
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     judged = ev.measure(frozenset())[1]
     ev.close()
     return opts.judge.criteria.verdict(judged)
@@ -518,7 +518,7 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     require_reproducible(ctx, opts.judge.threads)
     _declares_the_reference_shapes(mixed_path, ctx.every_reference[0])
     try:
-        return judge_mixed(mixed_path, ctx, opts)
+        return judge_mixed(mixed_path, ctx, opts.judge)
     except ValueError as exc:  # a file of the user's computing other shapes (declared dynamic)
         if not str(exc).startswith("shape mismatch"):
             raise

@@ -146,14 +146,14 @@ def test_one_judge_in_bf16_for_random_unit_plans_under_trt_semantics(tmp_path):
         for tf32 in (False, True):
             opts = Options.of(inputs=[str(tmp_path / "x.npz")], tf32=tf32, precision="bf16")
             ctx = prepare(path, opts)
-            ev = Evaluator(ctx, opts, {}, None)
+            ev = Evaluator(ctx, opts.judge, {}, None)
             units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
             rng = np.random.default_rng(5)
             plans = [frozenset(), *(frozenset(n for u in units if rng.random() < p for n in u)
                                     for p in (0.3, 0.7))]
             for plan in plans:
                 searched = judge_written.worst_of(ev.measure(plan)[1])
-                checked = judge_written.write_and_judge(ctx, opts, plan, None).checked.errors
+                checked = judge_written.write_and_judge(ctx, opts.judge, plan, None).checked.errors
                 assert {o: judge_written.bits(e) for o, e in checked.items()} == \
                     {o: judge_written.bits(searched[o]) for o in checked}, (name, sorted(plan))
             ev.close()

@@ -302,13 +302,13 @@ def test_trt_semantics_search_and_written_file_agree_for_random_unit_plans(tmp_p
     odd = kernels != "plain"
     opts = Options.of(inputs=[str(tmp_path / "x.npz")], tf32=odd, fp16_accumulate=odd)
     ctx = prepare(path, opts)
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
     rng = np.random.default_rng(5)
     plans = [frozenset(), frozenset(n for u in units for n in u),
              *(frozenset(n for u in units if rng.random() < p for n in u) for p in (0.3, 0.7))]
     for plan in plans:
         searched = written.worst_of(ev.measure(plan)[1])
-        checked = written.write_and_judge(ctx, opts, plan, None).checked.errors
+        checked = written.write_and_judge(ctx, opts.judge, plan, None).checked.errors
         assert {o: written.bits(e) for o, e in checked.items()} == \
             {o: written.bits(searched[o]) for o in checked}, (name, sorted(plan))

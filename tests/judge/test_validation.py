@@ -177,7 +177,7 @@ def test_retarget_carries_known_failures_to_a_tighter_bound(tmp_path):
     _, path, inputs = _matmul(tmp_path)
     opts = Options.of(inputs=[str(inputs)], tolerance=Tolerance(1e-9))
     ctx = prepare(path, opts)
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     assert ev.check(frozenset()) is False
     runs = ev.runs
     again = ev.retarget(opts, {}, "aim:x")

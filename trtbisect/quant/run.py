@@ -423,7 +423,7 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts: Options):
 
 
 def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
-             opts, written: Path | onnx.ModelProto) -> str:
+             opts: Options, written: Path | onnx.ModelProto) -> str:
     """The written file's certificate and validation, as the FP16 road's (stages/spread.py,
     judge/validation.py), and the verdict they allow (judge/verdict.py)."""
     from ..graph import Graph
@@ -438,7 +438,7 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     per_sample = judge.judgements(judged)
     ctx = SimpleNamespace(graph=Graph(ref_model), every_sample=samples,
                           every_reference=references)
-    cert = certify(ctx, opts, Written(judged, {}), per_sample)  # type: ignore[arg-type]
+    cert = certify(ctx, opts.judge, Written(judged, {}), per_sample)  # type: ignore[arg-type]
     result.certified = cert.to_json()
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 opts.judge.criteria.verdict)

@@ -122,7 +122,7 @@ class ParallelJudge:
         self.stats.tasks += len(tasks)
         self.stats.inferences += sum(len(r.results) for r in results)
         self.stats.peak_rss, self.stats.replaced = dict(self.pool.peak), self.pool.replaced
-        crit = self.ev.opts.judge.criteria
+        crit = self.ev.judge.criteria
         out = []
         for k in range(len(plans)):
             mine: list[TaskResult] = results[k * len(split):(k + 1) * len(split)]

@@ -18,7 +18,7 @@ import onnx
 
 from ..backends.ort import Emulator, Reference
 from ..judge.compare import TensorStats, merge_stats, tensor_stats
-from ..context import Context, Options
+from ..context import Context, Options, SearchOptions
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
 from ..data.inputs import Sample
@@ -55,7 +55,7 @@ def layerwise(ctx: Context, opts: Options,
                 x = np.asarray(s[v.name], np.float32)
                 _merge(stats, tensor_stats(v.name, None, x, ctx.rules.precision.round(x),
                                            ctx.rules.precision))
-    batches = batches or layerwise_batches(ctx, opts)
+    batches = batches or layerwise_batches(ctx, opts.search)
     total, done = sum(len(b) for b in batches), 0
     for k, batch in enumerate(batches):
         # one session at a time: ONNX Runtime holds its own copy of the weights in each
@@ -92,10 +92,10 @@ def layerwise(ctx: Context, opts: Options,
     return stats
 
 
-def layerwise_batches(ctx: Context, opts: Options) -> list[list[str]]:
+def layerwise_batches(ctx: Context, search: SearchOptions) -> list[list[str]]:
     """The stored tensors in the batches `layerwise` exposes: each side of a batch, held for
     every sample while the other side runs one sample, fits the memory budget."""
-    return _batches(ctx.judged, ctx.samples[0], opts.search.memory_budget // (len(ctx.samples) + 1))
+    return _batches(ctx.judged, ctx.samples[0], search.memory_budget // (len(ctx.samples) + 1))
 
 
 def cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerprint: dict,

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from ..search import cost
 from ..judge import semantics
 from ..judge.compare import TensorStats
-from ..context import Context, Options
+from ..context import Context, JudgeOptions, Options
 from ..graph import Graph
 from ..judge import subset
 from ..judge.criteria import Judgement, worst_of
@@ -188,7 +188,7 @@ class SearchStage:
                                          ctx.rules.precision)
             judged = self.rewrite_judgements
             spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
-            ev = ev.retarget(sopts, self.stats, aimed_scope(sopts))
+            ev = ev.retarget(sopts.judge, self.stats, aimed_scope(sopts.judge))
             # what the last round learned: its plan first (grown from, not searched anew);
             # plans that failed a looser bound fail this one too (Evaluator.retarget)
             again, summary = self.search(ev, sopts, False, False,
@@ -210,7 +210,7 @@ class SearchStage:
                 result.staged, result.mixed_model = [], None
             nearer = self.judge(again, ev, summary, spent)
             self.stage("judging the written plan")
-            nearer_cert = judge_written_plan(nearer, ctx, opts, ev, self.as_nodes(again.fp32),
+            nearer_cert = judge_written_plan(nearer, ctx, opts.judge, ev, self.as_nodes(again.fp32),
                                              out_dir, noise=cert.noise)  # FP32's noise: once
             if not nearer.mixed_model_passed:
                 nearer.staged = []
@@ -255,11 +255,11 @@ def aim_allowance(first: int) -> int:
     return max(AIM_FLOOR, math.ceil(AIM_SHARE * first))
 
 
-def aimed_scope(sopts: Options) -> str:
+def aimed_scope(judge: JudgeOptions) -> str:
     """An aimed search's verdicts in the run's journal: the digest of every judge setting they
     were judged under (the capped tolerance above all), so a round's record is replayed only
     under that very bound, and an earlier round's never under a later, tighter one."""
-    return "aim:" + sopts.judge.settings.digest()
+    return "aim:" + judge.settings.digest()
 
 
 def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,

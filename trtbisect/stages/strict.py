@@ -24,7 +24,7 @@ STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagree
 def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
     """Under trt semantics: all-FP16 judged per node too ("errors_before_strict"), and, when
     the plan holds under trt but not per node, the BatchNorms / folded constants it takes."""
-    strict = Evaluator(strict_context(ctx), opts, {}, None)
+    strict = Evaluator(strict_context(ctx), opts.judge, {}, None)
     plan = frozenset(result.fp32_nodes)
     absorbed = absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))
