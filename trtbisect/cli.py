@@ -23,6 +23,7 @@ from .judge.compare import Tolerance
 from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
 from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
 from .data.inputs import MAX_SAMPLES, parse_shapes
+from .base.flags import Number, apply_flags
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import one_precision, precision_option
 from .judge.validation import HOLD_OUT_SHARE
@@ -115,19 +116,10 @@ class Group(click.Group):
 
 
 
-class NonNegativeFloat(click.ParamType):
-    """A finite float >= 0 (click's FloatRange lets NaN through)."""
-
-    name = "float"
-
-    def convert(self, value, param, ctx) -> float:
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(x) or x < 0:
-            self.fail(f"{value!r} is not a finite, non-negative number", param, ctx)
-        return x
+def non_negative() -> Number:
+    """A finite float >= 0."""
+    return Number("float", lambda x: math.isfinite(x) and x >= 0,
+                  "a finite, non-negative number")
 
 
 def _stability_runs(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -199,9 +191,9 @@ def input_options(f: Callable, both: bool = False) -> Callable:
                      show_default=True,
                      help=f"Number of random samples when no --inputs are given (1 to "
                           f"{MAX_SAMPLES}; all of them must fit in half of the memory)."),
-        click.option("--rtol", type=NonNegativeFloat(), default=Tolerance.rtol, show_default=True,
+        click.option("--rtol", type=non_negative(), default=Tolerance.rtol, show_default=True,
                      help="Relative tolerance: max|fp16-fp32| <= rtol*max|fp32| + atol."),
-        click.option("--atol", type=NonNegativeFloat(), default=Tolerance.atol, show_default=True,
+        click.option("--atol", type=non_negative(), default=Tolerance.atol, show_default=True,
                      help="Absolute tolerance."),
         click.option("--output-tol", "output_tols", multiple=True, metavar="NAME:RTOL[:ATOL]",
                      help="Tolerance for one output, e.g. logits:0.05:0.001."),
@@ -231,9 +223,7 @@ def input_options(f: Callable, both: bool = False) -> Callable:
     ]
     f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
     f = limit_options(f)  # limits.py: --max-samples, --max-input-bytes, --eval-timeout, ...
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return apply_flags(f, opts)
 
 
 def make_options(kw: dict, both: bool = False):
@@ -318,7 +308,7 @@ def run_input_options(f: Callable) -> Callable:
                    "count: the fewest FP32 units (earlier versions' search).")
 @click.option("--gpu", type=click.Choice(list(GPUS)), default=DEFAULT_GPU, show_default=True,
               help="GPU class plans are priced on (datasheet peaks; docs/cost.md).")
-@click.option("--budget", type=NonNegativeFloat(), default=None, metavar="PCT",
+@click.option("--budget", type=non_negative(), default=None, metavar="PCT",
               help="Accept at most this estimated slowdown against all-FP16, in percent, e.g. "
                    "--budget 5. If no plan within it passes: exit 6, and the best plan within "
                    "it is written with its measured error.")
