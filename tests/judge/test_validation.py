@@ -180,7 +180,7 @@ def test_retarget_carries_known_failures_to_a_tighter_bound(tmp_path):
     ev = Evaluator(ctx, opts.judge, {}, None)
     assert ev.check(frozenset()) is False
     runs = ev.runs
-    again = ev.retarget(opts, {}, "aim:x")
+    again = ev.retarget(opts.judge, {}, "aim:x")
     assert again.check(frozenset()) is False and again.runs == 0 and runs == 1
     again.close()
 
