@@ -96,7 +96,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         ctx.narrow(subset.choose(half.before, opts.sample.search_samples))
         stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
               "(where all-FP16 fails worst); the plan is certified on all of them")
-    if (not half.passed or opts.output.report) and not stats:  # FP16 passing needs no layer-wise pass
+    # FP16 passing needs no layer-wise pass
+    if (not half.passed or opts.output.report) and not stats:
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
         stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, half.fp16_first,
@@ -137,8 +138,9 @@ def _load(model_path: str | Path, opts: Options, out_dir: Path | None,
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
     if out_dir is not None:  # refuse now, not after the search, what the folder cannot take
-        OutputDir(out_dir).preflight(Path(model_path).stem, [model_path, *opts.sample.inputs],
-                                     0 if (opts.sample.inputs or opts.sample.data_loader) else opts.sample.samples,
+        given = opts.sample
+        OutputDir(out_dir).preflight(Path(model_path).stem, [model_path, *given.inputs],
+                                     0 if (given.inputs or given.data_loader) else given.samples,
                                      opts.output.report, opts.search.rewrite)
     cache = OutputDir(out_dir).cache() if out_dir is not None else None
     ctx = prepare(model_path, opts, cache=cache if opts.output.resume else None, spool=cache)
@@ -159,7 +161,8 @@ def _records(model_path: str | Path, ctx: Context, opts: Options) -> tuple[dict[
                 nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.judge.tolerance,
                 strict=opts.judge.strict, criteria=opts.judge.criteria)
     low = ctx.rules.precision
-    record: dict = {"semantics": semantics.record(ctx.prepared, opts.judge.tf32, opts.judge.accumulate, low),
+    judge = opts.judge
+    record: dict = {"semantics": semantics.record(ctx.prepared, judge.tf32, judge.accumulate, low),
               "precision": low.to_json(),
               "coverage": coverage.record(g)}
     if ctx.graph.repairs:  # what trtbisect's copy changed (repair.py, docs/input_models.md)
@@ -203,7 +206,8 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
     # what an evaluation costs once its session exists (the default --workers' estimate):
     # the inference alone; the all-FP16 stage's wall time is mostly building a session
     half_began = run_seconds()
-    narrow = subset.wanted(len(ctx.every_sample), opts.sample.search_samples, opts.judge.criteria.pass_rate)
+    narrow = subset.wanted(len(ctx.every_sample), opts.sample.search_samples,
+                           opts.judge.criteria.pass_rate)
     first: Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []
     batches: list[list[str]] | None = None
@@ -316,7 +320,8 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
     note_fused(result, units, unit_of)
     advice.attach(result, ctx, stats)  # does --rewrite do the fixes it names?
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
-    if opts.judge.semantics == "trt" and (result.fp32_nodes or opts.output.report or absorbed_nodes(ctx)):
+    if opts.judge.semantics == "trt" and (result.fp32_nodes or opts.output.report
+                                          or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
         compare_with_strict(result, ctx, opts)
     elif result.verdict != "reference_invalid":
@@ -383,8 +388,9 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
                   subset=ctx.subset, input_check=ctx.input_check,
                   validation=ctx.validation, given_sample=ctx.given_sample,
                   given_reference=ctx.given_reference, kept=ctx.kept)
-    new.search, new.prepared = semantics.prepare_graph(graph, opts.judge.semantics, opts.judge.trt_version)
-    new.rules = semantics.rules_for(new.prepared, opts.judge.tf32, opts.judge.accumulate,
+    judge = opts.judge
+    new.search, new.prepared = semantics.prepare_graph(graph, judge.semantics, judge.trt_version)
+    new.rules = semantics.rules_for(new.prepared, judge.tf32, judge.accumulate,
                                     ctx.rules.precision)
     return new
 
@@ -405,9 +411,11 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
     from .stages.stability import measure_stability
 
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
-    return measure_stability(Reference(ctx.graph, opts.judge.threads).run, ev.emulator.run, plans,
-                             ctx.samples, opts.judge.tolerance, opts.search.stability, seed=opts.sample.seed + 1,
-                             judge=lambda r, g, s: opts.judge.criteria.judge(r, g, s, opts.judge.tolerance))
+    judge = opts.judge
+    return measure_stability(Reference(ctx.graph, judge.threads).run, ev.emulator.run, plans,
+                             ctx.samples, judge.tolerance, opts.search.stability,
+                             seed=opts.sample.seed + 1,
+                             judge=lambda r, g, s: judge.criteria.judge(r, g, s, judge.tolerance))
 
 
 def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float,

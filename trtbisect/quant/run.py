@@ -370,7 +370,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     opts.judge.criteria.validate([o.name for o in ref_model.graph.output])
     samples, references = _samples(ref_model, opts, path, reference_path)
     result = QuantResult("no_plan", [], 0, 0, 0, len(samples), opts.judge.tolerance, {}, {},
-                         criteria=opts.judge.criteria, model_path=str(path), layers=layers, plan=[],
+                         criteria=opts.judge.criteria, model_path=str(path), layers=layers,
+                         plan=[],
                          before=None, after=None, reference=where, emulated=_half(model),
                          semantics=opts.judge.semantics)
     result.reference_problems = reference_problems(  # it reads ctx.every_reference only
@@ -504,8 +505,9 @@ def _samples(ref_model: onnx.ModelProto, opts: Options, path: Path, reference_pa
 
     set_eval_timeout(opts.judge.eval_timeout)  # every inference of this run (limits.py)
     ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)
-    samples = SampleSet(iter_items(ref_graph, list(opts.sample.inputs), opts.sample.data_loader, opts.sample.shapes,
-                                   opts.sample.seed, opts.sample.samples, opts.sample.limits), limits=opts.sample.limits)
+    given = opts.sample
+    samples = SampleSet(iter_items(ref_graph, list(given.inputs), given.data_loader, given.shapes,
+                                   given.seed, given.samples, given.limits), limits=given.limits)
     references = reference_set(ref_graph, samples, opts.judge.threads,
                                f"quant:{model_hash(path)}:{reference_path}", None)
     opts.judge.criteria.check_fit(references[0])
@@ -564,8 +566,9 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     layers = result.layers
     halves = half_nodes(model)
     result.half_nodes = len(halves)
-    judge = QuantJudge(model, layers, samples, references, opts.judge.criteria, opts.judge.tolerance,
-                       opts.judge.threads, halves, opts.judge.semantics, opts.judge.tf32)
+    j = opts.judge
+    judge = QuantJudge(model, layers, samples, references, j.criteria, j.tolerance, j.threads,
+                       halves, j.semantics, j.tf32)
     result.judge = judge
     result.candidates, result.samples = len(judge.units), len(samples)
     pricing = pricing_for(model, layers, judge.half, samples[0], opts.search.gpu, result.emulated,
@@ -665,7 +668,8 @@ def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halve
             and n.name not in inside and n.name not in set(halves)
             and any(types.get(t) == onnx.TensorProto.FLOAT for t in n.output if t)]
     try:
-        road = fp16_road_price(ref_model, sample, opts.search.gpu, opts.judge.trt_version, opts.judge.threads)
+        road = fp16_road_price(ref_model, sample, opts.search.gpu, opts.judge.trt_version,
+                               opts.judge.threads)
     except TrtBisectError as exc:  # a float model the FP16 road cannot price: say so
         log.info("all-FP16 not priced as the FP16 road: %s", exc)
         road = None
@@ -794,9 +798,9 @@ def check_file(mixed_path: str | Path, reference_path: str | Path, opts: Options
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
-    judge = QuantJudge(model, qdq.analyse(model), samples, references, opts.judge.criteria,
-                       opts.judge.tolerance, opts.judge.threads, half_nodes(model), opts.judge.semantics,
-                       opts.judge.tf32)
+    j = opts.judge
+    judge = QuantJudge(model, qdq.analyse(model), samples, references, j.criteria, j.tolerance,
+                       j.threads, half_nodes(model), j.semantics, j.tf32)
     return judge.judge_model(model)
 
 

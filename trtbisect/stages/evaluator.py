@@ -33,8 +33,9 @@ class Evaluator:
                  journal: Journal | None, groups: Iterable[Iterable[str]] | None = None,
                  scope: str = "") -> None:
         """`judge`: the run's judge options (an aimed search's, stages/search.py). `groups`:
-        nodes that plans keep together (default: the search's units). `scope`: what sets these verdicts apart in the run's journal from others on the same plans
-        (an aimed search's bound, stages/search.py): "" for the run's own settings."""
+        nodes that plans keep together (default: the search's units). `scope`: what sets
+        these verdicts apart in the run's journal from others on the same plans (an aimed
+        search's bound, stages/search.py): "" for the run's own settings."""
         self.ctx, self.judge, self.journal, self.scope = ctx, judge, journal, scope
         self.watch = [t for t in ctx.judged.stored_tensors()
                       if t in stats and stats[t].fp32_nonfinite == 0] if judge.strict else []

@@ -118,7 +118,8 @@ class SearchStage:
                                              [*start, *self.as_units(prior.seeds)],
                                              self.as_units(prior.ranking), budget,
                                              _counting_nodes(self.progress, as_nodes),
-                                             **cost.search_args(self.pricing, sopts.search, score)))
+                                             **cost.search_args(self.pricing, sopts.search,
+                                                                score)))
         summary = parallel_batch.summary(workers, search, ev)
         cost.score_trials(search, self.pricing, score,
                           lambda us: ev.why.get(as_nodes(us), "failed"))
@@ -210,8 +211,9 @@ class SearchStage:
                 result.staged, result.mixed_model = [], None
             nearer = self.judge(again, ev, summary, spent)
             self.stage("judging the written plan")
-            nearer_cert = judge_written_plan(nearer, ctx, opts.judge, ev, self.as_nodes(again.fp32),
-                                             out_dir, noise=cert.noise)  # FP32's noise: once
+            nearer_cert = judge_written_plan(nearer, ctx, opts.judge, ev,
+                                             self.as_nodes(again.fp32), out_dir,
+                                             noise=cert.noise)  # FP32's noise: once
             if not nearer.mixed_model_passed:
                 nearer.staged = []
                 _count_unkept(result, again, ev)
@@ -271,7 +273,8 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.fp32_layers = found
     if parallel_summary is not None:
         result.workers = parallel_summary
-    result.cost = pricing.summary(found, opts.search.objective, opts.search.budget, ctx.rules.precision.name)
+    result.cost = pricing.summary(found, opts.search.objective, opts.search.budget,
+                                  ctx.rules.precision.name)
     result.criteria_record = {**opts.judge.criteria.to_json(),
                               "description": opts.judge.criteria.describe()}
     judged: JudgedRecord = {"before": opts.judge.criteria.verdict(before).to_json()}
@@ -288,7 +291,8 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
     another search, until it passes everywhere. Evaluations and trials add up over rounds."""
     evaluations, trials, rounds, speculative = 0, [], 0, 0
     while True:
-        left = None if opts.search.max_evaluations is None else max(opts.search.max_evaluations - evaluations, 0)
+        most = opts.search.max_evaluations
+        left = None if most is None else max(most - evaluations, 0)
         result = search(left)
         trials += [replace(t, index=t.index + evaluations) for t in result.trials]
         evaluations += result.evaluations

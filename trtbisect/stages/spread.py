@@ -204,11 +204,12 @@ def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequen
             noise: Mapping[str, float] | None = None,
             given: Sequence[Judgement] | None = None) -> Certificate:
     """The certificate of the plan whose written file's judge graph is `emulated` and whose
-    judgements (per sample, every sample) are `judged`, under `judge`. `noise`: the run's FP32 noise floor,
-    measured already (an earlier certificate's `noise`). `given`: the file's judgements on
-    every sample the user gave, in their order (held-out ones included: the renderings check
-    them all): the worst max|d| and the bound are over these, the very numbers the tables
-    show (compare.py `worst`); the spread is measured on `judged`'s samples."""
+    judgements (per sample, every sample) under `judge` are `judged`. `noise`: the run's FP32
+    noise floor, measured already (an earlier certificate's `noise`). `given`: the file's
+    judgements on every sample the user gave, in their order (held-out ones included: the
+    renderings check them all): the worst max|d| and the bound are over these, the very
+    numbers the tables show (compare.py `worst`); the spread is measured on `judged`'s
+    samples."""
     from ..backends.ort import fp32_moves, judge_threads, nudge_noise, variant_runs
 
     # the noise floor's optimized half is the optimized variation's own FP32 reference
