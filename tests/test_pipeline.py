@@ -286,7 +286,7 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     r = run(model, opts, tmp_path / "out")
     assert r.verdict == "fixed" and len(sized) == 1  # the batches are planned once a run
     ctx = prepare(model, opts)
-    ctx.hold_out(opts.validation_share, opts.seed)  # the run's statistics: its search samples
+    ctx.hold_out(opts.sample.validation_share, opts.sample.seed)  # the run's statistics: its search samples
     batches = layerwise.layerwise_batches(ctx, opts.search)
     assert (len(batches) > 1) == (budget < 1 << 20)
     assert exposing.count(True) == len(batches) - 1

@@ -284,7 +284,7 @@ def test_tf32_rounds_the_operands_of_fp32_inner_products_only(tmp_path):
     p = qm.outlier()
     layers = analyse(p.model)
     assert tf32_rounded(p.model, p.model, types(p.model)) is p.model  # all quantized
-    judge = QuantJudge(p.model, layers, [p.inputs], [{}], Options().criteria, Tolerance(),
+    judge = QuantJudge(p.model, layers, [p.inputs], [{}], Options().judge.criteria, Tolerance(),
                        tf32=True)
     plan = judge.model_for(frozenset({"mm1"}))
     judged = judge.judged_model(plan)
