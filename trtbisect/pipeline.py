@@ -323,7 +323,7 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
     if opts.judge.semantics == "trt" and (result.fp32_nodes or opts.output.report
                                           or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
-        compare_with_strict(result, ctx, opts)
+        compare_with_strict(result, ctx, opts.judge)
     elif result.verdict != "reference_invalid":
         semantics_notes(result, g)
     if opts.output.report and result.verdict == "fixed" and result.fp32_nodes:

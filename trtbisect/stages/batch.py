@@ -158,7 +158,7 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
     if opts.search.ray is None and requested == 1:
         return None
     weights = ctx.judged.weights.total_bytes()
-    plan = plan_workers(requested, opts.judge.threads, weights, _activations(ctx, opts))
+    plan = plan_workers(requested, opts.judge.threads, weights, _activations(ctx))
     if opts.search.ray is None and plan.workers <= 1:
         why = f"judging in this process: {plan.why}"
         ev.parallel_note = {"workers": 1, "chosen": why}
@@ -212,7 +212,7 @@ def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], r
     return spec, model_dir
 
 
-def _activations(ctx: Context, opts: Options) -> int:
+def _activations(ctx: Context) -> int:
     """Bytes of the largest tensors of one inference (a few are alive at once)."""
     try:
         sizes = sorted(estimate_bytes(ctx.judged, ctx.samples[0]).values(), reverse=True)
