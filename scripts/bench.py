@@ -257,7 +257,7 @@ class Bench:
         return self._emulator
 
     def options(self, **kw) -> Options:
-        return Options(inputs=[str(self.npz)], tolerance=self.case.tolerance, **kw)
+        return Options.of(inputs=[str(self.npz)], tolerance=self.case.tolerance, **kw)
 
     def passes(self, plan: frozenset[str]) -> bool:
         """One evaluation on the emulator: every sample within tolerance. Spends the budget."""

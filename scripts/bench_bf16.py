@@ -95,7 +95,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
     rec: dict = {"model": name + (f" (opset {converted} -> 13)" if converted else ""),
                  "date": datetime.date.today().isoformat(), "runs": {}}
     for p in PRECISIONS:
-        opts = Options(inputs=[str(npz)], max_evaluations=MAX_EVALS, resume=False, precision=p)
+        opts = Options.of(inputs=[str(npz)], max_evaluations=MAX_EVALS, resume=False, precision=p)
         t = time.perf_counter()
         with contextlib.redirect_stderr(io.StringIO()):
             r = run(path, opts, work / p)
@@ -104,7 +104,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
         mixed = Path(r.files["mixed_model"]) if "mixed_model" in r.files else None
         one_judge = None
         if mixed is not None and r.errors_after:
-            checked = check_mixed(mixed, path, Options(inputs=[str(npz)], precision=p))
+            checked = check_mixed(mixed, path, Options.of(inputs=[str(npz)], precision=p))
             one_judge = all(r.errors_after[k].to_json() == e.to_json()
                             for k, e in checked.errors.items())
         rec["candidates"] = r.candidates

@@ -108,7 +108,7 @@ def measure(name: str, path: Path, samples, inputs: list[str], work: Path) -> di
            "fp16_now": relative_errors(g, samples, None),
            "fp16_before": relative_errors(g, samples, frozenset(inner)), "runs": []}
     for sem, rtol in SETTINGS:
-        opts = Options(inputs=inputs, semantics=sem, tolerance=Tolerance(rtol=rtol))
+        opts = Options.of(inputs=inputs, semantics=sem, tolerance=Tolerance(rtol=rtol))
         out = work / f"{name}-{sem}-{rtol}"
         start = time.perf_counter()
         r = pipeline.run(path, opts, out)
@@ -139,7 +139,7 @@ def planted_rows(work: Path) -> list[dict]:
             before = relative_errors(g, [p.inputs], inner)
             old = "passes" if all(np.isfinite(v) and v <= 1e-2 for v in before.values()) \
                 else "fails"
-        r = pipeline.run(model, Options(inputs=[str(inputs)], semantics="strict"),
+        r = pipeline.run(model, Options.of(inputs=[str(inputs)], semantics="strict"),
                          folder / "out")
         rows.append({"name": name, "inner": len(inner) or ("inlined" if g.inlined else 0),
                      "before": old, "verdict": r.verdict, "fp32": sorted(r.fp32_nodes),

@@ -113,13 +113,13 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
     path, npz = work / "model.onnx", work / "inputs.npz"
     onnx.save(with_node_names(model), path)
     np.savez(npz, **feeds)
-    opts = Options(inputs=[str(npz)], max_evaluations=MAX_EVALS, resume=False, semantics=sem)
+    opts = Options.of(inputs=[str(npz)], max_evaluations=MAX_EVALS, resume=False, semantics=sem)
     ctx = prepare(path, opts)
     g = ctx.judged
     units = semantics.units(ctx.prepared, g.candidates())
     unit_of = {n: u for u, ns in units.items() for n in ns}
-    pricing = engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0], opts.gpu,
-                             opts.tf32, lambda pg: _shape_probe(ctx, opts, pg))
+    pricing = engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0], opts.search.gpu,
+                             opts.judge.tf32, lambda pg: _shape_probe(ctx, opts, pg))
     rec = {"model": name, "semantics": sem, "nodes": len(ctx.graph.names), "candidates": len(g.candidates()),
            "units": len(units), "gflop": sum(c.flops for c in pricing.engine.cost.values()) / 1e9,
            "all_fp16_us": 1e6 * pricing.fp16_s, "all_fp32_us": 1e6 * pricing.fp32_s,
@@ -135,8 +135,8 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
     autocast_input = path  # what the cost run's AutoCast rendering converts
     for objective in ("cost", "count"):
         t = time.perf_counter()
-        r = run(path, Options(inputs=[str(npz)], objective=objective, semantics=sem,
-                              max_evaluations=MAX_EVALS, resume=False), work / objective)
+        r = run(path, Options.of(inputs=[str(npz)], objective=objective, semantics=sem,
+                                 max_evaluations=MAX_EVALS, resume=False), work / objective)
         layers = list(r.fp32_layers or [])
         if objective == "cost":
             cost_plan = list(r.fp32_nodes)
@@ -148,7 +148,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
             seconds=round(time.perf_counter() - t, 2))
         yield_rec(rec)
     t = time.perf_counter()
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     ev.emulator.ensure(g.candidates())
     s = ddmin(list(units), lambda us: ev.check(frozenset(n for u in us for n in units[u])),
               max_evaluations=MAX_EVALS)
@@ -198,7 +198,7 @@ def autocast(path: Path, npz: Path, ctx, unit_of: dict, priced, sem: str, plan=N
     fp32 = fp32_of_artifact(onnx.load(str(given or path)), out, source.candidates())
     plan_units = sorted({unit_of[n] for n in fp32 if n in unit_of})
     try:
-        passes = check_mixed(mixed, path, Options(inputs=[str(npz)], semantics=sem)).passed
+        passes = check_mixed(mixed, path, Options.of(inputs=[str(npz)], semantics=sem)).passed
     except Exception as exc:
         passes = f"not judged: {type(exc).__name__}"
     return priced(plan_units, evaluations=0, passes=passes, fp32_nodes=len(fp32),

@@ -137,9 +137,9 @@ def bench(name: str, work: Path) -> list[dict]:
         every = "every sample" in label
         flags = dict(flags)
         atol = flags.pop("atol", 0.0)
-        opts = Options(inputs=[str(folder)], tolerance=Tolerance(atol=atol),
-                       criteria=parse_criteria(**flags), max_evaluations=MAX_EVALUATIONS,
-                       search_samples=0 if every else 8)
+        opts = Options.of(inputs=[str(folder)], tolerance=Tolerance(atol=atol),
+                          criteria=parse_criteria(**flags), max_evaluations=MAX_EVALUATIONS,
+                          search_samples=0 if every else 8)
         started = time.perf_counter()
         r = run(model, opts, work / f"out_{name}_{len(rows)}")
         wall = time.perf_counter() - started

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -203,11 +203,11 @@ def measure(case: Case, workdir: Path, max_evals: int = MAX_EVALS,
                  "flop_unknown": sorted(n for n, f in flops.items() if f is None),
                  "rtol": case.tolerance.rtol, "date": datetime.date.today().isoformat(), "runs": {}}
     for sem in SEMANTICS:
-        opts = Options(inputs=[str(npz)], tolerance=case.tolerance, semantics=sem,
-                       max_evaluations=max_evals, resume=False)
+        opts = Options.of(inputs=[str(npz)], tolerance=case.tolerance, semantics=sem,
+                          max_evaluations=max_evals, resume=False)
         for rewrite in (False, True):
             out = workdir / f"{sem}-{'rewrite' if rewrite else 'plain'}"
-            result = run(path, replace(opts, rewrite=rewrite), out)
+            result = run(path, opts.but(rewrite=rewrite), out)
             known = flops
             if "rewritten_model" in result.files:  # a node a rewrite added counts too
                 rewritten = onnx.load(result.files["rewritten_model"])
@@ -248,7 +248,7 @@ def run_ddmin(path: Path, opts: Options, flops: Mapping[str, int | None], total:
     units the pipeline searches (TensorRT-fused layers under trt, nodes under strict)."""
     started = time.perf_counter()
     ctx = prepare(path, opts)
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     assert ctx.prepared is not None
     units = semantics.units(ctx.prepared, ctx.judged.candidates())
     ev.emulator.ensure(ctx.judged.candidates())  # ddmin's second plan is all-FP32
@@ -261,7 +261,7 @@ def run_ddmin(path: Path, opts: Options, flops: Mapping[str, int | None], total:
     plan = sorted(nodes(s.fp32)) if s.found else []
     verdict = "no_plan" if not s.found else ("fixed" if plan else "fp16_ok")
     pricing = engine_pricing(ctx.graph, ctx.judged, ctx.prepared, units, ctx.samples[0],
-                             opts.gpu, opts.tf32, lambda pg: _shape_probe(ctx, opts, pg))
+                             opts.search.gpu, opts.judge.tf32, lambda pg: _shape_probe(ctx, opts, pg))
     return {"verdict": verdict, "fp32_nodes": len(plan), "plan": plan,
             "slowdown": pricing.slowdown(s.fp32) if s.found else None,
             "flop_share": flop_share(plan, flops, total), "evaluations": s.evaluations,

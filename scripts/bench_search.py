@@ -226,7 +226,7 @@ def _evaluator(ctx: Context, opts: Options,
                units: bool = True) -> Evaluator:
     """The pipeline's own evaluator (same emulator and criterion as `run`), unjournaled;
     `units=False` (ddmin, whose plans are any sets of nodes): every node switches alone."""
-    return Evaluator(ctx, opts, {}, None, None if units else ())
+    return Evaluator(ctx, opts.judge, {}, None, None if units else ())
 
 
 # the run's stages (pipeline.run's stages) that decide the plan: the all-FP16
@@ -250,7 +250,7 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         row.plain_ms = 1e3 * timed(lambda: sess.run(None, feeds), repeat)
         row.run_rss = peak_rss()
         return row
-    opts = Options(inputs=[case.inputs], threads=threads)
+    opts = Options.of(inputs=[case.inputs], threads=threads)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         res = pipeline.run(case.path, opts, Path(tmp) / "out")

@@ -118,11 +118,11 @@ def test_compare_is_the_librarys_call_the_command_prints(zoo, tmp_path):
     from trtbisect.judge.criteria import Criteria
 
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
-    found = pipeline.compare(model, Options(inputs=[str(inputs)]))
+    found = pipeline.compare(model, Options.of(inputs=[str(inputs)]))
     assert found.nothing is None and found.judged is None and found.summary["first_overflow"]
     printed = json.loads(invoke("-q", "compare", model, "--inputs", inputs, "--json").output)
     assert printed == json.loads(json.dumps(found.to_json()))
-    half = Options(inputs=[str(inputs)], criteria=Criteria(pass_rate=0.5))
+    half = Options.of(inputs=[str(inputs)], criteria=Criteria(pass_rate=0.5))
     judged = pipeline.compare(model, half)
     assert judged.judged is not None and judged.stats == found.stats  # the same tensors, judged
     printed = json.loads(invoke("-q", "compare", model, "--inputs", inputs, "--pass-rate", "0.5",
@@ -130,7 +130,7 @@ def test_compare_is_the_librarys_call_the_command_prints(zoo, tmp_path):
     assert printed["all_fp16"] == json.loads(json.dumps(judged.judged.to_json()))
     broken, broken_inputs = save_zoo_model(zoo["fp32_broken"], tmp_path / "b")
     with pytest.raises(TrtBisectError) as e:
-        pipeline.compare(broken, Options(inputs=[str(broken_inputs)]))
+        pipeline.compare(broken, Options.of(inputs=[str(broken_inputs)]))
     assert e.value.exit_code == 3
     assert_one_line_error(invoke("compare", broken, "--inputs", broken_inputs), 3, "already broken")
 

@@ -25,7 +25,7 @@ ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_unde
 def test_zoo_verdict_and_exact_minimal_set(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     assert r.verdict == z.expected_verdict
     assert set(r.fp32_nodes) == set(z.expected_fp32)
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
@@ -51,16 +51,16 @@ def test_an_fp16_verdict_is_the_written_files_and_builds_no_emulator(zoo, tmp_pa
     monkeypatch.setattr(pipeline.Emulator, "__init__", counting)
     z = zoo["healthy"]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "out")
     assert r.verdict == "fp16_ok" and r.evaluations == 1 and not built
     assert r.mixed_model_passed and r.errors_after == r.errors_before
     checked = check_mixed(tmp_path / "out" / "healthy.mixed.onnx", model,
-                          Options(inputs=[str(inputs)]))
+                          Options.of(inputs=[str(inputs)]))
     assert {k: e.max_abs for k, e in checked.errors.items()} == \
         {k: e.max_abs for k, e in r.errors_before.items()}
     z = zoo["layernorm_overflow"]  # FP16 fails: the search builds its emulator
     model, inputs = save_zoo_model(z, tmp_path)
-    assert run(model, Options(inputs=[str(inputs)]), tmp_path / "out2").verdict == "fixed"
+    assert run(model, Options.of(inputs=[str(inputs)]), tmp_path / "out2").verdict == "fixed"
     assert built
 
 
@@ -69,9 +69,9 @@ def test_big_weights_take_the_emulator_first_and_reach_the_same_verdict(zoo, tmp
     from trtbisect import pipeline
     z = zoo["healthy"]
     model, inputs = save_zoo_model(z, tmp_path)
-    small = run(model, Options(inputs=[str(inputs)]), tmp_path / "small")
+    small = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "small")
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", -1)  # every model is "big"
-    big = run(model, Options(inputs=[str(inputs)]), tmp_path / "big")
+    big = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "big")
     assert big.verdict == small.verdict == "fp16_ok" and big.mixed_model_passed
     assert big.one_judge.search_equals_check  # the emulator's numbers, the file's
     assert {k: e.max_abs for k, e in big.errors_before.items()} == \
@@ -82,7 +82,7 @@ def test_big_weights_take_the_emulator_first_and_reach_the_same_verdict(zoo, tmp
 def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     mixed_path = tmp_path / "out" / f"{name}.mixed.onnx"
     mixed = onnx.load(mixed_path)
     onnx.checker.check_model(mixed, full_check=True)
@@ -90,7 +90,7 @@ def test_written_mixed_model_is_valid_and_passes_check(zoo, tmp_path, name):
            [o.type.tensor_type.elem_type for o in z.model.graph.output]
     halves = [t for t in mixed.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
     assert halves, "FP16 nodes should read FP16 weights"
-    result = check_mixed(mixed_path, model, Options(semantics="strict", inputs=[str(inputs)]))
+    result = check_mixed(mixed_path, model, Options.of(semantics="strict", inputs=[str(inputs)]))
     assert result.passed and r.mixed_model_passed is True
     assert json.loads((tmp_path / "out" / "precision.json").read_text())["mixed_model_passed"]
     # the file behaves exactly as the plan predicted on the emulator
@@ -104,20 +104,20 @@ def test_all_fp16_mixed_model_fails_check(zoo, tmp_path):
     model, inputs = save_zoo_model(z, tmp_path)
     path = tmp_path / "all16.onnx"
     onnx.save(write_mixed_onnx(z.model, []), path)
-    assert not check_mixed(path, model, Options(semantics="strict", inputs=[str(inputs)])).passed
+    assert not check_mixed(path, model, Options.of(semantics="strict", inputs=[str(inputs)])).passed
 
 
 def test_input_model_is_never_modified(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
     before = model.read_bytes()
-    run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+    run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     assert model.read_bytes() == before
 
 
 def test_resume_replays_the_journal(zoo, tmp_path):
     z = zoo["two_outputs"]
     model, inputs = save_zoo_model(z, tmp_path)
-    first = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+    first = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     path = tmp_path / "out" / "journal.jsonl"
     header, *records = path.read_text().splitlines()
     done = [json.loads(line) for line in records if '"done"' in line]
@@ -140,7 +140,7 @@ def test_resume_replays_the_journal(zoo, tmp_path):
         return orig(self, plan, stop_early, full)
     Evaluator.measure = counting
     try:
-        second = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+        second = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     finally:
         Evaluator.measure = orig
     assert second.fp32_nodes == first.fp32_nodes or set(second.fp32_nodes) == set(z.expected_fp32)
@@ -164,8 +164,8 @@ def test_strict_rejects_internal_overflow_hidden_by_the_outputs(tmp_path):
     path = tmp_path / "clamp.onnx"
     onnx.save(m, path)
     np.savez(tmp_path / "x.npz", x=np.full(8, 300.0, np.float32))
-    loose = run(path, Options(semantics="strict", inputs=[str(tmp_path / "x.npz")]), tmp_path / "a")
-    strict = run(path, Options(semantics="strict", inputs=[str(tmp_path / "x.npz")], strict=True), tmp_path / "b")
+    loose = run(path, Options.of(semantics="strict", inputs=[str(tmp_path / "x.npz")]), tmp_path / "a")
+    strict = run(path, Options.of(semantics="strict", inputs=[str(tmp_path / "x.npz")], strict=True), tmp_path / "b")
     assert loose.verdict == "fp16_ok"
     assert strict.verdict == "fixed" and strict.fp32_nodes == ["sq"]  # its stored value is finite
 
@@ -177,14 +177,14 @@ def test_plan_must_pass_on_every_sample(zoo, tmp_path):
     # the plan found on both must pass both
     x = {k: np.stack([v, v * 0.01]) for k, v in z.inputs.items()}
     np.savez(tmp_path / "two.npz", **x)
-    r = run(model, Options(semantics="strict", inputs=[str(tmp_path / "two.npz")]), tmp_path / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(tmp_path / "two.npz")]), tmp_path / "out")
     assert r.samples == 2 and set(r.fp32_nodes) == set(z.expected_fp32)
 
 
 def test_deep_model_two_sites_far_fewer_evaluations_than_ddmin(tmp_path):
     z = deep_model()
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     assert set(r.fp32_nodes) == set(z.expected_fp32)
     g = Graph(z.model)
     assert len(g.names) >= 600
@@ -201,7 +201,7 @@ def test_deep_model_two_sites_far_fewer_evaluations_than_ddmin(tmp_path):
 def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "out")
     applied = r.rewrites["applied"]
     if name == "precision_loss":  # nothing matches: the plain FP32 plan
         assert not applied and set(r.fp32_nodes) == set(z.expected_fp32)
@@ -212,7 +212,7 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     rewritten = onnx.load(tmp_path / "out" / f"{name}.rewritten.onnx")
     assert [v.name for v in rewritten.graph.output] == [v.name for v in z.model.graph.output]
     assert check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,
-                       Options(inputs=[str(inputs)])).passed
+                       Options.of(inputs=[str(inputs)])).passed
     assert max(a["fp32_drift"]["rel"] for a in applied) < 1e-4
 
 
@@ -229,7 +229,7 @@ def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
                         lambda *a, **k: references.append(1) or real_refs(*a, **k))
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], rewrite=True), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], rewrite=True), tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == []
     tried = r.rewrites["judgements"]
     assert tried == len(r.rewrites["applied"]) == 1
@@ -242,18 +242,18 @@ def test_a_resumed_run_reuses_the_layerwise_statistics(zoo, tmp_path, monkeypatc
     from trtbisect.stages import layerwise
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
-    first = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    first = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "out")
     calls, references = [], []
     monkeypatch.setattr(layerwise, "layerwise", lambda *a, **k: calls.append(1) or {})
     real = pipeline.Reference
     for module in (pipeline, layerwise):
         monkeypatch.setattr(module, "Reference",
                             lambda *a, **k: references.append(1) or real(*a, **k))
-    again = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    again = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "out")
     assert not calls and not references and again.fp32_nodes == first.fp32_nodes
     assert {k: v.to_json() for k, v in again.stats.items()} == \
            {k: v.to_json() for k, v in first.stats.items()}
-    fresh = run(model, Options(inputs=[str(inputs)], resume=False), tmp_path / "out")
+    fresh = run(model, Options.of(inputs=[str(inputs)], resume=False), tmp_path / "out")
     assert calls and fresh.verdict == "fixed"
 
 
@@ -271,7 +271,7 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     rng = np.random.default_rng(1)
     np.savez(other, **{k: (v * rng.uniform(0.5, 1.5, v.shape)).astype(v.dtype)
                        for k, v in z.inputs.items()})
-    opts = Options(inputs=[str(inputs), str(other)], memory_budget=budget)
+    opts = Options.of(inputs=[str(inputs), str(other)], memory_budget=budget)
     exposing = []
     real = pipeline.Emulator
 
@@ -286,8 +286,8 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     r = run(model, opts, tmp_path / "out")
     assert r.verdict == "fixed" and len(sized) == 1  # the batches are planned once a run
     ctx = prepare(model, opts)
-    ctx.hold_out(opts.validation_share, opts.seed)  # the run's statistics: its search samples
-    batches = layerwise.layerwise_batches(ctx, opts)
+    ctx.hold_out(opts.sample.validation_share, opts.sample.seed)  # the run's statistics: its search samples
+    batches = layerwise.layerwise_batches(ctx, opts.search)
     assert (len(batches) > 1) == (budget < 1 << 20)
     assert exposing.count(True) == len(batches) - 1
     alone = layerwise.layerwise(ctx, opts)
@@ -298,7 +298,7 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
 def test_precision_json_times_each_stage(zoo, tmp_path):
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
-    run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    run(model, Options.of(inputs=[str(inputs)]), tmp_path / "out")
     saved = json.loads((tmp_path / "out" / "precision.json").read_text())
     names = [s["stage"].split(" ")[0] for s in saved["stages"]]
     assert names == ["loading", "all-FP16", "layer-wise", "searching", "judging", "all-FP16"]
@@ -312,7 +312,7 @@ def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):
     retries the ones that did not help enough after each kept rewrite."""
     z = deep_model()
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "o")
+    r = run(model, Options.of(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "o")
     applied = r.rewrites["applied"]
     assert r.verdict == "fixed" and r.fp32_nodes == [] and len(applied) == 2
     assert {a["rewrite"] for a in applied} == {"fuse_layernorm"}
@@ -324,7 +324,7 @@ def test_strict_tolerance_under_trt_semantics_runs_the_per_node_comparison(zoo, 
     emulator watches nothing, and still runs."""
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(strict=True, inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options.of(strict=True, inputs=[str(inputs)]), tmp_path / "out")
     assert r.verdict == "fixed" and r.mixed_model_passed
     assert r.errors_before_strict is not None
 
@@ -345,7 +345,7 @@ def test_the_swap_certificate_runs_on_the_prefetched_session(tmp_path, monkeypat
         builds.append(len(active))
         return real(self, active)
     monkeypatch.setattr(ort.Emulator, "_build", counting)
-    r = run(tmp_path / "t.onnx", Options(inputs=[str(tmp_path / "t.npz")], workers=1),
+    r = run(tmp_path / "t.onnx", Options.of(inputs=[str(tmp_path / "t.npz")], workers=1),
             tmp_path / "out")
     phases = [t["phase"] for t in r.search.to_json()["trials"]]
     assert r.verdict == "fixed" and phases.count("swap") >= 1

@@ -41,7 +41,7 @@ def test_the_face_runs_the_demo_like_the_command(tmp_path):
     """The docstring's example: run() through the face gives the CLI's plan for the demo."""
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    opts = trtbisect.Options(inputs=[str(root / "models" / "demo_inputs.npz")])
+    opts = trtbisect.Options.of(inputs=[str(root / "models" / "demo_inputs.npz")])
     result = trtbisect.run(root / "models" / "demo.onnx", opts)
     assert isinstance(result, trtbisect.RunResult)
     assert result.verdict == "fixed" and len(result.fp32_nodes) == 7

@@ -37,7 +37,7 @@ def _planted(tmp_path):
 def written(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param.__name__.strip("_"))
     model, inputs = request.param(tmp)
-    r = run(str(model), Options(inputs=[str(inputs)], workers=1), tmp / "out")
+    r = run(str(model), Options.of(inputs=[str(inputs)], workers=1), tmp / "out")
     return r, (tmp / "out" / "precision.json").read_text()
 
 

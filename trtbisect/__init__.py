@@ -5,7 +5,7 @@ The library's public face: the names in `__all__` are the supported API, e.g.
     from pathlib import Path
     import trtbisect
 
-    opts = trtbisect.Options(inputs=["val.npz"], tolerance=trtbisect.Tolerance(rtol=1e-2))
+    opts = trtbisect.Options.of(inputs=["val.npz"], tolerance=trtbisect.Tolerance(rtol=1e-2))
     result = trtbisect.run("model.onnx", opts, out_dir=Path("runs/model"))
     print(result.verdict, result.fp32_nodes)
 

@@ -7,7 +7,6 @@ import importlib
 import json
 import math
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +23,7 @@ from .judge.compare import Tolerance
 from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
 from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
 from .data.inputs import MAX_SAMPLES, parse_shapes
+from .base.flags import Number, apply_flags
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import FP16, one_precision, precision_option
 from .judge.validation import HOLD_OUT_SHARE
@@ -116,19 +116,10 @@ class Group(click.Group):
 
 
 
-class NonNegativeFloat(click.ParamType):
-    """A finite float >= 0 (click's FloatRange lets NaN through)."""
-
-    name = "float"
-
-    def convert(self, value, param, ctx) -> float:
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(x) or x < 0:
-            self.fail(f"{value!r} is not a finite, non-negative number", param, ctx)
-        return x
+def non_negative() -> Number:
+    """A finite float >= 0."""
+    return Number("float", lambda x: math.isfinite(x) and x >= 0,
+                  "a finite, non-negative number")
 
 
 def _stability_runs(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -200,9 +191,9 @@ def input_options(f: Callable, both: bool = False) -> Callable:
                      show_default=True,
                      help=f"Number of random samples when no --inputs are given (1 to "
                           f"{MAX_SAMPLES}; all of them must fit in half of the memory)."),
-        click.option("--rtol", type=NonNegativeFloat(), default=Tolerance.rtol, show_default=True,
+        click.option("--rtol", type=non_negative(), default=Tolerance.rtol, show_default=True,
                      help="Relative tolerance: max|fp16-fp32| <= rtol*max|fp32| + atol."),
-        click.option("--atol", type=NonNegativeFloat(), default=Tolerance.atol, show_default=True,
+        click.option("--atol", type=non_negative(), default=Tolerance.atol, show_default=True,
                      help="Absolute tolerance."),
         click.option("--output-tol", "output_tols", multiple=True, metavar="NAME:RTOL[:ATOL]",
                      help="Tolerance for one output, e.g. logits:0.05:0.001."),
@@ -232,9 +223,7 @@ def input_options(f: Callable, both: bool = False) -> Callable:
     ]
     f = criteria_options(f)  # judge/flags.py: --check-error-stat, --metric, --check, ...
     f = limit_options(f)  # limits.py: --max-samples, --max-input-bytes, --eval-timeout, ...
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return apply_flags(f, opts)
 
 
 def make_options(kw: dict, both: bool = False):
@@ -250,14 +239,14 @@ def make_options(kw: dict, both: bool = False):
         except (IndexError, ValueError):
             raise TrtBisectError(f"bad --output-tol {spec!r}: expected NAME:RTOL[:ATOL]") from None
     tol = Tolerance(kw.pop("rtol"), kw.pop("atol"), per_output)
-    return Options(inputs=kw.pop("inputs"), data_loader=kw.pop("data_loader"),
-                   shapes=parse_shapes(kw.pop("shapes")),
-                   seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
-                   criteria=pop_criteria(kw),
-                   limits=pop_limits(kw),
-                   threads=kw.pop("threads") or JUDGE_THREADS,
-                   trt_version=_trt_version(kw.pop("trt_version")),
-                   **kw)
+    return Options.of(inputs=kw.pop("inputs"), data_loader=kw.pop("data_loader"),
+                      shapes=parse_shapes(kw.pop("shapes")),
+                      seed=kw.pop("seed"), samples=kw.pop("samples"), tolerance=tol,
+                      criteria=pop_criteria(kw),
+                      limits=pop_limits(kw),
+                      threads=kw.pop("threads") or JUDGE_THREADS,
+                      trt_version=_trt_version(kw.pop("trt_version")),
+                      **kw)
 
 
 def _trt_version(given: str | None) -> int:
@@ -319,7 +308,7 @@ def run_input_options(f: Callable) -> Callable:
                    "count: the fewest FP32 units (earlier versions' search).")
 @click.option("--gpu", type=click.Choice(list(GPUS)), default=DEFAULT_GPU, show_default=True,
               help="GPU class plans are priced on (datasheet peaks; docs/cost.md).")
-@click.option("--budget", type=NonNegativeFloat(), default=None, metavar="PCT",
+@click.option("--budget", type=non_negative(), default=None, metavar="PCT",
               help="Accept at most this estimated slowdown against all-FP16, in percent, e.g. "
                    "--budget 5. If no plan within it passes: exit 6, and the best plan within "
                    "it is written with its measured error.")
@@ -372,13 +361,13 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     onnx_path, saved = resolve_model_arg(model, kw.pop("torch_inputs"), out)  # FILE.py:FACTORY
     kw["inputs"] = kw["inputs"] or ((str(saved),) if saved else ())
     model = str(onnx_path)
-    opts = make_options(kw, both=True)
-    opts = replace(opts, resume=not no_resume, report=report, stability=stability,
-                   rewrite=rewrite, search_samples=search_samples,
-                   validation_share=validation_share, workers=workers, ray=ray_address)
+    opts = make_options(kw, both=True).but(
+        resume=not no_resume, report=report, stability=stability, rewrite=rewrite,
+        search_samples=search_samples, validation_share=validation_share, workers=workers,
+        ray=ray_address)
     from .quant import wants_quantized  # a Q/DQ model or --precision int8|fp8: trtbisect/quant/
-    quantized = wants_quantized(model, opts.precision, quant_reference, calibration)
-    refuse_flags(quantized, opts.precision)
+    quantized = wants_quantized(model, opts.judge.precision, quant_reference, calibration)
+    refuse_flags(quantized, opts.judge.precision)
     if quantized:
         from .quant.console import run_and_emit
         finish(run_and_emit(model, opts, out, quant_reference, backend, as_json, calibration))
@@ -386,7 +375,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         from .parallel.ray_pool import check_address, require_ray
         require_ray()  # before any work: a one-line install hint,
         check_address(ray_address)  # or a head nobody answers at
-    if backend == "trt" and opts.precision != "fp16":  # backends/trt.py builds FP16 engines
+    if backend == "trt" and opts.judge.precision != "fp16":  # backends/trt.py builds FP16 engines
         raise TrtBisectError("--backend trt verifies FP16 plans only; judge a BF16 plan on the "
                              "emulator and build it with commands.sh (--bf16, the bf16 mixed "
                              "ONNX)")
@@ -399,7 +388,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     ctx = click.get_current_context()
     ctx.meta["resume_hint"] = (f"run the same command again to resume from {out / 'journal.jsonl'}"
                                " (--no-resume starts afresh)")
-    if opts.precision == "both":  # outputs/both.py: one run per precision, side by side
+    if opts.judge.precision == "both":  # outputs/both.py: one run per precision, side by side
         from .outputs.both import run_both
 
         with terminate_as_interrupt(), OutputDir(out).locked(), \
@@ -761,7 +750,7 @@ def compare(model: str, top: int, as_json: bool, **kw) -> None:
         if summary.get(key):
             out.print(f"{label}: {shown(summary[key])}")
     if judged is not None:  # the run's criteria, on the all-FP16 outputs
-        out.print(f"all {low.label} under {shown(opts.criteria.describe())}: "
+        out.print(f"all {low.label} under {shown(opts.judge.criteria.describe())}: "
                   f"{'[green]pass[/]' if judged.passed else '[red]FAIL[/]'} on "
                   f"{sum(judged.samples)} of {len(judged.samples)} sample(s)", soft_wrap=True)
         for name, e in judged.errors.items():

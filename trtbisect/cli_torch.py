@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .console import (USAGE, Progress, error_cell, exit_codes, finish, fmt, log, out, quiet_level,
                   rel_cell, shown, verbosity_options)
+from .base.flags import apply_flags
 from .judge.compare import Tolerance
 from .judge.flags import criteria_options, pop_criteria
 
@@ -30,9 +31,7 @@ def torch_input_options(f):
         click.option("--samples", default=1, show_default=True,
                      help="Random samples to check on (with --input)."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return apply_flags(f, opts)
 
 
 def _default_out(factory: str) -> Path:

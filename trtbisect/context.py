@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -27,7 +27,7 @@ from .judge.precision import precision as low_precision
 from .judge.loadable import InputCheck
 from .judge.settings import JudgeSettings
 from .judge.validation import HOLD_OUT_SHARE, Holdout
-from .base.limits import Limits, set_eval_timeout
+from .base.limits import EVAL_TIMEOUT, Limits, set_eval_timeout
 from .data.sources import npz_shapes
 from .graph.repair import say
 
@@ -39,28 +39,58 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Options:
+class SampleOptions:
+    """Where the run's samples come from and how many the search and validation see."""
+
     inputs: Sequence[str] = ()
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     seed: int = 0
     samples: int = 1  # random samples when no --inputs are given
     data_loader: str | None = None  # Polygraphy's --data-loader-script FILE.py[:FUNCTION]
     search_samples: int = subset.SEARCH_SAMPLES  # above this many, search on a subset first
+    # the share of two samples or more the search never sees, the written plan is validated on
+    # (judge/validation.py; one sample: perturbed copies; 0: no validation)
+    validation_share: float = HOLD_OUT_SHARE
+    # bounds on samples and spooled bytes (limits.py, docs/limits.md)
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """Every setting a verdict depends on, with the criteria as given (a --check hook's
+    function may not pickle). `settings` is their picklable form, built once (judge/settings.py):
+    the journal's fingerprint, the reference cache key and the workers' spec come from it."""
+
     tolerance: Tolerance = field(default_factory=Tolerance)
     criteria: Criteria = field(default_factory=Criteria)  # default: the tolerance's max error
     strict: bool = False
-    max_evaluations: int | None = None
     threads: int | None = None
-    memory_budget: int = 1 << 30  # bytes of intermediate tensors held at once (layer-wise)
-    resume: bool = True
-    stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
-    report: bool = False  # also write report.html / report.md (needs matplotlib)
-    rewrite: bool = False  # try verified FP16-safe graph rewrites before any FP32 fallback
     semantics: str = "trt"  # trt: round where TensorRT rounds; strict: every node (docs/semantics.md)
     # the weight-conversion rule and renderings' target: the installed TensorRT's major, else 11
     trt_version: int = field(default_factory=_default_trt_version)
     tf32: bool = False  # FP32 MatMul/Conv/Gemm read TF32-rounded operands (else --noTF32)
     fp16_accumulate: bool = False  # FP16 MatMul/Gemm/Conv accumulate in FP16 (an approximation)
+    precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
+    eval_timeout: float = EVAL_TIMEOUT  # --eval-timeout: one inference (limits.py)
+    settings: JudgeSettings = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", JudgeSettings.of(self))
+
+    @property
+    def accumulate(self) -> int:
+        """The --fp16-accumulate block size (0: off)."""
+        return semantics.FP16_ACCUMULATE_BLOCK if self.fp16_accumulate else 0
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How the search runs: its bound, objective and pricing, its workers, its extra passes."""
+
+    max_evaluations: int | None = None
+    memory_budget: int = 1 << 30  # bytes of intermediate tensors held at once (layer-wise)
+    stability: int = 0  # N >= 2: rerun the plan and all-FP16 on N jittered copies per sample
+    rewrite: bool = False  # try verified FP16-safe graph rewrites before any FP32 fallback
     gpu: str = cost.DEFAULT_GPU  # the GPU class plans are priced on (cost.py, docs/cost.md)
     objective: str = "cost"  # cost: the cheapest plan in estimated engine time; count: fewest units
     budget: float | None = None  # --budget PCT: the plan's slowdown against all-FP16 at most this
@@ -68,23 +98,48 @@ class Options:
     # in this process), or on Ray actors (`ray`: a cluster's address, "" for a local one)
     workers: int | None = 1
     ray: str | None = None
-    precision: str = "fp16"  # the low precision plans target: fp16 | bf16 (judge/precision.py)
-    # bounds on samples, spooled bytes and one inference (limits.py, docs/limits.md)
-    limits: Limits = field(default_factory=Limits)
-    # the share of two samples or more the search never sees, the written plan is validated on
-    # (judge/validation.py; one sample: perturbed copies; 0: no validation)
-    validation_share: float = HOLD_OUT_SHARE
 
-    @property
-    def accumulate(self) -> int:
-        """The --fp16-accumulate block size (0: off)."""
-        return semantics.FP16_ACCUMULATE_BLOCK if self.fp16_accumulate else 0
 
-    @property
-    def judge_settings(self) -> JudgeSettings:
-        """Every setting a verdict depends on, in one frozen object (judge/settings.py): the
-        journal's fingerprint and the workers' spec are built from it."""
-        return JudgeSettings.of(self)
+@dataclass(frozen=True)
+class OutputOptions:
+    """What the output folder holds and reuses."""
+
+    resume: bool = True  # replay the folder's journal and reference cache
+    report: bool = False  # also write report.html / report.md (needs matplotlib)
+
+
+_GROUPS = {"sample": SampleOptions, "judge": JudgeOptions, "search": SearchOptions,
+           "output": OutputOptions}
+_GROUP_OF = {f.name: group for group, cls in _GROUPS.items() for f in fields(cls) if f.init}
+
+
+@dataclass(frozen=True)
+class Options:
+    """A run's options in four groups; a function takes the group it reads."""
+
+    sample: SampleOptions = field(default_factory=SampleOptions)
+    judge: JudgeOptions = field(default_factory=JudgeOptions)
+    search: SearchOptions = field(default_factory=SearchOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
+
+    @classmethod
+    def of(cls, **settings: Any) -> Options:
+        """Options from the groups' field names (`Options.of(seed=1, tolerance=t)`)."""
+        return cls(**{group: kind(**_pick(settings, group)) for group, kind in _GROUPS.items()})
+
+    def but(self, **changes: Any) -> Options:
+        """These options with some fields changed, named as in `of` (a group not named is
+        kept as it is: its JudgeSettings are not built again)."""
+        groups = {group: replace(getattr(self, group), **_pick(changes, group))
+                  for group in _GROUPS if any(_GROUP_OF[k] == group for k in changes)}
+        return replace(self, **groups)
+
+
+def _pick(settings: Mapping[str, Any], group: str) -> dict[str, Any]:
+    unknown = sorted(k for k in settings if k not in _GROUP_OF)
+    if unknown:
+        raise TypeError(f"Options have no field {', '.join(unknown)}")
+    return {k: v for k, v in settings.items() if _GROUP_OF[k] == group}
 
 
 @dataclass
@@ -177,41 +232,41 @@ class Context:
 def prepare(model_path: str | Path, opts: Options, search: bool = True,
             cache: Path | None = None, spool: Path | None = None) -> Context:
     """Load, reference outputs, and (`search`) the graph the emulator judges under
-    `opts.semantics`. `cache`: a folder where a resumed run finds the reference outputs;
+    `opts.judge.semantics`. `cache`: a folder where a resumed run finds the reference outputs;
     `spool`: where samples and references that do not fit in memory go (default: a
     temporary folder)."""
-    path = Path(model_path)
+    path, given, judge = Path(model_path), opts.sample, opts.judge
     # the emulator rounds with Casts to the low type: an older opset is judged as converted
-    graph = Graph.from_path(path, low_precision(opts.precision).min_opset if search else 1,
-                            {**npz_shapes(list(opts.inputs)), **opts.shapes})
+    graph = Graph.from_path(path, low_precision(judge.precision).min_opset if search else 1,
+                            {**npz_shapes(list(given.inputs)), **given.shapes})
     if graph.repairs:
         log.warning("%s", say(path, graph.repairs))
     if search:  # float64 compute: refused or named, as TensorRT's parser would cast it
         degenerate.check_judgeable(graph, path)
-    validate_tolerance(opts.tolerance, graph.output_names())  # typos are usage errors (#14)
-    opts.criteria.validate(graph.output_names())
-    set_eval_timeout(opts.limits.eval_timeout)  # every inference of this run (limits.py)
-    samples = SampleSet(iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes,
-                                   opts.seed, opts.samples, opts.limits),
-                        spool=spool or cache, limits=opts.limits)
+    validate_tolerance(judge.tolerance, graph.output_names())  # typos are usage errors (#14)
+    judge.criteria.validate(graph.output_names())
+    set_eval_timeout(judge.eval_timeout)  # every inference of this run (limits.py)
+    samples = SampleSet(iter_items(graph, list(given.inputs), given.data_loader, given.shapes,
+                                   given.seed, given.samples, given.limits),
+                        spool=spool or cache, limits=given.limits)
     sha, data_sha = model_hash(path), external_data_hash(path)
-    references = reference_set(graph, samples, opts.threads, f"{sha}:{data_sha}", cache,
+    references = reference_set(graph, samples, judge.threads, f"{sha}:{data_sha}", cache,
                                spool or cache, samples.spooled)
-    opts.criteria.check_fit(references[0])
+    judge.criteria.check_fit(references[0])
     _declare_computed_shapes(graph, references[0], path)
     ctx = Context(path, graph.source, graph, samples, references, sha,
-                  sources=[path, *external_files(path), *input_files(opts)],
+                  sources=[path, *external_files(path), *input_files(given)],
                   data_sha256=data_sha, input_check=InputCheck(path))
-    semantics.weight_rule_for(opts.semantics, opts.trt_version)  # fail early on bad values
-    if opts.fp16_accumulate and not low_precision(opts.precision).narrow_range:
+    semantics.weight_rule_for(judge.semantics, judge.trt_version)  # fail early on bad values
+    if judge.fp16_accumulate and not low_precision(judge.precision).narrow_range:
         raise TrtBisectError("--fp16-accumulate models FP16-accumulating kernels; BF16 GEMMs "
                              "and convolutions accumulate in FP32 (cuBLAS has no BF16 compute "
                              "type): drop it with --precision bf16")
     if search:
-        ctx.search, ctx.prepared = semantics.prepare_graph(graph, opts.semantics,
-                                                           opts.trt_version)
-        ctx.rules = semantics.rules_for(ctx.prepared, opts.tf32, opts.accumulate,
-                                        low_precision(opts.precision))
+        ctx.search, ctx.prepared = semantics.prepare_graph(graph, judge.semantics,
+                                                           judge.trt_version)
+        ctx.rules = semantics.rules_for(ctx.prepared, judge.tf32, judge.accumulate,
+                                        low_precision(judge.precision))
     return ctx
 
 
@@ -249,12 +304,12 @@ def _declare_computed_shapes(graph: Graph, reference: Mapping[str, np.ndarray],
         log.warning("%s", say(path, tuple(notes)))
 
 
-def input_files(opts: "Options") -> list[Path]:
+def input_files(given: SampleOptions) -> list[Path]:
     """The files the run's samples come from (folders and globs expanded): never moved."""
-    found = [Path(p) for spec in opts.inputs for p, _ in expand(spec)]
-    if opts.data_loader:
-        found.append(Path(opts.data_loader.rsplit(":", 1)[0]
-                          if not opts.data_loader.endswith(".py") else opts.data_loader))
+    found = [Path(p) for spec in given.inputs for p, _ in expand(spec)]
+    loader = given.data_loader
+    if loader:
+        found.append(Path(loader.rsplit(":", 1)[0] if not loader.endswith(".py") else loader))
     return found
 
 

@@ -52,7 +52,7 @@ def _shape_probe(ctx: Context, opts: Options, graph: Graph | None = None) -> cos
     """Shapes that shape inference leaves open, as one FP32 inference of the first sample
     produces them (a batch of tensors at a time), on `graph` (default: the judged one)."""
     def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-        ref, out = Reference(graph or ctx.judged, opts.threads), {}
+        ref, out = Reference(graph or ctx.judged, opts.judge.threads), {}
         for k in range(0, len(names), 512):
             out.update({t: tuple(a.shape) for t, a in
                         ref.run_tensors(ctx.samples[0], names[k:k + 512]).items()})
@@ -76,34 +76,35 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         (on_stage or log.info)(msg)
     ctx, cache = _load(model_path, opts, out_dir, stage)
     base, record = _records(model_path, ctx, opts)
-    unjudgeable = _unjudgeable(ctx, record, base, opts.threads)
+    unjudgeable = _unjudgeable(ctx, record, base, opts.judge.threads)
     if unjudgeable is not None:
-        return _finish(unjudgeable, ctx, out_dir, started, opts.report, marks)
+        return _finish(unjudgeable, ctx, out_dir, started, opts.output.report, marks)
     # the samples the written plan is validated on, never searched (judge/validation.py)
-    ctx.hold_out(opts.validation_share, opts.seed, opts.threads)
+    ctx.hold_out(opts.sample.validation_share, opts.sample.seed, opts.judge.threads)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)
     # range facts of every weight, as the judge converts them: one pass over the weights
     constants = constant_stats(ctx.judged, ctx.rules.weight_rule, ctx.rules.precision)
-    if opts.strict:  # the watch list needs to know which tensors FP32 keeps finite
+    if opts.judge.strict:  # the watch list needs to know which tensors FP32 keeps finite
         stage("layer-wise comparison, FP32 vs FP16")
         stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
     journal = _journal(out_dir, opts, fingerprint)
-    ev = Evaluator(ctx, opts, stats, journal)
+    ev = Evaluator(ctx, opts.judge, stats, journal)
     stage("all-FP16 evaluation")
     half = _all_fp16(ctx, opts, ev, stats, constants, out_dir)
     if half.narrow and not half.passed:  # judge/subset.py: search on the worst, certify on all
-        ctx.narrow(subset.choose(half.before, opts.search_samples))
+        ctx.narrow(subset.choose(half.before, opts.sample.search_samples))
         stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
               "(where all-FP16 fails worst); the plan is certified on all of them")
-    if (not half.passed or opts.report) and not stats:  # FP16 passing needs no layer-wise pass
+    # FP16 passing needs no layer-wise pass
+    if (not half.passed or opts.output.report) and not stats:
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
         stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, half.fp16_first,
                                  half.batches)
     half.fp16_first = []  # memory: the FP16 side is only statistics now
     outcome = None
-    if opts.rewrite and not half.passed:
+    if opts.search.rewrite and not half.passed:
         stage("trying FP16-safe rewrites")
         outcome, ctx, constants, ev = _rewrite(ctx, opts, stats, constants, half, base, ev,
                                                journal)
@@ -116,7 +117,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     cert = None
     if search.found:
         stage("judging the written plan")
-        cert = judge_written_plan(result, ctx, opts, ev, st.as_nodes(search.fp32), out_dir,
+        cert = judge_written_plan(result, ctx, opts.judge, ev, st.as_nodes(search.fp32), out_dir,
                                   half.first)
     result, cert, ev = st.aim(result, cert, ev, out_dir, lambda c: cached_layerwise(
         c, opts, out_dir, fingerprint, on_layerwise))
@@ -125,27 +126,28 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     ev.close()  # the workers, if the written plan's judge did not stop them already
     _settle(result, cert, ctx, opts)
     _explain(result, ctx, opts, ev, constants, st.units, st.unit_of, stage, on_layerwise)
-    return _finish(result, ctx, out_dir, started, opts.report, marks)
+    return _finish(result, ctx, out_dir, started, opts.output.report, marks)
 
 
 def _load(model_path: str | Path, opts: Options, out_dir: Path | None,
           stage: Callable[[str], None]) -> tuple[Context, Path | None]:
     """The model with its samples and FP32 reference, and the output folder's cache; what
     the folder or the memory cannot take is refused first, not after the search."""
-    if opts.report:
+    if opts.output.report:
         from .reports.report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
     stage("loading the model and running the FP32 reference")
     if out_dir is not None:  # refuse now, not after the search, what the folder cannot take
-        OutputDir(out_dir).preflight(Path(model_path).stem, [model_path, *opts.inputs],
-                                     0 if (opts.inputs or opts.data_loader) else opts.samples,
-                                     opts.report, opts.rewrite)
+        given = opts.sample
+        OutputDir(out_dir).preflight(Path(model_path).stem, [model_path, *given.inputs],
+                                     0 if (given.inputs or given.data_loader) else given.samples,
+                                     opts.output.report, opts.search.rewrite)
     cache = OutputDir(out_dir).cache() if out_dir is not None else None
-    ctx = prepare(model_path, opts, cache=cache if opts.resume else None, spool=cache)
+    ctx = prepare(model_path, opts, cache=cache if opts.output.resume else None, spool=cache)
     assert ctx.prepared is not None
-    if opts.stability >= 2:  # refused now, not after the search, if it cannot be held
+    if opts.search.stability >= 2:  # refused now, not after the search, if it cannot be held
         from .stages.stability import guard_memory
-        guard_memory(ctx.every_sample, ctx.every_reference, opts.stability)
+        guard_memory(ctx.every_sample, ctx.every_reference, opts.search.stability)
     return ctx, cache
 
 
@@ -156,10 +158,11 @@ def _records(model_path: str | Path, ctx: Context, opts: Options) -> tuple[dict[
     assert ctx.prepared is not None
     base: dict[str, Any] = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
-                nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.tolerance,
-                strict=opts.strict, criteria=opts.criteria)
+                nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.judge.tolerance,
+                strict=opts.judge.strict, criteria=opts.judge.criteria)
     low = ctx.rules.precision
-    record: dict = {"semantics": semantics.record(ctx.prepared, opts.tf32, opts.accumulate, low),
+    judge = opts.judge
+    record: dict = {"semantics": semantics.record(ctx.prepared, judge.tf32, judge.accumulate, low),
               "precision": low,
               "coverage": coverage.record(g)}
     if ctx.graph.repairs:  # what trtbisect's copy changed (repair.py, docs/input_models.md)
@@ -176,7 +179,7 @@ def _journal(out_dir: Path | None, opts: Options, fingerprint: dict) -> Journal 
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
-    if not opts.resume and journal_path.exists():
+    if not opts.output.resume and journal_path.exists():
         journal_path.unlink()
     return Journal(journal_path, fingerprint)
 
@@ -203,22 +206,23 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
     # what an evaluation costs once its session exists (the default --workers' estimate):
     # the inference alone; the all-FP16 stage's wall time is mostly building a session
     half_began = run_seconds()
-    narrow = subset.wanted(len(ctx.every_sample), opts.search_samples, opts.criteria.pass_rate)
+    narrow = subset.wanted(len(ctx.every_sample), opts.sample.search_samples,
+                           opts.judge.criteria.pass_rate)
     first: Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []
     batches: list[list[str]] | None = None
-    if opts.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
+    if opts.judge.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
-        if stats and not opts.rewrite:  # the prior is known: one session, the search's
+        if stats and not opts.search.rewrite:  # the prior is known: one session, the search's
             early = build_prior(g, stats, constants, low)
             ev.emulator.ensure(prefetch_nodes(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
-        batches = None if narrow else layerwise_batches(ctx, opts)  # narrow: for the subset
-        first = write_and_judge(ctx, opts, frozenset(), out_dir,
+        batches = None if narrow else layerwise_batches(ctx, opts.search)  # narrow: for the subset
+        first = write_and_judge(ctx, opts.judge, frozenset(), out_dir,
                                 expose=batches[0] if batches else ())
         all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
@@ -248,7 +252,7 @@ def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
         g = ctx.judged
         constants = constant_stats(g, ctx.rules.weight_rule, low)  # the rewritten weights
         base.update(candidates=len(g.candidates()), nodes=len(g.names))
-        ev = Evaluator(ctx, opts, stats, journal)
+        ev = Evaluator(ctx, opts.judge, stats, journal)
         half.passed = outcome.passed
         ev.known[frozenset()] = half.passed
     return outcome, ctx, constants, ev
@@ -271,8 +275,8 @@ def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
                     result.validation.described if result.validation else None)
     if verdict != was:
         result.one_minimal = False
-    if opts.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
-        hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.tolerance)
+    if opts.judge.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
+        hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.judge.tolerance)
         if hints:  # the default criterion may not be what the user means
             result.criterion_hints = hints
 
@@ -316,17 +320,18 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
     note_fused(result, units, unit_of)
     advice.attach(result, ctx, stats)  # does --rewrite do the fixes it names?
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
-    if opts.semantics == "trt" and (result.fp32_nodes or opts.report or absorbed_nodes(ctx)):
+    if opts.judge.semantics == "trt" and (result.fp32_nodes or opts.output.report
+                                          or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
-        compare_with_strict(result, ctx, opts)
+        compare_with_strict(result, ctx, opts.judge)
     elif result.verdict != "reference_invalid":
         semantics_notes(result, g)
-    if opts.report and result.verdict == "fixed" and result.fp32_nodes:
+    if opts.output.report and result.verdict == "fixed" and result.fp32_nodes:
         stage("layer-wise comparison with the plan applied (for the report)")
         result.extra["layerwise_plan"] = {
             t: s.to_json() for t, s in layerwise(ctx, opts, on_layerwise, plan).items()}
-    if result.verdict in ("fixed", "fp16_ok") and opts.stability >= 2:
-        stage(f"stability: {opts.stability} runs per sample")
+    if result.verdict in ("fixed", "fp16_ok") and opts.search.stability >= 2:
+        stage(f"stability: {opts.search.stability} runs per sample")
         result.stability = _stability(ctx, opts, ev, plan).to_json()
     coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
 
@@ -356,9 +361,9 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     def judge(candidate: onnx.ModelProto) -> tuple[bool, dict[str, OutputError]]:
         # under the run's semantics, as the search will judge the rewritten model
         last[:] = [_rewritten_context(ctx, candidate, opts)]
-        emu = Emulator(last[0].judged, opts.threads, rules=last[0].rules)
-        verdict = opts.criteria.verdict([
-            opts.criteria.judge(ref, emu.run(frozenset(), s), s, opts.tolerance)
+        emu = Emulator(last[0].judged, opts.judge.threads, rules=last[0].rules)
+        verdict = opts.judge.criteria.verdict([
+            opts.judge.criteria.judge(ref, emu.run(frozenset(), s), s, opts.judge.tolerance)
             for s, ref in zip(ctx.samples, ctx.references)])
         emu.close()
         return verdict.passed, verdict.errors
@@ -383,8 +388,9 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
                   subset=ctx.subset, input_check=ctx.input_check,
                   validation=ctx.validation, given_sample=ctx.given_sample,
                   given_reference=ctx.given_reference, kept=ctx.kept)
-    new.search, new.prepared = semantics.prepare_graph(graph, opts.semantics, opts.trt_version)
-    new.rules = semantics.rules_for(new.prepared, opts.tf32, opts.accumulate,
+    judge = opts.judge
+    new.search, new.prepared = semantics.prepare_graph(graph, judge.semantics, judge.trt_version)
+    new.rules = semantics.rules_for(new.prepared, judge.tf32, judge.accumulate,
                                     ctx.rules.precision)
     return new
 
@@ -392,8 +398,8 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
 def _fingerprint(ctx: Context, opts: Options) -> dict:
     """What a journaled verdict depends on: the model, the samples, the version, and every
     setting of the judge (judge/settings.py: one object, so none can be left out)."""
-    return run_fingerprint(opts.judge_settings.fingerprint(), ctx.sha256, ctx.every_sample,
-                           __version__, model_data=ctx.data_sha256, rewrite=opts.rewrite,
+    return run_fingerprint(opts.judge.settings.fingerprint(), ctx.sha256, ctx.every_sample,
+                           __version__, model_data=ctx.data_sha256, rewrite=opts.search.rewrite,
                            # what a plan means: since #26 a plan leaves subgraph nodes FP16
                            # unless it names them (a journal of an earlier version judged
                            # them FP32): never replayed across
@@ -405,9 +411,11 @@ def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str])
     from .stages.stability import measure_stability
 
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
-    return measure_stability(Reference(ctx.graph, opts.threads).run, ev.emulator.run, plans,
-                             ctx.samples, opts.tolerance, opts.stability, seed=opts.seed + 1,
-                             judge=lambda r, g, s: opts.criteria.judge(r, g, s, opts.tolerance))
+    judge = opts.judge
+    return measure_stability(Reference(ctx.graph, judge.threads).run, ev.emulator.run, plans,
+                             ctx.samples, judge.tolerance, opts.search.stability,
+                             seed=opts.sample.seed + 1,
+                             judge=lambda r, g, s: judge.criteria.judge(r, g, s, judge.tolerance))
 
 
 def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float,
@@ -454,10 +462,10 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
 
 def judge_all_fp16(ctx: Context, opts: Options) -> Verdict:
     """All-FP16 on the emulator under the run's criteria (`compare` with criterion flags)."""
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     judged = ev.measure(frozenset())[1]
     ev.close()
-    return opts.criteria.verdict(judged)
+    return opts.judge.criteria.verdict(judged)
 
 
 # ---------------------------------------------------------------- compare
@@ -490,7 +498,7 @@ def compare(model_path: str | Path, opts: Options, say: Callable[[str], None] = 
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
-    require_reproducible(ctx, opts.threads)
+    require_reproducible(ctx, opts.judge.threads)
     low = ctx.rules.precision
     nothing = degenerate.nothing_to_judge(ctx.judged)
     if nothing:
@@ -498,7 +506,7 @@ def compare(model_path: str | Path, opts: Options, say: Callable[[str], None] = 
     say(f"layer-wise comparison, FP32 vs {low.label}")
     stats = layerwise(ctx, opts, on_layer)
     summary = {**summarize_layerwise(ctx.graph, stats, low), "precision": low.name}
-    judged = None if opts.criteria.default else judge_all_fp16(ctx, opts)
+    judged = None if opts.judge.criteria.default else judge_all_fp16(ctx, opts)
     return Comparison(low, stats, summary, judged)
 
 
@@ -509,16 +517,16 @@ def check_mixed(mixed_path: str | Path, reference_path: str | Path, opts: Option
     """Judge any mixed-precision ONNX against the FP32 reference model on the emulator."""
     ctx = prepare(reference_path, opts, search=False)
     # the file's own weights; its layers: judge_mixed
-    ctx.rules = semantics.Rules(tf32=opts.tf32, accumulate=opts.accumulate,
-                                precision=low_precision(opts.precision))
+    ctx.rules = semantics.Rules(tf32=opts.judge.tf32, accumulate=opts.judge.accumulate,
+                                precision=low_precision(opts.judge.precision))
     problems = reference_problems(ctx)
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
-    require_reproducible(ctx, opts.threads)
+    require_reproducible(ctx, opts.judge.threads)
     _declares_the_reference_shapes(mixed_path, ctx.every_reference[0])
     try:
-        return judge_mixed(mixed_path, ctx, opts)
+        return judge_mixed(mixed_path, ctx, opts.judge)
     except ValueError as exc:  # a file of the user's computing other shapes (declared dynamic)
         if not str(exc).startswith("shape mismatch"):
             raise

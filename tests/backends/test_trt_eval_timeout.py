@@ -68,9 +68,8 @@ def test_an_engine_left_running_is_never_run_again(monkeypatch, zoo, tmp_path):
 
 def test_the_run_hands_its_eval_timeout_to_the_tensorrt_search_and_its_gpu_workers():
     from trtbisect.context import Options
-    from trtbisect.base.limits import Limits
 
-    opts = Options(limits=Limits(eval_timeout=7.0))
+    opts = Options.of(eval_timeout=7.0)
     t = TrtSearchOptions.of(opts)
     assert t.eval_timeout == 7.0 and t.judge().eval_timeout == 7.0
     assert TrtSearchOptions().judge().eval_timeout == EVAL_TIMEOUT

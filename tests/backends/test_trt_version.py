@@ -40,7 +40,7 @@ def plant(site: Path, package: str, text: str) -> Path:
 def test_nvidia_wheel_is_read_without_importing_it(site):
     init = plant(site, "tensorrt", '__version__ = "10.8.0.43"\n' + UNIMPORTABLE)
     assert trt_backend.installed_tensorrt() == ("10.8.0.43", str(init))
-    assert trt_backend.default_trt_version() == 10 and Options().trt_version == 10
+    assert trt_backend.default_trt_version() == 10 and Options().judge.trt_version == 10
     assert "tensorrt" not in sys.modules  # found, not imported
 
 
@@ -59,7 +59,7 @@ def test_no_tensorrt_stubs_or_bindings_alone_mean_none(site, monkeypatch):
     (site / "tensorrt").mkdir()
     (site / "tensorrt" / "__init__.pyi").write_text("class Builder: ...\n")  # tensorrt-stubs
     assert trt_backend.installed_tensorrt() is None
-    assert trt_backend.default_trt_version() == 11 and Options().trt_version == 11
+    assert trt_backend.default_trt_version() == 11 and Options().judge.trt_version == 11
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # blocked
     assert trt_backend.installed_tensorrt() is None
 

@@ -294,8 +294,8 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
     from trtbisect.pipeline import run
     model, data = _two_faults(tmp_path)
     opts = dict(inputs=[str(data)], semantics="strict", validation_share=0)  # none held out
-    sub = run(model, Options(search_samples=2, **opts), tmp_path / "sub")
-    full = run(model, Options(search_samples=0, **opts), tmp_path / "full")
+    sub = run(model, Options.of(search_samples=2, **opts), tmp_path / "sub")
+    full = run(model, Options.of(search_samples=0, **opts), tmp_path / "full")
     assert set(sub.fp32_nodes) == set(full.fp32_nodes) == {"sq_a", "sqrt_a", "sq_b", "sqrt_b"}
     assert sub.verdict == "fixed" and sub.one_minimal
     assert sub.judged.search_samples == [0, 1, 15]
@@ -305,7 +305,7 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
     journal = [json.loads(ln) for ln in (tmp_path / "sub" / "journal.jsonl").read_text()
                .splitlines()[1:]]
     assert all("@" in (ln.get("done") or ln.get("start")) for ln in journal)  # subset verdicts
-    again = run(model, Options(search_samples=2, **opts), tmp_path / "sub")
+    again = run(model, Options.of(search_samples=2, **opts), tmp_path / "sub")
     assert again.fp32_nodes == sub.fp32_nodes  # resumed from the journal: the same plan
 
 
@@ -314,7 +314,7 @@ def test_under_a_pass_rate_the_search_judges_every_sample(tmp_path):
     from trtbisect.context import Options
     from trtbisect.pipeline import run
     model, data = _two_faults(tmp_path)
-    r = run(model, Options(inputs=[str(data)], semantics="strict", search_samples=2,
+    r = run(model, Options.of(inputs=[str(data)], semantics="strict", search_samples=2,
                            criteria=parse_criteria(pass_rate=0.9)), tmp_path / "o")
     assert r.judged.search_samples is None
     assert set(r.fp32_nodes) == {"sq_a", "sqrt_a"}  # sample 15 may fail: 19 of 20 pass

@@ -108,7 +108,7 @@ def run_model(model: onnx.ModelProto, inputs: dict, folder: Path, **kw):
     path, npz = folder / "m.onnx", folder / "m_inputs.npz"
     onnx.save(model, path)
     np.savez(npz, **inputs)
-    return run(path, Options(semantics="strict", inputs=[str(npz)], **kw), folder / "out")
+    return run(path, Options.of(semantics="strict", inputs=[str(npz)], **kw), folder / "out")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def zoo_runs(zoo, tmp_path_factory):
     out = {}
     for name in [*ZOO_FAULTS, "two_outputs", "healthy"]:
         model, inputs = save_zoo_model(zoo[name], tmp_path_factory.mktemp(name))
-        out[name] = run(model, Options(semantics="strict", inputs=[str(inputs)]), model.parent / "out")
+        out[name] = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), model.parent / "out")
     return out
 
 
@@ -232,7 +232,7 @@ def test_groups_join_through_layout_ops_only():
 def test_no_plan_diagnoses_the_suspects(zoo, tmp_path):
     """Out of budget: no plan, but the layer-wise suspects still get a cause; nothing applied."""
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
-    r = run(model, Options(semantics="strict", inputs=[str(inputs)], max_evaluations=1), tmp_path / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)], max_evaluations=1), tmp_path / "out")
     assert r.verdict == "no_plan"
     groups = r.culprit_groups
     assert groups and groups[0]["cause"] == "overflow" and groups[0]["applied_fix"] is None
@@ -242,7 +242,7 @@ def test_precision_json_shape_and_annotated_model(zoo, tmp_path):
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
     before = hashlib.sha256(model.read_bytes()).hexdigest()
-    r = run(model, Options(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
     assert hashlib.sha256(model.read_bytes()).hexdigest() == before  # input never modified
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     g = plan["culprit_groups"][0]
@@ -270,7 +270,7 @@ def test_diagnose_is_pure(zoo):
     samples = [dict(z.inputs)]
     ctx = Context(Path("m.onnx"), z.model, g, samples, [Reference(g).run(samples[0])],
                   "0" * 64)
-    stats = layerwise(ctx, Options(semantics="strict"))
+    stats = layerwise(ctx, Options.of(semantics="strict"))
     groups = diagnose(g, sorted(z.expected_fp32), stats, constant_stats(g))
     assert [(x.cause, x.pattern) for x in groups] == [("overflow", "attention_logits")]
     assert z.model.SerializeToString() == snapshot

@@ -102,7 +102,7 @@ def test_precision_casts_go_inside_the_subgraph():
 def test_run_finds_the_exact_set_and_check_agrees(name, semantics, tmp_path):
     p = PLANTED[name]
     model, inputs = _save(p, tmp_path)
-    opts = Options(inputs=[inputs], semantics=semantics)
+    opts = Options.of(inputs=[inputs], semantics=semantics)
     r = run(model, opts, tmp_path / "out")
     want = p.strict if semantics == "strict" else p.trt
     assert set(r.fp32_nodes) == want
@@ -141,7 +141,7 @@ def test_a_contrib_op_is_listed_as_unjudged_and_as_unsupported_by_tensorrt():
 def test_a_fixed_plan_around_a_contrib_op_is_partial(semantics, tmp_path):
     p = PLANTED["contrib_fused_matmul"]
     model, inputs = _save(p, tmp_path)
-    r = run(model, Options(inputs=[inputs], semantics=semantics), tmp_path / "out")
+    r = run(model, Options.of(inputs=[inputs], semantics=semantics), tmp_path / "out")
     assert r.verdict == "partial" and r.exit_code == 5
     assert set(r.fp32_nodes) == (p.strict if semantics == "strict" else p.trt)
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
@@ -151,7 +151,7 @@ def test_a_fixed_plan_around_a_contrib_op_is_partial(semantics, tmp_path):
     assert plan["coverage"]["tensorrt_unsupported"][0]["op"] == "FusedMatMul"
     assert (tmp_path / "out" / f"{p.name}.mixed.onnx").is_file()  # the plan is still written
     checked = check_mixed(tmp_path / "out" / f"{p.name}.mixed.onnx", model,
-                          Options(inputs=[inputs], semantics=semantics))
+                          Options.of(inputs=[inputs], semantics=semantics))
     assert checked.passed and checked.exit_code == 5 and checked.unjudged[0]["op"] == "FusedMatMul"
 
 
@@ -168,7 +168,7 @@ def test_fp16_fine_around_a_contrib_op_is_never_called_fine(tmp_path):
         if t.name in ("huge", "tiny"):
             t.CopyFrom(onnx.numpy_helper.from_array(np.array(0.5, np.float32), t.name))
     model, inputs = _save(Planted(p.name, m, p.inputs, frozenset(), frozenset(), ""), tmp_path)
-    r = run(model, Options(inputs=[inputs]), tmp_path / "out")
+    r = run(model, Options.of(inputs=[inputs]), tmp_path / "out")
     assert r.verdict == "partial" and r.partial.judged_verdict == "fp16_ok"
     cli = subprocess.run([sys.executable, "-m", "trtbisect", "run", model, "--inputs", inputs,
                           "--out", str(tmp_path / "cli")], capture_output=True, text=True)
@@ -181,7 +181,7 @@ def test_fp16_fine_around_a_contrib_op_is_never_called_fine(tmp_path):
 def test_coverage_counts_the_nodes_judged_in_subgraphs(tmp_path):
     p = PLANTED["nested_if"]
     model, inputs = _save(p, tmp_path)
-    plan = run(model, Options(inputs=[inputs]), tmp_path / "out").to_json()
+    plan = run(model, Options.of(inputs=[inputs]), tmp_path / "out").to_json()
     g = Graph(p.model)
     assert plan["coverage"]["judged"] == len(g.candidates())
     assert plan["coverage"]["judged_in_subgraphs"] == sum(map(g.is_inner, g.candidates())) == 11
@@ -192,7 +192,7 @@ def test_coverage_counts_the_nodes_judged_in_subgraphs(tmp_path):
 def test_renderings_name_subgraph_nodes_or_say_they_cannot(tmp_path):
     p = PLANTED["if_taken_branch"]
     model, inputs = _save(p, tmp_path)
-    r = run(model, Options(inputs=[inputs]), tmp_path / "out")
+    r = run(model, Options.of(inputs=[inputs]), tmp_path / "out")
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     rend = plan["renderings"]
     # TensorRT names each layer after its node: the named model carries the qualified names
@@ -235,7 +235,7 @@ def test_a_weight_inside_a_branch_follows_the_weight_rule(semantics, tmp_path):
     clamps it to 65504 (trt); either way the written file holds what the judge read."""
     p = PLANTED["if_branch_constant_weight"]
     model, inputs = _save(p, tmp_path)
-    opts = Options(inputs=[inputs], semantics=semantics, tolerance=Tolerance(rtol=0.1))
+    opts = Options.of(inputs=[inputs], semantics=semantics, tolerance=Tolerance(rtol=0.1))
     r = run(model, opts, tmp_path / "out")
     want = p.strict if semantics == "strict" else set()
     assert set(r.fp32_nodes) == want and r.verdict == ("fixed" if want else "fp16_ok")
@@ -251,7 +251,7 @@ def test_the_report_shows_subgraph_culprits_and_coverage(tmp_path):
     pytest.importorskip("matplotlib")
     p = PLANTED["nested_if"]
     model, inputs = _save(p, tmp_path)
-    r = run(model, Options(inputs=[inputs], report=True), tmp_path / "out")
+    r = run(model, Options.of(inputs=[inputs], report=True), tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     for n in r.fp32_nodes:
         assert n in md
@@ -269,7 +269,7 @@ def test_a_culprit_inside_a_pytorch_branch_keeps_its_module(tmp_path):
     for n in then.node:
         n.name = f"/net/head/{n.name}"
     model, inputs = _save(Planted(p.name, m, p.inputs, frozenset(), frozenset(), ""), tmp_path)
-    r = run(model, Options(inputs=[inputs]), tmp_path / "out")
+    r = run(model, Options.of(inputs=[inputs]), tmp_path / "out")
     assert {c.node for c in r.culprits} == {"branch[then_branch]/net/head/square",
                                             "branch[then_branch]/net/head/root"}
     assert {c.module for c in r.culprits} == {"net.head"}
@@ -310,7 +310,7 @@ def test_the_silero_if_models_are_judged_and_written_whole(name, tmp_path):
     g = Graph.from_path(path)
     assert sum(map(g.is_inner, g.candidates())) == {"silero_vad_if": 218,
                                                     "silero_vad_op15": 78}[name]
-    r = run(path, Options(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(rtol=1e-3)),
+    r = run(path, Options.of(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(rtol=1e-3)),
             tmp_path / "out")
     assert r.verdict == "fixed" and r.one_judge.search_equals_check
     assert name != "silero_vad_if" or any(g.is_inner(n) for n in r.fp32_nodes)  # all inside
@@ -337,7 +337,7 @@ def test_silero_streamed_at_1e4_writes_files_every_runtime_loads(semantics, tmp_
     for k, s in enumerate(stream_samples(path)):
         np.savez(tmp_path / f"chunk{k}.npz", **s)
         inputs.append(str(tmp_path / f"chunk{k}.npz"))
-    r = run(path, Options(inputs=inputs, tolerance=Tolerance(rtol=1e-4), semantics=semantics),
+    r = run(path, Options.of(inputs=inputs, tolerance=Tolerance(rtol=1e-4), semantics=semantics),
             tmp_path / "out")
     assert r.verdict == "fixed" and r.certificate["certified"]
     for f in (tmp_path / "out").glob("*.onnx"):

@@ -50,7 +50,7 @@ def test_every_class_gets_the_planted_plan_and_valid_files(tmp_path, caplog, nam
     model = im.JUDGED[name]()
     path, inputs, before = _save(tmp_path, model)
     with caplog.at_level("WARNING"):
-        result = run(path, Options(inputs=[str(inputs)], semantics=semantics), tmp_path / "o")
+        result = run(path, Options.of(inputs=[str(inputs)], semantics=semantics), tmp_path / "o")
     assert result.verdict == "fixed", (name, result.verdict, result.reference_problems)
     names = {"up1": "up1", "up2": "up2", "down": "down"}
     if name == "unsorted_unnamed":  # named by their place in the user's file

@@ -72,7 +72,7 @@ def _one_judge(out: Path, model: Path, inputs: Path, precision: str) -> dict:
     """precision.json, after asserting its errors are what `check` says of its file."""
     plan = json.loads((out / "precision.json").read_text())
     mixed = out / f"{model.stem}.mixed.onnx"
-    checked = check_mixed(mixed, model, Options(inputs=[str(inputs)], precision=precision))
+    checked = check_mixed(mixed, model, Options.of(inputs=[str(inputs)], precision=precision))
     assert checked.errors and checked.passed
     for name, e in checked.errors.items():
         assert plan["errors_after"][name] == e.to_json()  # bit for bit, through JSON
@@ -81,10 +81,10 @@ def _one_judge(out: Path, model: Path, inputs: Path, precision: str) -> dict:
 
 def test_an_fp16_overflow_holds_in_bf16(tmp_path):
     model, inputs = squares(tmp_path)
-    fp16 = run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16")
+    fp16 = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "fp16")
     assert fp16.verdict == "fixed" and "sq" in fp16.fp32_nodes
     assert fp16.culprit_groups[0]["cause"] == "overflow"
-    bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    bf16 = run(model, Options.of(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     assert bf16.verdict == "fp16_ok" and bf16.fp32_nodes == []  # the verdict's stable name
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
     assert plan["precision"]["name"] == "bf16" and "bf16_rounding" in plan["semantics"]["rules"]
@@ -94,9 +94,9 @@ def test_an_fp16_overflow_holds_in_bf16(tmp_path):
 
 def test_a_precision_loss_fp16_holds_fails_in_bf16_and_is_said_in_bf16s_words(tmp_path):
     model, inputs = differences(tmp_path)
-    fp16 = run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16")
+    fp16 = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "fp16")
     assert fp16.verdict == "fp16_ok"
-    bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    bf16 = run(model, Options.of(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     assert bf16.verdict == "fixed" and "diff" in bf16.fp32_nodes
     assert bf16.one_judge.search_equals_check
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
@@ -124,8 +124,8 @@ def test_bf16_range_fixes_vanish_from_a_diagnosis(tmp_path):
     from trtbisect.graph import Graph
     from trtbisect.search.prior import constant_stats
     model, inputs = squares(tmp_path)
-    ctx = prepare(model, Options(inputs=[str(inputs)]))
-    stats = layerwise(ctx, Options(inputs=[str(inputs)]))
+    ctx = prepare(model, Options.of(inputs=[str(inputs)]))
+    stats = layerwise(ctx, Options.of(inputs=[str(inputs)]))
     g = Graph.from_path(model)
     fp16 = diagnose(g, ["sq", "mean"], stats, constant_stats(g))
     assert any(f.kind == "prescale_norm" for f in fp16[0].fixes)
@@ -144,16 +144,16 @@ def test_one_judge_in_bf16_for_random_unit_plans_under_trt_semantics(tmp_path):
         onnx.save(model, path)
         np.savez(tmp_path / "x.npz", **inputs)
         for tf32 in (False, True):
-            opts = Options(inputs=[str(tmp_path / "x.npz")], tf32=tf32, precision="bf16")
+            opts = Options.of(inputs=[str(tmp_path / "x.npz")], tf32=tf32, precision="bf16")
             ctx = prepare(path, opts)
-            ev = Evaluator(ctx, opts, {}, None)
+            ev = Evaluator(ctx, opts.judge, {}, None)
             units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
             rng = np.random.default_rng(5)
             plans = [frozenset(), *(frozenset(n for u in units if rng.random() < p for n in u)
                                     for p in (0.3, 0.7))]
             for plan in plans:
                 searched = judge_written.worst_of(ev.measure(plan)[1])
-                checked = judge_written.write_and_judge(ctx, opts, plan, None).checked.errors
+                checked = judge_written.write_and_judge(ctx, opts.judge, plan, None).checked.errors
                 assert {o: judge_written.bits(e) for o, e in checked.items()} == \
                     {o: judge_written.bits(searched[o]) for o in checked}, (name, sorted(plan))
             ev.close()
@@ -176,10 +176,10 @@ def bfloat16_model(tmp: Path) -> Path:
 
 def test_a_bfloat16_typed_model_runs_compares_and_checks(tmp_path):
     model = bfloat16_model(tmp_path)
-    r = run(model, Options(precision="bf16"), tmp_path / "out")
+    r = run(model, Options.of(precision="bf16"), tmp_path / "out")
     assert r.verdict in ("fp16_ok", "fixed")
     assert check_mixed(tmp_path / "out" / "held.mixed.onnx", model,
-                       Options(precision="bf16")).errors
+                       Options.of(precision="bf16")).errors
     cli = CliRunner()
     done = cli.invoke(main, ["compare", str(model), "--precision", "bf16", "--json"])
     assert done.exit_code == 0, done.output
@@ -192,7 +192,7 @@ def test_a_bfloat16_typed_model_runs_compares_and_checks(tmp_path):
 
 def test_check_refuses_a_file_of_the_other_precision_and_both_outside_run(tmp_path):
     model, inputs = squares(tmp_path)
-    run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16")
+    run(model, Options.of(inputs=[str(inputs)]), tmp_path / "fp16")
     cli = CliRunner()
     done = cli.invoke(main, ["check", str(tmp_path / "fp16" / "squares.mixed.onnx"),
                              "--reference", str(model), "--inputs", str(inputs),
@@ -233,7 +233,7 @@ def test_bf16_renderings_use_each_tools_bf16_words(tmp_path):
 
 def test_the_run_writes_check_lines_that_judge_in_bf16(tmp_path):
     model, inputs = differences(tmp_path)
-    run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "out")
+    run(model, Options.of(inputs=[str(inputs)], precision="bf16"), tmp_path / "out")
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     commands = (tmp_path / "out" / "commands.sh").read_text()
     assert "--bf16" in commands and "--precision bf16" in commands
@@ -279,7 +279,7 @@ def test_bf16_judges_a_model_older_than_opset_13_through_a_converted_copy(tmp_pa
                     x=np.ones(4, np.float32))
     before = path.read_bytes()
     with caplog.at_level("WARNING"):
-        done = run(path, Options(precision="bf16"), tmp_path / "o")
+        done = run(path, Options.of(precision="bf16"), tmp_path / "o")
     assert done.verdict == "fp16_ok"
     said = [r.getMessage() for r in caplog.records if "converted from 12" in r.getMessage()]
     assert len(said) == 1 and "opset 13" in said[0] and "untouched" in said[0]
@@ -315,8 +315,8 @@ def centered(tmp: Path) -> tuple[Path, Path]:
 
 def test_a_mean_subtraction_with_an_offset_holds_in_fp16_and_not_in_bf16(tmp_path):
     model, inputs = centered(tmp_path)
-    assert run(model, Options(inputs=[str(inputs)]), tmp_path / "fp16").verdict == "fp16_ok"
-    bf16 = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    assert run(model, Options.of(inputs=[str(inputs)]), tmp_path / "fp16").verdict == "fp16_ok"
+    bf16 = run(model, Options.of(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     assert bf16.verdict == "fixed" and set(bf16.fp32_nodes) == {"mean", "center"}
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")
     (group,) = plan["culprit_groups"]
@@ -380,7 +380,7 @@ def test_polygraphy_checks_the_bf16_mixed_model_on_onnx_runtime(tmp_path):
         pytest.skip("polygraphy is not installed beside the interpreter")
     model, inputs = differences(tmp_path)
     out = tmp_path / "out"
-    run(model, Options(inputs=[str(inputs)], precision="bf16"), out)
+    run(model, Options.of(inputs=[str(inputs)], precision="bf16"), out)
     text = json.loads((out / "precision.json").read_text())["renderings"]["polygraphy_check"]
     save, check = [shlex.split(line) for line in text.splitlines() if line and line[0] != "#"]
     for argv in (save, check):
@@ -398,9 +398,9 @@ def test_polygraphy_checks_the_bf16_mixed_model_on_onnx_runtime(tmp_path):
 def test_a_bf16_run_never_replays_an_fp16_journal_in_the_same_folder(tmp_path):
     model, inputs = squares(tmp_path)
     out = tmp_path / "out"
-    assert run(model, Options(inputs=[str(inputs)]), out).verdict == "fixed"
-    assert run(model, Options(inputs=[str(inputs)], precision="bf16"), out).verdict == "fp16_ok"
-    again = run(model, Options(inputs=[str(inputs)]), out)  # and back: FP16's own answer
+    assert run(model, Options.of(inputs=[str(inputs)]), out).verdict == "fixed"
+    assert run(model, Options.of(inputs=[str(inputs)], precision="bf16"), out).verdict == "fp16_ok"
+    again = run(model, Options.of(inputs=[str(inputs)]), out)  # and back: FP16's own answer
     assert again.verdict == "fixed" and "sq" in again.fp32_nodes
 
 
@@ -414,7 +414,7 @@ def test_autocast_bf16_with_the_rendered_flags_reproduces_the_plan(tmp_path):
     from tests.outputs.test_render import fp32_compute_nodes
     model, inputs = differences(tmp_path)
     out = tmp_path / "out"
-    result = run(model, Options(inputs=[str(inputs)], precision="bf16"), out)
+    result = run(model, Options.of(inputs=[str(inputs)], precision="bf16"), out)
     text = json.loads((out / "precision.json").read_text())["renderings"]["autocast"]
     convert, check = [shlex.split(line) for line in text.splitlines() if line and line[0] != "#"]
     assert "--low_precision_type=bf16" in convert
@@ -423,4 +423,4 @@ def test_autocast_bf16_with_the_rendered_flags_reproduces_the_plan(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     converted = out / result.render_context.autocast_output
     assert fp32_compute_nodes(onnx.load(str(converted))) == set(result.fp32_nodes)
-    assert check_mixed(converted, model, Options(inputs=[str(inputs)], precision="bf16")).passed
+    assert check_mixed(converted, model, Options.of(inputs=[str(inputs)], precision="bf16")).passed

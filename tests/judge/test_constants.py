@@ -42,7 +42,7 @@ def _run(model: onnx.ModelProto, inputs: dict, semantics: str, folder: Path,
     path, npz = folder / f"{name}.onnx", folder / f"{name}_inputs.npz"
     onnx.save(model, path)
     np.savez(npz, **inputs)
-    return run(path, Options(inputs=[str(npz)], semantics=semantics), folder / "out")
+    return run(path, Options.of(inputs=[str(npz)], semantics=semantics), folder / "out")
 
 
 def _assert_same_run(a: RunResult, b: RunResult) -> None:
@@ -68,7 +68,7 @@ def _assert_check_is_the_run(r: RunResult, folder: Path, semantics: str) -> None
     data = json.loads((folder / "out" / "precision.json").read_text())
     assert data["one_judge"]["search_equals_check"] is True
     checked = check_mixed(folder / "out" / "m.mixed.onnx", folder / "m.onnx",
-                          Options(inputs=[str(folder / "m_inputs.npz")], semantics=semantics))
+                          Options.of(inputs=[str(folder / "m_inputs.npz")], semantics=semantics))
     for out, e in checked.errors.items():
         assert data["errors_after"][out] == e.to_json()
 
@@ -219,7 +219,7 @@ def test_layernormalization_runs_in_fp16_with_fp32_statistics():
 def test_a_plan_names_the_layernorm_that_reads_out_of_range_values(tmp_path, semantics):
     p = layernorm_overflow_opset17()
     model, inputs = save_zoo_model(p, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], semantics=semantics), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], semantics=semantics), tmp_path / "out")
     assert (r.verdict, set(r.fp32_nodes)) == (p.expected[semantics][0],
                                               set(p.expected[semantics][1]))
     data = json.loads((tmp_path / "out" / "precision.json").read_text())

@@ -69,12 +69,12 @@ def test_no_criterion_flag_is_todays_judge_bit_for_bit(zoo, tmp_path, monkeypatc
                     if which == "legacy":
                         _legacy_judge(m)
                     out = tmp_path / f"{name}-{semantics}-{which}"
-                    r = run(model, Options(semantics=semantics, **kw), out)
+                    r = run(model, Options.of(semantics=semantics, **kw), out)
                     plan = json.loads((out / "precision.json").read_text())
                     checked = None
                     if "mixed_model" in r.files:
                         checked = pipeline.check_mixed(r.files["mixed_model"], model,
-                                                       Options(semantics=semantics, **kw))
+                                                       Options.of(semantics=semantics, **kw))
                         checked = {k: e.to_json() for k, e in checked.errors.items()}
                     outs[which] = (_scrub(plan), checked)
             assert outs["criteria"] == outs["legacy"], (name, semantics)

@@ -289,13 +289,13 @@ def test_metrics_change_what_passes(zoo, tmp_path):
     """A healthy model under a very tight max-error tolerance needs FP32 nodes; judged by
     cosine similarity it is FP16-fine."""
     model, inputs = save_zoo_model(zoo["healthy"], tmp_path)
-    tight = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol=1e-7)),
+    tight = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rtol=1e-7)),
                 tmp_path / "tight")
     # (1e-7 of the range is below FP32's own noise: the plan found has no margin, `fragile`)
     assert tight.verdict in ("fixed", "no_plan", "fragile")
     assert tight.fp32_nodes or tight.verdict == "no_plan"
-    loose = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol=1e-7),
-                               criteria=parse_criteria(metrics=["cosine:0.999"])),
+    loose = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rtol=1e-7),
+                                  criteria=parse_criteria(metrics=["cosine:0.999"])),
                 tmp_path / "cos")
     assert loose.verdict == "fp16_ok"
 
@@ -317,8 +317,8 @@ def test_stability_and_diagnosis_speak_the_runs_criterion(zoo, tmp_path):
     is to relax the criterion, not --rtol, when another criterion judged."""
     model, inputs = save_zoo_model(zoo["precision_loss"], tmp_path)
     crit = parse_criteria(stats=["max"])
-    r = run(model, Options(inputs=[str(inputs)], stability=2, criteria=crit,
-                           tolerance=Tolerance(1e-3, 1e-3)), tmp_path / "o")
+    r = run(model, Options.of(inputs=[str(inputs)], stability=2, criteria=crit,
+                              tolerance=Tolerance(1e-3, 1e-3)), tmp_path / "o")
     assert r.verdict == "fixed" and r.stability["plans"]
     fixes = [f["text"] for g in r.culprit_groups for f in g["fixes"]]
     assert any("relax the criterion (max)" in t for t in fixes), fixes

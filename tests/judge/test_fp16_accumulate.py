@@ -105,9 +105,9 @@ def test_planted_stall_passes_with_fp32_accumulation_and_fails_with_fp16(tmp_pat
     path, inputs = tmp_path / "stall.onnx", tmp_path / "stall.npz"
     onnx.save(model, path)
     np.savez(inputs, **feeds)
-    plain = run(path, Options(inputs=[str(inputs)]), tmp_path / "plain")
+    plain = run(path, Options.of(inputs=[str(inputs)]), tmp_path / "plain")
     assert (plain.verdict, plain.fp32_nodes) == ("fp16_ok", [])
-    acc = run(path, Options(inputs=[str(inputs)], fp16_accumulate=True), tmp_path / "acc")
+    acc = run(path, Options.of(inputs=[str(inputs)], fp16_accumulate=True), tmp_path / "acc")
     assert (acc.verdict, set(acc.fp32_nodes)) == ("fixed", {"mm"})
     assert not acc.errors_before["y"].passed and acc.errors_after["y"].passed
     data = json.loads((tmp_path / "acc" / "precision.json").read_text())
@@ -117,9 +117,9 @@ def test_planted_stall_passes_with_fp32_accumulation_and_fails_with_fp16(tmp_pat
     # check of an all-FP16 file: fails only when the judge accumulates in FP16
     all_half = tmp_path / "all_fp16.onnx"
     mixed_model(Graph(model), frozenset()).save(all_half)
-    assert check_mixed(all_half, path, Options(inputs=[str(inputs)])).passed
-    assert not check_mixed(all_half, path, Options(inputs=[str(inputs)],
-                                                   fp16_accumulate=True)).passed
+    assert check_mixed(all_half, path, Options.of(inputs=[str(inputs)])).passed
+    assert not check_mixed(all_half, path, Options.of(inputs=[str(inputs)],
+                                                      fp16_accumulate=True)).passed
 
 
 def test_cli_flag_reaches_precision_json_and_the_check_rendering(tmp_path):
@@ -182,7 +182,7 @@ def test_one_judge_with_fp16_accumulation_on_the_demo(tmp_path):
 
 
 def test_demo_run_with_fp16_accumulation_keeps_one_judge(tmp_path):
-    opts = Options(inputs=[str(DEMO / "demo_inputs.npz")], fp16_accumulate=True)
+    opts = Options.of(inputs=[str(DEMO / "demo_inputs.npz")], fp16_accumulate=True)
     r = run(DEMO / "demo.onnx", opts, tmp_path / "o")
     assert r.verdict in ("fixed", "fp16_ok")
     assert r.one_judge.search_equals_check is True

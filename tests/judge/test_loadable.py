@@ -30,7 +30,7 @@ def _inputs(tmp_path):
     for name, build in MODELS.items():
         paths[name] = tmp_path / f"{name}.onnx"
         onnx.save(build(), paths[name])
-    return paths, Options(inputs=[str(tmp_path / "in.npz")])
+    return paths, Options.of(inputs=[str(tmp_path / "in.npz")])
 
 
 def _forgiven(caplog) -> list[str]:
@@ -50,10 +50,10 @@ def test_two_prepared_runs_hold_their_copies_to_their_own_input(tmp_path, caplog
     copy = tmp_path / "copy.onnx"
     with caplog.at_level(logging.WARNING):
         graph_model(ctx["fails"].graph).save(copy, held=ctx["fails"].input_check)
-        checked = judge_mixed(copy, ctx["fails"], opts, ours=True)
+        checked = judge_mixed(copy, ctx["fails"], opts.judge, ours=True)
     assert checked.passed and len(_forgiven(caplog)) == 2  # the save's and the judge's check
     with pytest.raises(TrtBisectError, match="a bug in trtbisect"):
-        judge_mixed(copy, ctx["passes"], opts, ours=True)
+        judge_mixed(copy, ctx["passes"], opts.judge, ours=True)
     with pytest.raises(TrtBisectError, match="a bug in trtbisect"):
         graph_model(ctx["fails"].graph).save(tmp_path / "other.onnx",
                                             held=ctx["passes"].input_check)

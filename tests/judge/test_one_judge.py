@@ -65,10 +65,10 @@ def test_demo_plans_agree_bit_for_bit(tmp_path):
 def test_run_reports_exactly_what_check_says_of_its_file(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)]), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "out")
     assert r.verdict == "fixed" and r.one_judge.search_equals_check
     checked = check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,
-                          Options(inputs=[str(inputs)]))
+                          Options.of(inputs=[str(inputs)]))
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     for out, e in checked.errors.items():
         assert plan["errors_after"][out] == e.to_json()  # bit for bit, through JSON
@@ -109,14 +109,14 @@ def test_a_plan_within_the_noise_floor_is_not_called_fp16_ok(tmp_path):
     ref = Reference(g).run(x)
     # all-FP16 error, as a fraction of the output's range: set rtol a hair above it
     e = compare_outputs(ref, Emulator(g).run(frozenset(), x), Tolerance(0.0))["y"]
-    tight = Options(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(e.rel * (1 + 1e-6)))
+    tight = Options.of(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(e.rel * (1 + 1e-6)))
     r = run(path, tight, tmp_path / "tight")
     assert r.verdict == "fixed" and r.fp32_nodes == ["mm"]
     margin = r.margins["y"]
     assert margin.margin > margin.spread >= margin.noise_floor > 0
     assert not margin.fragile
     assert json.loads((tmp_path / "tight" / "precision.json").read_text())["fragile"] is False
-    loose = run(path, Options(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(e.rel * 2)),
+    loose = run(path, Options.of(inputs=[str(tmp_path / "x.npz")], tolerance=Tolerance(e.rel * 2)),
                 tmp_path / "loose")
     assert loose.verdict == "fp16_ok" and loose.fragile is False
 
@@ -147,11 +147,11 @@ def test_external_data_model_runs_by_reference_and_its_files_check(tmp_path):
     raw = onnx.load(str(path), load_external_data=False)
     assert all(t.data_location == TP.EXTERNAL for t in raw.graph.initializer)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    r = run(path, Options(semantics="strict"), tmp_path / "out")
+    r = run(path, Options.of(semantics="strict"), tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == ["mm1"]  # tanh(inf) is tanh(big): 1
     # trt: MatMul + Tanh are one layer (the count objective; --objective cost may keep the
     # first layer instead, which passes too and saves the input's Cast)
-    fused = run(path, Options(objective="count"), tmp_path / "fused")
+    fused = run(path, Options.of(objective="count"), tmp_path / "fused")
     assert fused.fp32_nodes == ["mm1", "act1"] and fused.one_judge.search_equals_check
     cheap = run(path, Options(), tmp_path / "cheap")
     assert cheap.fp32_nodes in (["mm0", "act0"], ["mm1", "act1"])
@@ -159,7 +159,7 @@ def test_external_data_model_runs_by_reference_and_its_files_check(tmp_path):
     assert cheap.cost["plan_s"] <= fused.cost["plan_s"]
     assert r.one_judge.search_equals_check
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
-    assert check_mixed(tmp_path / "out" / "ext.mixed.onnx", path, Options(semantics="strict")).passed
+    assert check_mixed(tmp_path / "out" / "ext.mixed.onnx", path, Options.of(semantics="strict")).passed
     # the graph never pulled the weights into its proto: they are memory-mapped from the file
     g = Graph.from_path(path)
     assert isinstance(g.array("w0"), np.memmap)
@@ -197,7 +197,7 @@ def test_float16_models_are_judged_against_their_fp32_upcast(tmp_path):
     path = tmp_path / "half.onnx"
     onnx.save(m, path)
     np.savez(tmp_path / "x.npz", **x)
-    opts = Options(inputs=[str(tmp_path / "x.npz")], semantics="strict")
+    opts = Options.of(inputs=[str(tmp_path / "x.npz")], semantics="strict")
     r = run(path, opts, tmp_path / "out")
     assert r.verdict == "fixed" and set(r.fp32_nodes) == {"square", "root"}
     assert r.one_judge.search_equals_check
@@ -254,7 +254,7 @@ def test_a_float16_models_fused_layers_are_the_same_to_the_search_and_to_check(t
     path = tmp_path / "half.onnx"
     onnx.save(m, path)
     np.savez(tmp_path / "x.npz", **x)
-    opts = Options(inputs=[str(tmp_path / "x.npz")])
+    opts = Options.of(inputs=[str(tmp_path / "x.npz")])
     file_first = run(path, opts, tmp_path / "a")
     assert file_first.verdict == "fp16_ok"
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", -1)  # the emulator decides first
@@ -266,7 +266,7 @@ def test_a_float16_models_fused_layers_are_the_same_to_the_search_and_to_check(t
     ctx = prepare(path, opts)
     emu_stats = layerwise(ctx, opts)  # the FP16 side from the search's emulator
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", 1 << 30)
-    with_report = run(path, Options(inputs=[str(tmp_path / "x.npz")], report=True), tmp_path / "c")
+    with_report = run(path, Options.of(inputs=[str(tmp_path / "x.npz")], report=True), tmp_path / "c")
     assert {k: s.to_json() for k, s in with_report.stats.items()} == \
         {k: s.to_json() for k, s in emu_stats.items()}  # first batch's FP16 side: the file's
     assert emu_stats["sq"].fp16_nonfinite == 0  # inside the layer: never stored in FP16
@@ -300,15 +300,15 @@ def test_trt_semantics_search_and_written_file_agree_for_random_unit_plans(tmp_p
     onnx.save(model, path)
     np.savez(tmp_path / "x.npz", **inputs)
     odd = kernels != "plain"
-    opts = Options(inputs=[str(tmp_path / "x.npz")], tf32=odd, fp16_accumulate=odd)
+    opts = Options.of(inputs=[str(tmp_path / "x.npz")], tf32=odd, fp16_accumulate=odd)
     ctx = prepare(path, opts)
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     units = list(semantics.units(ctx.prepared, ctx.judged.candidates()).values())
     rng = np.random.default_rng(5)
     plans = [frozenset(), frozenset(n for u in units for n in u),
              *(frozenset(n for u in units if rng.random() < p for n in u) for p in (0.3, 0.7))]
     for plan in plans:
         searched = written.worst_of(ev.measure(plan)[1])
-        checked = written.write_and_judge(ctx, opts, plan, None).checked.errors
+        checked = written.write_and_judge(ctx, opts.judge, plan, None).checked.errors
         assert {o: written.bits(e) for o, e in checked.items()} == \
             {o: written.bits(searched[o]) for o in checked}, (name, sorted(plan))

@@ -29,7 +29,7 @@ CASES = [(name, key) for name, p in PLANTED.items() for key in p.expected]
 
 
 def _opts(key: str, inputs: Path, **kw) -> Options:
-    return Options(inputs=[str(inputs)], semantics=key.split("+")[0], tf32="tf32" in key, **kw)
+    return Options.of(inputs=[str(inputs)], semantics=key.split("+")[0], tf32="tf32" in key, **kw)
 
 
 @pytest.mark.parametrize("name,key", CASES)
@@ -219,7 +219,7 @@ def test_one_judge_on_the_demo(tmp_path, semantics, tf32):
 
 
 def test_demo_run_under_trt_keeps_one_judge(tmp_path):
-    r = run(DEMO / "demo.onnx", Options(inputs=[str(DEMO / "demo_inputs.npz")]), tmp_path / "o")
+    r = run(DEMO / "demo.onnx", Options.of(inputs=[str(DEMO / "demo_inputs.npz")]), tmp_path / "o")
     assert r.verdict in ("fixed", "fp16_ok")
     assert r.one_judge.search_equals_check is True
     assert r.errors_before_strict is not None

@@ -13,8 +13,7 @@ import pytest
 from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.settings import JudgeSettings
-from trtbisect.base.limits import Limits
-from trtbisect.context import Options, prepare
+from trtbisect.context import JudgeOptions, Options, prepare
 from trtbisect.pipeline import _fingerprint, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +29,7 @@ CHANGES = {
     "tolerance": dict(tolerance=Tolerance(rtol=2e-2)),
     "precision": dict(precision="bf16"),
     "criteria": dict(criteria=parse_criteria(metrics=["cosine:0.999"])),
-    "eval_timeout": dict(limits=Limits(eval_timeout=5.0)),
+    "eval_timeout": dict(eval_timeout=5.0),
 }
 
 
@@ -44,31 +43,52 @@ def test_every_field_of_the_settings_is_covered_here():
 
 @pytest.mark.parametrize("name", sorted(CHANGES))
 def test_each_setting_changes_the_journal_fingerprint(name):
-    opts = Options(inputs=[str(INPUTS)], threads=1)
+    opts = Options.of(inputs=[str(INPUTS)], threads=1)
     ctx = prepare(DEMO, opts, search=False)
-    changed = dataclasses.replace(opts, **CHANGES[name])
+    changed = opts.but(**CHANGES[name])
     assert _fingerprint(ctx, changed) != _fingerprint(ctx, opts)
     assert _fingerprint(ctx, dataclasses.replace(opts)) == _fingerprint(ctx, opts)
-    assert changed.judge_settings != opts.judge_settings
+    assert changed.judge.settings != opts.judge.settings
+
+
+def test_every_judge_option_reaches_the_settings():
+    """A field of the judge's group left out of JudgeSettings would judge without reaching
+    the journal's fingerprint: each one changes the settings, and nothing else does."""
+    judge_fields = {f.name for f in dataclasses.fields(JudgeOptions) if f.init}
+    assert judge_fields == set(CHANGES)
+    base = Options.of(threads=1)
+    for name, change in {"seed": 3, "samples": 2, "max_evaluations": 5, "workers": 2,
+                         "report": True, "resume": False, "rewrite": True}.items():
+        assert base.but(**{name: change}).judge.settings == base.judge.settings, name
+
+
+def test_the_settings_are_built_once_and_kept_by_other_changes():
+    opts = Options.of(threads=1, criteria=parse_criteria(metrics=["cosine:0.999"]))
+    assert opts.judge.settings is opts.judge.settings
+    assert opts.but(seed=4, workers=2).judge.settings is opts.judge.settings
+    moved = opts.but(tolerance=Tolerance(rtol=0.5)).judge.settings
+    assert moved.tolerance == Tolerance(rtol=0.5) and moved.criteria_flags
+    with pytest.raises(TypeError, match="no field rtol"):
+        Options.of(rtol=0.5)
 
 
 def test_the_settings_travel_to_workers_whole():
-    opts = Options(inputs=[str(INPUTS)], threads=2, semantics="strict",
-                   criteria=parse_criteria(metrics=["cosine:0.999"]))
-    s = opts.judge_settings
+    opts = Options.of(inputs=[str(INPUTS)], threads=2, semantics="strict",
+                      criteria=parse_criteria(metrics=["cosine:0.999"]))
+    s = opts.judge.settings
     back = pickle.loads(pickle.dumps(s))
     assert back == s and back.digest() == s.digest()
-    assert back.criteria().fingerprint() == opts.criteria.fingerprint()
+    assert back.criteria().fingerprint() == opts.judge.criteria.fingerprint()
 
 
 def test_a_finished_run_rerun_with_other_threads_sets_its_journal_aside(tmp_path):
     """Before, --threads was part of the judge but not of the journal's fingerprint: a
     `--threads 1` run's folder rerun with `--threads 2` replayed the old verdicts."""
     out = tmp_path / "out"
-    first = run(DEMO, Options(inputs=[str(INPUTS)], threads=1), out)
-    same = run(DEMO, Options(inputs=[str(INPUTS)], threads=1), out)
+    first = run(DEMO, Options.of(inputs=[str(INPUTS)], threads=1), out)
+    same = run(DEMO, Options.of(inputs=[str(INPUTS)], threads=1), out)
     assert same.inferences < first.inferences  # the same settings replay the journal
-    other = run(DEMO, Options(inputs=[str(INPUTS)], threads=2), out)
+    other = run(DEMO, Options.of(inputs=[str(INPUTS)], threads=2), out)
     assert other.inferences == first.inferences  # judged afresh
     assert (out / "journal.previous.jsonl").exists()
     assert other.fp32_nodes == first.fp32_nodes

@@ -91,7 +91,7 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
 
     m, path, inputs = _matmul(tmp_path)
     rel = _all_fp16_rel(m, inputs)
-    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
+    r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
             tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == ["mm"] and r.exit_code == 0
     cert = r.certificate
@@ -123,7 +123,7 @@ def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
     noise = kernel_noise(g, [x], [ref])["y"]
     assert noise > 0
     rtol = noise / 4 / float(np.abs(ref["y"]).max())
-    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
+    r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
     assert r.verdict == "fragile" and r.exit_code == 7
     assert r.fp32_nodes == ["mm"]  # the nearest plan: it passes the judge, without margin
     assert not r.certificate["certified"]
@@ -195,14 +195,14 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     r = run(root / "models" / "demo.onnx",
-            Options(inputs=[str(root / "models" / "demo_inputs.npz")]), tmp_path / "demo")
+            Options.of(inputs=[str(root / "models" / "demo_inputs.npz")]), tmp_path / "demo")
     assert r.verdict == "fixed" and r.certificate["certified"]
     _rendered_polygraphy_check(tmp_path / "demo")
 
     p = if_untyped_branch_outputs()
     onnx.save(p.model, tmp_path / "cf.onnx")
     np.savez(tmp_path / "cf.npz", **p.inputs)
-    r = run(tmp_path / "cf.onnx", Options(inputs=[str(tmp_path / "cf.npz")]), tmp_path / "cf")
+    r = run(tmp_path / "cf.onnx", Options.of(inputs=[str(tmp_path / "cf.npz")]), tmp_path / "cf")
     assert r.verdict == "fixed" and set(r.fp32_nodes) == p.strict
     _rendered_polygraphy_check(tmp_path / "cf")
 
@@ -216,8 +216,8 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
                           Tolerance(0.0))["score"].rel
     # a hair above all-FP16's error on its one sample: perturbed copies of it exceed that
     # bound (validation says `unvalidated`, test_validation.py); here the certificate alone
-    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6)),
-                          semantics="strict", validation_share=0), tmp_path / "det")
+    r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6)),
+                             semantics="strict", validation_share=0), tmp_path / "det")
     assert r.verdict == "fixed" and r.certificate["certified"]
     m = r.certificate["outputs"]["score"]
     assert m["margin"] > m["spread"] > 0
@@ -291,8 +291,8 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
     np.savez(tmp_path / "a.npz", x=x)
     np.savez(tmp_path / "b.npz", x=x * 1e4)  # |y| ~ 1.6e5: beyond 65504
     # both samples judged (no hold-out): the rate is over the two
-    r = run(path, Options(inputs=[str(tmp_path / "a.npz"), str(tmp_path / "b.npz")],
-                          criteria=parse_criteria(pass_rate=0.5), validation_share=0),
+    r = run(path, Options.of(inputs=[str(tmp_path / "a.npz"), str(tmp_path / "b.npz")],
+                             criteria=parse_criteria(pass_rate=0.5), validation_share=0),
             tmp_path / "out")
     assert r.verdict == "fp16_ok", r.certificate
     y = r.certificate["outputs"]["y"]
@@ -314,8 +314,8 @@ def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
     g, x = Graph(m), dict(np.load(inputs))
     rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
                           Tolerance(0.0))["score"].rel
-    runs = [run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * 0.5),
-                              semantics="strict", workers=w), tmp_path / f"w{w}")
+    runs = [run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * 0.5),
+                                 semantics="strict", workers=w), tmp_path / f"w{w}")
             for w in (1, 2)]
     one, two = runs
     assert two.workers["workers"] == 2  # the first search ran on worker processes
@@ -338,7 +338,7 @@ def test_the_noise_floor_is_measured_once_per_run(tmp_path, monkeypatch):
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     m, path, inputs = _matmul(tmp_path)
     rel = _all_fp16_rel(m, inputs)
-    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
+    r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6))),
             tmp_path / "out")
     assert r.aimed_searches and len(calls) == 1
 
@@ -467,7 +467,7 @@ def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
     p = precision_loss()
     onnx.save(p.model, tmp_path / "m.onnx")
     np.savez(tmp_path / "x.npz", x=np.stack([p.inputs["x"] * s for s in (1.0, 3.0, 1.5, 2.0)]))
-    r = run(tmp_path / "m.onnx", Options(inputs=[str(tmp_path / "x.npz")]), tmp_path / "o")
+    r = run(tmp_path / "m.onnx", Options.of(inputs=[str(tmp_path / "x.npz")]), tmp_path / "o")
     points, _, rtol = tradeoff_points(r)
     failing = [pt for pt in points if not pt[2]]
     assert failing and all(pt[3].startswith("bound: y on sample ") for pt in failing)
@@ -476,7 +476,7 @@ def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
     assert all(points[i][2] for i in pareto_front(points))
 
     m, path, inputs = _matmul(tmp_path)  # passes by a hair: the search aims inside the bound
-    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(_all_fp16_rel(m, inputs)
+    r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(_all_fp16_rel(m, inputs)
                                                                     * (1 + 1e-6))),
             tmp_path / "aimed")
     assert r.aimed_searches  # the written plan comes from the aimed search
@@ -512,7 +512,7 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     monkeypatch.setattr(loadable, "runtime_problem", spy)
     m, path, inputs = _matmul(tmp_path)
     rel = _all_fp16_rel(m, inputs)
-    failing = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel / 2)),
+    failing = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel / 2)),
                   tmp_path / "fails")
     assert failing.fp32_nodes == ["mm"] and failing.verdict in ("fixed", "fragile")
     assert "" not in loaded and "mm" in loaded  # the plan's file loaded, all-FP16's not
@@ -522,6 +522,6 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     assert emulated.exists() and not any(p.endswith(".emulated.onnx") for p in paths)
     assert real(emulated) is None
     loaded.clear()
-    passing = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rel * 100)),
+    passing = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * 100)),
                   tmp_path / "passes")
     assert passing.verdict == "fp16_ok" and "" in loaded

@@ -86,7 +86,7 @@ def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp
     easy = [0.5, 0.2, -0.3, 0.1, 0.4, -0.5, 0.25, 0.3]
     hard = [1.0, 0.9, -0.95, 0.8, 0.3, -1.0, 0.2, 0.85]
     path, files = _two_overflows(tmp_path, easy, hard)
-    r = run(path, Options(inputs=files, semantics="strict"), tmp_path / "out")
+    r = run(path, Options.of(inputs=files, semantics="strict"), tmp_path / "out")
     assert r.verdict == "unvalidated" and r.exit_code == 9
     # the first chain's overflow, not the second's (the searched sample never overflows it)
     assert {"p1_up2", "p1_down"} <= set(r.fp32_nodes) and "p2_up2" not in r.fp32_nodes
@@ -98,7 +98,7 @@ def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp
 
     # the hard sample searched, the easy one held out: the plan covers both, and holds
     path, files = _two_overflows(tmp_path, hard, easy)
-    r = run(path, Options(inputs=files, semantics="strict"), tmp_path / "out2")
+    r = run(path, Options.of(inputs=files, semantics="strict"), tmp_path / "out2")
     assert r.verdict == "fixed" and r.validation.passed is True
     assert {"p1_up2", "p2_up2"} <= set(r.fp32_nodes)
 
@@ -133,7 +133,7 @@ def test_one_sample_near_the_bound_is_validated_on_perturbed_copies(tmp_path):
     np.savez(tmp_path / "x.npz", x=x)
     from trtbisect.context import Options
     from trtbisect.pipeline import run
-    r = run(path, Options(inputs=[str(tmp_path / "x.npz")], semantics="strict"),
+    r = run(path, Options.of(inputs=[str(tmp_path / "x.npz")], semantics="strict"),
             tmp_path / "out")
     assert {"p1_up2", "p1_down"} <= set(r.fp32_nodes) and "p2_up" not in r.fp32_nodes
     assert r.validation.kind == "perturbed" and r.validation.passed is False
@@ -154,7 +154,7 @@ def test_a_spread_as_large_as_the_effect_is_fragile_at_once(tmp_path):
     g, x = Graph(m), dict(np.load(inputs))
     ref = Reference(g).run(x)
     rtol = kernel_noise(g, [x], [ref])["y"] / 4 / float(np.abs(ref["y"]).max())
-    r = run(path, Options(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
+    r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
     assert r.verdict == "fragile" and r.exit_code == 7
     assert not r.aimed_searches and "noise is as large" in r.certificate["decided"]
     assert r.evaluations <= 3  # all-FP16, then the one unit: no search again
@@ -175,12 +175,12 @@ def test_retarget_carries_known_failures_to_a_tighter_bound(tmp_path):
 
     from tests.judge.test_trust import _matmul
     _, path, inputs = _matmul(tmp_path)
-    opts = Options(inputs=[str(inputs)], tolerance=Tolerance(1e-9))
+    opts = Options.of(inputs=[str(inputs)], tolerance=Tolerance(1e-9))
     ctx = prepare(path, opts)
-    ev = Evaluator(ctx, opts, {}, None)
+    ev = Evaluator(ctx, opts.judge, {}, None)
     assert ev.check(frozenset()) is False
     runs = ev.runs
-    again = ev.retarget(opts, {}, "aim:x")
+    again = ev.retarget(opts.judge, {}, "aim:x")
     assert again.check(frozenset()) is False and again.runs == 0 and runs == 1
     again.close()
 
@@ -262,7 +262,7 @@ def test_fp16_as_it_is_passing_only_its_searched_sample_is_not_fp16_ok(tmp_path)
     from trtbisect.reports.report import verdict_line
     from trtbisect.context import Options
     from trtbisect.pipeline import run
-    r = run(path, Options(inputs=files, semantics="strict"))
+    r = run(path, Options.of(inputs=files, semantics="strict"))
     assert r.verdict == "unvalidated" and verdict_line(r).startswith(
         "unvalidated: FP16 as it is meets")
 

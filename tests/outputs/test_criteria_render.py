@@ -54,7 +54,7 @@ def demo_files(tmp_path_factory):
     from trtbisect.graph import Graph
     from trtbisect.judge.mixed import Written, mixed_model
     out = tmp_path_factory.mktemp("demo")
-    r = run(DEMO, Options(inputs=[str(DATA)]), out / "run")
+    r = run(DEMO, Options.of(inputs=[str(DATA)]), out / "run")
     files = {"plan": out / "run" / "demo.mixed.onnx"}
     g = Graph.from_path(DEMO)
     for name, plan in (("all_fp16", []), ("partial", r.fp32_nodes[1:])):
@@ -82,8 +82,8 @@ def test_polygraphy_judges_as_trtbisect_check_on_the_demo(demo_files, monkeypatc
                                    output_bounds=rc.output_bounds)
         words = render.polygraphy_criterion(ctx)
         for name in files:
-            ours = check_mixed(files[name], DEMO, Options(inputs=[str(DATA)], tolerance=tol,
-                                                          criteria=crit)).passed
+            ours = check_mixed(files[name], DEMO, Options.of(inputs=[str(DATA)], tolerance=tol,
+                                                             criteria=crit)).passed
             theirs = _polygraphy(["run", str(emulated[name]), "--onnxrt", "--data-loader-script",
                                   "data_loader.py", "--load-outputs", str(out / "fp32.json"),
                                   *words], work, monkeypatch)

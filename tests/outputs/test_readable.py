@@ -31,7 +31,7 @@ def _stack(tmp, report: bool):
     from trtbisect.pipeline import run
 
     model, inputs = save_zoo_model(norm_stack(36), tmp)
-    opts = Options(inputs=[str(inputs)], report=report, workers=1)
+    opts = Options.of(inputs=[str(inputs)], report=report, workers=1)
     seen: list = []
     result = run(model, opts, tmp / "o", lambda trial, remaining: seen.append(trial))
     return result, tmp / "o", seen
@@ -264,7 +264,7 @@ def test_every_sentence_says_the_numbers_it_describes(tmp_path, name, budget):
     from trtbisect.pipeline import run
 
     path, inputs = save_zoo_model(zoo()[name], tmp_path)
-    r = run(path, Options(inputs=[str(inputs)], budget=budget), tmp_path / "o")
+    r = run(path, Options.of(inputs=[str(inputs)], budget=budget), tmp_path / "o")
     checked = 0
     for text in _sentences(r.to_json()):
         for a, b in _said(text, r"squares values of N: (?:\(x - mean\)\^2|x\^2) = N"):
@@ -349,7 +349,7 @@ def test_check_infers_bf16_from_the_file(zoo, tmp_path):
 
     z = zoo["layernorm_overflow"]
     model, inputs = save_zoo_model(z, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
+    r = run(model, Options.of(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     mixed = r.files["mixed_model"]
     res = CliRunner().invoke(main, ["check", mixed, "--reference", str(model), "--inputs",
                                     str(inputs)])
@@ -449,7 +449,7 @@ def test_small_report_order_and_numbers(zoo, tmp_path):
     from trtbisect.pipeline import run
 
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
-    run(model, Options(inputs=[str(inputs)], report=True), tmp_path / "o")
+    run(model, Options.of(inputs=[str(inputs)], report=True), tmp_path / "o")
     page = (tmp_path / "o" / "report.html").read_text()
     marks = ("class='verdict", "class='margin'", "The plan by", "<h2>Diagnosis",
              "Error per output", "<summary>Every node of the plan", "<h2>Run</h2>")

@@ -162,7 +162,7 @@ def odd_run(zoo, tmp_path_factory):
     renames = {"pool/ReduceSum": "/pool, 1:ReduceSum it's", "pool/Mul": "-ünï code"}
     onnx.save(_renamed(z, renames), model)
     out = tmp_path / "out"
-    result = run(model, Options(inputs=[str(inputs)]), out)
+    result = run(model, Options.of(inputs=[str(inputs)]), out)
     assert set(result.fp32_nodes) == {renames[n] for n in z.expected_fp32}
     return result, out, model, inputs
 
@@ -231,7 +231,7 @@ def test_autocast_with_the_rendered_flags_reproduces_the_plan(odd_run):
     converted = out / result.render_context.autocast_output
     assert fp32_compute_nodes(onnx.load(str(converted))) == set(result.fp32_nodes)
     assert check[:3] == ["trtbisect", "check", result.render_context.autocast_output]
-    verdict = check_mixed(converted, model, Options(inputs=[str(inputs)]))
+    verdict = check_mixed(converted, model, Options.of(inputs=[str(inputs)]))
     assert verdict.passed
 
 
@@ -241,7 +241,7 @@ def masked_runs(zoo, tmp_path_factory):
     FP32 and clamps it into FP16 (FP16 passes as it is); per node it is -inf."""
     tmp_path = tmp_path_factory.mktemp("masked")
     model, inputs = save_zoo_model(zoo["constant_out_of_range"], tmp_path)
-    return {sem: (run(model, Options(inputs=[str(inputs)], semantics=sem),
+    return {sem: (run(model, Options.of(inputs=[str(inputs)], semantics=sem),
                       tmp_path / sem), tmp_path / sem, model, inputs)
             for sem in ("trt", "strict")}
 
@@ -308,7 +308,7 @@ def test_autocast_of_the_built_graph_reproduces_the_plan(masked_runs, semantics)
     done = subprocess.run([sys.executable, *convert[1:]], cwd=out, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     converted = out / result.render_context.autocast_output
-    opts = Options(inputs=[str(inputs)], semantics=semantics)
+    opts = Options.of(inputs=[str(inputs)], semantics=semantics)
     assert fp32_compute_nodes(onnx.load(str(converted))) >= set(result.fp32_nodes)
     assert check_mixed(converted, model, opts).passed
     if semantics == "trt":

@@ -121,7 +121,7 @@ def test_a_moved_data_dependent_shape_is_an_infinite_error_not_a_traceback(tmp_p
     from trtbisect.pipeline import Options, run
     onnx.save(wm.unique_inside(), tmp_path / "u.onnx")
     np.savez(tmp_path / "x.npz", x=wm.UNIQUE_X)
-    r = run(tmp_path / "u.onnx", Options(inputs=[str(tmp_path / "x.npz")]), tmp_path / "o")
+    r = run(tmp_path / "u.onnx", Options.of(inputs=[str(tmp_path / "x.npz")]), tmp_path / "o")
     assert r.verdict == "fixed" and set(r.fp32_nodes) == {"scale", "uniq"}
 
 

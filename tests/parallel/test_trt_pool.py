@@ -130,7 +130,7 @@ def test_run_with_workers_builds_on_the_gpus_and_says_so(monkeypatch, zoo, tmp_p
     model, inputs = save_zoo_model(zoo[LN], tmp_path)
     got = {}
     for workers in (1, 2):
-        opts = Options(inputs=[str(inputs)], workers=workers, threads=1)
+        opts = Options.of(inputs=[str(inputs)], workers=workers, threads=1)
         out = tmp_path / f"w{workers}"
         said: list[str] = []
         monkeypatch.setenv("TRTBISECT_CACHE_DIR", str(tmp_path / f"engines{workers}"))

@@ -23,7 +23,7 @@ from trtbisect.pipeline import check_mixed, run
 
 
 def _run(model, inputs, out, workers: int, **kw):
-    r = run(model, Options(inputs=[str(inputs)], workers=workers, threads=1, **kw), out)
+    r = run(model, Options.of(inputs=[str(inputs)], workers=workers, threads=1, **kw), out)
     return r, json.loads((out / "precision.json").read_text())
 
 
@@ -67,7 +67,7 @@ def test_zoo_plans_identical_with_1_2_3_workers(zoo, tmp_path, name):
     assert "workers" not in runs[1][1]  # --workers 1: judged in this process, as always
     # the written file is judged as `check` judges it
     checked = check_mixed(tmp_path / "w3" / f"{name}.mixed.onnx", model,
-                          Options(inputs=[str(inputs)], threads=1))
+                          Options.of(inputs=[str(inputs)], threads=1))
     for out, e in checked.errors.items():
         assert runs[3][1]["errors_after"][out] == e.to_json()
 
@@ -261,6 +261,6 @@ def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, 
         return real_start(ev, ctx, opts, prefetch, seconds_per_evaluation, *a, **kw)
 
     monkeypatch.setattr(batch, "start_workers", spy)
-    r = run(model, Options(inputs=[str(inputs)], threads=1), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], threads=1), tmp_path / "out")
     assert r.verdict == "fixed"
     assert seen["estimate"] == pytest.approx(3.5)  # inference seconds, not the stage's wall

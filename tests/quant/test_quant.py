@@ -5,7 +5,6 @@ culprit, one judge for the search and the written file, and the renderings."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 import json
 import re
 
@@ -32,8 +31,8 @@ def _files(p: qm.Planted, tmp_path):
 def _opts(inputs, rtol, objective: str = "cost") -> Options:
     """`objective="count"` where a test asserts the 1-minimal plan: under the default cost
     objective a cheaper plan one unit away may replace it (search/cheaper.py)."""
-    return Options(inputs=[str(inputs)], tolerance=Tolerance(rtol, 0.0), threads=1,
-                   objective=objective, validation_share=0)  # the search's tests: no hold-out
+    return Options.of(inputs=[str(inputs)], tolerance=Tolerance(rtol, 0.0), threads=1,
+                      objective=objective, validation_share=0)  # the search's tests: no hold-out
 
 
 # a plan found whose written file passes: `fixed`, or `fragile` where its certificate finds the
@@ -583,7 +582,7 @@ def test_a_rerun_replays_the_journaled_evaluations(tmp_path):
     assert again.units == first.units and again.evaluations == first.evaluations
     assert len(again.judge.verdicts) < len(first.judge.verdicts)  # searched plans: replayed
     assert '"done"' in (tmp_path / "out" / "journal.jsonl").read_text()
-    fresh = replace(_opts(inputs, p.rtol), resume=False)
+    fresh = _opts(inputs, p.rtol).but(resume=False)
     afresh = run(model, fresh, tmp_path / "out")
     assert len(afresh.judge.verdicts) == len(first.judge.verdicts)
 
@@ -835,7 +834,7 @@ def test_the_fp16_side_rounds_per_fused_tensorrt_layer_by_default(tmp_path):
     # in the same --out: the journal of the trt run is not replayed (its fingerprint differs)
     head = json.loads((tmp_path / "trt" / "journal.jsonl").read_text().splitlines()[0])
     assert head["fingerprint"]["settings"]["semantics"][0] == "trt"
-    strict_opts = replace(_opts(inputs, p.rtol, "count"), semantics="strict")
+    strict_opts = _opts(inputs, p.rtol, "count").but(semantics="strict")
     strict = run(model, strict_opts, tmp_path / "trt")
     assert strict.plan == ["mm1"] and strict.fp32_nodes == ["amp", "back"]
     assert strict.before.errors["y"].nonfinite > 0

@@ -42,8 +42,8 @@ def test_no_plan_where_all_float_fails_names_the_broken_weight_and_its_writer(tm
     onnx.save(_broken(p, bias), model)
     onnx.save(unquantize(p.model, analyse(p.model)), ref)
     np.savez(inputs, **p.inputs)
-    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
-                           validation_share=0), tmp_path / "out", reference_path=ref)
+    r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                              validation_share=0), tmp_path / "out", reference_path=ref)
     assert r.verdict == "no_plan"
     (line,) = json.loads((tmp_path / "out" / "precision.json").read_text())["reasons"]
     assert "bn_var (float16) holds 1 non-finite value(s)" in line
@@ -51,8 +51,8 @@ def test_no_plan_where_all_float_fails_names_the_broken_weight_and_its_writer(tm
     assert "high_precision_dtype='fp16'" in line
     # the same file with a sound bias: a plan exists and no reason is given
     onnx.save(_broken(p, np.zeros_like(bias)), model)
-    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
-                           validation_share=0), None, reference_path=ref)
+    r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                              validation_share=0), None, reference_path=ref)
     assert r.verdict != "no_plan" and r.reasons == []
 
 

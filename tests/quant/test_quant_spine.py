@@ -34,8 +34,8 @@ def test_no_quantized_fixed_misses_the_bound_in_plain_onnx_runtime(make, tmp_pat
     InferenceSession (ORT's default optimizations, its QDQ fusions), meets the bound."""
     p = make()
     model, inputs = _files(p, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
-                           threads=1, validation_share=0), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
+                              threads=1, validation_share=0), tmp_path / "out")
     assert r.exit_code == VERDICT_EXIT[r.verdict]  # one exit table
     assert isinstance(r, Found)  # one result type: what every search run finds
     assert r.errors_before == r.before.errors and r.errors_after == r.after.errors
@@ -58,8 +58,8 @@ def test_each_culprit_says_whether_accuracy_needs_it(tmp_path):
     the 1-minimal plan is always recorded."""
     p = qm.fp16_side(fused=False)
     model, inputs = _files(p, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
-                           validation_share=0), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                              validation_share=0), tmp_path / "out")
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["minimal_plan"] == r.minimal_plan and r.minimal_plan
     names = [c["name"] for c in written["culprits"]]
@@ -115,8 +115,8 @@ def test_quantized_ok_keeps_the_file_it_judged(tmp_path):
     judged file and its commands stay in --out, and precision.json points at them."""
     p = qm.outlier()
     model, inputs = _files(p, tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(0.5, 0.0), threads=1,
-                           validation_share=0), tmp_path / "out", owned=True)
+    r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(0.5, 0.0), threads=1,
+                              validation_share=0), tmp_path / "out", owned=True)
     assert r.verdict == "quantized_ok"
     kept = tmp_path / "out" / "outlier.quantized.onnx"
     assert r.files["quantized_model"] == str(kept) == r.model_path and kept.is_file()
@@ -160,10 +160,10 @@ def test_one_all_fp16_price_per_model_and_gpu_class(tmp_path):
     model, inputs = _files(p, tmp_path)
     ref = tmp_path / "fp32.onnx"
     onnx.save(unquantize(p.model, analyse(p.model)), ref)
-    q = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
-                           validation_share=0, gpu="h100"), tmp_path / "q")
-    f = fp16_run(ref, Options(inputs=[str(inputs)], threads=1, validation_share=0,
-                              gpu="h100"), tmp_path / "f")
+    q = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                              validation_share=0, gpu="h100"), tmp_path / "q")
+    f = fp16_run(ref, Options.of(inputs=[str(inputs)], threads=1, validation_share=0,
+                                 gpu="h100"), tmp_path / "f")
     assert q.cost["all_fp16_s"] == f.cost["all_fp16_s"] > 0
     assert q.cost["all_fp16_from"] == "the FP16 road's engine of the float model"
     assert q.cost["file_all_float_s"] > 0 and q.cost["file_fp32_nodes"] >= 0
@@ -184,8 +184,8 @@ def test_search_samples_searches_on_the_worst_and_certifies_on_all(tmp_path):
 
     def go(n, out):
         said = []
-        r = run(model, Options(inputs=files, tolerance=Tolerance(p.rtol, 0.0), threads=1,
-                               validation_share=0, search_samples=n), tmp_path / out,
+        r = run(model, Options.of(inputs=files, tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                                  validation_share=0, search_samples=n), tmp_path / out,
                 stage=said.append)
         return r, said
     narrow, said = go(1, "narrow")
@@ -227,8 +227,8 @@ def test_the_written_file_loads_and_declares_what_it_computes(tmp_path):
     model, inputs = tmp_path / "q.onnx", tmp_path / "q.npz"
     onnx.save(m, model)
     np.savez(inputs, **p.inputs)
-    r = run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
-                           validation_share=0), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                              validation_share=0), tmp_path / "out")
     written = r.files["mixed_qdq_model"]
     assert checker_problem(written) is None and runtime_problem(written) is None
     meta = [(e.key, e.value) for e in onnx.load(written).metadata_props]
@@ -242,20 +242,16 @@ def test_the_journal_is_not_replayed_under_other_judge_settings(tmp_path):
     """The quantized journal's fingerprint is JudgeSettings' (context.run_fingerprint, as the
     FP16 road's): the same run replays its evaluations, a run under another --eval-timeout
     or --trt-version judges afresh (its journal is set aside, never trusted)."""
-    from dataclasses import replace
-
-    from trtbisect.base.limits import Limits
-
     p = qm.fp16_side()
     model, inputs = _files(p, tmp_path)
 
     def opts(**kw):
-        return Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
-                       validation_share=0, **kw)
+        return Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0), threads=1,
+                          validation_share=0, **kw)
     first = run(model, opts(), tmp_path / "out")
     again = run(model, opts(), tmp_path / "out")
     assert len(again.judge.verdicts) < len(first.judge.verdicts)  # replayed
-    timed = run(model, opts(limits=replace(Limits(), eval_timeout=300.0)), tmp_path / "out")
+    timed = run(model, opts(eval_timeout=300.0), tmp_path / "out")
     assert len(timed.judge.verdicts) == len(first.judge.verdicts)  # judged afresh
     other = run(model, opts(trt_version=10), tmp_path / "out")
     assert len(other.judge.verdicts) == len(first.judge.verdicts)
@@ -274,7 +270,7 @@ def test_tf32_rounds_the_operands_of_fp32_inner_products_only(tmp_path):
     p = qm.outlier()
     layers = analyse(p.model)
     assert tf32_rounded(p.model, p.model, types(p.model)) is p.model  # all quantized
-    judge = QuantJudge(p.model, layers, [p.inputs], [{}], Options().criteria, Tolerance(),
+    judge = QuantJudge(p.model, layers, [p.inputs], [{}], Options().judge.criteria, Tolerance(),
                        tf32=True)
     plan = judge.model_for(frozenset({"mm1"}))
     judged = judge.judged_model(plan)
@@ -283,8 +279,8 @@ def test_tf32_rounds_the_operands_of_fp32_inner_products_only(tmp_path):
     assert all(i.endswith("__tf32") for i in mm1.input)
     assert not any(i.endswith("__tf32") for i in mm2.input)
     model, inputs = _files(p, tmp_path)
-    r = {tf: run(model, Options(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
-                                threads=1, validation_share=0, tf32=tf), tmp_path / f"o{tf}")
+    r = {tf: run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
+                                   threads=1, validation_share=0, tf32=tf), tmp_path / f"o{tf}")
          for tf in (False, True)}
     assert r[True].plan == r[False].plan == ["mm1"]
     assert r[True].after.errors["y"].max_abs != r[False].after.errors["y"].max_abs

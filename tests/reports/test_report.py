@@ -30,7 +30,7 @@ def reported(zoo, tmp_path_factory):
     """The layernorm fault run with --report and --stability, once for the module."""
     folder = tmp_path_factory.mktemp("report")
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], folder)
-    r = run(model, Options(semantics="strict", inputs=[str(inputs)], report=True, stability=3), folder / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)], report=True, stability=3), folder / "out")
     return r, folder / "out"
 
 
@@ -104,7 +104,7 @@ def test_run_facts_are_one_list_rendered_twice(reported):
 @pytest.mark.parametrize("name", ["healthy", "fp32_broken", "two_outputs"])
 def test_report_for_every_verdict(zoo, tmp_path, name):
     model, inputs = save_zoo_model(zoo[name], tmp_path)
-    r = run(model, Options(semantics="strict", inputs=[str(inputs)], report=True), tmp_path / "out")
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)], report=True), tmp_path / "out")
     page = (tmp_path / "out" / "report.html").read_text()
     assert r.verdict in page.replace("FP16 already meets", "fp16_ok").replace(
         "reference is already non-finite", "reference_invalid").replace("fixed by", "fixed")
@@ -115,7 +115,7 @@ def test_missing_matplotlib_is_a_one_line_hint(zoo, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
     with pytest.raises(TrtBisectError, match=r"pip install 'trtbisect\[report\]'"):
-        run(model, Options(semantics="strict", inputs=[str(inputs)], report=True), tmp_path / "out")
+        run(model, Options.of(semantics="strict", inputs=[str(inputs)], report=True), tmp_path / "out")
     assert not (tmp_path / "out").exists()  # failed before any work
     res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), "--report",
                                     "--out", str(tmp_path / "out")])

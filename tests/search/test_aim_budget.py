@@ -18,8 +18,8 @@ def _run(tmp_path, name: str):
 
     path, inputs, tol = _planted(tmp_path)
     # the aim is the subject: no validation (tests/judge/test_validation.py has it)
-    return run(path, Options(inputs=[str(inputs)], tolerance=tol, semantics="strict",
-                             validation_share=0), tmp_path / name)
+    return run(path, Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict",
+                                validation_share=0), tmp_path / name)
 
 
 def _first_search(tmp_path, monkeypatch) -> int:

@@ -73,7 +73,7 @@ def test_a_run_cut_in_an_aimed_round_resumes_to_the_same_plan(tmp_path, monkeypa
 
     path, inputs, tol = _planted(tmp_path)
     # the resume of an aimed round is the subject: no validation (test_validation.py has it)
-    opts = Options(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
+    opts = Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
     out = tmp_path / "out"
     calls = _counting(monkeypatch)
     fresh = run(path, opts, out)
@@ -125,29 +125,29 @@ def test_a_verdict_under_one_bound_is_never_replayed_under_another(tmp_path):
 
     path, inputs, tol = _planted(tmp_path)
     # the resume of an aimed round is the subject: no validation (test_validation.py has it)
-    opts = Options(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
+    opts = Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict", validation_share=0)
     ctx = prepare(path, opts)
-    one = replace(opts, tolerance=replace(tol, ceiling={"score": tol.rtol * 0.9}))
-    two = replace(opts, tolerance=replace(tol, ceiling={"score": tol.rtol * 0.8}))
-    assert len({aimed_scope(one), aimed_scope(two), aimed_scope(opts)}) == 3
+    one = opts.but(tolerance=replace(tol, ceiling={"score": tol.rtol * 0.9}))
+    two = opts.but(tolerance=replace(tol, ceiling={"score": tol.rtol * 0.8}))
+    assert len({aimed_scope(one.judge), aimed_scope(two.judge), aimed_scope(opts.judge)}) == 3
     fingerprint = {"run": "test"}
     j = Journal(tmp_path / "journal.jsonl", fingerprint)
     plan = frozenset({"conv1"})  # passes the user's bound; fails both caps
-    ev1 = Evaluator(ctx, one, {}, j, scope=aimed_scope(one))
+    ev1 = Evaluator(ctx, one.judge, {}, j, scope=aimed_scope(one.judge))
     assert ev1.check(plan) is False and ev1.runs == 1
     j.close()
 
     # the journal says plan passed under round 1's bound (forged, with a valid checksum)
     forged = Journal(tmp_path / "journal.jsonl", fingerprint)
     key = next(iter(forged.done))
-    assert key.endswith("#" + aimed_scope(one))
+    assert key.endswith("#" + aimed_scope(one.judge))
     forged.record(key, True, {"severity": 0.0})
     forged.close()
     j = Journal(tmp_path / "journal.jsonl", fingerprint)
-    assert Evaluator(ctx, one, {}, j, scope=aimed_scope(one)).check(plan) is True  # replayed
-    ev2 = Evaluator(ctx, two, {}, j, scope=aimed_scope(two))
+    assert Evaluator(ctx, one.judge, {}, j, scope=aimed_scope(one.judge)).check(plan) is True  # replayed
+    ev2 = Evaluator(ctx, two.judge, {}, j, scope=aimed_scope(two.judge))
     assert ev2.check(plan) is False and ev2.runs == 1  # judged under its own bound
-    own = Evaluator(ctx, opts, {}, j)
+    own = Evaluator(ctx, opts.judge, {}, j)
     assert own.check(plan) is True and own.runs == 1  # the run's own bound: judged, passes
     j.close()
 
@@ -195,6 +195,6 @@ def test_an_aimed_scope_names_its_bound(tmp_path, cap):
     from trtbisect.context import Options
 
     t = Tolerance(1e-2)
-    a = Options(tolerance=replace(t, ceiling={"y": 1e-2 * cap}))
-    b = Options(tolerance=Tolerance(1e-2, ceiling={"y": 1e-2 * cap}))
-    assert aimed_scope(a) == aimed_scope(b) != aimed_scope(Options(tolerance=t))
+    a = Options.of(tolerance=replace(t, ceiling={"y": 1e-2 * cap}))
+    b = Options.of(tolerance=Tolerance(1e-2, ceiling={"y": 1e-2 * cap}))
+    assert aimed_scope(a.judge) == aimed_scope(b.judge) != aimed_scope(Options.of(tolerance=t).judge)

@@ -29,7 +29,7 @@ def ln(tmp_path_factory):
 
 def test_the_price_is_stated_in_precision_json_and_every_trial_is_priced_and_scored(ln, tmp_path):
     model, npz = ln
-    r = run(model, Options(inputs=[str(npz)], gpu="h100"), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(npz)], gpu="h100"), tmp_path / "out")
     assert r.verdict == "fixed"
     c = json.loads((tmp_path / "out" / "precision.json").read_text())["cost"]
     assert c["gpu"] == "h100" and c["objective"] == "cost"
@@ -49,7 +49,7 @@ def test_the_price_is_stated_in_precision_json_and_every_trial_is_priced_and_sco
 
 def test_a_budget_nothing_fits_writes_the_best_plan_within_it_and_says_so(ln, tmp_path):
     model, npz = ln
-    r = run(model, Options(inputs=[str(npz)], budget=0.0), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(npz)], budget=0.0), tmp_path / "out")
     assert r.verdict == "over_budget" and r.exit_code == 6 and not r.one_minimal
     assert r.search.over_budget
     c = r.cost
@@ -57,7 +57,7 @@ def test_a_budget_nothing_fits_writes_the_best_plan_within_it_and_says_so(ln, tm
     # the written file is judged (one judge) and its error is the one reported
     mixed = tmp_path / "out" / "ln.mixed.onnx"
     assert mixed.exists()
-    checked = check_mixed(mixed, model, Options(inputs=[str(npz)]))
+    checked = check_mixed(mixed, model, Options.of(inputs=[str(npz)]))
     assert not checked.passed
     assert {k: v.max_abs for k, v in checked.errors.items()} == \
         {k: v.max_abs for k, v in r.errors_after.items()}
@@ -68,8 +68,8 @@ def test_a_budget_nothing_fits_writes_the_best_plan_within_it_and_says_so(ln, tm
 
 def test_a_budget_the_plan_fits_changes_nothing(ln, tmp_path):
     model, npz = ln
-    plain = run(model, Options(inputs=[str(npz)]), tmp_path / "plain")
-    loose = run(model, Options(inputs=[str(npz)], budget=1000.0), tmp_path / "loose")
+    plain = run(model, Options.of(inputs=[str(npz)]), tmp_path / "plain")
+    loose = run(model, Options.of(inputs=[str(npz)], budget=1000.0), tmp_path / "loose")
     assert loose.verdict == "fixed" and loose.fp32_nodes == plain.fp32_nodes
     assert loose.cost["within_budget"] is True
 
@@ -92,7 +92,7 @@ def test_the_cli_exits_6_over_budget_and_documents_it(ln, tmp_path):
 
 def test_count_objective_reports_the_price_too(ln, tmp_path):
     model, npz = ln
-    r = run(model, Options(inputs=[str(npz)], objective="count"), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(npz)], objective="count"), tmp_path / "out")
     assert r.cost["objective"] == "count" and r.search.certificate is None
 
 
@@ -107,7 +107,7 @@ def test_pareto_front():
 
 def test_the_report_plots_error_against_cost(ln, tmp_path):
     model, npz = ln
-    r = run(model, Options(inputs=[str(npz)], report=True), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(npz)], report=True), tmp_path / "out")
     png = tmp_path / "out" / "report_tradeoff.png"
     assert r.files["report_tradeoff"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
     md = (tmp_path / "out" / "report.md").read_text()
@@ -121,8 +121,8 @@ def test_the_report_plots_error_against_cost(ln, tmp_path):
 def test_a_resumed_cost_search_reaches_the_same_plan_and_prices(ln, tmp_path):
     """The journal replays every judgement: the same path, plan, certificate and scores."""
     model, npz = ln
-    first = run(model, Options(inputs=[str(npz)]), tmp_path / "out")
-    again = run(model, Options(inputs=[str(npz)]), tmp_path / "out")  # resumes from its journal
+    first = run(model, Options.of(inputs=[str(npz)]), tmp_path / "out")
+    again = run(model, Options.of(inputs=[str(npz)]), tmp_path / "out")  # resumes from its journal
     assert again.fp32_nodes == first.fp32_nodes
     assert [t.to_json() for t in again.search.trials] == [t.to_json() for t in first.search.trials]
     assert again.search.certificate == first.search.certificate

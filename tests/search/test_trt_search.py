@@ -13,16 +13,16 @@ from trtbisect.stages.trt import TrtSearchOptions
 
 def test_the_runs_flags_reach_the_trt_search():
     crit = parse_criteria(metrics=["y:cosine:0.999"], pass_rate=0.5)
-    opts = Options(tolerance=Tolerance(rtol=1e-3, atol=1e-5), criteria=crit,
-                   shapes={"x": (1, 8)}, workers=3, threads=2)
+    opts = Options.of(tolerance=Tolerance(rtol=1e-3, atol=1e-5), criteria=crit,
+                      shapes={"x": (1, 8)}, workers=3, threads=2)
     got = TrtSearchOptions.of(opts)
     assert (got.tolerance, got.criteria, got.shapes, got.workers) == (
-        opts.tolerance, crit, {"x": (1, 8)}, 3)
+        opts.judge.tolerance, crit, {"x": (1, 8)}, 3)
     # what `run` never set keeps the search's defaults
     assert (got.cache_dir, got.typing, got.max_builds, got.certify, got.worker_setup) == (
         None, "auto", None, False, None)
     judge = got.judge()
-    assert judge.tolerance == opts.tolerance
+    assert judge.tolerance == opts.judge.tolerance
     assert judge.criteria_flags == tuple(criteria_flags(crit))
     assert judge.criteria_fingerprint == criteria_digest(crit)
     back = judge.criteria()  # what a GPU worker judges by

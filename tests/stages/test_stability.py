@@ -63,7 +63,7 @@ def test_nondeterministic_backend_is_flagged():
 
 def test_pipeline_stability(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
-    r = run(model, Options(inputs=[str(inputs)], stability=3), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], stability=3), tmp_path / "out")
     st = r.stability
     assert [p["plan"] for p in st["plans"]] == ["plan", "all_fp16"]
     assert st["deterministic"] is True and st["runs"] == 3
@@ -88,8 +88,8 @@ def test_stability_measures_a_check_hook(zoo, tmp_path):
                     "def check(fp32, fp16, sample):\n"
                     f"    return bool(np.array_equal(sample[{name!r}], ORIG))\n")
     crit = parse_criteria(checks=[f"{hook}:check"])
-    r = run(model, Options(inputs=[str(inputs)], stability=3, criteria=crit,
-                           validation_share=0), tmp_path / "out")
+    r = run(model, Options.of(inputs=[str(inputs)], stability=3, criteria=crit,
+                              validation_share=0), tmp_path / "out")
     st = r.stability
     assert r.verdict == "fp16_ok"  # the hook passes the user's sample, all FP16
     rows = st["plans"][0]["outputs"]

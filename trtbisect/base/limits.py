@@ -44,7 +44,6 @@ class Limits:
     samples: int = MAX_SAMPLES
     input_bytes: int | None = None  # None: half of this machine's memory (limits.memory_limit)
     spool_bytes: int = SPOOL_BYTES
-    eval_timeout: float = EVAL_TIMEOUT
 
     @property
     def total_input_bytes(self) -> int:
@@ -208,6 +207,8 @@ def limit_options(f: Callable) -> Callable:
     reads samples and runs a model)."""
     import click
 
+    from .flags import Number, apply_flags
+
     class Size(click.ParamType):
         name = "size"
 
@@ -219,18 +220,9 @@ def limit_options(f: Callable) -> Callable:
             except ValueError as exc:
                 self.fail(str(exc), param, ctx)
 
-    class Seconds(click.ParamType):
-        name = "seconds"
-
-        def convert(self, value, param, ctx) -> float:
-            try:
-                x = float(value)
-            except (TypeError, ValueError):
-                self.fail(f"{value!r} is not a number of seconds", param, ctx)
-            if not 0 < x <= MAX_TIMEOUT:  # NaN fails too
-                self.fail(f"{value!r} is not a number of seconds above 0 and at most "
-                          f"{MAX_TIMEOUT:.0f} (a year)", param, ctx)
-            return x
+    seconds = Number("seconds", lambda x: 0 < x <= MAX_TIMEOUT,  # NaN fails too
+                     f"a number of seconds above 0 and at most {MAX_TIMEOUT:.0f} (a year)",
+                     "a number of seconds")
 
     opts = [
         click.option("--max-samples", "max_samples", type=click.IntRange(min=1),
@@ -245,16 +237,15 @@ def limit_options(f: Callable) -> Callable:
                      metavar="SIZE", show_default="64G",
                      help="Bytes of samples and FP32 outputs that do not fit in memory and "
                           "are spooled under --out; past it the run is refused."),
-        click.option("--eval-timeout", "eval_timeout", type=Seconds(),
+        click.option("--eval-timeout", "eval_timeout", type=seconds,
                      default=EVAL_TIMEOUT, show_default=True, metavar="SECONDS",
                      help="Longest one inference may run (a Loop that never ends): a plan past "
                           "it is judged failed, an FP32 reference past it is refused."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return apply_flags(f, opts)
 
 
 def pop_limits(kw: dict) -> Limits:
-    return Limits(kw.pop("max_samples"), kw.pop("max_input_bytes"), kw.pop("max_spool_bytes"),
-                  kw.pop("eval_timeout"))
+    """The bounds on samples of `limit_options`' values in `kw` (removed from it); the
+    --eval-timeout is the judge's (context.JudgeOptions) and stays in `kw`."""
+    return Limits(kw.pop("max_samples"), kw.pop("max_input_bytes"), kw.pop("max_spool_bytes"))

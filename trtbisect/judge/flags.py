@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import click
 
+from ..base.flags import apply_flags
 from ..errors import TrtBisectError
 from . import metrics as _metrics  # noqa: F401  (registers the metrics)
 from .criteria import REGISTRY, Criteria, Criterion
@@ -51,9 +52,7 @@ def criteria_options(f: Callable) -> Callable:
                      help="Fraction of the samples a plan must pass the criteria on "
                           "(1: every sample), e.g. --pass-rate 0.98."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return apply_flags(f, opts)
 
 
 def pop_criteria(kw: dict) -> Criteria:

@@ -40,7 +40,8 @@ class JudgeSettings:
 
     @classmethod
     def of(cls, opts, criteria: "Criteria | None" = None) -> "JudgeSettings":
-        """The settings of a run's Options (`criteria`: instead of the options' own)."""
+        """The settings of a run's judge options (context.JudgeOptions, which holds them as
+        `settings`; `criteria`: instead of the options' own)."""
         from .flags import criteria_flags
 
         crit = criteria if criteria is not None else opts.criteria
@@ -49,7 +50,7 @@ class JudgeSettings:
                    precision=opts.precision, tolerance=opts.tolerance,
                    criteria_flags=tuple(criteria_flags(crit)),
                    criteria_fingerprint=criteria_digest(crit),
-                   eval_timeout=opts.limits.eval_timeout)
+                   eval_timeout=opts.eval_timeout)
 
     def criteria(self) -> "Criteria":
         """The criteria again, from their flags (a hook file is imported again)."""

@@ -12,7 +12,6 @@ are comparable), and the worst output error with the plan.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +76,7 @@ def run_both(model: str, opts, out: Path,
             load_model(model, min_opset=p.min_opset)  # raises the one-line refusal
     results, folders = {}, {}
     for p in PRECISIONS:
-        one = dataclasses.replace(opts, precision=p.name)
+        one = opts.but(precision=p.name)  # context.Options: its judge group changes
         folders[p.name] = out / p.name
         results[p.name] = run(model, one, folders[p.name], p.name)
     both = Both(results, folders)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from .report import rounding_words as _rounding, verdict_line
+
+if TYPE_CHECKING:
+    from ..context import Options
 
 
 def emit(result, as_json: bool) -> None:
@@ -186,7 +190,7 @@ def _boundary_words(c: dict) -> str:
     return f"; Q/DQ reformats {b['kernels']} kernel(s), {b['s'] * 1e6:.4g} us"
 
 
-def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
+def run_and_emit(model: str, opts: Options, out_dir, reference: str | None, backend: str,
                  as_json: bool, calibration: tuple[str, ...] = ()) -> int:
     """`trtbisect run` for a quantized model (or --precision int8|fp8): run, print, and
     return the exit code."""
@@ -198,8 +202,9 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
     from ..outputs.outdir import OutputDir
     from .run import is_quantized_file, run
 
-    if opts.precision in ("bf16", "both"):
-        raise TrtBisectError(f"--precision {opts.precision}: {model} is quantized (Q/DQ); its "
+    if opts.judge.precision in ("bf16", "both"):
+        raise TrtBisectError(f"--precision {opts.judge.precision}: {model} is quantized (Q/DQ); "
+                             "its "
                              "float side computes in the type the file gives it: drop "
                              "--precision (docs/quantization.md)")
     # the flags this road cannot honour were refused already (roads.py, cli.refuse_flags)
@@ -208,16 +213,17 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
                              "judged on ONNX Runtime CPU: build the written "
                              "<model>.unquantized.onnx with trtexec --stronglyTyped")
     report = None
-    if opts.report:  # before a long search, not after it
+    if opts.output.report:  # before a long search, not after it
         from functools import partial
 
         from ..reports.report import require_matplotlib
         from .pages import write_report
         require_matplotlib()
-        report = partial(write_report, rtol=opts.tolerance.rtol, default=opts.criteria.default)
-    if opts.precision in ("int8", "fp8"):
+        report = partial(write_report, rtol=opts.judge.tolerance.rtol,
+                         default=opts.judge.criteria.default)
+    if opts.judge.precision in ("int8", "fp8"):
         from ..search.cost import quantized_peak
-        quantized_peak(opts.gpu, opts.precision)  # fp8 on an A100: refused in one line
+        quantized_peak(opts.search.gpu, opts.judge.precision)  # fp8 on an A100: one-line refusal
     out_dir = Path(out_dir)
     click.get_current_context().meta["resume_hint"] = (
         f"run the same command again to resume from {out_dir / 'journal.jsonl'} "
@@ -228,15 +234,16 @@ def run_and_emit(model: str, opts, out_dir, reference: str | None, backend: str,
         owned = not is_quantized_file(model)
         if owned:  # --precision int8|fp8 on a float model: ModelOpt's file is trtbisect's
             from .ptq import quantize_samples
-            reference, model = model, str(quantize_samples(model, opts, Path(scratch),
-                                                           progress.stage, calibration))
+            reference, model = model, str(quantize_samples(
+                model, opts.sample, opts.judge.precision, Path(scratch), progress.stage,
+                calibration))
         result = run(model, opts, out_dir, reference, progress.trial, progress.stage,
                      report, owned)
     emit(result, as_json)
     return result.exit_code
 
 
-def check_and_emit(mixed: str, reference: str, opts, as_json: bool) -> int:
+def check_and_emit(mixed: str, reference: str, opts: Options, as_json: bool) -> int:
     """`trtbisect check` of a quantized (Q/DQ) file: pass or fail, per output; exit 0 or 4."""
     from ..console import error_cell, out, shown
     from ..errors import EXIT_NO_PLAN, EXIT_OK

@@ -8,12 +8,15 @@ import contextlib
 import shutil
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..errors import TrtBisectError, require
 from ..outputs.quantized import CALIB, INSTALL
+
+if TYPE_CHECKING:
+    from ..context import SampleOptions
 
 MODES = ("int8", "fp8")
 GIVEN = "calib.trtbisect.npz"  # the same, beside the file trtbisect had ModelOpt write
@@ -112,24 +115,25 @@ def _copy_in(model_path: Path, folder: Path) -> Path:
     return copy
 
 
-def quantize_samples(model: str, opts, scratch: Path, stage,
+def quantize_samples(model: str, given: SampleOptions, precision: str, scratch: Path, stage,
                      calibration: Sequence[str] = ()) -> Path:
-    """`calibration`'s samples (else the run's: --inputs, or seeded random ones) as ModelOpt's
-    calibration data, and the quantized model written under `scratch`."""
+    """`calibration`'s samples (else the run's, `given`: --inputs, or seeded random ones) as
+    ModelOpt's calibration data, and the model quantized to `precision` written under
+    `scratch`."""
     from ..data.sources import iter_items
     from ..graph import Graph
 
-    _require(opts.precision)
+    _require(precision)
     graph = Graph.from_path(model)
     if calibration:
-        items = iter_items(graph, list(calibration), None, opts.shapes, opts.seed)
+        items = iter_items(graph, list(calibration), None, given.shapes, given.seed)
     else:
-        items = iter_items(graph, list(opts.inputs), opts.data_loader, opts.shapes, opts.seed,
-                           opts.samples)
+        items = iter_items(graph, list(given.inputs), given.data_loader, given.shapes,
+                           given.seed, given.samples)
     samples = [item.sample for item in items]
-    stage(f"quantizing to {opts.precision} with ModelOpt's ONNX PTQ on {len(samples)} samples")
-    return quantize(Path(model), opts.precision, samples,
-                    scratch / f"{Path(model).stem}.{opts.precision}.onnx")
+    stage(f"quantizing to {precision} with ModelOpt's ONNX PTQ on {len(samples)} samples")
+    return quantize(Path(model), precision, samples,
+                    scratch / f"{Path(model).stem}.{precision}.onnx")
 
 
 def write_calibration(out_dir: Path, source: Path, samples: Sequence[dict]) -> Path | None:

@@ -15,7 +15,7 @@ import time
 from types import SimpleNamespace
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -32,6 +32,9 @@ from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from . import qdq
 from .diagnose import SAMPLES, Finding, diagnose
 from .judge import QuantJudge
+
+if TYPE_CHECKING:
+    from ..context import Options
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +361,7 @@ def _ranking(layers: Sequence[qdq.Layer], findings: dict[str, list[Finding]],
     return [u for u in half_units if u in over] + ranked + rest
 
 
-def run(model_path: str | Path, opts, out_dir: Path | None = None,
+def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         reference_path: str | Path | None = None, progress: Progress | None = None,
         stage: Callable[[str], None] = log.info,
         report: Callable[[QuantResult, Path], dict[str, str]] | None = None,
@@ -375,12 +378,13 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     path = Path(model_path)
     keep = [path, *_sources(opts), *([Path(reference_path)] if reference_path else [])]
     model, layers, ref_model, where = _load(path, reference_path, stage)
-    opts.criteria.validate([o.name for o in ref_model.graph.output])
+    opts.judge.criteria.validate([o.name for o in ref_model.graph.output])
     samples, references = _samples(ref_model, opts, path, reference_path)
-    result = QuantResult("no_plan", [], 0, 0, 0, len(samples), opts.tolerance, {}, {},
-                         criteria=opts.criteria, model_path=str(path), layers=layers, plan=[],
+    result = QuantResult("no_plan", [], 0, 0, 0, len(samples), opts.judge.tolerance, {}, {},
+                         criteria=opts.judge.criteria, model_path=str(path), layers=layers,
+                         plan=[],
                          before=None, after=None, reference=where, emulated=_half(model),
-                         semantics=opts.semantics)
+                         semantics=opts.judge.semantics)
     result.reference_problems = reference_problems(  # it reads ctx.every_reference only
         SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
     if result.reference_problems:
@@ -408,7 +412,7 @@ def run(model_path: str | Path, opts, out_dir: Path | None = None,
     return result
 
 
-def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
+def _hold_out(samples, references, ref_model: onnx.ModelProto, opts: Options):
     """The search's samples and the validation's (judge/validation.py), as the FP16 road
     holds them out."""
     from ..backends.ort import Reference
@@ -417,13 +421,13 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
     from ..judge import validation
 
     def reference(batch):
-        ref = Reference(Graph(ref_model), opts.threads)
+        ref = Reference(Graph(ref_model), opts.judge.threads)
         try:
             return [ref.run(s) for s in batch]
         finally:
             ref.close()
     kept, held = validation.hold_out(
-        samples, references, opts.validation_share, opts.seed, reference,
+        samples, references, opts.sample.validation_share, opts.sample.seed, reference,
         validation.shape_like_inputs(Graph(ref_model)) if len(samples) == 1 else frozenset())
     if len(kept) < len(samples):
         samples, references = View(samples, kept), View(references, kept)
@@ -431,7 +435,7 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts):
 
 
 def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
-             opts, written: Path | onnx.ModelProto) -> VerdictName:
+             opts: Options, written: Path | onnx.ModelProto) -> VerdictName:
     """The written file's certificate and validation, as the FP16 road's (stages/spread.py,
     judge/validation.py), and the verdict they allow (judge/verdict.py: the file as given,
     `quantized_ok`, is held to them as FP16 as it is, `fp16_ok`, is)."""
@@ -447,10 +451,10 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     per_sample = judge.judgements(judged)
     ctx = SimpleNamespace(graph=Graph(ref_model), every_sample=samples,
                           every_reference=references)
-    cert = certify(ctx, opts, Written(judged, {}), per_sample)  # type: ignore[arg-type]
+    cert = certify(ctx, opts.judge, Written(judged, {}), per_sample)  # type: ignore[arg-type]
     result.certified = cert.to_json()
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
-                                opts.criteria.verdict)
+                                opts.judge.criteria.verdict)
     result.validation = checked
     verdict = result.settle(certified=cert.certified, validated=checked.passed)
     if verdict == "fragile":
@@ -489,7 +493,7 @@ def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], 
     return model, layers, qdq.reference(model, layers), where
 
 
-def _samples(ref_model: onnx.ModelProto, opts, path: Path, reference_path):
+def _samples(ref_model: onnx.ModelProto, opts: Options, path: Path, reference_path):
     """The run's samples (validated against the reference's inputs) and FP32 outputs."""
     from ..data.sources import iter_items
     from ..data.store import SampleSet, reference_set
@@ -497,17 +501,18 @@ def _samples(ref_model: onnx.ModelProto, opts, path: Path, reference_path):
 
     from ..base.limits import set_eval_timeout
 
-    set_eval_timeout(opts.limits.eval_timeout)  # every inference of this run (limits.py)
+    set_eval_timeout(opts.judge.eval_timeout)  # every inference of this run (limits.py)
     ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)
-    samples = SampleSet(iter_items(ref_graph, list(opts.inputs), opts.data_loader, opts.shapes,
-                                   opts.seed, opts.samples, opts.limits), limits=opts.limits)
-    references = reference_set(ref_graph, samples, opts.threads,
+    given = opts.sample
+    samples = SampleSet(iter_items(ref_graph, list(given.inputs), given.data_loader, given.shapes,
+                                   given.seed, given.samples, given.limits), limits=given.limits)
+    references = reference_set(ref_graph, samples, opts.judge.threads,
                                f"quant:{model_hash(path)}:{reference_path}", None)
-    opts.criteria.check_fit(references[0])
+    opts.judge.criteria.check_fit(references[0])
     return samples, references
 
 
-def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
+def _journal(out_dir: Path | None, opts: Options, path: Path, reference_path, samples):
     """The run's journal (journal.py) in --out: a killed run started again with the same
     arguments replays the evaluations it finished. None without --out."""
     from .. import __version__
@@ -518,12 +523,12 @@ def _journal(out_dir: Path | None, opts, path: Path, reference_path, samples):
         return None
     from ..context import run_fingerprint
     fingerprint = run_fingerprint(  # the FP16 road's: JudgeSettings' and the road's own keys
-        opts.judge_settings.fingerprint(), model_hash(path), samples, __version__,
-        mode="quantized", objective=opts.objective,
+        opts.judge.settings.fingerprint(), model_hash(path), samples, __version__,
+        mode="quantized", objective=opts.search.objective,
         reference=model_hash(reference_path) if reference_path else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
-    if not opts.resume and journal_path.exists():
+    if not opts.output.resume and journal_path.exists():
         journal_path.unlink()
     return Journal(journal_path, fingerprint)
 
@@ -559,18 +564,19 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     layers = result.layers
     halves = half_nodes(model)
     result.half_nodes = len(halves)
-    judge = QuantJudge(model, layers, samples, references, opts.criteria, opts.tolerance,
-                       opts.threads, halves, opts.semantics, opts.tf32)
+    j = opts.judge
+    judge = QuantJudge(model, layers, samples, references, j.criteria, j.tolerance, j.threads,
+                       halves, j.semantics, j.tf32)
     result.judge = judge
     result.candidates, result.samples = len(judge.units), len(samples)
-    pricing = pricing_for(model, layers, judge.half, samples[0], opts.gpu, result.emulated,
-                          shape_probe(model, samples[0], opts.threads))
+    pricing = pricing_for(model, layers, judge.half, samples[0], opts.search.gpu, result.emulated,
+                          shape_probe(model, samples[0], opts.judge.threads))
     stage("judging the quantized model as given")
     result.before, before = judge.measure_all(frozenset())
     stage("diagnosing the quantized layers")
     outs = [t for n in model.graph.node if n.name in set(halves)
             for t in [*n.input, *n.output] if t]
-    values = activation_values(ref_model, layers, samples, opts.threads, outs)
+    values = activation_values(ref_model, layers, samples, opts.judge.threads, outs)
     findings = {la.name: diagnose(model, la, values, judge.weights) for la in layers}
     if result.before.passed:
         result.verdict = "quantized_ok"
@@ -578,15 +584,15 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
         stage(f"searching which of {len(layers)} quantized layers to run in float"
               + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
         ranking = _ranking(layers, findings, _search_half(judge), values, model)
-        if subset.wanted(len(samples), opts.search_samples, opts.criteria.pass_rate):
-            judge.narrow(subset.choose(before, opts.search_samples))
+        if subset.wanted(len(samples), opts.sample.search_samples, opts.judge.criteria.pass_rate):
+            judge.narrow(subset.choose(before, opts.sample.search_samples))
             stage(f"the search judges on {len(judge.active or ())} of {len(samples)} samples "
                   "(where the file as given fails worst); the plan is certified on all of them")
         check = _journaled(judge, journal)
         search = _rounds(judge, opts, stage, lambda left: find_minimal_fp32(
             judge.units, check, ranking=ranking, max_evaluations=left,
             progress=progress,
-            **(_cost_search(judge, model, pricing) if opts.objective == "cost" else {})))
+            **(_cost_search(judge, model, pricing) if opts.search.objective == "cost" else {})))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal, result.search = search.one_minimal, search
@@ -605,7 +611,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
-    result.cost = {**pricing.summary(result.units), "objective": opts.objective,
+    result.cost = {**pricing.summary(result.units), "objective": opts.search.objective,
                    "float_side": float_side(pricing),
                    **({"certificate": result.certificate} if result.certificate else {}),
                    **_one_price(model, ref_model, layers, halves, samples[0], opts,
@@ -613,7 +619,7 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.renderings = renderings(result.rendered())
 
 
-def _rounds(judge: QuantJudge, opts, stage: Callable[[str], None],
+def _rounds(judge: QuantJudge, opts: Options, stage: Callable[[str], None],
             search: Callable[[int | None], SearchResult]) -> SearchResult:
     """`search(budget)` on the judge's samples; when they are a subset (--search-samples,
     judge/subset.py), the plan found is judged on every sample and the samples it fails join
@@ -624,8 +630,8 @@ def _rounds(judge: QuantJudge, opts, stage: Callable[[str], None],
 
     evaluations, trials = 0, []
     while True:
-        left = (None if opts.max_evaluations is None
-                else max(opts.max_evaluations - evaluations, 0))
+        left = (None if opts.search.max_evaluations is None
+                else max(opts.search.max_evaluations - evaluations, 0))
         found = search(left)
         trials += [replace(t, index=t.index + evaluations) for t in found.trials]
         evaluations += found.evaluations
@@ -633,7 +639,7 @@ def _rounds(judge: QuantJudge, opts, stage: Callable[[str], None],
             break
         verdict, judged = judge.measure_all(frozenset(found.fp32))
         evaluations += 1
-        wider = subset.widen(judge.active, judged, opts.search_samples)
+        wider = subset.widen(judge.active, judged, opts.sample.search_samples)
         if verdict.passed or len(wider) == len(judge.active):
             break
         stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
@@ -660,7 +666,8 @@ def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halve
             and n.name not in inside and n.name not in set(halves)
             and any(types.get(t) == onnx.TensorProto.FLOAT for t in n.output if t)]
     try:
-        road = fp16_road_price(ref_model, sample, opts.gpu, opts.trt_version, opts.threads)
+        road = fp16_road_price(ref_model, sample, opts.search.gpu, opts.judge.trt_version,
+                               opts.judge.threads)
     except TrtBisectError as exc:  # a float model the FP16 road cannot price: say so
         log.info("all-FP16 not priced as the FP16 road: %s", exc)
         road = None
@@ -772,7 +779,7 @@ def _search_half(judge: QuantJudge) -> dict[str, str | tuple[str, ...]]:
     return dict(sorted(out.items(), key=lambda kv: judge.units.index(kv[0])))
 
 
-def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verdict:
+def check_file(mixed_path: str | Path, reference_path: str | Path, opts: Options) -> Verdict:
     """`trtbisect check` of a quantized file: judged against the reference model exactly as
     `run` judges its plans and writes (the same QuantJudge, FP16 stores made explicit in a
     float16 file)."""
@@ -782,16 +789,16 @@ def check_file(mixed_path: str | Path, reference_path: str | Path, opts) -> Verd
     model = with_names(load(path))
     ref_model = load(reference_path)
     _check_reference(model, ref_model, str(reference_path))
-    opts.criteria.validate([o.name for o in ref_model.graph.output])
+    opts.judge.criteria.validate([o.name for o in ref_model.graph.output])
     samples, references = _samples(ref_model, opts, path, reference_path)
     from ..context import reference_problems
     problems = reference_problems(SimpleNamespace(every_reference=references))  # type: ignore
     if problems:
         raise TrtBisectError(f"the FP32 reference is already broken: {problems[0]}",
                              EXIT_REFERENCE_INVALID)
-    judge = QuantJudge(model, qdq.analyse(model), samples, references, opts.criteria,
-                       opts.tolerance, opts.threads, half_nodes(model), opts.semantics,
-                       opts.tf32)
+    j = opts.judge
+    judge = QuantJudge(model, qdq.analyse(model), samples, references, j.criteria, j.tolerance,
+                       j.threads, half_nodes(model), j.semantics, j.tf32)
     return judge.judge_model(model)
 
 
@@ -832,9 +839,9 @@ def _declares(result: QuantResult, what: str) -> dict[str, str]:
             "trtbisect.fp32_nodes": ",".join(result.fp32_nodes if plan else ())}
 
 
-def _sources(opts) -> list[Path]:
+def _sources(opts: Options) -> list[Path]:
     from ..context import input_files
-    return input_files(opts)
+    return input_files(opts.sample)
 
 
 def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,

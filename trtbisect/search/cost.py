@@ -665,7 +665,8 @@ def engine_pricing(graph: Graph, judged: Graph, prepared, units: Mapping[str, Se
 
 def search_args(pricing: Pricing | PlanPricing, options,
                 score: Callable[[frozenset[str]], float | None] | None = None) -> dict:
-    """What `search.find_minimal_fp32` gets for the run's --objective and --budget. A model
+    """What `search.find_minimal_fp32` gets for the run's --objective and --budget (`options`:
+    the run's context.SearchOptions, or anything with an `objective`). A model
     the cost model cannot price wholly is searched by count (precision.json says so); a
     budget then cannot steer."""
     if options.objective not in ("cost", "count"):

@@ -122,7 +122,7 @@ class ParallelJudge:
         self.stats.tasks += len(tasks)
         self.stats.inferences += sum(len(r.results) for r in results)
         self.stats.peak_rss, self.stats.replaced = dict(self.pool.peak), self.pool.replaced
-        crit = self.ev.opts.criteria
+        crit = self.ev.judge.criteria
         out = []
         for k in range(len(plans)):
             mine: list[TaskResult] = results[k * len(split):(k + 1) * len(split)]
@@ -153,18 +153,18 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
     without it, as many as the cores and memory allow, unless the search looks too short to
     pay for starting them (`seconds_per_evaluation` x `evaluations` under
     `MIN_SEARCH_SECONDS`). The choice is said (`say`) and kept for precision.json."""
-    requested = opts.workers
+    requested = opts.search.workers
     ev.parallel_note = None
-    if opts.ray is None and requested == 1:
+    if opts.search.ray is None and requested == 1:
         return None
     weights = ctx.judged.weights.total_bytes()
-    plan = plan_workers(requested, opts.threads, weights, _activations(ctx, opts))
-    if opts.ray is None and plan.workers <= 1:
+    plan = plan_workers(requested, opts.judge.threads, weights, _activations(ctx))
+    if opts.search.ray is None and plan.workers <= 1:
         why = f"judging in this process: {plan.why}"
         ev.parallel_note = {"workers": 1, "chosen": why}
         say(why)
         return None
-    if (opts.ray is None and requested is None and seconds_per_evaluation is not None
+    if (opts.search.ray is None and requested is None and seconds_per_evaluation is not None
             and seconds_per_evaluation * evaluations < MIN_SEARCH_SECONDS):
         # the count is the fewest a search of this shape takes (a guess before it runs: PP-OCRv4
         # det was guessed at 17 s and took 55 s), so the words say what it is
@@ -178,13 +178,13 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
     spec, model_dir = _spec(ev, ctx, opts, prefetch, rewritten, data_parent)
     pool: Any
     data: Any
-    if opts.ray is not None:
+    if opts.search.ray is not None:
         from ..parallel.ray_pool import RayPool
-        pool, data, stats = RayPool.start(spec, ctx, opts.ray, requested, plan)
+        pool, data, stats = RayPool.start(spec, ctx, opts.search.ray, requested, plan)
     else:
         data = FolderData.write(ctx.every_sample, ctx.every_reference, data_parent)
         pool = LocalPool(spec, data, plan.workers)
-        stats = Stats(plan.workers, "local", opts.threads, plan.why)
+        stats = Stats(plan.workers, "local", opts.judge.threads, plan.why)
     say(f"evaluating in parallel: {stats.why}")
     judge = ParallelJudge(ev, pool, data, stats)
     judge.model_dir = model_dir
@@ -206,13 +206,13 @@ def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], r
         graph_model(ctx.graph).save(Path(model), held=ctx.input_check)
     from ..graph.repair import input_shapes
     spec = JudgeSpec(
-        model=model, judge=opts.judge_settings, watch=tuple(ev.watch),
+        model=model, judge=opts.judge.settings, watch=tuple(ev.watch),
         groups=tuple(tuple(g) for g in ev.groups), active=tuple(prefetch),
         names=graph_digest(ctx.judged), shapes=input_shapes(ctx.graph.source))
     return spec, model_dir
 
 
-def _activations(ctx: Context, opts: Options) -> int:
+def _activations(ctx: Context) -> int:
     """Bytes of the largest tensors of one inference (a few are alive at once)."""
     try:
         sizes = sorted(estimate_bytes(ctx.judged, ctx.samples[0]).values(), reverse=True)

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 from .. import parallel
 from ..backends.ort import Emulator
 from ..judge.compare import TensorStats, Tolerance
-from ..context import Context, Options
+from ..context import Context, JudgeOptions
 from ..errors import TrtBisectError
 from ..search.journal import Journal, plan_key
 from ..judge import semantics, subset
@@ -29,15 +29,16 @@ class Workers(Protocol):
 class Evaluator:
     """Runs a plan on every sample and judges it; journals each judgement."""
 
-    def __init__(self, ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
+    def __init__(self, ctx: Context, judge: JudgeOptions, stats: Mapping[str, TensorStats],
                  journal: Journal | None, groups: Iterable[Iterable[str]] | None = None,
                  scope: str = "") -> None:
-        """`groups`: nodes that plans keep together (default: the search's units). `scope`:
-        what sets these verdicts apart in the run's journal from others on the same plans
-        (an aimed search's bound, stages/search.py): "" for the run's own settings."""
-        self.ctx, self.opts, self.journal, self.scope = ctx, opts, journal, scope
+        """`judge`: the run's judge options (an aimed search's, stages/search.py). `groups`:
+        nodes that plans keep together (default: the search's units). `scope`: what sets
+        these verdicts apart in the run's journal from others on the same plans (an aimed
+        search's bound, stages/search.py): "" for the run's own settings."""
+        self.ctx, self.judge, self.journal, self.scope = ctx, judge, journal, scope
         self.watch = [t for t in ctx.judged.stored_tensors()
-                      if t in stats and stats[t].fp32_nonfinite == 0] if opts.strict else []
+                      if t in stats and stats[t].fp32_nonfinite == 0] if judge.strict else []
         if groups is None:
             groups = (semantics.units(ctx.prepared, ctx.judged.candidates()).values()
                       if ctx.prepared is not None else ())
@@ -59,19 +60,19 @@ class Evaluator:
     def emulator(self) -> Emulator:
         """Built on first use: a verdict the written file decides alone never needs it."""
         if self._emulator is None:
-            self._emulator = Emulator(self.ctx.judged, self.opts.threads, **self._emulator_args)
+            self._emulator = Emulator(self.ctx.judged, self.judge.threads, **self._emulator_args)
         return self._emulator
 
-    def retarget(self, opts: Options, stats: Mapping[str, TensorStats], scope: str
+    def retarget(self, judge: JudgeOptions, stats: Mapping[str, TensorStats], scope: str
                  ) -> "Evaluator":
         """This evaluator under other options (an aimed search's bound, stages/search.py): the
         verdicts it holds and its workers (whose judges carry the old bound) go; its session
         stays when what it watches is the same, since no session depends on the bound (one
         session build saved per aimed round: seconds on a 20k-node model)."""
-        again = Evaluator(self.ctx, opts, stats, self.journal, self.groups, scope)
+        again = Evaluator(self.ctx, judge, stats, self.journal, self.groups, scope)
         # an aimed bound only tightens (Tolerance.ceiling) and samples only join: what
         # failed still fails (under --pass-rate another sample could make up for it)
-        if opts.criteria.pass_rate >= 1:
+        if judge.criteria.pass_rate >= 1:
             again.failed = set(self.failed)
             again.known.update({p: False for p in self.failed})
             again.why.update({p: "carried: failed under a looser bound ("
@@ -109,7 +110,7 @@ class Evaluator:
         """The plan judged on the search's samples (`full`: on every sample) under the run's
         criteria (judge/criteria.py); `stop_early`: stop once the plan cannot pass any more.
         One rule for this process and the workers (parallel/judge.py)."""
-        crit, opts = self.opts.criteria, self.opts
+        crit, judge = self.judge.criteria, self.judge
         full = full or self.ctx.subset is None
         if self.workers is not None:
             m = self.workers.measure(plan, self.sample_indices(full), stop_early)
@@ -117,8 +118,8 @@ class Evaluator:
             samples = self.ctx.every_sample if full else self.ctx.samples
             references = self.ctx.every_reference if full else self.ctx.references
             assert samples is not None and references is not None
-            m = parallel.take((parallel.judge_one(self.emulator, plan, s, r, crit, opts.tolerance,
-                                                  opts.strict)
+            m = parallel.take((parallel.judge_one(self.emulator, plan, s, r, crit, judge.tolerance,
+                                                  judge.strict)
                                for s, r in zip(samples, references)), crit, len(samples),
                               stop_early)
         self.runs += len(m.judged)
@@ -147,7 +148,7 @@ class Evaluator:
         self.scores[plan] = _severity(judged)
         if not passed:
             numbers = self.ctx.sample_numbers()
-            self.why[plan] = failure(judged, [], self.opts.tolerance,
+            self.why[plan] = failure(judged, [], self.judge.tolerance,
                                      numbers if len(numbers) >= len(judged) else None)
 
     def known_verdict(self, plan: frozenset[str]) -> bool | None:
@@ -193,7 +194,7 @@ class Evaluator:
         if not m.passed:
             self.failed.add(plan)
             numbers = self.ctx.sample_numbers()
-            why = self.why[plan] = failure(m.judged, m.nonfinite, self.opts.tolerance,
+            why = self.why[plan] = failure(m.judged, m.nonfinite, self.judge.tolerance,
                                            numbers if len(numbers) >= len(m.judged) else None)
         if self.journal is not None:
             self.journal.record(self._key(plan), m.passed, {

@@ -18,7 +18,7 @@ import onnx
 
 from ..backends.ort import Emulator, Reference
 from ..judge.compare import TensorStats, merge_stats, tensor_stats
-from ..context import Context, Options
+from ..context import Context, Options, SearchOptions
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
 from ..data.inputs import Sample
@@ -55,11 +55,11 @@ def layerwise(ctx: Context, opts: Options,
                 x = np.asarray(s[v.name], np.float32)
                 _merge(stats, tensor_stats(v.name, None, x, ctx.rules.precision.round(x),
                                            ctx.rules.precision))
-    batches = batches or layerwise_batches(ctx, opts)
+    batches = batches or layerwise_batches(ctx, opts.search)
     total, done = sum(len(b) for b in batches), 0
     for k, batch in enumerate(batches):
         # one session at a time: ONNX Runtime holds its own copy of the weights in each
-        ref = Reference(g, opts.threads)
+        ref = Reference(g, opts.judge.threads)
         if k == 0 and fp16_first and all(t in fp16_first[0] for t in batch):
             # the FP16 side is held for every sample while the FP32 side runs, one at a time
             for s, b in zip(ctx.samples, fp16_first):
@@ -73,7 +73,7 @@ def layerwise(ctx: Context, opts: Options,
             # the FP32 side of a batch is held for every sample while the FP16 side runs
             fp32 = [ref.run_tensors(s, batch) for s in ctx.samples]
             ref.close()
-            emu = Emulator(g, opts.threads, expose=batch, active=plan, rules=ctx.rules)
+            emu = Emulator(g, opts.judge.threads, expose=batch, active=plan, rules=ctx.rules)
             for s, a in zip(ctx.samples, fp32):
                 try:
                     b = emu.run_tensors_for(plan, s, batch)
@@ -92,10 +92,10 @@ def layerwise(ctx: Context, opts: Options,
     return stats
 
 
-def layerwise_batches(ctx: Context, opts: Options) -> list[list[str]]:
+def layerwise_batches(ctx: Context, search: SearchOptions) -> list[list[str]]:
     """The stored tensors in the batches `layerwise` exposes: each side of a batch, held for
     every sample while the other side runs one sample, fits the memory budget."""
-    return _batches(ctx.judged, ctx.samples[0], opts.memory_budget // (len(ctx.samples) + 1))
+    return _batches(ctx.judged, ctx.samples[0], search.memory_budget // (len(ctx.samples) + 1))
 
 
 def cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerprint: dict,
@@ -104,7 +104,7 @@ def cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerpr
                       batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
     """The layer-wise statistics, reused when a resumed run has the same fingerprint."""
     path = None
-    cache = OutputDir(out_dir).cache() if out_dir is not None and opts.resume else None
+    cache = OutputDir(out_dir).cache() if out_dir is not None and opts.output.resume else None
     if cache is not None:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
         path = cache / f"layerwise-{key}.json"

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from ..search import cost
 from ..judge import semantics
 from ..judge.compare import TensorStats
-from ..context import Context, Options
+from ..context import Context, JudgeOptions, Options
 from ..graph import Graph
 from ..judge import subset
 from ..judge.criteria import Judgement, worst_of
@@ -70,7 +70,7 @@ class SearchStage:
         units = semantics.units(ctx.prepared, g.candidates())
         unit_of = {n: u for u, nodes in units.items() for n in nodes}
         pricing = cost.engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0],
-                                      opts.gpu, opts.tf32, probe)
+                                      opts.search.gpu, opts.judge.tf32, probe)
         return cls(ctx, opts, stats, constants, prior, units, unit_of, pricing, **rest)
 
     @property
@@ -118,11 +118,12 @@ class SearchStage:
                                              [*start, *self.as_units(prior.seeds)],
                                              self.as_units(prior.ranking), budget,
                                              _counting_nodes(self.progress, as_nodes),
-                                             **cost.search_args(self.pricing, sopts, score)))
+                                             **cost.search_args(self.pricing, sopts.search,
+                                                                score)))
         summary = parallel_batch.summary(workers, search, ev)
         cost.score_trials(search, self.pricing, score,
                           lambda us: ev.why.get(as_nodes(us), "failed"))
-        over = cost.within_budget(search, self.pricing, self.opts.budget)
+        over = cost.within_budget(search, self.pricing, self.opts.search.budget)
         return (over if over is not None else search), summary
 
     def judge(self, search: SearchResult, ev: Evaluator, summary: dict | None,
@@ -167,7 +168,7 @@ class SearchStage:
                 cert.decided = hopeless
                 self.stage(f"fragile at once: {hopeless}")
                 break
-            tol = cert.aim(sopts.tolerance)
+            tol = cert.aim(sopts.judge.tolerance)
             if tol is None:
                 cert.decided = ("no output's bound can be aimed inside: what fails is a "
                                 "variation's verdict under a criterion with no bound")
@@ -177,8 +178,8 @@ class SearchStage:
                 cert.decided = (f"the aimed searches used their allowance of {allowance} "
                                   "evaluations without a plan clear of the spread")
                 break
-            sopts = replace(aimed(opts, tol), max_evaluations=left if opts.max_evaluations
-                            is None else min(left, opts.max_evaluations))
+            most = opts.search.max_evaluations
+            sopts = aimed(opts, tol).but(max_evaluations=left if most is None else min(left, most))
             self.stage(f"the plan passes by less than the spread of what the tools compute on "
                        f"{'; '.join(cert.uncertified)}: searching again inside the bound")
             if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
@@ -188,7 +189,7 @@ class SearchStage:
                                          ctx.rules.precision)
             judged = self.rewrite_judgements
             spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
-            ev = ev.retarget(sopts, self.stats, aimed_scope(sopts))
+            ev = ev.retarget(sopts.judge, self.stats, aimed_scope(sopts.judge))
             # what the last round learned: its plan first (grown from, not searched anew);
             # plans that failed a looser bound fail this one too (Evaluator.retarget)
             again, summary = self.search(ev, sopts, False, False,
@@ -210,8 +211,9 @@ class SearchStage:
                 result.staged, result.mixed_model = [], None
             nearer = self.judge(again, ev, summary, spent)
             self.stage("judging the written plan")
-            nearer_cert = judge_written_plan(nearer, ctx, opts, ev, self.as_nodes(again.fp32),
-                                             out_dir, noise=cert.noise)  # FP32's noise: once
+            nearer_cert = judge_written_plan(nearer, ctx, opts.judge, ev,
+                                             self.as_nodes(again.fp32), out_dir,
+                                             noise=cert.noise)  # FP32's noise: once
             if not nearer.mixed_model_passed:
                 nearer.staged = []
                 _count_unkept(result, again, ev)
@@ -255,11 +257,11 @@ def aim_allowance(first: int) -> int:
     return max(AIM_FLOOR, math.ceil(AIM_SHARE * first))
 
 
-def aimed_scope(sopts: Options) -> str:
+def aimed_scope(judge: JudgeOptions) -> str:
     """An aimed search's verdicts in the run's journal: the digest of every judge setting they
     were judged under (the capped tolerance above all), so a round's record is replayed only
     under that very bound, and an earlier round's never under a later, tighter one."""
-    return "aim:" + sopts.judge_settings.digest()
+    return "aim:" + judge.settings.digest()
 
 
 def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
@@ -271,10 +273,12 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.fp32_layers = found
     if parallel_summary is not None:
         result.workers = parallel_summary
-    result.cost = pricing.summary(found, opts.objective, opts.budget, ctx.rules.precision.name)
-    result.criteria_record = CriteriaRecord(opts.criteria.to_json(), opts.criteria.describe())
+    result.cost = pricing.summary(found, opts.search.objective, opts.search.budget,
+                                  ctx.rules.precision.name)
+    result.criteria_record = CriteriaRecord(opts.judge.criteria.to_json(),
+                                            opts.judge.criteria.describe())
     result.judged = JudgedRecord(  # search_samples: the user's numbers (held-out ones not among them)
-        opts.criteria.verdict(before).to_json(),
+        opts.judge.criteria.verdict(before).to_json(),
         None if ctx.subset is None else [ctx.kept[i] if ctx.kept else i for i in ctx.subset])
 
 
@@ -286,7 +290,8 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
     another search, until it passes everywhere. Evaluations and trials add up over rounds."""
     evaluations, trials, rounds, speculative = 0, [], 0, 0
     while True:
-        left = None if opts.max_evaluations is None else max(opts.max_evaluations - evaluations, 0)
+        most = opts.search.max_evaluations
+        left = None if most is None else max(most - evaluations, 0)
         result = search(left)
         trials += [replace(t, index=t.index + evaluations) for t in result.trials]
         evaluations += result.evaluations
@@ -295,7 +300,7 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
             break
         passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
         evaluations, rounds = evaluations + 1, rounds + 1
-        wider = subset.widen(ctx.subset, judged, opts.search_samples)
+        wider = subset.widen(ctx.subset, judged, opts.sample.search_samples)
         if passed or len(wider) == len(ctx.subset):
             break
         stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from ..judge.compare import Tolerance, worst
-from ..context import Context, Options
+from ..context import Context, JudgeOptions, Options
 from ..judge.mixed import Written
 from ..judge.criteria import Judgement, Score, score_margin_text
 
@@ -200,15 +200,16 @@ class Certificate:
         return d
 
 
-def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Judgement],
+def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequence[Judgement],
             noise: Mapping[str, float] | None = None,
             given: Sequence[Judgement] | None = None) -> Certificate:
     """The certificate of the plan whose written file's judge graph is `emulated` and whose
-    judgements (per sample, every sample) are `judged`. `noise`: the run's FP32 noise floor,
-    measured already (an earlier certificate's `noise`). `given`: the file's judgements on
-    every sample the user gave, in their order (held-out ones included: the renderings check
-    them all): the worst max|d| and the bound are over these, the very numbers the tables
-    show (compare.py `worst`); the spread is measured on `judged`'s samples."""
+    judgements (per sample, every sample) under `judge` are `judged`. `noise`: the run's FP32
+    noise floor, measured already (an earlier certificate's `noise`). `given`: the file's
+    judgements on every sample the user gave, in their order (held-out ones included: the
+    renderings check them all): the worst max|d| and the bound are over these, the very
+    numbers the tables show (compare.py `worst`); the spread is measured on `judged`'s
+    samples."""
     from ..backends.ort import fp32_moves, judge_threads, nudge_noise, variant_runs
 
     # the noise floor's optimized half is the optimized variation's own FP32 reference
@@ -220,12 +221,12 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
     worst_v: dict[str, dict[str, float]] = {o: {} for o in default}
     per_variant: dict[str, list[Judgement]] = {}
     # under --pass-rate a sample may fail: the margin is that of the samples that pass
-    keep = {k for k, j in enumerate(judged) if j.passed or opts.criteria.pass_rate >= 1}
+    keep = {k for k, j in enumerate(judged) if j.passed or judge.criteria.pass_rate >= 1}
     for v, k, ref, got in variant_runs(ctx.graph, (emulated.proto, emulated.arrays),
-                                       ctx.every_sample, opts.threads):
-        if measured is not None and v.optimized and v.threads == judge_threads(opts.threads):
+                                       ctx.every_sample, judge.threads):
+        if measured is not None and v.optimized and v.threads == judge_threads(judge.threads):
             fp32_moves(measured, ctx.every_reference[k], ref)
-        j = opts.criteria.judge(ref, got, ctx.every_sample[k], opts.tolerance)
+        j = judge.criteria.judge(ref, got, ctx.every_sample[k], judge.tolerance)
         per_variant.setdefault(v.label, []).append(j)
         for o in default:
             if k not in keep:
@@ -236,7 +237,7 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
             moved[o] = max(moved[o], d)
             worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
     if measured is not None:
-        nudged = nudge_noise(ctx.graph, ctx.every_sample, ctx.every_reference, opts.threads)
+        nudged = nudge_noise(ctx.graph, ctx.every_sample, ctx.every_reference, judge.threads)
         noise = {o: max(measured.get(o, 0.0), nudged.get(o, 0.0))
                  for o in measured.keys() | nudged.keys()}
     assert noise is not None
@@ -245,7 +246,7 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
     # a failing sample does not count: under --pass-rate the margin is the passing ones', and
     # a held-out sample that fails is the validation's verdict (judge/validation.py)
     counted = [k for k, j in enumerate(every) if j.passed or (
-        opts.criteria.pass_rate >= 1 and not given)]
+        judge.criteria.pass_rate >= 1 and not given)]
     shown = worst([every[k].errors for k in counted], counted if len(every) > 1 else None)
     for o in default:
         if o not in shown:
@@ -254,7 +255,7 @@ def certify(ctx: Context, opts: Options, emulated: Written, judged: Sequence[Jud
         floor = noise.get(o, 0.0)
         outputs[o] = OutputMargin(s.bound, s.max_abs, max(moved[o], floor), floor, worst_v[o],
                                   s.sample, s.bound_sample)
-    verdicts = {label: opts.criteria.verdict(js).passed for label, js in per_variant.items()}
+    verdicts = {label: judge.criteria.verdict(js).passed for label, js in per_variant.items()}
     return Certificate(outputs, verdicts, noise=dict(noise),
                        scores=_score_margins(judged, per_variant, keep,
                                                      getattr(ctx, "kept", None)))
@@ -289,7 +290,7 @@ def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[J
 def aimed(opts: Options, tolerance: Tolerance) -> Options:
     """The run's options with the search aimed at `tolerance` (the user's criteria still judge
     the written file)."""
-    return replace(opts, tolerance=tolerance)
+    return opts.but(tolerance=tolerance)
 
 
 def certificate_lines(cert: Mapping) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..judge import semantics
-from ..context import Context, Options
+from ..context import Context, JudgeOptions
 from ..diagnosis.diagnose import note_semantics
 from ..graph import Graph
 from ..result import RunResult, StrictError
@@ -21,10 +21,10 @@ from .written import worst_of
 STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagrees
 
 
-def compare_with_strict(result: RunResult, ctx: Context, opts: Options) -> None:
+def compare_with_strict(result: RunResult, ctx: Context, judge: JudgeOptions) -> None:
     """Under trt semantics: all-FP16 judged per node too ("errors_before_strict"), and, when
     the plan holds under trt but not per node, the BatchNorms / folded constants it takes."""
-    strict = Evaluator(strict_context(ctx), opts, {}, None)
+    strict = Evaluator(strict_context(ctx), judge, {}, None)
     plan = frozenset(result.fp32_nodes)
     absorbed = absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))

@@ -59,8 +59,9 @@ class TrtSearchOptions:
     @classmethod
     def of(cls, opts: Options) -> TrtSearchOptions:
         """The options `trtbisect run --backend trt` gives the search (context.Options)."""
-        return cls(tolerance=opts.tolerance, criteria=opts.criteria, shapes=opts.shapes,
-                   workers=opts.workers, eval_timeout=opts.limits.eval_timeout)
+        judge = opts.judge
+        return cls(tolerance=judge.tolerance, criteria=judge.criteria, shapes=opts.sample.shapes,
+                   workers=opts.search.workers, eval_timeout=judge.eval_timeout)
 
     @property
     def judged_by(self) -> Criteria | None:

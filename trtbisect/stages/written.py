@@ -19,7 +19,7 @@ import numpy as np
 from . import coverage
 from ..backends.ort import MixedModel, Rounded
 from ..judge.compare import OutputError
-from ..context import Context, Options
+from ..context import Context, JudgeOptions
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
 from ..base.limits import EvalTimeout
@@ -46,7 +46,7 @@ class Judged:
     staged: list[str]
 
 
-def write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
+def write_and_judge(ctx: Context, judge: JudgeOptions, plan: frozenset[str],
                      out_dir: Path | None, expose: Sequence[str] = ()) -> Judged:
     Rounded.release(ctx.judged)  # memory: the judge holds the file's weights, not the search's
     written = write_plan(ctx, plan)
@@ -58,13 +58,13 @@ def write_and_judge(ctx: Context, opts: Options, plan: frozenset[str],
         weights = written.weight_bytes()
         del written  # saved: the file is the model from here on
         # the all-FP16 file is kept only when it passes: ONNX Runtime loads it only then
-        checked = judge_mixed(path, ctx, opts, expose, ours=True, load=bool(plan))
+        checked = judge_mixed(path, ctx, judge, expose, ours=True, load=bool(plan))
         if not plan and checked.passed:
             require_written_valid(path, weights, ctx.input_check)
     return Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
 
 
-def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
+def judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, ev: Evaluator,
                         plan: frozenset[str], out_dir: Path | None,
                         judged: Judged | None = None,
                         noise: Mapping[str, float] | None = None) -> Certificate | None:
@@ -79,7 +79,7 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
     else:
         searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan, full=True)[1]
         ev.close()  # memory: the judge below holds the file's weights, not the search's
-        judged = write_and_judge(ctx, opts, plan, out_dir)
+        judged = write_and_judge(ctx, judge, plan, out_dir)
     checked = judged.checked
     result.staged = judged.staged
     searched_worst = worst_of(searched)
@@ -106,10 +106,10 @@ def judge_written_plan(result: RunResult, ctx: Context, opts: Options, ev: Evalu
         # the written file is all-FP16: its numbers over every sample given (held-out ones
         # too) are the table's, as the certificate's margin is measured on them
         result.errors_before = checked.errors
-    return certify_written(result, ctx, opts, checked, noise)
+    return certify_written(result, ctx, judge, checked, noise)
 
 
-def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "CheckResult",
+def certify_written(result: RunResult, ctx: Context, judge: JudgeOptions, checked: "CheckResult",
                     noise: Mapping[str, float] | None = None) -> Certificate | None:
     """The written plan's certificate (stages/spread.py): whether it passes by more than the
     spread of what the tools may compute. Recorded as `certificate`, with `margins` and
@@ -118,7 +118,7 @@ def certify_written(result: RunResult, ctx: Context, opts: Options, checked: "Ch
         result.certificate = None
         result.margins, result.fragile = {}, False
         return None
-    cert = certify(ctx, opts, checked.emulated, checked.judgements, noise,
+    cert = certify(ctx, judge, checked.emulated, checked.judgements, noise,
                    given=checked.given or None)
     result.certificate = cert.to_json()
     result.margins = {
@@ -194,7 +194,7 @@ def _refuse_other_precision(graph: Graph, ctx: Context, path: str | Path) -> Non
                              f"--precision {other}")
 
 
-def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
+def judge_mixed(mixed_path: str | Path, ctx: Context, judge: JudgeOptions,
                 expose: Sequence[str] = (), ours: bool = False, load: bool = True
                 ) -> CheckResult:
     """The one judge of a written file: its float16 tensors rounded where produced.
@@ -223,13 +223,13 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
                              "reference model does not have")
     _refuse_other_precision(graph, ctx, mixed_path)
     wanted = [t for t in expose if t in graph.producer]
-    judge = MixedModel(graph, opts.threads, ctx.rules, fused=opts.semantics == "trt",
+    mixed = MixedModel(graph, judge.threads, ctx.rules, fused=judge.semantics == "trt",
                        expose=wanted)
     judged: list[Judgement] = []
     tensors: list[dict[str, np.ndarray]] = []
     for sample, ref in zip(ctx.every_sample, ctx.every_reference):  # certified on every one
         try:
-            outs, exposed = judge.run_tensors(sample)
+            outs, exposed = mixed.run_tensors(sample)
         except EvalTimeout as exc:  # a Loop that never ends: the file fails on the sample
             judged.append(timed_out(ref, exc.seconds))
             tensors = []  # the exposed tensors are all or nothing
@@ -237,16 +237,16 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
             continue
         if not ours:  # a user's file of another rank is another model (check refuses it);
             _same_ranks(ref, outs, names)  # a data-dependent shape (Unique) moves its dims
-        judged.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
-                                          opts.tolerance))
+        judged.append(judge.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                           judge.tolerance))
         if expose:
             tensors.append({t: exposed[t] for t in wanted})
-    verdict = opts.criteria.verdict(judged)
+    verdict = judge.criteria.verdict(judged)
     # the run's own file: judged on the samples the search never saw, by this very judge
     # (judge/validation.py): held-out ones always (the file is reported on every sample the
     # user gave, as `check` of it on their data says), perturbed copies once it passes
     held = ctx.validation if ours else None
-    checked = (validate(judge, ctx, opts) if held is not None and (
+    checked = (validate(mixed, ctx, judge) if held is not None and (
         held.kind == "held_out" or verdict.passed)
         else unvalidated("validation turned off (--validation-share 0)")
         if ours and verdict.passed else None)
@@ -255,15 +255,15 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, opts: Options,
         searched, unseen = iter(judged), dict(zip(held.indices, checked.judgements))
         given = [unseen[i] if i in unseen else next(searched)
                  for i in range(len(held.indices) + len(judged))]
-        reported = opts.criteria.verdict(given)
+        reported = judge.criteria.verdict(given)
         checked = replace(checked, overall=reported.passed)
     return CheckResult(verdict.passed, reported.errors, len(graph.half_typed), len(judged),
-                       Written(judge.proto, judge.arrays, loaded=True), tensors,
+                       Written(mixed.proto, mixed.arrays, loaded=True), tensors,
                        [c.to_json() for c in coverage.unjudged(graph)], judged, reported,
                        checked, given)
 
 
-def validate(judge: MixedModel, ctx: Context, opts: Options) -> Validation:
+def validate(mixed: MixedModel, ctx: Context, judge: JudgeOptions) -> Validation:
     """The written file's judge run on the run's validation samples (judge/validation.py);
     a run without any says the plan is unvalidated."""
     names = ctx.graph.output_names()
@@ -272,14 +272,14 @@ def validate(judge: MixedModel, ctx: Context, opts: Options) -> Validation:
         out = []
         for sample, ref in pairs:
             try:
-                outs, _ = judge.run_tensors(sample)
+                outs, _ = mixed.run_tensors(sample)
             except EvalTimeout as exc:
                 out.append(timed_out(ref, exc.seconds))
                 continue
-            out.append(opts.criteria.judge(ref, {k: outs[k] for k in names}, sample,
-                                           opts.tolerance))
+            out.append(judge.criteria.judge(ref, {k: outs[k] for k in names}, sample,
+                                            judge.tolerance))
         return out
-    return judged_validation(ctx.validation, run, opts.criteria.verdict)
+    return judged_validation(ctx.validation, run, judge.criteria.verdict)
 
 
 def _same_ranks(ref: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray],
