@@ -20,6 +20,7 @@ plain FP32 session in another child for comparison.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -99,6 +100,18 @@ class Row:
     ddmin_stopped: bool = False
     weight_bytes: int = 0
     error: str = ""
+    # the certificate and the validation (issue #45): what they cost beyond the search
+    aimed_evals: int = 0  # evaluations of the aimed rounds (precision.json aimed_searches)
+    aim_rounds: int = 0
+    certified: bool | None = None  # the written plan's certificate
+    decided: str = ""  # why the certificate stopped aiming (fragile at once, allowance, ...)
+    certificates: int = 0  # written plans certified (each: the variations' sessions)
+    variant_judgements: int = 0  # a written plan judged on one variation over its samples
+    validations: int = 0  # written plans judged on the validation samples
+    validation_inferences: int = 0  # ... and the inferences that took
+    validation_kind: str = ""
+    validation_passed: bool | None = None
+    search_samples: int = 0  # samples the search judges a plan on (an evaluation's inferences)
 
 
 # ------------------------------------------------------------------ the models
@@ -239,7 +252,56 @@ def emit(row: Row) -> None:
     print("ROW " + json.dumps(asdict(row)), flush=True)
 
 
-def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
+@contextlib.contextmanager
+def _counting(row: Row) -> Iterator[None]:
+    """Count, during the run, the written plans certified (and the variations each was judged
+    on) and validated (and the validation's inferences): what the certificate and the
+    validation cost beyond the search's evaluations."""
+    from trtbisect.backends import ort
+    from trtbisect.stages import written
+
+    validate, variant_runs = written.validate, ort.variant_runs
+
+    def counted_validate(judge, ctx, opts):
+        out = validate(judge, ctx, opts)
+        row.validations += 1
+        row.validation_inferences += len(out.judgements)
+        return out
+
+    def counted_variants(*args, **kw):
+        row.certificates += 1
+        seen = set()
+        for v, k, ref, got in variant_runs(*args, **kw):
+            if v.label not in seen:
+                seen.add(v.label)
+                row.variant_judgements += 1
+            yield v, k, ref, got
+
+    written.validate, ort.variant_runs = counted_validate, counted_variants
+    try:
+        yield
+    finally:
+        written.validate, ort.variant_runs = validate, variant_runs
+
+
+def _certificate_costs(row: Row, res) -> None:
+    """What precision.json says of the certificate's aimed rounds and of the validation."""
+    aims = res.aimed_searches or []
+    row.aimed_evals = sum(a["evaluations"] for a in aims)
+    row.aim_rounds = len(aims)
+    cert = res.certificate or {}
+    row.certified = cert.get("certified") if cert else None
+    row.decided = cert.get("decided") or ""
+    val = res.validation or {}
+    row.validation_kind = val.get("kind") or ""
+    row.validation_passed = val.get("passed")
+    judged = res.judged or {}
+    row.search_samples = len(judged.get("search_samples") or ()) or max(
+        1, (res.samples or 1) - len(val.get("indices") or ()))
+
+
+def measure(case: Case, threads: int, repeat: int, ddmin_budget: int,
+            counts_only: bool = False) -> Row:
     row = Row(case.name, case.mode, weight_bytes=case.weight_bytes)
     with np.load(case.inputs) as d:
         feeds = {k: d[k] for k in d.files}
@@ -251,10 +313,11 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         row.run_rss = peak_rss()
         return row
     opts = Options(inputs=[case.inputs], threads=threads)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _counting(row):
         t = time.perf_counter()
         res = pipeline.run(case.path, opts, Path(tmp) / "out")
         row.run_s = time.perf_counter() - t
+    _certificate_costs(row, res)
     row.run_search_s = sum(s["seconds"] for s in (res.stages or [])
                            if s["stage"].startswith(SEARCH_STAGES))
     row.run_rss = peak_rss()
@@ -266,8 +329,9 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     if case.mode == "run" or res.verdict == "reference_invalid":
         return row
     emit(row)
-    _emulator_cost(row, case, opts, feeds, frozenset(res.fp32_nodes), threads, repeat)
-    emit(row)
+    if not counts_only:
+        _emulator_cost(row, case, opts, feeds, frozenset(res.fp32_nodes), threads, repeat)
+        emit(row)
     t = time.perf_counter()
     ctx = prepare(case.path, opts)
     prepared = time.perf_counter()
@@ -313,10 +377,11 @@ def _emulator_cost(row: Row, case: Case, opts: Options, feeds: dict,
         ev.emulator.close()
 
 
-def child(case_json: str, threads: int, repeat: int, ddmin_budget: int) -> None:
+def child(case_json: str, threads: int, repeat: int, ddmin_budget: int,
+          counts_only: bool = False) -> None:
     case = Case(**json.loads(case_json))
     try:
-        row = measure(case, threads, repeat, ddmin_budget)
+        row = measure(case, threads, repeat, ddmin_budget, counts_only)
     except Exception as exc:  # a failure is a result too: report it in the table
         row = Row(case.name, case.mode, weight_bytes=case.weight_bytes,
                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
@@ -329,7 +394,8 @@ def child(case_json: str, threads: int, repeat: int, ddmin_budget: int) -> None:
 
 def run_child(case: Case, args: argparse.Namespace) -> Row:
     cmd = [sys.executable, __file__, "--child", json.dumps(asdict(case)), "--threads",
-           str(args.threads), "--repeat", str(args.repeat), "--ddmin-budget", str(args.ddmin_budget)]
+           str(args.threads), "--repeat", str(args.repeat), "--ddmin-budget", str(args.ddmin_budget),
+           *(["--counts-only"] if args.counts_only else [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
     try:
@@ -559,10 +625,15 @@ def main() -> None:
     ap.add_argument("--before", help="rows saved by --rows on older code: add a before/after table")
     ap.add_argument("--note", action="append", default=[],
                     help="a line for the doc's notes (repeatable), e.g. what the --before run skipped")
+    ap.add_argument("--skip", action="append", default=[],
+                    help="leave out the models whose name starts with this (repeatable), e.g. "
+                         "--skip transformer_20000 --skip wide_")
+    ap.add_argument("--counts-only", action="store_true",
+                    help="evaluations only: no emulator timing (the run and ddmin still run)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.threads, args.repeat, args.ddmin_budget)
+        return child(args.child, args.threads, args.repeat, args.ddmin_budget, args.counts_only)
     if args.from_rows:
         saved = json.loads(Path(args.from_rows).read_text())
         text = render([Row(**r) for r in saved["rows"]], saved["notes"] + args.note, args,
@@ -574,7 +645,8 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         rows, notes = [], []
         def want(name: str) -> bool:
-            return not args.only or any(name.startswith(o) for o in args.only)
+            return (not args.only or any(name.startswith(o) for o in args.only)) and not any(
+                name.startswith(o) for o in args.skip)
 
         for case in cases(work, args.quick, want):
             if isinstance(case, str):
