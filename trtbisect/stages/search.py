@@ -177,7 +177,12 @@ class SearchStage:
         None when no round is due (certified, or no passing plan) or when the certificate
         decides `fragile` at once (`cert.decided` says why: the spread is as large as the
         effect, no bound to aim inside, the allowance spent)."""
-        cert, left = aiming.cert, aiming.allowance - sum(a["evaluations"] for a in aiming.aims)
+        cert = aiming.cert
+        # the allowance pays for the validation too: of the plans written so far (the first
+        # and each round's that passed) and of the plan this round would write
+        validated = 1 + sum(1 for a in aiming.aims if a["found"])
+        left = aiming.allowance - sum(a["evaluations"] for a in aiming.aims) - math.ceil(
+            validation_evaluations(self.ctx) * (validated + 1))
         if cert is None or cert.certified or aiming.result.verdict not in ("fixed", "fp16_ok"):
             return None, left
         hopeless = cert.hopeless()
@@ -192,7 +197,8 @@ class SearchStage:
             return None, left
         if left <= 0:
             cert.decided = (f"the aimed searches used their allowance of {aiming.allowance} "
-                            "evaluations without a plan clear of the spread")
+                            "evaluations (the validation of each written plan counted) "
+                            "without a plan clear of the spread")
             return None, left
         return tol, left
 
@@ -283,9 +289,19 @@ def _numbers(ctx: Context, judged: Sequence[Judgement]) -> list[int] | None:
 
 
 def aim_allowance(first: int) -> int:
-    """Evaluations all aimed searches of a run may take together: AIM_SHARE of the first
-    search's, at least AIM_FLOOR (a certificate costs a fraction of the search)."""
-    return max(AIM_FLOOR, math.ceil(AIM_SHARE * first))
+    """Evaluations all aimed searches of a run and the validation of each plan they write may
+    take together: AIM_SHARE of the first search's (rounded down: never more), at least
+    AIM_FLOOR (a certificate costs a fraction of the search)."""
+    return max(AIM_FLOOR, math.floor(AIM_SHARE * first))
+
+
+def validation_evaluations(ctx: Context) -> float:
+    """What validating one written plan costs, in evaluations (an evaluation judges a plan
+    once on each sample the search judges on): its validation samples' inferences."""
+    held = ctx.validation
+    if held is None or held.kind == "none":
+        return 0.0
+    return len(held.samples) / max(len(ctx.samples), 1)
 
 
 def aimed_scope(sopts: Options) -> str:
