@@ -395,6 +395,8 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int,
     if not counts_only and feeds:
         _emulator_cost(row, case, opts, feeds, frozenset(res.fp32_nodes), threads, repeat)
         emit(row)
+    if ddmin_budget <= 0:  # --ddmin-budget 0: the run alone (ddmin's count is the code's own)
+        return row
     t = time.perf_counter()
     ctx = prepare(case.path, opts)
     prepared = time.perf_counter()
@@ -728,7 +730,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=50, help="timed runs per measurement (at most)")
     ap.add_argument("--threads", type=int, default=1,
                     help="ORT intra-op threads for the emulator and the FP32 baseline")
-    ap.add_argument("--ddmin-budget", type=int, default=600, help="ddmin's evaluation cap")
+    ap.add_argument("--ddmin-budget", type=int, default=600,
+                    help="ddmin's evaluation cap (0: no ddmin)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per model before giving up")
     ap.add_argument("--workdir", help="where generated models go (default: a temporary folder)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "search_benchmark.md"))
