@@ -613,41 +613,58 @@ def _validation_evals(r: Row) -> float:
 def certificate_section(rows: list[Row], title: str) -> str:
     """Per model, what the certificate and the validation cost beyond the search, and the
     run's evaluations against ddmin's (issue #45 items 3 and 4), between markers that a later
-    full run of this script keeps."""
+    full run of this script keeps: the benchmark's models, then the trust cases (`--trust`),
+    each with its totals, and the totals of both."""
     full = [r for r in rows if r.mode == "full" and r.verdict and r.verdict != "reference_invalid"]
-    out = [CERT_BEGIN, "", f"## {title}", "",
-           "| model | verdict | plan (FP32 nodes / candidates) | evaluations: search / aimed "
-           "/ validation | variations judged | ddmin evaluations | run / ddmin | validation "
-           "| certificate |", "|" + "---|" * 9]
-    for r in full:
-        dd = f"{r.ddmin_evals}{' (stopped)' if r.ddmin_stopped else ''}" if r.ddmin_evals \
-            else (r.error or "-")
-        ratio = f"{r.run_evals / r.ddmin_evals:.2f}x" if r.ddmin_evals else "-"
-        val = "-" if not r.validation_kind else (
-            f"{r.validation_kind}: " + {True: "passes", False: "**fails**", None: "none"}[
-                r.validation_passed])
-        cert = "-" if r.certified is None else "certified" if r.certified else (
-            "fragile" + (f": {r.decided}" if r.decided else ""))
-        out.append(
-            f"| {r.case} | {r.verdict} | {r.run_set} / {r.candidates} | "
+    core = [r for r in full if not r.case.startswith("trust/")]
+    trust = [r for r in full if r.case.startswith("trust/")]
+    out = [CERT_BEGIN, "", f"## {title}", ""]
+    for label, group in (("The benchmark's models", core), ("The trust cases", trust)):
+        if not group:
+            continue
+        out += [f"{label}:", "",
+                "| model | verdict | plan (FP32 nodes / candidates) | evaluations: search / "
+                "aimed / validation | variations judged | ddmin evaluations | run / ddmin "
+                "| validation | certificate |", "|" + "---|" * 9]
+        out += [_certificate_row(r) for r in group] + [""]
+    out += ["| models | run evaluations | ddmin evaluations | run / ddmin (goal <= 1.5x) "
+            "| search | aimed | validation | (aimed + validation) / search (goal <= 20%) "
+            "| variations judged | (aimed + validation + variations) / search |",
+            "|" + "---|" * 10]
+    for label, group in (("the benchmark's", core), ("the trust cases", trust),
+                         ("all", full if core and trust else [])):
+        if group:
+            out.append(_certificate_totals(label, group))
+    return "\n".join([*out, "", CERT_END])
+
+
+def _certificate_row(r: Row) -> str:
+    dd = f"{r.ddmin_evals}{' (stopped)' if r.ddmin_stopped else ''}" if r.ddmin_evals \
+        else (r.error or "-")
+    ratio = f"{r.run_evals / r.ddmin_evals:.2f}x" if r.ddmin_evals else "-"
+    val = "-" if not r.validation_kind else (
+        f"{r.validation_kind}: " + {True: "passes", False: "**fails**", None: "none"}[
+            r.validation_passed])
+    cert = "-" if r.certified is None else "certified" if r.certified else (
+        "fragile" + (f": {r.decided}" if r.decided else ""))
+    return (f"| {r.case} | {r.verdict} | {r.run_set} / {r.candidates} | "
             f"{r.run_evals - r.aimed_evals} / {r.aimed_evals} / {_validation_evals(r):.3g} "
             f"({r.validations} file(s), {r.validation_inferences} inferences) | "
             f"{r.variant_judgements} | {dd} | {ratio} | {val} | {cert} |")
-    run = sum(r.run_evals for r in full)
-    dd = sum(r.ddmin_evals for r in full)
-    search = sum(r.run_evals - r.aimed_evals for r in full)
-    aimed = sum(r.aimed_evals for r in full)
-    val = sum(_validation_evals(r) for r in full)
-    variants = sum(r.variant_judgements for r in full)
-    stopped = sum(r.ddmin_stopped for r in full)
-    out += ["", "| total | run evaluations | ddmin evaluations | run / ddmin (goal <= 1.5x) "
-            "| search | aimed | validation | (aimed + validation) / search (goal <= 20%) "
-            "| variations judged | with them |", "|" + "---|" * 10,
-            f"| {len(full)} models | {run} | {dd}{f' ({stopped} stopped)' if stopped else ''} "
+
+
+def _certificate_totals(label: str, group: list[Row]) -> str:
+    run = sum(r.run_evals for r in group)
+    dd = sum(r.ddmin_evals for r in group)
+    search = sum(r.run_evals - r.aimed_evals for r in group)
+    aimed = sum(r.aimed_evals for r in group)
+    val = sum(_validation_evals(r) for r in group)
+    variants = sum(r.variant_judgements for r in group)
+    stopped = sum(r.ddmin_stopped for r in group)
+    return (f"| {label} ({len(group)}) | {run} | {dd}{f' ({stopped} stopped)' if stopped else ''} "
             f"| {run / max(dd, 1):.2f}x | {search} | {aimed} | {val:.3g} "
             f"| {(aimed + val) / max(search, 1):.1%} | {variants} "
-            f"| {(aimed + val + variants) / max(search, 1):.1%} |", "", CERT_END]
-    return "\n".join(out)
+            f"| {(aimed + val + variants) / max(search, 1):.1%} |")
 
 
 def _ratio(r: Row) -> float | None:
