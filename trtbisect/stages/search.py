@@ -178,9 +178,12 @@ class SearchStage:
         decides `fragile` at once (`cert.decided` says why: the spread is as large as the
         effect, no bound to aim inside, the allowance spent)."""
         cert = aiming.cert
-        # the allowance pays for the validation too: of the plans written so far (the first
-        # and each round's that passed) and of the plan this round would write
-        validated = 1 + sum(1 for a in aiming.aims if a["found"])
+        # the allowance pays for the validation too: of the files written so far (the first
+        # plan's and each round's that passed; held-out samples: the all-FP16 file's as well,
+        # every file of the run's is judged on them) and of the plan this round would write
+        held = self.ctx.validation
+        validated = 1 + sum(1 for a in aiming.aims if a["found"]) + (
+            held is not None and held.kind == "held_out")
         left = aiming.allowance - sum(a["evaluations"] for a in aiming.aims) - math.ceil(
             validation_evaluations(self.ctx) * (validated + 1))
         if cert is None or cert.certified or aiming.result.verdict not in ("fixed", "fp16_ok"):
