@@ -627,7 +627,7 @@ def certificate_section(rows: list[Row], title: str) -> str:
                 "aimed / validation | variations judged | ddmin evaluations | run / ddmin "
                 "| validation | certificate |", "|" + "---|" * 9]
         out += [_certificate_row(r) for r in group] + [""]
-    out += ["| models | run evaluations | ddmin evaluations | run / ddmin (goal <= 1.5x) "
+    out += ["| models | run evaluations (against ddmin) | ddmin evaluations | run / ddmin (goal <= 1.5x) "
             "| search | aimed | validation | (aimed + validation) / search (goal <= 20%) "
             "| variations judged | (aimed + validation + variations) / search |",
             "|" + "---|" * 10]
@@ -654,14 +654,17 @@ def _certificate_row(r: Row) -> str:
 
 
 def _certificate_totals(label: str, group: list[Row]) -> str:
-    run = sum(r.run_evals for r in group)
-    dd = sum(r.ddmin_evals for r in group)
+    paired = [r for r in group if r.ddmin_evals]  # against ddmin: where ddmin was measured
+    run = sum(r.run_evals for r in paired)
+    dd = sum(r.ddmin_evals for r in paired)
+    label += f" ({len(group)})" + (f", {len(group) - len(paired)} without ddmin: run / ddmin "
+                                   "over the others" if len(paired) < len(group) else "")
     search = sum(r.run_evals - r.aimed_evals for r in group)
     aimed = sum(r.aimed_evals for r in group)
     val = sum(_validation_evals(r) for r in group)
     variants = sum(r.variant_judgements for r in group)
     stopped = sum(r.ddmin_stopped for r in group)
-    return (f"| {label} ({len(group)}) | {run} | {dd}{f' ({stopped} stopped)' if stopped else ''} "
+    return (f"| {label} | {run} | {dd}{f' ({stopped} stopped)' if stopped else ''} "
             f"| {run / max(dd, 1):.2f}x | {search} | {aimed} | {val:.3g} "
             f"| {(aimed + val) / max(search, 1):.1%} | {variants} "
             f"| {(aimed + val + variants) / max(search, 1):.1%} |")
