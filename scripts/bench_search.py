@@ -20,6 +20,7 @@ plain FP32 session in another child for comparison.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -67,6 +68,9 @@ class Case:
     expected: list[str] | None = None  # the planted set, when known
     weight_bytes: int = 0
     note: str = ""
+    more_inputs: list[str] = field(default_factory=list)  # further samples (.npz)
+    options: dict = field(default_factory=dict)  # Options beyond the defaults: rtol, semantics,
+    # shapes (the trust cases of scripts/bench_trust.py)
 
 
 @dataclass
@@ -99,6 +103,19 @@ class Row:
     ddmin_stopped: bool = False
     weight_bytes: int = 0
     error: str = ""
+    # the certificate and the validation (issue #45): what they cost beyond the search
+    aimed_evals: int = 0  # evaluations of the aimed rounds (precision.json aimed_searches)
+    aim_rounds: int = 0
+    certified: bool | None = None  # the written plan's certificate
+    decided: str = ""  # why the certificate stopped aiming (fragile at once, allowance, ...)
+    certificates: int = 0  # written plans certified (each: the variations' sessions)
+    variant_judgements: int = 0  # a written plan judged on one variation over its samples
+    validations: int = 0  # written plans judged on the validation samples
+    validation_inferences: int = 0  # ... and the inferences that took
+    validation_references: int = 0  # FP32 reference inferences of perturbed copies (once)
+    validation_kind: str = ""
+    validation_passed: bool | None = None
+    search_samples: int = 0  # samples the search judges a plan on (an evaluation's inferences)
 
 
 # ------------------------------------------------------------------ the models
@@ -118,8 +135,8 @@ def _inputs_npz(work: Path, name: str, inputs: dict) -> str:
     return str(npz)
 
 
-def cases(work: Path, quick: bool, want: Callable[[str], bool] = lambda name: True
-          ) -> Iterator[Case | str]:
+def cases(work: Path, quick: bool, want: Callable[[str], bool] = lambda name: True,
+          trust: bool = False) -> Iterator[Case | str]:
     """Every benchmark model `want`s, written under `work`; a string notes a skipped one."""
     if want("demo"):
         yield Case("demo", str(ROOT / "models" / "demo.onnx"),
@@ -143,6 +160,8 @@ def cases(work: Path, quick: bool, want: Callable[[str], bool] = lambda name: Tr
             yield Case(label, *_save(work, label, m.model, m.inputs),
                        expected=sorted(m.expected_fp32), note="" if faults else HEALTHY)
     yield from _real_models(work, quick, want)
+    if trust:
+        yield from _trust_cases(work, want)
     size, label = (4e6, "wide_4MB") if quick else (2.5e9, "wide_2.5GB")
     if want(label):
         w = wide_matmul_stack(size, work / label)
@@ -168,6 +187,52 @@ def _real_models(work: Path, quick: bool, want: Callable[[str], bool]) -> Iterat
             yield f"{name} skipped: not fetchable offline ({str(exc).splitlines()[0]})"
             continue
         yield Case(name, str(path), _inputs_npz(work, name, MODELS[name].make_inputs(seed=0)))
+
+
+def _trust_cases(work: Path, want: Callable[[str], bool]) -> Iterator[Case | str]:
+    """The cases of scripts/bench_trust.py (issue #32's six, less the demo, measured above):
+    the real page and its views, silero-vad's streamed chunks at rtol 1e-4, magika and
+    MiniLM-L3 on seeded random inputs. Their plans pass near their bounds: the certificate's
+    aimed rounds and the validation are exercised here."""
+    try:
+        import bench_trust
+        from fetch_models import FetchError, fetch
+    except ImportError as exc:  # pragma: no cover - the scripts ship beside this one
+        yield f"trust cases skipped: {exc}"
+        return
+    try:
+        det = str(fetch("ppocr_det", quiet=True))
+        if want("trust/det_1"):
+            (page,) = bench_trust._det_samples(work, 1)
+            yield Case("trust/det_1", det, page)
+        if want("trust/det_3"):
+            first, *rest = bench_trust._det_samples(work, 3)
+            yield Case("trust/det_3", det, first, more_inputs=rest)
+        if want("trust/silero_if"):
+            first, *rest = bench_trust._silero_samples(work)
+            yield Case("trust/silero_if", str(fetch("silero_vad_if", quiet=True)), first,
+                       more_inputs=rest, options={"rtol": 1e-4})
+        if want("trust/magika"):
+            yield Case("trust/magika", str(fetch("magika", quiet=True)), "",
+                       options={"shapes": {"bytes": [1, 2048]}})
+        if want("trust/minilm_strict"):
+            yield Case("trust/minilm_strict", str(fetch("minilm_l3", quiet=True)), "",
+                       options={"semantics": "strict",
+                                "shapes": {"input_ids": [1, 64], "attention_mask": [1, 64]}})
+    except (FetchError, OSError) as exc:
+        yield f"trust cases skipped: not fetchable offline ({str(exc).splitlines()[0]})"
+
+
+def _options(case: Case, threads: int) -> Options:
+    from trtbisect.judge.compare import Tolerance
+
+    rest = dict(case.options)
+    if "rtol" in rest:
+        rest["tolerance"] = Tolerance(rtol=rest.pop("rtol"))
+    if "shapes" in rest:
+        rest["shapes"] = {k: tuple(v) for k, v in rest["shapes"].items()}
+    given = [p for p in (case.inputs, *case.more_inputs) if p]
+    return Options.of(inputs=given, threads=threads, **rest)
 
 
 # ------------------------------------------------------------------ measuring, in the child
@@ -239,10 +304,70 @@ def emit(row: Row) -> None:
     print("ROW " + json.dumps(asdict(row)), flush=True)
 
 
-def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
+@contextlib.contextmanager
+def _counting(row: Row) -> Iterator[None]:
+    """Count, during the run, the written plans certified (and the variations each was judged
+    on) and validated (and the validation's inferences): what the certificate and the
+    validation cost beyond the search's evaluations."""
+    from trtbisect.backends import ort
+    from trtbisect.stages import written
+
+    from trtbisect.judge import validation
+
+    validate, variant_runs, pairs = written.validate, ort.variant_runs, validation.Holdout.pairs
+
+    def counted_pairs(held):
+        if held.references is None:  # the copies' FP32 references, made on first use
+            row.validation_references += len(held.samples)
+        return pairs(held)
+
+    def counted_validate(judge, ctx, opts):
+        out = validate(judge, ctx, opts)
+        row.validations += 1
+        row.validation_inferences += len(out.judgements)
+        return out
+
+    def counted_variants(*args, **kw):
+        row.certificates += 1
+        seen = set()
+        for v, k, ref, got in variant_runs(*args, **kw):
+            if v.label not in seen:
+                seen.add(v.label)
+                row.variant_judgements += 1
+            yield v, k, ref, got
+
+    written.validate, ort.variant_runs = counted_validate, counted_variants
+    validation.Holdout.pairs = counted_pairs  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        written.validate, ort.variant_runs = validate, variant_runs
+        validation.Holdout.pairs = pairs  # type: ignore[method-assign]
+
+
+def _certificate_costs(row: Row, res) -> None:
+    """What precision.json says of the certificate's aimed rounds and of the validation."""
+    aims = res.aimed_searches or []
+    row.aimed_evals = sum(a["evaluations"] for a in aims)
+    row.aim_rounds = len(aims)
+    cert = res.certificate or {}
+    row.certified = cert.get("certified") if cert else None
+    row.decided = cert.get("decided") or ""
+    val = res.validation or {}
+    row.validation_kind = val.get("kind") or ""
+    row.validation_passed = val.get("passed")
+    judged = res.judged or {}
+    row.search_samples = len(judged.get("search_samples") or ()) or max(
+        1, (res.samples or 1) - len(val.get("indices") or ()))
+
+
+def measure(case: Case, threads: int, repeat: int, ddmin_budget: int,
+            counts_only: bool = False) -> Row:
     row = Row(case.name, case.mode, weight_bytes=case.weight_bytes)
-    with np.load(case.inputs) as d:
-        feeds = {k: d[k] for k in d.files}
+    feeds: dict = {}
+    if case.inputs:
+        with np.load(case.inputs) as d:
+            feeds = {k: d[k] for k in d.files}
     if case.mode == "plain":
         t = time.perf_counter()
         sess = _plain_session(case.path, threads)
@@ -250,11 +375,12 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
         row.plain_ms = 1e3 * timed(lambda: sess.run(None, feeds), repeat)
         row.run_rss = peak_rss()
         return row
-    opts = Options.of(inputs=[case.inputs], threads=threads)
-    with tempfile.TemporaryDirectory() as tmp:
+    opts = _options(case, threads)
+    with tempfile.TemporaryDirectory() as tmp, _counting(row):
         t = time.perf_counter()
         res = pipeline.run(case.path, opts, Path(tmp) / "out")
         row.run_s = time.perf_counter() - t
+    _certificate_costs(row, res)
     row.run_search_s = sum(s["seconds"] for s in (res.stages or [])
                            if s["stage"].startswith(SEARCH_STAGES))
     row.run_rss = peak_rss()
@@ -266,8 +392,11 @@ def measure(case: Case, threads: int, repeat: int, ddmin_budget: int) -> Row:
     if case.mode == "run" or res.verdict == "reference_invalid":
         return row
     emit(row)
-    _emulator_cost(row, case, opts, feeds, frozenset(res.fp32_nodes), threads, repeat)
-    emit(row)
+    if not counts_only and feeds:
+        _emulator_cost(row, case, opts, feeds, frozenset(res.fp32_nodes), threads, repeat)
+        emit(row)
+    if ddmin_budget <= 0:  # --ddmin-budget 0: the run alone (ddmin's count is the code's own)
+        return row
     t = time.perf_counter()
     ctx = prepare(case.path, opts)
     prepared = time.perf_counter()
@@ -313,10 +442,11 @@ def _emulator_cost(row: Row, case: Case, opts: Options, feeds: dict,
         ev.emulator.close()
 
 
-def child(case_json: str, threads: int, repeat: int, ddmin_budget: int) -> None:
+def child(case_json: str, threads: int, repeat: int, ddmin_budget: int,
+          counts_only: bool = False) -> None:
     case = Case(**json.loads(case_json))
     try:
-        row = measure(case, threads, repeat, ddmin_budget)
+        row = measure(case, threads, repeat, ddmin_budget, counts_only)
     except Exception as exc:  # a failure is a result too: report it in the table
         row = Row(case.name, case.mode, weight_bytes=case.weight_bytes,
                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
@@ -329,7 +459,8 @@ def child(case_json: str, threads: int, repeat: int, ddmin_budget: int) -> None:
 
 def run_child(case: Case, args: argparse.Namespace) -> Row:
     cmd = [sys.executable, __file__, "--child", json.dumps(asdict(case)), "--threads",
-           str(args.threads), "--repeat", str(args.repeat), "--ddmin-budget", str(args.ddmin_budget)]
+           str(args.threads), "--repeat", str(args.repeat), "--ddmin-budget", str(args.ddmin_budget),
+           *(["--counts-only"] if args.counts_only else [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
     try:
@@ -470,6 +601,75 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace,
     return "\n".join(lines) + "\n"
 
 
+CERT_BEGIN, CERT_END = "<!-- bench_certificate: begin -->", "<!-- bench_certificate: end -->"
+
+
+def _validation_evals(r: Row) -> float:
+    """The validation's inferences in evaluations: an evaluation judges a plan once on each
+    sample the search judges on."""
+    return r.validation_inferences / max(r.search_samples, 1)
+
+
+def certificate_section(rows: list[Row], title: str) -> str:
+    """Per model, what the certificate and the validation cost beyond the search, and the
+    run's evaluations against ddmin's (issue #45 items 3 and 4), between markers that a later
+    full run of this script keeps: the benchmark's models, then the trust cases (`--trust`),
+    each with its totals, and the totals of both."""
+    full = [r for r in rows if r.mode == "full" and r.verdict and r.verdict != "reference_invalid"]
+    core = [r for r in full if not r.case.startswith("trust/")]
+    trust = [r for r in full if r.case.startswith("trust/")]
+    out = [CERT_BEGIN, "", f"## {title}", ""]
+    for label, group in (("The benchmark's models", core), ("The trust cases", trust)):
+        if not group:
+            continue
+        out += [f"{label}:", "",
+                "| model | verdict | plan (FP32 nodes / candidates) | evaluations: search / "
+                "aimed / validation | variations judged | ddmin evaluations | run / ddmin "
+                "| validation | certificate |", "|" + "---|" * 9]
+        out += [_certificate_row(r) for r in group] + [""]
+    out += ["| models | run evaluations (against ddmin) | ddmin evaluations | run / ddmin (goal <= 1.5x) "
+            "| search | aimed | validation | (aimed + validation) / search (goal <= 20%) "
+            "| variations judged | (aimed + validation + variations) / search |",
+            "|" + "---|" * 10]
+    for label, group in (("the benchmark's", core), ("the trust cases", trust),
+                         ("all", full if core and trust else [])):
+        if group:
+            out.append(_certificate_totals(label, group))
+    return "\n".join([*out, "", CERT_END])
+
+
+def _certificate_row(r: Row) -> str:
+    dd = f"{r.ddmin_evals}{' (stopped)' if r.ddmin_stopped else ''}" if r.ddmin_evals \
+        else (r.error or "-")
+    ratio = f"{r.run_evals / r.ddmin_evals:.2f}x" if r.ddmin_evals else "-"
+    val = "-" if not r.validation_kind else (
+        f"{r.validation_kind}: " + {True: "passes", False: "**fails**", None: "none"}[
+            r.validation_passed])
+    cert = "-" if r.certified is None else "certified" if r.certified else (
+        "fragile" + (f": {r.decided}" if r.decided else ""))
+    return (f"| {r.case} | {r.verdict} | {r.run_set} / {r.candidates} | "
+            f"{r.run_evals - r.aimed_evals} / {r.aimed_evals} / {_validation_evals(r):.3g} "
+            f"({r.validations} file(s), {r.validation_inferences} inferences) | "
+            f"{r.variant_judgements} | {dd} | {ratio} | {val} | {cert} |")
+
+
+def _certificate_totals(label: str, group: list[Row]) -> str:
+    paired = [r for r in group if r.ddmin_evals]  # against ddmin: where ddmin was measured
+    run = sum(r.run_evals for r in paired)
+    dd = sum(r.ddmin_evals for r in paired)
+    label += f" ({len(group)})" + (f", {len(group) - len(paired)} without ddmin: run / ddmin "
+                                   "over the others" if len(paired) < len(group) else "")
+    search = sum(r.run_evals - r.aimed_evals for r in group)
+    aimed = sum(r.aimed_evals for r in group)
+    val = sum(_validation_evals(r) for r in group)
+    variants = sum(r.variant_judgements for r in group)
+    stopped = sum(r.ddmin_stopped for r in group)
+    return (f"| {label} | {run} | {dd}{f' ({stopped} stopped)' if stopped else ''} "
+            f"| {run / max(dd, 1):.2f}x | {search} | {aimed} | {val:.3g} "
+            f"| {(aimed + val) / max(search, 1):.1%} | {variants} "
+            f"| {(aimed + val + variants) / max(search, 1):.1%} |")
+
+
 def _ratio(r: Row) -> float | None:
     """One evaluation over one plain FP32 inference: the median over the plans of the ratio
     measured in alternation (older rows: of the medians)."""
@@ -550,19 +750,36 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=50, help="timed runs per measurement (at most)")
     ap.add_argument("--threads", type=int, default=1,
                     help="ORT intra-op threads for the emulator and the FP32 baseline")
-    ap.add_argument("--ddmin-budget", type=int, default=600, help="ddmin's evaluation cap")
+    ap.add_argument("--ddmin-budget", type=int, default=600,
+                    help="ddmin's evaluation cap (0: no ddmin)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per model before giving up")
     ap.add_argument("--workdir", help="where generated models go (default: a temporary folder)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "search_benchmark.md"))
     ap.add_argument("--rows", help="also save the raw rows as JSON here")
-    ap.add_argument("--from-rows", help="only render the markdown from rows saved by --rows")
+    ap.add_argument("--from-rows", help="only render the markdown from rows saved by --rows "
+                    "(with --certificate-section: several files, comma-separated)")
     ap.add_argument("--before", help="rows saved by --rows on older code: add a before/after table")
     ap.add_argument("--note", action="append", default=[],
                     help="a line for the doc's notes (repeatable), e.g. what the --before run skipped")
+    ap.add_argument("--skip", action="append", default=[],
+                    help="leave out the models whose name starts with this (repeatable), e.g. "
+                         "--skip transformer_20000 --skip wide_")
+    ap.add_argument("--trust", action="store_true",
+                    help="also the cases of scripts/bench_trust.py (trust/...): plans near "
+                         "their bounds, where the certificate aims and validates")
+    ap.add_argument("--counts-only", action="store_true",
+                    help="evaluations only: no emulator timing (the run and ddmin still run)")
+    ap.add_argument("--certificate-section", metavar="TITLE",
+                    help="with --from-rows: print only the certificate's and validation's "
+                         "section (issue #45) under this title")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.threads, args.repeat, args.ddmin_budget)
+        return child(args.child, args.threads, args.repeat, args.ddmin_budget, args.counts_only)
+    if args.from_rows and args.certificate_section:
+        rows = [Row(**r) for f in args.from_rows.split(",")
+                for r in json.loads(Path(f).read_text())["rows"]]
+        return print(certificate_section(rows, args.certificate_section))
     if args.from_rows:
         saved = json.loads(Path(args.from_rows).read_text())
         text = render([Row(**r) for r in saved["rows"]], saved["notes"] + args.note, args,
@@ -574,9 +791,10 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         rows, notes = [], []
         def want(name: str) -> bool:
-            return not args.only or any(name.startswith(o) for o in args.only)
+            return (not args.only or any(name.startswith(o) for o in args.only)) and not any(
+                name.startswith(o) for o in args.skip)
 
-        for case in cases(work, args.quick, want):
+        for case in cases(work, args.quick, want, args.trust):
             if isinstance(case, str):
                 notes.append(case)
                 continue

@@ -60,3 +60,66 @@ def test_an_aimed_round_that_uses_its_allowance_is_fragile_at_once(tmp_path, mon
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["verdict"] == "fragile" and written["certificate"]["decided"]
     assert (tmp_path / "out" / "det.mixed.onnx").exists()  # the plan is still written
+
+
+def test_the_aimed_rounds_and_the_validation_share_one_allowance(tmp_path, monkeypatch):
+    """With validation on (the planted sample's two perturbed copies: 2 evaluations per written
+    plan), the aimed rounds and the validation of every plan written together take at most
+    AIM_SHARE of the first search's evaluations (the floor set to 0, so the share binds; the
+    share set to 1 so that a round runs at all on this 6-evaluation search). Before #45's
+    accounting the round took the whole share and the validation came on top: 6 + 4 > 6."""
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
+    from trtbisect.stages import written
+
+    first = _first_search(tmp_path, monkeypatch)
+    monkeypatch.setattr(stage, "AIM_FLOOR", 0)
+    monkeypatch.setattr(stage, "AIM_SHARE", 1.0)
+    validated: list[int] = []  # per written plan validated: its validation's inferences
+    real = written.validate
+
+    def validate(judge, ctx, opts):
+        out = real(judge, ctx, opts)
+        validated.append(len(out.judgements))
+        return out
+    monkeypatch.setattr(written, "validate", validate)
+    path, inputs, tol = _planted(tmp_path)
+    r = run(path, Options(inputs=[str(inputs)], tolerance=tol, semantics="strict"),
+            tmp_path / "validated")
+    aimed = sum(a["evaluations"] for a in r.aimed_searches or ())
+    assert r.aimed_searches and validated and all(n == 2 for n in validated)
+    assert aimed + sum(validated) <= 1.0 * first  # one sample searched: an inference each
+    assert r.verdict in ("fragile", "unvalidated") and r.fp32_nodes  # the plan is written
+
+
+def test_held_out_samples_count_every_file_they_judge(tmp_path, monkeypatch):
+    """Held-out samples judge every file the run writes, the all-FP16 file's too: the
+    allowance reserves theirs. Two copies of the planted sample, one held out (its validation:
+    1 evaluation per file), the share set to 1.5 (9 of the first search's 6): the round would
+    find its plan in 7 evaluations and, with three files validated, 7 + 3 > 9."""
+    import numpy as np
+
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
+    from trtbisect.stages import written
+
+    first = _first_search(tmp_path, monkeypatch)
+    monkeypatch.setattr(stage, "AIM_FLOOR", 0)
+    monkeypatch.setattr(stage, "AIM_SHARE", 1.5)
+    validated: list[int] = []
+    real = written.validate
+
+    def validate(judge, ctx, opts):
+        out = real(judge, ctx, opts)
+        validated.append(len(out.judgements))
+        return out
+    monkeypatch.setattr(written, "validate", validate)
+    path, inputs, tol = _planted(tmp_path)
+    twin = tmp_path / "twin.npz"
+    np.savez(twin, **dict(np.load(inputs)))
+    r = run(path, Options(inputs=[str(inputs), str(twin)], tolerance=tol, semantics="strict"),
+            tmp_path / "held")
+    aimed = sum(a["evaluations"] for a in r.aimed_searches or ())
+    assert r.validation["kind"] == "held_out" and validated and all(n == 1 for n in validated)
+    assert r.aimed_searches and aimed + sum(validated) <= int(1.5 * first)
+    assert r.fp32_nodes  # a plan is written

@@ -10,13 +10,13 @@ rewrites are known; search.py stays pure (it is handed the check as a function).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..search import cost
 from ..judge import semantics
-from ..judge.compare import TensorStats
+from ..judge.compare import TensorStats, Tolerance
 from ..context import Context, JudgeOptions, Options
 from ..graph import Graph
 from ..judge import subset
@@ -156,85 +156,126 @@ class SearchStage:
         replaces the result once its written file passes. Each round's verdicts are journaled
         under its own bound (`aimed_scope`): a resumed run replays them, and never as a verdict
         under another bound. Returns the result, its certificate and the evaluator still open."""
-        opts, ctx = self.opts, self.ctx
-        sopts, aims = opts, list[AimedSearch]()
         # the aimed rounds together get a share of what the first search took, never more
-        allowance = aim_allowance(result.evaluations)
+        aiming = _Aiming(result, cert, ev, self.opts, aim_allowance(result.evaluations))
         for aim_round in range(1, AIM_ROUNDS + 1):
-            if cert is None or cert.certified or result.verdict not in ("fixed", "fp16_ok"):
-                break
-            hopeless = cert.hopeless()
-            if hopeless:  # the noise is as large as the effect: decide, don't chase
-                cert.decided = hopeless
-                self.stage(f"fragile at once: {hopeless}")
-                break
-            tol = cert.aim(sopts.judge.tolerance)
-            if tol is None:
-                cert.decided = ("no output's bound can be aimed inside: what fails is a "
-                                "variation's verdict under a criterion with no bound")
-                break
-            left = allowance - sum(a["evaluations"] for a in aims)
-            if left <= 0:
-                cert.decided = (f"the aimed searches used their allowance of {allowance} "
-                                  "evaluations without a plan clear of the spread")
-                break
-            most = opts.search.max_evaluations
-            sopts = aimed(opts, tol).but(max_evaluations=left if most is None else min(left, most))
-            self.stage(f"the plan passes by less than the spread of what the tools compute on "
-                       f"{'; '.join(cert.uncertified)}: searching again inside the bound")
-            if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
-                ev.close()  # its session's memory back before the layer-wise pass
-                self.stats = layerwise(ctx)
-                self.prior = build_prior(ctx.judged, self.stats, self.constants,
-                                         ctx.rules.precision)
-            judged = self.rewrite_judgements
-            spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
-            ev = ev.retarget(sopts.judge, self.stats, aimed_scope(sopts.judge))
-            # what the last round learned: its plan first (grown from, not searched anew);
-            # plans that failed a looser bound fail this one too (Evaluator.retarget)
-            again, summary = self.search(ev, sopts, False, False,
-                                         start=list(result.fp32_layers or ()))
-            carried = {p for p, ok in ev.known.items() if not ok}
-            aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
-                         "found": again.found, "fp32_units": len(again.fp32),
-                         "evaluations": again.evaluations,
-                         # of which known to fail from the looser bound: judged by nothing
-                         "known_failing": sum(self.as_nodes(t.fp32) in carried
-                                              for t in again.trials)})
-            if not again.found:
-                cert.decided = (f"the aimed search used its allowance of {left} evaluations "
-                                "without a plan" if again.stopped_early else
-                                "no plan passes inside the aimed bound")
-                _count_unkept(result, again, ev)
-                break
-            if result.staged:  # the next judge empties the staging folder: rewrite on writing
-                result.staged, result.mixed_model = [], None
-            nearer = self.judge(again, ev, summary, spent)
-            self.stage("judging the written plan")
-            nearer_cert = judge_written_plan(nearer, ctx, opts.judge, ev,
-                                             self.as_nodes(again.fp32), out_dir,
-                                             noise=cert.noise)  # FP32's noise: once
-            if not nearer.mixed_model_passed:
-                nearer.staged = []
-                _count_unkept(result, again, ev)
-                cert.decided = "the aimed plan's written file fails its own judge"
-                break
-            growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
-            result, cert = nearer, nearer_cert
-            if growing and cert is not None and not cert.certified:  # chasing noise
-                cert.decided = ("the spread grew with the aimed plan: each nearer plan "
-                                  "moves what the tools compute as much as it gains")
+            if not self._aim_round(aiming, aim_round, out_dir, layerwise):
                 break
         else:  # every round ran: none left for a plan still without the margin
-            if cert is not None and not cert.certified and not cert.decided:
-                cert.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by more "
-                                "than the spread")
+            if aiming.cert is not None and not aiming.cert.certified and not aiming.cert.decided:
+                aiming.cert.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by "
+                                       "more than the spread")
+        result, cert, aims = aiming.result, aiming.cert, aiming.aims
         if aims:
             result.aimed_searches = aims
         if cert is not None and (aims or cert.decided):
             cert.aim_round = len(aims)
             result.certificate = cert.to_json()
-        return result, cert, ev
+        return result, cert, aiming.ev
+
+    def _aim_at(self, aiming: _Aiming) -> tuple[Tolerance | None, int]:
+        """The tolerance the next aimed round searches under and the evaluations it may take;
+        None when no round is due (certified, or no passing plan) or when the certificate
+        decides `fragile` at once (`cert.decided` says why: the spread is as large as the
+        effect, no bound to aim inside, the allowance spent)."""
+        cert = aiming.cert
+        # the allowance pays for the validation too: of the files written so far (the first
+        # plan's and each round's that passed; held-out samples: the all-FP16 file's as well,
+        # every file of the run's is judged on them) and of the plan this round would write
+        held = self.ctx.validation
+        validated = 1 + sum(1 for a in aiming.aims if a["found"]) + (
+            held is not None and held.kind == "held_out")
+        left = aiming.allowance - sum(a["evaluations"] for a in aiming.aims) - math.ceil(
+            validation_evaluations(self.ctx) * (validated + 1))
+        if cert is None or cert.certified or aiming.result.verdict not in ("fixed", "fp16_ok"):
+            return None, left
+        hopeless = cert.hopeless()
+        if hopeless:  # the noise is as large as the effect: decide, don't chase
+            cert.decided = hopeless
+            self.stage(f"fragile at once: {hopeless}")
+            return None, left
+        tol = cert.aim(aiming.sopts.judge.tolerance)
+        if tol is None:
+            cert.decided = ("no output's bound can be aimed inside: what fails is a "
+                            "variation's verdict under a criterion with no bound")
+            return None, left
+        if left <= 0:
+            cert.decided = (f"the aimed searches used their allowance of {aiming.allowance} "
+                            "evaluations (the validation of each written plan counted) "
+                            "without a plan clear of the spread")
+            return None, left
+        return tol, left
+
+    def _aim_round(self, aiming: _Aiming, aim_round: int, out_dir: Path | None,
+                   layerwise: Layerwise) -> bool:
+        """One aimed round and its decisions: before its search (`_aim_at`: none due, or
+        `fragile` at once) and after it (no plan; the nearer plan's file fails; the spread grew
+        with it), each said in `cert.decided`. Updates `aiming` (a nearer plan whose file passes
+        replaces the result); returns whether another round may follow."""
+        opts, ctx, result, cert = self.opts, self.ctx, aiming.result, aiming.cert
+        tol, left = self._aim_at(aiming)
+        if tol is None or cert is None:
+            return False
+        most = opts.search.max_evaluations
+        sopts = aiming.sopts = aimed(opts, tol).but(
+            max_evaluations=left if most is None else min(left, most))
+        self.stage(f"the plan passes by less than the spread of what the tools compute on "
+                   f"{'; '.join(cert.uncertified)}: searching again inside the bound")
+        if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
+            aiming.ev.close()  # its session's memory back before the layer-wise pass
+            self.stats = layerwise(ctx)
+            self.prior = build_prior(ctx.judged, self.stats, self.constants,
+                                     ctx.rules.precision)
+        judged = self.rewrite_judgements
+        spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
+        ev = aiming.ev = aiming.ev.retarget(sopts.judge, self.stats, aimed_scope(sopts.judge))
+        # what the last round learned: its plan first (grown from, not searched anew);
+        # plans that failed a looser bound fail this one too (Evaluator.retarget)
+        again, summary = self.search(ev, sopts, False, False,
+                                     start=list(result.fp32_layers or ()))
+        carried = {p for p, ok in ev.known.items() if not ok}
+        aiming.aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
+                            "found": again.found, "fp32_units": len(again.fp32),
+                            "evaluations": again.evaluations,
+                            # of which known to fail from the looser bound: judged by nothing
+                            "known_failing": sum(self.as_nodes(t.fp32) in carried
+                                                 for t in again.trials)})
+        if not again.found:
+            cert.decided = (f"the aimed search used its allowance of {left} evaluations "
+                            "without a plan" if again.stopped_early else
+                            "no plan passes inside the aimed bound")
+            _count_unkept(result, again, ev)
+            return False
+        if result.staged:  # the next judge empties the staging folder: rewrite on writing
+            result.staged, result.mixed_model = [], None
+        nearer = self.judge(again, ev, summary, spent)
+        self.stage("judging the written plan")
+        nearer_cert = judge_written_plan(nearer, ctx, opts.judge, ev, self.as_nodes(again.fp32),
+                                         out_dir, noise=cert.noise)  # FP32's noise: once
+        if not nearer.mixed_model_passed:
+            nearer.staged = []
+            _count_unkept(result, again, ev)
+            cert.decided = "the aimed plan's written file fails its own judge"
+            return False
+        growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
+        aiming.result, aiming.cert = nearer, nearer_cert
+        if growing and nearer_cert is not None and not nearer_cert.certified:  # chasing noise
+            nearer_cert.decided = ("the spread grew with the aimed plan: each nearer plan "
+                                   "moves what the tools compute as much as it gains")
+            return False
+        return True
+
+
+@dataclass
+class _Aiming:
+    """What the aimed rounds of a run carry from one to the next (`SearchStage.aim`)."""
+
+    result: RunResult
+    cert: Certificate | None
+    ev: Evaluator
+    sopts: Options  # the last round's options (the run's before the first)
+    allowance: int  # evaluations all rounds may take together
+    aims: list[AimedSearch] = field(default_factory=list)
 
 
 def _count_unkept(result: RunResult, again: SearchResult, ev: Evaluator) -> None:
@@ -252,9 +293,19 @@ def _numbers(ctx: Context, judged: Sequence[Judgement]) -> list[int] | None:
 
 
 def aim_allowance(first: int) -> int:
-    """Evaluations all aimed searches of a run may take together: AIM_SHARE of the first
-    search's, at least AIM_FLOOR (a certificate costs a fraction of the search)."""
-    return max(AIM_FLOOR, math.ceil(AIM_SHARE * first))
+    """Evaluations all aimed searches of a run and the validation of each plan they write may
+    take together: AIM_SHARE of the first search's (rounded down: never more), at least
+    AIM_FLOOR (a certificate costs a fraction of the search)."""
+    return max(AIM_FLOOR, math.floor(AIM_SHARE * first))
+
+
+def validation_evaluations(ctx: Context) -> float:
+    """What validating one written plan costs, in evaluations (an evaluation judges a plan
+    once on each sample the search judges on): its validation samples' inferences."""
+    held = ctx.validation
+    if held is None or held.kind == "none":
+        return 0.0
+    return len(held.samples) / max(len(ctx.samples), 1)
 
 
 def aimed_scope(judge: JudgeOptions) -> str:

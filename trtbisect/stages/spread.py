@@ -46,8 +46,8 @@ AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragi
 # The certificate decides rather than chases (a borderline output's aimed rounds once took
 # 3000 evaluations where the search took 250):
 SPREAD_SHARE = 0.25  # a spread above this share of an output's bound: `fragile` at once
-AIM_SHARE = 0.2  # all aimed searches together: at most this share of the first search's
-AIM_FLOOR = 8  # evaluations (but at least this many)
+AIM_SHARE = 0.2  # all aimed searches and the validation of every plan written (the first's
+AIM_FLOOR = 8  # too): at most this share of the first search's evaluations (at least this many)
 
 
 def _num(x: float) -> float | str | None:
