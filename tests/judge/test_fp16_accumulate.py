@@ -186,4 +186,4 @@ def test_demo_run_with_fp16_accumulation_keeps_one_judge(tmp_path):
     r = run(DEMO / "demo.onnx", opts, tmp_path / "o")
     assert r.verdict in ("fixed", "fp16_ok")
     assert r.one_judge.search_equals_check is True
-    assert r.semantics["fp16_accumulate"] == BLOCK
+    assert r.semantics.fp16_accumulate == BLOCK
