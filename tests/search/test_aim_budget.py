@@ -84,7 +84,7 @@ def test_the_aimed_rounds_and_the_validation_share_one_allowance(tmp_path, monke
         return out
     monkeypatch.setattr(written, "validate", validate)
     path, inputs, tol = _planted(tmp_path)
-    r = run(path, Options(inputs=[str(inputs)], tolerance=tol, semantics="strict"),
+    r = run(path, Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict"),
             tmp_path / "validated")
     aimed = sum(a["evaluations"] for a in r.aimed_searches or ())
     assert r.aimed_searches and validated and all(n == 2 for n in validated)
@@ -117,9 +117,9 @@ def test_held_out_samples_count_every_file_they_judge(tmp_path, monkeypatch):
     path, inputs, tol = _planted(tmp_path)
     twin = tmp_path / "twin.npz"
     np.savez(twin, **dict(np.load(inputs)))
-    r = run(path, Options(inputs=[str(inputs), str(twin)], tolerance=tol, semantics="strict"),
+    r = run(path, Options.of(inputs=[str(inputs), str(twin)], tolerance=tol, semantics="strict"),
             tmp_path / "held")
     aimed = sum(a["evaluations"] for a in r.aimed_searches or ())
-    assert r.validation["kind"] == "held_out" and validated and all(n == 1 for n in validated)
+    assert r.validation.kind == "held_out" and validated and all(n == 1 for n in validated)
     assert r.aimed_searches and aimed + sum(validated) <= int(1.5 * first)
     assert r.fp32_nodes  # a plan is written
