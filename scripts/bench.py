@@ -43,11 +43,11 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -59,11 +59,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from trtbisect import __version__  # noqa: E402
 from trtbisect.backends.ort import Emulator, Reference  # noqa: E402
-from trtbisect.judge.compare import Tolerance, compare_output, compare_outputs  # noqa: E402
-from trtbisect.graph import Graph, infer_types, with_node_names  # noqa: E402
-from trtbisect.data.sources import load_samples  # noqa: E402
-from trtbisect.judge.mixed import write_mixed_onnx  # noqa: E402
 from trtbisect.context import Options  # noqa: E402
+from trtbisect.data.sources import load_samples  # noqa: E402
+from trtbisect.graph import Graph, infer_types, with_node_names  # noqa: E402
+from trtbisect.judge.compare import Tolerance, compare_output, compare_outputs  # noqa: E402
+from trtbisect.judge.mixed import write_mixed_onnx  # noqa: E402
 from trtbisect.pipeline import check_mixed, run  # noqa: E402
 from trtbisect.search.minimal import BudgetExhausted, ddmin  # noqa: E402
 

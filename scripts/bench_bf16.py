@@ -24,8 +24,8 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from trtbisect.graph import with_node_names  # noqa: E402
-from trtbisect.context import Options  # noqa: E402
-from trtbisect.pipeline import check_mixed, run  # noqa: E402
 from doc_section import replace_section  # noqa: E402
+
+from trtbisect.context import Options  # noqa: E402
+from trtbisect.graph import with_node_names  # noqa: E402
+from trtbisect.pipeline import check_mixed, run  # noqa: E402
 
 DOC = ROOT / "docs" / "bf16.md"
 BEGIN, END = "<!-- bench_bf16: begin -->", "<!-- bench_bf16: end -->"

@@ -39,9 +39,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_rewrites import flop_share, flop_table  # noqa: E402
+from doc_section import replace_section  # noqa: E402
+
 from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.judge.semantics import constants_as_initializers  # noqa: E402
-from doc_section import replace_section  # noqa: E402
 
 DOC = ROOT / "docs" / "search_benchmark.md"
 BEGIN, END = "<!-- bench_constants: begin -->", "<!-- bench_constants: end -->"

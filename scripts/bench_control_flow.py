@@ -40,12 +40,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from fetch_models import MODELS, fetch  # noqa: E402
+
 from tests.models.control_flow_models import all_planted  # noqa: E402
 from trtbisect import pipeline  # noqa: E402
-from trtbisect.context import Options  # noqa: E402
 from trtbisect.backends.ort import Emulator, Reference  # noqa: E402
-from trtbisect.judge.compare import Tolerance  # noqa: E402
+from trtbisect.context import Options  # noqa: E402
 from trtbisect.graph import Graph  # noqa: E402
+from trtbisect.judge.compare import Tolerance  # noqa: E402
 
 SILERO = ("silero_vad_if", "silero_vad_op15")
 FRAME, CONTEXT, RATE = 512, 64, 16000

@@ -37,8 +37,8 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -47,14 +47,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from trtbisect.judge import semantics  # noqa: E402
-from trtbisect.search.cost import engine_pricing  # noqa: E402
-from trtbisect.graph import with_node_names  # noqa: E402
-from trtbisect.context import Options, prepare  # noqa: E402
-from trtbisect.stages.evaluator import Evaluator  # noqa: E402
-from trtbisect.pipeline import _shape_probe, check_mixed, run  # noqa: E402
-from trtbisect.search.minimal import ddmin  # noqa: E402
 from doc_section import replace_section  # noqa: E402
+
+from trtbisect.context import Options, prepare  # noqa: E402
+from trtbisect.graph import with_node_names  # noqa: E402
+from trtbisect.judge import semantics  # noqa: E402
+from trtbisect.pipeline import _shape_probe, check_mixed, run  # noqa: E402
+from trtbisect.search.cost import engine_pricing  # noqa: E402
+from trtbisect.search.minimal import ddmin  # noqa: E402
+from trtbisect.stages.evaluator import Evaluator  # noqa: E402
 
 DOC = ROOT / "docs" / "search_benchmark.md"
 BEGIN, END = "<!-- bench_cost: begin -->", "<!-- bench_cost: end -->"
@@ -67,6 +68,7 @@ METHODS = ("cost", "count", "ddmin", "autocast_plan", "autocast_rules")
 def cases(want: Callable[[str], bool]) -> Iterator[tuple[str, Callable[[], tuple]]]:
     """(name, build) -> (model, inputs, note); built only when measured."""
     from bench_models import synthetic_transformer
+
     from tests.models.make_models import deep_model, zoo
 
     def demo():

@@ -41,9 +41,9 @@ from bench import node_flops  # noqa: E402
 from fetch_models import MODELS, fetch  # noqa: E402
 
 from trtbisect import __version__  # noqa: E402
+from trtbisect.context import Options  # noqa: E402
 from trtbisect.judge.compare import Tolerance  # noqa: E402
 from trtbisect.judge.flags import parse_criteria  # noqa: E402
-from trtbisect.context import Options  # noqa: E402
 from trtbisect.pipeline import run  # noqa: E402
 
 MAX_EVALUATIONS = 600

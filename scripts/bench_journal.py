@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtbisect.backends.ort import Emulator  # noqa: E402
-from trtbisect.graph import Graph, load_model  # noqa: E402
 from trtbisect.data.sources import load_samples  # noqa: E402
+from trtbisect.graph import Graph, load_model  # noqa: E402
 from trtbisect.search.journal import Journal, plan_key  # noqa: E402
 
 FP = {"model": "m" * 64, "samples": "s" * 64, "tolerance": {"rtol": 0.01}, "strict": False}

@@ -30,10 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -42,15 +42,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from trtbisect.context import Options, prepare  # noqa: E402
+from trtbisect.graph import with_node_names  # noqa: E402
 from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.judge.compare import Tolerance  # noqa: E402
-from trtbisect.graph import with_node_names  # noqa: E402
-from trtbisect.search.cost import engine_pricing  # noqa: E402
-from trtbisect.context import Options, prepare  # noqa: E402
-from trtbisect.stages.evaluator import Evaluator  # noqa: E402
 from trtbisect.pipeline import _shape_probe, run  # noqa: E402
 from trtbisect.result import RunResult  # noqa: E402
+from trtbisect.search.cost import engine_pricing  # noqa: E402
 from trtbisect.search.minimal import ddmin  # noqa: E402
+from trtbisect.stages.evaluator import Evaluator  # noqa: E402
 
 FLOP_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 SEMANTICS = ("strict", "trt")

@@ -32,9 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -45,13 +45,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_models import synthetic_transformer, wide_matmul_stack  # noqa: E402
+
 from tests.models.make_models import deep_model, zoo  # noqa: E402
 from trtbisect import pipeline  # noqa: E402
-from trtbisect.context import Context, Options, prepare  # noqa: E402
-from trtbisect.stages.evaluator import Evaluator  # noqa: E402
-from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.backends.ort import Reference  # noqa: E402
+from trtbisect.context import Context, Options, prepare  # noqa: E402
+from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.search.minimal import ddmin  # noqa: E402
+from trtbisect.stages.evaluator import Evaluator  # noqa: E402
 
 GB = 1e9
 HEALTHY = "no planted fault: the 'FP16 is fine' case"
@@ -310,9 +311,8 @@ def _counting(row: Row) -> Iterator[None]:
     on) and validated (and the validation's inferences): what the certificate and the
     validation cost beyond the search's evaluations."""
     from trtbisect.backends import ort
-    from trtbisect.stages import written
-
     from trtbisect.judge import validation
+    from trtbisect.stages import written
 
     validate, variant_runs, pairs = written.validate, ort.variant_runs, validation.Holdout.pairs
 

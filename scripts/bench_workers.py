@@ -72,8 +72,8 @@ class Run:
 def cases(work: Path, want) -> list[Case | str]:
     import numpy as np
     import onnx
-
     from bench_models import synthetic_transformer
+
     from tests.models.make_models import deep_model
 
     out: list[Case | str] = []
@@ -152,8 +152,8 @@ def run_child(case: Case, workers: int, work: Path, timeout: int) -> Run:
 def sim_child(model: str, out: str, rest: list[str]) -> None:
     """The run in this process with an `InlinePool` SIM_WIDTH wide as its workers."""
     from trtbisect.cli import main
-    from trtbisect.stages import batch
     from trtbisect.parallel import pool
+    from trtbisect.stages import batch
 
     batch.LocalPool = lambda spec, data, width: pool.InlinePool(spec, data, SIM_WIDTH)
     sys.argv = ["trtbisect", "-q", "run", model, *rest, "--out", out,

@@ -27,17 +27,17 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from trtbisect.graph import Graph  # noqa: E402
 from trtbisect.judge import semantics  # noqa: E402
 from trtbisect.search.cost import pricing_for  # noqa: E402
-from trtbisect.graph import Graph  # noqa: E402
 
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp",
          "Sqrt": "sqrt", "Log": "log", "Abs": "abs", "Neg": "neg", "Reciprocal": "reciprocal"}

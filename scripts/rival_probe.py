@@ -34,8 +34,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -263,8 +263,7 @@ def run_modelopt_autocast(model: onnx.ModelProto, feeds: Feeds, *, data_max: flo
     The benchmark must check the returned plan itself (one evaluation).
     """
     _check_names(model)
-    from modelopt.onnx.autocast import configure_logging, convert_to_mixed_precision
-    from modelopt.onnx.autocast import nodeclassifier
+    from modelopt.onnx.autocast import configure_logging, convert_to_mixed_precision, nodeclassifier
 
     configure_logging("ERROR")
     captured: dict = {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
+import click
 import numpy as np
 import onnx
 import pytest
-import click
 from click.testing import CliRunner
 
 from tests.conftest import save_zoo_model
@@ -83,7 +83,8 @@ def test_dynamic_shape_needs_a_shape(zoo, tmp_path):
 
 
 def test_unsupported_op(tmp_path):
-    from onnx import TensorProto as TP, helper as h
+    from onnx import TensorProto as TP
+    from onnx import helper as h
     g = h.make_graph([h.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="f")], "g",
                      [h.make_tensor_value_info("x", TP.FLOAT, [2])],
                      [h.make_tensor_value_info("y", TP.FLOAT, [2])])

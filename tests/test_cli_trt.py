@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import sys
 
+from tests.backends.test_trt_backend import fake
 from tests.conftest import save_zoo_model
 from tests.test_cli import assert_one_line_error, invoke
-from tests.backends.test_trt_backend import fake
 from trtbisect.backends.trt import trt_available
 
 

@@ -68,7 +68,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-@functools.lru_cache(maxsize=None)  # read once for the tests below (it is not changed)
+@functools.cache  # read once for the tests below (it is not changed)
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     mods = modules(package)
     return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}

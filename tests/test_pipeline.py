@@ -11,10 +11,10 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from tests.models.make_models import deep_model
-from trtbisect.graph import Graph
-from trtbisect.search.journal import Journal
 from trtbisect.context import Options, prepare
+from trtbisect.graph import Graph
 from trtbisect.pipeline import check_mixed, run
+from trtbisect.search.journal import Journal
 from trtbisect.search.minimal import ddmin
 
 ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
@@ -152,7 +152,8 @@ def test_resume_replays_the_journal(zoo, tmp_path):
 
 
 def test_strict_rejects_internal_overflow_hidden_by_the_outputs(tmp_path):
-    from onnx import TensorProto as TP, helper as h
+    from onnx import TensorProto as TP
+    from onnx import helper as h
     # y = Min(x*x, 1): x*x overflows to inf in FP16 but the clamp hides it from the output
     nodes = [h.make_node("Mul", ["x", "x"], ["sq"], name="sq"),
              h.make_node("Min", ["sq", "one"], ["y"], name="clamp")]

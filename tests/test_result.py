@@ -75,7 +75,7 @@ def test_precision_json_keeps_the_order_a_run_sets_its_records_in(written):
 
 def test_no_module_reads_a_typed_record_by_string():
     keys = "|".join(sorted({JSON_KEY.get(a, a) for a in TYPED}))
-    pattern = re.compile(r"""extra(\[|\.get\(|\.setdefault\(|\.pop\()\s*["'](%s)["']""" % keys)
+    pattern = re.compile(r"""extra(\[|\.get\(|\.setdefault\(|\.pop\()\s*["'](""" + keys + r""")["']""")
     found = [f"{p.relative_to(ROOT)}:{i}"
              for p in sorted((ROOT / "trtbisect").rglob("*.py"))
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)

@@ -8,9 +8,9 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from tests.models import quant_models as qm
 from trtbisect.cli import main, run
 from trtbisect.roads import FLAGS, ROADS, refusal
-from tests.models import quant_models as qm
 
 # a value each refusable option can be given with (a flag: no value)
 VALUES = {"fp16_accumulate": [], "strict": [], "budget": ["5"], "workers": ["2"], "ray_address": [],

@@ -7,40 +7,57 @@ import importlib
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .cli_torch import export_cmd, torch_cmd
-from .console import (USAGE, Progress, Terminated, configure_logging, error_cell, exit_codes, fail,
-                      finish, fmt, log, out, pipe_closed, quiet_level, rel_cell, shown,
-                      terminate_as_interrupt, usable_streams, verbosity_options)
-from .judge.compare import Tolerance
-from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
-from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
-from .data.inputs import MAX_SAMPLES, parse_shapes
 from .base.flags import Number, apply_flags
+from .base.limits import limit_options, pop_limits
+from .cli_torch import export_cmd, torch_cmd
+from .console import (
+    USAGE,
+    Progress,
+    Terminated,
+    configure_logging,
+    error_cell,
+    exit_codes,
+    fail,
+    finish,
+    fmt,
+    log,
+    out,
+    pipe_closed,
+    quiet_level,
+    rel_cell,
+    shown,
+    terminate_as_interrupt,
+    usable_streams,
+    verbosity_options,
+)
+from .data.inputs import MAX_SAMPLES, parse_shapes
+from .errors import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TrtBisectError
+from .judge.compare import Tolerance
 from .judge.flags import criteria_options, pop_criteria
 from .judge.precision import FP16, one_precision, precision_option
 from .judge.validation import HOLD_OUT_SHARE
-from .base.limits import limit_options, pop_limits
 from .outputs.outdir import OutputDir
-from .outputs.plan_groups import (DEFAULT_TOP, OPS_WIDTH, PlanGroup, cause_text, has_plan,
-                                  layers_words,
-                                  plan_groups, plural, rest_text, search_words)
-
-
-
-
-
-
-
-
-
+from .outputs.plan_groups import (
+    DEFAULT_TOP,
+    OPS_WIDTH,
+    PlanGroup,
+    cause_text,
+    has_plan,
+    layers_words,
+    plan_groups,
+    plural,
+    rest_text,
+    search_words,
+)
+from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
 
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"

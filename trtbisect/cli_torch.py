@@ -12,9 +12,21 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .console import (USAGE, Progress, error_cell, exit_codes, finish, fmt, log, out, quiet_level,
-                  rel_cell, shown, verbosity_options)
 from .base.flags import apply_flags
+from .console import (
+    USAGE,
+    Progress,
+    error_cell,
+    exit_codes,
+    finish,
+    fmt,
+    log,
+    out,
+    quiet_level,
+    rel_cell,
+    shown,
+    verbosity_options,
+)
 from .judge.compare import Tolerance
 from .judge.flags import criteria_options, pop_criteria
 
@@ -73,8 +85,8 @@ def export_cmd(factory: str, input_specs: tuple[str, ...], seed: int, samples: i
       trtbisect export model.py:build --input x:1x3x224x224 -o model.onnx
       trtbisect run model.onnx --inputs model_inputs.npz
     """
-    from .torch.export import ExportOptions, export, export_failure, import_torch
     from .errors import TrtBisectError
+    from .torch.export import ExportOptions, export, export_failure, import_torch
 
     import_torch()
     path = Path(output) if output else _default_out(factory) / f"{_default_out(factory).name}.onnx"

@@ -10,19 +10,19 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, NoReturn
+from typing import NoReturn
 
 import click
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.status import Status
 from rich.markup import escape
+from rich.status import Status
 
+from .base.escape import VisibleLog, shown_text
 from .errors import EXIT_SIGPIPE
 from .judge.compare import OutputError
-from .base.escape import VisibleLog, shown_text
-
 
 log = logging.getLogger("trtbisect")
 
@@ -160,7 +160,7 @@ class Progress:
         self.status: Status | None = None
         self.last = float("-inf")
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if not self.quiet and self.console.is_terminal:
             self.status = self.console.status("starting")
             self.status.__enter__()

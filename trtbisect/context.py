@@ -6,30 +6,30 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 
-from .judge import degenerate, semantics
-from .search import cost
-from .judge.compare import Tolerance, validate_tolerance
-from .data.sources import expand, iter_items
+from .base.limits import EVAL_TIMEOUT, Limits, set_eval_timeout
+from .data.inputs import Sample
+from .data.sources import expand, iter_items, npz_shapes
 from .data.store import SampleSet, reference_set, update_hash
 from .errors import TrtBisectError
 from .graph import Graph, external_data_hash, external_files, model_hash
-from .data.inputs import Sample
-from .judge import subset
+from .graph.repair import say
+from .judge import degenerate, semantics, subset
+from .judge.compare import Tolerance, validate_tolerance
 from .judge.criteria import Criteria
-from .judge.precision import precision as low_precision
 from .judge.loadable import InputCheck
+from .judge.precision import precision as low_precision
 from .judge.settings import JudgeSettings
 from .judge.validation import HOLD_OUT_SHARE, Holdout
-from .base.limits import EVAL_TIMEOUT, Limits, set_eval_timeout
-from .data.sources import npz_shapes
-from .graph.repair import say
+from .search import cost
+
 
 def _default_trt_version() -> int:
     from .backends.trt import default_trt_version

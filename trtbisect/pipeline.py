@@ -5,43 +5,51 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 
 from . import __version__
-from .diagnosis import advice
-from .stages import coverage
-from .judge import degenerate, semantics
-from .search import cost
-from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .backends.ort import Emulator, Reference, run_seconds
 from .context import Context, Options, prepare, reference_problems, run_fingerprint
-from .result import RunResult
-from .stages.evaluator import Evaluator
-from .judge.compare import OutputError, TensorStats
-from .diagnosis.diagnose import attach as attach_diagnosis, explain, group_culprits, note_fused
+from .diagnosis import advice
+from .diagnosis.diagnose import attach as attach_diagnosis
+from .diagnosis.diagnose import explain, group_culprits, note_fused
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
 from .graph import Graph
-from .judge import subset
-from .stages.layerwise import cached_layerwise, layerwise, layerwise_batches, summarize_layerwise
-from .stages.strict import absorbed_nodes, compare_with_strict, semantics_notes
-from .judge.hints import criterion_hints
-from .stages.written import (CheckResult, Judged, judge_mixed, judge_written_plan, worst_of,
-                            write_and_judge)
+from .judge import degenerate, semantics, subset
+from .judge.compare import OutputError, TensorStats
 from .judge.criteria import Judgement, Verdict
-from .judge.precision import Precision, precision as low_precision
+from .judge.hints import criterion_hints
+from .judge.precision import Precision
+from .judge.precision import precision as low_precision
 from .judge.verdict import TensorRT
-from .search.journal import Journal
 from .outputs.outdir import OutputDir
 from .reports.report import write_report
 from .reports.write import write_outputs
+from .result import RunResult
+from .rewrites.driver import REWRITE_WEIGHT_LIMIT
+from .search import cost
+from .search.journal import Journal
 from .search.minimal import Progress
-from .stages.search import SearchStage, prefetch_nodes
 from .search.prior import ConstantStats, build_prior, constant_stats
+from .stages import coverage
+from .stages.evaluator import Evaluator
+from .stages.layerwise import cached_layerwise, layerwise, layerwise_batches, summarize_layerwise
+from .stages.search import SearchStage, prefetch_nodes
+from .stages.strict import absorbed_nodes, compare_with_strict, semantics_notes
+from .stages.written import (
+    CheckResult,
+    Judged,
+    judge_mixed,
+    judge_written_plan,
+    worst_of,
+    write_and_judge,
+)
 
 log = logging.getLogger(__name__)
 
@@ -350,8 +358,8 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     emulator, every sample, against the original model's FP32 reference. `all_fp16`: the
     model's own all-FP16 verdict and errors, when known. Returns the outcome and the context
     of its model (None: it is not one the judge prepared last)."""
-    from .rewrites.rules import rewrites_for
     from .rewrites.driver import try_rewrites
+    from .rewrites.rules import rewrites_for
 
     if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
         log.warning("--rewrite skipped: the model's weights exceed %d MiB", REWRITE_WEIGHT_LIMIT >> 20)
@@ -548,8 +556,8 @@ def require_reproducible(ctx: Context, threads: int | None) -> None:
 def _declares_the_reference_shapes(mixed_path: str | Path, ref: Mapping[str, np.ndarray]) -> None:
     """A file whose output declares another static shape than the reference computes is
     another model: refused in one line, before it is run."""
-    from .graph import load_model
     from .data.inputs import declared_shape
+    from .graph import load_model
     for v in load_model(mixed_path).graph.output:
         dims = declared_shape(v) if v.type.tensor_type.HasField("shape") else None
         if v.name in ref and dims is not None and all(isinstance(d, int) and d > 0 for d in dims) \

@@ -5,19 +5,28 @@ the fields both results share, defined once."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Generic, Mapping, Protocol, TypedDict, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from . import __version__
-from .judge.compare import OutputError, TensorStats, Tolerance
 from .diagnosis.diagnose import Culprit
-from .errors import (EXIT_FRAGILE, EXIT_NO_PLAN, EXIT_OK, EXIT_OVER_BUDGET, EXIT_PARTIAL,
-                     EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, EXIT_UNVALIDATED)
+from .errors import (
+    EXIT_FRAGILE,
+    EXIT_NO_PLAN,
+    EXIT_OK,
+    EXIT_OVER_BUDGET,
+    EXIT_PARTIAL,
+    EXIT_REFERENCE_INVALID,
+    EXIT_REFERENCE_UNSTABLE,
+    EXIT_UNVALIDATED,
+)
+from .judge.compare import OutputError, TensorStats, Tolerance
 from .judge.criteria import Criteria
+from .judge.mixed import Written
 from .judge.precision import Precision
 from .judge.semantics import Record as SemanticsRecord
 from .judge.validation import Validation
-from .judge.mixed import Written
 from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
 from .search.minimal import SearchResult

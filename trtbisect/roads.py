@@ -11,7 +11,7 @@ ModelOpt first: trtbisect/quant/). A flag a road cannot honour is refused there 
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 ROADS = ("fp16", "bf16", "quantized")
 _ALL: dict[str, str | None] = {r: None for r in ROADS}

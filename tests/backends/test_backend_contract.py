@@ -17,8 +17,8 @@ import pytest
 from tests.backends.test_trt_backend import fake
 from trtbisect.backends import trt as trt_backend
 from trtbisect.backends.ort import Emulator, Reference
-from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.graph import Graph, node_names
+from trtbisect.judge.compare import Tolerance, compare_outputs
 
 Make = Callable[[onnx.ModelProto], object]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto as TP, helper as h
+from onnx import TensorProto as TP
+from onnx import helper as h
 
 from tests.conftest import x_to_y
 from trtbisect.backends.base import Backend

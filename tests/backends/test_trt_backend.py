@@ -26,9 +26,9 @@ import pytest
 
 from trtbisect.backends import base
 from trtbisect.backends import trt as trt_backend
-from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
 from trtbisect.graph import node_names
+from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 
 BLOCK = """

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.backends.test_trt_backend import LN, fake
 from tests.conftest import save_zoo_model
 from tests.test_cli import assert_one_line_error, invoke
-from tests.backends.test_trt_backend import LN, fake
 from trtbisect.base.limits import EVAL_TIMEOUT
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.stages.trt import TrtSearchOptions, run_trt_search

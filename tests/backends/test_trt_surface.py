@@ -33,10 +33,10 @@ import onnx
 import pytest
 
 from tests.backends.test_trt_backend import fake
-from trtbisect.outputs import render
 from trtbisect.backends import trt as trt_backend
 from trtbisect.backends import trt_surface
 from trtbisect.errors import TrtBisectError
+from trtbisect.outputs import render
 from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -433,8 +433,8 @@ def test_the_fakes_inspector_writes_its_releases_format(monkeypatch, zoo, tmp_pa
 
 def snippet_context(tmp: Path, zoo) -> tuple[render.RenderContext, list[str]]:
     """A plan of the zoo model, its files on disk, and a dynamic input (profile lines)."""
-    from trtbisect.judge.mixed import write_mixed_onnx
     from trtbisect.base.files import save_model
+    from trtbisect.judge.mixed import write_mixed_onnx
     z = zoo[LN]
     plan = sorted(z.expected_fp32)
     save_model(tmp / "model.onnx", z.model)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.backends.test_trt_backend import restored_tensorrt_modules
 from tests.conftest import save_zoo_model
 from tests.test_cli import invoke
-from tests.backends.test_trt_backend import restored_tensorrt_modules
 from trtbisect.backends import trt as trt_backend
 from trtbisect.context import Options
 

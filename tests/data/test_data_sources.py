@@ -9,7 +9,8 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as TP, helper as h
+from onnx import TensorProto as TP
+from onnx import helper as h
 
 from tests.test_cli import invoke
 from trtbisect.data.sources import _decode_ndarray, iter_items
@@ -310,8 +311,8 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
 
 
 def test_under_a_pass_rate_the_search_judges_every_sample(tmp_path):
-    from trtbisect.judge.flags import parse_criteria
     from trtbisect.context import Options
+    from trtbisect.judge.flags import parse_criteria
     from trtbisect.pipeline import run
     model, data = _two_faults(tmp_path)
     r = run(model, Options.of(inputs=[str(data)], semantics="strict", search_samples=2,

@@ -17,14 +17,14 @@ import onnx
 import pytest
 
 from tests.conftest import save_zoo_model
+from tests.data.test_data_sources import _loader, _model
 from tests.fuzz.make_cases import LOOP_START, loop_model
 from tests.test_cli import assert_one_line_error, invoke
-from tests.data.test_data_sources import _loader, _model
+from trtbisect.base.limits import Limits
 from trtbisect.data.sources import iter_items
 from trtbisect.data.store import SampleSet
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
-from trtbisect.base.limits import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from trtbisect.backends.ort import Reference
-from trtbisect.judge.compare import FP16_MAX
+from trtbisect.context import Context, Options
 from trtbisect.diagnosis.detect import CAUSES, detect, flushed_at, group_culprits, node_numbers
 from trtbisect.diagnosis.facts import Facts
 from trtbisect.graph import Graph
-from trtbisect.context import Context, Options
-from trtbisect.stages.layerwise import layerwise
+from trtbisect.judge.compare import FP16_MAX
 from trtbisect.search.prior import constant_stats
+from trtbisect.stages.layerwise import layerwise
 
 IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
 

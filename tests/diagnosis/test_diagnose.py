@@ -14,15 +14,15 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import save_zoo_model
-from trtbisect.cli import main
-from trtbisect.judge.compare import FP16_MAX
-from trtbisect.diagnosis.diagnose import CulpritGroup, diagnose, group_culprits
 from trtbisect.backends.ort import Reference
-from trtbisect.graph import Graph
+from trtbisect.cli import main
 from trtbisect.context import Context, Options
-from trtbisect.stages.layerwise import layerwise
+from trtbisect.diagnosis.diagnose import CulpritGroup, diagnose, group_culprits
+from trtbisect.graph import Graph
+from trtbisect.judge.compare import FP16_MAX
 from trtbisect.pipeline import run
 from trtbisect.search.prior import constant_stats
+from trtbisect.stages.layerwise import layerwise
 
 N = helper.make_node
 

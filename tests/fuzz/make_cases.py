@@ -15,13 +15,15 @@ import json
 import os
 import random
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto as TP, helper as h, numpy_helper
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
 
 from tests.models import input_models
 

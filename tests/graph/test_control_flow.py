@@ -14,11 +14,11 @@ import pytest
 
 from tests.models.control_flow_models import Planted, all_planted
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
-from trtbisect.judge.compare import Tolerance
+from trtbisect.context import Options
 from trtbisect.graph import Graph, with_node_names
+from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.loadable import checker_problem, runtime_problem
 from trtbisect.judge.mixed import mixed_model
-from trtbisect.context import Options
 from trtbisect.pipeline import check_mixed, run
 
 PLANTED = all_planted()

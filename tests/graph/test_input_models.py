@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from tests.models import input_models as im
 from trtbisect.cli import main
+from trtbisect.context import Options
 from trtbisect.errors import EXIT_REFERENCE_UNSTABLE
 from trtbisect.judge.loadable import require_written_valid
-from trtbisect.context import Options
 from trtbisect.pipeline import run
 
 SEMANTICS = ("trt", "strict")

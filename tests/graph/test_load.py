@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from onnx import TensorProto as TP, helper as h
+from onnx import TensorProto as TP
+from onnx import helper as h
 
 from tests.conftest import save_zoo_model
-from tests.test_cli import assert_one_line_error, invoke
 from tests.judge.test_degenerate import one_error_line
+from tests.test_cli import assert_one_line_error, invoke
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import load as graph_load
 

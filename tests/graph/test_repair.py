@@ -12,10 +12,9 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from tests.models import input_models as im
 from tests.graph.test_input_models import _save
+from tests.models import input_models as im
 from trtbisect.cli import main
-
 
 REPAIRS = {"ir3_weights_as_inputs": "are IR version 4, not 3",
            "opset4_casts": "are opset 6, converted from 4",
@@ -79,7 +78,8 @@ def test_a_fed_default_value_is_refused_saying_why(tmp_path):
 
 
 def test_densify_takes_flat_indices_and_coordinates():
-    from onnx import helper as h, numpy_helper as nh
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
 
     from trtbisect.graph.repair import densify
     values = nh.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")

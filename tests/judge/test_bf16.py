@@ -15,16 +15,18 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
 
-from trtbisect.outputs import render
 from trtbisect.cli import main
-from trtbisect.judge.precision import BF16
 from trtbisect.context import Options, prepare
-from trtbisect.stages.evaluator import Evaluator
-from trtbisect.stages.layerwise import layerwise
+from trtbisect.judge.precision import BF16
+from trtbisect.outputs import render
 from trtbisect.pipeline import check_mixed, run
 from trtbisect.rewrites.rules import REWRITES, rewrites_for
+from trtbisect.stages.evaluator import Evaluator
+from trtbisect.stages.layerwise import layerwise
 
 
 def _save(tmp: Path, name: str, model: onnx.ModelProto, **inputs: np.ndarray) -> tuple[Path, Path]:

@@ -20,13 +20,16 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import save_zoo_model
-from tests.models.semantics_models import (constant_planted, constant_stored,
-                                           layernorm_overflow_opset17)
 from tests.judge.test_semantics_pipeline import _judge_agrees, _same_bits
-from trtbisect.judge import semantics as sem
+from tests.models.semantics_models import (
+    constant_planted,
+    constant_stored,
+    layernorm_overflow_opset17,
+)
 from trtbisect.backends.ort import Emulator, make_session
-from trtbisect.graph import Graph, fp16_signature, fp32_outputs, node_names
 from trtbisect.context import Options
+from trtbisect.graph import Graph, fp16_signature, fp32_outputs, node_names
+from trtbisect.judge import semantics as sem
 from trtbisect.pipeline import check_mixed, run
 from trtbisect.result import RunResult, as_json
 

@@ -11,9 +11,9 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from trtbisect import pipeline
+from trtbisect.context import Options
 from trtbisect.judge.compare import Tolerance, compare_outputs
 from trtbisect.judge.criteria import Criteria, Judgement, Verdict
-from trtbisect.context import Options
 from trtbisect.pipeline import run
 
 ROOT = Path(__file__).parents[2]

@@ -11,11 +11,11 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from tests.test_cli import invoke
-from trtbisect.judge.compare import Tolerance
+from trtbisect.context import Options
 from trtbisect.errors import TrtBisectError
+from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria, parse_metric
 from trtbisect.judge.metrics import cosine, iou, snr, topk_agreement
-from trtbisect.context import Options
 from trtbisect.pipeline import run
 
 
@@ -86,8 +86,7 @@ def _arrays():
 @pytest.mark.parametrize("metric", ["cosine", "snr"])
 def test_cosine_and_snr_are_polygraphys_bit_for_bit(metric):
     pytest.importorskip("polygraphy")
-    from polygraphy.comparator import (CosineSimilarityCompareFunc, IterationResult,
-                                       SnrCompareFunc)
+    from polygraphy.comparator import CosineSimilarityCompareFunc, IterationResult, SnrCompareFunc
     for ref, got in _arrays():
         for threshold in ((0.9, 0.999, 1.0) if metric == "cosine" else (20.0, 60.0)):
             func = (CosineSimilarityCompareFunc(cosine_similarity_threshold=threshold)
@@ -160,7 +159,8 @@ def test_a_metric_that_does_not_fit_the_output_is_refused(two, tmp_path):
 
 def _scalar_model(tmp_path):
     import onnx
-    from onnx import TensorProto as TP, helper as h
+    from onnx import TensorProto as TP
+    from onnx import helper as h
     g = h.make_graph([h.make_node("ReduceSum", ["x"], ["y"], keepdims=0, name="sum")], "g",
                      [h.make_tensor_value_info("x", TP.FLOAT, [4])],
                      [h.make_tensor_value_info("y", TP.FLOAT, [])])

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from trtbisect.judge.compare import Tolerance
 from trtbisect.errors import TrtBisectError
+from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.stats import STATISTICS
 

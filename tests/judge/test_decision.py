@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from trtbisect.judge.compare import Tolerance
-from trtbisect.stages.spread import (AIM_FACTOR, SPREAD_SHARE, Certificate, OutputMargin)
 from trtbisect.judge.verdict import PASSING, decide, on_tensorrt
 from trtbisect.result import VERDICT_EXIT
+from trtbisect.stages.spread import AIM_FACTOR, SPREAD_SHARE, Certificate, OutputMargin
 
 
 @pytest.mark.parametrize("proposed", PASSING)

@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import TensorProto as TP, helper as h
+from onnx import TensorProto as TP
+from onnx import helper as h
 
 from tests.fuzz.make_cases import overflow_model, tiny_model, typed_model
 from trtbisect.cli import main

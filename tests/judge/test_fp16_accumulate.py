@@ -13,13 +13,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.test_cli import invoke
 from tests.judge.test_semantics_pipeline import DEMO, PLANTED, _judge_agrees, _same_bits
-from trtbisect.judge import semantics as sem
+from tests.test_cli import invoke
 from trtbisect.backends.ort import Emulator
-from trtbisect.graph import Graph
-from trtbisect.judge.mixed import mixed_model
 from trtbisect.context import Options
+from trtbisect.graph import Graph
+from trtbisect.judge import semantics as sem
+from trtbisect.judge.mixed import mixed_model
 from trtbisect.pipeline import check_mixed, run
 
 BLOCK = sem.FP16_ACCUMULATE_BLOCK

@@ -14,11 +14,15 @@ import pytest
 from tests.models import input_models as im
 from trtbisect.context import Options, prepare
 from trtbisect.errors import TrtBisectError
-from trtbisect.judge.loadable import (InputCheck, checker_problem, require_written_valid,
-                                      runtime_problem)
-from trtbisect.stages.written import judge_mixed
+from trtbisect.judge.loadable import (
+    InputCheck,
+    checker_problem,
+    require_written_valid,
+    runtime_problem,
+)
 from trtbisect.judge.mixed import graph_model
 from trtbisect.pipeline import run
+from trtbisect.stages.written import judge_mixed
 
 FORGIVEN = "as the model given does"
 MODELS = {"fails": im.loop_body_wrong_rank, "passes": im.overflow}

@@ -9,18 +9,20 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as TP, helper as h, numpy_helper
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
 
 from tests.conftest import save_zoo_model, x_to_y
 from trtbisect.backends.ort import Emulator, MixedModel, Reference
-from trtbisect.judge.compare import Tolerance, compare_outputs
-from trtbisect.graph import Graph
-from trtbisect.stages import written
-from trtbisect.judge.mixed import mixed_model
 from trtbisect.context import Options, prepare
+from trtbisect.graph import Graph
+from trtbisect.judge.compare import Tolerance, compare_outputs
+from trtbisect.judge.mixed import mixed_model
+from trtbisect.pipeline import check_mixed, run
+from trtbisect.stages import written
 from trtbisect.stages.evaluator import Evaluator
 from trtbisect.stages.layerwise import layerwise
-from trtbisect.pipeline import check_mixed, run
 
 ZOO = ["layernorm_overflow", "reducesum_overflow", "attention_logits", "eps_underflow",
        "constant_out_of_range", "two_outputs", "precision_loss", "healthy"]

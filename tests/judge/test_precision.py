@@ -9,13 +9,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto as TP, helper as h
+from onnx import TensorProto as TP
+from onnx import helper as h
 
 from trtbisect.backends.ort import Emulator, MixedModel
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
-from trtbisect.judge.precision import BF16, FP16, precision
 from trtbisect.judge.mixed import mixed_model
+from trtbisect.judge.precision import BF16, FP16, precision
 from trtbisect.judge.semantics import Rules, round_weight
 
 

@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.models.semantics_models import conv_relu_bn
-from trtbisect.judge import semantics as sem
 from trtbisect.errors import TrtBisectError
+from trtbisect.judge import semantics as sem
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "semantics.md"
 F = TensorProto.FLOAT

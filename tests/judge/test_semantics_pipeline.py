@@ -15,12 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.conftest import save_zoo_model
 from tests.models.semantics_models import planted
 from tests.test_cli import invoke
-from trtbisect.judge import semantics as sem
 from trtbisect.backends.ort import Emulator, MixedModel
-from trtbisect.graph import Graph
-from trtbisect.judge.mixed import mixed_model
-from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
+from trtbisect.graph import Graph
+from trtbisect.judge import semantics as sem
+from trtbisect.judge.compare import Tolerance
+from trtbisect.judge.mixed import mixed_model
 from trtbisect.pipeline import check_mixed, run
 
 PLANTED = planted()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from trtbisect.context import JudgeOptions, Options, prepare
 from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.settings import JudgeSettings
-from trtbisect.context import JudgeOptions, Options, prepare
 from trtbisect.pipeline import _fingerprint, run
 
 ROOT = Path(__file__).resolve().parents[2]

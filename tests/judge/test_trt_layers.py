@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trtbisect.judge import trt_layers as tl
 from trtbisect.graph import node_names
+from trtbisect.judge import trt_layers as tl
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "trt"
 US = tl.METADATA_SEPARATOR

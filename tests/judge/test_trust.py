@@ -73,8 +73,8 @@ def _matmul(tmp_path, k: int = 256):
 
 def _all_fp16_rel(m, inputs) -> float:
     from trtbisect.backends.ort import Emulator, Reference
-    from trtbisect.judge.compare import Tolerance, compare_outputs
     from trtbisect.graph import Graph
+    from trtbisect.judge.compare import Tolerance, compare_outputs
 
     g, x = Graph(m), dict(np.load(inputs))
     return compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
@@ -85,8 +85,8 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
     """All-FP16 passes the judge by a hair (a tolerance 1e-6 above its error): that is inside
     what ORT's optimized kernels move the error by, so it is not `fp16_ok`; the search aims
     inside the bound and keeps the MatMul in FP32, which holds with margin."""
-    from trtbisect.judge.compare import Tolerance
     from trtbisect.context import Options
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import run
 
     m, path, inputs = _matmul(tmp_path)
@@ -112,9 +112,9 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
 def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
     """A bound below the FP32 noise floor: even all-FP32 cannot pass by more than the spread."""
     from trtbisect.backends.ort import Reference, kernel_noise
-    from trtbisect.judge.compare import Tolerance
-    from trtbisect.graph import Graph
     from trtbisect.context import Options
+    from trtbisect.graph import Graph
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import run
 
     m, path, inputs = _matmul(tmp_path)
@@ -189,8 +189,8 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
     pytest.importorskip("polygraphy")
     from pathlib import Path
 
-    from trtbisect.judge.compare import Tolerance
     from trtbisect.context import Options
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import run
 
     root = Path(__file__).resolve().parents[2]
@@ -208,8 +208,8 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
 
     m, path, inputs = _conv_detector(tmp_path)
     from trtbisect.backends.ort import Emulator, Reference
-    from trtbisect.judge.compare import compare_outputs
     from trtbisect.graph import Graph
+    from trtbisect.judge.compare import compare_outputs
 
     g, x = Graph(m), dict(np.load(inputs))
     rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
@@ -281,8 +281,8 @@ def test_the_console_says_which_criterion_fits(tmp_path):
 def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
     """--pass-rate 0.5 on two samples, the second overflowing FP16 (a failure the rate
     allows): the margin is measured on the sample that passes, so all-FP16 holds."""
-    from trtbisect.judge.flags import parse_criteria
     from trtbisect.context import Options
+    from trtbisect.judge.flags import parse_criteria
     from trtbisect.pipeline import run
 
     m, path, _ = _matmul(tmp_path)
@@ -302,14 +302,14 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
 def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
     """The aimed rounds judge in the run's process; the first search on 2 workers: the plan,
     the certificate and the evaluations are those of one process."""
-    from trtbisect.judge.compare import Tolerance
     from trtbisect.context import Options
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import run
 
     m, path, inputs = _conv_detector(tmp_path)
     from trtbisect.backends.ort import Emulator, Reference
-    from trtbisect.judge.compare import compare_outputs
     from trtbisect.graph import Graph
+    from trtbisect.judge.compare import compare_outputs
 
     g, x = Graph(m), dict(np.load(inputs))
     rel = compare_outputs(Reference(g).run(x), Emulator(g).run(frozenset(), x),
@@ -328,8 +328,8 @@ def test_the_noise_floor_is_measured_once_per_run(tmp_path, monkeypatch):
     """FP32's noise floor is the reference's alone: an aimed round's certificate reuses it
     (each measurement builds two sessions and runs every sample twice)."""
     import trtbisect.backends.ort as ort_backend
-    from trtbisect.judge.compare import Tolerance
     from trtbisect.context import Options
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import run
 
     calls = []
@@ -458,11 +458,11 @@ def test_every_failing_plan_on_the_tradeoff_plot_says_why(tmp_path):
     the output and the sample; a plan that fails under the tolerance line failed by something
     its error does not show: here the aimed bound (the margin), and the Pareto front runs
     through passing plans only (#46 item 4)."""
-    from trtbisect.judge.compare import Tolerance
-    from trtbisect.reports.report import failing_below, pareto_front, tradeoff_points
-    from trtbisect.context import Options
-    from trtbisect.pipeline import run
     from tests.models.make_models import precision_loss
+    from trtbisect.context import Options
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.pipeline import run
+    from trtbisect.reports.report import failing_below, pareto_front, tradeoff_points
 
     p = precision_loss()
     onnx.save(p.model, tmp_path / "m.onnx")
@@ -494,8 +494,8 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     plan's file, and an all-FP16 file that passes, are loaded; the emulated file is not loaded
     again (the judge's session was its load)."""
     import trtbisect.judge.loadable as loadable
-    from trtbisect.judge.compare import Tolerance
     from trtbisect.context import Options
+    from trtbisect.judge.compare import Tolerance
     from trtbisect.pipeline import run
 
     loaded: list[str | None] = []

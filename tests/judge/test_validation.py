@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import onnx
+import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from trtbisect.cli import main
 from trtbisect.judge import validation
-
 
 
 def _save_1d(tmp_path, name: str, nodes, consts, size: int):
@@ -143,13 +142,12 @@ def test_one_sample_near_the_bound_is_validated_on_perturbed_copies(tmp_path):
 def test_a_spread_as_large_as_the_effect_is_fragile_at_once(tmp_path):
     """A bound a quarter of FP32's own noise floor: no aimed search can help, so none runs;
     the evaluations are the first search's alone and the certificate says why."""
+    from tests.judge.test_trust import _matmul
     from trtbisect.backends.ort import Reference, kernel_noise
+    from trtbisect.context import Options
     from trtbisect.graph import Graph
     from trtbisect.judge.compare import Tolerance
-    from trtbisect.context import Options
     from trtbisect.pipeline import run
-
-    from tests.judge.test_trust import _matmul
     m, path, inputs = _matmul(tmp_path)
     g, x = Graph(m), dict(np.load(inputs))
     ref = Reference(g).run(x)
@@ -161,19 +159,18 @@ def test_a_spread_as_large_as_the_effect_is_fragile_at_once(tmp_path):
 
 
 def test_aimed_rounds_share_a_fraction_of_the_first_search():
-    from trtbisect.stages.spread import AIM_FLOOR
     from trtbisect.stages.search import aim_allowance
+    from trtbisect.stages.spread import AIM_FLOOR
     assert aim_allowance(0) == AIM_FLOOR
     assert aim_allowance(1000) == 200  # at most 20% more evaluations than the search
 
 
 def test_retarget_carries_known_failures_to_a_tighter_bound(tmp_path):
     """A plan that failed under the looser bound is not judged again under the aimed one."""
+    from tests.judge.test_trust import _matmul
     from trtbisect.context import Options, prepare
     from trtbisect.judge.compare import Tolerance
     from trtbisect.stages.evaluator import Evaluator
-
-    from tests.judge.test_trust import _matmul
     _, path, inputs = _matmul(tmp_path)
     opts = Options.of(inputs=[str(inputs)], tolerance=Tolerance(1e-9))
     ctx = prepare(path, opts)
@@ -259,9 +256,9 @@ def test_fp16_as_it_is_passing_only_its_searched_sample_is_not_fp16_ok(tmp_path)
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["verdict"] == "unvalidated" and written["fp32_nodes"] == []
     assert written["validation"]["passed"] is False
-    from trtbisect.reports.report import verdict_line
     from trtbisect.context import Options
     from trtbisect.pipeline import run
+    from trtbisect.reports.report import verdict_line
     r = run(path, Options.of(inputs=files, semantics="strict"))
     assert r.verdict == "unvalidated" and verdict_line(r).startswith(
         "unvalidated: FP16 as it is meets")

@@ -9,11 +9,13 @@ reads the 2e6. MatMul runs in ONNX Runtime at every opset, the oldest too.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
 
 X = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
 PLAN = {"up1": False, "up2": True, "down": True}  # node -> kept in FP32

@@ -14,8 +14,9 @@ exhaustive search over all subsets up to its size (bundled sample and five rando
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
 
 X = np.linspace(-2, 2, 12, dtype=np.float32).reshape(2, 6)
 # Unique's input: 1.0001 and 1.00005 (times 3) are distinct in FP32, one value in FP16

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli import invoke
-from trtbisect.outputs import render
+from trtbisect.context import Options
 from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import criteria_flags, parse_criteria
-from trtbisect.context import Options
+from trtbisect.outputs import render
 from trtbisect.pipeline import check_mixed, run
 
 ROOT = Path(__file__).parents[2]

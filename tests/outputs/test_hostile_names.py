@@ -30,8 +30,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fuzz.make_cases import HOSTILE, overflow_model
-from trtbisect.cli import main
 from trtbisect.base.escape import md_code, md_text, visible
+from trtbisect.cli import main
 from trtbisect.outputs.render import parse_trtexec_spec
 
 pytest.importorskip("matplotlib")  # --report

@@ -22,9 +22,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fuzz.make_cases import overflow_model
-from trtbisect.outputs import outdir as outdir_mod
 from trtbisect.base import cache as result_cache
 from trtbisect.cli import main
+from trtbisect.outputs import outdir as outdir_mod
 
 X = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
 

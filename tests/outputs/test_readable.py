@@ -259,9 +259,9 @@ def test_every_sentence_says_the_numbers_it_describes(tmp_path, name, budget):
     downward, "keep these N nodes" counts the group's nodes, and report.html's "Every node of
     the plan (N)" counts the plan's nodes (not the boundary Casts' row)."""
     from tests.models.make_models import zoo
-    from trtbisect.reports.report import render_html
     from trtbisect.context import Options
     from trtbisect.pipeline import run
+    from trtbisect.reports.report import render_html
 
     path, inputs = save_zoo_model(zoo()[name], tmp_path)
     r = run(path, Options.of(inputs=[str(inputs)], budget=budget), tmp_path / "o")
@@ -291,8 +291,8 @@ def test_every_sentence_says_the_numbers_it_describes(tmp_path, name, budget):
 def test_loosening_the_criterion_quotes_what_all_fp16_needs():
     from types import SimpleNamespace
 
-    from trtbisect.judge.compare import OutputError, Tolerance
     from trtbisect.diagnosis.diagnose import relax_words
+    from trtbisect.judge.compare import OutputError, Tolerance
     from trtbisect.judge.criteria import Criteria
 
     def result(rel: float, nonfinite: int = 0):

@@ -16,9 +16,9 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from trtbisect.base.files import npz_bytes
-from trtbisect.outputs import render as rd
-from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
+from trtbisect.judge.compare import Tolerance
+from trtbisect.outputs import render as rd
 from trtbisect.pipeline import check_mixed, run
 
 ODD = ["/a:b/Pow", "with space", "ünï/ç:ode", "trailing:", ":leading", "x=y", "a*b"]
@@ -280,7 +280,8 @@ def test_the_built_graph_is_written_only_when_autocast_would_convert_differently
     """A Constant node whose value TensorRT clamps as a weight (beyond 65504, or a nonzero below
     FP16's smallest subnormal) makes AutoCast convert the built graph; an in-range Constant and
     no fold: AutoCast converts the model as given, and no copy of the weights is written."""
-    from onnx import TensorProto as TP, helper as h
+    from onnx import TensorProto as TP
+    from onnx import helper as h
     c = h.make_node("Constant", [], ["c"], name="fill", value=onnx.numpy_helper.from_array(
         np.array([0.0, fill, 0.0, 0.0], np.float32)))
     nodes = [c, h.make_node("Add", ["x", "c"], ["s"], name="add"),

@@ -20,8 +20,8 @@ from trtbisect.graph.schema import type_params
 from trtbisect.judge.compare import Tolerance, compare_output, tensor_stats
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.judge.loadable import require_loadable, require_written_valid
-from trtbisect.judge.precision import BF16, FP16
 from trtbisect.judge.mixed import write_mixed_onnx
+from trtbisect.judge.precision import BF16, FP16
 
 VERDICT_EXITS = {0, 3, 4, 5, 6, 7, 8, 9}
 MODELS = {"pad_constant": (wm.pad_constant, wm.X), "mvn": (wm.mvn, wm.X),

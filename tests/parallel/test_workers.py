@@ -12,14 +12,15 @@ import pytest
 
 from tests.conftest import save_zoo_model
 from tests.models.make_models import deep_model
+from trtbisect.context import Options
 from trtbisect.judge.compare import OutputError
 from trtbisect.judge.criteria import Judgement
 from trtbisect.judge.flags import parse_criteria
-from trtbisect.parallel import judge as pjudge, plan_workers
-from trtbisect.stages.batch import chunks
+from trtbisect.parallel import judge as pjudge
+from trtbisect.parallel import plan_workers
 from trtbisect.parallel.pool import DIE_ONCE_ENV
-from trtbisect.context import Options
 from trtbisect.pipeline import check_mixed, run
+from trtbisect.stages.batch import chunks
 
 
 def _run(model, inputs, out, workers: int, **kw):
@@ -239,8 +240,8 @@ def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, 
     all-FP16 verdict's inference time; building a session must not count (on the 20k-node
     transformer it did, and started workers for a 10-evaluation search)."""
     from trtbisect import pipeline
-    from trtbisect.stages import batch
     from trtbisect.backends import ort as ort_backend
+    from trtbisect.stages import batch
 
     z, model, inputs = deep
     before = ort_backend.run_seconds()

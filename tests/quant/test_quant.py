@@ -14,11 +14,11 @@ import pytest
 
 from tests.models import quant_models as qm
 from tests.test_cli import assert_one_line_error, invoke
-from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
+from trtbisect.judge.compare import Tolerance
+from trtbisect.outputs.quantized import patterns
 from trtbisect.quant import analyse, is_quantized, run, unquantize
 from trtbisect.quant.judge import QuantJudge, session
-from trtbisect.outputs.quantized import patterns
 
 
 def _files(p: qm.Planted, tmp_path):
@@ -304,9 +304,9 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
     """A compute-bound quantized MatMul costs FP16's time over 2 on an L4 (INT8 242.5 dense
     TOPS against FP16's 121 TFLOPS); un-quantizing it in a file FP32 elsewhere costs the FP32
     rate; an FP8 file priced on an A100 is refused."""
-    from trtbisect.search.cost import GPUS, QUANT_PEAKS
     from trtbisect.errors import TrtBisectError
     from trtbisect.quant.cost import QuantPricing, _Node, pricing_for
+    from trtbisect.search.cost import GPUS, QUANT_PEAKS
 
     pr = QuantPricing("l4", "int8", half_file=False,
                       nodes=[_Node("mm", "MatMul", 1e15, 0, 0, 0)], layer_of={"mm": "mm"})
@@ -343,8 +343,8 @@ def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traff
     mm3 with no quantized layer to fuse into: a Q kernel of its own (h2 read at 4 bytes,
     written at 1), priced at the L4's bandwidth. The cost rows add up to the plan's slowdown
     against all-quantized."""
-    from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for
+    from trtbisect.search.cost import GPUS
 
     model, x, rng = _three_matmuls()
     layers = analyse(model)
@@ -378,10 +378,10 @@ def test_a_reformat_reads_the_float_width_its_writer_has_under_the_plan():
     """In a file FP16 elsewhere a Q reformat reads 2 bytes per element, 4 where the plan also
     keeps the layer writing its input in FP32: fp16_side's xh (written by a Cast) always has
     one; un-quantizing mm1 removes it and leaves h's Q, mm1's output, a kernel of its own."""
-    from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for
     from trtbisect.quant.half import half_nodes
     from trtbisect.quant.judge import FP32_PREFIX
+    from trtbisect.search.cost import GPUS
 
     p = qm.fp16_side()
     units = {FP32_PREFIX + n: n for n in half_nodes(p.model)}
@@ -495,8 +495,12 @@ def test_onnx_runtimes_quantizer_output_gets_the_same_plan(tmp_path):
     if any(m.startswith("modelopt.onnx") for m in sys.modules):
         pytest.skip("ModelOpt, imported by an earlier test, patched ONNX Runtime's quantizer "
                     "in this process (modelopt/onnx/quantization/ort_patching.py)")
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     p = qm.outlier()
     fp32, qdq_path = tmp_path / "fp32.onnx", tmp_path / "ort_qdq.onnx"
@@ -706,8 +710,8 @@ def test_a_layer_whose_output_q_fuses_into_it_writes_int8():
     them: 1 byte per element. mm3 writes the graph output in FP32: 4. Un-quantizing mm2
     leaves h1's Q/DQ to no reader: mm1 writes FP32 again. A tensor a float node reads beside
     the Q (a residual) stays float."""
-    from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for
+    from trtbisect.search.cost import GPUS
 
     model, x, rng = _three_matmuls()
     pr = pricing_for(model, analyse(model), {}, {"x": x}, "l4", False)
@@ -844,8 +848,8 @@ def test_shapes_inference_leaves_open_are_probed_for_the_price():
     """x is reshaped by a shape fed at run time (shape inference cannot know it): without the
     probe the quantized MatMul after it is priced on its weight alone; with it (one ORT
     inference of the file), on its activation and output too, as the FP16 run prices."""
-    from trtbisect.search.cost import GPUS
     from trtbisect.quant.cost import pricing_for, shape_probe
+    from trtbisect.search.cost import GPUS
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((qm.N * qm.C,)).astype(np.float32)

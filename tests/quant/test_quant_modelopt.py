@@ -158,9 +158,9 @@ def test_a_plan_modelopt_cannot_reproduce_is_said_so_and_its_file_judged(tmp_pat
     from trtbisect.graph import Graph, with_node_names
     from trtbisect.judge.compare import Tolerance
     from trtbisect.judge.criteria import Criteria
+    from trtbisect.outputs.quantized import reproduction_lines
     from trtbisect.quant import ptq
     from trtbisect.quant.judge import QuantJudge
-    from trtbisect.outputs.quantized import reproduction_lines
 
     fp32 = _chain(tmp_path)
     data = {"x": np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)}

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from trtbisect.cli import main
-from trtbisect.quant import ptq
 from trtbisect.outputs.quantized import INSTALL
+from trtbisect.quant import ptq
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -263,8 +263,8 @@ def test_tf32_rounds_the_operands_of_fp32_inner_products_only(tmp_path):
     operands TF32-rounded, as the FP16 road's emulator rounds them; a quantized layer's MatMul
     (reading DequantizeLinear) is TensorRT's INT8 kernel and is left alone; the run judges its
     plans and its written file under it."""
-    from trtbisect.quant.judge import QuantJudge, tf32_rounded
     from trtbisect.quant.half import types
+    from trtbisect.quant.judge import QuantJudge, tf32_rounded
     from trtbisect.quant.qdq import analyse
 
     p = qm.outlier()

@@ -3,9 +3,8 @@ one-line hint when matplotlib is missing."""
 
 from __future__ import annotations
 
-import copy
-
 import base64
+import copy
 import re
 import shutil
 import subprocess
@@ -17,8 +16,8 @@ from click.testing import CliRunner
 
 from tests.conftest import save_zoo_model
 from trtbisect.cli import main
-from trtbisect.errors import TrtBisectError
 from trtbisect.context import Options
+from trtbisect.errors import TrtBisectError
 from trtbisect.pipeline import run
 from trtbisect.reports.report import render_html
 

@@ -9,13 +9,20 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbisect.rewrites.rules import REWRITES
 from trtbisect.rewrites.core import Match, Refusal, Rewrite
+from trtbisect.rewrites.driver import (
+    _better,
+    emulator_judge,
+    find_all,
+    measure_drift,
+    reference_outputs,
+    same_interface,
+    try_rewrites,
+)
 from trtbisect.rewrites.mask import MASK_FILL
 from trtbisect.rewrites.norm import LAYERNORM
+from trtbisect.rewrites.rules import REWRITES
 from trtbisect.rewrites.scale import RAISE_EPSILON, SCALE_BEFORE_SQUARE
-from trtbisect.rewrites.driver import (_better, emulator_judge, find_all, measure_drift,
-                                reference_outputs, same_interface, try_rewrites)
 
 DEMO = Path(__file__).resolve().parents[2] / "models"
 FP32_MIN = float(np.finfo(np.float32).min)

@@ -3,7 +3,6 @@ the benchmark's section of docs/search_benchmark.md survives bench_search.py rew
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from tests.conftest import script_module

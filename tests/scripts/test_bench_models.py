@@ -14,8 +14,7 @@ from onnx import TensorProto, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from bench_models import (ALIGN, FAULT_SCALE, fault_blocks, synthetic_transformer,  # noqa: E402
-                          wide_matmul_stack)
+from bench_models import ALIGN, FAULT_SCALE, fault_blocks, synthetic_transformer, wide_matmul_stack  # noqa: E402
 
 FP16_MAX = 65504.0
 

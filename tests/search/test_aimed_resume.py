@@ -16,8 +16,8 @@ import pytest
 
 from tests.judge.test_trust import _conv_detector
 from trtbisect.judge.compare import Tolerance, compare_outputs
-from trtbisect.stages.evaluator import Evaluator
 from trtbisect.search.journal import Journal
+from trtbisect.stages.evaluator import Evaluator
 from trtbisect.stages.search import aimed_scope
 
 # The detector head's error with conv1 alone kept FP32, over all-FP16's: the first search finds
@@ -120,8 +120,7 @@ def test_a_verdict_under_one_bound_is_never_replayed_under_another(tmp_path):
     """The same plans judged under round 1's cap and a tighter round 2's: each round's
     journal record is its own; a forged verdict under round 1's bound decides round 1 (so the
     journal is read) and nothing under round 2's or the run's own bound."""
-    from trtbisect.context import prepare
-    from trtbisect.context import Options
+    from trtbisect.context import Options, prepare
 
     path, inputs, tol = _planted(tmp_path)
     # the resume of an aimed round is the subject: no validation (test_validation.py has it)
@@ -155,8 +154,14 @@ def test_a_verdict_under_one_bound_is_never_replayed_under_another(tmp_path):
 def test_sigkill_in_an_aimed_round_resumes_to_the_same_plan(tmp_path):
     """A real kill, while an aimed evaluation is in flight (the gated CLI of
     test_reliability.py: no timing involved)."""
-    from tests.search.test_reliability import (HANG, cli, plan_of, records_of, release,
-                                               wait_for_start)
+    from tests.search.test_reliability import (
+        HANG,
+        cli,
+        plan_of,
+        records_of,
+        release,
+        wait_for_start,
+    )
 
     path, inputs, tol = _planted(tmp_path)
     args = ("run", path, "--inputs", inputs, "--rtol", repr(tol.rtol), "--semantics",

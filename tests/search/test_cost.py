@@ -7,11 +7,19 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbisect.judge import semantics
-from trtbisect.search.cost import (DEFAULT_GPU, GPUS, GpuClass, Pricing, gpu_class, infer_shapes,
-                            node_flops, pricing_for)
 from trtbisect.errors import TrtBisectError
 from trtbisect.graph import Graph
+from trtbisect.judge import semantics
+from trtbisect.search.cost import (
+    DEFAULT_GPU,
+    GPUS,
+    GpuClass,
+    Pricing,
+    gpu_class,
+    infer_shapes,
+    node_flops,
+    pricing_for,
+)
 
 # round figures: FP16 tensor 1 PFLOP/s, TF32 0.5, FP32 0.1; 1 TB/s
 GPU = GpuClass("test", "test", 1e15, 5e14, 1e14, 1e12, "hand-made")

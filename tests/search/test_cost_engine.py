@@ -16,10 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.models.control_flow_models import all_planted
 from tests.models.make_models import deep_model, zoo
 from tests.models.semantics_models import constant_planted, planted
-from trtbisect.judge import semantics
 from trtbisect.backends.ort import Reference
-from trtbisect.search.cost import engine_pricing, search_args
 from trtbisect.graph import Graph
+from trtbisect.judge import semantics
+from trtbisect.search.cost import engine_pricing, search_args
 
 
 def _probe(sample):

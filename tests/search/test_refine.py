@@ -7,7 +7,6 @@ import json
 
 from trtbisect.search.refine import emulator_then_trt
 
-
 NODES = [f"n{i:02d}" for i in range(24)]
 GROUPS = {f"L{g}": tuple(NODES[4 * g:4 * g + 4]) for g in range(6)}  # 6 engine layers of 4
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import save_zoo_model
-from tests.test_cli import assert_one_line_error, invoke
 from tests.backends.test_trt_backend import LN, fake
+from tests.conftest import save_zoo_model
 from tests.parallel.test_trt_pool import FUSED, install_fake
-from trtbisect.judge.compare import Tolerance
+from tests.test_cli import assert_one_line_error, invoke
 from trtbisect.errors import EXIT_USAGE, TrtBisectError
+from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import parse_criteria
 from trtbisect.stages.trt import TrtSearchOptions, run_trt_search
 

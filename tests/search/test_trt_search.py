@@ -4,8 +4,8 @@ the fake TensorRT in tests/backends/test_trt_backend.py, test_trt_pool.py and te
 
 from __future__ import annotations
 
-from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
+from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.flags import criteria_flags, parse_criteria
 from trtbisect.judge.settings import criteria_digest
 from trtbisect.stages.trt import TrtSearchOptions

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from tests.conftest import save_zoo_model
-from trtbisect.judge.compare import Tolerance
 from trtbisect.context import Options
+from trtbisect.judge.compare import Tolerance
 from trtbisect.pipeline import run
 from trtbisect.stages.stability import jittered, measure_stability
 

@@ -17,14 +17,14 @@ from click.testing import CliRunner
 torch = pytest.importorskip("torch")
 
 from tests.models.torch_models import EXPECTED  # noqa: E402
+from trtbisect.cli import main  # noqa: E402
 from trtbisect.torch.driver import diagnose  # noqa: E402
 from trtbisect.torch.emulation import ReducedStorage  # noqa: E402
+from trtbisect.torch.export import load_torch_model  # noqa: E402
 from trtbisect.torch.layerwise import layerwise, summarize  # noqa: E402
 from trtbisect.torch.precision import pick_precision, reduced  # noqa: E402
 from trtbisect.torch.result import TorchOptions  # noqa: E402
 from trtbisect.torch.runner import TorchRunner  # noqa: E402
-from trtbisect.cli import main  # noqa: E402
-from trtbisect.torch.export import load_torch_model  # noqa: E402
 
 FILE = Path(__file__).parents[1] / "models" / "torch_models.py"
 

@@ -15,9 +15,14 @@ torch = pytest.importorskip("torch")
 
 from trtbisect.cli import main  # noqa: E402
 from trtbisect.errors import TrtBisectError  # noqa: E402
-from trtbisect.torch.export import (ExportOptions, export, load_torch_model,  # noqa: E402
-                              parse_input_specs, resolve_model_arg)
 from trtbisect.graph.modules import module_of  # noqa: E402
+from trtbisect.torch.export import (  # noqa: E402
+    ExportOptions,
+    export,
+    load_torch_model,
+    parse_input_specs,
+    resolve_model_arg,
+)
 
 FILE = Path(__file__).parents[1] / "models" / "torch_models.py"
 

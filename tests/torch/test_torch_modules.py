@@ -8,8 +8,16 @@ import onnx
 import pytest
 from onnx import helper
 
-from trtbisect.graph.modules import (MODULES_KEY, ancestors, module_label, module_of, rebuild_path,
-                               scope_components, unqualified, within)
+from trtbisect.graph.modules import (
+    MODULES_KEY,
+    ancestors,
+    module_label,
+    module_of,
+    rebuild_path,
+    scope_components,
+    unqualified,
+    within,
+)
 
 
 @pytest.mark.parametrize("name, expected", [

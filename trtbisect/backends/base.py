@@ -7,7 +7,8 @@ candidate node runs in FP16. Backends see only name -> array maps; comparison is
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

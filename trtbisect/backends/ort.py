@@ -31,22 +31,40 @@ import logging
 import math
 import time
 from collections import ChainMap, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..base import limits
-from ..errors import TrtBisectError
 from ..base.spill import release_pages, spill
-from ..graph import (FLOAT, HALF_TYPES, SMALL_BYTES, STORE_LOCATION, Graph, _mark_stored,
-                     node_reads, structure, subgraphs, walk, walk_graphs)
+from ..errors import TrtBisectError
+from ..graph import (
+    FLOAT,
+    HALF_TYPES,
+    SMALL_BYTES,
+    STORE_LOCATION,
+    Graph,
+    _mark_stored,
+    node_reads,
+    structure,
+    subgraphs,
+    walk,
+    walk_graphs,
+)
 from ..judge.precision import FP16, Precision
-from ..judge.semantics import (MAX_ACCUMULATE_BLOCKS, STRICT, Rules, find_layers, round_weight,
-                         tf32_round, tf32_round_nodes)
+from ..judge.semantics import (
+    MAX_ACCUMULATE_BLOCKS,
+    STRICT,
+    Rules,
+    find_layers,
+    round_weight,
+    tf32_round,
+    tf32_round_nodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +215,7 @@ class Rounded:
 
     @classmethod
     def of(cls, graph: Graph, weight_rule: str = "inf",
-           precision: Precision = FP16) -> "Rounded":
+           precision: Precision = FP16) -> Rounded:
         shared = getattr(graph, "_rounded", None) or {}
         key = weight_rule if precision is FP16 else f"{weight_rule}:{precision.name}"
         if key not in shared:
@@ -491,7 +509,7 @@ class _Builder:
         else:
             self._blocked(new, spec, new.output[0])
 
-    def _blocked(self, new: onnx.NodeProto, spec: "_Blocking", out: str) -> None:
+    def _blocked(self, new: onnx.NodeProto, spec: _Blocking, out: str) -> None:
         """The node's output accumulated in FP16: partial products over blocks of the inner
         dimension, each rounded to FP16, the running sum rounded after every add, the bias
         added last and rounded."""
@@ -996,7 +1014,7 @@ class MixedModel:
         return dict(zip(self.outputs, values)), dict(zip(names, values))
 
 
-def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None, fused: bool = False,
+def emulation_of_mixed(graph: Graph, rules: Rules | None = None, fused: bool = False,
                        expose: Sequence[str] = ()) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The FP32 model `MixedModel` runs (weights by reference): also what Polygraphy's ONNX
     Runtime runs to check a plan without a GPU, since ORT's own float16 kernels hide overflow.
@@ -1007,7 +1025,7 @@ def emulation_of_mixed(graph: Graph, rules: "Rules | None" = None, fused: bool =
     return proto, b.weights_of(proto)
 
 
-def _mixed_builder(graph: Graph, rules: "Rules | None", fused: bool) -> "_MixedBuilder":
+def _mixed_builder(graph: Graph, rules: Rules | None, fused: bool) -> _MixedBuilder:
     rules = rules or STRICT
     half = {graph.names[graph.producer[t]] for t in graph.half_typed if t in graph.producer}
     state = {n: HALF for n in graph.candidates() if n in half}

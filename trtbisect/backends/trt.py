@@ -34,11 +34,11 @@ import numpy as np
 import onnx
 
 from trtbisect.base import limits
-from trtbisect.judge import trt_layers as tl
-from trtbisect.judge.compare import Tolerance, compare_outputs
+from trtbisect.base.files import atomic_write, save_model
 from trtbisect.errors import TrtBisectError, require
 from trtbisect.graph import Graph, load_model, node_names, with_node_names
-from trtbisect.base.files import atomic_write, save_model
+from trtbisect.judge import trt_layers as tl
+from trtbisect.judge.compare import Tolerance, compare_outputs
 
 if TYPE_CHECKING:  # annotations only: mypy checks them against the TensorRT 10.13 stubs
     import tensorrt as trt

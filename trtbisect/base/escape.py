@@ -45,7 +45,7 @@ def visible(text: object) -> str:
 LONG = 200  # a run of non-space characters longer than this is shortened for people
 KEEP = 60  # characters kept at each end of it
 LINE = 4000  # a whole string longer than this (a long name with spaces in it) too
-_LONG_RUN = re.compile(r"\S{%d,}" % (LONG + 1))
+_LONG_RUN = re.compile(rf"\S{{{LONG + 1},}}")
 
 
 def _cut(s: str, keep: int) -> str:

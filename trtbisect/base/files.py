@@ -24,9 +24,9 @@ import os
 import stat
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx

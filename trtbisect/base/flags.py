@@ -4,7 +4,7 @@ base/limits.limit_options, cli_torch.torch_input_options)."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import click
 

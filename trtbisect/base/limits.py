@@ -25,8 +25,9 @@ import os
 import queue
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import TrtBisectError
 

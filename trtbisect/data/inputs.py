@@ -7,15 +7,15 @@ from __future__ import annotations
 import math
 import os
 import zipfile
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from ..base.limits import memory_limit
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..base.limits import memory_limit
 
 Sample = dict[str, np.ndarray]
 

@@ -22,16 +22,15 @@ import os
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 import numpy as np
 
+from ..base.limits import MAX_SAMPLES
 from ..errors import TrtBisectError
 from ..graph import Graph
-from .inputs import (Sample, member_name, read_npz, guard_size, npy_header, npz_members,
-                      validate_npz)
-from ..base.limits import MAX_SAMPLES
+from .inputs import Sample, guard_size, member_name, npy_header, npz_members, read_npz, validate_npz
 
 _READ_ERRORS = (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, struct.error,
                 zlib.error, zipfile.BadZipFile, zipfile.LargeZipFile)

@@ -23,18 +23,28 @@ import glob
 import io
 import json
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..base.limits import DEFAULT as DEFAULT_LIMITS
+from ..base.limits import Limits, size_text, too_many_samples
 from ..errors import TrtBisectError
 from ..graph import Graph
-from ..base.limits import DEFAULT as DEFAULT_LIMITS, Limits, size_text, too_many_samples
 from . import npz
-from .inputs import (Sample, member_name, check_sample, check_shape_names, guard_random_samples,
-                      npy_header, npz_samples, random_sample)
+from .inputs import (
+    Sample,
+    check_sample,
+    check_shape_names,
+    guard_random_samples,
+    member_name,
+    npy_header,
+    npz_samples,
+    random_sample,
+)
 
 GLOB_CHARS = "*?["
 _END = object()  # a data loader's iterator is exhausted

@@ -18,16 +18,17 @@ import logging
 import shutil
 import tempfile
 import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence, overload
+from typing import overload
 
 import numpy as np
 
+from ..base import cache as result_cache
+from ..base.limits import DEFAULT as DEFAULT_LIMITS
+from ..base.limits import Limits, Meter, memory_limit
 from ..errors import TrtBisectError
 from .inputs import read_npz
-from ..base.limits import memory_limit
-from ..base.limits import DEFAULT as DEFAULT_LIMITS, Limits, Meter
-from ..base import cache as result_cache
 from .sources import Item
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class _Stored(Sequence[Arrays]):
         for k in range(len(self)):
             yield self[k]
 
-    def view(self, indices: Sequence[int]) -> "View":
+    def view(self, indices: Sequence[int]) -> View:
         return View(self, indices)
 
     @property

@@ -12,7 +12,8 @@ user has to change the source). The words go into the fix, its group's summary a
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
 def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, list] | None:
     """Matches and refusals of the wanted rules on the model as given (None: too large to
     look at, as --rewrite itself would not)."""
-    from ..rewrites.rules import rewrites_for
     from ..rewrites.driver import REWRITE_WEIGHT_LIMIT, find_all
+    from ..rewrites.rules import rewrites_for
 
     if ctx.graph.weights.total_bytes() > REWRITE_WEIGHT_LIMIT:
         return None

@@ -25,15 +25,16 @@ Pure: numpy and onnx only, no runtime.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from ..judge.compare import TensorStats
-from .facts import LAYOUT_OPS, Evidence, Facts
 from ..graph import Graph
+from ..judge.compare import TensorStats
 from ..judge.precision import FP16, Precision
 from ..search.prior import too_small_to_ignore
+from .facts import LAYOUT_OPS, Evidence, Facts
 
 CAUSES = ("constant_out_of_range", "overflow", "underflow", "non_finite_origin", "precision_loss")
 FP16_MIN_NORMAL = 2.0**-14

@@ -11,18 +11,18 @@ Pure: numpy and onnx only, no runtime.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import onnx
 
+from ..graph import Graph, walk, with_node_names
+from ..graph.modules import module_label
 from ..judge.compare import TensorStats
+from ..judge.precision import FP16, Precision
+from ..search.prior import ConstantStats
 from .detect import detect, group_culprits, scope_of
 from .facts import Evidence, Facts
-from ..graph import Graph, walk, with_node_names
-from ..judge.precision import FP16, Precision
-from ..graph.modules import module_label
-from ..search.prior import ConstantStats
 from .wording import Fix, fixes_for, node_why, num, pct, summarize
 
 # Names others import from here (group_culprits, Fix; num and pct for the report).
@@ -52,7 +52,7 @@ class CulpritGroup:
                 "applied_fix": self.applied_fix}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "CulpritGroup":
+    def from_json(cls, d: Mapping) -> CulpritGroup:
         """Back from precision.json (per-node `why` lives in `culprits`, not here)."""
         return cls(list(d["nodes"]), d["cause"], d.get("pattern"), dict(d["evidence"]),
                    d["summary"], [Fix(f["kind"], f["text"], f.get("rewrite")) for f in d["fixes"]],

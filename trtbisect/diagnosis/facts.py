@@ -5,14 +5,14 @@ Pure: numpy and onnx only, no runtime.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..judge.compare import TensorStats
 from ..graph import Graph
+from ..judge.compare import TensorStats
 from ..judge.precision import FP16, Precision
 from ..search.prior import ConstantStats
 

@@ -12,8 +12,9 @@ torch is imported by the callers; this module only reads module trees and ONNX n
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 CONVS = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d")
 NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")

@@ -10,13 +10,13 @@ FP32's.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from .detect import attention_scale, flushed_at, node_numbers
-from .facts import Evidence, Facts
 from ..judge.precision import FP16, Precision
 from ..search.prior import SMALL_CONSTANT
+from .detect import attention_scale, flushed_at, node_numbers
+from .facts import Evidence, Facts
 
 DOMAIN_OPS = {"Sqrt": "Max(x, 0)", "Log": "Max(x, eps)", "Div": "denominator + eps",
               "Reciprocal": "x + eps", "Pow": "Max(x, eps)"}

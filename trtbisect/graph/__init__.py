@@ -18,14 +18,34 @@ from .control_flow import data_flow, node_reads, subgraphs, walk, walk_graphs
 from .core import Graph
 from .float_types import FLOAT, HALF_TYPES, infer, infer_types, upcast
 from .inline import inline_functions
-from .load import (check_weight_sizes, external_data_hash, external_files, load_model,
-                   model_hash, physical_memory, tensor_bytes)
-from .names import (Flat, check_names, flatten, named_as_trtbisect_names, node_names,
-                    qualified_name, with_node_names)
-from .schema import (PARAMETER_INPUTS, PASS_THROUGH_OPS, fp16_signature, fp32_outputs,
-                     has_schema)
-from .weights import (SMALL_BYTES, STORE_LOCATION, Weights, _mark_stored, constant_value,
-                      initializer_array, structure)
+from .load import (
+                   check_weight_sizes,
+                   external_data_hash,
+                   external_files,
+                   load_model,
+                   model_hash,
+                   physical_memory,
+                   tensor_bytes,
+)
+from .names import (
+                   Flat,
+                   check_names,
+                   flatten,
+                   named_as_trtbisect_names,
+                   node_names,
+                   qualified_name,
+                   with_node_names,
+)
+from .schema import PARAMETER_INPUTS, PASS_THROUGH_OPS, fp16_signature, fp32_outputs, has_schema
+from .weights import (
+                   SMALL_BYTES,
+                   STORE_LOCATION,
+                   Weights,
+                   _mark_stored,
+                   constant_value,
+                   initializer_array,
+                   structure,
+)
 
 __all__ = [
     "FLOAT", "HALF_TYPES", "PARAMETER_INPUTS", "PASS_THROUGH_OPS", "SMALL_BYTES",

@@ -4,7 +4,7 @@ through them from outer scopes, and the data flow (producers and consumers) that
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import onnx
 

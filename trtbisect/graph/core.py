@@ -8,9 +8,9 @@ from __future__ import annotations
 import functools
 import os
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -52,7 +52,7 @@ class Graph:
 
     @classmethod
     def from_path(cls, path: str | os.PathLike, min_opset: int = 1,
-                  shapes: Mapping[str, Sequence[int]] | None = None) -> "Graph":
+                  shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
         """Load a model file; its weights stay on disk or are held once, in the store.
         `repairs` says what trtbisect's copy changed (repair.py)."""
         p = Path(path)

@@ -4,7 +4,7 @@ float16/bfloat16 model's FP32 view (`upcast`)."""
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import onnx

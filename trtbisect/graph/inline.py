@@ -4,7 +4,7 @@ names."""
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 

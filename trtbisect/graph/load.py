@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -147,7 +147,7 @@ def external_data_hash(path: str | os.PathLike) -> str | None:
     return h.hexdigest()
 
 
-def _file_hash(path: Path) -> "hashlib._Hash":
+def _file_hash(path: Path) -> hashlib._Hash:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 24), b""):

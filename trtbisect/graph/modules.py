@@ -20,7 +20,7 @@ import ast
 import functools
 import json
 import re
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import onnx
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnx

@@ -12,7 +12,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TrtBisectError, first_line
 
-
 STORE_LOCATION = "trtbisect:store"  # marks an initializer whose data a Weights store holds
 SMALL_BYTES = 1024  # initializers up to this size stay inside session protos
 
@@ -37,7 +36,7 @@ class Weights:
     """
 
     def __init__(self, model: onnx.ModelProto, base_dir: Path | None, own: bool,
-                 parent: "Weights | None" = None) -> None:
+                 parent: Weights | None = None) -> None:
         self.base_dir = base_dir
         self.parent = parent  # holds what this model's store-marked initializers name
         self._protos = {t.name: t for t in model.graph.initializer}

@@ -6,8 +6,9 @@ The tolerance defaults live here and nowhere else.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -146,7 +147,7 @@ class _Diff:
     diff: np.ndarray
 
     @classmethod
-    def of(cls, ref: np.ndarray, got: np.ndarray) -> "_Diff":
+    def of(cls, ref: np.ndarray, got: np.ndarray) -> _Diff:
         ref, got = np.asarray(ref), np.asarray(got)
         if ref.shape != got.shape:
             raise ValueError(f"shape mismatch {got.shape} vs reference {ref.shape}")
@@ -307,7 +308,7 @@ class TensorStats:
         return {k: _json_float(v) for k, v in vars(self).items()}  # flat: no asdict deep copy
 
     @classmethod
-    def from_json(cls, d: dict) -> "TensorStats":
+    def from_json(cls, d: dict) -> TensorStats:
         text = ("name", "producer")  # every other string is a non-finite number ("inf", "nan")
         fields: dict[str, Any] = {k: (float(v) if isinstance(v, str) and k not in text else v)
                                   for k, v in d.items()}
@@ -319,7 +320,7 @@ FP16_FLUSH = 2.0**-25  # the largest magnitude an FP16 store rounds to zero (RNE
 
 
 def tensor_stats(name: str, producer: str | None, ref: np.ndarray, got: np.ndarray,
-                 precision: "Precision | None" = None) -> TensorStats:
+                 precision: Precision | None = None) -> TensorStats:
     """The numbers of `compare_output` with zero tolerance, and what a store in the low
     precision (FP16 unless given) does to the reference (the layer-wise pass runs this on
     every stored tensor: no percentile). `overflow` and `flushed` count against that

@@ -19,13 +19,14 @@ rtol relative to the output's range. Its numbers are compare.py's, bit for bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from .compare import OutputError, Tolerance, compare_output, worst
 from ..errors import TrtBisectError
+from .compare import OutputError, Tolerance, compare_output, worst
 
 Arrays = Mapping[str, np.ndarray]
 

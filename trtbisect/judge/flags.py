@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import click
 

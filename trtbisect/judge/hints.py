@@ -19,8 +19,7 @@ Hints are given only under the default criterion and only for outputs all-FP16 f
 from __future__ import annotations
 
 import math
-
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -23,7 +23,7 @@ other semantics (order within K, an index tolerance), so `iou` and `topk` are ju
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,21 +11,30 @@ weightless proto plus arrays, saved with external data when it is large.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..graph import (FLOAT, SMALL_BYTES, Graph, _mark_stored, flatten, structure, subgraphs,
-                    walk, with_node_names)
+from ..base.files import atomic_write
+from ..base.spill import release_pages, spill
+from ..graph import (
+    FLOAT,
+    SMALL_BYTES,
+    Graph,
+    _mark_stored,
+    flatten,
+    structure,
+    subgraphs,
+    walk,
+    with_node_names,
+)
 from ..graph.schema import type_params
 from .loadable import InputCheck, require_written_valid
 from .precision import FP16, Precision, of_type
-from ..base.files import atomic_write
-from ..base.spill import release_pages, spill
 from .semantics import round_weight
 
 EMBED_LIMIT = 1 << 28  # weights up to this size are saved inside the .onnx file (256 MiB):

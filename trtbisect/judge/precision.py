@@ -17,8 +17,9 @@ against ml_dtypes' conversion, tests/judge/test_precision.py) and what CUDA's `_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -102,7 +103,7 @@ BF16 = Precision(
 BY_NAME = {p.name: p for p in (FP16, BF16)}
 
 
-def precision(name: "str | Precision") -> Precision:
+def precision(name: str | Precision) -> Precision:
     """The Precision called `name` (one already made passes through)."""
     if isinstance(name, Precision):
         return name

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
-from .compare import Tolerance
 from ..base.limits import EVAL_TIMEOUT
+from .compare import Tolerance
 
 if TYPE_CHECKING:
     from .criteria import Criteria
@@ -39,7 +40,7 @@ class JudgeSettings:
     eval_timeout: float = EVAL_TIMEOUT  # --eval-timeout: a plan past it fails (limits.py)
 
     @classmethod
-    def of(cls, opts, criteria: "Criteria | None" = None) -> "JudgeSettings":
+    def of(cls, opts, criteria: Criteria | None = None) -> JudgeSettings:
         """The settings of a run's judge options (context.JudgeOptions, which holds them as
         `settings`; `criteria`: instead of the options' own)."""
         from .flags import criteria_flags
@@ -52,7 +53,7 @@ class JudgeSettings:
                    criteria_fingerprint=criteria_digest(crit),
                    eval_timeout=opts.eval_timeout)
 
-    def criteria(self) -> "Criteria":
+    def criteria(self) -> Criteria:
         """The criteria again, from their flags (a hook file is imported again)."""
         return criteria_from_flags(self.criteria_flags)
 
@@ -75,13 +76,13 @@ class JudgeSettings:
                               .encode()).hexdigest()
 
 
-def criteria_digest(criteria: "Criteria") -> str:
+def criteria_digest(criteria: Criteria) -> str:
     """The criteria's fingerprint as one hash (hook code included)."""
     return hashlib.sha256(json.dumps(criteria.fingerprint(), sort_keys=True)
                           .encode()).hexdigest()
 
 
-def criteria_from_flags(flags: Sequence[str]) -> "Criteria":
+def criteria_from_flags(flags: Sequence[str]) -> Criteria:
     """`flags.criteria_flags` read back (judge/flags.py promises the round trip)."""
     from .flags import parse_criteria
 

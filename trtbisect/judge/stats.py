@@ -27,7 +27,7 @@ value), with the run's --rtol/--atol/--output-tol.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

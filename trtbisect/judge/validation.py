@@ -25,8 +25,9 @@ A plan that passes its search samples but fails validation is written and called
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 

@@ -13,12 +13,12 @@ are comparable), and the worst output error with the plan.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from ..judge.precision import BF16, FP16
 from ..base.files import atomic_write_text
+from ..judge.precision import BF16, FP16
 
 PRECISIONS = (FP16, BF16)
 VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no plan",

@@ -45,12 +45,12 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
 
-from ..errors import TrtBisectError
 from ..base import files
+from ..errors import TrtBisectError
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class OutputDir:
         self.path = Path(path)
 
     @contextmanager
-    def locked(self) -> Iterator["OutputDir"]:
+    def locked(self) -> Iterator[OutputDir]:
         """Hold the folder's lock; a second run (another process) gets a usage error. Every
         file written under the folder meanwhile is guarded (base/files.py)."""
         self._mkdir()
@@ -240,7 +240,7 @@ class OutputDir:
             gen.warn_foreign()
 
     @contextmanager
-    def generation(self, keep: Iterable[str | os.PathLike] = ()) -> Iterator["Generation"]:
+    def generation(self, keep: Iterable[str | os.PathLike] = ()) -> Iterator[Generation]:
         """Retire or clear what the folder holds (see the module's docstring), then let the
         caller write the new generation and `commit` it; a failure rolls it back."""
         with self.locked():
@@ -268,7 +268,7 @@ class Manifest:
                 "files": self.files, "folders": self.folders}
 
     @classmethod
-    def read(cls, folder: Path) -> "Manifest | None":
+    def read(cls, folder: Path) -> Manifest | None:
         """The folder's manifest; an older trtbisect's (`{"files": [...]}`, or only a
         precision.json of trtbisect's) read as complete; None when the folder has none."""
         try:

@@ -13,8 +13,9 @@ Pure: reads a RunResult (or anything with its `culprits` and `extra`), no runtim
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 DEFAULT_TOP = 10  # rows `run` shows unless --top N or --all
 OPS_WIDTH = 24  # characters of the ops cell: a row fits one line of an 80-column terminal

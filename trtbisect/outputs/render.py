@@ -48,15 +48,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria
-from ..judge.precision import FP16, Precision, precision as low_precision
+from ..judge.precision import FP16, Precision
+from ..judge.precision import precision as low_precision
 
 Shape = tuple[int, ...]
 ShapeRange = tuple[Shape, Shape, Shape]  # min, opt, max

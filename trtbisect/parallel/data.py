@@ -9,8 +9,9 @@ import os
 import pickle
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class FolderData:
 
     @classmethod
     def write(cls, samples: Sequence[Arrays], references: Sequence[Arrays],
-              parent: Path | None = None) -> "FolderData":
+              parent: Path | None = None) -> FolderData:
         if parent is not None:
             parent.mkdir(parents=True, exist_ok=True)
         folder = tempfile.mkdtemp(prefix="workers-", dir=parent)
@@ -92,7 +93,7 @@ class ObjectData:
         self._kept: _Kept | None = None
 
     @classmethod
-    def put(cls, samples: Sequence[Arrays], references: Sequence[Arrays]) -> "ObjectData":
+    def put(cls, samples: Sequence[Arrays], references: Sequence[Arrays]) -> ObjectData:
         import ray
         return cls([ray.put(({n: np.asarray(v) for n, v in s.items()},
                              {n: np.asarray(v) for n, v in r.items()}))

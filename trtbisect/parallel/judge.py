@@ -13,16 +13,16 @@ the sequential loop would have made, with the same count of inferences.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..judge.compare import Tolerance
+from ..base.limits import EvalTimeout, set_eval_timeout
 from ..errors import TrtBisectError
+from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria, Judgement, timed_out
 from ..judge.settings import JudgeSettings, criteria_digest
-from ..base.limits import EvalTimeout, set_eval_timeout
 
 Arrays = Mapping[str, np.ndarray]
 Result = tuple[Judgement, list[str]]  # one sample: its judgement, its non-finite watched tensors
@@ -129,9 +129,9 @@ class SampleJudge:
     """A worker's judge: the run's emulator session and criteria, built from a spec."""
 
     def __init__(self, spec: JudgeSpec) -> None:
-        from ..judge import semantics
         from ..backends.ort import Emulator
         from ..graph import Graph, model_hash
+        from ..judge import semantics
 
         set_eval_timeout(spec.judge.eval_timeout)
         if spec.model_sha256 is not None and model_hash(spec.model) != spec.model_sha256:

@@ -22,9 +22,10 @@ import signal
 import traceback
 import weakref
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..errors import TrtBisectError
 from ..search.journal import MAX_ATTEMPTS
@@ -240,7 +241,7 @@ class LocalPool:
     def close(self) -> None:
         self._finalizer()
 
-    def __enter__(self) -> "LocalPool":
+    def __enter__(self) -> LocalPool:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,9 +17,10 @@ import os
 import shutil
 import tempfile
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import TrtBisectError, require
 from ..search.journal import MAX_ATTEMPTS
@@ -137,7 +138,7 @@ class RayPool:
 
     @classmethod
     def start(cls, spec: JudgeSpec, ctx: Any, address: str, requested: int | None,
-              plan: Any) -> tuple["RayPool", ObjectData, Any]:
+              plan: Any) -> tuple[RayPool, ObjectData, Any]:
         ray = require_ray()
         threads = max(1, spec.judge.threads or 1)
         started = connect(ray, address, max(plan.cores, requested or 0))

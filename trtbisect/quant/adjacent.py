@@ -10,7 +10,7 @@ are adjacent too. The cost search swaps a unit of its plan for a cheaper neighbo
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .report import rounding_words as _rounding, verdict_line
+from .report import rounding_words as _rounding
+from .report import verdict_line
 
 if TYPE_CHECKING:
     from ..context import Options

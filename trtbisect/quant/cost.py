@@ -28,18 +28,26 @@ An estimate, stated in docs/quantization.md with its limits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
-
 import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
-from ..search.cost import (GPUS, MATH_OPS, NO_DATA_OPS, VIEW_OPS, Probe, gpu_class, infer_shapes,
-                    node_flops, quantized_peak)
 from ..graph import Graph
-from .qdq import COMMUTING, DQ, Q, WEIGHTED, Layer
+from ..search.cost import (
+    GPUS,
+    MATH_OPS,
+    NO_DATA_OPS,
+    VIEW_OPS,
+    Probe,
+    gpu_class,
+    infer_shapes,
+    node_flops,
+    quantized_peak,
+)
+from .qdq import COMMUTING, DQ, WEIGHTED, Layer, Q
 
 FLOAT_BYTES = {"fp16": 2, "fp32": 4}
 

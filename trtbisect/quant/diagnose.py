@@ -17,15 +17,15 @@ never a re-implementation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..base.escape import visible
-from .qdq import DQ, FP8_MAX, INT_RANGE, Q, Edge, Layer, _initializers, _names
+from .qdq import DQ, FP8_MAX, INT_RANGE, Edge, Layer, Q, _initializers, _names
 
 OUTLIER_SHARE = 0.5  # at least this share of an activation below one step: an outlier scale
 CHANNEL_RATIO = 8.0  # channel ranges this far apart under one scale: 3 bits lost or more

@@ -17,14 +17,14 @@ Nothing is applied to the written plan: a verified fix is reported with its meas
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .diagnose import Finding, _array
-from .qdq import DQ, FP8_MAX, Q, Edge, Layer, _initializers, _names
+from .qdq import DQ, FP8_MAX, Edge, Layer, Q, _initializers, _names
 
 TOP = {"int8": 127.0, **FP8_MAX}  # symmetric formats (zero point 0): the fixes' scales
 

@@ -13,7 +13,7 @@ the file's; `--reference` judges against the FP32 model's). Ops whose type is an
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import onnx
 from onnx import TensorProto, helper

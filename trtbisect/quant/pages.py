@@ -16,18 +16,28 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rich.text import Text
 
-from ..search.cost import pct as cost_pct
 from ..base.escape import md_code, md_fence, md_text
 from ..base.files import atomic_write, atomic_write_text
-from ..reports.report import (CSS, TRACE_ROWS, html_table, md_table, e, e_lines, error_text,
-                      plot_tradeoff, pct_of)
 from ..diagnosis.wording import num
-from .report import NAME as TRADEOFF, rounding_words, tradeoff_png, verdict_line
+from ..reports.report import (
+    CSS,
+    TRACE_ROWS,
+    e,
+    e_lines,
+    error_text,
+    html_table,
+    md_table,
+    pct_of,
+    plot_tradeoff,
+)
+from ..search.cost import pct as cost_pct
+from .report import NAME as TRADEOFF
+from .report import rounding_words, tradeoff_png, verdict_line
 
 TRADEOFF_NOTE = ("Every plan the search evaluated, at its estimated engine time (x) and the worst "
                  "relative error its judge measured (y, log scale): passing and failing plans, "

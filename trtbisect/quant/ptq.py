@@ -7,8 +7,9 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -168,8 +169,8 @@ def reproduce(result, judge, fp32: Path, source: Path) -> dict | None:
     judge (`trtbisect check` of it says the same). ModelOpt also leaves un-quantized some
     neighbours of an excluded node, so its file may differ from the plan. The file is written
     under `source`'s folder (run.py keeps it in --out). None where ModelOpt is not here."""
-    from . import qdq
     from ..outputs.quantized import patterns
+    from . import qdq
 
     given = source.parent / GIVEN
     if not result.plan or not given.is_file():
@@ -205,8 +206,9 @@ def keep_side_files(result, judge, source: Path, out_dir: Path) -> None:
     """Inside --out's generation, beside commands.sh: calib.npz (`write_calibration`) and
     ModelOpt's file of the rendered exclusions (`reproduce`), precision.json pointing at
     them."""
-    from ..base.files import save_model
     import onnx
+
+    from ..base.files import save_model
 
     samples = judge.samples if judge is not None else ()
     calib = write_calibration(out_dir, source, samples)

@@ -26,8 +26,8 @@ Only the main graph is analysed: Q/DQ inside If/Loop/Scan bodies are left as the
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx

@@ -7,7 +7,7 @@ all-FP16 engine's time marked), drawn by report.py's `plot_tradeoff` handed in. 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 NAME = "report_tradeoff.png"
 

@@ -12,20 +12,21 @@ from __future__ import annotations
 import logging
 import math
 import time
-from types import SimpleNamespace
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
+from ..base.escape import visible
 from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge import subset
 from ..judge.criteria import Verdict
 from ..judge.validation import Validation
 from ..judge.verdict import VerdictName
-from ..base.escape import visible
 from ..outputs.quantized import QuantPlan, renderings
 from ..result import Found
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
@@ -441,8 +442,8 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     `quantized_ok`, is held to them as FP16 as it is, `fp16_ok`, is)."""
     from ..graph import Graph
     from ..judge import validation
-    from ..stages.spread import certify
     from ..judge.mixed import Written
+    from ..stages.spread import certify
 
     judge = result.judge
     assert judge is not None
@@ -495,11 +496,10 @@ def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], 
 
 def _samples(ref_model: onnx.ModelProto, opts: Options, path: Path, reference_path):
     """The run's samples (validated against the reference's inputs) and FP32 outputs."""
+    from ..base.limits import set_eval_timeout
     from ..data.sources import iter_items
     from ..data.store import SampleSet, reference_set
     from ..graph import Graph, model_hash
-
-    from ..base.limits import set_eval_timeout
 
     set_eval_timeout(opts.judge.eval_timeout)  # every inference of this run (limits.py)
     ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)

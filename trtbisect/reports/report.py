@@ -13,20 +13,27 @@ import base64
 import html
 import io
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
-from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
-from ..judge.criteria import score_margin_text
+from ..base.escape import md_code, md_fence, md_table_cell, md_text, shown_text
+from ..base.files import atomic_write, atomic_write_text
 from ..diagnosis.diagnose import num, pct
 from ..errors import require
+from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
+from ..judge.criteria import score_margin_text
 from ..judge.precision import FP16, Precision
 from ..judge.validation import line as validation_line
-from ..base.escape import md_code, md_fence, md_table_cell, md_text, shown_text
-from ..outputs.plan_groups import (DEFAULT_TOP, has_plan, kinds_text, layers_words, plan_groups,
-                                  plural, search_words)
-from ..base.files import atomic_write, atomic_write_text
+from ..outputs.plan_groups import (
+    DEFAULT_TOP,
+    has_plan,
+    kinds_text,
+    layers_words,
+    plan_groups,
+    plural,
+    search_words,
+)
 from ..result import RunResult
 
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
@@ -59,7 +66,7 @@ def require_matplotlib() -> None:
     require("matplotlib", MATPLOTLIB_HINT)
 
 
-def write_report(result: "RunResult", out_dir: Path) -> dict[str, str]:
+def write_report(result: RunResult, out_dir: Path) -> dict[str, str]:
     """Write report.html, report.md and the plots beside them; returns {kind: path}."""
     png, columns = plot(result) if result.stats else (None, [])  # none: reference invalid
     trade = tradeoff_png(result)
@@ -81,12 +88,12 @@ def _write_bytes(path: str, data: bytes) -> None:
     Path(path).write_bytes(data)
 
 
-def low_of(result: "RunResult") -> Precision:
+def low_of(result: RunResult) -> Precision:
     """The run's low precision (precision.json "precision"; FP16 for older runs)."""
     return result.precision or FP16
 
 
-def verdict_line(result: "RunResult") -> str:
+def verdict_line(result: RunResult) -> str:
     from ..stages.coverage import partial_words
     partial = partial_words(result) if result.verdict == "partial" else ""
     key: str = result.verdict
@@ -100,18 +107,18 @@ def verdict_line(result: "RunResult") -> str:
     return line.replace("FP16", low.label) if key in ("fp16_ok", "unvalidated_as_is") else line
 
 
-def groups_of(result: "RunResult") -> list[dict]:
+def groups_of(result: RunResult) -> list[dict]:
     groups = result.culprit_groups
     return list(groups) if isinstance(groups, list) else []
 
 
-def group_of_node(result: "RunResult") -> dict[str, dict]:
+def group_of_node(result: RunResult) -> dict[str, dict]:
     return {n: g for g in groups_of(result) for n in g["nodes"]}
 
 
 # ---------------------------------------------------------------- plot
 
-def plot_png(result: "RunResult") -> bytes:
+def plot_png(result: RunResult) -> bytes:
     """Max |x| and FP16 error of every stored tensor in graph order, culprits marked."""
     return plot(result)[0]
 
@@ -119,7 +126,7 @@ def plot_png(result: "RunResult") -> bytes:
 Column = tuple[str, float, float, float, float]  # tensor, left, top, width, height (% of image)
 
 
-def plot(result: "RunResult") -> tuple[bytes, list[Column]]:
+def plot(result: RunResult) -> tuple[bytes, list[Column]]:
     """The plot, and where each tensor's column lies on it (for hover titles in the HTML)."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -184,7 +191,7 @@ def _plot_magnitude(ax, stats: Sequence, marked: list[int], low: Precision = FP1
     ax.grid(True, which="major", alpha=0.3)
 
 
-def plan_errors(result: "RunResult", stats: Sequence) -> list[float] | None:
+def plan_errors(result: RunResult, stats: Sequence) -> list[float] | None:
     """Per-tensor relative error with the plan applied, aligned with `stats`, when the pipeline
     measured it (`result.extra["layerwise_plan"]`: tensor -> TensorStats, its JSON, or a float)."""
     plan = result.extra.get("layerwise_plan")
@@ -237,7 +244,7 @@ def _shade(ax, marked: list[int]) -> None:
         ax.axvspan(i - 0.5, i + 0.5, color="#d62728", alpha=0.08, lw=0)
 
 
-def _group_starts(result: "RunResult", stats: Sequence) -> dict[int, str]:
+def _group_starts(result: RunResult, stats: Sequence) -> dict[int, str]:
     """Tick position -> label for the first tensor each culprit group writes."""
     index = {s.producer: i for i, s in reversed(list(enumerate(stats))) if s.producer}
     out = {}
@@ -289,7 +296,7 @@ def pareto_front(points: Sequence[Point]) -> list[int]:
     return front
 
 
-def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, float]:
+def tradeoff_points(result: RunResult) -> tuple[list[Point], Point | None, float]:
     """The search's evaluated plans as (slowdown %, worst relative error, passed), the
     written plan's point, and the tolerance the error is held to (rtol)."""
     cost = result.cost
@@ -312,7 +319,7 @@ def tradeoff_points(result: "RunResult") -> tuple[list[Point], Point | None, flo
     return pts, chosen, result.tolerance.rtol
 
 
-def tradeoff_png(result: "RunResult") -> bytes | None:
+def tradeoff_png(result: RunResult) -> bytes | None:
     """Error against estimated cost for every plan the search evaluated (None: nothing to
     plot), the Pareto front, the written plan, the tolerance and the --budget."""
     points, chosen, rtol = tradeoff_points(result)
@@ -420,7 +427,7 @@ def failing_below(points: Sequence[Point], limit: float | None) -> dict[int, str
 
 # ---------------------------------------------------------------- shared rows
 
-def output_rows(result: "RunResult") -> list[tuple[str, ...]]:
+def output_rows(result: RunResult) -> list[tuple[str, ...]]:
     """Per output: all-low-precision's error, and the plan's when a plan was judged."""
     planned = has_plan(result)
     return [(name, error_text(before),
@@ -428,13 +435,13 @@ def output_rows(result: "RunResult") -> list[tuple[str, ...]]:
             for name, before in result.errors_before.items()]
 
 
-def output_table(result: "RunResult") -> tuple[list[str], list[tuple[str, ...]]]:
+def output_table(result: RunResult) -> tuple[list[str], list[tuple[str, ...]]]:
     head = ["output", f"all {low_of(result).label}",
             *(["with the plan"] if has_plan(result) else [])]
     return head, output_rows(result)
 
 
-def margin_lines(result: "RunResult") -> list[str]:
+def margin_lines(result: RunResult) -> list[str]:
     """How far under its bound each output lands (the plan's, else all-low-precision's), and
     against FP32's own noise where it was measured: the number the verdict rests on."""
     errors = result.errors_after if has_plan(result) else result.errors_before
@@ -478,7 +485,7 @@ def pct_of(x: float) -> str:
     return ">1000%" if x > 10 else f"{num(100 * x)}%"
 
 
-def plan_group_table(result: "RunResult") -> tuple[str, list[str], list[tuple]]:
+def plan_group_table(result: RunResult) -> tuple[str, list[str], list[tuple]]:
     """The plan by module (else by TensorRT layer), costliest first (outputs/plan_groups.py)."""
     groups = plan_groups(result)
     if not groups:
@@ -508,7 +515,7 @@ def error_text(e: OutputError | None) -> str:
             f"cosine {e.cosine:.4f}{extra}")
 
 
-def trace_rows(result: "RunResult") -> list[tuple[int, str, int, str, str, str]]:
+def trace_rows(result: RunResult) -> list[tuple[int, str, int, str, str, str]]:
     """Per evaluation: its number, phase, size, result, units and why it failed (judge/
     evaluator.py `failure`)."""
     if result.search is None:
@@ -523,7 +530,7 @@ def _nodes(names: Sequence[str], limit: int = 6) -> str:
     return shown + (f", … (+{len(names) - limit})" if len(names) > limit else "")
 
 
-def command_rows(result: "RunResult") -> list[tuple[str, str]]:
+def command_rows(result: RunResult) -> list[tuple[str, str]]:
     if result.verdict not in ("fixed", "fp16_ok", "partial"):
         return []
     from ..outputs.render import RenderContext, render_all
@@ -557,7 +564,7 @@ def evidence_items(group: Mapping) -> list[tuple[str, str]]:
 # commands in fenced blocks they cannot close. A Markdown renderer shows a name as text, never
 # as HTML, a link or a heading.
 
-def render_markdown(result: "RunResult", plot_name: str | None,
+def render_markdown(result: RunResult, plot_name: str | None,
                     tradeoff_name: str | None = None) -> str:
     parts = [f"# trtbisect report: {md_code(Path(result.model_path).name)}", "",
              f"**Verdict: {md_text(verdict_line(result))}.**", "",
@@ -594,7 +601,7 @@ MARGIN_HEAD = ["output", "bound (as rendered)", "worst", "margin", "spread", "no
                "holds"]
 
 
-def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
+def margin_rows(result: RunResult) -> list[tuple[str, ...]]:
     """Per output, the written plan's margin under the bound the renderings check against the
     spread of what the tools may compute (stages/spread.py); a row per failing variation."""
     cert = result.certificate
@@ -622,7 +629,7 @@ def margin_rows(result: "RunResult") -> list[tuple[str, ...]]:
 HINT_HEAD = ["output", "why the default criterion may mislead", "criterion", "all FP16"]
 
 
-def hint_rows(result: "RunResult") -> list[tuple[str, ...]]:
+def hint_rows(result: RunResult) -> list[tuple[str, ...]]:
     """judge/hints.py: per output the default judges poorly, each criterion that fits."""
     hints = result.criterion_hints
     if not isinstance(hints, list):
@@ -657,7 +664,7 @@ def _fact(*parts: str, markdown_only: bool = False) -> _Fact:
     return _Fact(parts, markdown_only)
 
 
-def _facts(result: "RunResult") -> list[_Fact]:
+def _facts(result: RunResult) -> list[_Fact]:
     """The run's facts, once: report.md lists them all, report.html's "Run" box those not
     `markdown_only`."""
     return [_fact("model: ", _Code(result.model_path), " (sha256 ",
@@ -673,7 +680,7 @@ def _facts(result: "RunResult") -> list[_Fact]:
             *[_fact("problem: ", _Words(p)) for p in result.reference_problems]]
 
 
-def _md_facts(result: "RunResult") -> list[str]:
+def _md_facts(result: RunResult) -> list[str]:
     """The facts as Markdown list items."""
     def md(part: str) -> str:
         return (md_code(part) if isinstance(part, _Code) else
@@ -681,7 +688,7 @@ def _md_facts(result: "RunResult") -> list[str]:
     return ["- " + "".join(md(p) for p in fact.parts) for fact in _facts(result)]
 
 
-def _facts_text(result: "RunResult") -> list[str]:
+def _facts_text(result: RunResult) -> list[str]:
     """The facts as plain text (the HTML escapes them itself), without the Markdown's own."""
     return ["".join(fact.parts) for fact in _facts(result) if not fact.markdown_only]
 
@@ -697,7 +704,7 @@ TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown aga
                  "each failing plan's reason, output and sample (`why`).")
 
 
-def _cost_facts(result: "RunResult") -> list[_Fact]:
+def _cost_facts(result: RunResult) -> list[_Fact]:
     """The plan's price (precision.json "cost")."""
     c = result.cost
     if not isinstance(c, Mapping) or result.verdict == "reference_invalid":
@@ -709,7 +716,7 @@ def _cost_facts(result: "RunResult") -> list[_Fact]:
             *([_fact(_Words(c["fallback"]), markdown_only=True)] if c.get("fallback") else [])]
 
 
-def _coverage_facts(result: "RunResult") -> list[_Fact]:
+def _coverage_facts(result: RunResult) -> list[_Fact]:
     """Nodes judged inside subgraphs, ops not judged, ops TensorRT's parser cannot import."""
     cov = result.coverage
     if cov is None:
@@ -729,7 +736,7 @@ def _coverage_facts(result: "RunResult") -> list[_Fact]:
     return out
 
 
-def _criteria_facts(result: "RunResult") -> list[_Fact]:
+def _criteria_facts(result: RunResult) -> list[_Fact]:
     """The criterion, on how many samples the plan was judged, and how it fared on each."""
     judged = result.judged
     crit = result.criteria_record
@@ -753,7 +760,7 @@ def _criteria_facts(result: "RunResult") -> list[_Fact]:
                      if search else ""), markdown_only=True)]
 
 
-def _semantics_facts(result: "RunResult") -> list[_Fact]:
+def _semantics_facts(result: RunResult) -> list[_Fact]:
     """Which emulation semantics judged the run, and all-FP16 under the other (strict) one."""
     rec = result.semantics
     if rec is None:
@@ -776,7 +783,7 @@ def _names(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def _md_groups(result: "RunResult") -> list[str]:
+def _md_groups(result: RunResult) -> list[str]:
     """Each group's heading and summary; evidence and fixes for the first of each kind (cause
     and pattern) only: the others of that kind repeat them with other numbers."""
     out = ["## Diagnosis", ""] if groups_of(result) else []
@@ -803,7 +810,7 @@ REWRITE_HEAD = ["rewrite", "where", "why", "FP32 drift (of the output range)",
                 "all-FP16 error before -> after", "in the PyTorch source"]
 
 
-def rewrite_rows(result: "RunResult") -> list[tuple]:
+def rewrite_rows(result: RunResult) -> list[tuple]:
     """What `run --rewrite` kept (precision.json "rewrites"), one row each."""
     rows = []
     for a in (result.rewrites or {}).get("applied", []):
@@ -823,7 +830,7 @@ def _g(v: object) -> str:
         return "-"
 
 
-def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
+def culprit_rows(result: RunResult) -> tuple[list[str], list[tuple]]:
     """The culprit table (markdown and HTML alike): the PyTorch module and the TensorRT layer
     columns only when some culprit has one."""
     by_node = group_of_node(result)
@@ -853,13 +860,13 @@ def culprit_rows(result: "RunResult") -> tuple[list[str], list[tuple]]:
     return head, rows
 
 
-def _md_culprits(result: "RunResult") -> list[str]:
+def _md_culprits(result: RunResult) -> list[str]:
     head, rows = culprit_rows(result)
     names = [k for k, h in enumerate(head) if h not in ("cost", "cause", "why")]  # model strings
     return md_table("Nodes to keep in FP32", head, rows, code=tuple(names))
 
 
-def _md_stability(result: "RunResult") -> list[str]:
+def _md_stability(result: RunResult) -> list[str]:
     st = result.stability
     if not isinstance(st, dict):
         return []
@@ -936,7 +943,7 @@ def e_lines(text: str) -> str:
     return "\n".join(e(line) for line in text.split("\n"))
 
 
-def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column] = (),
+def render_html(result: RunResult, png: bytes | None, columns: Sequence[Column] = (),
                 tradeoff: bytes | None = None) -> str:
     """The page leads with what a person decides on (the verdict, the margin, the trade-off,
     the plan by module); node lists sit collapsed, each in one place only."""
@@ -973,7 +980,7 @@ def render_html(result: "RunResult", png: bytes | None, columns: Sequence[Column
             "</head><body><main>" + "\n".join(body) + "</main></body></html>\n")
 
 
-def _html_groups(result: "RunResult") -> list[str]:
+def _html_groups(result: RunResult) -> list[str]:
     """One card per culprit group; of groups with the same cause and pattern, the first is
     shown and the others sit collapsed under it."""
     groups = groups_of(result)
@@ -1010,7 +1017,7 @@ def _html_cards(groups: Sequence[Mapping]) -> list[str]:
     return out
 
 
-def _html_plan_groups(result: "RunResult", top: int = DEFAULT_TOP) -> list[str]:
+def _html_plan_groups(result: RunResult, top: int = DEFAULT_TOP) -> list[str]:
     """The plan by module: the `top` costliest rows, the rest collapsed below them."""
     title, head, rows = plan_group_table(result)
     if not rows:
@@ -1022,7 +1029,7 @@ def _html_plan_groups(result: "RunResult", top: int = DEFAULT_TOP) -> list[str]:
     return out
 
 
-def _html_culprits(result: "RunResult") -> list[str]:
+def _html_culprits(result: RunResult) -> list[str]:
     """Every node of the plan, collapsed: the one place the page lists them."""
     head, rows = culprit_rows(result)
     if not rows:
@@ -1045,7 +1052,7 @@ def html_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]]
     return ([f"<h2>{e(title)}</h2>"] if title else []) + [f"<table><tr>{ths}</tr>{trs}</table>"]
 
 
-def _html_trace(result: "RunResult") -> list[str]:
+def _html_trace(result: RunResult) -> list[str]:
     rows = trace_rows(result)
     if not rows:
         return []
@@ -1059,7 +1066,7 @@ def _html_trace(result: "RunResult") -> list[str]:
                               "why it failed"], shown_rows, result_col=3), note, "</details>"]
 
 
-def _html_stability(result: "RunResult") -> list[str]:
+def _html_stability(result: RunResult) -> list[str]:
     st = result.stability
     if not isinstance(st, dict):
         return []
@@ -1073,7 +1080,7 @@ def _html_stability(result: "RunResult") -> list[str]:
         "", ["plan", "output", "error / bound", "noise", "margin", "flips", "fragile"], rows)
 
 
-def _html_commands(result: "RunResult") -> list[str]:
+def _html_commands(result: RunResult) -> list[str]:
     rows = command_rows(result)
     if not rows:
         return []

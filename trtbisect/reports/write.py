@@ -6,28 +6,35 @@ run judged is moved into place (never rewritten), and precision.json lands last.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from .. import __version__
-from ..judge import semantics
 from ..backends.ort import emulation_of_mixed
+from ..base.files import (
+    atomic_write,
+    atomic_write_json,
+    atomic_write_records,
+    atomic_write_text,
+    claim,
+    move_file,
+)
 from ..context import Context
 from ..diagnosis.diagnose import annotate
 from ..graph import Graph, named_as_trtbisect_names
+from ..judge import semantics
 from ..judge.loadable import InputCheck
-from ..judge.precision import FP16
-from ..stages.written import write_plan
 from ..judge.mixed import Written, graph_model
+from ..judge.precision import FP16
 from ..outputs.outdir import OutputDir
-from ..base.files import atomic_write, atomic_write_json, atomic_write_records, atomic_write_text
 from ..outputs.render import RenderContext
 from ..result import RunResult
-from ..base.files import claim, move_file
+from ..stages.written import write_plan
 
 # verdicts whose plan is written with its renderings
 PLAN_VERDICTS = ("fixed", "fp16_ok", "partial", "over_budget", "fragile", "unvalidated")
@@ -117,8 +124,8 @@ def save_quantized(path: Path, model: onnx.ModelProto, declares: dict[str, str],
     (`declares`: trtbisect.unquantized_layers, trtbisect.fp32_nodes, ...; an earlier run's
     entries replaced, never repeated), lands atomically, and is held to the checker's full
     check and to loading in ONNX Runtime (judge/loadable.py; `held`: the input's record)."""
-    from ..judge.loadable import require_written_valid
     from ..base.files import save_model
+    from ..judge.loadable import require_written_valid
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -191,9 +198,9 @@ def _bytes_writer(data: bytes) -> Callable[[str], object]:
 def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
     """What every rendering needs to reproduce this run; writes the samples (one .npz each)
     and a Polygraphy data loader beside the plan."""
+    from ..base.files import npz_bytes
     from ..data.inputs import declared_shape
     from ..outputs.render import data_loader_script, output_bounds, relative_to, shape_ranges
-    from ..base.files import npz_bytes
 
     work = out_dir.resolve()
     samples = []

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import heapq
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -63,7 +64,7 @@ class Rewrite:
     """
 
     name: str
-    find: Callable[[onnx.ModelProto, Ranges | None], list["Match | Refusal"]]
+    find: Callable[[onnx.ModelProto, Ranges | None], list[Match | Refusal]]
     apply: Callable[[onnx.ModelProto, Match], onnx.ModelProto]
     summary: str
     exact: str  # how the FP32 result changes: "exact", "rounding", "data-dependent"
@@ -79,11 +80,11 @@ def opset_of(model: onnx.ModelProto) -> int:
 class View:
     """Producers, consumers, constants and shapes of a model (read only)."""
 
-    _shared: "View | None" = None  # while `shared` lasts: the one View of its model
+    _shared: View | None = None  # while `shared` lasts: the one View of its model
 
     @classmethod
     @contextlib.contextmanager
-    def shared(cls, model: onnx.ModelProto) -> Iterator["View"]:
+    def shared(cls, model: onnx.ModelProto) -> Iterator[View]:
         """Within: `View.of(model)` is one View (the finders of every rule read the same,
         unchanged model; a View of a 20k-node model costs 0.2 s)."""
         outer, cls._shared = cls._shared, cls(model)
@@ -93,7 +94,7 @@ class View:
             cls._shared = outer
 
     @classmethod
-    def of(cls, model: onnx.ModelProto) -> "View":
+    def of(cls, model: onnx.ModelProto) -> View:
         shared = cls._shared
         return shared if shared is not None and shared.model is model else cls(model)
 

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 
 from ..backends.ort import Reference
-from ..judge.compare import OutputError, Tolerance
 from ..graph import Graph
-from .rules import REWRITES, Match, Refusal, Rewrite, RewriteRefused
+from ..judge.compare import OutputError, Tolerance
 from .core import View
+from .rules import REWRITES, Match, Refusal, Rewrite, RewriteRefused
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,26 @@ followed by the full ONNX checker: a model with an op the converter cannot carry
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-from typing import Sequence
 
 import numpy as np
 import onnx
 from onnx import version_converter
 
-from .core import (Editor, Match, Ranges, Refusal, Rewrite, RewriteRefused, View, norm_tail,
-                   normalized_axes, opset_of, square_of)
+from .core import (
+    Editor,
+    Match,
+    Ranges,
+    Refusal,
+    Rewrite,
+    RewriteRefused,
+    View,
+    norm_tail,
+    normalized_axes,
+    opset_of,
+    square_of,
+)
 
 LN, RMS = "fuse_layernorm", "fuse_rmsnorm"
 

@@ -18,8 +18,20 @@ import math
 import numpy as np
 import onnx
 
-from .core import (FP16_MAX, FP16_MIN_NORMAL, LAYOUT_OPS, Editor, Match, Ranges, Refusal, Rewrite, View,
-                   norm_tail, normalized_axes, square_of)
+from .core import (
+    FP16_MAX,
+    FP16_MIN_NORMAL,
+    LAYOUT_OPS,
+    Editor,
+    Match,
+    Ranges,
+    Refusal,
+    Rewrite,
+    View,
+    norm_tail,
+    normalized_axes,
+    square_of,
+)
 
 ATTENTION_PATH = LAYOUT_OPS | {"Add", "Where", "Sub"}
 

@@ -18,8 +18,8 @@ judged are free); where the allowance runs out, the cheaper neighbours left are 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 from .minimal import BudgetExhausted, Oracle
 

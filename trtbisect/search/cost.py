@@ -22,16 +22,16 @@ receives `PlanPricing.price`, a pure function of the plan.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from ..errors import TrtBisectError
-from .flow import HOLDERS, branches_taken, node_runs
 from ..graph import PARAMETER_INPUTS, Graph, fp16_signature, structure, subgraphs, walk_graphs
+from .flow import HOLDERS, branches_taken, node_runs
 
 FLOAT_BYTES = {16: 2, 32: 4}
 EPS = 1e-12  # slowdowns this close to the budget count as within it (float sums)

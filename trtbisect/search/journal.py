@@ -31,11 +31,12 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from ..errors import TrtBisectError
 from ..base import files
+from ..errors import TrtBisectError
 
 log = logging.getLogger(__name__)
 

@@ -10,17 +10,17 @@ suspicious, so that a search that has to grow beyond the seeds grows in the righ
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 from onnx import numpy_helper
 
-from ..judge.compare import TensorStats
+from ..base.spill import release_pages
 from ..graph import Graph
+from ..judge.compare import TensorStats
 from ..judge.precision import FP16, Precision
 from ..judge.semantics import round_weight
-from ..base.spill import release_pages
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ them from the backend and the GPU pool."""
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..judge.trt_layers import TrtPlanResult

@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..context import Context, Options
 from ..errors import TrtBisectError
-from .evaluator import Evaluator
-from .layerwise import estimate_bytes
-from ..search.minimal import SearchResult
 from ..parallel.data import FolderData
 from ..parallel.judge import JudgeSpec, Measured, graph_digest, merge
 from ..parallel.pool import LocalPool, Stats, Task, TaskResult
 from ..parallel.sizing import plan_workers
+from ..search.minimal import SearchResult
+from .evaluator import Evaluator
+from .layerwise import estimate_bytes
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class ParallelJudge:
         self.width = pool.width
         self.model_dir: str | None = None  # the rewritten model saved for the workers
 
-    def for_units(self, to_nodes: Callable[[frozenset[str]], frozenset[str]]) -> "ParallelJudge":
+    def for_units(self, to_nodes: Callable[[frozenset[str]], frozenset[str]]) -> ParallelJudge:
         """The same workers, judging plans of search units."""
         return ParallelJudge(self.ev, self.pool, self.data, self.stats, to_nodes)
 

@@ -4,16 +4,17 @@ process or on the workers (parallel/), each verdict scored and journaled."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from .. import parallel
 from ..backends.ort import Emulator
-from ..judge.compare import TensorStats, Tolerance
 from ..context import Context, JudgeOptions
 from ..errors import TrtBisectError
-from ..search.journal import Journal, plan_key
 from ..judge import semantics, subset
+from ..judge.compare import TensorStats, Tolerance
 from ..judge.criteria import TIMEOUT, Judgement, json_number, worst_of
+from ..search.journal import Journal, plan_key
 
 
 class Workers(Protocol):
@@ -64,7 +65,7 @@ class Evaluator:
         return self._emulator
 
     def retarget(self, judge: JudgeOptions, stats: Mapping[str, TensorStats], scope: str
-                 ) -> "Evaluator":
+                 ) -> Evaluator:
         """This evaluator under other options (an aimed search's bound, stages/search.py): the
         verdicts it holds and its workers (whose judges carry the old bound) go; its session
         stays when what it watches is the same, since no session depends on the bound (one
@@ -182,7 +183,7 @@ class Evaluator:
             raise
         return self.commit(plan, parallel.Measured(passed, judged, bad))
 
-    def commit(self, plan: frozenset[str], m: "parallel.Measured", taken: bool = False) -> bool:
+    def commit(self, plan: frozenset[str], m: parallel.Measured, taken: bool = False) -> bool:
         """A judged plan's verdict, scored and journaled. `taken`: measured by the workers
         and taken by the search now (its inferences count from here)."""
         if taken:

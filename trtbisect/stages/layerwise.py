@@ -10,22 +10,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from ..backends.ort import Emulator, Reference
-from ..judge.compare import TensorStats, merge_stats, tensor_stats
+from ..base import cache as result_cache
+from ..base.limits import EvalTimeout
 from ..context import Context, Options, SearchOptions
+from ..data.inputs import Sample
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
-from ..data.inputs import Sample
-from ..base.limits import EvalTimeout
-from ..outputs.outdir import OutputDir
-from ..base import cache as result_cache
+from ..judge.compare import TensorStats, merge_stats, tensor_stats
 from ..judge.precision import FP16, Precision
+from ..outputs.outdir import OutputDir
 
 log = logging.getLogger(__name__)
 

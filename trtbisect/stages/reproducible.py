@@ -11,8 +11,8 @@ seeded alike) draws the same numbers, rounded, is measured on the op alone and s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import onnx

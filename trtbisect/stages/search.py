@@ -10,27 +10,26 @@ rewrites are known; search.py stays pure (it is handed the check as a function).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
-from ..search import cost
-from ..judge import semantics
-from ..judge.compare import TensorStats, Tolerance
 from ..context import Context, JudgeOptions, Options
 from ..graph import Graph
-from ..judge import subset
+from ..judge import semantics, subset
+from ..judge.compare import TensorStats, Tolerance
 from ..judge.criteria import Judgement, worst_of
+from ..judge.mixed import graph_model
+from ..result import AimedSearch, CriteriaRecord, JudgedRecord, RunResult, search_verdict
+from ..rewrites.driver import RewriteOutcome
+from ..search import cost
+from ..search.journal import Journal
+from ..search.minimal import Progress, SearchResult, find_minimal_fp32
+from ..search.prior import ConstantStats, Prior, build_prior
+from . import batch as parallel_batch
 from .evaluator import Evaluator
 from .spread import AIM_FLOOR, AIM_ROUNDS, AIM_SHARE, Certificate, aimed
 from .written import judge_written_plan
-from ..judge.mixed import graph_model
-from . import batch as parallel_batch
-from ..result import AimedSearch, CriteriaRecord, JudgedRecord, RunResult, search_verdict
-from ..rewrites.driver import RewriteOutcome
-from ..search.minimal import Progress, SearchResult, find_minimal_fp32
-from ..search.journal import Journal
-from ..search.prior import ConstantStats, Prior, build_prior
 
 Layerwise = Callable[[Context], dict[str, TensorStats]]  # the layer-wise pass, as the run caches it
 

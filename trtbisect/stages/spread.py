@@ -33,13 +33,13 @@ margin, the verdict is `fragile` and the nearest passing plan is still written.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
 
-from ..judge.compare import Tolerance, worst
 from ..context import Context, JudgeOptions, Options
-from ..judge.mixed import Written
+from ..judge.compare import Tolerance, worst
 from ..judge.criteria import Judgement, Score, score_margin_text
+from ..judge.mixed import Written
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
@@ -122,7 +122,7 @@ class ScoreMargin:
         return d
 
 
-def _scores(j: Judgement) -> dict[str, "Score"]:
+def _scores(j: Judgement) -> dict[str, Score]:
     """A judgement's scores with a threshold, by `output:criterion` (`sample:` for a hook's)."""
     out = {}
     for e in j.errors.values():
@@ -170,7 +170,7 @@ class Certificate:
                         "large as the effect")
         return None
 
-    def spread_grew(self, nearer: "Certificate") -> bool:
+    def spread_grew(self, nearer: Certificate) -> bool:
         """The nearer plan's spread is larger on an output this one failed: aiming again
         would aim at a moving target."""
         return any(name in nearer.outputs and nearer.outputs[name].spread > m.spread

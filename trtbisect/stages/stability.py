@@ -23,8 +23,8 @@ A plan is flagged
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -163,8 +163,8 @@ def guard_memory(samples: Sequence[Sample], references: Sequence[Mapping[str, np
                  runs: int) -> None:
     """Refuse up front what `measure_stability` could not hold: it keeps every jittered copy
     of every sample, and their reference outputs, at once."""
-    from ..errors import TrtBisectError
     from ..base.limits import memory_limit
+    from ..errors import TrtBisectError
 
     held = runs * (sum(a.nbytes for s in samples for a in s.values())
                    + sum(np.asarray(a).nbytes for r in references for a in r.values()))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..judge import semantics
 from ..context import Context, JudgeOptions
 from ..diagnosis.diagnose import note_semantics
 from ..graph import Graph
+from ..judge import semantics
 from ..result import RunResult, StrictError
 from .evaluator import Evaluator
 from .written import worst_of

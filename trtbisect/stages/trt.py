@@ -18,19 +18,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..outputs import render
-from ..judge import trt_layers as tl
 from ..backends.trt import TrtBackend, latency_clock
-from ..judge.compare import Tolerance
-from ..context import Options
+from ..base.files import atomic_write_text
 from ..base.limits import EVAL_TIMEOUT, EvalTimeout
+from ..context import Options
 from ..errors import TrtBisectError
+from ..judge import trt_layers as tl
+from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria
 from ..judge.engine import engine_passes
 from ..judge.flags import criteria_flags
 from ..judge.settings import JudgeSettings, criteria_digest
+from ..outputs import render
 from ..parallel import trt_pool
-from ..base.files import atomic_write_text
 from ..search.minimal import Check
 from ..search.refine import emulator_then_trt
 

@@ -10,28 +10,29 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import coverage
 from ..backends.ort import MixedModel, Rounded
-from ..judge.compare import OutputError
+from ..base.limits import EvalTimeout
 from ..context import Context, JudgeOptions
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
-from ..base.limits import EvalTimeout
+from ..judge.compare import OutputError
+from ..judge.criteria import Judgement, Verdict, json_number, timed_out, worst_of
+from ..judge.loadable import require_loadable, require_written_valid
 from ..judge.mixed import Written, mixed_model
+from ..judge.precision import of_type
+from ..judge.validation import Validation, unvalidated
+from ..judge.validation import judged as judged_validation
 from ..outputs.outdir import OutputDir
 from ..result import JudgedRecord, Margin, OneJudge, RunResult
-from ..judge.criteria import Judgement, Verdict, json_number, timed_out, worst_of
+from . import coverage
 from .evaluator import Evaluator
-from ..judge.loadable import require_loadable, require_written_valid
 from .spread import Certificate, certify
-from ..judge.validation import Validation, judged as judged_validation, unvalidated
-from ..judge.precision import of_type
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Judged:
 
     ctx: Context
     plan: frozenset[str]
-    checked: "CheckResult"
+    checked: CheckResult
     staged: list[str]
 
 
@@ -109,7 +110,7 @@ def judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, ev:
     return certify_written(result, ctx, judge, checked, noise)
 
 
-def certify_written(result: RunResult, ctx: Context, judge: JudgeOptions, checked: "CheckResult",
+def certify_written(result: RunResult, ctx: Context, judge: JudgeOptions, checked: CheckResult,
                     noise: Mapping[str, float] | None = None) -> Certificate | None:
     """The written plan's certificate (stages/spread.py): whether it passes by more than the
     spread of what the tools may compute. Recorded as `certificate`, with `margins` and

@@ -6,14 +6,15 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ..judge.compare import OutputError, Tolerance, worst
 from ..context import nonfinite_references
+from ..judge.compare import OutputError, Tolerance, worst
 from ..judge.criteria import Criteria, worst_of
 from ..judge.engine import judge_samples
 from ..judge.verdict import Findings

@@ -18,16 +18,17 @@ import logging
 import sys
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 
-from ..judge.compare import OutputError, Tolerance, compare_outputs, worst
 from ..errors import TrtBisectError, require
 from ..graph.modules import modules_metadata
+from ..judge.compare import OutputError, Tolerance, compare_outputs, worst
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 from torch.utils._pytree import tree_flatten

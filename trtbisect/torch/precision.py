@@ -3,9 +3,9 @@ context that runs a model in it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 

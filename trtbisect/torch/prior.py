@@ -3,11 +3,11 @@ scores), from the layer-wise view of modules."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
+from ..graph.modules import ancestors
 from ..search.prior import Prior
 from .layerwise import ModuleStats
-from ..graph.modules import ancestors
 
 # Modules that compute nothing a reduced dtype could change (moves, max, exact clamps):
 # keeping one FP32 never fixes anything, so they are not search candidates.

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
 from ..errors import TrtBisectError
-from .export import Sample, TorchModel, flatten_outputs, to_numpy
 from ..graph.modules import within
+from .export import Sample, TorchModel, flatten_outputs, to_numpy
 from .precision import Precision, reduced, reduced_args
 from .snippet import _fp32_forward
 

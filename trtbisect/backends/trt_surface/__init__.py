@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -61,7 +61,7 @@ def releases() -> list[str]:
                   key=lambda r: tuple(int(x) for x in r.split(".")))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(release: str | int) -> Surface:
     """The surface of a release ("11.4"), or of the release a major's path is checked against."""
     name = CHECKED[release] if isinstance(release, int) else release
