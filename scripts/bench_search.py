@@ -790,6 +790,7 @@ def main() -> None:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         rows, notes = [], []
+
         def want(name: str) -> bool:
             return (not args.only or any(name.startswith(o) for o in args.only)) and not any(
                 name.startswith(o) for o in args.skip)

@@ -109,7 +109,6 @@ def test_compare_and_check_commands(zoo, tmp_path):
     assert same.exit_code == 0 and "0 float16 tensors" in same.output
 
 
-
 def test_compare_is_the_librarys_call_the_command_prints(zoo, tmp_path):
     """pipeline.compare finds, `compare --json` prints exactly that; criterion flags add the
     all-FP16 verdict; a broken reference is refused by the library (exit 3) and the command."""
@@ -134,6 +133,7 @@ def test_compare_is_the_librarys_call_the_command_prints(zoo, tmp_path):
         pipeline.compare(broken, Options.of(inputs=[str(broken_inputs)]))
     assert e.value.exit_code == 3
     assert_one_line_error(invoke("compare", broken, "--inputs", broken_inputs), 3, "already broken")
+
 
 def test_every_command_has_help():
     for cmd in [[], *[[name] for name in main.list_commands(click.Context(main))]]:

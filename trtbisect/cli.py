@@ -93,10 +93,6 @@ MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 JUDGE_THREADS = 1  # --threads' default (see its help; docs/workers.md)
 
 
-
-
-
-
 class Group(click.Group):
     """Turns TrtBisectError, an interruption and an environment failure into one line on
     stderr and a documented exit code (anything else is a bug and keeps its traceback)."""
@@ -125,14 +121,6 @@ class Group(click.Group):
             fail("out of memory; give smaller inputs or fewer samples", EXIT_USAGE)
 
 
-
-
-
-
-
-
-
-
 def non_negative() -> Number:
     """A finite float >= 0."""
     return Number("float", lambda x: math.isfinite(x) and x >= 0,
@@ -143,8 +131,6 @@ def _stability_runs(ctx: click.Context, param: click.Parameter, value: int) -> i
     if value == 1:
         raise click.BadParameter("N counts the sample itself: give 0 (off) or N >= 2", ctx, param)
     return value
-
-
 
 
 @click.group(cls=Group, epilog=EXIT_CODES_HELP,
@@ -175,16 +161,6 @@ def main(verbose: int, quiet: int) -> None:
 
 main.add_command(export_cmd, "export")  # the PyTorch commands: cli_torch.py
 main.add_command(torch_cmd, "torch")
-
-
-
-
-
-
-
-
-
-
 
 
 def input_options(f: Callable, both: bool = False) -> Callable:
@@ -424,12 +400,6 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
             pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
     emit_run(result, as_json, None if show_all else top)
     finish(result.exit_code)
-
-
-
-
-
-
 
 
 def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
@@ -871,8 +841,6 @@ def optional_components() -> list[tuple[str, bool, str]]:
         except Exception as exc:  # an optional import may fail in many ways; say which
             rows.append((dist, False, f"{type(exc).__name__}: {exc}; for {purpose}: {hint}"))
     return rows
-
-
 
 
 def entry() -> None:  # pragma: no cover - console script shim

@@ -35,6 +35,7 @@ def _default_trt_version() -> int:
     from .backends.trt import default_trt_version
     return default_trt_version()
 
+
 log = logging.getLogger(__name__)
 
 

@@ -350,7 +350,6 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
 FILE_FIRST_WEIGHT_BYTES = 256 << 20
 
 
-
 def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
                   suspects: Sequence[str] = (),
                   all_fp16: tuple[bool, dict[str, OutputError]] | None = None):

@@ -27,6 +27,7 @@ def _save_1d(tmp_path, name: str, nodes, consts, size: int):
               path)
     return path
 
+
 def _two_overflows(tmp_path, x_searched, x_held):
     """y = x*1e3*1e3/1e6 + x*300*300/9e4: the first chain overflows FP16 once |x| > 0.066,
     the second once |x| > 0.73. The sample the search sees and the one held out are saved so

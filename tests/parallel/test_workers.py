@@ -233,7 +233,6 @@ def test_a_run_killed_mid_batch_resumes_to_the_uninterrupted_plan(deep, tmp_path
     assert plan["errors_after"] == ref["errors_after"]
 
 
-
 def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, tmp_path,
                                                                           monkeypatch):
     """An evaluation reuses its session, so what the search will cost is estimated from the

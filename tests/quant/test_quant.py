@@ -324,7 +324,6 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
                                  tmp_path / "o"), 2, "no FP8 tensor cores")
 
 
-
 def _three_matmuls() -> tuple[onnx.ModelProto, np.ndarray, np.random.Generator]:
     """mm1 -> mm2 -> mm3, each reading a quantized activation and a quantized weight; the
     sample, and the generator that drew the weights (its next draws are the tests')."""
@@ -335,6 +334,7 @@ def _three_matmuls() -> tuple[onnx.ModelProto, np.ndarray, np.random.Generator]:
     for k in (1, 2, 3):
         t = b.node("MatMul", [b.act(t, 4.0), b.weight(f"w{k}", qm._w(rng))], f"h{k}", f"mm{k}")
     return b.model({"x": x}, ["h3"]), x, rng
+
 
 def test_unquantizing_a_layer_between_two_quantized_ones_adds_its_boundary_traffic():
     """x -> mm1 -> mm2 -> mm3, each MatMul quantized (INT8, FP32 elsewhere). All quantized,

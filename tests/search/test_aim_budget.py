@@ -62,6 +62,25 @@ def test_an_aimed_round_that_uses_its_allowance_is_fragile_at_once(tmp_path, mon
     assert (tmp_path / "out" / "det.mixed.onnx").exists()  # the plan is still written
 
 
+def _share_bound(tmp_path, monkeypatch, share: float) -> tuple[int, list[int]]:
+    """The first search's evaluations, with the allowance's floor 0 and its share `share` (so
+    the share binds), and the list each written plan's validation adds its inferences to."""
+    from trtbisect.stages import written
+
+    first = _first_search(tmp_path, monkeypatch)
+    monkeypatch.setattr(stage, "AIM_FLOOR", 0)
+    monkeypatch.setattr(stage, "AIM_SHARE", share)
+    validated: list[int] = []
+    real = written.validate
+
+    def validate(judge, ctx, opts):
+        out = real(judge, ctx, opts)
+        validated.append(len(out.judgements))
+        return out
+    monkeypatch.setattr(written, "validate", validate)
+    return first, validated
+
+
 def test_the_aimed_rounds_and_the_validation_share_one_allowance(tmp_path, monkeypatch):
     """With validation on (the planted sample's two perturbed copies: 2 evaluations per written
     plan), the aimed rounds and the validation of every plan written together take at most
@@ -70,19 +89,8 @@ def test_the_aimed_rounds_and_the_validation_share_one_allowance(tmp_path, monke
     accounting the round took the whole share and the validation came on top: 6 + 4 > 6."""
     from trtbisect.context import Options
     from trtbisect.pipeline import run
-    from trtbisect.stages import written
 
-    first = _first_search(tmp_path, monkeypatch)
-    monkeypatch.setattr(stage, "AIM_FLOOR", 0)
-    monkeypatch.setattr(stage, "AIM_SHARE", 1.0)
-    validated: list[int] = []  # per written plan validated: its validation's inferences
-    real = written.validate
-
-    def validate(judge, ctx, opts):
-        out = real(judge, ctx, opts)
-        validated.append(len(out.judgements))
-        return out
-    monkeypatch.setattr(written, "validate", validate)
+    first, validated = _share_bound(tmp_path, monkeypatch, 1.0)
     path, inputs, tol = _planted(tmp_path)
     r = run(path, Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict"),
             tmp_path / "validated")
@@ -101,19 +109,8 @@ def test_held_out_samples_count_every_file_they_judge(tmp_path, monkeypatch):
 
     from trtbisect.context import Options
     from trtbisect.pipeline import run
-    from trtbisect.stages import written
 
-    first = _first_search(tmp_path, monkeypatch)
-    monkeypatch.setattr(stage, "AIM_FLOOR", 0)
-    monkeypatch.setattr(stage, "AIM_SHARE", 1.5)
-    validated: list[int] = []
-    real = written.validate
-
-    def validate(judge, ctx, opts):
-        out = real(judge, ctx, opts)
-        validated.append(len(out.judgements))
-        return out
-    monkeypatch.setattr(written, "validate", validate)
+    first, validated = _share_bound(tmp_path, monkeypatch, 1.5)
     path, inputs, tol = _planted(tmp_path)
     twin = tmp_path / "twin.npz"
     np.savez(twin, **dict(np.load(inputs)))

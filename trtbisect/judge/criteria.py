@@ -389,6 +389,7 @@ def score_margin_text(key: str, m: Mapping) -> str:
         return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
     on = f" on sample {m['sample']}" if isinstance(m.get("sample"), int) else ""
     ok = "> spread" if m.get("certified") else "<= spread: FRAGILE"
+
     def score(x) -> str:  # as Score.text says it (a cosine of 0.99999 is not 1)
         return f"{x:.6g}" if isinstance(x, (int, float)) else str(x)
     return (f"{key}: score {score(m.get('worst'))}{on} against threshold "

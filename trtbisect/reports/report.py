@@ -607,6 +607,7 @@ def margin_rows(result: RunResult) -> list[tuple[str, ...]]:
     cert = result.certificate
     if not isinstance(cert, dict):
         return []
+
     def of(m: Mapping, key: str) -> str:
         return f" (sample {m[key]})" if isinstance(m.get(key), int) else ""
     rows: list[tuple[str, ...]] = [(name, fmt_num(m["bound"]) + of(m, "bound_sample"),

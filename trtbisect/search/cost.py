@@ -560,7 +560,6 @@ class Pricing:
         return (self.price((unit,)) - self.fp16_s) / self.fp16_s if self.fp16_s > 0 else 0.0
 
 
-
 # ---------------------------------------------------------------- the run's use of a price
 
 class PlanPricing:

@@ -16,6 +16,7 @@ from .snippet import _to_dtype
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 MODES = ("autocast", "half")
 
+
 @dataclass(frozen=True)
 class Precision:
     mode: str = "autocast"  # "autocast" | "half"
