@@ -9,7 +9,7 @@ differently, and FP32 itself moves by its noise floor. A plan that passes the ju
 than those variations move the error is a coin toss in the tool and on the engine.
 
 So the written file is also run under each variation (`backends.ort.variants`: optimizations
-on with the judge's threads and with one thread, optimizations off with one thread), the FP32
+on with the judge's threads, optimizations off with the other thread count), the FP32
 reference beside it under the same variation, as Polygraphy computes both. Per output judged by
 trtbisect's default criterion:
 
