@@ -353,12 +353,12 @@ def _certificate_costs(row: Row, res) -> None:
     cert = res.certificate or {}
     row.certified = cert.get("certified") if cert else None
     row.decided = cert.get("decided") or ""
-    val = res.validation or {}
-    row.validation_kind = val.get("kind") or ""
-    row.validation_passed = val.get("passed")
-    judged = res.judged or {}
-    row.search_samples = len(judged.get("search_samples") or ()) or max(
-        1, (res.samples or 1) - len(val.get("indices") or ()))
+    val = res.validation  # judge/validation.Validation, read by attribute
+    row.validation_kind = val.kind if val is not None else ""
+    row.validation_passed = val.passed if val is not None else None
+    searched = res.judged.search_samples if res.judged is not None else None
+    row.search_samples = len(searched or ()) or max(
+        1, (res.samples or 1) - len(val.indices if val is not None else ()))
 
 
 def measure(case: Case, threads: int, repeat: int, ddmin_budget: int,
