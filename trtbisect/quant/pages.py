@@ -25,11 +25,11 @@ from ..base.escape import md_code, md_fence, md_text
 from ..base.files import atomic_write, atomic_write_text
 from ..diagnosis.wording import num
 from ..reports.report import (
-    CSS,
     TRACE_ROWS,
     e,
     e_lines,
     error_text,
+    html_page,
     html_table,
     md_table,
     pct_of,
@@ -270,11 +270,7 @@ def render_html(result, tradeoff: bytes | None) -> str:
         body += [f"<details><summary>Search trace ({len(result.trials)} evaluations)"
                  "</summary>", *html_table("", TRACE_HEAD, rows, result_col=3), "</details>"]
     body += _html_commands(result)
-    body += ["<h2>Run</h2>", "<div class='muted'>" + "<br>".join(e(f) for f in facts(result))
-             + "</div>"]
-    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>trtbisect: {name}</title><style>{CSS}</style>"
-            "</head><body><main>" + "\n".join(body) + "</main></body></html>\n")
+    return html_page(name, body, facts(result))
 
 
 def _html_diagnosis(result) -> list[str]:

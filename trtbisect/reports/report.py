@@ -867,19 +867,26 @@ def _md_culprits(result: RunResult) -> list[str]:
     return md_table("Nodes to keep in FP32", head, rows, code=tuple(names))
 
 
+STABILITY_HEAD = ["plan", "output", "error / bound", "noise", "margin", "flips", "fragile"]
+
+
+def _stability_rows(st: dict) -> list[tuple]:
+    """--stability's table, per plan and output (the Markdown and the HTML page alike)."""
+    return [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),
+             "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
+            for p in st["plans"] for out, o in p["outputs"].items()]
+
+
 def _md_stability(result: RunResult) -> list[str]:
     st = result.stability
     if not isinstance(st, dict):
         return []
-    rows = [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),
-             "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
-            for p in st["plans"] for out, o in p["outputs"].items()]
+    rows = _stability_rows(st)
     head = ["## Stability", "", f"{md_text(st['method'])}; deterministic reruns: "
             f"{md_text(st['deterministic'])}.",
             "", *([f"- **{md_text(f)}**" for f in st["flags"]]
                   or ["- no plan flips or sits within the noise"]), ""]
-    return head + md_table("", ["plan", "output", "error / bound", "noise", "margin", "flips",
-                                 "fragile"], rows, code=(1,))
+    return head + md_table("", STABILITY_HEAD, rows, code=(1,))
 
 
 def md_table(title: str, head: Sequence[str], rows: Sequence[Sequence[object]],
@@ -974,11 +981,16 @@ def render_html(result: RunResult, png: bytes | None, columns: Sequence[Column] 
     body += _html_stability(result)
     body += _html_trace(result)
     body += _html_commands(result)
-    body += ["<h2>Run</h2>", "<div class='muted'>" + "<br>".join(e(f) for f in _facts_text(result))
-             + "</div>"]
+    return html_page(e(Path(result.model_path).name), body, _facts_text(result))
+
+
+def html_page(title: str, body: Sequence[str], facts: Sequence[str]) -> str:
+    """A whole report page: `body` (HTML lines), then the run's facts (text, escaped here)
+    under "Run"; `title` is HTML already."""
+    run = ["<h2>Run</h2>", "<div class='muted'>" + "<br>".join(e(f) for f in facts) + "</div>"]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>trtbisect: {e(Path(result.model_path).name)}</title><style>{CSS}</style>"
-            "</head><body><main>" + "\n".join(body) + "</main></body></html>\n")
+            f"<title>trtbisect: {title}</title><style>{CSS}</style>"
+            "</head><body><main>" + "\n".join([*body, *run]) + "</main></body></html>\n")
 
 
 def _html_groups(result: RunResult) -> list[str]:
@@ -1071,14 +1083,11 @@ def _html_stability(result: RunResult) -> list[str]:
     st = result.stability
     if not isinstance(st, dict):
         return []
-    rows = [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),
-             "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
-            for p in st["plans"] for out, o in p["outputs"].items()]
+    rows = _stability_rows(st)
     flags = "".join(f"<li class='flag'>{e(f)}</li>" for f in st["flags"]) or \
         "<li>no plan flips or sits within the noise</li>"
     return ["<h2>Stability</h2>", f"<p class='muted'>{e(st['method'])}; deterministic reruns: "
-            f"{e(st['deterministic'])}</p><ul>{flags}</ul>"] + html_table(
-        "", ["plan", "output", "error / bound", "noise", "margin", "flips", "fragile"], rows)
+            f"{e(st['deterministic'])}</p><ul>{flags}</ul>"] + html_table("", STABILITY_HEAD, rows)
 
 
 def _html_commands(result: RunResult) -> list[str]:
