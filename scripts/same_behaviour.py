@@ -40,7 +40,7 @@ def _inputs(name: str, work: Path) -> tuple[Path, list[str]] | None:
     if name == "demo":
         return ROOT / "models" / "demo.onnx", []
     sys.path.insert(0, str(ROOT / "scripts"))
-    from fetch_models import MODELS as SPECS  # noqa: PLC0415 - the script beside this one
+    from fetch_models import MODELS as SPECS  # the script beside this one
     from fetch_models import FetchError, fetch
 
     try:
