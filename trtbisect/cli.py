@@ -433,6 +433,13 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                                + f"meets {meet} on the samples it was searched on, but not "
                                "on the samples it never saw (below): give more samples "
                                "(--inputs, --data-loader-script) or a criterion that fits"}
+    if (result.certificate or {}).get("search_noise"):  # the search stopped at once
+        verdicts["fragile"] = (
+            f"[yellow]fragile[/]: {meet} cannot tell plans apart near its bound (keeping more "
+            "in FP32 made the error worse by as much as a plan's margin: below); the best "
+            f"passing plan so far keeps {len(result.fp32_nodes)} of {result.candidates} nodes"
+            f"{layers_words(result)} in FP32 and is not called fixed: a criterion that fits "
+            "decides")
     if result.verdict == "partial":
         from .stages.coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"

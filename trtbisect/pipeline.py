@@ -274,9 +274,14 @@ def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
                             validated=result.validation.passed if result.validation else None)
     if verdict == "fragile" and was != verdict:
         assert cert is not None
-        log.warning("the plan passes by less than the spread of what the tools compute on %s "
-                    "(fragile): it is written, but not called fixed",
-                    "; ".join(cert.uncertified))
+        if cert.search_noise is not None:
+            log.warning("the criterion cannot tell plans apart near its bound on %s (fragile): "
+                        "the best passing plan so far is written, but not called fixed",
+                        cert.search_noise.output)
+        else:
+            log.warning("the plan passes by less than the spread of what the tools compute on "
+                        "%s (fragile): it is written, but not called fixed",
+                        "; ".join(cert.uncertified))
     elif verdict == "unvalidated" and was != verdict:
         log.warning("the plan passes the samples it was searched on but fails %s "
                     "(unvalidated): it is written, but not called fixed",

@@ -52,6 +52,12 @@ VERDICTS = {"fp16_ok": "FP16 already meets {meet}: nothing needs FP32",
             "fragile": "fragile: the nearest plan keeps {n} of {c} nodes{layers} in FP32 and "
                        "meets {meet} by less than the spread of what the tools compute; no "
                        "plan has the margin, so it is not called fixed",
+            # fragile because the search's own noise stopped it (search/noise.py)
+            "fragile_noisy": "fragile: {meet} cannot tell plans apart near its bound (keeping "
+                             "more in FP32 made the error worse by as much as a plan's "
+                             "margin); the best passing plan so far keeps {n} of {c} "
+                             "nodes{layers} in FP32 and is not called fixed: a criterion that "
+                             "fits decides",
             "unvalidated": "unvalidated: the plan keeps {n} of {c} nodes{layers} in FP32 and "
                            "meets {meet} on the samples it was searched on, but fails the "
                            "samples it never saw; it is not called fixed",
@@ -99,6 +105,8 @@ def verdict_line(result: RunResult) -> str:
     key: str = result.verdict
     if key == "unvalidated" and not result.fp32_nodes:
         key = "unvalidated_as_is"
+    if key == "fragile" and (result.certificate or {}).get("search_noise"):
+        key = "fragile_noisy"
     line = VERDICTS[key].format(n=len(result.fp32_nodes), c=result.candidates,
                                            layers=layers_words(result),
                                            partial=partial,

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # starts without a done before a plan is judged to crash the process
 SYNC_SECONDS = 1.0  # group commit: at most one fsync per second
-FORMAT = 2
+FORMAT = 3  # 3: each verdict records its pressure per output (search/noise.py)
 
 
 def plan_key(fp32: Iterable[str]) -> str:

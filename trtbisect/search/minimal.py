@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 Check = Callable[[frozenset[str]], bool]
 Price = Callable[[frozenset[str]], float]
 Score = Callable[[frozenset[str]], "float | None"]  # an evaluated plan's error (lower is better)
+# after each evaluation: (its number, its plan) -> why the search cannot tell plans apart, if
+# it cannot (search/noise.py: keeping more in FP32 made an output worse by too much)
+Watch = Callable[[int, frozenset[str]], "Any | None"]
 # a step after the cost certificate (cheaper.py): (oracle, plan) -> (plan, its certificate
 # entry, stopped by the budget)
 After = Callable[["Oracle", frozenset[str]], "tuple[frozenset[str], dict, bool]"]
@@ -89,6 +92,7 @@ class SearchResult:
     # cost-aware searches: how the plan was certified (removals and swaps evaluated, all failed)
     certificate: dict | None = None
     over_budget: bool = False  # --budget: no plan within it passed; this is the best failing one
+    noisy: Any = None  # the watch stopped the search (search/noise.py `Rise`): its best pass
     # with a batch check: rounds of parallel evaluation (the critical path, in evaluation
     # times) and plans evaluated ahead that the search never took. Not in the trace: the
     # trace is the same whatever the number of workers
@@ -101,11 +105,19 @@ class SearchResult:
                "over_budget": self.over_budget, "trials": [t.to_json() for t in self.trials]}
         if self.certificate is not None:
             out["certificate"] = self.certificate
+        if self.noisy is not None:
+            out["noisy"] = self.noisy.to_json()
         return out
 
 
 class BudgetExhausted(Exception):
     pass
+
+
+class Undecidable(BudgetExhausted):
+    """The watch found the search's own noise over its share: the search stops at once, as
+    when its budget runs out (a nested search that swallows the one stops on the next
+    evaluation its caller asks for)."""
 
 
 Progress = Callable[[Trial, int], None]
@@ -189,7 +201,7 @@ class Oracle:
     def __init__(self, check: Check | Batch, order: Sequence[str],
                  max_evaluations: int | None = None, progress: Progress | None = None, *,
                  label: str = "evaluation", level: int = logging.DEBUG,
-                 price: Price | None = None) -> None:
+                 price: Price | None = None, watch: Watch | None = None) -> None:
         self._batch: Batch = check if isinstance(check, Batch) else _Serial(check)
         self.width = max(1, int(self._batch.width))
         self.price = price
@@ -204,6 +216,9 @@ class Oracle:
         self.exhausted = False  # the budget stopped a check (a nested search may swallow it)
         self.label, self.level = label, level
         self.rounds = 0  # batches evaluated: the critical path, in evaluation times
+        self.watch = watch
+        self.noisy: Any = None  # what the watch found: no plan is evaluated after it
+        self._passes = 0
 
     @property
     def speculative(self) -> int:
@@ -214,6 +229,8 @@ class Oracle:
         key = frozenset(fp32)
         if key in self._memo:
             return self._memo[key]
+        if self.noisy is not None:
+            raise Undecidable
         if self.max_evaluations is not None and len(self.trials) >= self.max_evaluations:
             self.exhausted = True
             raise BudgetExhausted
@@ -228,6 +245,12 @@ class Oracle:
                 self.phase, len(key), "pass" if passed else "fail")
         if self.progress is not None:
             self.progress(trial, self.remaining)
+        self._passes += passed
+        if self.watch is not None:
+            noisy = self.watch(trial.index, key)
+            if noisy is not None and self._passes:  # stop once there is a plan to write
+                self.noisy = noisy
+                raise Undecidable
         return passed
 
     def known(self, fp32: Iterable[str]) -> bool | None:
@@ -373,6 +396,7 @@ def find_minimal_fp32(
     limit: float | None = None,
     score: Score | None = None,
     after: After | None = None,
+    watch: Watch | None = None,
 ) -> SearchResult:
     """Prior-guided search for a certified 1-minimal FP32 set.
 
@@ -387,15 +411,17 @@ def find_minimal_fp32(
     `after` (with `price`, no `limit`), for a price that is not monotone (the quantized
     road's): a step after the certificate, through the same oracle (cheaper.py `Cheaper`:
     to cheaper passing plans one unit away).
+    `watch`: told of every evaluation; when it names the search's own noise (search/noise.py)
+    the search stops at once with its smallest passing plan (`SearchResult.noisy`).
     """
     if limit is not None and price is not None:
         return _find_within(candidates, check, seeds, ranking, max_evaluations, progress,
                             price, adjacent or {}, swap_k, swap_share, limit, score)
     if price is not None:
         return _find_cheapest(candidates, check, seeds, ranking, max_evaluations, progress,
-                              price, adjacent or {}, swap_k, swap_share, after)
+                              price, adjacent or {}, swap_k, swap_share, after, watch)
     cand, seed_list, rank = _ordered(candidates, seeds, ranking)
-    oracle = Oracle(check, cand, max_evaluations, progress)
+    oracle = Oracle(check, cand, max_evaluations, progress, watch=watch)
     try:
         first = _first_pass(oracle, cand, seed_list, rank)
         if first is None:
@@ -453,8 +479,12 @@ def _first_pass(oracle: Oracle, cand: list[str], seed_list: list[str],
 
 def _stopped(oracle: Oracle, cand: list[str]) -> SearchResult:
     best = oracle.smallest_pass()
-    log.warning("evaluation budget of %s reached; the plan is not certified minimal",
-                oracle.max_evaluations)
+    if oracle.noisy is not None:
+        log.warning("the search stops: %s; the best passing plan so far is not certified "
+                    "minimal", oracle.noisy.text())
+    else:
+        log.warning("evaluation budget of %s reached; the plan is not certified minimal",
+                    oracle.max_evaluations)
     if best is None:
         return _result(oracle, frozenset(cand), found=False, minimal=False, stopped=True)
     return _result(oracle, best, found=True, minimal=False, stopped=True)
@@ -534,13 +564,14 @@ def _find_cheapest(candidates: Sequence[str], check: Check | Batch, seeds: Itera
                    ranking: Sequence[str], max_evaluations: int | None,
                    progress: Progress | None, price: Price,
                    adjacent: Mapping[str, Sequence[str]], swap_k: int,
-                   swap_share: float | None, after: After | None = None) -> SearchResult:
+                   swap_share: float | None, after: After | None = None,
+                   watch: Watch | None = None) -> SearchResult:
     """`find_minimal_fp32` minimizing `price`: the same prior, grow and handover to ddmin;
     then shrink (bisecting failed runs), certify 1-minimal and certify that no single swap
     for a cheaper neighbour passes, the most expensive units tried first throughout."""
     cand, seed_list, rank = _ordered(candidates, seeds, ranking)
     pos = {n: i for i, n in enumerate(rank)}
-    oracle = Oracle(check, cand, max_evaluations, progress, price=price)
+    oracle = Oracle(check, cand, max_evaluations, progress, price=price, watch=watch)
     try:
         first = _first_pass(oracle, cand, seed_list, rank)
         if first is None:
@@ -779,9 +810,9 @@ def _split(items: list[str], n: int) -> list[list[str]]:
 
 def _result(oracle: Oracle, plan: frozenset[str], *, found: bool, minimal: bool,
             stopped: bool = False) -> SearchResult:
-    return SearchResult(list(oracle.sorted(plan)), found, minimal, len(oracle.trials),
-                        list(oracle.trials), stopped, rounds=oracle.rounds,
-                        speculative=oracle.speculative)
+    return SearchResult(list(oracle.sorted(plan)), found, minimal and oracle.noisy is None,
+                        len(oracle.trials), list(oracle.trials), stopped, rounds=oracle.rounds,
+                        speculative=oracle.speculative, noisy=oracle.noisy)
 
 
 def ddmin(

@@ -54,6 +54,9 @@ class Evaluator:
         self.last_plan: frozenset[str] | None = None
         self.last_errors: list[Judgement] = []  # per sample, for `last_plan`
         self.scores: dict[frozenset[str], float] = {}  # each judged plan's worst severity
+        # each judged plan's pressure per output (1 at the bound: `pressure`), and whether
+        # every sample was judged (a failure stops early: then a lower bound)
+        self.pressures: dict[frozenset[str], tuple[dict[str, float], bool]] = {}
         self.why: dict[frozenset[str], str] = {}  # each failing plan's first failure (`failure`)
         self.failed: set[frozenset[str]] = set()  # plans judged failing (carried by retarget)
 
@@ -147,6 +150,7 @@ class Evaluator:
         score and, failing, why (`failure`), as if the search had judged it."""
         self.known[plan] = passed
         self.scores[plan] = _severity(judged)
+        self.pressures[plan] = (pressure(judged), True)
         if not passed:
             numbers = self.ctx.sample_numbers()
             self.why[plan] = failure(judged, [], self.judge.tolerance,
@@ -169,6 +173,9 @@ class Evaluator:
                 severity = rec.get("severity")
                 self.scores[plan] = (float(severity) if severity is not None
                                      else _score(rec.get("rel", {})))
+                self.pressures[plan] = ({o: float(v) for o, v in
+                                         rec.get("pressure", {}).items()},
+                                        bool(rec.get("complete", True)))
                 if not rec["passed"]:
                     self.failed.add(plan)
                     self.why[plan] = str(rec.get("why") or ("crashed" if rec.get("crashed")
@@ -191,6 +198,7 @@ class Evaluator:
             if self.ctx.subset is None and not m.stopped:
                 self.last_plan, self.last_errors = plan, m.judged
         self.scores[plan] = _severity(m.judged)
+        self.pressures[plan] = (pressure(m.judged), not m.stopped)
         why = None
         if not m.passed:
             self.failed.add(plan)
@@ -201,6 +209,8 @@ class Evaluator:
             self.journal.record(self._key(plan), m.passed, {
                 "rel": {n: json_number(e.rel) for n, e in worst_of(m.judged).items()},
                 "severity": json_number(self.scores[plan]),
+                "pressure": {o: json_number(v) for o, v in self.pressures[plan][0].items()},
+                "complete": self.pressures[plan][1],
                 "nonfinite_tensors": m.nonfinite[:10], **({"why": why} if why else {})})
         return m.passed
 
@@ -274,3 +284,20 @@ def _severity(judged: Iterable[Judgement]) -> float:
     outputs (under the default criterion: the worst relative error; else 1 at the bound)."""
     errors = worst_of(judged)
     return max((e.severity for e in errors.values()), default=math.nan)
+
+
+def pressure(judged: Iterable[Judgement]) -> dict[str, float]:
+    """Per output, its worst pressure over the judged samples: max|d| over its bound under the
+    default criterion, else its criteria's severity; 1 at the bound either way (the search's
+    noise is measured in it: search/noise.py)."""
+    out: dict[str, float] = {}
+    for j in judged:
+        for o, e in j.errors.items():
+            if e.scores:
+                p = e.severity
+            elif e.bound > 0:
+                p = e.max_abs / e.bound
+            else:
+                p = 0.0 if e.max_abs == 0 else math.inf
+            out[o] = max(out.get(o, -math.inf), p if p == p else math.inf)  # NaN: worst
+    return out

@@ -40,6 +40,7 @@ from ..context import Context, JudgeOptions, Options
 from ..judge.compare import Tolerance, worst
 from ..judge.criteria import Judgement, Score, score_margin_text
 from ..judge.mixed import Written
+from ..search.noise import Rise
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
@@ -145,10 +146,13 @@ class Certificate:
     # the FP32 noise floor per output: the reference's alone, so one measurement serves every
     # plan of the run (an aimed search's certificate reuses it)
     noise: dict[str, float] = field(default_factory=dict, repr=False)
+    # the search's own noise over SPREAD_SHARE (search/noise.py `Rise`): it stopped at once,
+    # and its plan, however clear of the tools' spread, is one the criterion cannot tell apart
+    search_noise: Rise | None = None
 
     @property
     def certified(self) -> bool:
-        return (all(self.variant_verdicts.values())
+        return (self.search_noise is None and all(self.variant_verdicts.values())
                 and all(m.certified for m in self.outputs.values())
                 and all(m.certified for m in self.scores.values()))
 
@@ -156,13 +160,19 @@ class Certificate:
     def uncertified(self) -> list[str]:
         """What fails: outputs with too little margin, variations whose verdict fails."""
         return ([o for o, m in self.outputs.items() if not m.certified]
+                + ([f"{self.search_noise.output} (the search's own noise)"]
+                   if self.search_noise is not None else [])
                 + [k for k, m in self.scores.items() if not m.certified]
                 + [f"the criteria under {v}" for v, ok in self.variant_verdicts.items() if not ok])
 
     def hopeless(self) -> str | None:
         """Why aiming inside the bound cannot help, if it cannot: on an output without the
         margin, what the tools compute spreads by more than SPREAD_SHARE of the bound, so
-        the noise is as large as the effect a nearer plan could buy."""
+        the noise is as large as the effect a nearer plan could buy; or the search itself
+        found its criterion too noisy near the bound (search/noise.py)."""
+        if self.search_noise is not None:
+            return (f"{self.search_noise.text()}: over {SPREAD_SHARE:.0%} of the bound, the "
+                    "noise is as large as the effect")
         for name, m in self.outputs.items():
             if not m.certified and m.bound > 0 and m.spread > SPREAD_SHARE * m.bound:
                 return (f"on {name} what the tools compute spreads by {m.spread:.3g}, over "
@@ -195,6 +205,8 @@ class Certificate:
              "variants": self.variant_verdicts}
         if self.scores:
             d["scores"] = {k: m.to_json() for k, m in self.scores.items()}
+        if self.search_noise is not None:
+            d["search_noise"] = self.search_noise.to_json()
         if self.decided:
             d["decided"] = self.decided
         return d

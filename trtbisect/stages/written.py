@@ -121,6 +121,9 @@ def certify_written(result: RunResult, ctx: Context, judge: JudgeOptions, checke
         return None
     cert = certify(ctx, judge, checked.emulated, checked.judgements, noise,
                    given=checked.given or None)
+    if result.search is not None and result.search.noisy is not None:
+        cert.search_noise = result.search.noisy  # the search stopped: `fragile` at once
+        cert.decided = cert.hopeless()
     result.certificate = cert.to_json()
     result.margins = {
         **{o: Margin(json_number(m.margin), json_number(m.spread), json_number(m.noise_floor),
