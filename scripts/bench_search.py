@@ -193,7 +193,8 @@ def _real_models(work: Path, quick: bool, want: Callable[[str], bool]) -> Iterat
 def _trust_cases(work: Path, want: Callable[[str], bool]) -> Iterator[Case | str]:
     """The cases of scripts/bench_trust.py (issue #32's six, less the demo, measured above):
     the real page and its views, silero-vad's streamed chunks at rtol 1e-4, magika and
-    MiniLM-L3 on seeded random inputs. Their plans pass near their bounds: the certificate's
+    MiniLM-L3 on seeded random inputs, and PP-OCRv5 rec on a line of text (#45: class
+    probabilities judged by max|d|). Their plans pass near their bounds: the certificate's
     aimed rounds and the validation are exercised here."""
     try:
         import bench_trust
@@ -216,6 +217,11 @@ def _trust_cases(work: Path, want: Callable[[str], bool]) -> Iterator[Case | str
         if want("trust/magika"):
             yield Case("trust/magika", str(fetch("magika", quiet=True)), "",
                        options={"shapes": {"bytes": [1, 2048]}})
+        if want("trust/v5rec"):  # issue #45's borderline output: class probabilities
+            from page_image import line_input
+            line = work / "line.npz"
+            np.savez(line, x=line_input())
+            yield Case("trust/v5rec", str(fetch("ppocrv5_rec", quiet=True)), str(line))
         if want("trust/minilm_strict"):
             yield Case("trust/minilm_strict", str(fetch("minilm_l3", quiet=True)), "",
                        options={"semantics": "strict",

@@ -149,3 +149,52 @@ def test_a_planted_borderline_model_is_fragile_within_a_few_evaluations(tmp_path
     res = CliRunner().invoke(main, ["run", str(model), "--inputs", str(inputs), "--out",
                                     str(tmp_path / "chased"), "--json"])
     assert json.loads(res.stdout)["evaluations"] > doc["evaluations"]
+
+
+def test_a_run_cut_before_its_noise_decision_resumes_to_the_same_verdict(tmp_path,
+                                                                          monkeypatch):
+    """Each verdict's pressures are journaled: a run killed before the search decides replays
+    them and stops where the uninterrupted run stopped, with the same plan and evaluations."""
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
+    from trtbisect.stages.evaluator import Evaluator
+
+    calls: list[frozenset[str]] = []
+    real = Evaluator.measure
+
+    def measure(self, plan, stop_early=False, full=False):
+        calls.append(plan)
+        return real(self, plan, stop_early, full)
+    monkeypatch.setattr(Evaluator, "measure", measure)
+    model, inputs = _ties(tmp_path)
+    opts = Options.of(inputs=[str(inputs)])
+    out = tmp_path / "out"
+    fresh = run(model, opts, out)
+    fresh_calls = len(calls)
+    assert fresh.verdict == "fragile" and fresh.search.noisy is not None
+    header, *lines = (out / "journal.jsonl").read_text().splitlines()
+    done = [k for k, ln in enumerate(lines) if '"done"' in ln]
+    assert all('"pressure"' in lines[k] for k in done)
+    cut = done[len(done) // 2] + 2  # half the verdicts done, the next one in flight
+    (out / "journal.jsonl").write_text("\n".join([header, *lines[:cut]]) + "\n")
+    calls.clear()
+    again = run(model, opts, out)
+    assert len(calls) < fresh_calls  # the verdicts before the cut are replayed, not judged
+    assert again.verdict == "fragile" and again.fp32_nodes == fresh.fp32_nodes
+    assert again.evaluations == fresh.evaluations
+    assert again.search.noisy == fresh.search.noisy
+
+
+def test_the_noise_decision_is_the_same_on_workers(tmp_path):
+    """The pressures come from the verdicts the search takes, in its order: on 2 worker
+    processes the search stops at the same evaluation with the same plan."""
+    from trtbisect.context import Options
+    from trtbisect.pipeline import run
+
+    model, inputs = _ties(tmp_path)
+    one, two = (run(model, Options.of(inputs=[str(inputs)], workers=w), tmp_path / f"w{w}")
+                for w in (1, 2))
+    assert two.workers["workers"] == 2
+    assert one.verdict == two.verdict == "fragile"
+    assert (one.fp32_nodes, one.evaluations, one.search.noisy) == \
+        (two.fp32_nodes, two.evaluations, two.search.noisy)

@@ -7,7 +7,8 @@ that plan may be called, in this order:
 1. the written file fails its own judge: `no_plan` (one judge: a file that fails is never
    `fixed`); a plan over the `--budget` whose file passes is `fixed` after all;
 2. it passes by less than the spread of what the tools compute (stages/spread.py), or the
-   certificate decided that no nearer plan can have the margin: `fragile`;
+   certificate decided that no nearer plan can have the margin, or the search found its
+   own criterion too noisy near the bound to tell plans apart (search/noise.py): `fragile`;
 3. it fails the samples the search never saw (judge/validation.py): `unvalidated`;
 4. a passing verdict on a graph the emulator could not wholly round (stages/coverage.py):
    `partial` (the judged part passes; the rest ran in FP32).

@@ -24,7 +24,9 @@ trtbisect's default criterion:
 A criterion with a threshold (`--metric`, `--check-error-stat`, a hook's score) is held to the
 same rule in its severity (`ScoreMargin`: 1 at the threshold).
 
-Under every criterion, each variation's verdict must pass too. A plan is `fixed` (and FP16
+Under every criterion, each variation's verdict must pass too. And the search must not have
+stopped on its own noise (search/noise.py: keeping more in FP32 made an output worse by over
+SPREAD_SHARE of its bound, from two plans): `Certificate.search_noise`, `fragile` at once. A plan is `fixed` (and FP16
 `fp16_ok`) only when certified; else the search aims inside the bound by the spread
 (`aim`: a ceiling on each output's bound) and searches again; when no plan can have the
 margin, the verdict is `fragile` and the nearest passing plan is still written.
