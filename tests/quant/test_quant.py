@@ -585,7 +585,11 @@ def test_a_rerun_replays_the_journaled_evaluations(tmp_path):
     again = run(model, _opts(inputs, p.rtol), tmp_path / "out")
     assert again.units == first.units and again.evaluations == first.evaluations
     assert len(again.judge.verdicts) < len(first.judge.verdicts)  # searched plans: replayed
-    assert '"done"' in (tmp_path / "out" / "journal.jsonl").read_text()
+    done = [json.loads(ln) for ln in (tmp_path / "out" / "journal.jsonl").read_text()
+            .splitlines()[1:] if '"done"' in ln]
+    # each verdict with its pressures, for the search's watch on its own noise when replayed
+    assert done and all(set(d["pressure"]) == {"y"} for d in done)
+    assert again.search.noisy is None and first.search.noisy is None
     fresh = _opts(inputs, p.rtol).but(resume=False)
     afresh = run(model, fresh, tmp_path / "out")
     assert len(afresh.judge.verdicts) == len(first.judge.verdicts)

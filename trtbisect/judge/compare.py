@@ -236,6 +236,23 @@ def compare_outputs(
     return result
 
 
+def pressure(errors: Iterable[Mapping[str, OutputError]]) -> dict[str, float]:
+    """Per output, its worst pressure over the samples' errors: max|d| over its bound under
+    the default criterion, else its criteria's severity; 1 at the bound either way, a NaN or
+    an infinite error infinite (the search's own noise is measured in it: search/noise.py)."""
+    out: dict[str, float] = {}
+    for per_output in errors:
+        for o, e in per_output.items():
+            if e.scores:
+                p = e.severity
+            elif e.bound > 0:
+                p = e.max_abs / e.bound
+            else:
+                p = 0.0 if e.max_abs == 0 else math.inf
+            out[o] = max(out.get(o, -math.inf), p if p == p else math.inf)  # NaN: worst
+    return out
+
+
 def worst(errors: Iterable[Mapping[str, OutputError]],
           numbers: Sequence[int] | None = None) -> dict[str, OutputError]:
     """Per output, one record over several samples, the one every place shows (the console's

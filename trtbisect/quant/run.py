@@ -30,6 +30,8 @@ from ..judge.verdict import VerdictName
 from ..outputs.quantized import QuantPlan, renderings
 from ..result import Found
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
+from ..search.noise import watching
+from ..stages.spread import SPREAD_SHARE
 from . import qdq
 from .diagnose import SAMPLES, Finding, diagnose
 from .judge import QuantJudge
@@ -453,6 +455,9 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     ctx = SimpleNamespace(graph=Graph(ref_model), every_sample=samples,
                           every_reference=references)
     cert = certify(ctx, opts.judge, Written(judged, {}), per_sample)  # type: ignore[arg-type]
+    if result.search is not None and result.search.noisy is not None:
+        cert.search_noise = result.search.noisy  # the search stopped: `fragile` at once
+        cert.decided = cert.hopeless()
     result.certified = cert.to_json()
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 opts.judge.criteria.verdict)
@@ -533,23 +538,34 @@ def _journal(out_dir: Path | None, opts: Options, path: Path, reference_path, sa
     return Journal(journal_path, fingerprint)
 
 
-def _journaled(judge: QuantJudge, journal) -> Callable[[frozenset[str]], bool]:
+def _journaled(judge: QuantJudge, journal, pressures: dict[frozenset[str], dict[str, float]]
+               ) -> Callable[[frozenset[str]], bool]:
     """The search's check: a journaled verdict is replayed, any other judged and recorded
-    (marked started first, so a plan that kills the process is not run forever)."""
+    (marked started first, so a plan that kills the process is not run forever). Each
+    verdict's pressures per output (judge/compare.py `pressure`) go into `pressures`, for the
+    search's watch on its own noise (search/noise.py), and into the journal with it."""
+    from ..judge.compare import pressure
+    from ..judge.criteria import json_number
     from ..search.journal import plan_key
 
     def check(plan: frozenset[str]) -> bool:
         if journal is None:
-            return judge.check(plan)
+            v = judge.measure(plan)
+            pressures[plan] = pressure([v.errors])
+            return v.passed
         key = plan_key(plan)
         if judge.active is not None:  # a verdict on the search's samples: keyed by them
             key += "@" + subset.signature(judge.active)
         rec = journal.lookup(key)
         if rec is not None:
+            pressures[plan] = {o: float(p) for o, p in rec.get("pressure", {}).items()}
             return bool(rec["passed"])
         journal.start(key)
         v = judge.measure(plan)
-        journal.record(key, v.passed, {"rel": {k: e.rel for k, e in v.errors.items()}})
+        pressures[plan] = pressure([v.errors])
+        journal.record(key, v.passed, {"rel": {k: e.rel for k, e in v.errors.items()},
+                                       "pressure": {o: json_number(p)
+                                                    for o, p in pressures[plan].items()}})
         return v.passed
     return check
 
@@ -588,10 +604,13 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
             judge.narrow(subset.choose(before, opts.sample.search_samples))
             stage(f"the search judges on {len(judge.active or ())} of {len(samples)} samples "
                   "(where the file as given fails worst); the plan is certified on all of them")
-        check = _journaled(judge, journal)
+        pressures: dict[frozenset[str], dict[str, float]] = {}
+        check = _journaled(judge, journal, pressures)
         search = _rounds(judge, opts, stage, lambda left: find_minimal_fp32(
             judge.units, check, ranking=ranking, max_evaluations=left,
-            progress=progress,
+            progress=progress, watch=watching(
+                lambda plan: (pressures[plan], True) if plan in pressures else None,
+                SPREAD_SHARE),
             **(_cost_search(judge, model, pricing) if opts.search.objective == "cost" else {})))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)

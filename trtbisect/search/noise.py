@@ -28,7 +28,7 @@ different smaller plans: then the error moves with whichever units happen to be 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 CEILING = 2.0  # rises are counted from pressures under twice the bound, and capped there
@@ -110,3 +110,22 @@ class Monotony:
         """The largest rise once plans rose over the share from REPEATS smaller plans (the
         search cannot tell plans apart near the bound), else None."""
         return self.worst if len(self.over) >= REPEATS else None
+
+
+Pressure = Callable[[frozenset[str]], "tuple[Mapping[str, float], bool] | None"]
+
+
+def watching(pressure_of: Pressure, share: float) -> Callable[[int, frozenset[str]], Rise | None]:
+    """A search's watch (search/minimal.py `Watch`) over a fresh `Monotony`: each plan the
+    search takes with its pressures per output and whether every sample was judged
+    (`pressure_of`; None: nothing measured, nothing compared); it names the largest rise once
+    the search is noisy."""
+    monotony = Monotony(share)
+
+    def watch(index: int, plan: frozenset[str]) -> Rise | None:
+        got = pressure_of(plan)
+        if got is None:
+            return None
+        monotony.add(index, plan, *got)
+        return monotony.noisy()
+    return watch

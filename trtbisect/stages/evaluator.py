@@ -12,7 +12,7 @@ from ..backends.ort import Emulator
 from ..context import Context, JudgeOptions
 from ..errors import TrtBisectError
 from ..judge import semantics, subset
-from ..judge.compare import TensorStats, Tolerance
+from ..judge.compare import TensorStats, Tolerance, pressure
 from ..judge.criteria import TIMEOUT, Judgement, json_number, worst_of
 from ..search.journal import Journal, plan_key
 
@@ -150,7 +150,7 @@ class Evaluator:
         score and, failing, why (`failure`), as if the search had judged it."""
         self.known[plan] = passed
         self.scores[plan] = _severity(judged)
-        self.pressures[plan] = (pressure(judged), True)
+        self.pressures[plan] = (pressure(j.errors for j in judged), True)
         if not passed:
             numbers = self.ctx.sample_numbers()
             self.why[plan] = failure(judged, [], self.judge.tolerance,
@@ -198,7 +198,7 @@ class Evaluator:
             if self.ctx.subset is None and not m.stopped:
                 self.last_plan, self.last_errors = plan, m.judged
         self.scores[plan] = _severity(m.judged)
-        self.pressures[plan] = (pressure(m.judged), not m.stopped)
+        self.pressures[plan] = (pressure(j.errors for j in m.judged), not m.stopped)
         why = None
         if not m.passed:
             self.failed.add(plan)
@@ -285,19 +285,3 @@ def _severity(judged: Iterable[Judgement]) -> float:
     errors = worst_of(judged)
     return max((e.severity for e in errors.values()), default=math.nan)
 
-
-def pressure(judged: Iterable[Judgement]) -> dict[str, float]:
-    """Per output, its worst pressure over the judged samples: max|d| over its bound under the
-    default criterion, else its criteria's severity; 1 at the bound either way (the search's
-    noise is measured in it: search/noise.py)."""
-    out: dict[str, float] = {}
-    for j in judged:
-        for o, e in j.errors.items():
-            if e.scores:
-                p = e.severity
-            elif e.bound > 0:
-                p = e.max_abs / e.bound
-            else:
-                p = 0.0 if e.max_abs == 0 else math.inf
-            out[o] = max(out.get(o, -math.inf), p if p == p else math.inf)  # NaN: worst
-    return out

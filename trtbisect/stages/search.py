@@ -24,8 +24,8 @@ from ..result import AimedSearch, CriteriaRecord, JudgedRecord, RunResult, searc
 from ..rewrites.driver import RewriteOutcome
 from ..search import cost
 from ..search.journal import Journal
-from ..search.minimal import Progress, SearchResult, Watch, find_minimal_fp32
-from ..search.noise import Monotony, Rise
+from ..search.minimal import Progress, SearchResult, find_minimal_fp32
+from ..search.noise import watching
 from ..search.prior import ConstantStats, Prior, build_prior
 from . import batch as parallel_batch
 from .evaluator import Evaluator
@@ -120,7 +120,9 @@ class SearchStage:
                                              _counting_nodes(self.progress, as_nodes),
                                              **cost.search_args(self.pricing, sopts.search,
                                                                 score),
-                                             watch=noise_watch(ev, as_nodes)))
+                                             watch=watching(
+                                                 lambda us: ev.pressures.get(as_nodes(us)),
+                                                 SPREAD_SHARE)))
         summary = parallel_batch.summary(workers, search, ev)
         cost.score_trials(search, self.pricing, score,
                           lambda us: ev.why.get(as_nodes(us), "failed"))
@@ -362,21 +364,6 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
     result.evaluations, result.trials = evaluations, trials
     result.rounds, result.speculative = rounds, speculative
     return result
-
-
-def noise_watch(ev: Evaluator, as_nodes: Callable[[Iterable[str]], frozenset[str]]) -> Watch:
-    """A search's watch on its own noise (search/noise.py): each plan it takes with the
-    pressure per output the evaluator measured; it names the largest rise once that is over
-    SPREAD_SHARE of the bound, the share over which the certificate says `fragile` at once."""
-    monotony = Monotony(SPREAD_SHARE)
-
-    def watch(index: int, units: frozenset[str]) -> Rise | None:
-        got = ev.pressures.get(as_nodes(units))
-        if got is None:  # judged nowhere the evaluator saw (no pressure to compare)
-            return None
-        monotony.add(index, units, *got)
-        return monotony.noisy()
-    return watch
 
 
 def _counting_nodes(progress: Progress | None,
