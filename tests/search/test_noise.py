@@ -47,11 +47,25 @@ def test_rises_far_from_the_bound_or_from_a_partial_judgement_do_not_count():
     m.add(4, F({"c", "d"}), {"y": 2.0})  # from over 1 + share: failing either way
     m.add(5, F({"e"}), {"y": 0.5}, complete=False)  # a lower bound: never the smaller plan
     m.add(6, F({"e", "f"}), {"y": 1.5})
-    m.add(7, F({"g"}), {"y": 0.5})
-    m.add(8, F({"g", "h"}), {"y": float("inf")})  # non-finite: not a pressure
+    m.add(7, F({"j"}), {"y": 0.3})
+    m.add(8, F({"j", "k"}), {"y": 0.6})  # passing by far, still passing: no decision moved
+    m.add(10, F({"j", "k", "l"}), {"y": 10.0})  # from far inside: a real interaction
+    m.add(11, F({"g"}), {"y": 0.9})
+    m.add(12, F({"g", "h"}), {"y": float("inf")})  # non-finite: not a pressure
     assert m.worst is None
-    m.add(9, F({"g", "h", "i"}), {"y": 5.0})  # counted, capped at CEILING
-    assert m.worst is not None and m.worst.size == noise.CEILING - 0.5
+    m.add(13, F({"g", "h", "i"}), {"y": 5.0})  # counted, capped at CEILING
+    assert m.worst is not None and m.worst.size == noise.CEILING - 0.9
+
+
+def test_one_addition_seen_from_nested_plans_is_one_rise():
+    """The grow phase's prefixes: a unit added after three nested plans raises the error seen
+    from each of them, yet it is one addition; the search is not called noisy for it."""
+    m = Monotony(0.25)
+    m.add(1, F({"a"}), {"y": 0.9})
+    m.add(2, F({"a", "b"}), {"y": 0.9})
+    m.add(3, F({"a", "b", "c"}), {"y": 0.9})
+    m.add(4, F({"a", "b", "c", "d"}), {"y": 1.6})
+    assert m.worst is not None and len(m.over) == 1 and m.noisy() is None
 
 
 def _noisy_check(culprit: str, units: list[str]):
@@ -65,7 +79,7 @@ def _noisy_check(culprit: str, units: list[str]):
         if len(plan) == len(units):
             return 0.2  # everything FP32: clear of the bound
         wobble = (sum(units.index(u) * 7919 for u in plan) % 97) / 97  # 0 .. 1
-        return 0.6 + 0.8 * wobble
+        return 0.7 + 1.0 * wobble
 
     def check(plan: frozenset[str]) -> bool:
         p = pressure(plan)

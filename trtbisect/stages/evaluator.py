@@ -198,7 +198,10 @@ class Evaluator:
             if self.ctx.subset is None and not m.stopped:
                 self.last_plan, self.last_errors = plan, m.judged
         self.scores[plan] = _severity(m.judged)
-        self.pressures[plan] = (pressure(j.errors for j in m.judged), not m.stopped)
+        # complete: every sample the search judges on was judged (a stop skips the rest;
+        # whether a stop was flagged differs between this process and the workers)
+        self.pressures[plan] = (pressure(j.errors for j in m.judged),
+                                len(m.judged) >= len(self.sample_indices()))
         why = None
         if not m.passed:
             self.failed.add(plan)
