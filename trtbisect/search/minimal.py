@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from .noise import Rise
+
 log = logging.getLogger(__name__)
 
 Check = Callable[[frozenset[str]], bool]
@@ -49,7 +51,7 @@ Price = Callable[[frozenset[str]], float]
 Score = Callable[[frozenset[str]], "float | None"]  # an evaluated plan's error (lower is better)
 # after each evaluation: (its number, its plan) -> why the search cannot tell plans apart, if
 # it cannot (search/noise.py: keeping more in FP32 made an output worse by too much)
-Watch = Callable[[int, frozenset[str]], "Any | None"]
+Watch = Callable[[int, frozenset[str]], "Rise | None"]
 # a step after the cost certificate (cheaper.py): (oracle, plan) -> (plan, its certificate
 # entry, stopped by the budget)
 After = Callable[["Oracle", frozenset[str]], "tuple[frozenset[str], dict, bool]"]
@@ -92,7 +94,7 @@ class SearchResult:
     # cost-aware searches: how the plan was certified (removals and swaps evaluated, all failed)
     certificate: dict | None = None
     over_budget: bool = False  # --budget: no plan within it passed; this is the best failing one
-    noisy: Any = None  # the watch stopped the search (search/noise.py `Rise`): its best pass
+    noisy: Rise | None = None  # the watch stopped the search (search/noise.py): its best pass
     # with a batch check: rounds of parallel evaluation (the critical path, in evaluation
     # times) and plans evaluated ahead that the search never took. Not in the trace: the
     # trace is the same whatever the number of workers
@@ -217,7 +219,7 @@ class Oracle:
         self.label, self.level = label, level
         self.rounds = 0  # batches evaluated: the critical path, in evaluation times
         self.watch = watch
-        self.noisy: Any = None  # what the watch found: no plan is evaluated after it
+        self.noisy: Rise | None = None  # what the watch found: no plan is evaluated after it
         self._passes = 0
 
     @property
