@@ -42,8 +42,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .noise import Rise
-
 log = logging.getLogger(__name__)
 
 Check = Callable[[frozenset[str]], bool]
@@ -51,12 +49,24 @@ Price = Callable[[frozenset[str]], float]
 Score = Callable[[frozenset[str]], "float | None"]  # an evaluated plan's error (lower is better)
 # after each evaluation: (its number, its plan) -> why the search cannot tell plans apart, if
 # it cannot (search/noise.py: keeping more in FP32 made an output worse by too much)
-Watch = Callable[[int, frozenset[str]], "Rise | None"]
+Watch = Callable[[int, frozenset[str]], "Noisy | None"]
 # a step after the cost certificate (cheaper.py): (oracle, plan) -> (plan, its certificate
 # entry, stopped by the budget)
 After = Callable[["Oracle", frozenset[str]], "tuple[frozenset[str], dict, bool]"]
 SWAP_K = 2  # cheaper neighbours tried per unit of the plan in the swap certificate
 SWAP_SHARE = 0.5  # the swap certificate evaluates at most this share of what came before it
+
+
+class Noisy(Protocol):
+    """What a watch names when the search cannot tell plans apart (search/noise.py `Rise`):
+    the output it was seen on, said in words and written into the trace."""
+
+    @property
+    def output(self) -> str: ...
+
+    def text(self) -> str: ...
+
+    def to_json(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,7 @@ class SearchResult:
     # cost-aware searches: how the plan was certified (removals and swaps evaluated, all failed)
     certificate: dict | None = None
     over_budget: bool = False  # --budget: no plan within it passed; this is the best failing one
-    noisy: Rise | None = None  # the watch stopped the search (search/noise.py): its best pass
+    noisy: Noisy | None = None  # the watch stopped the search (search/noise.py): its best pass
     # with a batch check: rounds of parallel evaluation (the critical path, in evaluation
     # times) and plans evaluated ahead that the search never took. Not in the trace: the
     # trace is the same whatever the number of workers
@@ -219,7 +229,7 @@ class Oracle:
         self.label, self.level = label, level
         self.rounds = 0  # batches evaluated: the critical path, in evaluation times
         self.watch = watch
-        self.noisy: Rise | None = None  # what the watch found: no plan is evaluated after it
+        self.noisy: Noisy | None = None  # what the watch found: no plan is evaluated after it
         self._passes = 0
 
     @property

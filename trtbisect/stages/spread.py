@@ -42,7 +42,7 @@ from ..context import Context, JudgeOptions, Options
 from ..judge.compare import Tolerance, worst
 from ..judge.criteria import Judgement, Score, score_margin_text
 from ..judge.mixed import Written
-from ..search.noise import Rise
+from ..search.minimal import Noisy
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
@@ -150,7 +150,7 @@ class Certificate:
     noise: dict[str, float] = field(default_factory=dict, repr=False)
     # the search's own noise over SPREAD_SHARE (search/noise.py `Rise`): it stopped at once,
     # and its plan, however clear of the tools' spread, is one the criterion cannot tell apart
-    search_noise: Rise | None = None
+    search_noise: Noisy | None = None
 
     @property
     def certified(self) -> bool:
