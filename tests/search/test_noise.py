@@ -169,17 +169,11 @@ def test_a_run_cut_before_its_noise_decision_resumes_to_the_same_verdict(tmp_pat
                                                                           monkeypatch):
     """Each verdict's pressures are journaled: a run killed before the search decides replays
     them and stops where the uninterrupted run stopped, with the same plan and evaluations."""
+    from tests.search.test_aimed_resume import _counting
     from trtbisect.context import Options
     from trtbisect.pipeline import run
-    from trtbisect.stages.evaluator import Evaluator
 
-    calls: list[frozenset[str]] = []
-    real = Evaluator.measure
-
-    def measure(self, plan, stop_early=False, full=False):
-        calls.append(plan)
-        return real(self, plan, stop_early, full)
-    monkeypatch.setattr(Evaluator, "measure", measure)
+    calls = _counting(monkeypatch)
     model, inputs = _ties(tmp_path)
     opts = Options.of(inputs=[str(inputs)])
     out = tmp_path / "out"
