@@ -356,9 +356,9 @@ def _certificate_costs(row: Row, res) -> None:
     aims = res.aimed_searches or []
     row.aimed_evals = sum(a["evaluations"] for a in aims)
     row.aim_rounds = len(aims)
-    cert = res.certificate or {}
-    row.certified = cert.get("certified") if cert else None
-    row.decided = cert.get("decided") or ""
+    cert = res.certificate  # result.CertificateRecord, read by attribute
+    row.certified = cert.certified if cert is not None else None
+    row.decided = (cert.decided if cert is not None else None) or ""
     val = res.validation  # judge/validation.Validation, read by attribute
     row.validation_kind = val.kind if val is not None else ""
     row.validation_passed = val.passed if val is not None else None

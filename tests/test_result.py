@@ -16,7 +16,7 @@ import pytest
 from tests.models.control_flow_models import all_planted
 from trtbisect.context import Options
 from trtbisect.pipeline import run
-from trtbisect.result import JSON_KEY, JSON_ORDER, TYPED, RunResult, as_json
+from trtbisect.result import FROM_JSON, JSON_KEY, JSON_ORDER, TYPED, RunResult, as_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,12 @@ def test_the_typed_records_round_trip_through_precision_json(written):
               "judged", "criteria_record", "fp32_layers", "coverage", "precision",
               "semantics"):
         assert a in back, a  # every record a fixed run sets, under its key
-    assert json.loads(json.dumps(mine)) == back  # the same values, as JSON holds them
+    assert json.loads(json.dumps(mine)) == as_json(back)  # the same values, as JSON holds them
+    for a, make in FROM_JSON.items():  # a frozen record read back is the record again
+        if a in back:
+            assert type(back[a]) is type(getattr(r, a)), a
+            assert make(getattr(r, a).to_json()) == getattr(r, a), a
+    assert back["certificate"] == r.certificate  # floats and all, through JSON's text
     assert data["criteria"]["description"] == r.criteria_record.description
     assert data["fragile"] is r.fragile is False
     assert data["margins"] == {k: m.to_json() for k, m in r.margins.items()}
@@ -94,7 +99,13 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
     from trtbisect.judge.precision import FP16
     from trtbisect.judge.semantics import Record as SemanticsRecord
     from trtbisect.judge.validation import Validation
-    from trtbisect.result import CriteriaRecord, JudgedRecord, Margin, OneJudge
+    from trtbisect.result import (
+        CertificateRecord,
+        CriteriaRecord,
+        JudgedRecord,
+        Margin,
+        OneJudge,
+    )
 
     r, text = written
     data = json.loads(text)
@@ -111,8 +122,15 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
     assert data["judged"]["after"]["passed_samples"] == r.judged.after["passed_samples"] >= 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.one_judge.search_equals_check = False  # type: ignore[misc]
+    cert = r.certificate
+    assert isinstance(cert, CertificateRecord) and data["certificate"] == cert.to_json()
+    assert cert.certified is (not r.fragile) and {*cert.outputs, *cert.scores} == set(r.margins)
+    assert all(m.margin == r.margins[o].margin for o, m in cert.outputs.items())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cert.decided = "x"  # type: ignore[misc]
     as_dict = re.compile(r"""\.(precision|partial|one_judge|margins|validation|judged|"""
-                         r"""criteria_record) or \{\}\)|(one_judge|partial|margin)\[["']""")
+                         r"""criteria_record|certificate|certified) or \{\}\)|"""
+                         r"""(one_judge|partial|margin|certificate|certified)\[["']""")
     found = [f"{p.relative_to(ROOT)}:{i}"
              for p in sorted((ROOT / "trtbisect").rglob("*.py")) if "quant" not in p.parts
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)

@@ -433,7 +433,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                                + f"meets {meet} on the samples it was searched on, but not "
                                "on the samples it never saw (below): give more samples "
                                "(--inputs, --data-loader-script) or a criterion that fits"}
-    if (result.certificate or {}).get("search_noise"):  # the search stopped at once
+    if result.certificate is not None and result.certificate.search_noise is not None:  # the search stopped at once
         verdicts["fragile"] = (
             f"[yellow]fragile[/]: {meet} cannot tell plans apart near its bound (keeping more "
             "in FP32 made the error worse by as much as a plan's margin: below); the best "
@@ -518,7 +518,7 @@ def emit_margins(result) -> None:
         out.print("[yellow]the default criterion may not be what you mean[/]:")
         for line in hint_lines(result.criterion_hints):
             out.print(f"  {shown(line)}")
-    for line in certificate_lines(result.certificate or {}):
+    for line in certificate_lines(result.certificate):
         out.print(f"  {shown(line)}")
 
 

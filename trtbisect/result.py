@@ -5,7 +5,7 @@ the fields both results share, defined once."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
@@ -30,6 +30,7 @@ from .judge.validation import Validation
 from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
 from .search.minimal import SearchResult
+from .search.noise import Rise
 
 BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 
@@ -38,7 +39,7 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 JSON = dict[str, Any]
 Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
 CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
-Certificate = JSON  # stages/spread.Certificate.to_json
+Number = float | str | None  # as judge/criteria.json_number writes one: a non-finite one as a string
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,109 @@ class Margin:
     def to_json(self) -> JSON:
         return {"margin": self.margin, "spread": self.spread, "noise_floor": self.noise_floor,
                 "fragile": self.fragile}
+
+
+@dataclass(frozen=True)
+class OutputMargin:
+    """One output's margin in the certificate (stages/spread.OutputMargin as precision.json
+    writes it): the rendered bound less the judge's worst max|d|, against the spread."""
+    bound: Number
+    worst: Number
+    margin: Number
+    spread: Number
+    noise_floor: Number
+    certified: bool
+    variants: dict[str, Number]  # each variation's worst max|d|
+    sample: int | None = None  # the sample whose max|d| is `worst` (written with bound_sample)
+    bound_sample: int | None = None  # ... and the one whose bound is `bound`
+
+    def to_json(self) -> JSON:
+        return {"bound": self.bound, "worst": self.worst, "margin": self.margin,
+                "spread": self.spread, "noise_floor": self.noise_floor,
+                "certified": self.certified, "variants": dict(self.variants),
+                **({"sample": self.sample, "bound_sample": self.bound_sample}
+                   if self.sample is not None else {})}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OutputMargin:
+        return cls(d["bound"], d["worst"], d["margin"], d["spread"], d["noise_floor"],
+                   d["certified"], dict(d["variants"]), d.get("sample"), d.get("bound_sample"))
+
+
+@dataclass(frozen=True)
+class ScoreMargin:
+    """A criterion's score clear of its threshold (stages/spread.ScoreMargin as precision.json
+    writes it): margin and spread in severity, 1 at the threshold."""
+    bound: Number  # the threshold, in the score's own units
+    worst: Number  # the worst sample's score
+    severity: Number
+    margin: Number
+    spread: Number
+    higher_is_better: bool
+    certified: bool
+    sample: int | None = None  # the worst sample (several samples)
+
+    def to_json(self) -> JSON:
+        return {"bound": self.bound, "worst": self.worst, "severity": self.severity,
+                "margin": self.margin, "spread": self.spread,
+                "higher_is_better": self.higher_is_better, "certified": self.certified,
+                **({"sample": self.sample} if self.sample is not None else {})}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ScoreMargin:
+        return cls(d["bound"], d["worst"], d["severity"], d["margin"], d["spread"],
+                   d["higher_is_better"], d["certified"], d.get("sample"))
+
+    def text(self, key: str) -> str:
+        """The margin in words: its score and threshold in their own units, the margin and
+        the spread in severity (1 at the threshold), as the console and the reports say it."""
+        def g(x: object) -> str:
+            return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
+
+        def score(x: object) -> str:  # as Score.text says it (a cosine of 0.99999 is not 1)
+            return f"{x:.6g}" if isinstance(x, (int, float)) else str(x)
+        on = f" on sample {self.sample}" if isinstance(self.sample, int) else ""
+        ok = "> spread" if self.certified else "<= spread: FRAGILE"
+        return (f"{key}: score {score(self.worst)}{on} against threshold "
+                f"{score(self.bound)}: "
+                f"severity {g(self.severity)} (1 at the threshold), margin "
+                f"{g(self.margin)} {ok} {g(self.spread)}")
+
+
+@dataclass(frozen=True)
+class CertificateRecord:
+    """The written plan's certificate (stages/spread.Certificate, as precision.json's
+    "certificate" writes it): per output and per criterion the margin against the spread,
+    each variation's verdict, the search's own noise when it stopped on it, and why no
+    (further) aimed search ran (`decided`)."""
+    certified: bool
+    aim_rounds: int
+    outputs: dict[str, OutputMargin]
+    variants: dict[str, bool]  # per variation: the run's criteria pass on it
+    scores: dict[str, ScoreMargin] = field(default_factory=dict)
+    search_noise: Rise | None = None
+    decided: str | None = None
+
+    def to_json(self) -> JSON:
+        d: JSON = {"certified": self.certified, "aim_rounds": self.aim_rounds,
+                   "outputs": {k: m.to_json() for k, m in self.outputs.items()},
+                   "variants": dict(self.variants)}
+        if self.scores:
+            d["scores"] = {k: m.to_json() for k, m in self.scores.items()}
+        if self.search_noise is not None:
+            d["search_noise"] = self.search_noise.to_json()
+        if self.decided:
+            d["decided"] = self.decided
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CertificateRecord:
+        noise = d.get("search_noise")
+        return cls(d["certified"], d["aim_rounds"],
+                   {k: OutputMargin.from_json(m) for k, m in d["outputs"].items()},
+                   dict(d["variants"]),
+                   {k: ScoreMargin.from_json(m) for k, m in (d.get("scores") or {}).items()},
+                   Rise.from_json(noise) if noise is not None else None, d.get("decided"))
 
 
 @dataclass(frozen=True)
@@ -169,6 +273,8 @@ TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge",
          "partial", "stages")
 JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, then extra's
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
+# how precision.json's JSON of a frozen record becomes the record again (typed_from_json)
+FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, "nothing_to_judge": EXIT_OK,
@@ -303,7 +409,7 @@ class RunResult(Found[Culprit, TensorStats]):
     judged: JudgedRecord | None = None
     rewrites: Rewrites | None = None
     one_judge: OneJudge | None = None
-    certificate: Certificate | None = None
+    certificate: CertificateRecord | None = None
     margins: dict[str, Margin] | None = None
     fragile: bool | None = None
     aimed_searches: list[AimedSearch] | None = None
@@ -360,9 +466,12 @@ class RunResult(Found[Culprit, TensorStats]):
 
     @staticmethod
     def typed_from_json(data: dict) -> dict[str, object]:
-        """The typed records of a precision.json, by attribute (RunResult's keyword arguments)."""
+        """The typed records of a precision.json, by attribute (RunResult's keyword arguments):
+        a frozen record built again by its `from_json` (FROM_JSON), the rest as JSON holds it."""
         keys = {JSON_KEY.get(a, a): a for a in TYPED}
-        return {keys[k]: v for k, v in data.items() if k in keys}
+        return {keys[k]: (FROM_JSON[keys[k]](v) if keys[k] in FROM_JSON and v is not None
+                          else v)
+                for k, v in data.items() if k in keys}
 
     def renderings(self) -> dict[str, object]:
         """Every tool's rendering of the plan (render.py); paths as `render_context` gives them."""

@@ -95,18 +95,18 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
             tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == ["mm"] and r.exit_code == 0
     cert = r.certificate
-    assert cert["certified"] and cert["aim_rounds"] == 1
-    y = cert["outputs"]["y"]
-    assert y["margin"] > y["spread"] > 0 and y["spread"] >= y["noise_floor"]
+    assert cert.certified and cert.aim_rounds == 1
+    y = cert.outputs["y"]
+    assert y.margin > y.spread > 0 and y.spread >= y.noise_floor
     from trtbisect.backends.ort import variants
-    assert set(cert["variants"]) == {v.label for v in variants(None)}  # every variation ran
-    assert any(v.startswith("ORT optimizations on") for v in cert["variants"])
-    assert any(v.endswith((", 1 thread", "threads")) and "off" in v for v in cert["variants"])
+    assert set(cert.variants) == {v.label for v in variants(None)}  # every variation ran
+    assert any(v.startswith("ORT optimizations on") for v in cert.variants)
+    assert any(v.endswith((", 1 thread", "threads")) and "off" in v for v in cert.variants)
     (aim,) = r.aimed_searches
-    assert aim["found"] and aim["ceiling"]["y"] < y["bound"]
+    assert aim["found"] and aim["ceiling"]["y"] < y.bound
     plan = __import__("json").loads((tmp_path / "out" / "precision.json").read_text())
     assert plan["verdict"] == "fixed" and plan["fragile"] is False
-    assert plan["certificate"] == __import__("json").loads(__import__("json").dumps(cert))
+    assert plan["certificate"] == __import__("json").loads(__import__("json").dumps(cert.to_json()))
 
 
 def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
@@ -126,7 +126,7 @@ def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):
     r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rtol)), tmp_path / "out")
     assert r.verdict == "fragile" and r.exit_code == 7
     assert r.fp32_nodes == ["mm"]  # the nearest plan: it passes the judge, without margin
-    assert not r.certificate["certified"]
+    assert not r.certificate.certified
     assert (tmp_path / "out" / "mm.mixed.onnx").exists()
     res = CliRunner().invoke(main, ["run", str(path), "--inputs", str(inputs), "--rtol",
                                     repr(rtol), "--out", str(tmp_path / "cli"), "--json"])
@@ -196,7 +196,7 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
     root = Path(__file__).resolve().parents[2]
     r = run(root / "models" / "demo.onnx",
             Options.of(inputs=[str(root / "models" / "demo_inputs.npz")]), tmp_path / "demo")
-    assert r.verdict == "fixed" and r.certificate["certified"]
+    assert r.verdict == "fixed" and r.certificate.certified
     _rendered_polygraphy_check(tmp_path / "demo")
 
     p = if_untyped_branch_outputs()
@@ -218,9 +218,9 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
     # bound (validation says `unvalidated`, test_validation.py); here the certificate alone
     r = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * (1 + 1e-6)),
                              semantics="strict", validation_share=0), tmp_path / "det")
-    assert r.verdict == "fixed" and r.certificate["certified"]
-    m = r.certificate["outputs"]["score"]
-    assert m["margin"] > m["spread"] > 0
+    assert r.verdict == "fixed" and r.certificate.certified
+    m = r.certificate.outputs["score"]
+    assert m.margin > m.spread > 0
     _rendered_polygraphy_check(tmp_path / "det")
 
 
@@ -295,8 +295,8 @@ def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):
                              criteria=parse_criteria(pass_rate=0.5), validation_share=0),
             tmp_path / "out")
     assert r.verdict == "fp16_ok", r.certificate
-    y = r.certificate["outputs"]["y"]
-    assert y["certified"] and y["margin"] > y["spread"]
+    y = r.certificate.outputs["y"]
+    assert y.certified and y.margin > y.spread
 
 
 def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):

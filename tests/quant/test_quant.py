@@ -52,7 +52,7 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
     r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
     # the written file judged again under ORT's own optimizations (its QDQ fusions) and other
     # threads: `fixed` only with the margin over that spread, else `fragile` (stages/spread.py)
-    assert r.verdict == ("fixed" if r.certified["certified"] else "fragile"), r.to_json()
+    assert r.verdict == ("fixed" if r.certified.certified else "fragile"), r.to_json()
     assert set(r.plan) == p.plan
     assert r.one_minimal
     assert not r.before.passed and r.after.passed

@@ -78,7 +78,7 @@ def test_a_run_cut_in_an_aimed_round_resumes_to_the_same_plan(tmp_path, monkeypa
     calls = _counting(monkeypatch)
     fresh = run(path, opts, out)
     fresh_calls, fresh_doc = list(calls), json.loads((out / "precision.json").read_text())
-    assert fresh.verdict == "fixed" and fresh.certificate["certified"]
+    assert fresh.verdict == "fixed" and fresh.certificate.certified
     (aim,) = fresh.aimed_searches
     assert aim["found"] and aim["evaluations"] >= 6
     header, lines = _records(out / "journal.jsonl")

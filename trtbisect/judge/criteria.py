@@ -381,23 +381,6 @@ def worst_of(judged: Iterable[Judgement], numbers: Sequence[int] | None = None
     return worst((j.errors for j in judged), numbers)
 
 
-def score_margin_text(key: str, m: Mapping) -> str:
-    """A criterion's margin (stages/spread.py `ScoreMargin`, as precision.json records it) in
-    words: its score and threshold in their own units, the margin and the spread in severity
-    (1 at the threshold), as the console and the reports say it."""
-    def g(x) -> str:
-        return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
-    on = f" on sample {m['sample']}" if isinstance(m.get("sample"), int) else ""
-    ok = "> spread" if m.get("certified") else "<= spread: FRAGILE"
-
-    def score(x) -> str:  # as Score.text says it (a cosine of 0.99999 is not 1)
-        return f"{x:.6g}" if isinstance(x, (int, float)) else str(x)
-    return (f"{key}: score {score(m.get('worst'))}{on} against threshold "
-            f"{score(m.get('bound'))}: "
-            f"severity {g(m.get('severity'))} (1 at the threshold), margin "
-            f"{g(m.get('margin'))} {ok} {g(m.get('spread'))}")
-
-
 def json_number(x: float) -> float | str:
     """A float JSON can carry: inf and nan as strings."""
     return x if math.isfinite(x) else str(x)

@@ -128,7 +128,7 @@ def _emit_findings(result) -> None:
 
     for line in result.reasons:
         out.print(f"  why: {shown(line)}")
-    for line in certificate_lines(result.certified or {}):
+    for line in certificate_lines(result.certified):
         out.print(f"  {shown(line)}")
     told = validation_line(result.validation)
     if told:

@@ -28,7 +28,7 @@ from ..judge.criteria import Verdict
 from ..judge.validation import Validation
 from ..judge.verdict import VerdictName
 from ..outputs.quantized import QuantPlan, renderings
-from ..result import Found
+from ..result import CertificateRecord, Found
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from ..search.noise import watching
 from ..stages.spread import SPREAD_SHARE
@@ -72,7 +72,7 @@ class QuantResult(Found[Any, Any]):
     reference: str = "the model with its Q/DQ removed"
     renderings: dict = field(default_factory=dict)
 
-    certified: dict | None = None  # the written file's margin over the spread (stages/spread.py)
+    certified: CertificateRecord | None = None  # the written file's margin over the spread (stages/spread.py)
     validation: Validation | None = None  # the written file on unseen samples
     needed: dict[str, bool] = field(default_factory=dict)  # per plan unit: removing it fails
     faster: dict[str, float] = field(default_factory=dict)  # per unit not needed: est. saving
@@ -154,7 +154,9 @@ class QuantResult(Found[Any, Any]):
                           **({"faster_by": self.faster[u]} if u in self.faster else {})}
                          for u, n, side in self._culprits()],
             "minimal_plan": self.minimal_plan,
-            "certificate": self.certified, "margins": (self.certified or {}).get("outputs"),
+            "certificate": self.certified.to_json() if self.certified is not None else None,
+            "margins": ({k: m.to_json() for k, m in self.certified.outputs.items()}
+                        if self.certified is not None else None),
             "validation": self.validation.to_json() if self.validation else None,
             "reasons": self.reasons,
             "errors_before": errors(self.before), "errors_after": errors(self.after),
@@ -458,7 +460,7 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     if result.search is not None and result.search.noisy is not None:
         cert.search_noise = result.search.noisy  # the search stopped: `fragile` at once
         cert.decided = cert.hopeless()
-    result.certified = cert.to_json()
+    result.certified = cert.record()
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 opts.judge.criteria.verdict)
     result.validation = checked

@@ -22,7 +22,6 @@ from ..base.files import atomic_write, atomic_write_text
 from ..diagnosis.diagnose import num, pct
 from ..errors import require
 from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
-from ..judge.criteria import score_margin_text
 from ..judge.precision import FP16, Precision
 from ..judge.validation import line as validation_line
 from ..outputs.plan_groups import (
@@ -105,7 +104,7 @@ def verdict_line(result: RunResult) -> str:
     key: str = result.verdict
     if key == "unvalidated" and not result.fp32_nodes:
         key = "unvalidated_as_is"
-    if key == "fragile" and (result.certificate or {}).get("search_noise"):
+    if key == "fragile" and result.certificate is not None and result.certificate.search_noise:
         key = "fragile_noisy"
     line = VERDICTS[key].format(n=len(result.fp32_nodes), c=result.candidates,
                                            layers=layers_words(result),
@@ -458,10 +457,10 @@ def margin_lines(result: RunResult) -> list[str]:
     out = []
     for name, err in list(errors.items())[:5]:
         if err.scores:
-            held = [score_margin_text("its margin", m)
-                    for k, m in ((result.certificate or {}).get("scores") or {}).items()
-                    if k.startswith(f"{name}:") and isinstance(m.get("margin"), (int, float))
-                    and isinstance(m.get("spread"), (int, float))]
+            held = [m.text("its margin")
+                    for k, m in (result.certificate.scores if result.certificate else {}).items()
+                    if k.startswith(f"{name}:") and isinstance(m.margin, (int, float))
+                    and isinstance(m.spread, (int, float))]
             out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
                        f"{err.scores_text}" + (f"; {'; '.join(held)}" if held else ""))
             continue
@@ -613,25 +612,24 @@ def margin_rows(result: RunResult) -> list[tuple[str, ...]]:
     """Per output, the written plan's margin under the bound the renderings check against the
     spread of what the tools may compute (stages/spread.py); a row per failing variation."""
     cert = result.certificate
-    if not isinstance(cert, dict):
+    if cert is None:
         return []
 
-    def of(m: Mapping, key: str) -> str:
-        return f" (sample {m[key]})" if isinstance(m.get(key), int) else ""
-    rows: list[tuple[str, ...]] = [(name, fmt_num(m["bound"]) + of(m, "bound_sample"),
-             f"max|d| {fmt_num(m.get('worst'))}{of(m, 'sample')}", fmt_num(m["margin"]),
-             fmt_num(m["spread"]), fmt_num(m["noise_floor"]),
-             "yes" if m["certified"] else "NO (fragile)")
-            for name, m in cert["outputs"].items()]
+    def of(k: int | None) -> str:
+        return f" (sample {k})" if isinstance(k, int) else ""
+    rows: list[tuple[str, ...]] = [(name, fmt_num(m.bound) + of(m.bound_sample),
+             f"max|d| {fmt_num(m.worst)}{of(m.sample)}", fmt_num(m.margin),
+             fmt_num(m.spread), fmt_num(m.noise_floor),
+             "yes" if m.certified else "NO (fragile)")
+            for name, m in cert.outputs.items()]
     # a criterion's score against its threshold (--metric, --check-error-stat, a hook's)
-    rows += [(key, f"threshold {fmt_num(m['bound'])}", f"score {fmt_num(m.get('worst'))}"
-              + (f" (sample {m['sample']})" if isinstance(m.get("sample"), int) else "")
-              + f", severity {fmt_num(m.get('severity'))}",
-              fmt_num(m["margin"]), fmt_num(m["spread"]), "-",
-              "yes" if m["certified"] else "NO (fragile)")
-             for key, m in (cert.get("scores") or {}).items()]
+    rows += [(key, f"threshold {fmt_num(s.bound)}", f"score {fmt_num(s.worst)}"
+              + of(s.sample) + f", severity {fmt_num(s.severity)}",
+              fmt_num(s.margin), fmt_num(s.spread), "-",
+              "yes" if s.certified else "NO (fragile)")
+             for key, s in cert.scores.items()]
     rows += [(f"(every output) under {label}", "", "", "", "", "", "fails the criteria")
-             for label, ok in cert["variants"].items() if not ok]
+             for label, ok in cert.variants.items() if not ok]
     return rows
 
 

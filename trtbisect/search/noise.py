@@ -58,6 +58,13 @@ class Rise:
         return {"output": self.output, "rise": self.size, "low": self.low,
                 "high": self.high, "smaller": self.smaller, "larger": self.larger}
 
+    @classmethod
+    def from_json(cls, d: Mapping) -> Rise:
+        """The rise precision.json records (`rise` is the size, computed again)."""
+        def num(x):  # the quantized road writes a non-finite number as a string ("inf")
+            return float(x) if isinstance(x, str) else x
+        return cls(d["output"], num(d["low"]), num(d["high"]), d["smaller"], d["larger"])
+
     def text(self) -> str:
         return (f"on {self.output}, keeping more in FP32 raised the error from {self.low:.3g} "
                 f"to {self.high:.3g} of its bound (evaluations {self.smaller} and "

@@ -173,7 +173,7 @@ class SearchStage:
             result.aimed_searches = aims
         if cert is not None and (aims or cert.decided):
             cert.aim_round = len(aims)
-            result.certificate = cert.to_json()
+            result.certificate = cert.record()
         return result, cert, aiming.ev
 
     def _aim_at(self, aiming: _Aiming) -> tuple[Tolerance | None, int]:

@@ -40,8 +40,9 @@ from dataclasses import dataclass, field, replace
 
 from ..context import Context, JudgeOptions, Options
 from ..judge.compare import Tolerance, worst
-from ..judge.criteria import Judgement, Score, score_margin_text
+from ..judge.criteria import Judgement, Score
 from ..judge.mixed import Written
+from ..result import CertificateRecord
 from ..search.minimal import Noisy
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
@@ -213,6 +214,11 @@ class Certificate:
             d["decided"] = self.decided
         return d
 
+    def record(self) -> CertificateRecord:
+        """The frozen record a result keeps (result.CertificateRecord): its `to_json` is
+        this certificate's, byte for byte."""
+        return CertificateRecord.from_json(self.to_json())
+
 
 def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequence[Judgement],
             noise: Mapping[str, float] | None = None,
@@ -307,21 +313,23 @@ def aimed(opts: Options, tolerance: Tolerance) -> Options:
     return opts.but(tolerance=tolerance)
 
 
-def certificate_lines(cert: Mapping) -> list[str]:
+def certificate_lines(cert: CertificateRecord | None) -> list[str]:
     """Per output, the margin against the spread, as the console and reports say it."""
+    if cert is None:
+        return []
     lines = []
-    for name, m in cert.get("outputs", {}).items():
-        ok = "> spread" if m["certified"] else "<= spread: FRAGILE"
-        lines.append(f"{name}: margin {_fmt(m['margin'])} = bound {_fmt(m['bound'])}"
-                     f"{_of_sample(m.get('bound_sample'))} - max|d| {_fmt(m.get('worst'))}"
-                     f"{_of_sample(m.get('sample'))} {ok} {_fmt(m['spread'])}")
-    for label, ok in cert.get("variants", {}).items():
-        if not ok:
+    for name, m in cert.outputs.items():
+        ok = "> spread" if m.certified else "<= spread: FRAGILE"
+        lines.append(f"{name}: margin {_fmt(m.margin)} = bound {_fmt(m.bound)}"
+                     f"{_of_sample(m.bound_sample)} - max|d| {_fmt(m.worst)}"
+                     f"{_of_sample(m.sample)} {ok} {_fmt(m.spread)}")
+    for label, passed in cert.variants.items():
+        if not passed:
             lines.append(f"fails the criteria under {label}")
-    for key, m in (cert.get("scores") or {}).items():
-        lines.append(score_margin_text(key, m))
-    if cert.get("decided"):
-        lines.append(f"fragile, decided: {cert['decided']}")
+    for key, sm in cert.scores.items():
+        lines.append(sm.text(key))
+    if cert.decided:
+        lines.append(f"fragile, decided: {cert.decided}")
     return lines
 
 

@@ -124,7 +124,7 @@ def certify_written(result: RunResult, ctx: Context, judge: JudgeOptions, checke
     if result.search is not None and result.search.noisy is not None:
         cert.search_noise = result.search.noisy  # the search stopped: `fragile` at once
         cert.decided = cert.hopeless()
-    result.certificate = cert.to_json()
+    result.certificate = cert.record()
     result.margins = {
         **{o: Margin(json_number(m.margin), json_number(m.spread), json_number(m.noise_floor),
                      fragile=not m.certified) for o, m in cert.outputs.items()},
