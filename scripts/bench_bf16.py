@@ -101,7 +101,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
         with contextlib.redirect_stderr(io.StringIO()):
             r = run(path, opts, work / p)
         seconds = time.perf_counter() - t
-        c = r.cost or {}
+        c = r.cost  # search/cost.CostRecord, read by attribute
         mixed = Path(r.files["mixed_model"]) if "mixed_model" in r.files else None
         one_judge = None
         if mixed is not None and r.errors_after:
@@ -112,10 +112,10 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
         rec["runs"][p] = {
             "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes),
             "causes": sorted({g["cause"] for g in (r.culprit_groups or [])}),
-            "all_low_us": 1e6 * c.get("all_low_s", c.get("all_fp16_s")) if c else None,
-            "plan_us": 1e6 * c["plan_s"] if c else None,
-            "all_fp32_us": 1e6 * c["all_fp32_s"] if c else None,
-            "slowdown": c.get("slowdown"),
+            "all_low_us": 1e6 * c.all_low_s if c else None,
+            "plan_us": 1e6 * c.plan_s if c else None,
+            "all_fp32_us": 1e6 * c.all_fp32_s if c else None,
+            "slowdown": c.slowdown if c else None,
             "mixed_bytes": mixed.stat().st_size if mixed is not None and mixed.exists() else None,
             "evaluations": r.evaluations, "one_minimal": r.one_minimal,
             "seconds": round(seconds, 2),

@@ -231,7 +231,7 @@ def summarize(r: RunResult, flops: Mapping[str, int | None], total: int) -> dict
     return {
         "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes), "plan": list(r.fp32_nodes),
         "flop_share": flop_share(r.fp32_nodes, flops, total), "evaluations": r.evaluations,
-        "slowdown": (r.cost or {}).get("slowdown"),  # estimated (docs/cost.md)
+        "slowdown": r.cost.slowdown if r.cost else None,  # estimated (docs/cost.md)
         "seconds": round(r.seconds, 2),
         "stopped": bool(r.search is not None and r.search.stopped_early),
         "rewrites": [a["rewrite"] for a in applied],

@@ -106,6 +106,7 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
         Margin,
         OneJudge,
     )
+    from trtbisect.search.cost import CostRecord
 
     r, text = written
     data = json.loads(text)
@@ -128,9 +129,12 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
     assert all(m.margin == r.margins[o].margin for o, m in cert.outputs.items())
     with pytest.raises(dataclasses.FrozenInstanceError):
         cert.decided = "x"  # type: ignore[misc]
+    assert isinstance(r.cost, CostRecord) and data["cost"] == r.cost.to_json()
+    assert set(r.cost.units) <= set(r.fp32_layers) and r.cost.plan_layers == len(r.cost.units)
+    assert data["cost"][f"all_{r.cost.precision}_s"] == r.cost.all_low_s > 0
     as_dict = re.compile(r"""\.(precision|partial|one_judge|margins|validation|judged|"""
-                         r"""criteria_record|certificate|certified) or \{\}\)|"""
-                         r"""(one_judge|partial|margin|certificate|certified)\[["']""")
+                         r"""criteria_record|certificate|certified|cost) or \{\}\)|"""
+                         r"""(one_judge|partial|margin|certificate|certified|\.cost)\[["']""")
     found = [f"{p.relative_to(ROOT)}:{i}"
              for p in sorted((ROOT / "trtbisect").rglob("*.py")) if "quant" not in p.parts
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)

@@ -57,7 +57,15 @@ from .outputs.plan_groups import (
     rest_text,
     search_words,
 )
-from .search.cost import DEFAULT_GPU, GPUS, boundary_row, cost_cells, cost_sentence, pct
+from .search.cost import (
+    DEFAULT_GPU,
+    GPUS,
+    CostRecord,
+    boundary_row,
+    cost_cells,
+    cost_sentence,
+    pct,
+)
 
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
@@ -611,11 +619,11 @@ def emit_both(both, as_json: bool) -> None:
         out.print(f"{r['precision'].upper()} plan: {shown(r['plan'])}", soft_wrap=True)
 
 
-def cost_line(c: dict) -> str:
+def cost_line(c: CostRecord) -> str:
     """The plan's price in one line (precision.json "cost"), and what it could not price."""
-    line = f"estimated engine time on {escape(c['gpu_title'])}: {cost_sentence(c, True)}"
-    if c.get("fallback"):
-        line += f"\n[yellow]{escape(c['fallback'])}[/]"
+    line = f"estimated engine time on {escape(c.gpu_title)}: {cost_sentence(c, True)}"
+    if c.fallback:
+        line += f"\n[yellow]{escape(c.fallback)}[/]"
     return line
 
 

@@ -29,6 +29,7 @@ from .judge.semantics import Record as SemanticsRecord
 from .judge.validation import Validation
 from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
+from .search.cost import CostRecord
 from .search.minimal import SearchResult
 from .search.noise import Rise
 
@@ -37,7 +38,6 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 # What a verdict records beside the plan, as precision.json writes it. Each is JSON as its
 # module's `to_json()` makes it; the key names are precision.json's.
 JSON = dict[str, Any]
-Cost = JSON  # cost.PlanPricing.summary: the plan's estimated time and casts
 CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
 Number = float | str | None  # as judge/criteria.json_number writes one: a non-finite one as a string
 
@@ -274,7 +274,8 @@ TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge",
 JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, then extra's
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
 # how precision.json's JSON of a frozen record becomes the record again (typed_from_json)
-FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json}
+FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json,
+                                                 "cost": CostRecord.from_json}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, "nothing_to_judge": EXIT_OK,
@@ -404,7 +405,7 @@ class RunResult(Found[Culprit, TensorStats]):
     nothing_to_judge: str | None = None  # degenerate.nothing_to_judge's reason
     fp32_layers: list[str] | None = None  # the search's units
     workers: Workers | None = None
-    cost: Cost | None = None
+    cost: CostRecord | None = None  # search/cost.PlanPricing.record
     criteria_record: CriteriaRecord | None = None  # precision.json's "criteria"
     judged: JudgedRecord | None = None
     rewrites: Rewrites | None = None

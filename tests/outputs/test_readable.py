@@ -93,15 +93,19 @@ def test_run_takes_top_and_all(zoo, tmp_path, monkeypatch):
 
 
 def test_groups_sum_unit_costs_once_and_fall_back_to_layers():
+    from types import SimpleNamespace
+
     from trtbisect.diagnosis.diagnose import Culprit
+    from trtbisect.search.cost import PlanUnitCost
 
     class R:
         culprits = [Culprit("a/Add", "Add", "", None, "PWN(a/Add, a/Mul)"),
                     Culprit("a/Mul", "Mul", "", None, "PWN(a/Add, a/Mul)"),
                     Culprit("b/Pow", "Pow", "", None, None),
                     Culprit("c/Exp", "Exp", "", None, None)]
-        cost = {"units": {"PWN(a/Add, a/Mul)": {"share": 0.01},
-                          "b/Pow": {"share": 0.03}, "c/Exp": {"share": 0.0}}}
+        cost = SimpleNamespace(units={  # search/cost.CostRecord's units, read by attribute
+            "PWN(a/Add, a/Mul)": PlanUnitCost(1.0, 1.0, 0.01, []),
+            "b/Pow": PlanUnitCost(1.0, 1.0, 0.03, []), "c/Exp": PlanUnitCost(1.0, 1.0, 0.0, [])})
         culprit_groups = [{"nodes": ["a/Add", "a/Mul"], "cause": "overflow"},
                           {"nodes": ["b/Pow"], "cause": "underflow"},
                           {"nodes": ["c/Exp"], "cause": "overflow"}]

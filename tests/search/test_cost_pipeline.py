@@ -53,7 +53,7 @@ def test_a_budget_nothing_fits_writes_the_best_plan_within_it_and_says_so(ln, tm
     assert r.verdict == "over_budget" and r.exit_code == 6 and not r.one_minimal
     assert r.search.over_budget
     c = r.cost
-    assert c["budget_pct"] == 0.0 and c["within_budget"] and c["slowdown"] <= 1e-12
+    assert c.budget_pct == 0.0 and c.within_budget and c.slowdown <= 1e-12
     # the written file is judged (one judge) and its error is the one reported
     mixed = tmp_path / "out" / "ln.mixed.onnx"
     assert mixed.exists()
@@ -71,7 +71,7 @@ def test_a_budget_the_plan_fits_changes_nothing(ln, tmp_path):
     plain = run(model, Options.of(inputs=[str(npz)]), tmp_path / "plain")
     loose = run(model, Options.of(inputs=[str(npz)], budget=1000.0), tmp_path / "loose")
     assert loose.verdict == "fixed" and loose.fp32_nodes == plain.fp32_nodes
-    assert loose.cost["within_budget"] is True
+    assert loose.cost.within_budget is True
 
 
 def test_the_cli_exits_6_over_budget_and_documents_it(ln, tmp_path):
@@ -93,7 +93,7 @@ def test_the_cli_exits_6_over_budget_and_documents_it(ln, tmp_path):
 def test_count_objective_reports_the_price_too(ln, tmp_path):
     model, npz = ln
     r = run(model, Options.of(inputs=[str(npz)], objective="count"), tmp_path / "out")
-    assert r.cost["objective"] == "count" and r.search.certificate is None
+    assert r.cost.objective == "count" and r.search.certificate is None
 
 
 def test_pareto_front():

@@ -44,12 +44,12 @@ class Both:
     def rows(self) -> list[dict]:
         out = []
         for name, r in self.results.items():
-            c = r.cost or {}
             out.append({
                 "precision": name, "verdict": r.verdict,
                 "fp32_nodes": len(r.fp32_nodes), "candidates": r.candidates,
-                "all_low_s": c.get("all_low_s", c.get("all_fp16_s")), "plan_s": c.get("plan_s"),
-                "all_fp32_s": c.get("all_fp32_s"), "slowdown": c.get("slowdown"),
+                **({"all_low_s": c.all_low_s, "plan_s": c.plan_s, "all_fp32_s": c.all_fp32_s,
+                    "slowdown": c.slowdown} if (c := r.cost) is not None else
+                   dict.fromkeys(("all_low_s", "plan_s", "all_fp32_s", "slowdown"))),
                 "passed_after": all(e.passed for e in r.errors_after.values())
                 if r.errors_after else None,
                 "max_abs_after": {k: e.max_abs for k, e in r.errors_after.items()},

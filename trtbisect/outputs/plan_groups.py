@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..search.cost import CostRecord
+
 DEFAULT_TOP = 10  # rows `run` shows unless --top N or --all
 OPS_WIDTH = 24  # characters of the ops cell: a row fits one line of an 80-column terminal
 
@@ -58,15 +60,13 @@ class PlanGroup:
                                         if layers != len(self.nodes) else "")
 
 
-def unit_shares(cost: object) -> dict[str, float]:
+def unit_shares(cost: CostRecord | None) -> dict[str, float]:
     """Unit (TensorRT layer or node) -> its share of all-FP16's estimated time, from the
     cost result as written (precision.json "cost" "units"); {} when there is none."""
-    units = cost.get("units") if isinstance(cost, Mapping) else None
     out: dict[str, float] = {}
-    for unit, v in (units or {}).items() if isinstance(units, Mapping) else ():
-        share = v.get("share") if isinstance(v, Mapping) else None
-        if isinstance(share, (int, float)) and math.isfinite(share):
-            out[unit] = float(share)
+    for unit, v in (cost.units if cost is not None else {}).items():
+        if isinstance(v.share, (int, float)) and math.isfinite(v.share):
+            out[unit] = float(v.share)
     return out
 
 

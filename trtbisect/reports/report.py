@@ -307,11 +307,9 @@ def tradeoff_points(result: RunResult) -> tuple[list[Point], Point | None, float
     """The search's evaluated plans as (slowdown %, worst relative error, passed), the
     written plan's point, and the tolerance the error is held to (rtol)."""
     cost = result.cost
-    from ..search.cost import all_low_s
-
-    if result.search is None or not isinstance(cost, Mapping) or not all_low_s(cost):
+    if result.search is None or cost is None or not cost.all_low_s:
         return [], None, result.tolerance.rtol
-    base = float(all_low_s(cost) or 0.0)
+    base = float(cost.all_low_s)
     pts = [(100 * (t.price / base - 1), math.nan if t.score is None else float(t.score),
             t.passed, None if t.passed else (t.why or "failed"))
            for t in result.search.trials if t.price is not None]
@@ -321,7 +319,7 @@ def tradeoff_points(result: RunResult) -> tuple[list[Point], Point | None, float
         if set(t.fp32) == set(plan):
             chosen = p
     if chosen is None and result.verdict in ("fixed", "fp16_ok", "over_budget"):
-        chosen = (100 * float(cost["slowdown"]), math.nan, result.verdict != "over_budget",
+        chosen = (100 * float(cost.slowdown), math.nan, result.verdict != "over_budget",
                   None)
     return pts, chosen, result.tolerance.rtol
 
@@ -332,9 +330,9 @@ def tradeoff_png(result: RunResult) -> bytes | None:
     points, chosen, rtol = tradeoff_points(result)
     if len(points) < 2:
         return None
-    cost = result.cost or {}
-    budget = cost.get("budget_pct") if isinstance(cost, Mapping) else None
-    gpu = cost.get("gpu_title", "") if isinstance(cost, Mapping) else ""
+    cost = result.cost
+    budget = cost.budget_pct if cost is not None else None
+    gpu = cost.gpu_title if cost is not None else ""
     xlabel = f"estimated slowdown against all-{low_of(result).label} on {gpu} (%)"
     if not result.criteria.default:  # the points are the criterion's severities
         return plot_tradeoff(points, chosen, 1.0, budget, xlabel,
@@ -714,13 +712,13 @@ TRADEOFF_NOTE = ("Every plan the search evaluated, by its estimated slowdown aga
 def _cost_facts(result: RunResult) -> list[_Fact]:
     """The plan's price (precision.json "cost")."""
     c = result.cost
-    if not isinstance(c, Mapping) or result.verdict == "reference_invalid":
+    if c is None or result.verdict == "reference_invalid":
         return []
     from ..search.cost import cost_sentence
 
-    return [_fact(f"estimated engine time on {c['gpu_title']} (objective {c['objective']}): "
+    return [_fact(f"estimated engine time on {c.gpu_title} (objective {c.objective}): "
                   f"{cost_sentence(c)}", markdown_only=True),
-            *([_fact(_Words(c["fallback"]), markdown_only=True)] if c.get("fallback") else [])]
+            *([_fact(_Words(c.fallback), markdown_only=True)] if c.fallback else [])]
 
 
 def _coverage_facts(result: RunResult) -> list[_Fact]:
@@ -846,8 +844,7 @@ def culprit_rows(result: RunResult) -> tuple[list[str], list[tuple]]:
     from ..search.cost import boundary_row, cost_cells
 
     price = result.cost
-    shares = cost_cells(price if isinstance(price, Mapping) else None,
-                        [(c.node, c.layer or "") for c in result.culprits])
+    shares = cost_cells(price, [(c.node, c.layer or "") for c in result.culprits])
     priced = any(shares)
     head = ["node", "op", *(["module"] if modules else []),
             *(["TensorRT layer"] if layers else []), *(["cost"] if priced else []),
@@ -860,7 +857,7 @@ def culprit_rows(result: RunResult) -> tuple[list[str], list[tuple]]:
         rows.append((c.node, c.op, *([c.module or ""] if modules else []),
                      *([layer] if layers else []), *([share] if priced else []),
                      by_node.get(c.node, {}).get("cause", ""), c.why))
-    casts = boundary_row(price) if priced and isinstance(price, Mapping) else None
+    casts = boundary_row(price) if priced else None
     if casts is not None:  # the rows add up to the plan's slowdown
         rows.append(("(boundary Casts)", "Cast", *([""] if modules else []),
                      *([""] if layers else []), casts[0], "", casts[1]))

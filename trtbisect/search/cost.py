@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -635,6 +635,11 @@ class PlanPricing:
                                + "; ".join(self.unpriced))
         return out
 
+    def record(self, plan: Sequence[str], objective: str = "cost",
+               budget: float | None = None, low: str = "fp16") -> CostRecord:
+        """The frozen record a result keeps (`CostRecord`): its `to_json` is `summary`'s."""
+        return CostRecord.from_json(self.summary(plan, objective, budget, low))
+
 
 def engine_pricing(graph: Graph, judged: Graph, prepared, units: Mapping[str, Sequence[str]],
                    sample: Mapping[str, np.ndarray], gpu: str = DEFAULT_GPU, tf32: bool = False,
@@ -737,56 +742,129 @@ def pct(x: float) -> str:
 
 # ---------------------------------------------------------------- the price in tables
 
-def all_low_s(c: Mapping) -> float | None:
-    """All-FP16's (or all-BF16's) time from precision.json's "cost" (older runs: all_fp16_s)."""
-    v = c.get("all_low_s", c.get("all_fp16_s"))
-    return float(v) if v is not None else None
+@dataclass(frozen=True)
+class PlanUnitCost:
+    """One FP32 unit of the plan in `CostRecord.units`: its low-precision time, its time
+    kept FP32 in this plan, its share of all-low's time, and the plan's nodes it holds."""
+    fp16_s: float
+    fp32_s: float
+    share: float
+    nodes: list[str]
+
+    def to_json(self) -> dict:
+        return {"fp16_s": self.fp16_s, "fp32_s": self.fp32_s, "share": self.share,
+                "nodes": list(self.nodes)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> PlanUnitCost:
+        return cls(d["fp16_s"], d["fp32_s"], d["share"], list(d["nodes"]))
 
 
-def low_label(c: Mapping) -> str:
-    return str(c.get("precision", "fp16")).upper()
+@dataclass(frozen=True)
+class CostRecord:
+    """The plan's estimated engine time (precision.json's "cost", `PlanPricing.summary`):
+    all-low, the plan and all-FP32, the shares in FP32, the boundary Casts, each FP32 unit's
+    share, what could not be priced, and the --budget."""
+    gpu: str
+    gpu_title: str
+    gpu_source: str
+    tf32: bool
+    objective: str  # "count" where --objective cost fell back (`fallback` says why)
+    model: str
+    precision: str  # the run's low precision: "fp16", "bf16"
+    all_low_s: float
+    plan_s: float
+    all_fp32_s: float
+    slowdown: float
+    fp32_flop_share: float
+    fp32_byte_share: float
+    boundary_casts: int
+    boundary_casts_s: float
+    boundary_casts_share: float
+    units: dict[str, PlanUnitCost]  # TensorRT layer name -> its price
+    plan_layers: int
+    layers: int
+    unknown_shapes: int
+    unpriced: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    budget_pct: float | None = None  # --budget, in percent
+    within_budget: bool | None = None
+    fallback: str | None = None
+
+    @property
+    def low_label(self) -> str:
+        return self.precision.upper()
+
+    def to_json(self) -> dict:
+        return {
+            "gpu": self.gpu, "gpu_title": self.gpu_title, "gpu_source": self.gpu_source,
+            "tf32": self.tf32, "objective": self.objective, "model": self.model,
+            "precision": self.precision, "all_low_s": self.all_low_s,
+            f"all_{self.precision}_s": self.all_low_s,
+            "plan_s": self.plan_s, "all_fp32_s": self.all_fp32_s, "slowdown": self.slowdown,
+            "fp32_flop_share": self.fp32_flop_share, "fp32_byte_share": self.fp32_byte_share,
+            "boundary_casts": self.boundary_casts, "boundary_casts_s": self.boundary_casts_s,
+            "boundary_casts_share": self.boundary_casts_share,
+            "units": {k: u.to_json() for k, u in self.units.items()},
+            "plan_layers": self.plan_layers, "layers": self.layers,
+            "unknown_shapes": self.unknown_shapes,
+            **({"unpriced": list(self.unpriced)} if self.unpriced else {}),
+            **({"notes": list(self.notes)} if self.notes else {}),
+            **({"budget_pct": self.budget_pct, "within_budget": self.within_budget}
+               if self.budget_pct is not None else {}),
+            **({"fallback": self.fallback} if self.fallback is not None else {}),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> CostRecord:
+        return cls(
+            d["gpu"], d["gpu_title"], d["gpu_source"], d["tf32"], d["objective"], d["model"],
+            d["precision"], d["all_low_s"], d["plan_s"], d["all_fp32_s"], d["slowdown"],
+            d["fp32_flop_share"], d["fp32_byte_share"], d["boundary_casts"],
+            d["boundary_casts_s"], d["boundary_casts_share"],
+            {k: PlanUnitCost.from_json(u) for k, u in d["units"].items()}, d["plan_layers"],
+            d["layers"], d["unknown_shapes"], list(d.get("unpriced") or []),
+            list(d.get("notes") or []), d.get("budget_pct"), d.get("within_budget"),
+            d.get("fallback"))
 
 
-def cost_cells(c: Mapping | None, rows: Sequence[tuple[str, str]]) -> list[str]:
+def cost_cells(c: CostRecord | None, rows: Sequence[tuple[str, str]]) -> list[str]:
     """The cost column of a table of the plan's nodes (`rows`: (node, TensorRT layer or "")
     in table order): each FP32 layer's share on the first row of its nodes, empty on the
     others; keyed as precision.json's "cost" "units" are (its `nodes` name the rows)."""
-    units = (c or {}).get("units") or {}
-    if not isinstance(units, Mapping):
-        return ["" for _ in rows]
+    units = c.units if c is not None else {}
     unit_of: dict[str, str] = {}
     for key, u in units.items():
-        for n in (u.get("nodes") or []) if isinstance(u, Mapping) else []:
+        for n in u.nodes:
             unit_of.setdefault(n, key)
     out, shown = [], set()
     for node, layer in rows:
         key = unit_of.get(node) or (layer if layer in units else node)
-        out.append("" if key in shown or key not in units else pct(units[key]["share"]))
+        out.append("" if key in shown or key not in units else pct(units[key].share))
         shown.add(key)
     return out
 
 
-def boundary_row(c: Mapping | None) -> tuple[str, str] | None:
-    """The boundary Casts' row of the same table: (cost, why), or None (older runs)."""
-    if not c or c.get("boundary_casts_share") is None:
+def boundary_row(c: CostRecord | None) -> tuple[str, str] | None:
+    """The boundary Casts' row of the same table: (cost, why), or None (no price)."""
+    if c is None:
         return None
-    n = int(c.get("boundary_casts", 0))
-    return (pct(float(c["boundary_casts_share"])),
-            f"{n} Cast(s) between {low_label(c)} and FP32 layers (the {low_label(c)} layers' "
+    low = c.low_label
+    return (pct(float(c.boundary_casts_share)),
+            f"{c.boundary_casts} Cast(s) between {low} and FP32 layers (the {low} layers' "
             "wider reads of FP32 values)")
 
 
-def cost_sentence(c: Mapping, markup: bool = False) -> str:
+def cost_sentence(c: CostRecord, markup: bool = False) -> str:
     """The plan's price in one line (console and report alike)."""
-    low = low_label(c)
+    low = c.low_label
     budget = ""
-    if c.get("budget_pct") is not None:
+    if c.budget_pct is not None:
         over = "[red]over[/]" if markup else "over"
-        budget = f"; {'within' if c['within_budget'] else over} the {c['budget_pct']:g}% budget"
-    layers = (f"; the plan keeps {c['plan_layers']} of {c['layers']} TensorRT layers in FP32"
-              if c.get("layers") is not None else "")
-    return (f"all {low} {1e6 * (all_low_s(c) or 0.0):.4g} us, the plan "
-            f"{1e6 * c['plan_s']:.4g} us ({pct(c['slowdown'])}), all FP32 "
-            f"{1e6 * c['all_fp32_s']:.4g} us; FP32 share {100 * c['fp32_flop_share']:.1f}% of "
-            f"FLOPs, {100 * c['fp32_byte_share']:.1f}% of bytes; {c['boundary_casts']} boundary "
+        budget = f"; {'within' if c.within_budget else over} the {c.budget_pct:g}% budget"
+    layers = f"; the plan keeps {c.plan_layers} of {c.layers} TensorRT layers in FP32"
+    return (f"all {low} {1e6 * c.all_low_s:.4g} us, the plan "
+            f"{1e6 * c.plan_s:.4g} us ({pct(c.slowdown)}), all FP32 "
+            f"{1e6 * c.all_fp32_s:.4g} us; FP32 share {100 * c.fp32_flop_share:.1f}% of "
+            f"FLOPs, {100 * c.fp32_byte_share:.1f}% of bytes; {c.boundary_casts} boundary "
             f"Casts{layers}{budget}")

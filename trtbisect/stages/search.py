@@ -327,7 +327,7 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.fp32_layers = found
     if parallel_summary is not None:
         result.workers = parallel_summary
-    result.cost = pricing.summary(found, opts.search.objective, opts.search.budget,
+    result.cost = pricing.record(found, opts.search.objective, opts.search.budget,
                                   ctx.rules.precision.name)
     result.criteria_record = CriteriaRecord(opts.judge.criteria.to_json(),
                                             opts.judge.criteria.describe())
