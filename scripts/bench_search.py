@@ -354,7 +354,7 @@ def _counting(row: Row) -> Iterator[None]:
 def _certificate_costs(row: Row, res) -> None:
     """What precision.json says of the certificate's aimed rounds and of the validation."""
     aims = res.aimed_searches or []
-    row.aimed_evals = sum(a["evaluations"] for a in aims)
+    row.aimed_evals = sum(a.evaluations for a in aims)  # result.AimedSearch
     row.aim_rounds = len(aims)
     cert = res.certificate  # result.CertificateRecord, read by attribute
     row.certified = cert.certified if cert is not None else None

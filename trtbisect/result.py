@@ -209,14 +209,27 @@ class CriteriaRecord:
         return {**self.criteria, "description": self.description}
 
 
-class AimedSearch(TypedDict):
-    """One search again inside the certificate's bound (stages/spread.py)."""
+@dataclass(frozen=True)
+class AimedSearch:
+    """One search again inside the certificate's bound (stages/spread.py; precision.json's
+    "aimed_searches"): the ceiling it aimed at per output (compare.Tolerance's JSON), whether
+    it found a plan, how many units that keeps FP32, and its evaluations."""
     round: int
-    ceiling: object
+    ceiling: dict[str, Number]
     found: bool
     fp32_units: int
     evaluations: int
     known_failing: int  # evaluations a looser bound's failure answered (nothing judged)
+
+    def to_json(self) -> JSON:
+        return {"round": self.round, "ceiling": dict(self.ceiling), "found": self.found,
+                "fp32_units": self.fp32_units, "evaluations": self.evaluations,
+                "known_failing": self.known_failing}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> AimedSearch:
+        return cls(d["round"], dict(d["ceiling"]), d["found"], d["fp32_units"],
+                   d["evaluations"], d["known_failing"])
 
 
 @dataclass(frozen=True)
@@ -275,7 +288,9 @@ JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, 
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
 # how precision.json's JSON of a frozen record becomes the record again (typed_from_json)
 FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json,
-                                                 "cost": CostRecord.from_json}
+                                                 "cost": CostRecord.from_json,
+                                                 "aimed_searches": lambda v: [
+                                                     AimedSearch.from_json(a) for a in v]}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, "nothing_to_judge": EXIT_OK,

@@ -103,10 +103,13 @@ def test_fp16_passing_within_the_spread_is_searched_again_inside_the_bound(tmp_p
     assert any(v.startswith("ORT optimizations on") for v in cert.variants)
     assert any(v.endswith((", 1 thread", "threads")) and "off" in v for v in cert.variants)
     (aim,) = r.aimed_searches
-    assert aim["found"] and aim["ceiling"]["y"] < y.bound
+    assert aim.found and aim.ceiling["y"] < y.bound
     plan = __import__("json").loads((tmp_path / "out" / "precision.json").read_text())
     assert plan["verdict"] == "fixed" and plan["fragile"] is False
     assert plan["certificate"] == __import__("json").loads(__import__("json").dumps(cert.to_json()))
+    from trtbisect.result import RunResult
+    back = RunResult.typed_from_json(plan)  # the frozen records again, from precision.json
+    assert back["certificate"] == cert and back["aimed_searches"] == [aim]
 
 
 def test_no_plan_with_the_margin_is_fragile_exit_7_and_still_written(tmp_path):

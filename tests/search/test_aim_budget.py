@@ -36,10 +36,10 @@ def test_an_aimed_round_grows_from_the_last_plan_within_its_allowance(tmp_path, 
     r = _run(tmp_path, "out")
     assert r.verdict == "fixed" and r.fp32_nodes == ["conv1", "head"]
     (aim,) = r.aimed_searches
-    assert aim["found"] and r.evaluations == first + aim["evaluations"]
-    assert aim["evaluations"] <= aim_allowance(first)
+    assert aim.found and r.evaluations == first + aim.evaluations
+    assert aim.evaluations <= aim_allowance(first)
     # all-FP16 failed the looser bound: known to fail the tighter one, judged by nothing
-    assert aim["known_failing"] >= 1
+    assert aim.known_failing >= 1
     # after the empty plan, the aimed search tries the last plan first: grown, not searched anew
     assert r.search.trials[1].fp32 == ("conv1",)
 
@@ -54,7 +54,7 @@ def test_an_aimed_round_that_uses_its_allowance_is_fragile_at_once(tmp_path, mon
     r = _run(tmp_path, "out")
     assert r.verdict == "fragile" and r.exit_code == 7 and r.fp32_nodes == ["conv1"]
     (aim,) = r.aimed_searches
-    assert not aim["found"] and aim["evaluations"] == 2
+    assert not aim.found and aim.evaluations == 2
     assert r.evaluations == first + 2  # what the aimed round spent is counted
     assert "used its allowance of 2 evaluations" in r.certificate.decided
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
@@ -94,7 +94,7 @@ def test_the_aimed_rounds_and_the_validation_share_one_allowance(tmp_path, monke
     path, inputs, tol = _planted(tmp_path)
     r = run(path, Options.of(inputs=[str(inputs)], tolerance=tol, semantics="strict"),
             tmp_path / "validated")
-    aimed = sum(a["evaluations"] for a in r.aimed_searches or ())
+    aimed = sum(a.evaluations for a in r.aimed_searches or ())
     assert r.aimed_searches and validated and all(n == 2 for n in validated)
     assert aimed + sum(validated) <= 1.0 * first  # one sample searched: an inference each
     assert r.verdict in ("fragile", "unvalidated") and r.fp32_nodes  # the plan is written
@@ -116,7 +116,7 @@ def test_held_out_samples_count_every_file_they_judge(tmp_path, monkeypatch):
     np.savez(twin, **dict(np.load(inputs)))
     r = run(path, Options.of(inputs=[str(inputs), str(twin)], tolerance=tol, semantics="strict"),
             tmp_path / "held")
-    aimed = sum(a["evaluations"] for a in r.aimed_searches or ())
+    aimed = sum(a.evaluations for a in r.aimed_searches or ())
     assert r.validation.kind == "held_out" and validated and all(n == 1 for n in validated)
     assert r.aimed_searches and aimed + sum(validated) <= int(1.5 * first)
     assert r.fp32_nodes  # a plan is written

@@ -80,13 +80,13 @@ def test_a_run_cut_in_an_aimed_round_resumes_to_the_same_plan(tmp_path, monkeypa
     fresh_calls, fresh_doc = list(calls), json.loads((out / "precision.json").read_text())
     assert fresh.verdict == "fixed" and fresh.certificate.certified
     (aim,) = fresh.aimed_searches
-    assert aim["found"] and aim["evaluations"] >= 6
+    assert aim.found and aim.evaluations >= 6
     header, lines = _records(out / "journal.jsonl")
     aimed = [k for k, ln in enumerate(lines) if "#aim:" in ln]
     first = [ln for ln in lines if "#aim:" not in ln and '"done"' in ln]
     # each aimed evaluation is journaled, but those a looser bound's failure answered
     assert first and len([k for k in aimed if '"done"' in lines[k]]) == \
-        aim["evaluations"] - aim["known_failing"]
+        aim.evaluations - aim.known_failing
     assert min(aimed) > max(k for k, ln in enumerate(lines) if "#aim:" not in ln)
 
     # killed in the aimed round: three of its evaluations done, the fourth in flight

@@ -186,9 +186,9 @@ class SearchStage:
         # plan's and each round's that passed; held-out samples: the all-FP16 file's as well,
         # every file of the run's is judged on them) and of the plan this round would write
         held = self.ctx.validation
-        validated = 1 + sum(1 for a in aiming.aims if a["found"]) + (
+        validated = 1 + sum(1 for a in aiming.aims if a.found) + (
             held is not None and held.kind == "held_out")
-        left = aiming.allowance - sum(a["evaluations"] for a in aiming.aims) - math.ceil(
+        left = aiming.allowance - sum(a.evaluations for a in aiming.aims) - math.ceil(
             validation_evaluations(self.ctx) * (validated + 1))
         if cert is None or cert.certified or aiming.result.verdict not in ("fixed", "fp16_ok"):
             return None, left
@@ -237,12 +237,10 @@ class SearchStage:
         again, summary = self.search(ev, sopts, False, False,
                                      start=list(result.fp32_layers or ()))
         carried = {p for p, ok in ev.known.items() if not ok}
-        aiming.aims.append({"round": aim_round, "ceiling": tol.to_json()["ceiling"],
-                            "found": again.found, "fp32_units": len(again.fp32),
-                            "evaluations": again.evaluations,
-                            # of which known to fail from the looser bound: judged by nothing
-                            "known_failing": sum(self.as_nodes(t.fp32) in carried
-                                                 for t in again.trials)})
+        aiming.aims.append(AimedSearch(
+            aim_round, tol.to_json()["ceiling"], again.found, len(again.fp32), again.evaluations,
+            # of which known to fail from the looser bound: judged by nothing
+            known_failing=sum(self.as_nodes(t.fp32) in carried for t in again.trials)))
         if not again.found:
             cert.decided = (f"the aimed search used its allowance of {left} evaluations "
                             "without a plan" if again.stopped_early else
