@@ -140,3 +140,17 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if as_dict.search(line)]
     assert found == []
+
+
+def test_the_workers_record_writes_either_form_as_it_read_it():
+    """stages/batch.summary's two forms: judged in this process (why), or on a pool."""
+    from trtbisect.result import WorkersRecord
+
+    note = {"workers": 1, "chosen": "1 CPU core"}
+    assert WorkersRecord.from_json(note).to_json() == note
+    assert WorkersRecord.from_json(note).backend is None
+    pool = {"workers": 2, "backend": "local", "threads": None, "chosen": "asked",
+            "inferences_run": 9, "tasks": 4, "seconds_waiting": 0.5, "replaced": 1,
+            "peak_rss_mib": [10.5, 11.0], "rounds": 3, "evaluations": 5, "speculative": 1}
+    got = WorkersRecord.from_json(pool)
+    assert list(got.to_json().items()) == list(pool.items()) and got.replaced == 1

@@ -210,6 +210,43 @@ class CriteriaRecord:
 
 
 @dataclass(frozen=True)
+class WorkersRecord:
+    """Where the search judged (stages/batch.summary; precision.json's "workers"): in this
+    process and why (`backend` None: only `workers` and `chosen`), or on a pool of worker
+    processes (parallel/pool.Stats) with the search's rounds against its evaluations."""
+    workers: int
+    chosen: str  # why this many
+    backend: str | None = None  # "local", "ray"; None: judged in this process
+    threads: int | None = None
+    inferences_run: int = 0
+    tasks: int = 0
+    seconds_waiting: float = 0.0
+    replaced: int = 0  # workers that died and were started again
+    peak_rss_mib: list[float] = field(default_factory=list)
+    rounds: int = 0
+    evaluations: int = 0
+    speculative: int = 0
+
+    def to_json(self) -> JSON:
+        if self.backend is None:
+            return {"workers": self.workers, "chosen": self.chosen}
+        return {"workers": self.workers, "backend": self.backend, "threads": self.threads,
+                "chosen": self.chosen, "inferences_run": self.inferences_run,
+                "tasks": self.tasks, "seconds_waiting": self.seconds_waiting,
+                "replaced": self.replaced, "peak_rss_mib": list(self.peak_rss_mib),
+                "rounds": self.rounds, "evaluations": self.evaluations,
+                "speculative": self.speculative}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WorkersRecord:
+        if "backend" not in d:
+            return cls(d["workers"], d["chosen"])
+        return cls(d["workers"], d["chosen"], d["backend"], d["threads"], d["inferences_run"],
+                   d["tasks"], d["seconds_waiting"], d["replaced"], list(d["peak_rss_mib"]),
+                   d["rounds"], d["evaluations"], d["speculative"])
+
+
+@dataclass(frozen=True)
 class AimedSearch:
     """One search again inside the certificate's bound (stages/spread.py; precision.json's
     "aimed_searches"): the ceiling it aimed at per output (compare.Tolerance's JSON), whether
@@ -269,7 +306,6 @@ class Stage(TypedDict):
     seconds: float
 
 
-Workers = JSON  # parallel_batch.summary
 Stability = JSON  # stability.StabilityReport.to_json
 Rewrites = JSON  # rewrite.RewriteOutcome.to_json
 Hint = JSON  # judge/hints.criterion_hints: one per output
@@ -289,6 +325,7 @@ JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, w
 # how precision.json's JSON of a frozen record becomes the record again (typed_from_json)
 FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json,
                                                  "cost": CostRecord.from_json,
+                                                 "workers": WorkersRecord.from_json,
                                                  "aimed_searches": lambda v: [
                                                      AimedSearch.from_json(a) for a in v]}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
@@ -419,7 +456,7 @@ class RunResult(Found[Culprit, TensorStats]):
     model_copy: list[str] | None = None  # what trtbisect's copy repaired (graph/repair.py)
     nothing_to_judge: str | None = None  # degenerate.nothing_to_judge's reason
     fp32_layers: list[str] | None = None  # the search's units
-    workers: Workers | None = None
+    workers: WorkersRecord | None = None  # stages/batch.summary
     cost: CostRecord | None = None  # search/cost.PlanPricing.record
     criteria_record: CriteriaRecord | None = None  # precision.json's "criteria"
     judged: JudgedRecord | None = None

@@ -321,7 +321,7 @@ def test_the_aimed_search_reaches_the_same_plan_with_workers(tmp_path):
                                  semantics="strict", workers=w), tmp_path / f"w{w}")
             for w in (1, 2)]
     one, two = runs
-    assert two.workers["workers"] == 2  # the first search ran on worker processes
+    assert two.workers.workers == 2  # the first search ran on worker processes
     assert one.verdict == two.verdict == "fixed"
     assert one.fp32_nodes == two.fp32_nodes and one.evaluations == two.evaluations
     assert one.certificate == two.certificate

@@ -20,6 +20,7 @@ from trtbisect.parallel import judge as pjudge
 from trtbisect.parallel import plan_workers
 from trtbisect.parallel.pool import DIE_ONCE_ENV
 from trtbisect.pipeline import check_mixed, run
+from trtbisect.result import RunResult
 from trtbisect.stages.batch import chunks
 
 
@@ -65,6 +66,10 @@ def test_zoo_plans_identical_with_1_2_3_workers(zoo, tmp_path, name):
         _same(runs[1], runs[w], f"{name}: {w} workers")
         assert runs[w][1]["workers"]["workers"] == w
         assert runs[w][1]["workers"]["rounds"] <= runs[w][1]["workers"]["evaluations"]
+        held = runs[w][0].workers  # result.WorkersRecord: what precision.json writes
+        assert held.workers == w and held.backend == "local"
+        assert held.to_json() == runs[w][1]["workers"]
+        assert RunResult.typed_from_json(runs[w][1])["workers"] == held
     assert "workers" not in runs[1][1]  # --workers 1: judged in this process, as always
     # the written file is judged as `check` judges it
     checked = check_mixed(tmp_path / "w3" / f"{name}.mixed.onnx", model,

@@ -202,7 +202,7 @@ def test_the_noise_decision_is_the_same_on_workers(tmp_path):
     model, inputs = _ties(tmp_path)
     one, two = (run(model, Options.of(inputs=[str(inputs)], workers=w), tmp_path / f"w{w}")
                 for w in (1, 2))
-    assert two.workers["workers"] == 2
+    assert two.workers.workers == 2
     assert one.verdict == two.verdict == "fragile"
     assert (one.fp32_nodes, one.evaluations, one.search.noisy) == \
         (two.fp32_nodes, two.evaluations, two.search.noisy)

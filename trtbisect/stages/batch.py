@@ -26,6 +26,7 @@ from ..parallel.data import FolderData
 from ..parallel.judge import JudgeSpec, Measured, graph_digest, merge
 from ..parallel.pool import LocalPool, Stats, Task, TaskResult
 from ..parallel.sizing import plan_workers
+from ..result import WorkersRecord
 from ..search.minimal import SearchResult
 from .evaluator import Evaluator
 from .layerwise import estimate_bytes
@@ -223,13 +224,14 @@ def _activations(ctx: Context) -> int:
 
 
 def summary(judge: ParallelJudge | None, search: SearchResult, ev: Evaluator | None = None
-            ) -> dict | None:
+            ) -> WorkersRecord | None:
     """precision.json's `workers`: rounds against evaluations, the speculation, the pool (or
     why the default judged in this process)."""
     if judge is None:
-        return getattr(ev, "parallel_note", None)
+        note = getattr(ev, "parallel_note", None)
+        return WorkersRecord.from_json(note) if note is not None else None
     out = judge.stats.to_json()
     out.update(rounds=search.rounds, evaluations=search.evaluations,
                speculative=search.speculative)
-    return out
+    return WorkersRecord.from_json(out)
 

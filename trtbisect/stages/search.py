@@ -20,7 +20,14 @@ from ..judge import semantics, subset
 from ..judge.compare import TensorStats, Tolerance
 from ..judge.criteria import Judgement, worst_of
 from ..judge.mixed import graph_model
-from ..result import AimedSearch, CriteriaRecord, JudgedRecord, RunResult, search_verdict
+from ..result import (
+    AimedSearch,
+    CriteriaRecord,
+    JudgedRecord,
+    RunResult,
+    WorkersRecord,
+    search_verdict,
+)
 from ..rewrites.driver import RewriteOutcome
 from ..search import cost
 from ..search.journal import Journal
@@ -89,7 +96,7 @@ class SearchStage:
         return frozenset(n for u in chosen for n in self.units[u])
 
     def search(self, ev: Evaluator, sopts: Options, all_half: bool, pool: bool,
-               start: Sequence[str] = ()) -> tuple[SearchResult, dict | None]:
+               start: Sequence[str] = ()) -> tuple[SearchResult, WorkersRecord | None]:
         """One search judged by `ev` under `sopts` (the run's options, or aimed inside the
         bound: stages/spread.py); `pool`: on worker processes when they pay off. `start`: units
         to try first, before the prior's seeds (an aimed search: the previous plan)."""
@@ -129,7 +136,7 @@ class SearchStage:
         over = cost.within_budget(search, self.pricing, self.opts.search.budget)
         return (over if over is not None else search), summary
 
-    def judge(self, search: SearchResult, ev: Evaluator, summary: dict | None,
+    def judge(self, search: SearchResult, ev: Evaluator, summary: WorkersRecord | None,
               spent: tuple[int, int] = (0, 0)) -> RunResult:
         """The search's plan as a result (not yet judged as a file). `spent`: evaluations
         and inferences of earlier searches of this run."""
@@ -318,7 +325,7 @@ def aimed_scope(judge: JudgeOptions) -> str:
 
 def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
                    pricing: cost.PlanPricing, before: Sequence[Judgement],
-                   parallel_summary: dict | None) -> None:
+                   parallel_summary: WorkersRecord | None) -> None:
     """What precision.json says of the search: its layers, its price, the criterion, the
     all-FP16 verdict, the samples it judged and the workers it ran on."""
     found = list(search.fp32) if search.found else []
