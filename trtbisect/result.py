@@ -23,6 +23,7 @@ from .errors import (
 )
 from .judge.compare import OutputError, TensorStats, Tolerance
 from .judge.criteria import Criteria
+from .judge.hints import Hint
 from .judge.mixed import Written
 from .judge.precision import Precision
 from .judge.semantics import Record as SemanticsRecord
@@ -308,7 +309,6 @@ class Stage(TypedDict):
 
 Stability = JSON  # stability.StabilityReport.to_json
 Rewrites = JSON  # rewrite.RewriteOutcome.to_json
-Hint = JSON  # judge/hints.criterion_hints: one per output
 
 # precision.json's order of the typed records and of what stays in `extra` (the order a run
 # sets them in); a key of `extra` not named here follows them all.
@@ -326,6 +326,8 @@ JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, w
 FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json,
                                                  "cost": CostRecord.from_json,
                                                  "workers": WorkersRecord.from_json,
+                                                 "criterion_hints": lambda v: [
+                                                     Hint.from_json(h) for h in v],
                                                  "aimed_searches": lambda v: [
                                                      AimedSearch.from_json(a) for a in v]}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,

@@ -231,7 +231,7 @@ def test_the_rendered_polygraphy_check_passes_as_written(tmp_path):
 
 def test_concentrated_error_and_probability_maps_point_to_the_criteria_that_fit():
     from trtbisect.judge.compare import Tolerance, compare_output
-    from trtbisect.judge.hints import criterion_hints, hint_lines
+    from trtbisect.judge.hints import Hint, criterion_hints, hint_lines
 
     rng = np.random.default_rng(0)
     ref = rng.random((1, 1, 64, 64)).astype(np.float32)  # a sigmoid heat map
@@ -243,15 +243,22 @@ def test_concentrated_error_and_probability_maps_point_to_the_criteria_that_fit(
     pe = compare_output(probs, probs * 1.5, 1e-2, 0.0)
     (det, cls) = criterion_hints({"map": e, "cls": pe}, {"map": ref, "cls": probs},
                                  Tolerance())
-    assert det["output"] == "map" and "few elements" in det["why"][0]
-    flags = [c["flags"] for c in det["criteria"]]
+    assert det.output == "map" and "few elements" in det.why[0]
+    flags = [c.flags for c in det.criteria]
     assert flags[0].startswith("--check-error-stat map:quantile --error-quantile map:0.99")
-    assert det["criteria"][0]["all_fp16"].startswith("passes")
+    assert det.criteria[0].all_fp16.startswith("passes")
     assert any(f.startswith("--metric map:iou:") for f in flags)
     assert any(f.startswith("--check ") for f in flags)
-    assert cls["output"] == "cls" and "sums to 1" in cls["why"][0]
-    assert [c["flags"] for c in cls["criteria"]][0] == "--metric cls:topk:1"
-    assert len(hint_lines([det, cls])) == 2 + len(det["criteria"]) + len(cls["criteria"])
+    assert cls.output == "cls" and "sums to 1" in cls.why[0]
+    assert [c.flags for c in cls.criteria][0] == "--metric cls:topk:1"
+    assert len(hint_lines([det, cls])) == 2 + len(det.criteria) + len(cls.criteria)
+    assert [Hint.from_json(h.to_json()) for h in (det, cls)] == [det, cls]
+    from types import SimpleNamespace
+
+    from trtbisect.reports.report import hint_rows
+    rows = hint_rows(SimpleNamespace(criterion_hints=[det, cls]))  # type: ignore[arg-type]
+    assert len(rows) == len(det.criteria) + len(cls.criteria)
+    assert rows[0] == ("map", "; ".join(det.why), flags[0], det.criteria[0].all_fp16)
     # nothing to say of an output that passes, or whose error is spread out
     spread = compare_output(ref, ref * 1.5, 1e-2, 0.0)
     assert criterion_hints({"ok": compare_output(ref, ref, 1e-2, 0.0), "wide": spread},
@@ -279,6 +286,10 @@ def test_the_console_says_which_criterion_fits(tmp_path):
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     (hint,) = plan["criterion_hints"]
     assert hint["criteria"][0]["all_fp16"].startswith("passes")
+    from trtbisect.judge.hints import Hint
+    from trtbisect.result import RunResult
+    (back,) = RunResult.typed_from_json(plan)["criterion_hints"]  # the record again
+    assert isinstance(back, Hint) and back.to_json() == hint and back.output == "y"
 
 
 def test_under_pass_rate_the_margin_is_that_of_the_samples_that_pass(tmp_path):

@@ -19,7 +19,8 @@ Hints are given only under the default criterion and only for outputs all-FP16 f
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,37 +29,67 @@ from .compare import OutputError, Tolerance
 CONCENTRATION = 100.0  # max|d| at least this many times p99 |d|: the error sits in a few elements
 
 
+@dataclass(frozen=True)
+class Fit:
+    """A criterion that fits: its flags, and what it says of all-FP16 where that is known."""
+    flags: str
+    all_fp16: str
+
+    def to_json(self) -> dict:
+        return {"flags": self.flags, "all_fp16": self.all_fp16}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Fit:
+        return cls(d["flags"], d["all_fp16"])
+
+
+@dataclass(frozen=True)
+class Hint:
+    """One output the default criterion judges poorly (precision.json's "criterion_hints"):
+    why, and the criteria that fit."""
+    output: str
+    why: list[str]
+    criteria: list[Fit]
+
+    def to_json(self) -> dict:
+        return {"output": self.output, "why": list(self.why),
+                "criteria": [c.to_json() for c in self.criteria]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Hint:
+        return cls(d["output"], list(d["why"]), [Fit.from_json(c) for c in d["criteria"]])
+
+
 def criterion_hints(errors: Mapping[str, OutputError], reference: Mapping[str, np.ndarray],
-                    tolerance: Tolerance) -> list[dict]:
+                    tolerance: Tolerance) -> list[Hint]:
     """Per failing output (all-FP16's worst `errors` under the default criterion, one sample's
     FP32 `reference`): what makes the default a poor fit and the criteria that fit."""
     hints = []
     for name, e in errors.items():
         if e.passed or e.scores or e.nonfinite or math.isinf(e.p99_abs):
             continue  # (an infinite p99: the output changed shape, no criterion fits that)
-        why, fits = [], []
+        why: list[str] = []
+        fits: list[Fit] = []
         rtol = tolerance.for_output(name)[0]
         if e.p99_abs * CONCENTRATION <= e.max_abs:
             ratio = e.max_abs / e.p99_abs if e.p99_abs > 0 else float("inf")
             passes = e.p99_abs <= e.bound
             why.append(f"the error sits in a few elements: 99% of |d| are at most "
                        f"{e.p99_abs:.3g}, {ratio:.3g}x below max|d| {e.max_abs:.3g}")
-            fits.append({"flags": f"--check-error-stat {name}:quantile --error-quantile "
-                                  f"{name}:0.99 --output-tol {name}:{rtol:g}:{e.bound:.6g}",
-                         "all_fp16": ("passes" if passes else "fails") +
-                                     f" (p99 |d| {e.p99_abs:.3g} against {e.bound:.3g})"})
+            fits.append(Fit(f"--check-error-stat {name}:quantile --error-quantile "
+                            f"{name}:0.99 --output-tol {name}:{rtol:g}:{e.bound:.6g}",
+                            ("passes" if passes else "fails") +
+                            f" (p99 |d| {e.p99_abs:.3g} against {e.bound:.3g})"))
         kind = _probabilities(reference.get(name))
         if kind == "map":
             why.append("every FP32 value is in [0, 1]: a probability or score map")
-            fits.append({"flags": f"--metric {name}:iou:0.5:0.9",
-                         "all_fp16": "one evaluation to tell"})
+            fits.append(Fit(f"--metric {name}:iou:0.5:0.9", "one evaluation to tell"))
         elif kind == "softmax":
             why.append("each row sums to 1: class probabilities")
-            fits.append({"flags": f"--metric {name}:topk:1", "all_fp16": "one evaluation to tell"})
+            fits.append(Fit(f"--metric {name}:topk:1", "one evaluation to tell"))
         if why:
-            fits.append({"flags": "--check FILE.py:FUNCTION",
-                         "all_fp16": "your own post-processing decides"})
-            hints.append({"output": name, "why": why, "criteria": fits})
+            fits.append(Fit("--check FILE.py:FUNCTION", "your own post-processing decides"))
+            hints.append(Hint(name, why, fits))
     return hints
 
 
@@ -76,10 +107,10 @@ def _probabilities(value: np.ndarray | None) -> str | None:
     return "map"
 
 
-def hint_lines(hints: list[dict]) -> list[str]:
+def hint_lines(hints: Sequence[Hint]) -> list[str]:
     """The hints as the console and the reports say them."""
     lines = []
     for h in hints:
-        lines.append(f"{h['output']}: {'; '.join(h['why'])}. Criteria that fit:")
-        lines += [f"  {c['flags']}  (all-FP16: {c['all_fp16']})" for c in h["criteria"]]
+        lines.append(f"{h.output}: {'; '.join(h.why)}. Criteria that fit:")
+        lines += [f"  {c.flags}  (all-FP16: {c.all_fp16})" for c in h.criteria]
     return lines

@@ -636,11 +636,8 @@ HINT_HEAD = ["output", "why the default criterion may mislead", "criterion", "al
 
 def hint_rows(result: RunResult) -> list[tuple[str, ...]]:
     """judge/hints.py: per output the default judges poorly, each criterion that fits."""
-    hints = result.criterion_hints
-    if not isinstance(hints, list):
-        return []
-    return [(h["output"], "; ".join(h["why"]), c["flags"], c["all_fp16"])
-            for h in hints for c in h["criteria"]]
+    return [(h.output, "; ".join(h.why), c.flags, c.all_fp16)
+            for h in result.criterion_hints or [] for c in h.criteria]
 
 
 def fmt_num(x) -> str:
