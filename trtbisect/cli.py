@@ -689,8 +689,8 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
         out.print(f"... and {len(folded) - top} more kinds of cause: --all, or report.html")
     stab = result.stability
     if stab:
-        flags = stab["flags"] or ["no plan flips or sits within the noise"]
-        out.print(f"stability ({stab['runs']} runs x {stab['samples']} sample(s)): "
+        flags = stab.flags or ["no plan flips or sits within the noise"]
+        out.print(f"stability ({stab.runs} runs x {stab.samples} sample(s)): "
                   + shown("; ".join(flags)))
 
 

@@ -345,7 +345,7 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
             t: s.to_json() for t, s in layerwise(ctx, opts, on_layerwise, plan).items()}
     if result.verdict in ("fixed", "fp16_ok") and opts.search.stability >= 2:
         stage(f"stability: {opts.search.stability} runs per sample")
-        result.stability = _stability(ctx, opts, ev, plan).to_json()
+        result.stability = _stability(ctx, opts, ev, plan).record()
     coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
 
 

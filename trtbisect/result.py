@@ -248,6 +248,75 @@ class WorkersRecord:
 
 
 @dataclass(frozen=True)
+class OutputStability:
+    """One output of one plan under --stability (stages/stability.OutputSpread as precision.json
+    writes it): error ratios (max|d| / bound) over the samples and their jittered copies."""
+    judged_ratio: Number  # the worst over the unjittered samples: what the search saw
+    min_ratio: Number
+    max_ratio: Number
+    noise: Number
+    sample_spread: Number
+    margin: Number
+    flips: bool  # passes on some runs and fails on others
+    fragile: bool
+
+    def to_json(self) -> JSON:
+        return {"judged_ratio": self.judged_ratio, "min_ratio": self.min_ratio,
+                "max_ratio": self.max_ratio, "noise": self.noise,
+                "sample_spread": self.sample_spread, "margin": self.margin,
+                "flips": self.flips, "fragile": self.fragile}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OutputStability:
+        return cls(d["judged_ratio"], d["min_ratio"], d["max_ratio"], d["noise"],
+                   d["sample_spread"], d["margin"], d["flips"], d["fragile"])
+
+
+@dataclass(frozen=True)
+class PlanStability:
+    """One plan under --stability (the written plan, all-low-precision)."""
+    plan: str
+    fp32_nodes: int
+    flips: bool
+    fragile: bool
+    outputs: dict[str, OutputStability]
+
+    def to_json(self) -> JSON:
+        return {"plan": self.plan, "fp32_nodes": self.fp32_nodes, "flips": self.flips,
+                "fragile": self.fragile,
+                "outputs": {k: v.to_json() for k, v in self.outputs.items()}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PlanStability:
+        return cls(d["plan"], d["fp32_nodes"], d["flips"], d["fragile"],
+                   {k: OutputStability.from_json(v) for k, v in d["outputs"].items()})
+
+
+@dataclass(frozen=True)
+class StabilityRecord:
+    """What --stability measured (stages/stability.Stability.record; precision.json's
+    "stability"): each plan's outputs over jittered copies, whether reruns are
+    bit-identical, and what it flags, in words."""
+    runs: int  # jittered copies per sample, the sample itself included
+    samples: int
+    jitter: float
+    deterministic: bool
+    flags: list[str]
+    plans: list[PlanStability]
+    method: str
+
+    def to_json(self) -> JSON:
+        return {"runs": self.runs, "samples": self.samples, "jitter": self.jitter,
+                "deterministic": self.deterministic, "flags": list(self.flags),
+                "plans": [p.to_json() for p in self.plans], "method": self.method}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StabilityRecord:
+        return cls(d["runs"], d["samples"], d["jitter"], d["deterministic"], list(d["flags"]),
+                   [PlanStability.from_json(p) for p in d["plans"]], d["method"])
+
+
+@dataclass(frozen=True)
 class AimedSearch:
     """One search again inside the certificate's bound (stages/spread.py; precision.json's
     "aimed_searches"): the ceiling it aimed at per output (compare.Tolerance's JSON), whether
@@ -307,7 +376,6 @@ class Stage(TypedDict):
     seconds: float
 
 
-Stability = JSON  # stability.StabilityReport.to_json
 Rewrites = JSON  # rewrite.RewriteOutcome.to_json
 
 # precision.json's order of the typed records and of what stays in `extra` (the order a run
@@ -326,6 +394,7 @@ JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, w
 FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json,
                                                  "cost": CostRecord.from_json,
                                                  "workers": WorkersRecord.from_json,
+                                                 "stability": StabilityRecord.from_json,
                                                  "criterion_hints": lambda v: [
                                                      Hint.from_json(h) for h in v],
                                                  "aimed_searches": lambda v: [
@@ -473,7 +542,7 @@ class RunResult(Found[Culprit, TensorStats]):
     culprit_groups: list[CulpritGroup] | None = None
     errors_before_strict: dict[str, StrictError] | None = None  # all-FP16 per node (strict.py)
     strict_only_culprits: list[str] | None = None  # failing only under per-node rounding
-    stability: Stability | None = None
+    stability: StabilityRecord | None = None  # stages/stability.Stability.record
     partial: Partial | None = None
     stages: list[Stage] | None = None  # pipeline._finish
 

@@ -3,12 +3,15 @@ nondeterministic backend is caught."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from tests.conftest import save_zoo_model
 from trtbisect.context import Options
 from trtbisect.judge.compare import Tolerance
 from trtbisect.pipeline import run
+from trtbisect.result import RunResult
 from trtbisect.stages.stability import jittered, measure_stability
 
 X = np.linspace(-1.0, 1.0, 64, dtype=np.float32)  # max |ref| = 1, so the bound is rtol
@@ -64,12 +67,15 @@ def test_nondeterministic_backend_is_flagged():
 def test_pipeline_stability(zoo, tmp_path):
     model, inputs = save_zoo_model(zoo["layernorm_overflow"], tmp_path)
     r = run(model, Options.of(inputs=[str(inputs)], stability=3), tmp_path / "out")
-    st = r.stability
-    assert [p["plan"] for p in st["plans"]] == ["plan", "all_fp16"]
-    assert st["deterministic"] is True and st["runs"] == 3
-    plan = st["plans"][0]["outputs"]["y"]
-    assert not plan["fragile"] and plan["margin"] > plan["noise"]
-    assert st["plans"][1]["outputs"]["y"]["judged_ratio"] > 1  # all-FP16 fails, steadily
+    st = r.stability  # result.StabilityRecord, read by attribute
+    assert [p.plan for p in st.plans] == ["plan", "all_fp16"]
+    assert st.deterministic is True and st.runs == 3
+    plan = st.plans[0].outputs["y"]
+    assert not plan.fragile and plan.margin > plan.noise
+    assert st.plans[1].outputs["y"].judged_ratio > 1  # all-FP16 fails, steadily
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["stability"] == st.to_json()
+    assert RunResult.typed_from_json(written)["stability"] == st  # the record again
 
 
 def test_stability_measures_a_check_hook(zoo, tmp_path):
@@ -92,8 +98,8 @@ def test_stability_measures_a_check_hook(zoo, tmp_path):
                               validation_share=0), tmp_path / "out")
     st = r.stability
     assert r.verdict == "fp16_ok"  # the hook passes the user's sample, all FP16
-    rows = st["plans"][0]["outputs"]
-    assert rows["--check"]["flips"] is True and rows["--check"]["judged_ratio"] == 0
-    assert float(rows["--check"]["max_ratio"]) > 1  # "inf": a failing hook with no score
-    assert "all_fp16: --check passes on some runs and fails on others" in st["flags"]
-    assert rows["y"]["flips"] is False  # judged by the hook alone
+    rows = st.plans[0].outputs
+    assert rows["--check"].flips is True and rows["--check"].judged_ratio == 0
+    assert float(rows["--check"].max_ratio) > 1  # "inf": a failing hook with no score
+    assert "all_fp16: --check passes on some runs and fails on others" in st.flags
+    assert rows["y"].flips is False  # judged by the hook alone

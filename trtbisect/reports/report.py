@@ -33,7 +33,7 @@ from ..outputs.plan_groups import (
     plural,
     search_words,
 )
-from ..result import RunResult
+from ..result import RunResult, StabilityRecord
 
 MATPLOTLIB_HINT = "install the report extra: pip install 'trtbisect[report]'"
 TRACE_ROWS = 200  # a search trace longer than this is cut in the report (trace.json has it all)
@@ -870,21 +870,21 @@ def _md_culprits(result: RunResult) -> list[str]:
 STABILITY_HEAD = ["plan", "output", "error / bound", "noise", "margin", "flips", "fragile"]
 
 
-def _stability_rows(st: dict) -> list[tuple]:
+def _stability_rows(st: StabilityRecord) -> list[tuple]:
     """--stability's table, per plan and output (the Markdown and the HTML page alike)."""
-    return [(p["plan"], out, _g(o["judged_ratio"]), _g(o["noise"]), _g(o["margin"]),
-             "yes" if o["flips"] else "no", "yes" if o["fragile"] else "no")
-            for p in st["plans"] for out, o in p["outputs"].items()]
+    return [(p.plan, out, _g(o.judged_ratio), _g(o.noise), _g(o.margin),
+             "yes" if o.flips else "no", "yes" if o.fragile else "no")
+            for p in st.plans for out, o in p.outputs.items()]
 
 
 def _md_stability(result: RunResult) -> list[str]:
     st = result.stability
-    if not isinstance(st, dict):
+    if st is None:
         return []
     rows = _stability_rows(st)
-    head = ["## Stability", "", f"{md_text(st['method'])}; deterministic reruns: "
-            f"{md_text(st['deterministic'])}.",
-            "", *([f"- **{md_text(f)}**" for f in st["flags"]]
+    head = ["## Stability", "", f"{md_text(st.method)}; deterministic reruns: "
+            f"{md_text(st.deterministic)}.",
+            "", *([f"- **{md_text(f)}**" for f in st.flags]
                   or ["- no plan flips or sits within the noise"]), ""]
     return head + md_table("", STABILITY_HEAD, rows, code=(1,))
 
@@ -1081,13 +1081,13 @@ def _html_trace(result: RunResult) -> list[str]:
 
 def _html_stability(result: RunResult) -> list[str]:
     st = result.stability
-    if not isinstance(st, dict):
+    if st is None:
         return []
     rows = _stability_rows(st)
-    flags = "".join(f"<li class='flag'>{e(f)}</li>" for f in st["flags"]) or \
+    flags = "".join(f"<li class='flag'>{e(f)}</li>" for f in st.flags) or \
         "<li>no plan flips or sits within the noise</li>"
-    return ["<h2>Stability</h2>", f"<p class='muted'>{e(st['method'])}; deterministic reruns: "
-            f"{e(st['deterministic'])}</p><ul>{flags}</ul>"] + html_table("", STABILITY_HEAD, rows)
+    return ["<h2>Stability</h2>", f"<p class='muted'>{e(st.method)}; deterministic reruns: "
+            f"{e(st.deterministic)}</p><ul>{flags}</ul>"] + html_table("", STABILITY_HEAD, rows)
 
 
 def _html_commands(result: RunResult) -> list[str]:

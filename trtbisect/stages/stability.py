@@ -30,6 +30,7 @@ import numpy as np
 
 from ..judge.compare import OutputError, Tolerance, compare_outputs
 from ..judge.criteria import Judgement, Score
+from ..result import StabilityRecord
 
 Sample = dict[str, np.ndarray]
 Run = Callable[[Sample], Mapping[str, np.ndarray]]
@@ -157,6 +158,11 @@ class Stability:
                 "plans": [p.to_json() for p in self.plans],
                 "method": "error ratio (max|d| / tolerance bound) over each sample and "
                           f"{self.runs - 1} copies jittered by {self.jitter:.3g} relative"}
+
+    def record(self) -> StabilityRecord:
+        """The frozen record a result keeps (result.StabilityRecord): its `to_json` is this
+        measurement's, byte for byte."""
+        return StabilityRecord.from_json(self.to_json())
 
 
 def guard_memory(samples: Sequence[Sample], references: Sequence[Mapping[str, np.ndarray]],
