@@ -224,9 +224,9 @@ def measure(case: Case, workdir: Path, max_evals: int = MAX_EVALS,
 
 
 def summarize(r: RunResult, flops: Mapping[str, int | None], total: int) -> dict:
-    rewrites = r.rewrites or {}
-    applied = rewrites.get("applied", []) if isinstance(rewrites, dict) else []
-    drift = [a["fp32_drift"]["rel"] for a in applied]
+    rewrites = r.rewrites  # rewrites/driver.RewritesRecord
+    applied = rewrites.applied if rewrites is not None else []
+    drift = [a.drift.rel for a in applied]
     groups = r.culprit_groups or []
     return {
         "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes), "plan": list(r.fp32_nodes),
@@ -234,10 +234,9 @@ def summarize(r: RunResult, flops: Mapping[str, int | None], total: int) -> dict
         "slowdown": r.cost.slowdown if r.cost else None,  # estimated (docs/cost.md)
         "seconds": round(r.seconds, 2),
         "stopped": bool(r.search is not None and r.search.stopped_early),
-        "rewrites": [a["rewrite"] for a in applied],
-        "drift": max(drift, key=lambda x: float(x)) if drift else None,
-        "refused": [{"rewrite": x["rewrite"], "where": list(x["where"]), "reason": x["reason"]}
-                    for x in (rewrites.get("refused", []) if isinstance(rewrites, dict) else [])],
+        "rewrites": [a.rewrite for a in applied],
+        "drift": max(drift) if drift else None,
+        "refused": [x.to_json() for x in (rewrites.refused if rewrites is not None else [])],
         "patterns": sorted({g.get("pattern") for g in groups if g.get("pattern")}),
     }
 

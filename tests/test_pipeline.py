@@ -14,6 +14,7 @@ from tests.models.make_models import deep_model
 from trtbisect.context import Options, prepare
 from trtbisect.graph import Graph
 from trtbisect.pipeline import check_mixed, run
+from trtbisect.rewrites.driver import RewritesRecord
 from trtbisect.search.journal import Journal
 from trtbisect.search.minimal import ddmin
 
@@ -203,7 +204,10 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     z = zoo[name]
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options.of(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "out")
-    applied = r.rewrites["applied"]
+    applied = r.rewrites.applied
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())["rewrites"]
+    assert written == r.rewrites.to_json()  # the frozen record, as precision.json writes it
+    assert RewritesRecord.from_json(written) == r.rewrites
     if name == "precision_loss":  # nothing matches: the plain FP32 plan
         assert not applied and set(r.fp32_nodes) == set(z.expected_fp32)
         assert not (tmp_path / "out" / f"{name}.rewritten.onnx").exists()
@@ -214,7 +218,7 @@ def test_rewrite_first_then_the_fp32_set_for_what_is_left(zoo, tmp_path, name):
     assert [v.name for v in rewritten.graph.output] == [v.name for v in z.model.graph.output]
     assert check_mixed(tmp_path / "out" / f"{name}.mixed.onnx", model,
                        Options.of(inputs=[str(inputs)])).passed
-    assert max(a["fp32_drift"]["rel"] for a in applied) < 1e-4
+    assert max(a.drift.rel for a in applied) < 1e-4
 
 
 def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
@@ -232,8 +236,8 @@ def test_rewrites_reuse_what_the_run_knows(zoo, tmp_path, monkeypatch):
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options.of(inputs=[str(inputs)], rewrite=True), tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == []
-    tried = r.rewrites["judgements"]
-    assert tried == len(r.rewrites["applied"]) == 1
+    tried = r.rewrites.judgements
+    assert tried == len(r.rewrites.applied) == 1
     assert len(references) == tried  # one FP32 drift check per candidate
     assert len(prepared) == 1 + tried  # the model, then each candidate once
 
@@ -314,10 +318,10 @@ def test_rewrites_fix_every_overflowing_norm_of_a_deep_model(tmp_path):
     z = deep_model()
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, Options.of(inputs=[str(inputs)], rewrite=True, semantics="strict"), tmp_path / "o")
-    applied = r.rewrites["applied"]
+    applied = r.rewrites.applied
     assert r.verdict == "fixed" and r.fp32_nodes == [] and len(applied) == 2
-    assert {a["rewrite"] for a in applied} == {"fuse_layernorm"}
-    assert r.rewrites["judgements"] <= 12  # the suspects' norms are tried first
+    assert {a.rewrite for a in applied} == {"fuse_layernorm"}
+    assert r.rewrites.judgements <= 12  # the suspects' norms are tried first
 
 
 def test_strict_tolerance_under_trt_semantics_runs_the_per_node_comparison(zoo, tmp_path):

@@ -655,18 +655,17 @@ REFUSALS_SHOWN = 3  # rewrite refusals on the console unless --all
 
 def emit_rewrites(result, top: int | None = DEFAULT_TOP) -> None:
     """The FP16-safe rewrites applied (what, where, FP32 drift), and how many were refused."""
-    rw = result.rewrites or {}
-    for a in rw.get("applied", []):
-        drift = a.get("fp32_drift") or {}
-        where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
-        out.print(f"rewrite [bold]{shown(a['rewrite'])}[/] at {shown(where)}: {shown(a['why'])} "
-                  f"(FP32 drift {drift.get('rel', 0):.2g} of the output range)", soft_wrap=True)
-    refused = rw.get("refused") or []
+    rw = result.rewrites  # rewrites/driver.RewritesRecord
+    for a in rw.applied if rw is not None else []:
+        where = a.where[0] if len(a.where) == 1 else f"{a.where[0]} .. {a.where[-1]}"
+        out.print(f"rewrite [bold]{shown(a.rewrite)}[/] at {shown(where)}: {shown(a.why)} "
+                  f"(FP32 drift {a.drift.rel:.2g} of the output range)", soft_wrap=True)
+    refused = rw.refused if rw is not None else []
     shown_refused = refused if top is None else refused[:REFUSALS_SHOWN]
     for r in shown_refused:  # the diagnosis says which of its fixes they are
-        where = r["where"][0] if r.get("where") else "?"
-        out.print(f"rewrite {shown(r['rewrite'])} refused at {shown(where)}: "
-                  f"{shown(r['reason'])}", soft_wrap=True)
+        where = r.where[0] if r.where else "?"
+        out.print(f"rewrite {shown(r.rewrite)} refused at {shown(where)}: "
+                  f"{shown(r.reason)}", soft_wrap=True)
     if len(refused) > len(shown_refused):
         out.print(f"... and {plural(len(refused) - len(shown_refused), 'more refusal')}: "
                   "--all, or precision.json \"rewrites\"")

@@ -30,6 +30,7 @@ from .judge.semantics import Record as SemanticsRecord
 from .judge.validation import Validation
 from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
+from .rewrites.driver import RewritesRecord
 from .search.cost import CostRecord
 from .search.minimal import SearchResult
 from .search.noise import Rise
@@ -376,8 +377,6 @@ class Stage(TypedDict):
     seconds: float
 
 
-Rewrites = JSON  # rewrite.RewriteOutcome.to_json
-
 # precision.json's order of the typed records and of what stays in `extra` (the order a run
 # sets them in); a key of `extra` not named here follows them all.
 #   Left in `extra`, on purpose: "layerwise_plan" (bulky, the report's only, never written;
@@ -395,6 +394,7 @@ FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecor
                                                  "cost": CostRecord.from_json,
                                                  "workers": WorkersRecord.from_json,
                                                  "stability": StabilityRecord.from_json,
+                                                 "rewrites": RewritesRecord.from_json,
                                                  "criterion_hints": lambda v: [
                                                      Hint.from_json(h) for h in v],
                                                  "aimed_searches": lambda v: [
@@ -531,7 +531,7 @@ class RunResult(Found[Culprit, TensorStats]):
     cost: CostRecord | None = None  # search/cost.PlanPricing.record
     criteria_record: CriteriaRecord | None = None  # precision.json's "criteria"
     judged: JudgedRecord | None = None
-    rewrites: Rewrites | None = None
+    rewrites: RewritesRecord | None = None  # rewrites/driver.RewriteOutcome.record
     one_judge: OneJudge | None = None
     certificate: CertificateRecord | None = None
     margins: dict[str, Margin] | None = None

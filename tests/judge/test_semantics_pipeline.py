@@ -246,7 +246,7 @@ def test_rewrites_are_judged_under_the_runs_semantics(tmp_path):
     model, inputs = save_zoo_model(z, tmp_path)
     r = run(model, _opts("trt", inputs, rewrite=True), tmp_path / "out")
     assert r.verdict == "fixed" and r.fp32_nodes == [], (r.verdict, r.fp32_nodes)
-    assert [a["rewrite"] for a in r.rewrites["applied"]] == ["fuse_layernorm"]
+    assert [a.rewrite for a in r.rewrites.applied] == ["fuse_layernorm"]
     assert r.mixed_model_passed
     s = run(model, _opts("strict", inputs, rewrite=True), tmp_path / "strict")
     assert "bn" in s.fp32_nodes  # per node, the BatchNorm needs FP32 whatever the rewrites

@@ -203,6 +203,7 @@ def _plain_run(monkeypatch, model, inputs, out, *extra: str) -> str:
 
 def test_advice_says_why_a_rewrite_does_not_apply():
     from trtbisect.diagnosis.advice import advise_group
+    from trtbisect.rewrites.driver import RewritesRecord
     from trtbisect.rewrites.rules import Refusal
 
     def group():
@@ -219,7 +220,7 @@ def test_advice_says_why_a_rewrite_does_not_apply():
     advise_group(g, None, [], [])  # no rule matches at all
     assert g["fixes"][1]["rewrite"]["status"] == "no_match" and "change the source" in g["summary"]
     g = group()  # the run's own --rewrite refused it: its reason, not a second look
-    advise_group(g, {"applied": [], "refused": [refused.to_json()]})
+    advise_group(g, RewritesRecord([], [refused], all_fp16_passes=False, judgements=1))
     assert "--rewrite tried scale_before_square here and refused it" in g["summary"]
     assert "keep" == g["fixes"][0]["text"]  # the FP32 fallback is no rewrite's
 

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..rewrites.driver import RewritesRecord
+
 log = logging.getLogger(__name__)
 
 # fix kind (wording.py) -> the rewrites (rewrites/) that apply it, most exact first
@@ -36,14 +38,14 @@ def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
     wanted = {r for g in groups for f in g.get("fixes", []) for r in FIX_REWRITES.get(f["kind"], ())}
     if not wanted:
         return
-    record = result.rewrites
+    record: RewritesRecord | None = result.rewrites
     found: tuple[list, list] | None = ([], [])
-    if not isinstance(record, Mapping):
+    if record is None:
         found = _find(ctx, stats, wanted)
         if found is None:
             return
     for g in groups:
-        advise_group(g, record if isinstance(record, Mapping) else None, *(found or ([], [])))
+        advise_group(g, record, *(found or ([], [])))
 
 
 def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, list] | None:
@@ -63,7 +65,7 @@ def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, l
         return None
 
 
-def advise_group(group: dict, record: Mapping | None, matches: Sequence = (),
+def advise_group(group: dict, record: RewritesRecord | None, matches: Sequence = (),
                  refusals: Sequence = ()) -> None:
     """Words and a record for each of the group's fixes that a rewrite implements."""
     nodes = set(group.get("nodes") or [])
@@ -100,12 +102,12 @@ def _from_rules(rules: Sequence[str], nodes: set[str], matches: Sequence,
                      "change the source"}
 
 
-def _from_record(record: Mapping, rules: Sequence[str], nodes: set[str]) -> dict:
+def _from_record(record: RewritesRecord, rules: Sequence[str], nodes: set[str]) -> dict:
     """The run's own --rewrite attempts (precision.json "rewrites")."""
-    for r in record.get("refused") or []:
-        if r.get("rewrite") in rules and _touches(r.get("where") or [], nodes):
-            return {"rule": r["rewrite"], "status": "refused", "reason": r["reason"],
-                    "words": f"--rewrite tried {r['rewrite']} here and refused it: "
-                             f"{r['reason']}"}
+    for r in record.refused:
+        if r.rewrite in rules and _touches(r.where, nodes):
+            return {"rule": r.rewrite, "status": "refused", "reason": r.reason,
+                    "words": f"--rewrite tried {r.rewrite} here and refused it: "
+                             f"{r.reason}"}
     return {"rule": rules[0], "status": "no_match",
             "words": f"--rewrite found no {' or '.join(rules)} match here: change the source"}

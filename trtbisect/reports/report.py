@@ -815,12 +815,10 @@ REWRITE_HEAD = ["rewrite", "where", "why", "FP32 drift (of the output range)",
 def rewrite_rows(result: RunResult) -> list[tuple]:
     """What `run --rewrite` kept (precision.json "rewrites"), one row each."""
     rows = []
-    for a in (result.rewrites or {}).get("applied", []):
-        where = a["where"][0] if len(a["where"]) == 1 else f"{a['where'][0]} .. {a['where'][-1]}"
-        drift = (a.get("fp32_drift") or {}).get("rel")
-        before, after = a.get("fp16_rel_error_before"), a.get("fp16_rel_error_after")
-        rows.append((a["rewrite"], where, a["why"], "-" if drift is None else f"{float(drift):.2g}",
-                     f"{_g(before)} -> {_g(after)}", a.get("advice", "")))
+    for a in result.rewrites.applied if result.rewrites is not None else []:
+        where = a.where[0] if len(a.where) == 1 else f"{a.where[0]} .. {a.where[-1]}"
+        rows.append((a.rewrite, where, a.why, f"{a.drift.rel:.2g}",
+                     f"{_g(a.error_before)} -> {_g(a.error_after)}", a.advice))
     return rows
 
 

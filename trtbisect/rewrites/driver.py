@@ -53,6 +53,10 @@ class Drift:
     def to_json(self) -> dict:
         return {"max_abs": _num(self.max_abs), "rel": _num(self.rel), "output": self.output}
 
+    @classmethod
+    def from_json(cls, d: Mapping) -> Drift:
+        return cls(_float(d["max_abs"]), _float(d["rel"]), d["output"])
+
 
 @dataclass(frozen=True)
 class Applied:
@@ -72,6 +76,34 @@ class Applied:
                 "fp16_rel_error_before": _num(self.error_before),
                 "fp16_rel_error_after": _num(self.error_after)}
 
+    @classmethod
+    def from_json(cls, d: Mapping) -> Applied:
+        return cls(d["rewrite"], tuple(d["where"]), d["why"], Drift.from_json(d["fp32_drift"]),
+                   d["advice"], _float(d["fp16_rel_error_before"]),
+                   _float(d["fp16_rel_error_after"]))
+
+
+@dataclass(frozen=True)
+class RewritesRecord:
+    """What `run --rewrite` did (precision.json's "rewrites"; `RewriteOutcome.record`): the
+    rewrites kept, those refused and why, whether all-FP16 then passes, the judgements."""
+
+    applied: list[Applied]
+    refused: list[Refusal]
+    all_fp16_passes: bool
+    judgements: int
+
+    def to_json(self) -> dict:
+        return {"applied": [a.to_json() for a in self.applied],
+                "refused": [r.to_json() for r in self.refused],
+                "all_fp16_passes": self.all_fp16_passes, "judgements": self.judgements}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> RewritesRecord:
+        return cls([Applied.from_json(a) for a in d["applied"]],
+                   [Refusal(r["rewrite"], tuple(r["where"]), r["reason"]) for r in d["refused"]],
+                   d["all_fp16_passes"], d["judgements"])
+
 
 @dataclass
 class RewriteOutcome:
@@ -90,9 +122,19 @@ class RewriteOutcome:
                 "refused": [r.to_json() for r in self.refusals],
                 "all_fp16_passes": self.passed, "judgements": self.judgements}
 
+    def record(self) -> RewritesRecord:
+        """The frozen record a result keeps: its `to_json` is this outcome's, and its numbers
+        are those precision.json holds (6 significant digits)."""
+        return RewritesRecord.from_json(self.to_json())
+
 
 def _num(x: float) -> float | str:
     return float(f"{x:.6g}") if math.isfinite(x) else str(x)
+
+
+def _float(x: float | str) -> float:
+    """A number as `_num` wrote it (a non-finite one as a string) back as a float."""
+    return float(x)
 
 
 # ---------------------------------------------------------------- FP32 drift

@@ -153,7 +153,7 @@ class SearchStage:
             stats=self.stats, prior_seeds=self.prior.seeds, **self.record, **self.base)
         _record_search(result, ctx, self.opts, search, self.pricing, self.before, summary)
         if self.outcome is not None:
-            result.rewrites = self.outcome.to_json()
+            result.rewrites = self.outcome.record()
             if self.rewritten:
                 result.rewritten_model = graph_model(ctx.graph)
         return result
