@@ -5,6 +5,7 @@ precision.json under their keys, byte for byte as `to_json()` gives them, and re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -63,6 +64,12 @@ def test_the_typed_records_round_trip_through_precision_json(written):
             assert type(back[a]) is type(getattr(r, a)), a
             assert make(as_json(getattr(r, a))) == getattr(r, a), a
     assert back["certificate"] == r.certificate  # floats and all, through JSON's text
+    # every frozen record comes back as itself; the two still read back as JSON: the
+    # validation's and the strict errors' (their judgements have no from_json yet)
+    for a in back:
+        if dataclasses.is_dataclass(getattr(r, a)):
+            assert a in FROM_JSON or a == "validation", a
+    assert {"margins", "aimed_searches", "criterion_hints"} <= set(FROM_JSON)  # lists, dicts
     assert data["criteria"]["description"] == r.criteria_record.description
     assert data["fragile"] is r.fragile is False
     assert data["margins"] == {k: m.to_json() for k, m in r.margins.items()}

@@ -57,6 +57,10 @@ class Margin:
         return {"margin": self.margin, "spread": self.spread, "noise_floor": self.noise_floor,
                 "fragile": self.fragile}
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Margin:
+        return cls(d["margin"], d["spread"], d["noise_floor"], d["fragile"])
+
 
 @dataclass(frozen=True)
 class OutputMargin:
@@ -171,6 +175,10 @@ class OneJudge:
         return {"search_equals_check": self.search_equals_check,
                 "search_errors": self.search_errors}
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OneJudge:
+        return cls(d["search_equals_check"], dict(d["search_errors"]))
+
 
 @dataclass(frozen=True)
 class StrictError:
@@ -199,6 +207,10 @@ class JudgedRecord:
                                   self.search_samples), ("after", self.after))
                 if v is not None}
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> JudgedRecord:
+        return cls(d.get("before"), d.get("search_samples"), d.get("after"))
+
 
 @dataclass(frozen=True)
 class CriteriaRecord:
@@ -209,6 +221,10 @@ class CriteriaRecord:
 
     def to_json(self) -> JSON:
         return {**self.criteria, "description": self.description}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CriteriaRecord:
+        return cls({k: v for k, v in d.items() if k != "description"}, d["description"])
 
 
 @dataclass(frozen=True)
@@ -360,6 +376,12 @@ class Coverage:
                 "tensorrt_unsupported": self.tensorrt_unsupported,
                 "tensorrt_operator_list": self.tensorrt_operator_list}
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Coverage:
+        return cls(d["nodes"], d["judged"], d["judged_in_subgraphs"], d["functions_inlined"],
+                   list(d["unjudged"]), list(d["tensorrt_unsupported"]),
+                   d["tensorrt_operator_list"])
+
 
 @dataclass(frozen=True)
 class Partial:
@@ -370,6 +392,10 @@ class Partial:
 
     def to_json(self) -> JSON:
         return {"judged_verdict": self.judged_verdict, "unjudged": self.unjudged}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Partial:
+        return cls(d["judged_verdict"], list(d["unjudged"]))
 
 
 class Stage(TypedDict):
@@ -390,7 +416,16 @@ TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge",
 JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, then extra's
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
 # how precision.json's JSON of a frozen record becomes the record again (typed_from_json)
-FROM_JSON: dict[str, Callable[[Any], object]] = {"certificate": CertificateRecord.from_json,
+FROM_JSON: dict[str, Callable[[Any], object]] = {"semantics": SemanticsRecord.from_json,
+                                                 "precision": Precision.from_json,
+                                                 "coverage": Coverage.from_json,
+                                                 "criteria_record": CriteriaRecord.from_json,
+                                                 "judged": JudgedRecord.from_json,
+                                                 "one_judge": OneJudge.from_json,
+                                                 "margins": lambda v: {
+                                                     k: Margin.from_json(m) for k, m in v.items()},
+                                                 "partial": Partial.from_json,
+                                                 "certificate": CertificateRecord.from_json,
                                                  "cost": CostRecord.from_json,
                                                  "workers": WorkersRecord.from_json,
                                                  "stability": StabilityRecord.from_json,

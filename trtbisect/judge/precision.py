@@ -17,7 +17,7 @@ against ml_dtypes' conversion, tests/judge/test_precision.py) and what CUDA's `_
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,11 @@ class Precision:
     def to_json(self) -> dict:
         return {"name": self.name, "max": self.max, "min_normal": self.min_normal,
                 "smallest_subnormal": self.tiny, "fraction_bits": self.fraction_bits}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Precision:
+        """The precision a precision.json names (one of FP16, BF16: the record is its own)."""
+        return precision(d["name"])
 
 
 FP16 = Precision(

@@ -1147,6 +1147,11 @@ class Record:
                 "fp16_accumulate": self.fp16_accumulate, "weight_rule": self.weight_rule,
                 "rules": self.rules, "notes": self.notes}
 
+    @classmethod
+    def from_json(cls, d: Mapping) -> Record:
+        return cls(d["semantics"], d["trt_version"], d["tf32"], d["fp16_accumulate"],
+                   d["weight_rule"], list(d["rules"]), list(d["notes"]))
+
 
 def record(prepared: Prepared, tf32: bool, accumulate: int = 0,
            precision: Precision = FP16) -> Record:
