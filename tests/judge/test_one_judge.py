@@ -158,7 +158,7 @@ def test_external_data_model_runs_by_reference_and_its_files_check(tmp_path):
     cheap = run(path, Options(), tmp_path / "cheap")
     assert cheap.fp32_nodes in (["mm0", "act0"], ["mm1", "act1"])
     assert cheap.one_judge.search_equals_check
-    assert cheap.cost["plan_s"] <= fused.cost["plan_s"]
+    assert cheap.cost.plan_s <= fused.cost.plan_s
     assert r.one_judge.search_equals_check
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
     assert check_mixed(tmp_path / "out" / "ext.mixed.onnx", path, Options.of(semantics="strict")).passed
