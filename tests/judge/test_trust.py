@@ -502,14 +502,23 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     paths: list[str] = []
     real = loadable.runtime_problem
 
-    def spy(path, weight_bytes=None):
+    def seen(path) -> None:
         meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False)
                 .metadata_props}
         loaded.append(meta.get("trtbisect.fp32_nodes"))
         paths.append(str(path))
+
+    def spy(path, weight_bytes=None):
+        seen(path)
         return real(path, weight_bytes)
 
+    class InChild(loadable.LoadCheck):  # the plan's file loads in a child process
+        def __init__(self, path, weight_bytes=None):
+            seen(path)
+            super().__init__(path, weight_bytes)
+
     monkeypatch.setattr(loadable, "runtime_problem", spy)
+    monkeypatch.setattr(loadable, "LoadCheck", InChild)
     m, path, inputs = _matmul(tmp_path)
     rel = _all_fp16_rel(m, inputs)
     failing = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel / 2)),
