@@ -534,3 +534,38 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     passing = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * 100)),
                   tmp_path / "passes")
     assert passing.verdict == "fp16_ok" and "" in loaded
+
+
+def _variant_numbers(runs) -> list:
+    return [(v.label, k, {n: a.tobytes() for n, a in r.items()},
+             {n: a.tobytes() for n, a in e.items()}) for v, k, r, e in runs]
+
+
+def test_a_variation_run_in_a_child_process_computes_the_same_bits(tmp_path, monkeypatch):
+    """The certificate's last variation runs in a child process beside the first (#45 item 4):
+    the same sessions of the same protos and weights, so the same numbers bit for bit as all
+    of them here, in the same order; a child that dies is replaced by the same runs here."""
+    import multiprocessing as mp
+
+    import trtbisect.backends.ort as ort_backend
+    from trtbisect.graph import Graph
+    from trtbisect.judge.mixed import mixed_model
+
+    m, _, inputs = _matmul(tmp_path)
+    g = Graph(m)
+    x = dict(np.load(inputs))
+    samples = [x, {"x": x["x"] * 0.5}]
+    written = mixed_model(g, frozenset())
+    emulated = (written.proto, written.arrays)
+    beside = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
+    assert not [p for p in mp.active_children() if p.name == "trtbisect-variant"]
+    monkeypatch.setattr(ort_backend, "VARIANT_CHILD_BYTES", -1)  # every variation here
+    here = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
+    assert beside == here and len(here) == 2 * len(ort_backend.variants(None))
+    child = ort_backend._VariantChild.start(ort_backend.variants(None)[-1],
+                                            ort_backend._fp32_graph(g), emulated, samples,
+                                            g.output_names())
+    assert child._proc is not None
+    child._proc.kill()  # dies before it answers: the same runs here instead
+    last = [(ort_backend.variants(None)[-1], k, r, e) for k, r, e in child.results()]
+    assert _variant_numbers(last) == here[len(samples):]

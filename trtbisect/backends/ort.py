@@ -1193,24 +1193,144 @@ def variants(threads: int | None) -> list[Variant]:
     return [Variant(True, judge), Variant(False, other)]
 
 
+# The certificate's last variation runs in a child process (another core) while the first runs
+# here, when the two models' weights together are at most this many bytes (the child holds its
+# own copy of both: a second copy of gigabytes would break the memory promise)
+VARIANT_CHILD_BYTES = 1 << 30
+
+
 def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
                  samples: Iterable[Mapping[str, np.ndarray]], threads: int | None = None):
     """For each variant and sample: the FP32 reference and the judged file's emulated graph
     (what Polygraphy's check of the mixed model runs), both computed under the variant. Yields
-    (variant, sample index, reference outputs, emulated outputs); one variant's two sessions
-    at a time."""
+    (variant, sample index, reference outputs, emulated outputs), variant by variant in
+    `variants` order; one variant's two sessions at a time here. The last variant runs
+    meanwhile in a spawned child process (`_VariantChild`: the same sessions of the same
+    protos and weights, so the same numbers bit for bit): on a 20k-node transformer each
+    session costs seconds, and a session build holds the GIL (a thread would not help)."""
     names = graph.output_names()
     ref_proto, ref_arrays = _fp32_graph(graph)
     proto, arrays = emulated
-    for v in variants(threads):
-        ref = Session(ref_proto, ref_arrays, v.threads, judge=not v.optimized)
-        emu = Session(proto, arrays, v.threads, judge=not v.optimized)
-        for k, sample in enumerate(samples):
-            r = dict(zip(names, (np.asarray(x) for x in ref.run(sample, names))))
-            fed = {n: x for n, x in sample.items() if n in emu.inputs}
-            e = dict(zip(names, (np.asarray(x, np.float32) for x in emu.run(fed, names))))
-            yield v, k, r, e
-        del ref, emu
+    every = variants(threads)
+    samples = list(samples)
+    child = None
+    if len(every) > 1 and _weight_bytes(ref_arrays) + _weight_bytes(arrays) \
+            <= VARIANT_CHILD_BYTES:
+        child = _VariantChild.start(every[-1], (ref_proto, ref_arrays), (proto, arrays),
+                                    samples, names)
+    try:
+        for v in every[:-1] if child is not None else every:
+            yield from _variant_run(v, (ref_proto, ref_arrays), (proto, arrays), samples, names)
+        if child is not None:
+            for k, r, e in child.results():
+                yield every[-1], k, r, e
+    finally:
+        if child is not None:
+            child.close()
+
+
+def _weight_bytes(arrays: Mapping[str, np.ndarray]) -> int:
+    return sum(np.asarray(a).nbytes for a in arrays.values())
+
+
+def _variant_run(v: Variant, reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                 emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                 samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]):
+    """One variant's (variant, sample index, reference outputs, emulated outputs) per sample."""
+    ref = Session(*reference, v.threads, judge=not v.optimized)
+    emu = Session(*emulated, v.threads, judge=not v.optimized)
+    for k, sample in enumerate(samples):
+        r = dict(zip(names, (np.asarray(x) for x in ref.run(sample, names))))
+        fed = {n: x for n, x in sample.items() if n in emu.inputs}
+        e = dict(zip(names, (np.asarray(x, np.float32) for x in emu.run(fed, names))))
+        yield v, k, r, e
+    del ref, emu
+
+
+def _variant_in_child(conn) -> None:
+    """The child's side of `_VariantChild`: the task comes down `conn`, the outputs (or the
+    error met) go back up it."""
+    try:
+        v, reference, emulated, samples, names = conn.recv()
+        reference = (onnx.load_from_string(reference[0]), reference[1])
+        emulated = (onnx.load_from_string(emulated[0]), emulated[1])
+        answer: tuple = ("done", [(k, r, e) for _, k, r, e in
+                                  _variant_run(v, reference, emulated, samples, names)])
+    except TrtBisectError as exc:
+        answer = ("error", str(exc))
+    except BaseException as exc:  # noqa: BLE001 - the parent runs the variant itself
+        answer = ("failed", f"{type(exc).__name__}: {exc}")
+    try:
+        conn.send(answer)
+    finally:
+        conn.close()
+
+
+class _VariantChild:
+    """One variant's runs in a spawned child process (never forked: a fork copies ORT's threads
+    and memory). `results()` waits for them; a child that dies or fails otherwise than with a
+    TrtBisectError is replaced by the same runs here (the same numbers, only later); `close()`
+    ends it whatever happened."""
+
+    def __init__(self, variant: Variant, task: tuple, proc, conn):
+        self.variant, self._task, self._proc, self._conn = variant, task, proc, conn
+
+    @classmethod
+    def start(cls, variant: Variant, reference, emulated, samples, names) -> _VariantChild:
+        import multiprocessing as mp
+
+        task = (variant, reference, emulated, samples, names)
+        if mp.current_process().daemon:  # a daemonic process may not have children
+            return cls(variant, task, None, None)
+        spawn = mp.get_context("spawn")
+        mine, theirs = spawn.Pipe()
+        try:
+            proc = spawn.Process(target=_variant_in_child, args=(theirs,), daemon=True,
+                                 name="trtbisect-variant")
+            proc.start()
+        except OSError as exc:
+            log.info("the certificate's variations run in this process: %s", exc)
+            mine.close()
+            return cls(variant, task, None, None)
+        finally:
+            theirs.close()
+        try:
+            mine.send((variant, (reference[0].SerializeToString(), dict(reference[1])),
+                       (emulated[0].SerializeToString(), dict(emulated[1])),
+                       [dict(s) for s in samples], list(names)))
+        except (OSError, EOFError):
+            pass  # the child is gone already: `results` runs the variant here
+        return cls(variant, task, proc, mine)
+
+    def results(self) -> list[tuple[int, dict, dict]]:
+        answer: tuple = ("failed", "no child process")
+        if self._conn is not None:
+            try:
+                answer = self._conn.recv()
+            except (EOFError, OSError):
+                answer = ("failed", "the child process ended without an answer")
+            finally:
+                self.close()
+        if answer[0] == "error":
+            raise TrtBisectError(answer[1])
+        if answer[0] == "failed":
+            log.info("the certificate's variation %s runs here: %s", self.variant.label,
+                     answer[1])
+            v, reference, emulated, samples, names = self._task
+            return [(k, r, e) for _, k, r, e in
+                    _variant_run(v, reference, emulated, samples, names)]
+        return answer[1]
+
+    def close(self) -> None:
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+            proc.close()
 
 
 def as_array(value) -> np.ndarray:
