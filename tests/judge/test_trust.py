@@ -541,10 +541,11 @@ def _variant_numbers(runs) -> list:
              {n: a.tobytes() for n, a in e.items()}) for v, k, r, e in runs]
 
 
-def test_a_variation_run_in_a_child_process_computes_the_same_bits(tmp_path, monkeypatch):
-    """The certificate's last variation runs in a child process beside the first (#45 item 4):
-    the same sessions of the same protos and weights, so the same numbers bit for bit as all
-    of them here, in the same order; a child that dies is replaced by the same runs here."""
+def test_the_references_run_in_a_child_process_compute_the_same_bits(tmp_path, monkeypatch):
+    """The certificate's FP32 references run in a child process beside the emulated file's
+    sessions (#45 item 4): the same sessions of the same proto and weights, so the same numbers
+    bit for bit as all of them here, in the same order; a child that dies is replaced by the
+    same runs here."""
     import multiprocessing as mp
 
     import trtbisect.backends.ort as ort_backend
@@ -559,13 +560,15 @@ def test_a_variation_run_in_a_child_process_computes_the_same_bits(tmp_path, mon
     emulated = (written.proto, written.arrays)
     beside = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
     assert not [p for p in mp.active_children() if p.name == "trtbisect-variant"]
-    monkeypatch.setattr(ort_backend, "VARIANT_CHILD_BYTES", -1)  # every variation here
+    monkeypatch.setattr(ort_backend, "VARIANT_CHILD_BYTES", -1)  # every session here
     here = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
-    assert beside == here and len(here) == 2 * len(ort_backend.variants(None))
-    child = ort_backend._VariantChild.start(ort_backend.variants(None)[-1],
-                                            ort_backend._fp32_graph(g), emulated, samples,
-                                            g.output_names())
+    every = ort_backend.variants(None)
+    assert beside == here and len(here) == len(samples) * len(every)
+    assert [(label, k) for label, k, _, _ in here] == [(v.label, k) for v in every
+                                                       for k in range(len(samples))]
+    child = ort_backend._ReferenceChild.start(every, ort_backend._fp32_graph(g), samples,
+                                              g.output_names())
     assert child._proc is not None
     child._proc.kill()  # dies before it answers: the same runs here instead
-    last = [(ort_backend.variants(None)[-1], k, r, e) for k, r, e in child.results()]
-    assert _variant_numbers(last) == here[len(samples):]
+    refs = [r for per_variant in child.results() for r in per_variant]
+    assert [{n: a.tobytes() for n, a in r.items()} for r in refs] == [r for _, _, r, _ in here]

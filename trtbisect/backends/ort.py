@@ -1193,9 +1193,10 @@ def variants(threads: int | None) -> list[Variant]:
     return [Variant(True, judge), Variant(False, other)]
 
 
-# The certificate's last variation runs in a child process (another core) while the first runs
-# here, when the two models' weights together are at most this many bytes (the child holds its
-# own copy of both: a second copy of gigabytes would break the memory promise)
+# The FP32 reference under each variation is computed in a child process (another core) while
+# the emulated file's sessions run here, when the FP32 model's weights are at most this many
+# bytes (the child holds its own copy of them: a second copy of gigabytes would break the
+# memory promise)
 VARIANT_CHILD_BYTES = 1 << 30
 
 
@@ -1204,26 +1205,27 @@ def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.
     """For each variant and sample: the FP32 reference and the judged file's emulated graph
     (what Polygraphy's check of the mixed model runs), both computed under the variant. Yields
     (variant, sample index, reference outputs, emulated outputs), variant by variant in
-    `variants` order; one variant's two sessions at a time here. The last variant runs
-    meanwhile in a spawned child process (`_VariantChild`: the same sessions of the same
-    protos and weights, so the same numbers bit for bit): on a 20k-node transformer each
-    session costs seconds, and a session build holds the GIL (a thread would not help)."""
+    `variants` order, sample by sample. The FP32 references run meanwhile in a spawned child
+    process (`_ReferenceChild`: the same sessions of the same proto and weights, so the same
+    numbers bit for bit), one session at a time there and one here: on a 20k-node transformer
+    each session costs seconds (ORT's optimizations on the FP32 graph alone 14 s), and a
+    session build holds the GIL (a thread would not help)."""
     names = graph.output_names()
-    ref_proto, ref_arrays = _fp32_graph(graph)
-    proto, arrays = emulated
+    reference = _fp32_graph(graph)
     every = variants(threads)
     samples = list(samples)
-    child = None
-    if len(every) > 1 and _weight_bytes(ref_arrays) + _weight_bytes(arrays) \
-            <= VARIANT_CHILD_BYTES:
-        child = _VariantChild.start(every[-1], (ref_proto, ref_arrays), (proto, arrays),
-                                    samples, names)
+    child = _ReferenceChild.start(every, reference, samples, names) \
+        if _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES else None
     try:
-        for v in every[:-1] if child is not None else every:
-            yield from _variant_run(v, (ref_proto, ref_arrays), (proto, arrays), samples, names)
-        if child is not None:
-            for k, r, e in child.results():
-                yield every[-1], k, r, e
+        if child is None:
+            for v in every:
+                yield from _variant_run(v, reference, emulated, samples, names)
+            return
+        got = [[e for _, e in _session_runs(v, emulated, samples, names, np.float32)]
+               for v in every]
+        for v, refs, emus in zip(every, child.results(), got):
+            for k, (r, e) in enumerate(zip(refs, emus)):
+                yield v, k, r, e
     finally:
         if child is not None:
             child.close()
@@ -1233,10 +1235,23 @@ def _weight_bytes(arrays: Mapping[str, np.ndarray]) -> int:
     return sum(np.asarray(a).nbytes for a in arrays.values())
 
 
+def _session_runs(v: Variant, model: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                  samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str],
+                  dtype=None) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """One model's outputs under variant `v`, per sample (`dtype`: the outputs converted)."""
+    session = Session(*model, v.threads, judge=not v.optimized)
+    out = []
+    for k, sample in enumerate(samples):
+        fed = {n: x for n, x in sample.items() if n in session.inputs}
+        out.append((k, dict(zip(names, (np.asarray(x, dtype) for x in session.run(fed, names))))))
+    return out
+
+
 def _variant_run(v: Variant, reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
                  emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
                  samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]):
-    """One variant's (variant, sample index, reference outputs, emulated outputs) per sample."""
+    """One variant's (variant, sample index, reference outputs, emulated outputs) per sample,
+    both sessions here (one variant's two at a time)."""
     ref = Session(*reference, v.threads, judge=not v.optimized)
     emu = Session(*emulated, v.threads, judge=not v.optimized)
     for k, sample in enumerate(samples):
@@ -1247,18 +1262,30 @@ def _variant_run(v: Variant, reference: tuple[onnx.ModelProto, Mapping[str, np.n
     del ref, emu
 
 
-def _variant_in_child(conn) -> None:
-    """The child's side of `_VariantChild`: the task comes down `conn`, the outputs (or the
+def _references(every: Sequence[Variant], reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+                ) -> list[list[dict[str, np.ndarray]]]:
+    """Per variant, per sample: the FP32 reference's outputs under it, computed as
+    `_variant_run` computes them (the sample fed whole)."""
+    out = []
+    for v in every:
+        ref = Session(*reference, v.threads, judge=not v.optimized)
+        out.append([dict(zip(names, (np.asarray(x) for x in ref.run(sample, names))))
+                    for sample in samples])
+        del ref
+    return out
+
+
+def _references_in_child(conn) -> None:
+    """The child's side of `_ReferenceChild`: the task comes down `conn`, the outputs (or the
     error met) go back up it."""
     try:
-        v, reference, emulated, samples, names = conn.recv()
-        reference = (onnx.load_from_string(reference[0]), reference[1])
-        emulated = (onnx.load_from_string(emulated[0]), emulated[1])
-        answer: tuple = ("done", [(k, r, e) for _, k, r, e in
-                                  _variant_run(v, reference, emulated, samples, names)])
+        every, (proto, arrays), samples, names = conn.recv()
+        answer: tuple = ("done", _references(every, (onnx.load_from_string(proto), arrays),
+                                             samples, names))
     except TrtBisectError as exc:
         answer = ("error", str(exc))
-    except BaseException as exc:  # noqa: BLE001 - the parent runs the variant itself
+    except BaseException as exc:  # noqa: BLE001 - the parent runs the references itself
         answer = ("failed", f"{type(exc).__name__}: {exc}")
     try:
         conn.send(answer)
@@ -1266,43 +1293,42 @@ def _variant_in_child(conn) -> None:
         conn.close()
 
 
-class _VariantChild:
-    """One variant's runs in a spawned child process (never forked: a fork copies ORT's threads
-    and memory). `results()` waits for them; a child that dies or fails otherwise than with a
-    TrtBisectError is replaced by the same runs here (the same numbers, only later); `close()`
-    ends it whatever happened."""
+class _ReferenceChild:
+    """The FP32 reference's runs under each variant in a spawned child process (never forked:
+    a fork copies ORT's threads and memory). `results()` waits for them; a child that dies or
+    fails otherwise than with a TrtBisectError is replaced by the same runs here (the same
+    numbers, only later); `close()` ends it whatever happened."""
 
-    def __init__(self, variant: Variant, task: tuple, proc, conn):
-        self.variant, self._task, self._proc, self._conn = variant, task, proc, conn
+    def __init__(self, task: tuple, proc, conn):
+        self._task, self._proc, self._conn = task, proc, conn
 
     @classmethod
-    def start(cls, variant: Variant, reference, emulated, samples, names) -> _VariantChild:
+    def start(cls, every: Sequence[Variant], reference, samples, names) -> _ReferenceChild:
         import multiprocessing as mp
 
-        task = (variant, reference, emulated, samples, names)
+        task = (list(every), reference, samples, names)
         if mp.current_process().daemon:  # a daemonic process may not have children
-            return cls(variant, task, None, None)
+            return cls(task, None, None)
         spawn = mp.get_context("spawn")
         mine, theirs = spawn.Pipe()
         try:
-            proc = spawn.Process(target=_variant_in_child, args=(theirs,), daemon=True,
+            proc = spawn.Process(target=_references_in_child, args=(theirs,), daemon=True,
                                  name="trtbisect-variant")
             proc.start()
         except OSError as exc:
-            log.info("the certificate's variations run in this process: %s", exc)
+            log.info("the certificate's references run in this process: %s", exc)
             mine.close()
-            return cls(variant, task, None, None)
+            return cls(task, None, None)
         finally:
             theirs.close()
         try:
-            mine.send((variant, (reference[0].SerializeToString(), dict(reference[1])),
-                       (emulated[0].SerializeToString(), dict(emulated[1])),
+            mine.send((list(every), (reference[0].SerializeToString(), dict(reference[1])),
                        [dict(s) for s in samples], list(names)))
         except (OSError, EOFError):
-            pass  # the child is gone already: `results` runs the variant here
-        return cls(variant, task, proc, mine)
+            pass  # the child is gone already: `results` runs the references here
+        return cls(task, proc, mine)
 
-    def results(self) -> list[tuple[int, dict, dict]]:
+    def results(self) -> list[list[dict[str, np.ndarray]]]:
         answer: tuple = ("failed", "no child process")
         if self._conn is not None:
             try:
@@ -1314,11 +1340,8 @@ class _VariantChild:
         if answer[0] == "error":
             raise TrtBisectError(answer[1])
         if answer[0] == "failed":
-            log.info("the certificate's variation %s runs here: %s", self.variant.label,
-                     answer[1])
-            v, reference, emulated, samples, names = self._task
-            return [(k, r, e) for _, k, r, e in
-                    _variant_run(v, reference, emulated, samples, names)]
+            log.info("the certificate's FP32 references run here: %s", answer[1])
+            return _references(*self._task)
         return answer[1]
 
     def close(self) -> None:
