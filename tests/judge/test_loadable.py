@@ -239,3 +239,30 @@ def test_closing_a_load_check_ends_its_child(tmp_path):
     check.close()
     assert not _children()
     assert check.answer() == runtime_problem(path)  # asked after close: loaded here
+
+
+def _never_starts(conn, path, weight_bytes) -> None:
+    """A child that ends before it says it started (as spawn's own failure to import a main
+    module read from stdin does)."""
+    import os
+
+    os._exit(3)
+
+
+def test_a_load_check_whose_child_never_starts_loads_here_with_the_same_answer(tmp_path,
+                                                                              monkeypatch):
+    """A child that never reached the load is no verdict on the file: the load runs here, and
+    says what it says (a file that loads passes, one that does not fails in the same words)."""
+    from trtbisect.judge import loadable
+
+    monkeypatch.setattr(loadable, "_load_in_child", _never_starts)
+    bad = _unloadable(tmp_path)
+    with pytest.raises(TrtBisectError) as inline:
+        require_written_valid(bad)
+    with pytest.raises(TrtBisectError) as here:
+        loadable.WrittenCheck(bad).require()
+    assert str(here.value) == str(inline.value) and "without an answer" not in str(here.value)
+    good = tmp_path / "passes.onnx"
+    onnx.save(MODELS["passes"](), good)
+    loadable.WrittenCheck(good).require()
+    assert not _children()

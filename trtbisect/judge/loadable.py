@@ -175,10 +175,11 @@ DIE_ENV = "TRTBISECT_TEST_LOAD_CHECK_DIES"
 
 
 def _load_in_child(conn, path: str, weight_bytes: int | None) -> None:
-    """The child's side of `LoadCheck`: `runtime_problem`'s answer sent down `conn`. Whatever
-    ends it otherwise (an import that fails) is an answer too, on one line."""
+    """The child's side of `LoadCheck`: `STARTED`, then `runtime_problem`'s answer, sent down
+    `conn`. Whatever ends it otherwise (an import that fails) is an answer too, on one line."""
     import os
 
+    conn.send(STARTED)  # the process runs: from here a death is the load's
     code = os.environ.get(DIE_ENV)
     if code:
         os._exit(int(code))
@@ -193,6 +194,10 @@ def _load_in_child(conn, path: str, weight_bytes: int | None) -> None:
 
 
 _PENDING = object()
+# the child's first word: it runs this module's code. A child that ends before it never
+# reached the load (spawn could not start it: a main module it cannot import again, such as a
+# script read from stdin), and the load runs here instead, with the same answer
+STARTED = "started"
 
 
 class LoadCheck:
@@ -201,7 +206,8 @@ class LoadCheck:
     transformer: ORT wraps every FP16 node in Casts) runs on another core beside the judge's
     own sessions (a thread would not: a session build holds the GIL). `answer()` waits for it:
     the same string, or None, as `runtime_problem` returns; a child that dies without one is a
-    failed load, said on one line. `close()` (or leaving `with`) ends the child whatever
+    failed load, said on one line (one that dies before it starts, as spawn's own failure to
+    import a main module read from stdin, is not: the load then runs here). `close()` (or leaving `with`) ends the child whatever
     happened: nothing is left running. Where no child can be started (a daemonic worker, or
     the system refuses one), the load runs here when its answer is asked."""
 
@@ -235,8 +241,10 @@ class LoadCheck:
             if self._proc is None:
                 self._answer = runtime_problem(self.path, self.weight_bytes)
             else:
+                started = False
                 try:
                     assert self._conn is not None
+                    started = self._conn.recv() == STARTED
                     self._answer = self._conn.recv()
                 except (EOFError, OSError):
                     self._proc.join()
@@ -244,6 +252,9 @@ class LoadCheck:
                                     f"answer (exit code {self._proc.exitcode})")
                 finally:
                     self.close()
+                if not started:  # the child never ran: the load runs here
+                    log.info("the load check ran in this process: its child did not start")
+                    self._answer = runtime_problem(self.path, self.weight_bytes)
         return self._answer  # type: ignore[return-value]
 
     def close(self) -> None:
