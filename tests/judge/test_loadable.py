@@ -138,3 +138,131 @@ def test_a_bf16_file_no_onnx_tool_loads_is_said_so_never_claimed_loaded(opset, t
     assert check.exit_code == 0, check.output
     said = " ".join(check.output.split())
     assert "no ONNX tool loads it as written" in said and "ONNX Runtime loads it" not in said
+
+
+# ------------------------------------------- ONNX Runtime's load in a child process (#45 item 4)
+
+def _unloadable(tmp_path):
+    """A file the checker passes and ONNX Runtime refuses: an op of a domain it does not know."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="example.custom", name="frob")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("example.custom", 1)])
+    path = tmp_path / "model.mixed.onnx"
+    onnx.save(model, path)
+    assert checker_problem(path) is None and runtime_problem(path) is not None
+    return path
+
+
+def _children():
+    import multiprocessing as mp
+
+    return [p for p in mp.active_children() if p.name == "trtbisect-load-check"]
+
+
+def test_a_load_checked_in_a_child_fails_in_the_same_words(tmp_path):
+    """The written file's load runs in a child process beside the judge (WrittenCheck): a file
+    ONNX Runtime refuses is reported in require_written_valid's very words, and an error met
+    meanwhile (the judge tripping on the same file) gives way to the file's own; the child is
+    gone afterwards."""
+    from trtbisect.judge.loadable import WrittenCheck
+
+    path = _unloadable(tmp_path)
+    with pytest.raises(TrtBisectError) as inline:
+        require_written_valid(path)
+    assert "fails onnxruntime:" in str(inline.value) and "a bug in trtbisect" in str(inline.value)
+    with WrittenCheck(path) as check:
+        with pytest.raises(TrtBisectError) as child:
+            check.require()
+    assert str(child.value) == str(inline.value)
+    with WrittenCheck(path) as check:
+        with pytest.raises(TrtBisectError) as first:
+            with check.guard():
+                raise ValueError("the judge's own session fails on the file")
+    assert str(first.value) == str(inline.value) and first.value.__cause__ is None
+    assert not _children()
+
+
+def test_a_file_that_loads_lets_the_callers_error_through(tmp_path):
+    from trtbisect.judge.loadable import WrittenCheck
+
+    path = tmp_path / "passes.onnx"
+    onnx.save(MODELS["passes"](), path)
+    with WrittenCheck(path) as check:
+        with pytest.raises(ValueError, match="its own"):
+            with check.guard():
+                raise ValueError("its own")
+    with WrittenCheck(path) as check:
+        check.require()
+    assert not _children()
+
+
+def test_a_checker_error_is_said_at_once_before_any_load_is_waited_for(tmp_path):
+    from trtbisect.judge.loadable import WrittenCheck
+
+    paths, _ = _inputs(tmp_path)
+    with pytest.raises(TrtBisectError, match="fails onnx.checker") as inline:
+        require_written_valid(paths["fails"])
+    with pytest.raises(TrtBisectError) as early:
+        WrittenCheck(paths["fails"])
+    assert str(early.value) == str(inline.value)
+    WrittenCheck(paths["fails"], held=InputCheck(paths["fails"])).require()  # forgiven: loads
+    assert not _children()
+
+
+def test_a_load_check_whose_process_dies_is_a_failed_load_on_one_line(tmp_path, monkeypatch):
+    from trtbisect.judge import loadable
+
+    path = tmp_path / "passes.onnx"
+    onnx.save(MODELS["passes"](), path)
+    monkeypatch.setenv(loadable.DIE_ENV, "9")
+    with pytest.raises(TrtBisectError) as died:
+        with loadable.WrittenCheck(path) as check:
+            check.require()
+    message = str(died.value)
+    assert "\n" not in message and "Traceback" not in message
+    assert message == (f"trtbisect wrote {path.name}, which fails onnxruntime: the process "
+                       "loading it ended without an answer (exit code 9) (a bug in trtbisect: "
+                       "please report it with the model)")
+    assert not _children()
+
+
+def test_closing_a_load_check_ends_its_child(tmp_path):
+    from trtbisect.judge.loadable import LoadCheck
+
+    path = _unloadable(tmp_path)
+    check = LoadCheck(path)
+    check.close()
+    assert not _children()
+    assert check.answer() == runtime_problem(path)  # asked after close: loaded here
+
+
+def _never_starts(conn, path, weight_bytes) -> None:
+    """A child that ends before it says it started (as spawn's own failure to import a main
+    module read from stdin does)."""
+    import os
+
+    os._exit(3)
+
+
+def test_a_load_check_whose_child_never_starts_loads_here_with_the_same_answer(tmp_path,
+                                                                              monkeypatch):
+    """A child that never reached the load is no verdict on the file: the load runs here, and
+    says what it says (a file that loads passes, one that does not fails in the same words)."""
+    from trtbisect.judge import loadable
+
+    monkeypatch.setattr(loadable, "_load_in_child", _never_starts)
+    bad = _unloadable(tmp_path)
+    with pytest.raises(TrtBisectError) as inline:
+        require_written_valid(bad)
+    with pytest.raises(TrtBisectError) as here:
+        loadable.WrittenCheck(bad).require()
+    assert str(here.value) == str(inline.value) and "without an answer" not in str(here.value)
+    good = tmp_path / "passes.onnx"
+    onnx.save(MODELS["passes"](), good)
+    loadable.WrittenCheck(good).require()
+    assert not _children()

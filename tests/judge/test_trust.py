@@ -516,14 +516,23 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     paths: list[str] = []
     real = loadable.runtime_problem
 
-    def spy(path, weight_bytes=None):
+    def seen(path) -> None:
         meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False)
                 .metadata_props}
         loaded.append(meta.get("trtbisect.fp32_nodes"))
         paths.append(str(path))
+
+    def spy(path, weight_bytes=None):
+        seen(path)
         return real(path, weight_bytes)
 
+    class InChild(loadable.LoadCheck):  # the plan's file loads in a child process
+        def __init__(self, path, weight_bytes=None):
+            seen(path)
+            super().__init__(path, weight_bytes)
+
     monkeypatch.setattr(loadable, "runtime_problem", spy)
+    monkeypatch.setattr(loadable, "LoadCheck", InChild)
     m, path, inputs = _matmul(tmp_path)
     rel = _all_fp16_rel(m, inputs)
     failing = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel / 2)),
@@ -539,3 +548,41 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     passing = run(path, Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * 100)),
                   tmp_path / "passes")
     assert passing.verdict == "fp16_ok" and "" in loaded
+
+
+def _variant_numbers(runs) -> list:
+    return [(v.label, k, {n: a.tobytes() for n, a in r.items()},
+             {n: a.tobytes() for n, a in e.items()}) for v, k, r, e in runs]
+
+
+def test_the_references_run_in_a_child_process_compute_the_same_bits(tmp_path, monkeypatch):
+    """The certificate's FP32 references run in a child process beside the emulated file's
+    sessions (#45 item 4): the same sessions of the same proto and weights, so the same numbers
+    bit for bit as all of them here, in the same order; a child that dies is replaced by the
+    same runs here."""
+    import multiprocessing as mp
+
+    import trtbisect.backends.ort as ort_backend
+    from trtbisect.graph import Graph
+    from trtbisect.judge.mixed import mixed_model
+
+    m, _, inputs = _matmul(tmp_path)
+    g = Graph(m)
+    x = dict(np.load(inputs))
+    samples = [x, {"x": x["x"] * 0.5}]
+    written = mixed_model(g, frozenset())
+    emulated = (written.proto, written.arrays)
+    beside = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
+    assert not [p for p in mp.active_children() if p.name == "trtbisect-variant"]
+    monkeypatch.setattr(ort_backend, "VARIANT_CHILD_BYTES", -1)  # every session here
+    here = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
+    every = ort_backend.variants(None)
+    assert beside == here and len(here) == len(samples) * len(every)
+    assert [(label, k) for label, k, _, _ in here] == [(v.label, k) for v in every
+                                                       for k in range(len(samples))]
+    child = ort_backend._ReferenceChild.start(every, ort_backend._fp32_graph(g), samples,
+                                              g.output_names())
+    assert child._proc is not None
+    child._proc.kill()  # dies before it answers: the same runs here instead
+    refs = [r for per_variant in child.results() for r in per_variant]
+    assert [{n: a.tobytes() for n, a in r.items()} for r in refs] == [r for _, _, r, _ in here]

@@ -1193,24 +1193,167 @@ def variants(threads: int | None) -> list[Variant]:
     return [Variant(True, judge), Variant(False, other)]
 
 
+# The FP32 reference under each variation is computed in a child process (another core) while
+# the emulated file's sessions run here, when the FP32 model's weights are at most this many
+# bytes (the child holds its own copy of them: a second copy of gigabytes would break the
+# memory promise)
+VARIANT_CHILD_BYTES = 1 << 30
+
+
 def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
                  samples: Iterable[Mapping[str, np.ndarray]], threads: int | None = None):
     """For each variant and sample: the FP32 reference and the judged file's emulated graph
     (what Polygraphy's check of the mixed model runs), both computed under the variant. Yields
-    (variant, sample index, reference outputs, emulated outputs); one variant's two sessions
-    at a time."""
+    (variant, sample index, reference outputs, emulated outputs), variant by variant in
+    `variants` order, sample by sample. The FP32 references run meanwhile in a spawned child
+    process (`_ReferenceChild`: the same sessions of the same proto and weights, so the same
+    numbers bit for bit), one session at a time there and one here: on a 20k-node transformer
+    each session costs seconds (ORT's optimizations on the FP32 graph alone 14 s), and a
+    session build holds the GIL (a thread would not help)."""
     names = graph.output_names()
-    ref_proto, ref_arrays = _fp32_graph(graph)
-    proto, arrays = emulated
-    for v in variants(threads):
-        ref = Session(ref_proto, ref_arrays, v.threads, judge=not v.optimized)
-        emu = Session(proto, arrays, v.threads, judge=not v.optimized)
-        for k, sample in enumerate(samples):
-            r = dict(zip(names, (np.asarray(x) for x in ref.run(sample, names))))
-            fed = {n: x for n, x in sample.items() if n in emu.inputs}
-            e = dict(zip(names, (np.asarray(x, np.float32) for x in emu.run(fed, names))))
-            yield v, k, r, e
-        del ref, emu
+    reference = _fp32_graph(graph)
+    every = variants(threads)
+    samples = list(samples)
+    child = _ReferenceChild.start(every, reference, samples, names) \
+        if _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES else None
+    try:
+        if child is None:
+            for v in every:
+                yield from _variant_run(v, reference, emulated, samples, names)
+            return
+        got = [[e for _, e in _session_runs(v, emulated, samples, names, np.float32)]
+               for v in every]
+        for v, refs, emus in zip(every, child.results(), got):
+            for k, (r, e) in enumerate(zip(refs, emus)):
+                yield v, k, r, e
+    finally:
+        if child is not None:
+            child.close()
+
+
+def _weight_bytes(arrays: Mapping[str, np.ndarray]) -> int:
+    return sum(np.asarray(a).nbytes for a in arrays.values())
+
+
+def _session_runs(v: Variant, model: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                  samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str],
+                  dtype=None) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """One model's outputs under variant `v`, per sample (`dtype`: the outputs converted)."""
+    session = Session(*model, v.threads, judge=not v.optimized)
+    out = []
+    for k, sample in enumerate(samples):
+        fed = {n: x for n, x in sample.items() if n in session.inputs}
+        out.append((k, dict(zip(names, (np.asarray(x, dtype) for x in session.run(fed, names))))))
+    return out
+
+
+def _variant_run(v: Variant, reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                 emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                 samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]):
+    """One variant's (variant, sample index, reference outputs, emulated outputs) per sample,
+    both sessions here (one variant's two at a time)."""
+    ref = Session(*reference, v.threads, judge=not v.optimized)
+    emu = Session(*emulated, v.threads, judge=not v.optimized)
+    for k, sample in enumerate(samples):
+        r = dict(zip(names, (np.asarray(x) for x in ref.run(sample, names))))
+        fed = {n: x for n, x in sample.items() if n in emu.inputs}
+        e = dict(zip(names, (np.asarray(x, np.float32) for x in emu.run(fed, names))))
+        yield v, k, r, e
+    del ref, emu
+
+
+def _references(every: Sequence[Variant], reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+                ) -> list[list[dict[str, np.ndarray]]]:
+    """Per variant, per sample: the FP32 reference's outputs under it, computed as
+    `_variant_run` computes them (the sample fed whole)."""
+    out = []
+    for v in every:
+        ref = Session(*reference, v.threads, judge=not v.optimized)
+        out.append([dict(zip(names, (np.asarray(x) for x in ref.run(sample, names))))
+                    for sample in samples])
+        del ref
+    return out
+
+
+def _references_in_child(conn) -> None:
+    """The child's side of `_ReferenceChild`: the task comes down `conn`, the outputs (or the
+    error met) go back up it."""
+    try:
+        every, (proto, arrays), samples, names = conn.recv()
+        answer: tuple = ("done", _references(every, (onnx.load_from_string(proto), arrays),
+                                             samples, names))
+    except TrtBisectError as exc:
+        answer = ("error", str(exc))
+    except BaseException as exc:  # noqa: BLE001 - the parent runs the references itself
+        answer = ("failed", f"{type(exc).__name__}: {exc}")
+    try:
+        conn.send(answer)
+    finally:
+        conn.close()
+
+
+class _ReferenceChild:
+    """The FP32 reference's runs under each variant in a spawned child process (never forked:
+    a fork copies ORT's threads and memory). `results()` waits for them; a child that dies or
+    fails otherwise than with a TrtBisectError is replaced by the same runs here (the same
+    numbers, only later); `close()` ends it whatever happened."""
+
+    def __init__(self, task: tuple, proc, conn):
+        self._task, self._proc, self._conn = task, proc, conn
+
+    @classmethod
+    def start(cls, every: Sequence[Variant], reference, samples, names) -> _ReferenceChild:
+        import multiprocessing as mp
+
+        task = (list(every), reference, samples, names)
+        if mp.current_process().daemon:  # a daemonic process may not have children
+            return cls(task, None, None)
+        spawn = mp.get_context("spawn")
+        mine, theirs = spawn.Pipe()
+        try:
+            proc = spawn.Process(target=_references_in_child, args=(theirs,), daemon=True,
+                                 name="trtbisect-variant")
+            proc.start()
+        except OSError as exc:
+            log.info("the certificate's references run in this process: %s", exc)
+            mine.close()
+            return cls(task, None, None)
+        finally:
+            theirs.close()
+        try:
+            mine.send((list(every), (reference[0].SerializeToString(), dict(reference[1])),
+                       [dict(s) for s in samples], list(names)))
+        except (OSError, EOFError):
+            pass  # the child is gone already: `results` runs the references here
+        return cls(task, proc, mine)
+
+    def results(self) -> list[list[dict[str, np.ndarray]]]:
+        answer: tuple = ("failed", "no child process")
+        if self._conn is not None:
+            try:
+                answer = self._conn.recv()
+            except (EOFError, OSError):
+                answer = ("failed", "the child process ended without an answer")
+            finally:
+                self.close()
+        if answer[0] == "error":
+            raise TrtBisectError(answer[1])
+        if answer[0] == "failed":
+            log.info("the certificate's FP32 references run here: %s", answer[1])
+            return _references(*self._task)
+        return answer[1]
+
+    def close(self) -> None:
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+            proc.close()
 
 
 def as_array(value) -> np.ndarray:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing as mp
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,25 +133,203 @@ def require_written_valid(path: str | Path, weight_bytes: int | None = None,
     `load=False`: the checker's full check alone, for a file judged before it is known to be
     kept (the all-FP16 file that fails is never an output; loading a 20k-node FP16 file in ONNX
     Runtime costs about as much as judging it: its CPU provider wraps every FP16 node in Casts
-    and then removes the duplicates); the caller loads it once it is kept."""
+    and then removes the duplicates); the caller loads it once it is kept.
+
+    `WrittenCheck` is the same check with ONNX Runtime's load in a child process beside the
+    caller's own work."""
     why = checker_problem(path)
     if not load and (why is None or bfloat16_gap(why)):
         return
+    _settle(path, why, held, functools.partial(runtime_problem, path, weight_bytes))
+
+
+def _settle(path: str | Path, why: str | None, held: InputCheck | None,
+            runtime: Callable[[], str | None]) -> None:
+    """`require_written_valid` once the checker said `why`; `runtime`: ONNX Runtime's answer,
+    asked only where it decides."""
     if why is not None and not bfloat16_gap(why) and held is not None \
             and held.problem is not None:
-        runtime = runtime_problem(path, weight_bytes)  # the load is tried before it is said
-        if runtime is None:
+        loaded = runtime()  # the load is tried before it is said
+        if loaded is None:
             log.warning("%s fails %s, as the model given does (%s); ONNX Runtime loads it",
                         Path(path).name, why, held.problem)
             return
-        why = runtime
-    why = why or runtime_problem(path, weight_bytes)
+        why = loaded
+    why = why or runtime()
     if bfloat16_gap(why):
         log.warning("%s: %s: %s", Path(path).name, why, BF16_GAP)
         return
     if why is not None:
         raise TrtBisectError(f"trtbisect wrote {Path(path).name}, which fails {why} (a bug in "
                              "trtbisect: please report it with the model)")
+
+
+def _decided_by_checker(why: str | None, held: InputCheck | None) -> bool:
+    """The checker's refusal alone decides (`_settle` asks ONNX Runtime nothing)."""
+    return why is not None and not bfloat16_gap(why) and (held is None or held.problem is None)
+
+
+# Test hook: set, the child that loads a written file exits at once with this code, without an
+# answer (tests/judge/test_loadable.py: a child that dies is a failed load). Never set in use.
+DIE_ENV = "TRTBISECT_TEST_LOAD_CHECK_DIES"
+
+
+def _load_in_child(conn, path: str, weight_bytes: int | None) -> None:
+    """The child's side of `LoadCheck`: `STARTED`, then `runtime_problem`'s answer, sent down
+    `conn`. Whatever ends it otherwise (an import that fails) is an answer too, on one line."""
+    import os
+
+    conn.send(STARTED)  # the process runs: from here a death is the load's
+    code = os.environ.get(DIE_ENV)
+    if code:
+        os._exit(int(code))
+    try:
+        answer = runtime_problem(path, weight_bytes)
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it as the load's failure
+        answer = f"onnxruntime: {first_error(exc)}"
+    try:
+        conn.send(answer)
+    finally:
+        conn.close()
+
+
+_PENDING = object()
+# the child's first word: it runs this module's code. A child that ends before it never
+# reached the load (spawn could not start it: a main module it cannot import again, such as a
+# script read from stdin), and the load runs here instead, with the same answer
+STARTED = "started"
+
+
+class LoadCheck:
+    """`runtime_problem(path, weight_bytes)`, asked of a spawned child process from the moment
+    this is made, so that ONNX Runtime's load of a written file (27 s for a 20k-node FP16
+    transformer: ORT wraps every FP16 node in Casts) runs on another core beside the judge's
+    own sessions (a thread would not: a session build holds the GIL). `answer()` waits for it:
+    the same string, or None, as `runtime_problem` returns; a child that dies without one is a
+    failed load, said on one line (one that dies before it starts, as spawn's own failure to
+    import a main module read from stdin, is not: the load then runs here). `close()` (or leaving `with`) ends the child whatever
+    happened: nothing is left running. Where no child can be started (a daemonic worker, or
+    the system refuses one), the load runs here when its answer is asked."""
+
+    def __init__(self, path: str | Path, weight_bytes: int | None = None):
+        self.path, self.weight_bytes = str(path), weight_bytes
+        self._answer: object = _PENDING
+        self._proc = None
+        self._conn = None
+        if weight_bytes is not None and weight_bytes > ORT_LOAD_LIMIT:
+            self._answer = None  # runtime_problem's own rule: no second copy is loaded
+            return
+        if mp.current_process().daemon:  # a daemonic process may not have children
+            return
+        spawn = mp.get_context("spawn")  # never fork: a fork copies ORT's threads and memory
+        recv, send = spawn.Pipe(duplex=False)
+        try:
+            proc = spawn.Process(target=_load_in_child, args=(send, self.path, weight_bytes),
+                                 name="trtbisect-load-check", daemon=True)
+            proc.start()
+        except OSError as exc:  # no process to be had: the load runs here, when asked
+            log.info("the load check runs in this process: %s", exc)
+            recv.close()
+            return
+        finally:
+            send.close()
+        self._proc, self._conn = proc, recv
+
+    def answer(self) -> str | None:
+        """ONNX Runtime's refusal to load the file, or None; waits for the child."""
+        if self._answer is _PENDING:
+            if self._proc is None:
+                self._answer = runtime_problem(self.path, self.weight_bytes)
+            else:
+                started = False
+                try:
+                    assert self._conn is not None
+                    started = self._conn.recv() == STARTED
+                    self._answer = self._conn.recv()
+                except (EOFError, OSError):
+                    self._proc.join()
+                    self._answer = ("onnxruntime: the process loading it ended without an "
+                                    f"answer (exit code {self._proc.exitcode})")
+                finally:
+                    self.close()
+                if not started:  # the child never ran: the load runs here
+                    log.info("the load check ran in this process: its child did not start")
+                    self._answer = runtime_problem(self.path, self.weight_bytes)
+        return self._answer  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """End the child (if it still runs) and wait for it."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+            proc.close()
+
+    def __enter__(self) -> LoadCheck:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class WrittenCheck:
+    """`require_written_valid(path, weight_bytes, held)` in two halves, for a file written to
+    be judged at once: ONNX Runtime's load starts in a child process (`LoadCheck`) and the
+    checker's full check runs here, raising at once where the checker alone decides (as
+    `require_written_valid` does, before anything is judged); `require()` waits for the load
+    and says what `require_written_valid` says, in the same words. `guard()`: around the
+    caller's work meanwhile, an error raised in it is preceded by the file's own (a file that
+    does not load is reported as such, as when the load came first). Used as a context
+    manager, or closed: the child never outlives it."""
+
+    def __init__(self, path: str | Path, weight_bytes: int | None = None,
+                 held: InputCheck | None = None):
+        self.path, self.held = Path(path), held
+        self.loading = LoadCheck(path, weight_bytes)
+        self._done = False
+        try:
+            self.why = checker_problem(path)
+            if _decided_by_checker(self.why, held):
+                self.require()
+        except BaseException:
+            self.close()
+            raise
+
+    def require(self) -> None:
+        """The file's verdict: returns, warns, or raises require_written_valid's error."""
+        if self._done:
+            return
+        try:
+            _settle(self.path, self.why, self.held, self.loading.answer)
+        finally:
+            self.close()
+        self._done = True
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Run the caller's work beside the load; an Exception in it: the file's own error
+        first, if it has one, else the Exception as it was."""
+        try:
+            yield
+        except Exception:
+            try:
+                self.require()
+            except TrtBisectError as own:
+                raise own from None
+            raise
+
+    def close(self) -> None:
+        self.loading.close()
+
+    def __enter__(self) -> WrittenCheck:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def require_loadable(path: str | Path, weight_bytes: int | None = None) -> str | None:

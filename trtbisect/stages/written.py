@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
 from ..graph import Graph
 from ..judge.compare import OutputError
 from ..judge.criteria import Judgement, Verdict, json_number, timed_out, worst_of
-from ..judge.loadable import require_loadable, require_written_valid
+from ..judge.loadable import WrittenCheck, require_loadable, require_written_valid
 from ..judge.mixed import Written, mixed_model
 from ..judge.precision import of_type
 from ..judge.validation import Validation, unvalidated
@@ -45,10 +46,17 @@ class Judged:
     plan: frozenset[str]
     checked: CheckResult
     staged: list[str]
+    # the staged file's load in ONNX Runtime, still under way in a child process
+    # (judge/loadable.py): `judge_written_plan` requires it once the certificate is measured
+    loading: WrittenCheck | None = field(default=None, repr=False)
 
 
 def write_and_judge(ctx: Context, judge: JudgeOptions, plan: frozenset[str],
                      out_dir: Path | None, expose: Sequence[str] = ()) -> Judged:
+    """A plan's file written and judged. A plan's file (not the all-FP16 one) must load in
+    ONNX Runtime: that load starts in a child process as soon as the file is written and
+    runs beside the judge (`WrittenCheck`); a staged file's is handed on in `Judged.loading`
+    for the caller to require (or close), a temporary one's is required here."""
     Rounded.release(ctx.judged)  # memory: the judge holds the file's weights, not the search's
     written = write_plan(ctx, plan)
     # staged beside --out (same file system): write_outputs moves these very files into place
@@ -59,10 +67,21 @@ def write_and_judge(ctx: Context, judge: JudgeOptions, plan: frozenset[str],
         weights = written.weight_bytes()
         del written  # saved: the file is the model from here on
         # the all-FP16 file is kept only when it passes: ONNX Runtime loads it only then
-        checked = judge_mixed(path, ctx, judge, expose, ours=True, load=bool(plan))
-        if not plan and checked.passed:
-            require_written_valid(path, weights, ctx.input_check)
-    return Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [])
+        loading = WrittenCheck(path, weights, ctx.input_check) if plan else None
+        try:
+            with loading.guard() if loading is not None else nullcontext():
+                checked = judge_mixed(path, ctx, judge, expose, ours=True, load=bool(plan),
+                                      written=loading)
+            if not plan and checked.passed:
+                require_written_valid(path, weights, ctx.input_check)
+            if loading is not None and staging is None:  # the file goes with `tmp`
+                loading.require()
+        except BaseException:
+            if loading is not None:
+                loading.close()
+            raise
+    return Judged(ctx, plan, checked, [str(f) for f in files] if staging is not None else [],
+                  loading if staging is not None else None)
 
 
 def judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, ev: Evaluator,
@@ -81,6 +100,20 @@ def judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, ev:
         searched = ev.last_errors if plan == ev.last_plan else ev.measure(plan, full=True)[1]
         ev.close()  # memory: the judge below holds the file's weights, not the search's
         judged = write_and_judge(ctx, judge, plan, out_dir)
+    loading, judged.loading = judged.loading, None
+    if loading is None:
+        return _judge_written_plan(result, ctx, judge, judged, searched, plan, noise)
+    # the file's load in ONNX Runtime runs beside the certificate; its answer comes first
+    with loading:  # closed whatever happens: no child outlives the judge
+        with loading.guard():
+            cert = _judge_written_plan(result, ctx, judge, judged, searched, plan, noise)
+        loading.require()
+    return cert
+
+
+def _judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, judged: Judged,
+                        searched: Sequence[Judgement], plan: frozenset[str],
+                        noise: Mapping[str, float] | None) -> Certificate | None:
     checked = judged.checked
     result.staged = judged.staged
     searched_worst = worst_of(searched)
@@ -199,18 +232,22 @@ def _refuse_other_precision(graph: Graph, ctx: Context, path: str | Path) -> Non
 
 
 def judge_mixed(mixed_path: str | Path, ctx: Context, judge: JudgeOptions,
-                expose: Sequence[str] = (), ours: bool = False, load: bool = True
-                ) -> CheckResult:
+                expose: Sequence[str] = (), ours: bool = False, load: bool = True,
+                written: WrittenCheck | None = None) -> CheckResult:
     """The one judge of a written file: its float16 tensors rounded where produced.
     `expose`: tensors of the file to return too, per sample (`CheckResult.tensors`).
 
     The file itself must load in ONNX Runtime (judge/loadable.py): the judge runs a graph
     derived from it, which would forgive what no runtime does. `ours`: a file this run wrote,
     which must pass the checker's full check as well (a failure is trtbisect's bug);
-    `load=False`: its load in ONNX Runtime is left to the caller (`require_written_valid`)."""
+    `load=False`: its load in ONNX Runtime is left to the caller (`require_written_valid`);
+    `written`: the caller's check of the file, begun (judge/loadable.py `WrittenCheck`) and
+    required by the caller."""
     graph = Graph.from_path(mixed_path)
     if ours:
-        require_written_valid(mixed_path, graph.weights.total_bytes(), ctx.input_check, load)
+        if written is None:
+            require_written_valid(mixed_path, graph.weights.total_bytes(), ctx.input_check,
+                                  load)
     else:
         warning = require_loadable(mixed_path, graph.weights.total_bytes())
         if warning:  # its own words: what loaded, and what was judged
