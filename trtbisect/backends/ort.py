@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..base import limits
+from ..base import child, limits
 from ..base.spill import release_pages, spill
 from ..errors import TrtBisectError
 from ..graph import (
@@ -1347,13 +1347,7 @@ class _ReferenceChild:
     def close(self) -> None:
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
-        if conn is not None:
-            conn.close()
-        if proc is not None:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join()
-            proc.close()
+        child.end(proc, conn)
 
 
 def as_array(value) -> np.ndarray:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import onnx
 
+from ..base import child
 from ..errors import TrtBisectError
 
 log = logging.getLogger(__name__)
@@ -261,13 +262,7 @@ class LoadCheck:
         """End the child (if it still runs) and wait for it."""
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
-        if conn is not None:
-            conn.close()
-        if proc is not None:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join()
-            proc.close()
+        child.end(proc, conn)
 
     def __enter__(self) -> LoadCheck:
         return self
