@@ -241,6 +241,19 @@ def test_closing_a_load_check_ends_its_child(tmp_path):
     assert check.answer() == runtime_problem(path)  # asked after close: loaded here
 
 
+def test_a_small_file_is_loaded_here_and_a_big_graph_in_a_child(tmp_path):
+    """A child costs about a second to start: only a graph of base/child.py's CHILD_NODES
+    nodes or more pays for one; a small file's load runs here, with the same answer."""
+    from trtbisect.base.child import CHILD_NODES, worth_a_child
+    from trtbisect.judge.loadable import LoadCheck
+
+    path = _unloadable(tmp_path)
+    check = LoadCheck(path, in_child=False)
+    assert check._proc is None and not _children()
+    assert check.answer() == runtime_problem(path)
+    assert worth_a_child(CHILD_NODES) and not worth_a_child(CHILD_NODES - 1)
+
+
 def _never_starts(conn, path, weight_bytes) -> None:
     """A child that ends before it says it started (as spawn's own failure to import a main
     module read from stdin does)."""

@@ -39,7 +39,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..base import child, limits
+from ..base import child as child_mod
+from ..base import limits
 from ..base.spill import release_pages, spill
 from ..errors import TrtBisectError
 from ..graph import (
@@ -1215,7 +1216,8 @@ def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.
     every = variants(threads)
     samples = list(samples)
     child = _ReferenceChild.start(every, reference, samples, names) \
-        if _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES else None
+        if (child_mod.worth_a_child(len(graph.names))
+            and _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES) else None
     try:
         if child is None:
             for v in every:
@@ -1347,7 +1349,7 @@ class _ReferenceChild:
     def close(self) -> None:
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
-        child.end(proc, conn)
+        child_mod.end(proc, conn)
 
 
 def as_array(value) -> np.ndarray:

@@ -212,7 +212,7 @@ class LoadCheck:
     happened: nothing is left running. Where no child can be started (a daemonic worker, or
     the system refuses one), the load runs here when its answer is asked."""
 
-    def __init__(self, path: str | Path, weight_bytes: int | None = None):
+    def __init__(self, path: str | Path, weight_bytes: int | None = None, in_child: bool = True):
         self.path, self.weight_bytes = str(path), weight_bytes
         self._answer: object = _PENDING
         self._proc = None
@@ -220,8 +220,8 @@ class LoadCheck:
         if weight_bytes is not None and weight_bytes > ORT_LOAD_LIMIT:
             self._answer = None  # runtime_problem's own rule: no second copy is loaded
             return
-        if mp.current_process().daemon:  # a daemonic process may not have children
-            return
+        if not in_child or mp.current_process().daemon:  # a small file (base/child.py
+            return  # CHILD_NODES: the load is quick) or a daemonic process: the load runs here
         spawn = mp.get_context("spawn")  # never fork: a fork copies ORT's threads and memory
         recv, send = spawn.Pipe(duplex=False)
         try:
@@ -282,9 +282,9 @@ class WrittenCheck:
     manager, or closed: the child never outlives it."""
 
     def __init__(self, path: str | Path, weight_bytes: int | None = None,
-                 held: InputCheck | None = None):
+                 held: InputCheck | None = None, in_child: bool = True):
         self.path, self.held = Path(path), held
-        self.loading = LoadCheck(path, weight_bytes)
+        self.loading = LoadCheck(path, weight_bytes, in_child)
         self._done = False
         try:
             self.why = checker_problem(path)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.ort import MixedModel, Rounded
+from ..base import child
 from ..base.limits import EvalTimeout
 from ..context import Context, JudgeOptions
 from ..errors import EXIT_NO_PLAN, EXIT_OK, EXIT_PARTIAL, TrtBisectError
@@ -67,7 +68,9 @@ def write_and_judge(ctx: Context, judge: JudgeOptions, plan: frozenset[str],
         weights = written.weight_bytes()
         del written  # saved: the file is the model from here on
         # the all-FP16 file is kept only when it passes: ONNX Runtime loads it only then
-        loading = WrittenCheck(path, weights, ctx.input_check) if plan else None
+        loading = WrittenCheck(path, weights, ctx.input_check,
+                               in_child=child.worth_a_child(len(ctx.judged.names))) \
+            if plan else None
         try:
             with loading.guard() if loading is not None else nullcontext():
                 checked = judge_mixed(path, ctx, judge, expose, ours=True, load=bool(plan),
