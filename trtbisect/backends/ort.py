@@ -1306,23 +1306,12 @@ class _ReferenceChild:
 
     @classmethod
     def start(cls, every: Sequence[Variant], reference, samples, names) -> _ReferenceChild:
-        import multiprocessing as mp
-
         task = (list(every), reference, samples, names)
-        if mp.current_process().daemon:  # a daemonic process may not have children
+        got = child_mod.start(_references_in_child, (), "trtbisect-variant", duplex=True,
+                              why="the certificate's references")
+        if got is None:
             return cls(task, None, None)
-        spawn = mp.get_context("spawn")
-        mine, theirs = spawn.Pipe()
-        try:
-            proc = spawn.Process(target=_references_in_child, args=(theirs,), daemon=True,
-                                 name="trtbisect-variant")
-            proc.start()
-        except OSError as exc:
-            log.info("the certificate's references run in this process: %s", exc)
-            mine.close()
-            return cls(task, None, None)
-        finally:
-            theirs.close()
+        proc, mine = got
         try:
             mine.send((list(every), (reference[0].SerializeToString(), dict(reference[1])),
                        [dict(s) for s in samples], list(names)))

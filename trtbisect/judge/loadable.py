@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import multiprocessing as mp
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -220,21 +219,12 @@ class LoadCheck:
         if weight_bytes is not None and weight_bytes > ORT_LOAD_LIMIT:
             self._answer = None  # runtime_problem's own rule: no second copy is loaded
             return
-        if not in_child or mp.current_process().daemon:  # a small file (base/child.py
-            return  # CHILD_NODES: the load is quick) or a daemonic process: the load runs here
-        spawn = mp.get_context("spawn")  # never fork: a fork copies ORT's threads and memory
-        recv, send = spawn.Pipe(duplex=False)
-        try:
-            proc = spawn.Process(target=_load_in_child, args=(send, self.path, weight_bytes),
-                                 name="trtbisect-load-check", daemon=True)
-            proc.start()
-        except OSError as exc:  # no process to be had: the load runs here, when asked
-            log.info("the load check runs in this process: %s", exc)
-            recv.close()
+        if not in_child:  # a small file (base/child.py CHILD_NODES): the load is quick
             return
-        finally:
-            send.close()
-        self._proc, self._conn = proc, recv
+        got = child.start(_load_in_child, (self.path, weight_bytes), "trtbisect-load-check",
+                          why="the load check")
+        if got is not None:  # else no child to be had: the load runs here, when asked
+            self._proc, self._conn = got
 
     def answer(self) -> str | None:
         """ONNX Runtime's refusal to load the file, or None; waits for the child."""
