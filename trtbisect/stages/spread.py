@@ -43,7 +43,10 @@ from ..judge.compare import Tolerance, worst
 from ..judge.criteria import Judgement, Score
 from ..judge.mixed import Written
 from ..result import CertificateRecord
+from ..result import OutputMargin as ResultOutputMargin
+from ..result import ScoreMargin as ResultScoreMargin
 from ..search.minimal import Noisy
+from ..search.noise import Rise
 
 AIM_FACTOR = 1.25  # the search aims this many spreads inside the bound: a new plan moves too
 AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragile`
@@ -203,21 +206,18 @@ class Certificate:
         return replace(previous, ceiling=ceiling)
 
     def to_json(self) -> dict:
-        d = {"certified": self.certified, "aim_rounds": self.aim_round,
-             "outputs": {k: m.to_json() for k, m in self.outputs.items()},
-             "variants": self.variant_verdicts}
-        if self.scores:
-            d["scores"] = {k: m.to_json() for k, m in self.scores.items()}
-        if self.search_noise is not None:
-            d["search_noise"] = self.search_noise.to_json()
-        if self.decided:
-            d["decided"] = self.decided
-        return d
+        return self.record().to_json()
 
     def record(self) -> CertificateRecord:
         """The frozen record a result keeps (result.CertificateRecord): its `to_json` is
         this certificate's, byte for byte."""
-        return CertificateRecord.from_json(self.to_json())
+        noise = self.search_noise
+        return CertificateRecord(
+            self.certified, self.aim_round,
+            {k: ResultOutputMargin.from_json(m.to_json()) for k, m in self.outputs.items()},
+            dict(self.variant_verdicts),
+            {k: ResultScoreMargin.from_json(m.to_json()) for k, m in self.scores.items()},
+            None if noise is None else Rise.from_json(noise.to_json()), self.decided)
 
 
 def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequence[Judgement],
