@@ -410,13 +410,8 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     finish(result.exit_code)
 
 
-def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
-    """The run on stdout; `top`: rows of the grouped plan and of the diagnosis shown (None:
-    all of them, and every node)."""
-    if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
-        return
-    low = (result.precision or FP16).name.upper()  # FP16 | BF16
+def verdict_words(result, low: str) -> str:
+    """The verdict line's words (rich markup), in `low` precision's name."""
     meet = result.criteria.standard
     verdicts = {"fp16_ok": f"[green]{low} already meets {meet}[/]",
                 "fixed": f"[green]fixed[/] by keeping {len(result.fp32_nodes)} of "
@@ -441,7 +436,8 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
                                + f"meets {meet} on the samples it was searched on, but not "
                                "on the samples it never saw (below): give more samples "
                                "(--inputs, --data-loader-script) or a criterion that fits"}
-    if result.certificate is not None and result.certificate.search_noise is not None:  # the search stopped at once
+    if result.certificate is not None and result.certificate.search_noise is not None:
+        # the search stopped at once on its own noise (search/noise.py)
         verdicts["fragile"] = (
             f"[yellow]fragile[/]: {meet} cannot tell plans apart near its bound (keeping more "
             "in FP32 made the error worse by as much as a plan's margin: below); the best "
@@ -451,7 +447,43 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
     if result.verdict == "partial":
         from .stages.coverage import partial_words
         verdicts["partial"] = f"[yellow]partial[/]: {shown(partial_words(result))}"
-    out.print(f"verdict: {verdicts[result.verdict]}")
+    return verdicts[result.verdict]
+
+
+def emit_outputs(result, low: str, top: int | None) -> None:
+    """Per output: all-low-precision's error, the plan's, and per-node rounding's."""
+    if not result.errors_before:
+        return
+    t = Table(title="Outputs", title_justify="left")
+    t.add_column("output", overflow="fold")
+    t.add_column(f"all {low}")
+    planned = has_plan(result)
+    if planned:
+        t.add_column("with the plan")
+    names = list(result.errors_before)
+    for name in names if top is None else names[:top]:
+        t.add_row(shown(name), error_cell(result.errors_before[name]),
+                  *([error_cell(result.errors_after.get(name))] if planned else []))
+    out.print(t)
+    if top is not None and len(names) > top:
+        out.print(f"... and {plural(len(names) - top, 'more output')}: --all, or "
+                  "precision.json \"errors_after\"")
+    strict = result.errors_before_strict or {}
+    for name, s in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
+        judged = (escape(str(s.text)) if s.text else
+                  f"max|d| {fmt(float(s.error.max_abs))}")
+        out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
+                  f"{'ok' if s.error.passed else 'FAIL'} {judged}")
+
+
+def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
+    """The run on stdout; `top`: rows of the grouped plan and of the diagnosis shown (None:
+    all of them, and every node)."""
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    low = (result.precision or FP16).name.upper()  # FP16 | BF16
+    out.print(f"verdict: {verdict_words(result, low)}")
     for p in result.reference_problems:
         out.print(f"  {shown(p)}")
     emit_rewrites(result, top)
@@ -460,27 +492,7 @@ def emit_run(result, as_json: bool, top: int | None = DEFAULT_TOP) -> None:
         if top is None:  # --all: every node too
             emit_node_table(result)
     emit_diagnosis(result, top)
-    if result.errors_before:
-        t = Table(title="Outputs", title_justify="left")
-        t.add_column("output", overflow="fold")
-        t.add_column(f"all {low}")
-        planned = has_plan(result)
-        if planned:
-            t.add_column("with the plan")
-        names = list(result.errors_before)
-        for name in names if top is None else names[:top]:
-            t.add_row(shown(name), error_cell(result.errors_before[name]),
-                      *([error_cell(result.errors_after.get(name))] if planned else []))
-        out.print(t)
-        if top is not None and len(names) > top:
-            out.print(f"... and {plural(len(names) - top, 'more output')}: --all, or "
-                      "precision.json \"errors_after\"")
-        strict = result.errors_before_strict or {}
-        for name, s in list(strict.items())[:top]:  # both all-FP16 verdicts (docs/semantics.md)
-            judged = (escape(str(s.text)) if s.text else
-                      f"max|d| {fmt(float(s.error.max_abs))}")
-            out.print(f"  all {low} per node (--semantics strict), {shown(name)}: "
-                      f"{'ok' if s.error.passed else 'FAIL'} {judged}")
+    emit_outputs(result, low, top)
     emit_margins(result)
     if result.cost and result.verdict != "reference_invalid":
         out.print(cost_line(result.cost))

@@ -21,7 +21,7 @@ def test_a_monotone_search_is_never_noisy():
     m = Monotony(0.25)
     for i, (plan, p) in enumerate([((), 3.0), (("a",), 1.2), (("a", "b"), 0.9),
                                    (("a", "b", "c"), 0.1)], 1):
-        assert m.add(i, F(plan), {"y": p}) is None or m.worst is None
+        assert m.add(i, F(plan), {"y": p}) is None
     assert m.worst is None and m.noisy() is None
 
 
@@ -155,6 +155,7 @@ def test_a_planted_borderline_model_is_fragile_within_a_few_evaluations(tmp_path
     assert "cannot tell plans apart" in doc["certificate"]["decided"] or \
         "noise is as large" in doc["certificate"]["decided"]
     assert not doc.get("aimed_searches") and doc["criterion_hints"]
+    assert doc["evaluations"] <= 30  # docs/trust.md: fragile in about 25
     check = CliRunner().invoke(main, ["check", str(tmp_path / "out" / "ties.mixed.onnx"),
                                       "--reference", str(model), "--inputs", str(inputs)])
     assert check.exit_code == 0, check.output  # the plan written passes as `check` judges it
