@@ -83,6 +83,7 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         marks.append((msg, time.perf_counter()))
         (on_stage or log.info)(msg)
     ctx, cache = _load(model_path, opts, out_dir, stage)
+    loaded = time.perf_counter() - started  # what a worker's start repeats (stages/batch.py)
     base, record = _records(model_path, ctx, opts)
     unjudgeable = _unjudgeable(ctx, record, base, opts.judge.threads)
     if unjudgeable is not None:
@@ -118,7 +119,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
                                                journal)
     st = SearchStage.of(ctx, opts, stats, constants, lambda pg: _shape_probe(ctx, opts, pg),
                         before=half.before, record=record, base=base,
-                        half_seconds=half.seconds, stage=stage, progress=progress, cache=cache,
+                        half_seconds=half.seconds,
+                        worker_start_seconds=loaded + half.building, stage=stage, progress=progress, cache=cache,
                         outcome=outcome, journal=journal)
     search, summary = st.search(ev, opts, half.passed, True)
     result = st.judge(search, ev, summary)
@@ -204,6 +206,7 @@ class _AllFp16:
     # per sample: the first layer-wise batch, FP16 (the written file's judge exposed it)
     fp16_first: list[dict[str, np.ndarray]] = field(default_factory=list)
     batches: list[list[str]] | None = None  # the layer-wise batches, once known
+    building: float = 0.0  # the rest of the stage's wall time: mostly building its session
 
 
 def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, TensorStats],
@@ -213,7 +216,7 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
     g, low = ctx.judged, ctx.rules.precision
     # what an evaluation costs once its session exists (the default --workers' estimate):
     # the inference alone; the all-FP16 stage's wall time is mostly building a session
-    half_began = run_seconds()
+    half_began, wall_began = run_seconds(), time.perf_counter()
     narrow = subset.wanted(len(ctx.every_sample), opts.sample.search_samples,
                            opts.judge.criteria.pass_rate)
     first: Judged | None = None
@@ -238,8 +241,9 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
         first.checked.tensors = []
         if not all_half:
             first = None  # memory: the search writes and judges its own plan
-    half = _AllFp16(all_half, before, narrow, run_seconds() - half_began, first, fp16_first,
-                    batches)
+    ran = run_seconds() - half_began
+    half = _AllFp16(all_half, before, narrow, ran, first, fp16_first, batches,
+                    max(0.0, time.perf_counter() - wall_began - ran))
     ev.judged_outside(frozenset(), all_half, before)
     return half
 

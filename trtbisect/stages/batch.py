@@ -40,6 +40,25 @@ log = logging.getLogger(__name__)
 MIN_SEARCH_SECONDS = 30.0
 
 
+def pays_off(search_seconds: float, workers: int, start_seconds: float) -> str | None:
+    """None when `workers` workers pay for themselves on a search estimated at
+    `search_seconds` in one process, else why not (words to follow the estimate). They
+    pay when the search is long enough (`MIN_SEARCH_SECONDS`) and the time they save, the
+    share of the search the other workers take, is more than one worker's start: each
+    repeats what the run did before its first verdict (`start_seconds`: loading the model,
+    building a judge's session; a 20k-node transformer: 10-25 s), and they start side by
+    side. Both sides of the comparison slow down together on a loaded machine; the fixed
+    threshold alone did not (the 20k-node transformer's 0.46 s inference read 0.8 s under
+    load, over the threshold: two workers took 20-30 s for a search of 8 s here)."""
+    if search_seconds < MIN_SEARCH_SECONDS:
+        return ""
+    saved = search_seconds * (1 - 1 / max(workers, 1))
+    if saved <= start_seconds:
+        return (f"; {workers} workers would save about {saved:.0f} s and each costs about "
+                f"{start_seconds:.0f} s to start")
+    return None
+
+
 @dataclass
 class Outcome:
     """A plan evaluated by the workers: measured, or an error met there, or crashed."""
@@ -150,11 +169,13 @@ class ParallelJudge:
 def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str],
                   seconds_per_evaluation: float | None = None, evaluations: int = 0,
                   cache: Path | None = None, say: Callable[[str], None] = log.info,
-                  rewritten: bool = False) -> ParallelJudge | None:
+                  rewritten: bool = False, start_seconds: float = 0.0
+                  ) -> ParallelJudge | None:
     """The run's workers (None: judge in this process). `--workers N` asks N (1: none);
-    without it, as many as the cores and memory allow, unless the search looks too short to
-    pay for starting them (`seconds_per_evaluation` x `evaluations` under
-    `MIN_SEARCH_SECONDS`). The choice is said (`say`) and kept for precision.json."""
+    without it, as many as the cores and memory allow, unless they would not pay for
+    themselves (`pays_off`: the search's estimate, `seconds_per_evaluation` x `evaluations`,
+    against `start_seconds`, what a worker's start repeats). The choice is said (`say`) and
+    kept for precision.json."""
     requested = opts.search.workers
     ev.parallel_note = None
     if opts.search.ray is None and requested == 1:
@@ -166,16 +187,17 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
         ev.parallel_note = {"workers": 1, "chosen": why}
         say(why)
         return None
-    if (opts.search.ray is None and requested is None and seconds_per_evaluation is not None
-            and seconds_per_evaluation * evaluations < MIN_SEARCH_SECONDS):
-        # the count is the fewest a search of this shape takes (a guess before it runs: PP-OCRv4
-        # det was guessed at 17 s and took 55 s), so the words say what it is
-        why = (f"judging in this process: the search looks short for starting workers (its "
-               f"fewest likely {evaluations} evaluations take about "
-               f"{seconds_per_evaluation * evaluations:.0f} s; --workers N to ask)")
-        ev.parallel_note = {"workers": 1, "chosen": why}
-        say(why)
-        return None
+    if opts.search.ray is None and requested is None and seconds_per_evaluation is not None:
+        short = pays_off(seconds_per_evaluation * evaluations, plan.workers, start_seconds)
+        if short is not None:
+            # the count is the fewest a search of this shape takes (a guess before it runs:
+            # PP-OCRv4 det was guessed at 17 s and took 55 s), so the words say what it is
+            why = (f"judging in this process: the search looks short for starting workers (its "
+                   f"fewest likely {evaluations} evaluations take about "
+                   f"{seconds_per_evaluation * evaluations:.0f} s{short}; --workers N to ask)")
+            ev.parallel_note = {"workers": 1, "chosen": why}
+            say(why)
+            return None
     data_parent = cache / "workers" if cache is not None else None
     spec, model_dir = _spec(ev, ctx, opts, prefetch, rewritten, data_parent)
     pool: Any

@@ -59,6 +59,8 @@ class SearchStage:
     record: dict  # what every verdict records of the judge (semantics, precision, coverage)
     base: dict  # ... and of the model
     half_seconds: float  # an all-FP16 inference (the default --workers' estimate)
+    # what starting a worker repeats: loading the model, building a judge's session
+    worker_start_seconds: float
     stage: Callable[[str], None]
     progress: Progress | None = None
     cache: Path | None = None  # the output folder's cache, where workers spool samples
@@ -110,7 +112,7 @@ class SearchStage:
                     ev, ctx, sopts, prefetch,
                     self.half_seconds * len(ctx.samples) / len(ctx.every_sample),
                     _likely_evaluations(len(prior.seeds), len(units)), self.cache, self.stage,
-                    rewritten=self.rewritten)
+                    rewritten=self.rewritten, start_seconds=self.worker_start_seconds)
             if workers is None:
                 ev.emulator.ensure(prefetch)
         self.stage(f"searching {len(units)} candidate units of {len(g.candidates())} nodes "
