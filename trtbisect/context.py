@@ -174,6 +174,9 @@ class Context:
     given_sample: Sequence[Sample] = ()  # () until __post_init__: `every_sample`
     given_reference: Sequence[dict[str, np.ndarray]] = ()
     kept: list[int] | None = None  # every_sample's indices among the given samples
+    # the certificate's FP32 references under each variant (backends/ort.VariantReferences),
+    # started once the samples are known (pipeline.run); None: computed when certified
+    variant_references: Any = None
 
     def __post_init__(self) -> None:
         if not self.every_sample:  # no run has no sample: () is the unset default

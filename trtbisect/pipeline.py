@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from . import __version__
-from .backends.ort import Emulator, Reference, run_seconds
+from .backends.ort import Emulator, Reference, VariantReferences, run_seconds
 from .context import Context, Options, prepare, reference_problems, run_fingerprint
 from .diagnosis import advice
 from .diagnosis.diagnose import attach as attach_diagnosis
@@ -76,6 +76,18 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         progress: Progress | None = None, on_stage: Callable[[str], None] | None = None,
         on_layerwise: Callable[[int, int], None] | None = None) -> RunResult:
     """The whole job: find the minimal FP32 set and write every rendering of it to `out_dir`."""
+    children: list[VariantReferences] = []  # what runs beside the stages: ended on every way out
+    try:
+        return _run(model_path, opts, out_dir, progress, on_stage, on_layerwise, children)
+    finally:
+        for child in children:
+            child.close()
+
+
+def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
+         progress: Progress | None, on_stage: Callable[[str], None] | None,
+         on_layerwise: Callable[[int, int], None] | None,
+         children: list[VariantReferences]) -> RunResult:
     started = time.perf_counter()
     marks: list[tuple[str, float]] = []  # each stage and when it began: result.stages
 
@@ -90,6 +102,11 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         return _finish(unjudgeable, ctx, out_dir, started, opts.output.report, marks)
     # the samples the written plan is validated on, never searched (judge/validation.py)
     ctx.hold_out(opts.sample.validation_share, opts.sample.seed, opts.judge.threads)
+    # the certificate's FP32 references under each variant: the same for every plan, so on a
+    # big graph a child computes them from now on, beside the stages (backends/ort.py)
+    ctx.variant_references = VariantReferences.start(ctx.graph, ctx.every_sample,
+                                                     opts.judge.threads)
+    children.append(ctx.variant_references)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts)
     # range facts of every weight, as the judge converts them: one pass over the weights

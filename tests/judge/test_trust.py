@@ -589,3 +589,45 @@ def test_the_references_run_in_a_child_process_compute_the_same_bits(tmp_path, m
     child._proc.kill()  # dies before it answers: the same runs here instead
     refs = [r for per_variant in child.results() for r in per_variant]
     assert [{n: a.tobytes() for n, a in r.items()} for r in refs] == [r for _, _, r, _ in here]
+
+
+def test_the_runs_references_started_early_and_kept_compute_the_same_bits(tmp_path,
+                                                                          monkeypatch):
+    """The certificate's FP32 references do not depend on the plan: a run starts them in a
+    child once its samples are known and keeps them for later certificates (the aimed rounds),
+    with the same numbers bit for bit as computed at the certificate; references of another
+    graph or other samples are not used; `close` leaves no child behind."""
+    import multiprocessing as mp
+
+    import trtbisect.backends.ort as ort_backend
+    from trtbisect.base import child as child_mod
+    from trtbisect.graph import Graph
+    from trtbisect.judge.mixed import mixed_model
+
+    m, _, inputs = _matmul(tmp_path)
+    g = Graph(m)
+    x = dict(np.load(inputs))
+    samples = [x, {"x": x["x"] * 0.5}]
+    written = mixed_model(g, frozenset())
+    emulated = (written.proto, written.arrays)
+    plain = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
+    monkeypatch.setattr(child_mod, "CHILD_NODES", 0)  # a child even for this small graph
+    early = ort_backend.VariantReferences.start(g, samples, None)
+    assert early._child is not None
+    try:
+        first = _variant_numbers(ort_backend.variant_runs(g, emulated, samples, None, early))
+        assert first == plain and early._kept is not None and early._child is None
+        calls = []
+        real = ort_backend._fp32_graph
+        monkeypatch.setattr(ort_backend, "_fp32_graph", lambda gr: calls.append(1) or real(gr))
+        again = _variant_numbers(ort_backend.variant_runs(g, emulated, samples, None, early))
+        assert again == plain and not calls  # kept: no FP32 session built again
+        other = [{"x": x["x"] * 2.0}]
+        assert not early.serves(g, other, None) and not early.serves(Graph(m), samples, None)
+        _variant_numbers(ort_backend.variant_runs(g, emulated, other, None, early))
+        assert calls  # another sample set: its own references
+    finally:
+        early.close()
+    late = ort_backend.VariantReferences.start(g, samples, None)
+    late.close()
+    assert not [p for p in mp.active_children() if p.name == "trtbisect-variant"]

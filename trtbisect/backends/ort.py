@@ -1201,31 +1201,113 @@ def variants(threads: int | None) -> list[Variant]:
 VARIANT_CHILD_BYTES = 1 << 30
 
 
+# The references under each variant are kept for the run's later certificates (the aimed
+# rounds' plans have the same FP32 references) while they hold at most this many bytes
+VARIANT_KEEP_BYTES = 256 << 20
+
+
+class VariantReferences:
+    """The FP32 reference's outputs under each variant, per sample: the same whatever plan is
+    certified, so computed once per run and kept (`VARIANT_KEEP_BYTES`). On a graph worth a
+    child process (base/child.py) whose weights fit `VARIANT_CHILD_BYTES`, `start` computes
+    them in a spawned child from the moment the samples are known, beside the run's stages
+    (the loads, the all-FP16 verdict, the search: one core's work here); the same sessions of
+    the same proto and weights, so the same numbers bit for bit as here. `close` ends the
+    child on every way out."""
+
+    def __init__(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
+                 threads: int | None) -> None:
+        self.graph, self.samples, self.threads = graph, samples, threads
+        self.every = variants(threads)
+        self._child: _ReferenceChild | None = None
+        self._kept: list[list[dict[str, np.ndarray]]] | None = None
+
+    @classmethod
+    def start(cls, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
+              threads: int | None) -> VariantReferences:
+        refs = cls(graph, samples, threads)
+        if child_mod.worth_a_child(len(graph.names)):
+            reference = _fp32_graph(graph)
+            if _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES:
+                refs._child = _ReferenceChild.start(refs.every, reference, list(samples),
+                                                    graph.output_names())
+        return refs
+
+    def serves(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
+               threads: int | None) -> bool:
+        """Whether these are the references a certificate of `graph` on `samples` needs."""
+        return graph is self.graph and samples is self.samples and threads == self.threads
+
+    def results(self) -> list[list[dict[str, np.ndarray]]] | None:
+        """Per variant, per sample (the child's, waited for); None: neither started nor kept."""
+        if self._kept is not None:
+            return self._kept
+        if self._child is None:
+            return None
+        began = time.perf_counter()
+        got = self._child.results()
+        self._child = None
+        log.info("the certificate's FP32 references: waited %.1f s for them",
+                 time.perf_counter() - began)
+        if sum(a.nbytes for per in got for o in per for a in o.values()) <= VARIANT_KEEP_BYTES:
+            self._kept = got
+        return got
+
+    def keep(self, got: list[list[dict[str, np.ndarray]]]) -> None:
+        if sum(a.nbytes for per in got for o in per for a in o.values()) <= VARIANT_KEEP_BYTES:
+            self._kept = got
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.close()
+            self._child = None
+
+
 def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
-                 samples: Iterable[Mapping[str, np.ndarray]], threads: int | None = None):
+                 samples: Iterable[Mapping[str, np.ndarray]], threads: int | None = None,
+                 references: VariantReferences | None = None):
     """For each variant and sample: the FP32 reference and the judged file's emulated graph
     (what Polygraphy's check of the mixed model runs), both computed under the variant. Yields
     (variant, sample index, reference outputs, emulated outputs), variant by variant in
-    `variants` order, sample by sample. The FP32 references run meanwhile in a spawned child
-    process (`_ReferenceChild`: the same sessions of the same proto and weights, so the same
-    numbers bit for bit), one session at a time there and one here: on a 20k-node transformer
-    each session costs seconds (ORT's optimizations on the FP32 graph alone 14 s), and a
-    session build holds the GIL (a thread would not help)."""
+    `variants` order, sample by sample. `references`: the run's, started or kept before (used
+    when they serve this graph and these samples). Else the FP32 references run meanwhile in a
+    spawned child process (`_ReferenceChild`: the same sessions of the same proto and
+    weights, so the same numbers bit for bit), one session at a time there and one here: on a
+    20k-node transformer each session costs seconds (ORT's optimizations on the FP32 graph
+    alone 14 s), and a session build holds the GIL (a thread would not help)."""
     names = graph.output_names()
-    reference = _fp32_graph(graph)
     every = variants(threads)
-    samples = list(samples)
+    listed = samples if isinstance(samples, Sequence) else list(samples)
+    mine = references if (references is not None
+                          and references.serves(graph, listed, threads)) else None
+    known = mine.results() if mine is not None else None
+    if known is not None:
+        for v, fp32 in zip(every, known):
+            ran = _session_runs(v, emulated, listed, names, np.float32)
+            for k, (out, (_, emu)) in enumerate(zip(fp32, ran)):
+                yield v, k, out, emu
+        return
+    samples = list(listed)
+    reference = _fp32_graph(graph)
     child = _ReferenceChild.start(every, reference, samples, names) \
         if (child_mod.worth_a_child(len(graph.names))
             and _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES) else None
     try:
         if child is None:
-            for v in every:
-                yield from _variant_run(v, reference, emulated, samples, names)
+            kept: list[list[dict[str, np.ndarray]]] = [[] for _ in every]
+            for i, v in enumerate(every):
+                for v_, k, r, e in _variant_run(v, reference, emulated, samples, names):
+                    kept[i].append(r)
+                    yield v_, k, r, e
+            if mine is not None:
+                mine.keep(kept)
             return
         got = [[e for _, e in _session_runs(v, emulated, samples, names, np.float32)]
                for v in every]
-        for v, refs, emus in zip(every, child.results(), got):
+        refs_all = child.results()
+        if mine is not None:
+            mine.keep(refs_all)
+        for v, refs, emus in zip(every, refs_all, got):
             for k, (r, e) in enumerate(zip(refs, emus)):
                 yield v, k, r, e
     finally:

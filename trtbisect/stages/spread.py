@@ -243,7 +243,8 @@ def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequen
     # under --pass-rate a sample may fail: the margin is that of the samples that pass
     keep = {k for k, j in enumerate(judged) if j.passed or judge.criteria.pass_rate >= 1}
     for v, k, ref, got in variant_runs(ctx.graph, (emulated.proto, emulated.arrays),
-                                       ctx.every_sample, judge.threads):
+                                       ctx.every_sample, judge.threads,
+                                       getattr(ctx, "variant_references", None)):
         if measured is not None and v.optimized and v.threads == judge_threads(judge.threads):
             fp32_moves(measured, ctx.every_reference[k], ref)
         j = judge.criteria.judge(ref, got, ctx.every_sample[k], judge.tolerance)
