@@ -121,7 +121,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path, sem: str = "trt")
     units = semantics.units(ctx.prepared, g.candidates())
     unit_of = {n: u for u, ns in units.items() for n in ns}
     pricing = engine_pricing(ctx.graph, g, ctx.prepared, units, ctx.samples[0], opts.search.gpu,
-                             opts.judge.tf32, lambda pg: _shape_probe(ctx, opts, pg))
+                             opts.judge.tf32, lambda pg: _shape_probe(ctx, opts.judge, pg))
     rec = {"model": name, "semantics": sem, "nodes": len(ctx.graph.names), "candidates": len(g.candidates()),
            "units": len(units), "gflop": sum(c.flops for c in pricing.engine.cost.values()) / 1e9,
            "all_fp16_us": 1e6 * pricing.fp16_s, "all_fp32_us": 1e6 * pricing.fp32_s,

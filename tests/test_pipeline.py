@@ -295,7 +295,7 @@ def test_layerwise_fp16_side_from_the_judged_file_gives_the_same_statistics(tmp_
     batches = layerwise.layerwise_batches(ctx, opts.search)
     assert (len(batches) > 1) == (budget < 1 << 20)
     assert exposing.count(True) == len(batches) - 1
-    alone = layerwise.layerwise(ctx, opts)
+    alone = layerwise.layerwise(ctx, opts.judge, opts.search)
     assert {k: v.to_json() for k, v in r.stats.items()} == \
         {k: v.to_json() for k, v in alone.items()}
 

@@ -15,7 +15,16 @@ import onnx
 
 from . import __version__
 from .backends.ort import Emulator, Reference, VariantReferences, run_seconds
-from .context import Context, Options, prepare, reference_problems, run_fingerprint
+from .context import (
+    Context,
+    JudgeOptions,
+    Options,
+    OutputOptions,
+    SearchOptions,
+    prepare,
+    reference_problems,
+    run_fingerprint,
+)
 from .diagnosis import advice
 from .diagnosis.diagnose import attach as attach_diagnosis
 from .diagnosis.diagnose import explain, group_culprits, note_fused
@@ -56,11 +65,11 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------- evaluation
 
 
-def _shape_probe(ctx: Context, opts: Options, graph: Graph | None = None) -> cost.Probe:
+def _shape_probe(ctx: Context, judge: JudgeOptions, graph: Graph | None = None) -> cost.Probe:
     """Shapes that shape inference leaves open, as one FP32 inference of the first sample
     produces them (a batch of tensors at a time), on `graph` (default: the judged one)."""
     def probe(names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-        ref, out = Reference(graph or ctx.judged, opts.judge.threads), {}
+        ref, out = Reference(graph or ctx.judged, judge.threads), {}
         for k in range(0, len(names), 512):
             out.update({t: tuple(a.shape) for t, a in
                         ref.run_tensors(ctx.samples[0], names[k:k + 512]).items()})
@@ -96,7 +105,8 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
         (on_stage or log.info)(msg)
     ctx, cache = _load(model_path, opts, out_dir, stage)
     loaded = time.perf_counter() - started  # what a worker's start repeats (stages/batch.py)
-    base, record = _records(model_path, ctx, opts)
+    layers = cache if opts.output.resume else None  # where the layer-wise pass is reused
+    base, record = _records(model_path, ctx, opts.judge)
     unjudgeable = _unjudgeable(ctx, record, base, opts.judge.threads)
     if unjudgeable is not None:
         return _finish(unjudgeable, ctx, out_dir, started, opts.output.report, marks)
@@ -108,16 +118,18 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
                                                      opts.judge.threads)
     children.append(ctx.variant_references)
     stats: dict[str, TensorStats] = {}
-    fingerprint = _fingerprint(ctx, opts)
+    fingerprint = _fingerprint(ctx, opts.judge, opts.search)
     # range facts of every weight, as the judge converts them: one pass over the weights
     constants = constant_stats(ctx.judged, ctx.rules.weight_rule, ctx.rules.precision)
     if opts.judge.strict:  # the watch list needs to know which tensors FP32 keeps finite
         stage("layer-wise comparison, FP32 vs FP16")
-        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise)
-    journal = _journal(out_dir, opts, fingerprint)
+        stats = cached_layerwise(ctx, opts.judge, opts.search, layers, fingerprint, on_layerwise)
+    journal = _journal(out_dir, opts.output, fingerprint)
     ev = Evaluator(ctx, opts.judge, stats, journal)
     stage("all-FP16 evaluation")
-    half = _all_fp16(ctx, opts, ev, stats, constants, out_dir)
+    half = _all_fp16(ctx, opts.judge, opts.search, ev, stats, constants, out_dir,
+                     subset.wanted(len(ctx.every_sample), opts.sample.search_samples,
+                                   opts.judge.criteria.pass_rate))
     if half.narrow and not half.passed:  # judge/subset.py: search on the worst, certify on all
         ctx.narrow(subset.choose(half.before, opts.sample.search_samples))
         stage(f"the search judges on {len(ctx.samples)} of {len(ctx.every_sample)} samples "
@@ -126,20 +138,20 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
     if (not half.passed or opts.output.report) and not stats:
         stage("layer-wise comparison, FP32 vs FP16")
         ev.close()  # memory: reopened for the search, on the active set
-        stats = cached_layerwise(ctx, opts, out_dir, fingerprint, on_layerwise, half.fp16_first,
-                                 half.batches)
+        stats = cached_layerwise(ctx, opts.judge, opts.search, layers, fingerprint, on_layerwise,
+                                 half.fp16_first, half.batches)
     half.fp16_first = []  # memory: the FP16 side is only statistics now
     outcome = None
     if opts.search.rewrite and not half.passed:
         stage("trying FP16-safe rewrites")
-        outcome, ctx, constants, ev = _rewrite(ctx, opts, stats, constants, half, base, ev,
-                                               journal)
-    st = SearchStage.of(ctx, opts, stats, constants, lambda pg: _shape_probe(ctx, opts, pg),
+        outcome, ctx, constants, ev = _rewrite(ctx, opts.judge, stats, constants, half, base,
+                                               ev, journal)
+    st = SearchStage.of(ctx, opts, stats, constants, lambda pg: _shape_probe(ctx, opts.judge, pg),
                         before=half.before, record=record, base=base,
                         half_seconds=half.seconds,
                         worker_start_seconds=loaded + half.building, stage=stage, progress=progress, cache=cache,
                         outcome=outcome, journal=journal)
-    search, summary = st.search(ev, opts, half.passed, True)
+    search, summary = st.search(ev, opts.judge, opts.search, half.passed, True)
     result = st.judge(search, ev, summary)
     cert = None
     if search.found:
@@ -147,11 +159,11 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
         cert = judge_written_plan(result, ctx, opts.judge, ev, st.as_nodes(search.fp32), out_dir,
                                   half.first)
     result, cert, ev = st.aim(result, cert, ev, out_dir, lambda c: cached_layerwise(
-        c, opts, out_dir, fingerprint, on_layerwise))
+        c, opts.judge, opts.search, layers, fingerprint, on_layerwise))
     if journal is not None:  # the aimed searches journal theirs too
         journal.close()
     ev.close()  # the workers, if the written plan's judge did not stop them already
-    _settle(result, cert, ctx, opts)
+    _settle(result, cert, ctx, opts.judge)
     _explain(result, ctx, opts, ev, constants, st.units, st.unit_of, stage, on_layerwise)
     return _finish(result, ctx, out_dir, started, opts.output.report, marks)
 
@@ -159,7 +171,8 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
 def _load(model_path: str | Path, opts: Options, out_dir: Path | None,
           stage: Callable[[str], None]) -> tuple[Context, Path | None]:
     """The model with its samples and FP32 reference, and the output folder's cache; what
-    the folder or the memory cannot take is refused first, not after the search."""
+    the folder or the memory cannot take is refused first, not after the search. (The whole
+    options: `prepare` takes them, and the checks read every group.)"""
     if opts.output.report:
         from .reports.report import require_matplotlib
         require_matplotlib()  # fail before the search, not after it
@@ -178,17 +191,17 @@ def _load(model_path: str | Path, opts: Options, out_dir: Path | None,
     return ctx, cache
 
 
-def _records(model_path: str | Path, ctx: Context, opts: Options) -> tuple[dict[str, Any], dict]:
+def _records(model_path: str | Path, ctx: Context, judge: JudgeOptions
+             ) -> tuple[dict[str, Any], dict]:
     """What every verdict records of the model (`base`) and of the judge (`record`); the
     nodes TensorRT's ONNX parser is known to refuse are warned of before any search."""
     g = ctx.judged
     assert ctx.prepared is not None
     base: dict[str, Any] = dict(model_path=str(model_path), model_sha256=ctx.sha256,
                 model_data_sha256=ctx.data_sha256, candidates=len(g.candidates()),
-                nodes=len(g.names), samples=len(ctx.every_sample), tolerance=opts.judge.tolerance,
-                strict=opts.judge.strict, criteria=opts.judge.criteria)
+                nodes=len(g.names), samples=len(ctx.every_sample), tolerance=judge.tolerance,
+                strict=judge.strict, criteria=judge.criteria)
     low = ctx.rules.precision
-    judge = opts.judge
     record: dict = {"semantics": semantics.record(ctx.prepared, judge.tf32, judge.accumulate, low),
               "precision": low,
               "coverage": coverage.record(g)}
@@ -200,13 +213,13 @@ def _records(model_path: str | Path, ctx: Context, opts: Options) -> tuple[dict[
     return base, record
 
 
-def _journal(out_dir: Path | None, opts: Options, fingerprint: dict) -> Journal | None:
+def _journal(out_dir: Path | None, output: OutputOptions, fingerprint: dict) -> Journal | None:
     """The run's journal of verdicts (none without an output folder; emptied by --no-resume)."""
     if out_dir is None:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
-    if not opts.output.resume and journal_path.exists():
+    if not output.resume and journal_path.exists():
         journal_path.unlink()
     return Journal(journal_path, fingerprint)
 
@@ -226,31 +239,31 @@ class _AllFp16:
     building: float = 0.0  # the rest of the stage's wall time: mostly building its session
 
 
-def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, TensorStats],
-              constants: Mapping[str, ConstantStats], out_dir: Path | None) -> _AllFp16:
+def _all_fp16(ctx: Context, judge: JudgeOptions, search: SearchOptions, ev: Evaluator,
+              stats: Mapping[str, TensorStats], constants: Mapping[str, ConstantStats],
+              out_dir: Path | None, narrow: bool) -> _AllFp16:
     """All-FP16 judged: on the emulator, or as its written file (which, when it passes, is
-    the answer as it is); the evaluator learns the verdict."""
+    the answer as it is); the evaluator learns the verdict. `narrow`: the search will judge
+    on a subset of the samples (judge/subset.py)."""
     g, low = ctx.judged, ctx.rules.precision
     # what an evaluation costs once its session exists (the default --workers' estimate):
     # the inference alone; the all-FP16 stage's wall time is mostly building a session
     half_began, wall_began = run_seconds(), time.perf_counter()
-    narrow = subset.wanted(len(ctx.every_sample), opts.sample.search_samples,
-                           opts.judge.criteria.pass_rate)
     first: Judged | None = None
     fp16_first: list[dict[str, np.ndarray]] = []
     batches: list[list[str]] | None = None
-    if opts.judge.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
+    if judge.strict or ctx.graph.weights.total_bytes() > FILE_FIRST_WEIGHT_BYTES:
         # the non-finite watch runs on the emulator; and big weights: writing them in FP16
         # for a verdict that may fail costs more than the emulator session it saves
-        if stats and not opts.search.rewrite:  # the prior is known: one session, the search's
+        if stats and not search.rewrite:  # the prior is known: one session, the search's
             early = build_prior(g, stats, constants, low)
             ev.emulator.ensure(prefetch_nodes(g, early.seeds, early.ranking))
         all_half, before, _ = ev.measure(frozenset())
     else:  # the all-FP16 file, written and judged: if it passes, it is the answer as it is
         # its judge also returns the FP16 side of the layer-wise pass's first batch, which a
         # failing verdict needs next (the same graph: it saves a session and an inference)
-        batches = None if narrow else layerwise_batches(ctx, opts.search)  # narrow: for the subset
-        first = write_and_judge(ctx, opts.judge, frozenset(), out_dir,
+        batches = None if narrow else layerwise_batches(ctx, search)  # narrow: for the subset
+        first = write_and_judge(ctx, judge, frozenset(), out_dir,
                                 expose=batches[0] if batches else ())
         all_half, before = first.checked.passed, first.checked.judgements
         ev.runs += len(ctx.samples)
@@ -265,7 +278,7 @@ def _all_fp16(ctx: Context, opts: Options, ev: Evaluator, stats: Mapping[str, Te
     return half
 
 
-def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
+def _rewrite(ctx: Context, judge: JudgeOptions, stats: Mapping[str, TensorStats],
              constants: Mapping[str, ConstantStats], half: _AllFp16, base: dict,
              ev: Evaluator, journal: Journal | None):
     """--rewrite: verified FP16-safe rewrites before any FP32 fallback. Where one is applied
@@ -274,20 +287,20 @@ def _rewrite(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     g, low = ctx.judged, ctx.rules.precision
     suspects = build_prior(ctx.graph, stats, constants if g is ctx.graph else
                            constant_stats(ctx.graph, ctx.rules.weight_rule, low), low).seeds
-    outcome, judged_ctx = _try_rewrites(ctx, opts, stats, suspects,
+    outcome, judged_ctx = _try_rewrites(ctx, judge, stats, suspects,
                                         (half.passed, worst_of(half.before)))
     if outcome is not None and outcome.applied:
-        ctx = judged_ctx or _rewritten_context(ctx, outcome.model, opts)
+        ctx = judged_ctx or _rewritten_context(ctx, outcome.model, judge)
         g = ctx.judged
         constants = constant_stats(g, ctx.rules.weight_rule, low)  # the rewritten weights
         base.update(candidates=len(g.candidates()), nodes=len(g.names))
-        ev = Evaluator(ctx, opts.judge, stats, journal)
+        ev = Evaluator(ctx, judge, stats, journal)
         half.passed = outcome.passed
         ev.known[frozenset()] = half.passed
     return outcome, ctx, constants, ev
 
 
-def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
+def _settle(result: RunResult, cert, ctx: Context, judge: JudgeOptions) -> None:
     """The verdict the written plan's certificate allows (stages/spread.py: `fragile` where
     no plan has the margin), and the criteria that may fit better (judge/hints.py)."""
     was = result.verdict
@@ -309,8 +322,8 @@ def _settle(result: RunResult, cert, ctx: Context, opts: Options) -> None:
                     result.validation.described if result.validation else None)
     if verdict != was:
         result.one_minimal = False
-    if opts.judge.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
-        hints = criterion_hints(result.errors_before, ctx.every_reference[0], opts.judge.tolerance)
+    if judge.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
+        hints = criterion_hints(result.errors_before, ctx.every_reference[0], judge.tolerance)
         if hints:  # the default criterion may not be what the user means
             result.criterion_hints = hints
 
@@ -344,7 +357,8 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
              unit_of: Mapping[str, str], stage: Callable[[str], None],
              on_layerwise: Callable[[int, int], None] | None) -> None:
     """After the written plan's verdict: why each node, the culprit groups, what per-node
-    rounding says beside TensorRT's, and what the report and --stability ask for."""
+    rounding says beside TensorRT's, and what the report and --stability ask for. (The whole
+    options: it reads every group, the samples' seed for --stability's jitter.)"""
     g, low, stats = ctx.judged, ctx.rules.precision, result.stats
     assert ctx.prepared is not None  # prepare(search=True) made it
     plan = frozenset(result.fp32_nodes)
@@ -363,10 +377,12 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
     if opts.output.report and result.verdict == "fixed" and result.fp32_nodes:
         stage("layer-wise comparison with the plan applied (for the report)")
         result.extra["layerwise_plan"] = {
-            t: s.to_json() for t, s in layerwise(ctx, opts, on_layerwise, plan).items()}
+            t: s.to_json() for t, s in layerwise(ctx, opts.judge, opts.search, on_layerwise,
+                                                 plan).items()}
     if result.verdict in ("fixed", "fp16_ok") and opts.search.stability >= 2:
         stage(f"stability: {opts.search.stability} runs per sample")
-        result.stability = _stability(ctx, opts, ev, plan).record()
+        result.stability = _stability(ctx, opts.judge, ev, plan, opts.search.stability,
+                                      opts.sample.seed).record()
     coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
 
 
@@ -376,7 +392,7 @@ def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
 FILE_FIRST_WEIGHT_BYTES = 256 << 20
 
 
-def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
+def _try_rewrites(ctx: Context, judge: JudgeOptions, stats: Mapping[str, TensorStats],
                   suspects: Sequence[str] = (),
                   all_fp16: tuple[bool, dict[str, OutputError]] | None = None):
     """Verified rewrites (rewrites.py), each judged exactly like a plan: all-FP16 on the
@@ -391,12 +407,12 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
         return None, None
     last: list[Context] = []  # the last candidate's context: the search's, if it is kept
 
-    def judge(candidate: onnx.ModelProto) -> tuple[bool, dict[str, OutputError]]:
+    def judged(candidate: onnx.ModelProto) -> tuple[bool, dict[str, OutputError]]:
         # under the run's semantics, as the search will judge the rewritten model
-        last[:] = [_rewritten_context(ctx, candidate, opts)]
-        emu = Emulator(last[0].judged, opts.judge.threads, rules=last[0].rules)
-        verdict = opts.judge.criteria.verdict([
-            opts.judge.criteria.judge(ref, emu.run(frozenset(), s), s, opts.judge.tolerance)
+        last[:] = [_rewritten_context(ctx, candidate, judge)]
+        emu = Emulator(last[0].judged, judge.threads, rules=last[0].rules)
+        verdict = judge.criteria.verdict([
+            judge.criteria.judge(ref, emu.run(frozenset(), s), s, judge.tolerance)
             for s, ref in zip(ctx.samples, ctx.references)])
         emu.close()
         return verdict.passed, verdict.errors
@@ -404,14 +420,14 @@ def _try_rewrites(ctx: Context, opts: Options, stats: Mapping[str, TensorStats],
     ranges = {t: s.fp32_absmax for t, s in stats.items()}
     # matches at the suspects go first, one connected group of them after another
     groups = [{"nodes": grp} for grp in group_culprits(ctx.graph, list(suspects))]
-    outcome = try_rewrites(ctx.graph.materialize(), ctx.samples, judge, groups=groups,
+    outcome = try_rewrites(ctx.graph.materialize(), ctx.samples, judged, groups=groups,
                            rewrites=rewrites_for(ctx.rules.precision.narrow_range),
                            ranges=ranges, references=ctx.references, initial=all_fp16)
     kept = next((c for c in last if c.model is outcome.model), None)
     return outcome, kept
 
 
-def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> Context:
+def _rewritten_context(ctx: Context, model: onnx.ModelProto, judge: JudgeOptions) -> Context:
     """The same samples and FP32 reference (the original model's: the truth), a new graph,
     prepared for the run's semantics like the original was."""
     graph = Graph(model)
@@ -421,33 +437,32 @@ def _rewritten_context(ctx: Context, model: onnx.ModelProto, opts: Options) -> C
                   subset=ctx.subset, input_check=ctx.input_check,
                   validation=ctx.validation, given_sample=ctx.given_sample,
                   given_reference=ctx.given_reference, kept=ctx.kept)
-    judge = opts.judge
     new.search, new.prepared = semantics.prepare_graph(graph, judge.semantics, judge.trt_version)
     new.rules = semantics.rules_for(new.prepared, judge.tf32, judge.accumulate,
                                     ctx.rules.precision)
     return new
 
 
-def _fingerprint(ctx: Context, opts: Options) -> dict:
+def _fingerprint(ctx: Context, judge: JudgeOptions, search: SearchOptions) -> dict:
     """What a journaled verdict depends on: the model, the samples, the version, and every
     setting of the judge (judge/settings.py: one object, so none can be left out)."""
-    return run_fingerprint(opts.judge.settings.fingerprint(), ctx.sha256, ctx.every_sample,
-                           __version__, model_data=ctx.data_sha256, rewrite=opts.search.rewrite,
+    return run_fingerprint(judge.settings.fingerprint(), ctx.sha256, ctx.every_sample,
+                           __version__, model_data=ctx.data_sha256, rewrite=search.rewrite,
                            # what a plan means: since #26 a plan leaves subgraph nodes FP16
                            # unless it names them (a journal of an earlier version judged
                            # them FP32): never replayed across
                            judge="subgraphs")
 
 
-def _stability(ctx: Context, opts: Options, ev: Evaluator, plan: frozenset[str]):
-    """The noise floor of the error around the final and the all-FP16 plan (stability.py)."""
+def _stability(ctx: Context, judge: JudgeOptions, ev: Evaluator, plan: frozenset[str],
+               runs: int, seed: int):
+    """The noise floor of the error around the final and the all-FP16 plan (stability.py):
+    `runs` jittered copies per sample (--stability), drawn from `seed` + 1."""
     from .stages.stability import measure_stability
 
     plans = {"plan": plan, "all_fp16": frozenset()} if plan else {"all_fp16": frozenset()}
-    judge = opts.judge
     return measure_stability(Reference(ctx.graph, judge.threads).run, ev.emulator.run, plans,
-                             ctx.samples, judge.tolerance, opts.search.stability,
-                             seed=opts.sample.seed + 1,
+                             ctx.samples, judge.tolerance, runs, seed=seed + 1,
                              judge=lambda r, g, s: judge.criteria.judge(r, g, s, judge.tolerance))
 
 
@@ -473,6 +488,7 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
     The TensorRT report lands in precision.json under "tensorrt"; when TensorRT needs more
     FP32 nodes than the emulator did, its plan becomes the plan. Engines are judged by the
     run's criteria. `--workers N` builds on up to N visible GPUs at once (`say` tells how many).
+    (The whole options: `prepare` and `TrtSearchOptions.of` take them.)
     """
     from .stages.trt import TrtSearchOptions, run_trt_search
 
@@ -493,12 +509,12 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
     write_outputs(result, ctx, out_dir)
 
 
-def judge_all_fp16(ctx: Context, opts: Options) -> Verdict:
+def judge_all_fp16(ctx: Context, judge: JudgeOptions) -> Verdict:
     """All-FP16 on the emulator under the run's criteria (`compare` with criterion flags)."""
-    ev = Evaluator(ctx, opts.judge, {}, None)
+    ev = Evaluator(ctx, judge, {}, None)
     judged = ev.measure(frozenset())[1]
     ev.close()
-    return opts.judge.criteria.verdict(judged)
+    return judge.criteria.verdict(judged)
 
 
 # ---------------------------------------------------------------- compare
@@ -537,9 +553,9 @@ def compare(model_path: str | Path, opts: Options, say: Callable[[str], None] = 
     if nothing:
         return Comparison(low, nothing=nothing)
     say(f"layer-wise comparison, FP32 vs {low.label}")
-    stats = layerwise(ctx, opts, on_layer)
+    stats = layerwise(ctx, opts.judge, opts.search, on_layer)
     summary = {**summarize_layerwise(ctx.graph, stats, low), "precision": low.name}
-    judged = None if opts.judge.criteria.default else judge_all_fp16(ctx, opts)
+    judged = None if opts.judge.criteria.default else judge_all_fp16(ctx, opts.judge)
     return Comparison(low, stats, summary, judged)
 
 

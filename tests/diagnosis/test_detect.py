@@ -24,7 +24,8 @@ def _facts(z) -> Facts:
     g = Graph(z.model)
     ctx = Context(Path("m.onnx"), z.model, g, [dict(z.inputs)], [Reference(g).run(dict(z.inputs))],
                   "0" * 64)
-    return Facts(g, layerwise(ctx, Options.of(semantics="strict")), constant_stats(g))
+    strict = Options.of(semantics="strict")
+    return Facts(g, layerwise(ctx, strict.judge, strict.search), constant_stats(g))
 
 
 def _names(g: Graph) -> set[str]:

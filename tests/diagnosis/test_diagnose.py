@@ -270,7 +270,8 @@ def test_diagnose_is_pure(zoo):
     samples = [dict(z.inputs)]
     ctx = Context(Path("m.onnx"), z.model, g, samples, [Reference(g).run(samples[0])],
                   "0" * 64)
-    stats = layerwise(ctx, Options.of(semantics="strict"))
+    strict = Options.of(semantics="strict")
+    stats = layerwise(ctx, strict.judge, strict.search)
     groups = diagnose(g, sorted(z.expected_fp32), stats, constant_stats(g))
     assert [(x.cause, x.pattern) for x in groups] == [("overflow", "attention_logits")]
     assert z.model.SerializeToString() == snapshot

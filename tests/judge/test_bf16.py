@@ -126,8 +126,9 @@ def test_bf16_range_fixes_vanish_from_a_diagnosis(tmp_path):
     from trtbisect.graph import Graph
     from trtbisect.search.prior import constant_stats
     model, inputs = squares(tmp_path)
-    ctx = prepare(model, Options.of(inputs=[str(inputs)]))
-    stats = layerwise(ctx, Options.of(inputs=[str(inputs)]))
+    opts = Options.of(inputs=[str(inputs)])
+    ctx = prepare(model, opts)
+    stats = layerwise(ctx, opts.judge, opts.search)
     g = Graph.from_path(model)
     fp16 = diagnose(g, ["sq", "mean"], stats, constant_stats(g))
     assert any(f.kind == "prescale_norm" for f in fp16[0].fixes)

@@ -266,7 +266,7 @@ def test_a_float16_models_fused_layers_are_the_same_to_the_search_and_to_check(t
     assert {k: e.to_json() for k, e in emulator_first.errors_before.items()} == \
         {k: e.to_json() for k, e in file_first.errors_before.items()}
     ctx = prepare(path, opts)
-    emu_stats = layerwise(ctx, opts)  # the FP16 side from the search's emulator
+    emu_stats = layerwise(ctx, opts.judge, opts.search)  # the FP16 side from the search's emulator
     monkeypatch.setattr(pipeline, "FILE_FIRST_WEIGHT_BYTES", 1 << 30)
     with_report = run(path, Options.of(inputs=[str(tmp_path / "x.npz")], report=True), tmp_path / "c")
     assert {k: s.to_json() for k, s in with_report.stats.items()} == \

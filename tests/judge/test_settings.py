@@ -46,8 +46,10 @@ def test_each_setting_changes_the_journal_fingerprint(name):
     opts = Options.of(inputs=[str(INPUTS)], threads=1)
     ctx = prepare(DEMO, opts, search=False)
     changed = opts.but(**CHANGES[name])
-    assert _fingerprint(ctx, changed) != _fingerprint(ctx, opts)
-    assert _fingerprint(ctx, dataclasses.replace(opts)) == _fingerprint(ctx, opts)
+    assert _fingerprint(ctx, changed.judge, changed.search) != \
+        _fingerprint(ctx, opts.judge, opts.search)
+    same = dataclasses.replace(opts)
+    assert _fingerprint(ctx, same.judge, same.search) == _fingerprint(ctx, opts.judge, opts.search)
     assert changed.judge.settings != opts.judge.settings
 
 

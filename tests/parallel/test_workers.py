@@ -261,9 +261,9 @@ def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, 
     monkeypatch.setattr(pipeline, "run_seconds", lambda: next(clock))
     real_start = batch.start_workers
 
-    def spy(ev, ctx, opts, prefetch, seconds_per_evaluation=None, *a, **kw):
+    def spy(ev, ctx, judge, search, prefetch, seconds_per_evaluation=None, *a, **kw):
         seen["estimate"] = seconds_per_evaluation
-        return real_start(ev, ctx, opts, prefetch, seconds_per_evaluation, *a, **kw)
+        return real_start(ev, ctx, judge, search, prefetch, seconds_per_evaluation, *a, **kw)
 
     monkeypatch.setattr(batch, "start_workers", spy)
     r = run(model, Options.of(inputs=[str(inputs)], threads=1), tmp_path / "out")

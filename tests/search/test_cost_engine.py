@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -169,7 +168,7 @@ def test_a_loop_with_unknown_trips_is_named_unpriced_and_the_search_falls_back_t
     pricing, _ = _priced(_data_dependent_loop(), sample, "trt")
     assert pricing.unpriced == ["the body of Loop 'loop' (its trip count on the analysed "
                                 "sample is unknown)"]
-    assert search_args(pricing, SimpleNamespace(objective="cost", budget=None)) == {}
+    assert search_args(pricing, "cost", None) == {}
     s = pricing.summary([], "cost")
     assert s["objective"] == "count" and "fell back to count" in s["fallback"]
     assert "Loop 'loop'" in s["fallback"]

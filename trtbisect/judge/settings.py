@@ -14,13 +14,39 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..base.limits import EVAL_TIMEOUT
 from .compare import Tolerance
 
 if TYPE_CHECKING:
     from .criteria import Criteria
+
+
+class JudgeFields(Protocol):
+    """What `JudgeSettings.of` reads: context.JudgeOptions (a layer above the judge, so named
+    here by what it holds)."""
+
+    @property
+    def semantics(self) -> str: ...
+    @property
+    def trt_version(self) -> int: ...
+    @property
+    def tf32(self) -> bool: ...
+    @property
+    def accumulate(self) -> int: ...
+    @property
+    def threads(self) -> int | None: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def tolerance(self) -> Tolerance: ...
+    @property
+    def criteria(self) -> Criteria: ...
+    @property
+    def eval_timeout(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -40,7 +66,7 @@ class JudgeSettings:
     eval_timeout: float = EVAL_TIMEOUT  # --eval-timeout: a plan past it fails (limits.py)
 
     @classmethod
-    def of(cls, opts, criteria: Criteria | None = None) -> JudgeSettings:
+    def of(cls, opts: JudgeFields, criteria: Criteria | None = None) -> JudgeSettings:
         """The settings of a run's judge options (context.JudgeOptions, which holds them as
         `settings`; `criteria`: instead of the options' own)."""
         from .flags import criteria_flags

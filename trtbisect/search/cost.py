@@ -667,20 +667,18 @@ def engine_pricing(graph: Graph, judged: Graph, prepared, units: Mapping[str, Se
     return PlanPricing(engine, units, engine_of, names)
 
 
-def search_args(pricing: Pricing | PlanPricing, options,
+def search_args(pricing: Pricing | PlanPricing, objective: str, budget: float | None = None,
                 score: Callable[[frozenset[str]], float | None] | None = None) -> dict:
-    """What `search.find_minimal_fp32` gets for the run's --objective and --budget (`options`:
-    the run's context.SearchOptions, or anything with an `objective`). A model
-    the cost model cannot price wholly is searched by count (precision.json says so); a
-    budget then cannot steer."""
-    if options.objective not in ("cost", "count"):
-        raise TrtBisectError(f"unknown objective {options.objective!r}: choose cost or count")
+    """What `search.find_minimal_fp32` gets for the run's --objective and --budget PCT (None:
+    no budget). A model the cost model cannot price wholly is searched by count
+    (precision.json says so); a budget then cannot steer."""
+    if objective not in ("cost", "count"):
+        raise TrtBisectError(f"unknown objective {objective!r}: choose cost or count")
     if pricing.unpriced:
         return {}
     out: dict = {}
-    if options.objective == "cost":
+    if objective == "cost":
         out.update(price=pricing.price, adjacent=pricing.adjacent)
-    budget = getattr(options, "budget", None)
     if budget is not None:
         out.update(price=pricing.price, adjacent=pricing.adjacent,
                    limit=pricing.fp16_s * (1 + budget / 100) * (1 + EPS),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..context import Context, Options
+from ..context import Context, JudgeOptions, SearchOptions
 from ..errors import TrtBisectError
 from ..parallel.data import FolderData
 from ..parallel.judge import JudgeSpec, Measured, graph_digest, merge
@@ -166,7 +166,8 @@ class ParallelJudge:
             shutil.rmtree(self.model_dir, ignore_errors=True)
 
 
-def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str],
+def start_workers(ev: Evaluator, ctx: Context, judge: JudgeOptions, search: SearchOptions,
+                  prefetch: Sequence[str],
                   seconds_per_evaluation: float | None = None, evaluations: int = 0,
                   cache: Path | None = None, say: Callable[[str], None] = log.info,
                   rewritten: bool = False, start_seconds: float = 0.0
@@ -176,18 +177,18 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
     themselves (`pays_off`: the search's estimate, `seconds_per_evaluation` x `evaluations`,
     against `start_seconds`, what a worker's start repeats). The choice is said (`say`) and
     kept for precision.json."""
-    requested = opts.search.workers
+    requested = search.workers
     ev.parallel_note = None
-    if opts.search.ray is None and requested == 1:
+    if search.ray is None and requested == 1:
         return None
     weights = ctx.judged.weights.total_bytes()
-    plan = plan_workers(requested, opts.judge.threads, weights, _activations(ctx))
-    if opts.search.ray is None and plan.workers <= 1:
+    plan = plan_workers(requested, judge.threads, weights, _activations(ctx))
+    if search.ray is None and plan.workers <= 1:
         why = f"judging in this process: {plan.why}"
         ev.parallel_note = {"workers": 1, "chosen": why}
         say(why)
         return None
-    if opts.search.ray is None and requested is None and seconds_per_evaluation is not None:
+    if search.ray is None and requested is None and seconds_per_evaluation is not None:
         short = pays_off(seconds_per_evaluation * evaluations, plan.workers, start_seconds)
         if short is not None:
             # the count is the fewest a search of this shape takes (a guess before it runs:
@@ -199,24 +200,24 @@ def start_workers(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence
             say(why)
             return None
     data_parent = cache / "workers" if cache is not None else None
-    spec, model_dir = _spec(ev, ctx, opts, prefetch, rewritten, data_parent)
+    spec, model_dir = _spec(ev, ctx, judge, prefetch, rewritten, data_parent)
     pool: Any
     data: Any
-    if opts.search.ray is not None:
+    if search.ray is not None:
         from ..parallel.ray_pool import RayPool
-        pool, data, stats = RayPool.start(spec, ctx, opts.search.ray, requested, plan)
+        pool, data, stats = RayPool.start(spec, ctx, search.ray, requested, plan)
     else:
         data = FolderData.write(ctx.every_sample, ctx.every_reference, data_parent)
         pool = LocalPool(spec, data, plan.workers)
-        stats = Stats(plan.workers, "local", opts.judge.threads, plan.why)
+        stats = Stats(plan.workers, "local", judge.threads, plan.why)
     say(f"evaluating in parallel: {stats.why}")
-    judge = ParallelJudge(ev, pool, data, stats)
-    judge.model_dir = model_dir
-    ev.use_workers(judge)
-    return judge
+    workers = ParallelJudge(ev, pool, data, stats)
+    workers.model_dir = model_dir
+    ev.use_workers(workers)
+    return workers
 
 
-def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], rewritten: bool,
+def _spec(ev: Evaluator, ctx: Context, judge: JudgeOptions, prefetch: Sequence[str], rewritten: bool,
           parent: Path | None) -> tuple[JudgeSpec, str | None]:
     model, model_dir = str(ctx.path), None
     if rewritten:  # the rewritten model lives in memory only: saved for the workers
@@ -230,7 +231,7 @@ def _spec(ev: Evaluator, ctx: Context, opts: Options, prefetch: Sequence[str], r
         graph_model(ctx.graph).save(Path(model), held=ctx.input_check)
     from ..graph.repair import input_shapes
     spec = JudgeSpec(
-        model=model, judge=opts.judge.settings, watch=tuple(ev.watch),
+        model=model, judge=judge.settings, watch=tuple(ev.watch),
         groups=tuple(tuple(g) for g in ev.groups), active=tuple(prefetch),
         names=graph_digest(ctx.judged), shapes=input_shapes(ctx.graph.source))
     return spec, model_dir

@@ -19,24 +19,23 @@ import onnx
 from ..backends.ort import Emulator, Reference
 from ..base import cache as result_cache
 from ..base.limits import EvalTimeout
-from ..context import Context, Options, SearchOptions
+from ..context import Context, JudgeOptions, SearchOptions
 from ..data.inputs import Sample
 from ..errors import TrtBisectError
 from ..graph import Graph, structure
 from ..judge.compare import TensorStats, merge_stats, tensor_stats
 from ..judge.precision import FP16, Precision
-from ..outputs.outdir import OutputDir
 
 log = logging.getLogger(__name__)
 
 
-def layerwise(ctx: Context, opts: Options,
+def layerwise(ctx: Context, judge: JudgeOptions, search: SearchOptions,
               progress: Callable[[int, int], None] | None = None,
               plan: frozenset[str] = frozenset(),
               fp16_first: Sequence[Mapping[str, np.ndarray]] = (),
               batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
     """Statistics of every stored float tensor, FP32 vs FP16 (all-FP16, or `plan` applied),
-    worst over all samples.
+    worst over all samples (`judge`: its threads; `search`: its memory budget).
 
     The FP32 side comes from the reference graph, the FP16 side from the plan's static graph,
     both exposing one batch of tensors at a time under the memory budget (ORT keeps every
@@ -55,11 +54,11 @@ def layerwise(ctx: Context, opts: Options,
                 x = np.asarray(s[v.name], np.float32)
                 _merge(stats, tensor_stats(v.name, None, x, ctx.rules.precision.round(x),
                                            ctx.rules.precision))
-    batches = batches or layerwise_batches(ctx, opts.search)
+    batches = batches or layerwise_batches(ctx, search)
     total, done = sum(len(b) for b in batches), 0
     for k, batch in enumerate(batches):
         # one session at a time: ONNX Runtime holds its own copy of the weights in each
-        ref = Reference(g, opts.judge.threads)
+        ref = Reference(g, judge.threads)
         if k == 0 and fp16_first and all(t in fp16_first[0] for t in batch):
             # the FP16 side is held for every sample while the FP32 side runs, one at a time
             for s, b in zip(ctx.samples, fp16_first):
@@ -73,7 +72,7 @@ def layerwise(ctx: Context, opts: Options,
             # the FP32 side of a batch is held for every sample while the FP16 side runs
             fp32 = [ref.run_tensors(s, batch) for s in ctx.samples]
             ref.close()
-            emu = Emulator(g, opts.judge.threads, expose=batch, active=plan, rules=ctx.rules)
+            emu = Emulator(g, judge.threads, expose=batch, active=plan, rules=ctx.rules)
             for s, a in zip(ctx.samples, fp32):
                 try:
                     b = emu.run_tensors_for(plan, s, batch)
@@ -98,13 +97,14 @@ def layerwise_batches(ctx: Context, search: SearchOptions) -> list[list[str]]:
     return _batches(ctx.judged, ctx.samples[0], search.memory_budget // (len(ctx.samples) + 1))
 
 
-def cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerprint: dict,
-                      progress: Callable[[int, int], None] | None,
-                      fp16_first: Sequence[Mapping[str, np.ndarray]] = (),
-                      batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
-    """The layer-wise statistics, reused when a resumed run has the same fingerprint."""
+def cached_layerwise(ctx: Context, judge: JudgeOptions, search: SearchOptions,
+                     cache: Path | None, fingerprint: dict,
+                     progress: Callable[[int, int], None] | None,
+                     fp16_first: Sequence[Mapping[str, np.ndarray]] = (),
+                     batches: list[list[str]] | None = None) -> dict[str, TensorStats]:
+    """The layer-wise statistics, reused when a resumed run has the same fingerprint
+    (`cache`: the output folder's cache, None when nothing is reused or kept)."""
     path = None
-    cache = OutputDir(out_dir).cache() if out_dir is not None and opts.output.resume else None
     if cache is not None:
         key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
         path = cache / f"layerwise-{key}.json"
@@ -116,7 +116,7 @@ def cached_layerwise(ctx: Context, opts: Options, out_dir: Path | None, fingerpr
                 return stats
         except (ValueError, KeyError, TypeError):
             pass
-    stats = layerwise(ctx, opts, progress, fp16_first=fp16_first, batches=batches)
+    stats = layerwise(ctx, judge, search, progress, fp16_first=fp16_first, batches=batches)
     if path is not None:
         try:
             result_cache.save_records(path, [s.to_json() for s in stats.values()])

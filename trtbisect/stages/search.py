@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..context import Context, JudgeOptions, Options
+from ..context import Context, JudgeOptions, Options, SearchOptions
 from ..graph import Graph
 from ..judge import semantics, subset
 from ..judge.compare import TensorStats, Tolerance
@@ -48,7 +48,9 @@ class SearchStage:
     at first and an aimed search needs the layer-wise pass after all (`aim`)."""
 
     ctx: Context
-    opts: Options  # the run's own: its budget and its records (a search's: `search(sopts)`)
+    # the run's own, whole: its budget and records, the sample subset's size, and each aimed
+    # round's options derived from them (a search's own: `search(ev, judge, search_opts)`)
+    opts: Options
     stats: dict[str, TensorStats]
     constants: Mapping[str, ConstantStats]
     prior: Prior
@@ -97,11 +99,13 @@ class SearchStage:
     def as_nodes(self, chosen: Iterable[str]) -> frozenset[str]:
         return frozenset(n for u in chosen for n in self.units[u])
 
-    def search(self, ev: Evaluator, sopts: Options, all_half: bool, pool: bool,
-               start: Sequence[str] = ()) -> tuple[SearchResult, WorkersRecord | None]:
-        """One search judged by `ev` under `sopts` (the run's options, or aimed inside the
-        bound: stages/spread.py); `pool`: on worker processes when they pay off. `start`: units
-        to try first, before the prior's seeds (an aimed search: the previous plan)."""
+    def search(self, ev: Evaluator, judge: JudgeOptions, search_opts: SearchOptions,
+               all_half: bool, pool: bool, start: Sequence[str] = ()
+               ) -> tuple[SearchResult, WorkersRecord | None]:
+        """One search judged by `ev` under `judge` and run as `search_opts` say (the run's
+        options, or aimed inside the bound: stages/spread.py); `pool`: on worker processes
+        when they pay off. `start`: units to try first, before the prior's seeds (an aimed
+        search: the previous plan)."""
         ctx, g, prior, units = self.ctx, self.ctx.judged, self.prior, self.units
         workers = None
         if not all_half:
@@ -109,7 +113,7 @@ class SearchStage:
                                       _neighbours(units, self.unit_of, self.pricing.adjacent))
             if pool:
                 workers = parallel_batch.start_workers(
-                    ev, ctx, sopts, prefetch,
+                    ev, ctx, judge, search_opts, prefetch,
                     self.half_seconds * len(ctx.samples) / len(ctx.every_sample),
                     _likely_evaluations(len(prior.seeds), len(units)), self.cache, self.stage,
                     rewritten=self.rewritten, start_seconds=self.worker_start_seconds)
@@ -122,13 +126,15 @@ class SearchStage:
                  else lambda us: ev.check(as_nodes(us)))
         score = lambda us: ev.scores.get(as_nodes(us))  # noqa: E731
         search = _certified_search(
-            ctx, sopts, ev, self.stage, as_nodes,
+            ctx, search_opts.max_evaluations, self.opts.sample.search_samples, ev, self.stage,
+            as_nodes,
             lambda budget: find_minimal_fp32(list(units), check,
                                              [*start, *self.as_units(prior.seeds)],
                                              self.as_units(prior.ranking), budget,
                                              _counting_nodes(self.progress, as_nodes),
-                                             **cost.search_args(self.pricing, sopts.search,
-                                                                score),
+                                             **cost.search_args(
+                                                 self.pricing, search_opts.objective,
+                                                 search_opts.budget, score),
                                              watch=watching(
                                                  lambda us: ev.pressures.get(as_nodes(us)),
                                                  SPREAD_SHARE)))
@@ -153,7 +159,8 @@ class SearchStage:
             errors_after=worst_of(self.before, _numbers(ctx, self.before)),
             one_minimal=search.one_minimal and search.found, search=search,
             stats=self.stats, prior_seeds=self.prior.seeds, **self.record, **self.base)
-        _record_search(result, ctx, self.opts, search, self.pricing, self.before, summary)
+        _record_search(result, ctx, self.opts.judge, self.opts.search, search, self.pricing,
+                       self.before, summary)
         if self.outcome is not None:
             result.rewrites = self.outcome.record()
             if self.rewritten:
@@ -169,7 +176,7 @@ class SearchStage:
         under its own bound (`aimed_scope`): a resumed run replays them, and never as a verdict
         under another bound. Returns the result, its certificate and the evaluator still open."""
         # the aimed rounds together get a share of what the first search took, never more
-        aiming = _Aiming(result, cert, ev, self.opts, aim_allowance(result.evaluations))
+        aiming = _Aiming(result, cert, ev, self.opts.judge, aim_allowance(result.evaluations))
         for aim_round in range(1, AIM_ROUNDS + 1):
             if not self._aim_round(aiming, aim_round, out_dir, layerwise):
                 break
@@ -206,7 +213,7 @@ class SearchStage:
             cert.decided = hopeless
             self.stage(f"fragile at once: {hopeless}")
             return None, left
-        tol = cert.aim(aiming.sopts.judge.tolerance)
+        tol = cert.aim(aiming.judge.tolerance)
         if tol is None:
             cert.decided = ("no output's bound can be aimed inside: what fails is a "
                             "variation's verdict under a criterion with no bound")
@@ -229,8 +236,9 @@ class SearchStage:
         if tol is None or cert is None:
             return False
         most = opts.search.max_evaluations
-        sopts = aiming.sopts = aimed(opts, tol).but(
-            max_evaluations=left if most is None else min(left, most))
+        judge = aiming.judge = aimed(opts.judge, tol)
+        search_opts = replace(opts.search,
+                              max_evaluations=left if most is None else min(left, most))
         self.stage(f"the plan passes by less than the spread of what the tools compute on "
                    f"{'; '.join(cert.uncertified)}: searching again inside the bound")
         if not self.stats:  # FP16 passed at first: the prior needs the layer-wise pass now
@@ -240,10 +248,10 @@ class SearchStage:
                                      ctx.rules.precision)
         judged = self.rewrite_judgements
         spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
-        ev = aiming.ev = aiming.ev.retarget(sopts.judge, self.stats, aimed_scope(sopts.judge))
+        ev = aiming.ev = aiming.ev.retarget(judge, self.stats, aimed_scope(judge))
         # what the last round learned: its plan first (grown from, not searched anew);
         # plans that failed a looser bound fail this one too (Evaluator.retarget)
-        again, summary = self.search(ev, sopts, False, False,
+        again, summary = self.search(ev, judge, search_opts, False, False,
                                      start=list(result.fp32_layers or ()))
         carried = {p for p, ok in ev.known.items() if not ok}
         aiming.aims.append(AimedSearch(
@@ -283,7 +291,7 @@ class _Aiming:
     result: RunResult
     cert: Certificate | None
     ev: Evaluator
-    sopts: Options  # the last round's options (the run's before the first)
+    judge: JudgeOptions  # the last round's judge options (the run's before the first)
     allowance: int  # evaluations all rounds may take together
     aims: list[AimedSearch] = field(default_factory=list)
 
@@ -325,7 +333,8 @@ def aimed_scope(judge: JudgeOptions) -> str:
     return "aim:" + judge.settings.digest()
 
 
-def _record_search(result: RunResult, ctx: Context, opts: Options, search: SearchResult,
+def _record_search(result: RunResult, ctx: Context, judge: JudgeOptions,
+                   search_opts: SearchOptions, search: SearchResult,
                    pricing: cost.PlanPricing, before: Sequence[Judgement],
                    parallel_summary: WorkersRecord | None) -> None:
     """What precision.json says of the search: its layers, its price, the criterion, the
@@ -334,24 +343,24 @@ def _record_search(result: RunResult, ctx: Context, opts: Options, search: Searc
     result.fp32_layers = found
     if parallel_summary is not None:
         result.workers = parallel_summary
-    result.cost = pricing.record(found, opts.search.objective, opts.search.budget,
+    result.cost = pricing.record(found, search_opts.objective, search_opts.budget,
                                   ctx.rules.precision.name)
-    result.criteria_record = CriteriaRecord(opts.judge.criteria.to_json(),
-                                            opts.judge.criteria.describe())
+    result.criteria_record = CriteriaRecord(judge.criteria.to_json(),
+                                            judge.criteria.describe())
     result.judged = JudgedRecord(  # search_samples: the user's numbers (held-out ones not among them)
-        opts.judge.criteria.verdict(before).to_json(),
+        judge.criteria.verdict(before).to_json(),
         None if ctx.subset is None else [ctx.kept[i] if ctx.kept else i for i in ctx.subset])
 
 
-def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callable[[str], None],
-                      as_nodes: Callable, search: Callable[[int | None], SearchResult]
-                      ) -> SearchResult:
-    """`search(budget)` on the search's samples; when they are a subset (judge/subset.py),
+def _certified_search(ctx: Context, most: int | None, search_samples: int, ev: Evaluator,
+                      stage: Callable[[str], None], as_nodes: Callable,
+                      search: Callable[[int | None], SearchResult]) -> SearchResult:
+    """`search(budget)` on the search's samples, `most` evaluations in all (--max-evals);
+    when they are a subset (judge/subset.py, of `search_samples`: --search-samples),
     the plan found is judged on every sample, and the samples it fails join the subset for
     another search, until it passes everywhere. Evaluations and trials add up over rounds."""
     evaluations, trials, rounds, speculative = 0, [], 0, 0
     while True:
-        most = opts.search.max_evaluations
         left = None if most is None else max(most - evaluations, 0)
         result = search(left)
         trials += [replace(t, index=t.index + evaluations) for t in result.trials]
@@ -361,7 +370,7 @@ def _certified_search(ctx: Context, opts: Options, ev: Evaluator, stage: Callabl
             break
         passed, judged, _ = ev.measure(as_nodes(result.fp32), full=True)
         evaluations, rounds = evaluations + 1, rounds + 1
-        wider = subset.widen(ctx.subset, judged, opts.sample.search_samples)
+        wider = subset.widen(ctx.subset, judged, search_samples)
         if passed or len(wider) == len(ctx.subset):
             break
         stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "

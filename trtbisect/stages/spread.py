@@ -38,7 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..context import Context, JudgeOptions, Options
+from ..context import Context, JudgeOptions
 from ..judge.compare import Tolerance, worst
 from ..judge.criteria import Judgement, Score
 from ..judge.mixed import Written
@@ -308,10 +308,10 @@ def _score_margins(judged: Sequence[Judgement], per_variant: Mapping[str, list[J
     return out
 
 
-def aimed(opts: Options, tolerance: Tolerance) -> Options:
-    """The run's options with the search aimed at `tolerance` (the user's criteria still judge
-    the written file)."""
-    return opts.but(tolerance=tolerance)
+def aimed(judge: JudgeOptions, tolerance: Tolerance) -> JudgeOptions:
+    """The run's judge options with the search aimed at `tolerance` (the user's criteria still
+    judge the written file); their settings are built again, under the new bound."""
+    return replace(judge, tolerance=tolerance)
 
 
 def certificate_lines(cert: CertificateRecord | None) -> list[str]:
