@@ -260,7 +260,8 @@ def run_ddmin(path: Path, opts: Options, flops: Mapping[str, int | None], total:
     plan = sorted(nodes(s.fp32)) if s.found else []
     verdict = "no_plan" if not s.found else ("fixed" if plan else "fp16_ok")
     pricing = engine_pricing(ctx.graph, ctx.judged, ctx.prepared, units, ctx.samples[0],
-                             opts.search.gpu, opts.judge.tf32, lambda pg: _shape_probe(ctx, opts.judge, pg))
+                             opts.search.gpu, opts.judge.tf32,
+                             lambda pg: _shape_probe(ctx, opts.judge, pg))
     return {"verdict": verdict, "fp32_nodes": len(plan), "plan": plan,
             "slowdown": pricing.slowdown(s.fp32) if s.found else None,
             "flop_share": flop_share(plan, flops, total), "evaluations": s.evaluations,

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, Self, TypeVar
 
 from ..base.files import atomic_write_text
 from ..judge.precision import BF16, FP16
@@ -63,12 +64,23 @@ class Both:
                 "runs": {name: r.to_json() for name, r in self.results.items()}}
 
 
-def run_both(model: str, opts, out: Path,
-             run: Callable[[str, object, Path, str], object]) -> Both:
+class PerPrecision(Protocol):
+    """A run's options as `run_both` needs them: context.Options (a layer above outputs/, so
+    named here by the one thing used), whose `but(precision=...)` gives one run's."""
+
+    def but(self, **changes: Any) -> Self: ...
+
+
+Opts = TypeVar("Opts", bound=PerPrecision)
+
+
+def run_both(model: str, opts: Opts, out: Path,
+             run: Callable[[str, Opts, Path, str], object]) -> Both:
     """Both runs, one after the other; `run(model, opts, folder, name)` is one single run
-    (the CLI's, with its progress). A model one of them cannot judge (BF16 needs opset 13:
-    an older model is converted, and refused only where the conversion fails) is refused
-    before either runs, not after the FP16 half."""
+    (the CLI's, with its progress; the whole options, as each run's are them but for the
+    precision). A model one of them cannot judge (BF16 needs opset 13: an older model is
+    converted, and refused only where the conversion fails) is refused before either runs,
+    not after the FP16 half."""
     from ..graph import load_model
 
     for p in PRECISIONS:

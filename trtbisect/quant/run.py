@@ -37,7 +37,7 @@ from .diagnose import SAMPLES, Finding, diagnose
 from .judge import QuantJudge
 
 if TYPE_CHECKING:
-    from ..context import Options
+    from ..context import JudgeOptions, Options, SampleOptions
 
 log = logging.getLogger(__name__)
 
@@ -381,10 +381,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
 
     started = time.perf_counter()
     path = Path(model_path)
-    keep = [path, *_sources(opts), *([Path(reference_path)] if reference_path else [])]
+    keep = [path, *_sources(opts.sample), *([Path(reference_path)] if reference_path else [])]
     model, layers, ref_model, where = _load(path, reference_path, stage)
     opts.judge.criteria.validate([o.name for o in ref_model.graph.output])
-    samples, references = _samples(ref_model, opts, path, reference_path)
+    samples, references = _samples(ref_model, opts.sample, opts.judge, path, reference_path)
     result = QuantResult("no_plan", [], 0, 0, 0, len(samples), opts.judge.tolerance, {}, {},
                          criteria=opts.judge.criteria, model_path=str(path), layers=layers,
                          plan=[],
@@ -397,8 +397,10 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result.seconds = time.perf_counter() - started
         _write(result, None, path, out_dir, keep)
         return result
-    samples, references, held = _hold_out(samples, references, ref_model, opts)
-    journal = _journal(out_dir, opts, path, reference_path, samples)
+    samples, references, held = _hold_out(samples, references, ref_model, opts.sample,
+                                          opts.judge)
+    journal = _journal(out_dir, opts.judge, opts.search.objective, opts.output.resume, path,
+                       reference_path, samples)
     try:
         _search(result, model, ref_model, samples, references, opts, progress, stage, journal)
     finally:
@@ -412,12 +414,14 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
         result.reasons = float_side_reasons(model)
     result.seconds = time.perf_counter() - started
     _write(result, result.judge, path, out_dir, keep, report,
-           lambda f: _certify(result, ref_model, samples, references, held, opts, f), owned)
+           lambda f: _certify(result, ref_model, samples, references, held, opts.judge, f),
+           owned)
     result.inferences = result.judge.runs if result.judge is not None else 0
     return result
 
 
-def _hold_out(samples, references, ref_model: onnx.ModelProto, opts: Options):
+def _hold_out(samples, references, ref_model: onnx.ModelProto, sample: SampleOptions,
+              judge: JudgeOptions):
     """The search's samples and the validation's (judge/validation.py), as the FP16 road
     holds them out."""
     from ..backends.ort import Reference
@@ -426,13 +430,13 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts: Options):
     from ..judge import validation
 
     def reference(batch):
-        ref = Reference(Graph(ref_model), opts.judge.threads)
+        ref = Reference(Graph(ref_model), judge.threads)
         try:
             return [ref.run(s) for s in batch]
         finally:
             ref.close()
     kept, held = validation.hold_out(
-        samples, references, opts.sample.validation_share, opts.sample.seed, reference,
+        samples, references, sample.validation_share, sample.seed, reference,
         validation.shape_like_inputs(Graph(ref_model)) if len(samples) == 1 else frozenset())
     if len(kept) < len(samples):
         samples, references = View(samples, kept), View(references, kept)
@@ -440,7 +444,7 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, opts: Options):
 
 
 def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
-             opts: Options, written: Path | onnx.ModelProto) -> VerdictName:
+             judge_opts: JudgeOptions, written: Path | onnx.ModelProto) -> VerdictName:
     """The written file's certificate and validation, as the FP16 road's (stages/spread.py,
     judge/validation.py), and the verdict they allow (judge/verdict.py: the file as given,
     `quantized_ok`, is held to them as FP16 as it is, `fp16_ok`, is)."""
@@ -456,13 +460,13 @@ def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, reference
     per_sample = judge.judgements(judged)
     ctx = SimpleNamespace(graph=Graph(ref_model), every_sample=samples,
                           every_reference=references)
-    cert = certify(ctx, opts.judge, Written(judged, {}), per_sample)  # type: ignore[arg-type]
+    cert = certify(ctx, judge_opts, Written(judged, {}), per_sample)  # type: ignore[arg-type]
     if result.search is not None and result.search.noisy is not None:
         cert.search_noise = result.search.noisy  # the search stopped: `fragile` at once
         cert.decided = cert.hopeless()
     result.certified = cert.record()
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
-                                opts.judge.criteria.verdict)
+                                judge_opts.criteria.verdict)
     result.validation = checked
     verdict = result.settle(certified=cert.certified, validated=checked.passed)
     if verdict == "fragile":
@@ -501,27 +505,29 @@ def _load(path: Path, reference_path: str | Path | None, stage: Callable[[str], 
     return model, layers, qdq.reference(model, layers), where
 
 
-def _samples(ref_model: onnx.ModelProto, opts: Options, path: Path, reference_path):
+def _samples(ref_model: onnx.ModelProto, given: SampleOptions, judge: JudgeOptions, path: Path,
+             reference_path):
     """The run's samples (validated against the reference's inputs) and FP32 outputs."""
     from ..base.limits import set_eval_timeout
     from ..data.sources import iter_items
     from ..data.store import SampleSet, reference_set
     from ..graph import Graph, model_hash
 
-    set_eval_timeout(opts.judge.eval_timeout)  # every inference of this run (limits.py)
+    set_eval_timeout(judge.eval_timeout)  # every inference of this run (limits.py)
     ref_graph = Graph(ref_model)  # a float16 file's reference computes in FP32 (its upcast)
-    given = opts.sample
     samples = SampleSet(iter_items(ref_graph, list(given.inputs), given.data_loader, given.shapes,
                                    given.seed, given.samples, given.limits), limits=given.limits)
-    references = reference_set(ref_graph, samples, opts.judge.threads,
+    references = reference_set(ref_graph, samples, judge.threads,
                                f"quant:{model_hash(path)}:{reference_path}", None)
-    opts.judge.criteria.check_fit(references[0])
+    judge.criteria.check_fit(references[0])
     return samples, references
 
 
-def _journal(out_dir: Path | None, opts: Options, path: Path, reference_path, samples):
+def _journal(out_dir: Path | None, judge: JudgeOptions, objective: str, resume: bool, path: Path,
+             reference_path, samples):
     """The run's journal (journal.py) in --out: a killed run started again with the same
-    arguments replays the evaluations it finished. None without --out."""
+    arguments replays the evaluations it finished (--no-resume: `resume` False empties it).
+    None without --out."""
     from .. import __version__
     from ..graph import model_hash
     from ..search.journal import Journal
@@ -530,12 +536,12 @@ def _journal(out_dir: Path | None, opts: Options, path: Path, reference_path, sa
         return None
     from ..context import run_fingerprint
     fingerprint = run_fingerprint(  # the FP16 road's: JudgeSettings' and the road's own keys
-        opts.judge.settings.fingerprint(), model_hash(path), samples, __version__,
-        mode="quantized", objective=opts.search.objective,
+        judge.settings.fingerprint(), model_hash(path), samples, __version__,
+        mode="quantized", objective=objective,
         reference=model_hash(reference_path) if reference_path else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     journal_path = out_dir / "journal.jsonl"
-    if not opts.output.resume and journal_path.exists():
+    if not resume and journal_path.exists():
         journal_path.unlink()
     return Journal(journal_path, fingerprint)
 
@@ -573,9 +579,10 @@ def _journaled(judge: QuantJudge, journal, pressures: dict[frozenset[str], dict[
 
 
 def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelProto,
-            samples, references, opts, progress: Progress | None,
+            samples, references, opts: Options, progress: Progress | None,
             stage: Callable[[str], None], journal=None) -> None:
-    """Judge the file, diagnose its layers, search the plan, judge the fixes, price it."""
+    """Judge the file, diagnose its layers, search the plan, judge the fixes, price it. (The
+    whole options: it reads the judge, the search and the samples' subset size.)"""
     from .cost import float_side, pricing_for, shape_probe
     from .half import half_nodes
 
@@ -608,12 +615,14 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                   "(where the file as given fails worst); the plan is certified on all of them")
         pressures: dict[frozenset[str], dict[str, float]] = {}
         check = _journaled(judge, journal, pressures)
-        search = _rounds(judge, opts, stage, lambda left: find_minimal_fp32(
-            judge.units, check, ranking=ranking, max_evaluations=left,
-            progress=progress, watch=watching(
-                lambda plan: (pressures[plan], True) if plan in pressures else None,
-                SPREAD_SHARE),
-            **(_cost_search(judge, model, pricing) if opts.search.objective == "cost" else {})))
+        by_cost = opts.search.objective == "cost"
+        search = _rounds(judge, opts.search.max_evaluations, opts.sample.search_samples, stage,
+                         lambda left: find_minimal_fp32(
+                             judge.units, check, ranking=ranking, max_evaluations=left,
+                             progress=progress, watch=watching(
+                                 lambda plan: (pressures[plan], True) if plan in pressures
+                                 else None, SPREAD_SHARE),
+                             **(_cost_search(judge, model, pricing) if by_cost else {})))
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal, result.search = search.one_minimal, search
@@ -635,24 +644,26 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.cost = {**pricing.summary(result.units), "objective": opts.search.objective,
                    "float_side": float_side(pricing),
                    **({"certificate": result.certificate} if result.certificate else {}),
-                   **_one_price(model, ref_model, layers, halves, samples[0], opts,
+                   **_one_price(model, ref_model, layers, halves, samples[0], opts.judge,
+                                opts.search.gpu,
                                 pricing.all_fp16())}
     result.renderings = renderings(result.rendered())
 
 
-def _rounds(judge: QuantJudge, opts: Options, stage: Callable[[str], None],
-            search: Callable[[int | None], SearchResult]) -> SearchResult:
-    """`search(budget)` on the judge's samples; when they are a subset (--search-samples,
-    judge/subset.py), the plan found is judged on every sample and the samples it fails join
-    the subset for another search, until it passes everywhere: the FP16 road's rounds
+def _rounds(judge: QuantJudge, most: int | None, search_samples: int,
+            stage: Callable[[str], None], search: Callable[[int | None], SearchResult]
+            ) -> SearchResult:
+    """`search(budget)` on the judge's samples, `most` evaluations in all (--max-evals); when
+    they are a subset (of `search_samples`: --search-samples, judge/subset.py), the plan
+    found is judged on every sample and the samples it fails join the subset for another
+    search, until it passes everywhere: the FP16 road's rounds
     (stages/search.py). Evaluations and trials add up over rounds; the judge judges every
     sample again afterwards."""
     from dataclasses import replace
 
     evaluations, trials = 0, []
     while True:
-        left = (None if opts.search.max_evaluations is None
-                else max(opts.search.max_evaluations - evaluations, 0))
+        left = None if most is None else max(most - evaluations, 0)
         found = search(left)
         trials += [replace(t, index=t.index + evaluations) for t in found.trials]
         evaluations += found.evaluations
@@ -660,7 +671,7 @@ def _rounds(judge: QuantJudge, opts: Options, stage: Callable[[str], None],
             break
         verdict, judged = judge.measure_all(frozenset(found.fp32))
         evaluations += 1
-        wider = subset.widen(judge.active, judged, opts.sample.search_samples)
+        wider = subset.widen(judge.active, judged, search_samples)
         if verdict.passed or len(wider) == len(judge.active):
             break
         stage(f"the plan fails {sum(not j.passed for j in judged)} of {len(judged)} samples: "
@@ -672,7 +683,7 @@ def _rounds(judge: QuantJudge, opts: Options, stage: Callable[[str], None],
 
 
 def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halves,
-               sample, opts, file_float_s: float) -> dict:
+               sample, judge: JudgeOptions, gpu: str, file_float_s: float) -> dict:
     """One price per model and GPU class (#46): all-FP16 as the FP16 road prices the float
     model (an FP16 run of it says the same figure), beside this file's own float side,
     whose nodes outside the quantized layers a quantizer may have left FP32 (named, priced
@@ -687,8 +698,7 @@ def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halve
             and n.name not in inside and n.name not in set(halves)
             and any(types.get(t) == onnx.TensorProto.FLOAT for t in n.output if t)]
     try:
-        road = fp16_road_price(ref_model, sample, opts.search.gpu, opts.judge.trt_version,
-                               opts.judge.threads)
+        road = fp16_road_price(ref_model, sample, gpu, judge.trt_version, judge.threads)
     except TrtBisectError as exc:  # a float model the FP16 road cannot price: say so
         log.info("all-FP16 not priced as the FP16 road: %s", exc)
         road = None
@@ -811,7 +821,7 @@ def check_file(mixed_path: str | Path, reference_path: str | Path, opts: Options
     ref_model = load(reference_path)
     _check_reference(model, ref_model, str(reference_path))
     opts.judge.criteria.validate([o.name for o in ref_model.graph.output])
-    samples, references = _samples(ref_model, opts, path, reference_path)
+    samples, references = _samples(ref_model, opts.sample, opts.judge, path, reference_path)
     from ..context import reference_problems
     problems = reference_problems(SimpleNamespace(every_reference=references))  # type: ignore
     if problems:
@@ -860,9 +870,9 @@ def _declares(result: QuantResult, what: str) -> dict[str, str]:
             "trtbisect.fp32_nodes": ",".join(result.fp32_nodes if plan else ())}
 
 
-def _sources(opts: Options) -> list[Path]:
+def _sources(given: SampleOptions) -> list[Path]:
     from ..context import input_files
-    return input_files(opts.sample)
+    return input_files(given)
 
 
 def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,

@@ -217,8 +217,8 @@ def start_workers(ev: Evaluator, ctx: Context, judge: JudgeOptions, search: Sear
     return workers
 
 
-def _spec(ev: Evaluator, ctx: Context, judge: JudgeOptions, prefetch: Sequence[str], rewritten: bool,
-          parent: Path | None) -> tuple[JudgeSpec, str | None]:
+def _spec(ev: Evaluator, ctx: Context, judge: JudgeOptions, prefetch: Sequence[str],
+          rewritten: bool, parent: Path | None) -> tuple[JudgeSpec, str | None]:
     model, model_dir = str(ctx.path), None
     if rewritten:  # the rewritten model lives in memory only: saved for the workers
         import tempfile

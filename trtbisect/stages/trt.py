@@ -58,7 +58,8 @@ class TrtSearchOptions:
 
     @classmethod
     def of(cls, opts: Options) -> TrtSearchOptions:
-        """The options `trtbisect run --backend trt` gives the search (context.Options)."""
+        """The options `trtbisect run --backend trt` gives the search (context.Options: the
+        whole, as they come from three of its groups, the judge, the samples' and the search's)."""
         judge = opts.judge
         return cls(tolerance=judge.tolerance, criteria=judge.criteria, shapes=opts.sample.shapes,
                    workers=opts.search.workers, eval_timeout=judge.eval_timeout)
