@@ -74,6 +74,34 @@ def test_the_settings_are_built_once_and_kept_by_other_changes():
         Options.of(rtol=0.5)
 
 
+def test_the_options_and_each_group_are_frozen():
+    """Built once by the command, read by every stage: nothing may change them in place (a
+    stage that changed a group would judge the rest of the run under other settings than its
+    fingerprint says); a change is a new object (`but`, `aimed`)."""
+    opts = Options.of(threads=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.judge = JudgeOptions()  # type: ignore[misc]
+    for group, name in (("sample", "seed"), ("judge", "threads"), ("search", "workers"),
+                        ("output", "resume")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(getattr(opts, group), name, None)
+
+
+def test_an_aimed_round_changes_the_judge_bound_only():
+    """stages/spread.aimed: the judge group under another tolerance, its settings built again
+    (the aimed round's journal scope differs), everything else as the run's."""
+    from trtbisect.stages.spread import aimed
+
+    opts = Options.of(threads=1, strict=True, criteria=parse_criteria(metrics=["cosine:0.999"]))
+    tighter = Tolerance(rtol=1e-3)
+    judge = aimed(opts.judge, tighter)
+    assert judge.tolerance == tighter and judge.settings.tolerance == tighter
+    assert judge.settings != opts.judge.settings
+    assert dataclasses.replace(judge.settings, tolerance=opts.judge.tolerance) == \
+        opts.judge.settings
+    assert opts.judge.tolerance == Tolerance()  # the run's own is untouched
+
+
 def test_the_settings_travel_to_workers_whole():
     opts = Options.of(inputs=[str(INPUTS)], threads=2, semantics="strict",
                       criteria=parse_criteria(metrics=["cosine:0.999"]))

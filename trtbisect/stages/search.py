@@ -74,7 +74,8 @@ class SearchStage:
            constants: Mapping[str, ConstantStats], probe: Callable[[Graph], cost.Probe],
            **rest) -> SearchStage:
         """The stage over `ctx`'s judged graph: its prior, units and prices (`probe`: the
-        shapes that shape inference leaves open, for the pricing)."""
+        shapes that shape inference leaves open, for the pricing). `opts`: the run's, whole:
+        the stage keeps them (see `opts` above)."""
         g, low = ctx.judged, ctx.rules.precision
         assert ctx.prepared is not None  # prepare(search=True) made it
         prior = build_prior(g, stats, constants, low)
