@@ -97,6 +97,8 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
          progress: Progress | None, on_stage: Callable[[str], None] | None,
          on_layerwise: Callable[[int, int], None] | None,
          children: list[VariantReferences]) -> RunResult:
+    """`run`'s body (the whole Options: it hands each stage its groups); `children`: what it
+    starts beside the stages, for `run` to end."""
     started = time.perf_counter()
     marks: list[tuple[str, float]] = []  # each stage and when it began: result.stages
 
