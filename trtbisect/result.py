@@ -10,7 +10,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from . import __version__
-from .diagnosis.diagnose import Culprit
+from .diagnosis.diagnose import Culprit, CulpritGroup
 from .errors import (
     EXIT_FRAGILE,
     EXIT_NO_PLAN,
@@ -40,7 +40,6 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 # What a verdict records beside the plan, as precision.json writes it. Each is JSON as its
 # module's `to_json()` makes it; the key names are precision.json's.
 JSON = dict[str, Any]
-CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
 Number = float | str | None  # as judge/criteria.json_number writes one: a non-finite one as a string
 
 
@@ -433,7 +432,9 @@ FROM_JSON: dict[str, Callable[[Any], object]] = {"semantics": SemanticsRecord.fr
                                                  "criterion_hints": lambda v: [
                                                      Hint.from_json(h) for h in v],
                                                  "aimed_searches": lambda v: [
-                                                     AimedSearch.from_json(a) for a in v]}
+                                                     AimedSearch.from_json(a) for a in v],
+                                                 "culprit_groups": lambda v: [
+                                                     CulpritGroup.from_json(g) for g in v]}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, "nothing_to_judge": EXIT_OK,
