@@ -21,8 +21,9 @@ from .errors import (
     EXIT_REFERENCE_UNSTABLE,
     EXIT_UNVALIDATED,
 )
+from .judge import metrics
 from .judge.compare import OutputError, TensorStats, Tolerance
-from .judge.criteria import Criteria
+from .judge.criteria import Criteria, Entry, error_from_json
 from .judge.hints import Hint
 from .judge.mixed import Written
 from .judge.precision import Precision
@@ -191,6 +192,12 @@ class StrictError:
 
     def to_json(self) -> JSON:
         return {**self.error.to_json(), **({"text": self.text} if self.error.scores else {})}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], entries: Mapping[str, Entry]) -> StrictError:
+        """Back from its `to_json` ("text" is said again from the scores); `entries`:
+        metrics.entries(), for the scores."""
+        return cls(error_from_json({k: v for k, v in d.items() if k != "text"}, entries))
 
 
 @dataclass(frozen=True)
@@ -434,7 +441,13 @@ FROM_JSON: dict[str, Callable[[Any], object]] = {"semantics": SemanticsRecord.fr
                                                  "aimed_searches": lambda v: [
                                                      AimedSearch.from_json(a) for a in v],
                                                  "culprit_groups": lambda v: [
-                                                     CulpritGroup.from_json(g) for g in v]}
+                                                     CulpritGroup.from_json(g) for g in v],
+                                                 "validation": lambda v: Validation.from_json(
+                                                     v, metrics.entries()),
+                                                 "errors_before_strict": lambda v: {
+                                                     k: StrictError.from_json(
+                                                         e, metrics.entries())
+                                                     for k, e in v.items()}}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, "nothing_to_judge": EXIT_OK,
