@@ -78,14 +78,14 @@ def test_the_typed_records_round_trip_through_precision_json(written):
     assert {"margins", "aimed_searches", "criterion_hints", "culprit_groups",
             "errors_before_strict", "validation"} <= set(FROM_JSON)  # lists, dicts
     assert back["culprit_groups"] == r.culprit_groups
+    assert data["criteria"]["description"] == r.criteria_record.description
+    assert data["fragile"] is r.fragile is False
+    assert data["margins"] == {k: m.to_json() for k, m in r.margins.items()}
 
 
 def _nan(value: object) -> bool:
     """A record holding a NaN somewhere (written "nan" in its JSON)."""
     return '"nan"' in json.dumps(as_json(value))
-    assert data["criteria"]["description"] == r.criteria_record.description
-    assert data["fragile"] is r.fragile is False
-    assert data["margins"] == {k: m.to_json() for k, m in r.margins.items()}
 
 
 def test_precision_json_keeps_the_order_a_run_sets_its_records_in(written):
