@@ -456,8 +456,8 @@ def margin_lines(result: RunResult) -> list[str]:
         if err.scores:
             held = [m.text("its margin")
                     for k, m in (result.certificate.scores if result.certificate else {}).items()
-                    if k.startswith(f"{name}:") and isinstance(m.margin, (int, float))
-                    and isinstance(m.spread, (int, float))]
+                    if k.startswith(f"{name}:") and math.isfinite(m.margin)
+                    and math.isfinite(m.spread)]
             out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
                        f"{err.scores_text}" + (f"; {'; '.join(held)}" if held else ""))
             continue
