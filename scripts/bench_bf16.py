@@ -111,7 +111,7 @@ def measure(name: str, build: Callable[[], tuple], work: Path) -> dict:
         rec["candidates"] = r.candidates
         rec["runs"][p] = {
             "verdict": r.verdict, "fp32_nodes": len(r.fp32_nodes),
-            "causes": sorted({g["cause"] for g in (r.culprit_groups or [])}),
+            "causes": sorted({g.cause for g in (r.culprit_groups or [])}),
             "all_low_us": 1e6 * c.all_low_s if c else None,
             "plan_us": 1e6 * c.plan_s if c else None,
             "all_fp32_us": 1e6 * c.all_fp32_s if c else None,

@@ -237,7 +237,7 @@ def summarize(r: RunResult, flops: Mapping[str, int | None], total: int) -> dict
         "rewrites": [a.rewrite for a in applied],
         "drift": max(drift) if drift else None,
         "refused": [x.to_json() for x in (rewrites.refused if rewrites is not None else [])],
-        "patterns": sorted({g.get("pattern") for g in groups if g.get("pattern")}),
+        "patterns": sorted({g.pattern for g in groups if g.pattern}),
     }
 
 

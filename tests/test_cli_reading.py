@@ -4,6 +4,7 @@ subcommand, folded groups, per-command exit codes, readable relative errors, `en
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +13,7 @@ from rich.console import Console
 from tests.conftest import save_zoo_model
 from trtbisect import cli
 from trtbisect.cli import Progress, fold_groups, main, rel_cell
+from trtbisect.diagnosis.diagnose import CulpritGroup
 
 
 def _renamed_zoo(zoo, tmp_path, long: str):
@@ -71,11 +73,11 @@ def test_verbosity_after_the_subcommand(zoo, tmp_path):
 
 
 def test_identical_groups_fold_into_one_with_a_count():
-    g = {"cause": "overflow", "pattern": "layernorm_decomposed", "summary": "same words"}
-    other = {"cause": "overflow", "pattern": None, "summary": "other words"}
-    assert fold_groups([g, dict(g), other, dict(g)]) == [(g, 3), (other, 1)]
+    g = CulpritGroup(["a"], "overflow", "layernorm_decomposed", {}, "same words", [], None)
+    other = CulpritGroup(["b"], "overflow", None, {}, "other words", [], None)
+    assert fold_groups([g, replace(g, nodes=["c"]), other, replace(g)]) == [(g, 3), (other, 1)]
     # one kind of cause (cause and pattern), whatever its words: the first speaks for the rest
-    reworded = {**g, "summary": "other words at another place"}
+    reworded = replace(g, summary="other words at another place")
     assert fold_groups([g, reworded, other], ("cause", "pattern")) == [(g, 2), (other, 1)]
     assert fold_groups([g, reworded, other]) == [(g, 1), (reworded, 1), (other, 1)]
 

@@ -7,8 +7,9 @@ import importlib
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -66,6 +67,9 @@ from .search.cost import (
     cost_sentence,
     pct,
 )
+
+if TYPE_CHECKING:
+    from .diagnosis.diagnose import CulpritGroup
 
 REFERENCE = (3, "the FP32 reference is already non-finite (FP16 is not to blame)")
 PARTIAL = (5, "partial: the judged part passes, but the model holds nodes the emulator\n"
@@ -691,11 +695,11 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
     keys = ("cause", "pattern", "summary") if top is None else ("cause", "pattern")  # kinds
     folded = fold_groups(groups, keys)
     for k, (g, count) in enumerate(folded[:top] if top is not None else folded, 1):
-        pattern = f", {g['pattern']}" if g.get("pattern") else ""
+        pattern = f", {g.pattern}" if g.pattern else ""
         times = (f" (x{count} identical groups)" if top is None else
                  f" (x{count} groups; the first of them)") if count > 1 else ""
-        out.print(f"[bold]{k}. {shown(g['cause'])}{shown(pattern)}{times}[/]: "
-                  f"{shown(g['summary'])}")
+        out.print(f"[bold]{k}. {shown(g.cause)}{shown(pattern)}{times}[/]: "
+                  f"{shown(g.summary)}")
     if top is not None and len(folded) > top:
         out.print(f"... and {len(folded) - top} more kinds of cause: --all, or report.html")
     stab = result.stability
@@ -705,13 +709,15 @@ def emit_diagnosis(result, top: int | None = DEFAULT_TOP) -> None:
                   + shown("; ".join(flags)))
 
 
-def fold_groups(groups: list, keys: tuple[str, ...] = ("cause", "pattern", "summary"),
-                ) -> list[tuple[dict, int]]:
-    """Culprit groups alike in `keys`, once each (the first) with a count: by default those
-    whose paragraph would read the same; ("cause", "pattern"): one per kind of cause."""
+def fold_groups(groups: Sequence[CulpritGroup],
+                keys: tuple[str, ...] = ("cause", "pattern", "summary"),
+                ) -> list[tuple[CulpritGroup, int]]:
+    """Culprit groups alike in `keys` (their attributes), once each (the first) with a count:
+    by default those whose paragraph would read the same; ("cause", "pattern"): one per kind
+    of cause."""
     folded: dict[tuple, list] = {}
     for g in groups:
-        folded.setdefault(tuple(g.get(k) for k in keys), [g, 0])[1] += 1
+        folded.setdefault(tuple(getattr(g, k) for k in keys), [g, 0])[1] += 1
     return [(g, n) for g, n in folded.values()]
 
 

@@ -5,12 +5,13 @@ the fields both results share, defined once."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from . import __version__
-from .diagnosis.diagnose import Culprit
+from .diagnosis.diagnose import Culprit, CulpritGroup
 from .errors import (
     EXIT_FRAGILE,
     EXIT_NO_PLAN,
@@ -21,8 +22,9 @@ from .errors import (
     EXIT_REFERENCE_UNSTABLE,
     EXIT_UNVALIDATED,
 )
-from .judge.compare import OutputError, TensorStats, Tolerance
-from .judge.criteria import Criteria
+from .judge import metrics
+from .judge.compare import OutputError, TensorStats, Tolerance, from_json_float
+from .judge.criteria import Criteria, Entry, error_from_json
 from .judge.hints import Hint
 from .judge.mixed import Written
 from .judge.precision import Precision
@@ -40,7 +42,6 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 # What a verdict records beside the plan, as precision.json writes it. Each is JSON as its
 # module's `to_json()` makes it; the key names are precision.json's.
 JSON = dict[str, Any]
-CulpritGroup = JSON  # diagnose.CulpritGroup.to_json
 Number = float | str | None  # as judge/criteria.json_number writes one: a non-finite one as a string
 
 
@@ -62,56 +63,89 @@ class Margin:
         return cls(d["margin"], d["spread"], d["noise_floor"], d["fragile"])
 
 
+def _num(x: float) -> float | str:
+    """A number as precision.json writes a margin's: inf and NaN as text."""
+    return x if math.isfinite(x) else str(x)
+
+
+def _float(x: float | str) -> float:
+    return from_json_float(x)
+
+
 @dataclass(frozen=True)
 class OutputMargin:
-    """One output's margin in the certificate (stages/spread.OutputMargin as precision.json
-    writes it): the rendered bound less the judge's worst max|d|, against the spread."""
-    bound: Number
-    worst: Number
-    margin: Number
-    spread: Number
-    noise_floor: Number
-    certified: bool
-    variants: dict[str, Number]  # each variation's worst max|d|
-    sample: int | None = None  # the sample whose max|d| is `worst` (written with bound_sample)
-    bound_sample: int | None = None  # ... and the one whose bound is `bound`
+    """One output's margin in the certificate (stages/spread.py measures it): the rendered
+    bound less the judge's worst max|d|, against the spread of what the tools compute."""
+    bound: float  # the smallest bound over the samples: what the renderings write
+    worst: float  # the judge's largest max|d| over the samples
+    spread: float  # max over variations and samples of |max|d| moved|, or the noise floor
+    noise_floor: float
+    variants: dict[str, float] = field(default_factory=dict)  # each variation's worst max|d|
+    sample: int | None = None  # the user's number of the sample whose max|d| is `worst`
+    bound_sample: int | None = None  # ... and of the sample whose bound is `bound`
+
+    @property
+    def margin(self) -> float:
+        return self.bound - self.worst
+
+    @property
+    def certified(self) -> bool:
+        return self.margin > self.spread
 
     def to_json(self) -> JSON:
-        return {"bound": self.bound, "worst": self.worst, "margin": self.margin,
-                "spread": self.spread, "noise_floor": self.noise_floor,
-                "certified": self.certified, "variants": dict(self.variants),
+        return {"bound": _num(self.bound), "worst": _num(self.worst), "margin": _num(self.margin),
+                "spread": _num(self.spread), "noise_floor": _num(self.noise_floor),
+                "certified": self.certified,
+                "variants": {k: _num(v) for k, v in self.variants.items()},
                 **({"sample": self.sample, "bound_sample": self.bound_sample}
                    if self.sample is not None else {})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> OutputMargin:
-        return cls(d["bound"], d["worst"], d["margin"], d["spread"], d["noise_floor"],
-                   d["certified"], dict(d["variants"]), d.get("sample"), d.get("bound_sample"))
+        """Back from its `to_json` ("margin" and "certified" follow from the rest)."""
+        return cls(_float(d["bound"]), _float(d["worst"]), _float(d["spread"]),
+                   _float(d["noise_floor"]), {k: _float(v) for k, v in d["variants"].items()},
+                   d.get("sample"), d.get("bound_sample"))
 
 
 @dataclass(frozen=True)
 class ScoreMargin:
-    """A criterion's score clear of its threshold (stages/spread.ScoreMargin as precision.json
-    writes it): margin and spread in severity, 1 at the threshold."""
-    bound: Number  # the threshold, in the score's own units
-    worst: Number  # the worst sample's score
-    severity: Number
-    margin: Number
-    spread: Number
+    """One criterion's score (a `--metric`, a `--check-error-stat` statistic, a hook's score)
+    clear of its threshold against how far the tools' variations move it (stages/spread.py).
+
+    Measured in the score's severity (criteria.Score.severity: 1 at the threshold, below 1
+    passing), the one number that follows each pass rule exactly: a metric's (1 - score) /
+    (1 - threshold), Polygraphy's statistic passing when |d| <= atol OR rel <= rtol (the
+    smaller of the two ratios), SNR's ratio of noise powers. The margin is 1 - the worst
+    severity over the samples, the spread the largest move of the severity under a variation
+    on the same sample; certified when the margin exceeds the spread."""
+    bound: float  # the threshold the score is held to (its own units)
+    worst: float  # the worst sample's score (its own units)
     higher_is_better: bool
-    certified: bool
-    sample: int | None = None  # the worst sample (several samples)
+    severity: float  # the worst severity over the samples
+    spread: float  # max over variations and samples of |severity moved|
+    sample: int | None = None  # the user's number of the worst sample (several samples)
+
+    @property
+    def margin(self) -> float:
+        return 1.0 - self.severity
+
+    @property
+    def certified(self) -> bool:
+        return self.margin > self.spread
 
     def to_json(self) -> JSON:
-        return {"bound": self.bound, "worst": self.worst, "severity": self.severity,
-                "margin": self.margin, "spread": self.spread,
-                "higher_is_better": self.higher_is_better, "certified": self.certified,
+        return {"bound": _num(self.bound), "worst": _num(self.worst),
+                "severity": _num(self.severity), "margin": _num(self.margin),
+                "spread": _num(self.spread), "higher_is_better": self.higher_is_better,
+                "certified": self.certified,
                 **({"sample": self.sample} if self.sample is not None else {})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ScoreMargin:
-        return cls(d["bound"], d["worst"], d["severity"], d["margin"], d["spread"],
-                   d["higher_is_better"], d["certified"], d.get("sample"))
+        """Back from its `to_json` ("margin" and "certified" follow from the rest)."""
+        return cls(_float(d["bound"]), _float(d["worst"]), d["higher_is_better"],
+                   _float(d["severity"]), _float(d["spread"]), d.get("sample"))
 
     def text(self, key: str) -> str:
         """The margin in words: its score and threshold in their own units, the margin and
@@ -192,6 +226,12 @@ class StrictError:
 
     def to_json(self) -> JSON:
         return {**self.error.to_json(), **({"text": self.text} if self.error.scores else {})}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], entries: Mapping[str, Entry]) -> StrictError:
+        """Back from its `to_json` ("text" is said again from the scores); `entries`:
+        metrics.entries(), for the scores."""
+        return cls(error_from_json({k: v for k, v in d.items() if k != "text"}, entries))
 
 
 @dataclass(frozen=True)
@@ -433,7 +473,15 @@ FROM_JSON: dict[str, Callable[[Any], object]] = {"semantics": SemanticsRecord.fr
                                                  "criterion_hints": lambda v: [
                                                      Hint.from_json(h) for h in v],
                                                  "aimed_searches": lambda v: [
-                                                     AimedSearch.from_json(a) for a in v]}
+                                                     AimedSearch.from_json(a) for a in v],
+                                                 "culprit_groups": lambda v: [
+                                                     CulpritGroup.from_json(g) for g in v],
+                                                 "validation": lambda v: Validation.from_json(
+                                                     v, metrics.entries()),
+                                                 "errors_before_strict": lambda v: {
+                                                     k: StrictError.from_json(
+                                                         e, metrics.entries())
+                                                     for k, e in v.items()}}
 VERDICT_EXIT: dict[VerdictName, int] = {"fp16_ok": EXIT_OK, "fixed": EXIT_OK, "reference_invalid": EXIT_REFERENCE_INVALID,
                 "no_plan": EXIT_NO_PLAN, "partial": EXIT_PARTIAL,
                 "over_budget": EXIT_OVER_BUDGET, "nothing_to_judge": EXIT_OK,

@@ -127,23 +127,23 @@ def test_zoo_cause_and_pattern(zoo, zoo_runs, name):
     groups = r.culprit_groups
     assert len(groups) == 1
     g = groups[0]
-    assert set(g["nodes"]) == set(z.expected_fp32)
-    assert g["cause"] == z.cause
-    assert g["pattern"] == (z.pattern or ZOO_PATTERN.get(name))
-    assert g["applied_fix"] == "keep_fp32" and g["fixes"][0]["kind"] == "keep_fp32"
-    assert g["summary"].endswith(".") and len(g["fixes"]) >= 2
+    assert set(g.nodes) == set(z.expected_fp32)
+    assert g.cause == z.cause
+    assert g.pattern == (z.pattern or ZOO_PATTERN.get(name))
+    assert g.applied_fix == "keep_fp32" and g.fixes[0].kind == "keep_fp32"
+    assert g.summary.endswith(".") and len(g.fixes) >= 2
 
 
 def test_layernorm_evidence_numbers(zoo_runs):
     """The issue's sentence: what is squared, what it becomes, by how much, and the way out."""
     g = zoo_runs["layernorm_overflow"].culprit_groups[0]
-    ev = g["evidence"]
+    ev = g.evidence
     assert ev["node"] == "ln/Pow" and ev["op"] == "Pow"
     assert ev["fp32_absmax"] > FP16_MAX > ev["input_absmax"] > 1e3
     assert ev["factor"] == pytest.approx(ev["fp32_absmax"] / FP16_MAX, rel=1e-4)
     assert ev["back_in_range"] < FP16_MAX  # the Sqrt brings it back
-    assert "65504" in g["summary"] and "opset >= 17" in g["summary"]
-    assert [f["kind"] for f in g["fixes"]] == ["keep_fp32", "reexport_opset17"]
+    assert "65504" in g.summary and "opset >= 17" in g.summary
+    assert [f.kind for f in g.fixes] == ["keep_fp32", "reexport_opset17"]
 
 
 def test_culprit_why_is_improved(zoo_runs):
@@ -154,44 +154,44 @@ def test_culprit_why_is_improved(zoo_runs):
 
 def test_attention_and_reduction_fixes(zoo_runs):
     att = zoo_runs["attention_logits"].culprit_groups[0]
-    assert att["evidence"]["node"] == "attn/MatMul"
-    assert att["evidence"]["back_in_range"] < FP16_MAX < att["evidence"]["peak"]
-    assert "scale_before_matmul" in [f["kind"] for f in att["fixes"]]
+    assert att.evidence["node"] == "attn/MatMul"
+    assert att.evidence["back_in_range"] < FP16_MAX < att.evidence["peak"]
+    assert "scale_before_matmul" in [f.kind for f in att.fixes]
     red = zoo_runs["reducesum_overflow"].culprit_groups[0]
-    assert red["evidence"]["op"] == "ReduceSum"
-    assert "mean_before_sum" in [f["kind"] for f in red["fixes"]]
+    assert red.evidence["op"] == "ReduceSum"
+    assert "mean_before_sum" in [f.kind for f in red.fixes]
 
 
 def test_constant_evidence(zoo_runs):
     g = zoo_runs["constant_out_of_range"].culprit_groups[0]
-    ev = g["evidence"]
+    ev = g.evidence
     assert ev["value"] == pytest.approx(float(np.finfo(np.float32).min), rel=1e-5)
     assert ev["fp16_value"] == "-inf" and ev["output_nonfinite_fp16"] > 0
-    assert "NaN" in g["summary"]
-    assert "clamp_mask_fill" in [f["kind"] for f in g["fixes"]]
+    assert "NaN" in g.summary
+    assert "clamp_mask_fill" in [f.kind for f in g.fixes]
 
 
 def test_underflow_evidence(zoo_runs):
     g = zoo_runs["eps_underflow"].culprit_groups[0]
-    ev = g["evidence"]
+    ev = g.evidence
     assert ev["fraction"] == 1.0 and ev["fp32_absmax"] < 6e-8
     assert ev["constant"] == "rms.eps" and ev["constant_value"] == pytest.approx(1e-10)
     assert ev["consequence_op"] == "Div"  # 0/0 downstream
-    kinds = [f["kind"] for f in g["fixes"]]
+    kinds = [f.kind for f in g.fixes]
     assert "raise_eps" in kinds and "prescale_norm" in kinds
 
 
 def test_precision_loss_evidence(zoo_runs):
-    ev = zoo_runs["precision_loss"].culprit_groups[0]["evidence"]
+    ev = zoo_runs["precision_loss"].culprit_groups[0].evidence
     assert ev["fp16_spacing"] == 8.0  # FP16 spacing at 1e4
     assert ev["rel_err"] > 0.5 and ev["cancel_node"] == "offset/Sub"
 
 
 def test_two_outputs_give_two_groups(zoo_runs):
     groups = zoo_runs["two_outputs"].culprit_groups
-    assert [(g["cause"], g["pattern"]) for g in groups] == [
+    assert [(g.cause, g.pattern) for g in groups] == [
         ("overflow", "large_reduction"), ("overflow", "rmsnorm_decomposed")]
-    assert {n for g in groups for n in g["nodes"]} == set(zoo_runs["two_outputs"].fp32_nodes)
+    assert {n for g in groups for n in g.nodes} == set(zoo_runs["two_outputs"].fp32_nodes)
 
 
 def test_healthy_has_no_groups(zoo_runs):
@@ -205,12 +205,12 @@ def test_extra_causes(tmp_path, name):
     r = run_model(model, inputs, tmp_path)
     assert r.verdict == "fixed"
     groups = r.culprit_groups
-    assert [(g["cause"], g["pattern"]) for g in groups] == [(cause, pattern)]
+    assert [(g.cause, g.pattern) for g in groups] == [(cause, pattern)]
 
 
 def test_non_finite_origin_names_the_sqrt(tmp_path):
     r = run_model(*variance_cancellation(), tmp_path)
-    ev = r.culprit_groups[0]["evidence"]
+    ev = r.culprit_groups[0].evidence
     assert ev["node"] == "std/Sqrt" and ev["nonfinite"] > 0
     assert ev["cancel_node"] == "var/Sub" and ev["cancel_from"] > 100 * ev["cancel_to"]
 
@@ -235,7 +235,7 @@ def test_no_plan_diagnoses_the_suspects(zoo, tmp_path):
     r = run(model, Options.of(semantics="strict", inputs=[str(inputs)], max_evaluations=1), tmp_path / "out")
     assert r.verdict == "no_plan"
     groups = r.culprit_groups
-    assert groups and groups[0]["cause"] == "overflow" and groups[0]["applied_fix"] is None
+    assert groups and groups[0].cause == "overflow" and groups[0].applied_fix is None
 
 
 def test_precision_json_shape_and_annotated_model(zoo, tmp_path):
@@ -286,3 +286,38 @@ def test_cli_prints_group_summaries(zoo, tmp_path):
     assert "1. overflow, layernorm_decomposed:" in text
     assert "opset >= 17" in text
     assert "annotated ONNX" in text
+
+
+def test_a_group_is_a_frozen_record_that_round_trips_in_its_kind_s_key_order():
+    """A culprit group read by attribute, frozen; precision.json's JSON of it makes it again.
+    The per-node-rounding group writes its summary last, as precision.json always has."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from trtbisect.diagnosis.diagnose import PER_NODE_ROUNDING, note_semantics
+    from trtbisect.diagnosis.wording import Fix, RewriteAdvice
+
+    fix = Fix("prescale_norm", "divide x", RewriteAdvice("fuse_rmsnorm", "no_match", "no rule"))
+    g = CulpritGroup(["a", "b"], "overflow", "rmsnorm_decomposed",
+                     {"fp32_absmax": 70000.123456789, "fp16_value": float("inf"), "op": "Pow"},
+                     "a overflows.", [Fix("keep_fp32", "keep"), fix], "keep_fp32", "net.norm",
+                     why={"a": "output max 7e4 > 65504"})
+    d = g.to_json()
+    assert list(d) == ["nodes", "scope", "cause", "pattern", "evidence", "summary", "fixes",
+                       "applied_fix"]
+    assert d["evidence"] == {"fp32_absmax": 70000.1, "fp16_value": "inf", "op": "Pow"}
+    back = CulpritGroup.from_json(json.loads(json.dumps(d)))
+    assert back == g.as_written() and back.to_json() == d and back.fixes[1].rewrite == fix.rewrite
+    assert back.why == {} and g.as_written().why == g.why  # `why` is the culprits' to write
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        g.summary = "x"  # type: ignore[misc]
+    # note_semantics: new records, the old ones as they were; the new group's own key order
+    r = SimpleNamespace(culprit_groups=[g], culprits=[])
+    note_semantics(r, {"b": "folds in FP32", "bn": "fails only per node"}, new_group=True)
+    noted, per_node = r.culprit_groups
+    assert noted.summary == "a overflows. b folds in FP32." and g.summary == "a overflows."
+    assert per_node.cause == PER_NODE_ROUNDING and per_node.nodes == ["b", "bn"]
+    pd = per_node.to_json()
+    assert list(pd) == ["nodes", "scope", "cause", "pattern", "evidence", "fixes",
+                        "applied_fix", "summary"]
+    assert list(CulpritGroup.from_json(pd).to_json().items()) == list(pd.items())

@@ -257,7 +257,7 @@ def test_the_report_shows_subgraph_culprits_and_coverage(tmp_path):
         assert n in md
     assert "11 of them inside If/Loop/Scan subgraphs" in md
     groups = r.culprit_groups
-    assert groups and groups[0]["cause"] == "overflow"  # the layer-wise pass saw inside
+    assert groups and groups[0].cause == "overflow"  # the layer-wise pass saw inside
 
 
 def test_a_culprit_inside_a_pytorch_branch_keeps_its_module(tmp_path):

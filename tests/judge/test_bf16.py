@@ -85,7 +85,7 @@ def test_an_fp16_overflow_holds_in_bf16(tmp_path):
     model, inputs = squares(tmp_path)
     fp16 = run(model, Options.of(inputs=[str(inputs)]), tmp_path / "fp16")
     assert fp16.verdict == "fixed" and "sq" in fp16.fp32_nodes
-    assert fp16.culprit_groups[0]["cause"] == "overflow"
+    assert fp16.culprit_groups[0].cause == "overflow"
     bf16 = run(model, Options.of(inputs=[str(inputs)], precision="bf16"), tmp_path / "bf16")
     assert bf16.verdict == "fp16_ok" and bf16.fp32_nodes == []  # the verdict's stable name
     plan = _one_judge(tmp_path / "bf16", model, inputs, "bf16")

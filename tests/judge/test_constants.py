@@ -28,6 +28,7 @@ from tests.models.semantics_models import (
 )
 from trtbisect.backends.ort import Emulator, make_session
 from trtbisect.context import Options
+from trtbisect.diagnosis.diagnose import CulpritGroup
 from trtbisect.graph import Graph, fp16_signature, fp32_outputs, node_names
 from trtbisect.judge import semantics as sem
 from trtbisect.pipeline import check_mixed, run
@@ -277,7 +278,7 @@ def test_the_trt_layernorm_rule_is_in_the_table_with_its_source():
 
 # ---------------------------------------------------------------------------- diagnosis
 
-def _groups(r: RunResult) -> list[dict]:
+def _groups(r: RunResult) -> list[CulpritGroup]:
     return (r.culprit_groups or [])
 
 
@@ -285,11 +286,11 @@ def test_a_folded_batchnorm_variance_is_never_blamed_under_trt(tmp_path):
     p = CONSTANT_PLANTED["batchnorm_in_constants"]
     r = _run(p.model, p.inputs, "trt", tmp_path)
     assert r.verdict == "fp16_ok"
-    assert not any(g["cause"] == "constant_out_of_range" for g in _groups(r))
+    assert not any(g.cause == "constant_out_of_range" for g in _groups(r))
     assert set(r.strict_only_culprits) == {"bn", "var_identity"}
     strict = _run(p.model, p.inputs, "strict", tmp_path / "strict")
-    blamed = next(g for g in _groups(strict) if g["cause"] == "constant_out_of_range")
-    assert blamed["evidence"]["fp16_value"] == "inf" and "rounds to inf" in blamed["summary"]
+    blamed = next(g for g in _groups(strict) if g.cause == "constant_out_of_range")
+    assert blamed.evidence["fp16_value"] == "inf" and "rounds to inf" in blamed.summary
 
 
 def test_an_out_of_range_weight_is_clamped_in_words_under_trt(tmp_path):
@@ -297,8 +298,8 @@ def test_an_out_of_range_weight_is_clamped_in_words_under_trt(tmp_path):
     words = {}
     for semantics in SEMANTICS:
         r = _run(p.model, p.inputs, semantics, tmp_path / semantics)
-        group = next(g for g in _groups(r) if g["cause"] == "constant_out_of_range")
-        words[semantics] = (group["evidence"]["fp16_value"], group["summary"])
+        group = next(g for g in _groups(r) if g.cause == "constant_out_of_range")
+        words[semantics] = (group.evidence["fp16_value"], group.summary)
     assert words["strict"][0] == "inf" and "FP16 rounds to inf" in words["strict"][1]
     assert words["trt"][0] == "65504" and "clamps to 65504" in words["trt"][1]
     assert "inf" not in words["trt"][1].split("clamps to")[1].split(";")[0]
@@ -309,7 +310,7 @@ def test_an_eps_that_trt_clamps_is_not_said_to_flush(tmp_path):
     said = {}
     for semantics in SEMANTICS:
         r = _run(p.model, p.inputs, semantics, tmp_path / semantics)
-        said[semantics] = " ".join(g["summary"] for g in _groups(r))
+        said[semantics] = " ".join(g.summary for g in _groups(r))
     assert "eps Constant_1 = 1e-12 flushes to zero" in said["strict"]  # named as Netron does
     assert "1e-12 flushes" not in said["trt"] and "flush" in said["trt"]  # x*x still flushes
     assert "= 1e-12 is below FP16's smallest subnormal: TensorRT's FP16 conversion raises it " \

@@ -320,6 +320,6 @@ def test_stability_and_diagnosis_speak_the_runs_criterion(zoo, tmp_path):
     r = run(model, Options.of(inputs=[str(inputs)], stability=2, criteria=crit,
                               tolerance=Tolerance(1e-3, 1e-3)), tmp_path / "o")
     assert r.verdict == "fixed" and r.stability.plans
-    fixes = [f["text"] for g in r.culprit_groups for f in g["fixes"]]
+    fixes = [f.text for g in r.culprit_groups for f in g.fixes]
     assert any("relax the criterion (max)" in t for t in fixes), fixes
     assert not any("raise --rtol" in t for t in fixes)

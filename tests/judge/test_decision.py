@@ -109,3 +109,30 @@ def test_findings_decide_from_the_proposal_whatever_their_order():
     assert r.verdict_findings.proposed == "over_budget"
     assert r.verdict_findings.certified is False and r.verdict_findings.file_passed is True
     assert r.settle(tensorrt=TensorRT(found=False, changed=False, planned=True)) == "no_plan"
+
+
+def test_the_certificate_records_the_margins_it_measured_one_type_for_both():
+    """stages/spread measures result.OutputMargin and ScoreMargin, frozen; the record a run
+    keeps holds those very margins, and precision.json's JSON of them makes them again (a
+    non-finite number written as text, "margin" and "certified" following from the rest)."""
+    import json
+    import math
+
+    from trtbisect.result import CertificateRecord, ScoreMargin
+
+    out = OutputMargin(1.0, math.inf, 0.2, 0.1, {"opt": math.inf}, 0, 1)
+    score = ScoreMargin(0.99, 0.995, True, 0.5, 0.1, 2)
+    cert = Certificate({"y": out}, {"opt": True}, scores={"y:cosine:0.99": score})
+    rec = cert.record()
+    assert rec.outputs["y"] is out and rec.scores["y:cosine:0.99"] is score
+    assert not rec.certified and out.margin == -math.inf and score.certified
+    d = json.loads(json.dumps(rec.to_json()))
+    assert d["outputs"]["y"] == {"bound": 1.0, "worst": "inf", "margin": "-inf", "spread": 0.2,
+                                 "noise_floor": 0.1, "certified": False,
+                                 "variants": {"opt": "inf"}, "sample": 0, "bound_sample": 1}
+    assert list(d["scores"]["y:cosine:0.99"]) == ["bound", "worst", "severity", "margin",
+                                                  "spread", "higher_is_better", "certified",
+                                                  "sample"]
+    back = CertificateRecord.from_json(d)
+    assert back == rec and json.dumps(back.to_json()) == json.dumps(rec.to_json())
+    assert "spread: FRAGILE" not in score.text("y:cosine:0.99")

@@ -58,10 +58,10 @@ def test_batchnorm_culprit_only_per_node_is_explained(tmp_path):
     strict_before = r.errors_before_strict["y"]
     assert not strict_before.error.passed and all(e.passed for e in r.errors_before.values())
     assert r.strict_only_culprits == ["bn"]
-    group = next(g for g in r.culprit_groups if g["cause"] == "per_node_rounding_only")
-    assert group["nodes"] == ["bn"]
-    assert "fails only under per-node rounding" in group["summary"]
-    assert "precomputes this BatchNorm's scale" in group["summary"]
+    group = next(g for g in r.culprit_groups if g.cause == "per_node_rounding_only")
+    assert group.nodes == ["bn"]
+    assert "fails only under per-node rounding" in group.summary
+    assert "precomputes this BatchNorm's scale" in group.summary
     # the strict run blames it, and says TensorRT may not
     s = run(model, _opts("strict", inputs), tmp_path / "strict")
     assert s.fp32_nodes == ["bn"]
@@ -72,8 +72,8 @@ def test_folded_constant_culprits_only_per_node_are_explained(tmp_path):
     model, inputs = save_zoo_model(PLANTED["constant_subgraph"], tmp_path)
     r = run(model, _opts("trt", inputs), tmp_path / "out")
     assert set(r.strict_only_culprits) == {"const_sq", "const_div"}
-    group = next(g for g in r.culprit_groups if g["cause"] == "per_node_rounding_only")
-    assert "folds this constant computation in FP32" in group["summary"]
+    group = next(g for g in r.culprit_groups if g.cause == "per_node_rounding_only")
+    assert "folds this constant computation in FP32" in group.summary
 
 
 def test_culprits_are_named_as_fused_layers(tmp_path):

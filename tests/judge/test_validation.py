@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from trtbisect.cli import main
 from trtbisect.judge import validation
+from trtbisect.result import RunResult, StrictError
 
 
 def _save_1d(tmp_path, name: str, nodes, consts, size: int):
@@ -94,6 +95,9 @@ def test_a_plan_fitted_to_its_sample_fails_the_held_out_one_and_is_not_fixed(tmp
     assert r.validation.indices == validation.split(2, validation.HOLD_OUT_SHARE, 0)[1]
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["verdict"] == "unvalidated" and written["validation"] == r.validation.to_json()
+    back = RunResult.typed_from_json(written)["validation"]  # the record again, by attribute
+    assert back.to_json() == r.validation.to_json() and back.overall is r.validation.overall
+    assert back.passed is False and back.indices == r.validation.indices
     assert (tmp_path / "out" / "two.mixed.onnx").exists()  # the plan is still written
 
     # the hard sample searched, the easy one held out: the plan covers both, and holds
@@ -297,3 +301,37 @@ def test_inputs_read_as_shapes_or_counts_are_not_perturbed():
     assert np.array_equal(copy["scales"], sample["scales"]) and copy["n"] == 5
     assert not np.array_equal(copy["img"], sample["img"])
     assert not np.array_equal(copy["ids"], sample["ids"])
+
+
+def test_a_validation_and_its_scores_read_back_from_json_are_the_records_again():
+    """precision.json's "validation" and "errors_before_strict" make the frozen records again:
+    a metric's score keeps which way is better and its unit (its entry's, by its name), a
+    non-finite number written as text is a float again, a held-out run's overall verdict
+    stays the one it reported."""
+    import math
+
+    from trtbisect.judge import metrics
+    from trtbisect.judge.compare import OutputError
+    from trtbisect.judge.criteria import Score, Verdict
+
+    snr = Score("snr:20", "y", 15.0, 20.0, False, True, (), "dB")
+    cos = Score("cosine:0.99", "y", 0.995, 0.99, True, True)
+    stat = Score("quantile", "y", 7e-6, 0.0, True, False, (("quantile", 0.99), ("rel", 0.2),
+                                                          ("rtol", 0.01)))
+    err = OutputError(math.inf, 0.5, math.inf, 2.0, 1.5, 0.25, 3, False, (snr, cos, stat), 1, 0)
+    verdict = Verdict(False, {"y": err}, (Score("check", None, 0.5, math.nan, True),),
+                      (True, False), (0.5, math.inf), 2)
+    held = validation.Validation("held_out", "1 held-out sample (#1)", [], verdict, [1], False)
+    entries = metrics.entries()
+    again = validation.Validation.from_json(json.loads(json.dumps(held.to_json())), entries)
+    assert again.to_json() == held.to_json() and again.passed is False
+    assert again.verdict.errors["y"].scores[:2] == (snr, cos) and again.verdict.severities[1] > 1
+    assert [s.text() for s in again.verdict.errors["y"].scores] == [
+        s.text() for s in err.scores]  # "need >= 20 dB", not "need <= 20"
+    assert again.verdict.scores[0].criterion == "check" and math.isnan(again.verdict.scores[0].bound)
+    strict = StrictError(err)
+    back = StrictError.from_json(json.loads(json.dumps(strict.to_json())), entries)
+    assert back.to_json() == strict.to_json() and back.text == strict.text
+    assert back.error.max_abs == math.inf and back.error.sample == 1
+    none = validation.unvalidated("validation turned off (--validation-share 0)")
+    assert validation.Validation.from_json(none.to_json(), entries) == none

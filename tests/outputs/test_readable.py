@@ -106,9 +106,10 @@ def test_groups_sum_unit_costs_once_and_fall_back_to_layers():
         cost = SimpleNamespace(units={  # search/cost.CostRecord's units, read by attribute
             "PWN(a/Add, a/Mul)": PlanUnitCost(1.0, 1.0, 0.01, []),
             "b/Pow": PlanUnitCost(1.0, 1.0, 0.03, []), "c/Exp": PlanUnitCost(1.0, 1.0, 0.0, [])})
-        culprit_groups = [{"nodes": ["a/Add", "a/Mul"], "cause": "overflow"},
-                          {"nodes": ["b/Pow"], "cause": "underflow"},
-                          {"nodes": ["c/Exp"], "cause": "overflow"}]
+        culprit_groups = [  # diagnose.CulpritGroup, read by attribute
+            SimpleNamespace(nodes=["a/Add", "a/Mul"], cause="overflow", pattern=None),
+            SimpleNamespace(nodes=["b/Pow"], cause="underflow", pattern=None),
+            SimpleNamespace(nodes=["c/Exp"], cause="overflow", pattern=None)]
 
     groups = plan_groups(R())
     assert [g.label for g in groups] == ["b/Pow", "a/Add", "c/Exp"]
@@ -202,27 +203,38 @@ def _plain_run(monkeypatch, model, inputs, out, *extra: str) -> str:
 
 
 def test_advice_says_why_a_rewrite_does_not_apply():
+    """Each rewritable fix gets the words of why (not) and a record; the group advised is a
+    new record, the one given stays as it was (frozen records, #43 item 2)."""
     from trtbisect.diagnosis.advice import advise_group
+    from trtbisect.diagnosis.diagnose import CulpritGroup
+    from trtbisect.diagnosis.wording import Fix, RewriteAdvice
     from trtbisect.rewrites.driver import RewritesRecord
     from trtbisect.rewrites.rules import Refusal
 
-    def group():
-        return {"nodes": ["n/Pow", "n/ReduceMean"], "summary": "x; keep these 2 nodes in FP32, "
-                "or divide x first.", "fixes": [{"kind": "keep_fp32", "text": "keep"},
-                                               {"kind": "prescale_norm", "text": "divide x first"}]}
-
+    g = CulpritGroup(["n/Pow", "n/ReduceMean"], "overflow", "rmsnorm_decomposed", {},
+                     "x; keep these 2 nodes in FP32, or divide x first.",
+                     [Fix("keep_fp32", "keep"), Fix("prescale_norm", "divide x first")],
+                     "keep_fp32")
+    as_given = g.to_json()
     refused = Refusal("scale_before_square", ("n/Pow", "n/ReduceMean"), "eps / s^2 too big")
-    g = group()
-    advise_group(g, None, [], [refused])
-    assert g["fixes"][1]["rewrite"]["status"] == "refused"
-    assert "cannot do it here: scale_before_square: eps / s^2 too big" in g["summary"]
-    g = group()
-    advise_group(g, None, [], [])  # no rule matches at all
-    assert g["fixes"][1]["rewrite"]["status"] == "no_match" and "change the source" in g["summary"]
-    g = group()  # the run's own --rewrite refused it: its reason, not a second look
-    advise_group(g, RewritesRecord([], [refused], all_fp16_passes=False, judgements=1))
-    assert "--rewrite tried scale_before_square here and refused it" in g["summary"]
-    assert "keep" == g["fixes"][0]["text"]  # the FP32 fallback is no rewrite's
+    got = advise_group(g, None, [], [refused])
+    assert got.fixes[1].rewrite == RewriteAdvice(
+        "scale_before_square", "refused", "`run --rewrite` cannot do it here: "
+        "scale_before_square: eps / s^2 too big", "eps / s^2 too big")
+    assert "cannot do it here: scale_before_square: eps / s^2 too big" in got.summary
+    assert got.fixes[1].text in got.summary and got.fixes[1].text.startswith("divide x first (")
+    assert g.to_json() == as_given and g.fixes[1].rewrite is None  # untouched
+    assert list(got.to_json()["fixes"][1]["rewrite"]) == ["rule", "status", "reason", "words"]
+    assert advise_group(got, None, [], []) == got  # a fix advised once is not advised again
+    got = advise_group(g, None, [], [])  # no rule matches at all
+    assert got.fixes[1].rewrite is not None and got.fixes[1].rewrite.status == "no_match"
+    assert "change the source" in got.summary and "reason" not in got.fixes[1].rewrite.to_json()
+    # the run's own --rewrite refused it: its reason, not a second look
+    got = advise_group(g, RewritesRecord([], [refused], all_fp16_passes=False, judgements=1))
+    assert "--rewrite tried scale_before_square here and refused it" in got.summary
+    assert got.fixes[0] is g.fixes[0] and got.fixes[0].text == "keep"  # no rewrite's
+    assert g.to_json() == as_given
+    assert CulpritGroup.from_json(got.to_json()) == got  # the advice round-trips
 
 
 def test_error_trend_words_follow_the_numbers():
@@ -284,8 +296,8 @@ def test_every_sentence_says_the_numbers_it_describes(tmp_path, name, budget):
                      *_said(text, r"falls from N% to N%")]:
             assert b < a, text
     for g in r.culprit_groups or []:
-        for (n,) in _said(g["summary"], r"keep these N nodes"):
-            assert n == len(g["nodes"]), g["summary"]
+        for (n,) in _said(g.summary, r"keep these N nodes"):
+            assert n == len(g.nodes), g.summary
             checked += 1
     assert checked  # the model's diagnosis says such numbers
     page = render_html(r, None, [], None)  # report.html without its plots

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -72,7 +73,7 @@ def test_plot_marks_the_limit(reported):
 
 def test_html_escapes_names(reported):
     r, _ = reported
-    group = dict(r.culprit_groups[0], summary="<script>alert(1)</script>")
+    group = dataclasses.replace(r.culprit_groups[0], summary="<script>alert(1)</script>")
     r2 = type(r)(**{**r.__dict__, "culprit_groups": [group]})
     page = render_html(r2, None)
     assert "<script>" not in page and "&lt;script&gt;" in page
@@ -207,10 +208,12 @@ def test_a_group_without_evidence_or_fixes_shows_no_empty_sections():
     per-node rounding) has no empty "Evidence:" line or "Fixes" heading, in Markdown or HTML."""
     from types import SimpleNamespace
 
+    from trtbisect.diagnosis.diagnose import CulpritGroup
+    from trtbisect.diagnosis.wording import Fix
     from trtbisect.reports.report import _html_groups, _md_groups
-    bare = {"cause": "per_node_rounding_only", "nodes": ["bn"], "summary": "bn fails only per node",
-            "evidence": {}, "fixes": []}
-    full = {**bare, "evidence": {"max_abs": 7.0e4}, "fixes": [{"kind": "fp32", "text": "keep bn"}]}
+    bare = CulpritGroup(["bn"], "per_node_rounding_only", None, {}, "bn fails only per node",
+                        [], None)
+    full = dataclasses.replace(bare, evidence={"max_abs": 7.0e4}, fixes=[Fix("fp32", "keep bn")])
     md = "\n".join(_md_groups(SimpleNamespace(culprit_groups=[bare])))
     html = "".join(_html_groups(SimpleNamespace(culprit_groups=[bare])))
     assert "bn fails only per node" in md and "Evidence" not in md and "Fixes" not in md

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..rewrites.driver import RewritesRecord
+from .diagnose import CulpritGroup
+from .wording import RewriteAdvice
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +36,10 @@ FIX_REWRITES: dict[str, tuple[str, ...]] = {
 
 def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
     """Check every culprit group's rewritable fixes against this model (pipeline, after the
-    diagnosis): the run's --rewrite record when it tried them, else the rules' own match."""
-    groups = [g for g in result.culprit_groups or [] if isinstance(g, dict)]
-    wanted = {r for g in groups for f in g.get("fixes", []) for r in FIX_REWRITES.get(f["kind"], ())}
+    diagnosis): the run's --rewrite record when it tried them, else the rules' own match.
+    The groups advised are new records in `result.culprit_groups`."""
+    groups: list[CulpritGroup] = result.culprit_groups or []
+    wanted = {r for g in groups for f in g.fixes for r in FIX_REWRITES.get(f.kind, ())}
     if not wanted:
         return
     record: RewritesRecord | None = result.rewrites
@@ -44,8 +48,7 @@ def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
         found = _find(ctx, stats, wanted)
         if found is None:
             return
-    for g in groups:
-        advise_group(g, record, *(found or ([], [])))
+    result.culprit_groups = [advise_group(g, record, *(found or ([], []))) for g in groups]
 
 
 def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, list] | None:
@@ -65,20 +68,23 @@ def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, l
         return None
 
 
-def advise_group(group: dict, record: RewritesRecord | None, matches: Sequence = (),
-                 refusals: Sequence = ()) -> None:
-    """Words and a record for each of the group's fixes that a rewrite implements."""
-    nodes = set(group.get("nodes") or [])
-    for fix in group.get("fixes", []):
-        rules = FIX_REWRITES.get(fix["kind"])
-        if not rules or "rewrite" in fix:
+def advise_group(group: CulpritGroup, record: RewritesRecord | None, matches: Sequence = (),
+                 refusals: Sequence = ()) -> CulpritGroup:
+    """The group with words and a record for each of its fixes that a rewrite implements
+    (a new record; `group` is left as it is)."""
+    nodes = set(group.nodes)
+    fixes, summary = [], group.summary
+    for fix in group.fixes:
+        rules = FIX_REWRITES.get(fix.kind)
+        if not rules or fix.rewrite is not None:
+            fixes.append(fix)
             continue
         verdict = (_from_record(record, rules, nodes) if record is not None
                    else _from_rules(rules, nodes, matches, refusals))
-        fix["rewrite"] = verdict
-        old = fix["text"]
-        fix["text"] = f"{old} ({verdict['words']})"
-        group["summary"] = group.get("summary", "").replace(old, fix["text"], 1)
+        text = f"{fix.text} ({verdict.words})"
+        fixes.append(replace(fix, text=text, rewrite=verdict))
+        summary = summary.replace(fix.text, text, 1)
+    return replace(group, fixes=fixes, summary=summary)
 
 
 def _touches(where: Iterable[str], nodes: set[str]) -> bool:
@@ -86,28 +92,31 @@ def _touches(where: Iterable[str], nodes: set[str]) -> bool:
 
 
 def _from_rules(rules: Sequence[str], nodes: set[str], matches: Sequence,
-                refusals: Sequence) -> dict:
+                refusals: Sequence) -> RewriteAdvice:
     for rule in rules:
         if any(m.rewrite == rule and _touches(m.where, nodes) for m in matches):
-            return {"rule": rule, "status": "matches",
-                    "words": f"`run --rewrite` can do this here: {rule}, kept only if it "
-                             "helps all FP16 pass"}
+            return RewriteAdvice(rule, "matches",
+                                 f"`run --rewrite` can do this here: {rule}, kept only if it "
+                                 "helps all FP16 pass")
     for rule in rules:
         r = next((r for r in refusals if r.rewrite == rule and _touches(r.where, nodes)), None)
         if r is not None:
-            return {"rule": rule, "status": "refused", "reason": r.reason,
-                    "words": f"`run --rewrite` cannot do it here: {rule}: {r.reason}"}
-    return {"rule": rules[0], "status": "no_match",
-            "words": f"no `--rewrite` rule ({', '.join(rules)}) matches this form of it: "
-                     "change the source"}
+            return RewriteAdvice(rule, "refused",
+                                 f"`run --rewrite` cannot do it here: {rule}: {r.reason}",
+                                 r.reason)
+    return RewriteAdvice(rules[0], "no_match",
+                         f"no `--rewrite` rule ({', '.join(rules)}) matches this form of it: "
+                         "change the source")
 
 
-def _from_record(record: RewritesRecord, rules: Sequence[str], nodes: set[str]) -> dict:
+def _from_record(record: RewritesRecord, rules: Sequence[str],
+                 nodes: set[str]) -> RewriteAdvice:
     """The run's own --rewrite attempts (precision.json "rewrites")."""
     for r in record.refused:
         if r.rewrite in rules and _touches(r.where, nodes):
-            return {"rule": r.rewrite, "status": "refused", "reason": r.reason,
-                    "words": f"--rewrite tried {r.rewrite} here and refused it: "
-                             f"{r.reason}"}
-    return {"rule": rules[0], "status": "no_match",
-            "words": f"--rewrite found no {' or '.join(rules)} match here: change the source"}
+            return RewriteAdvice(r.rewrite, "refused",
+                                 f"--rewrite tried {r.rewrite} here and refused it: "
+                                 f"{r.reason}", r.reason)
+    return RewriteAdvice(rules[0], "no_match",
+                         f"--rewrite found no {' or '.join(rules)} match here: change the "
+                         "source")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -30,9 +30,14 @@ __all__ = ["CulpritGroup", "Fix", "annotate", "attach", "diagnose", "group_culpr
            "note_semantics", "num", "pct"]
 
 
-@dataclass
+PER_NODE_ROUNDING = "per_node_rounding_only"  # note_semantics's group: no FP32 needed
+
+
+@dataclass(frozen=True)
 class CulpritGroup:
-    """Culprits connected through data flow, with one diagnosis for all of them."""
+    """Culprits connected through data flow, with one diagnosis for all of them (a run's
+    `culprit_groups`, with its evidence as precision.json writes it: `as_written`). New words
+    make a new record (dataclasses.replace): advice.py's, note_semantics's."""
 
     nodes: list[str]
     cause: str
@@ -42,24 +47,37 @@ class CulpritGroup:
     fixes: list[Fix]
     applied_fix: str | None
     scope: str | None = None
-    why: dict[str, str] = field(default_factory=dict)  # per node, for Culprit.why
+    # per node, for Culprit.why (precision.json has it in "culprits", not here)
+    why: dict[str, str] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict:
-        return {"nodes": self.nodes, "scope": self.scope, "cause": self.cause,
-                "pattern": self.pattern,
-                "evidence": {k: _jnum(v) for k, v in self.evidence.items()},
-                "summary": self.summary, "fixes": [f.to_json() for f in self.fixes],
-                "applied_fix": self.applied_fix}
+        d = {"nodes": list(self.nodes), "scope": self.scope, "cause": self.cause,
+             "pattern": self.pattern, "evidence": evidence_json(self.evidence),
+             "summary": self.summary, "fixes": [f.to_json() for f in self.fixes],
+             "applied_fix": self.applied_fix}
+        if self.cause == PER_NODE_ROUNDING:  # precision.json has always written its summary
+            d["summary"] = d.pop("summary")  # after its (empty) fixes
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping) -> CulpritGroup:
         """Back from precision.json (per-node `why` lives in `culprits`, not here)."""
         return cls(list(d["nodes"]), d["cause"], d.get("pattern"), dict(d["evidence"]),
-                   d["summary"], [Fix(f["kind"], f["text"], f.get("rewrite")) for f in d["fixes"]],
+                   d["summary"], [Fix.from_json(f) for f in d["fixes"]],
                    d.get("applied_fix"), d.get("scope"))
 
+    def as_written(self) -> CulpritGroup:
+        """The group with its evidence as precision.json holds it (what a run records, so
+        that the console and the reports say the numbers the file says)."""
+        return replace(self, evidence=evidence_json(self.evidence))
 
-def _jnum(v: object) -> object:
+
+def evidence_json(evidence: Evidence) -> Evidence:
+    """The evidence as precision.json writes it (`_jnum`: 6 digits, inf and NaN as text)."""
+    return {k: _jnum(v) for k, v in evidence.items()}
+
+
+def _jnum(v: float | int | str | None) -> float | int | str | None:
     """JSON has no inf/NaN; and 6 significant digits are plenty for evidence."""
     if isinstance(v, float):
         return float(f"{v:.6g}") if math.isfinite(v) else str(v)
@@ -107,7 +125,7 @@ def attach(result, g: Graph, constants: Mapping[str, ConstantStats],
     whys = {n: w for grp in groups for n, w in grp.why.items()}
     for c in result.culprits:
         c.why = whys.get(c.node, c.why)
-    result.culprit_groups = [grp.to_json() for grp in groups]
+    result.culprit_groups = [grp.as_written() for grp in groups]
     return groups
 
 
@@ -165,53 +183,56 @@ def note_semantics(result, notes: Mapping[str, str], new_group: bool) -> None:
     in the plan) form their own group."""
     if not notes:
         return
-    if result.culprit_groups is None:
-        result.culprit_groups = []
-    groups = result.culprit_groups
-    for grp in groups:
-        hits = [n for n in grp["nodes"] if n in notes]
-        if hits:
-            grp["summary"] += " " + "; ".join(f"{n} {notes[n]}" for n in hits) + "."
+    groups = [_noted(grp, notes) for grp in result.culprit_groups or []]
     for c in result.culprits:
         if c.node in notes:
             c.why = f"{c.why}; {notes[c.node]}"
     if new_group:
-        nodes = list(notes)
-        groups.append({"nodes": nodes, "scope": None, "cause": "per_node_rounding_only",
-                       "pattern": None, "evidence": {}, "fixes": [], "applied_fix": None,
-                       "summary": "; ".join(f"{n} {w}" for n, w in notes.items())
-                       + ": no FP32 fallback needed for TensorRT."})
+        groups.append(CulpritGroup(
+            nodes=list(notes), cause=PER_NODE_ROUNDING, pattern=None, evidence={},
+            summary="; ".join(f"{n} {w}" for n, w in notes.items())
+            + ": no FP32 fallback needed for TensorRT.", fixes=[], applied_fix=None))
+    result.culprit_groups = groups
 
 
-def annotate(model: onnx.ModelProto, groups: Sequence[Mapping], whys: Mapping[str, str],
+def _noted(grp: CulpritGroup, notes: Mapping[str, str]) -> CulpritGroup:
+    """The group, its summary followed by the notes of its nodes (itself: none noted)."""
+    hits = [n for n in grp.nodes if n in notes]
+    if not hits:
+        return grp
+    return replace(grp, summary=f"{grp.summary} " + "; ".join(f"{n} {notes[n]}" for n in hits)
+                   + ".")
+
+
+def annotate(model: onnx.ModelProto, groups: Sequence[CulpritGroup], whys: Mapping[str, str],
              meta: Mapping[str, str] | None = None) -> onnx.ModelProto:
     """A named copy whose culprit nodes carry their diagnosis, so Netron shows it.
 
-    `groups` are culprit groups as in precision.json. The diagnosis goes into each node's
-    doc_string (Netron shows it with the node's properties) and, where the IR version has
-    them (>= 10), node metadata_props; the model gets a summary in its metadata_props.
+    `groups` are a run's culprit groups. The diagnosis goes into each node's doc_string
+    (Netron shows it with the node's properties) and, where the IR version has them (>= 10),
+    node metadata_props; the model gets a summary in its metadata_props.
     """
     out = with_node_names(model)
     by_name = {n.name: n for n in walk(out.graph.node)}  # subgraphs' nodes too
     for k, grp in enumerate(groups):
-        for name in grp["nodes"]:
+        for name in grp.nodes:
             node = by_name.get(name)
             if node is None:
                 continue
             node.doc_string = _node_doc(grp, whys.get(name, ""), k)
             if out.ir_version >= 10:
                 _set_props(node.metadata_props, {
-                    "trtbisect.precision": "fp32", "trtbisect.cause": grp["cause"],
-                    "trtbisect.pattern": grp.get("pattern") or "",
+                    "trtbisect.precision": "fp32", "trtbisect.cause": grp.cause,
+                    "trtbisect.pattern": grp.pattern or "",
                     "trtbisect.group": str(k + 1)})
     _set_props(out.metadata_props, dict(meta or {}))
     return out
 
 
-def _node_doc(grp: Mapping, why: str, k: int) -> str:
-    pattern = f", {grp['pattern']}" if grp.get("pattern") else ""
-    head = "keep FP32" if grp.get("applied_fix") else "suspect"
-    return f"trtbisect: {head} ({grp['cause']}{pattern}, group {k + 1}). {why}. {grp['summary']}"
+def _node_doc(grp: CulpritGroup, why: str, k: int) -> str:
+    pattern = f", {grp.pattern}" if grp.pattern else ""
+    head = "keep FP32" if grp.applied_fix else "suspect"
+    return f"trtbisect: {head} ({grp.cause}{pattern}, group {k + 1}). {why}. {grp.summary}"
 
 
 def _set_props(props, values: Mapping[str, str]) -> None:

@@ -10,8 +10,9 @@ FP32's.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..judge.precision import FP16, Precision
 from ..search.prior import SMALL_CONSTANT
@@ -23,16 +24,42 @@ DOMAIN_OPS = {"Sqrt": "Max(x, 0)", "Log": "Max(x, eps)", "Div": "denominator + e
 
 
 @dataclass(frozen=True)
+class RewriteAdvice:
+    """Whether `run --rewrite` does a fix here (diagnosis/advice.py): the rule, "matches",
+    "refused" (and why) or "no_match", and the words the fix's text gets."""
+
+    rule: str
+    status: str
+    words: str
+    reason: str | None = None  # "refused": the rule's or the run's reason
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "status": self.status,
+                **({"reason": self.reason} if self.reason is not None else {}),
+                "words": self.words}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RewriteAdvice:
+        return cls(d["rule"], d["status"], d["words"], d.get("reason"))
+
+
+@dataclass(frozen=True)
 class Fix:
     """One way out; `kind` is stable (tests, reports), `text` is for people."""
 
     kind: str
     text: str
-    rewrite: dict | None = None  # whether `run --rewrite` does it here (diagnosis/advice.py)
+    rewrite: RewriteAdvice | None = None  # whether `run --rewrite` does it here (advice.py)
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "text": self.text,
-                **({"rewrite": self.rewrite} if self.rewrite else {})}
+                **({"rewrite": self.rewrite.to_json()} if self.rewrite else {})}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Fix:
+        rewrite = d.get("rewrite")
+        return cls(d["kind"], d["text"],
+                   RewriteAdvice.from_json(rewrite) if rewrite is not None else None)
 
 
 def num(x: float | int | None) -> str:

@@ -91,6 +91,15 @@ class OutputError:
             d["scores"] = [s.to_json() for s in self.scores]
         return d
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], scores: tuple = ()) -> OutputError:
+        """Back from its `to_json` (a non-finite number written as text is a float again);
+        `scores`: its "scores" read back (criteria.error_from_json, which knows them)."""
+        def f(k: str) -> float:
+            return from_json_float(d[k])
+        return cls(f("max_abs"), f("bound"), f("rel"), f("mean_abs"), f("p99_abs"), f("cosine"),
+                   d["nonfinite"], d["passed"], scores, d.get("sample"), d.get("bound_sample"))
+
     def max_text(self, fmt: Callable[[float], str] = lambda x: f"{x:.3g}") -> str:
         """The default criterion's numbers as every place says them: "max|d| 0.0055 on
         sample 2 (bound 0.0643 of sample 0)" over several samples (`worst`), "max|d| 0.0055
@@ -118,6 +127,15 @@ class OutputError:
 def _json_float(v):
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
+    return v
+
+
+def from_json_float(v: float | int | str) -> float:
+    """A number as `_json_float` (or criteria's `_num`) wrote it: "inf", "-inf" and "nan" are
+    floats again (NaN as math.nan, the one NaN the judge itself writes)."""
+    if isinstance(v, str):
+        x = float(v)
+        return math.nan if math.isnan(x) else x
     return v
 
 

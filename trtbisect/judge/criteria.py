@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TrtBisectError
-from .compare import OutputError, Tolerance, compare_output, worst
+from .compare import OutputError, Tolerance, compare_output, from_json_float, worst
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -73,6 +73,20 @@ class Score:
             d["output"] = self.output
         d.update({k: _num(v) for k, v in self.detail})
         return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], entries: Mapping[str, Entry]) -> Score:
+        """Back from its `to_json`: which way is better and the unit are its entry's, found
+        in `entries` (metrics.entries()) by the criterion's name as written ("cosine:0.999":
+        cosine); a hook's, a stopped inference's or a criterion given for a missing shape
+        have none."""
+        entry = entries.get(d["criterion"].split(":")[0])
+        unit = "s" if d["criterion"] == TIMEOUT else entry.unit if entry is not None else ""
+        fixed = ("criterion", "value", "bound", "passed", "output")
+        return cls(d["criterion"], d.get("output"), from_json_float(d["value"]),
+                   from_json_float(d["bound"]), d["passed"],
+                   entry.higher_is_better if entry is not None else False,
+                   tuple((k, from_json_float(v)) for k, v in d.items() if k not in fixed), unit)
 
     def text(self) -> str:
         """For tables: `quantile(0.99) |d| 7e-06 <= atol 0 or rel 0.2 <= rtol 0.01`."""
@@ -207,6 +221,12 @@ class Judgement:
                    + [s.severity for s in self.scores], default=0.0)
 
 
+def error_from_json(d: Mapping[str, Any], entries: Mapping[str, Entry]) -> OutputError:
+    """An output's error back from its `to_json`, its criteria's scores with it."""
+    return OutputError.from_json(d, tuple(Score.from_json(s, entries)
+                                          for s in d.get("scores", ())))
+
+
 def timed_out(ref: Arrays, seconds: float) -> Judgement:
     """A sample whose inference was stopped at --eval-timeout (limits.py): every output
     failed, with no numbers (there are no outputs to measure)."""
@@ -227,6 +247,16 @@ class Verdict:
     samples: tuple[bool, ...]  # per sample: passed
     severities: tuple[float, ...]  # per sample: how badly it misses (Score.severity)
     required: int  # samples that must pass
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], errors: dict[str, OutputError],
+                  entries: Mapping[str, Entry]) -> Verdict:
+        """Back from its `to_json`, with its `errors` (written beside it) read back."""
+        per = d["per_sample"]
+        return cls(d["passed"], errors,
+                   tuple(Score.from_json(s, entries) for s in d.get("checks", ())),
+                   tuple(p["passed"] for p in per),
+                   tuple(from_json_float(p["severity"]) for p in per), d["required"])
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {

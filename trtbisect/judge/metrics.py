@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .criteria import Entry, register
+from .criteria import REGISTRY, Entry, register
 from .stats import _cast_up
 
 
@@ -229,3 +229,10 @@ IOU = register(Entry(
     _parse_iou, _iou_score, higher_is_better=True,
     why_not_polygraphy="Polygraphy has no IoU comparison",
 ))
+
+
+def entries() -> dict[str, Entry]:
+    """Every criterion's entry by name: the statistics (stats.py) and the metrics (this module)
+    register theirs when imported, so a score read back from JSON finds its own
+    (criteria.Score.from_json)."""
+    return dict(REGISTRY)

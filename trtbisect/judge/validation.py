@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from .compare import worst
-from .criteria import Judgement, Verdict
+from .criteria import Entry, Judgement, Verdict, error_from_json
 
 HOLD_OUT_SHARE = 0.25  # of two samples or more, this share (at least one) validates
 PERTURB_COPIES = 2  # one sample: this many perturbed copies validate
@@ -160,7 +160,8 @@ class Validation:
 
     kind: Kind
     described: str
-    judgements: list[Judgement] = field(default_factory=list, repr=False)
+    # each validation sample's judgement (stages/written.py); not written, nor read back
+    judgements: list[Judgement] = field(default_factory=list, repr=False, compare=False)
     verdict: Verdict | None = None
     indices: list[int] = field(default_factory=list)
     # held out: the criteria over every sample given (their --pass-rate counts them all)
@@ -183,6 +184,17 @@ class Validation:
             d["judged"] = self.verdict.to_json()
             d["errors"] = {o: e.to_json() for o, e in self.verdict.errors.items()}
         return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], entries: Mapping[str, Entry]) -> Validation:
+        """Back from its `to_json` (`entries`: metrics.entries(), for the scores). A held-out
+        validation's "passed" is the run's over every sample given (`overall`: stages/
+        written.py sets it whenever held-out samples were judged)."""
+        verdict = (Verdict.from_json(d["judged"], {o: error_from_json(e, entries)
+                                                   for o, e in d["errors"].items()}, entries)
+                   if "judged" in d else None)
+        overall = d["passed"] if d["kind"] == "held_out" and verdict is not None else None
+        return cls(d["kind"], d["samples"], [], verdict, list(d.get("indices", [])), overall)
 
 
 def hold_out(samples: Sequence[Arrays], references: Sequence[Arrays], share: float,

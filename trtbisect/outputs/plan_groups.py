@@ -13,9 +13,9 @@ Pure: reads a RunResult (or anything with its `culprits` and `extra`), no runtim
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..search.cost import CostRecord
 
@@ -70,14 +70,26 @@ def unit_shares(cost: CostRecord | None) -> dict[str, float]:
     return out
 
 
-def diagnosis_keys(groups: Sequence[Mapping]) -> list[tuple]:
+class Diagnosed(Protocol):
+    """What the rows read of a culprit group (diagnosis/diagnose.CulpritGroup, a layer
+    above: read by attribute, not imported)."""
+
+    @property
+    def nodes(self) -> Sequence[str]: ...
+    @property
+    def cause(self) -> str: ...
+    @property
+    def pattern(self) -> str | None: ...
+
+
+def diagnosis_keys(groups: Sequence[Diagnosed]) -> list[tuple]:
     """The culprit groups folded by what their paragraph says (cause and pattern): the
     distinct keys in first-seen order."""
     return list(dict.fromkeys(_key(g) for g in groups))
 
 
-def _key(g: Mapping) -> tuple:
-    return (g.get("cause"), g.get("pattern"))
+def _key(g: Diagnosed) -> tuple:
+    return (g.cause, g.pattern)
 
 
 def plan_groups(result: Any) -> list[PlanGroup]:
@@ -85,9 +97,9 @@ def plan_groups(result: Any) -> list[PlanGroup]:
     culprits = list(getattr(result, "culprits", []) or [])
     shares = unit_shares(getattr(result, "cost", None))
     by_module = any(c.module for c in culprits)
-    diag = [g for g in getattr(result, "culprit_groups", None) or [] if isinstance(g, Mapping)]
+    diag: list[Diagnosed] = list(getattr(result, "culprit_groups", None) or [])
     keys = diagnosis_keys(diag)
-    number = {n: keys.index(_key(g)) + 1 for g in diag for n in g.get("nodes", [])}
+    number = {n: keys.index(_key(g)) + 1 for g in diag for n in g.nodes}
     groups: dict[str, PlanGroup] = {}
     counted: set[str] = set()
     for c in culprits:
@@ -112,13 +124,13 @@ def plan_groups(result: Any) -> list[PlanGroup]:
                                                    order[id(g)]))
 
 
-def cause_text(g: PlanGroup, diag: Sequence[Mapping]) -> str:
+def cause_text(g: PlanGroup, diag: Sequence[Diagnosed]) -> str:
     """`1. overflow`: the numbered diagnosis paragraph(s) the group's nodes belong to."""
     keys = diagnosis_keys(diag)
     return ", ".join(f"{k}. {keys[k - 1][0]}" for k in sorted(g.diagnoses)) or "-"
 
 
-def kinds_text(g: PlanGroup, diag: Sequence[Mapping]) -> str:
+def kinds_text(g: PlanGroup, diag: Sequence[Diagnosed]) -> str:
     """`overflow, layernorm_decomposed`: the cause and pattern of the group's nodes in words
     (the report, where the diagnosis cards are numbered per group, not per kind)."""
     keys = diagnosis_keys(diag)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..base.escape import md_code, md_fence, md_table_cell, md_text, shown_text
 from ..base.files import atomic_write, atomic_write_text
-from ..diagnosis.diagnose import num, pct
+from ..diagnosis.diagnose import CulpritGroup, num, pct
 from ..errors import require
 from ..judge.compare import FP16_MAX, FP16_TINY, OutputError
 from ..judge.precision import FP16, Precision
@@ -114,13 +114,12 @@ def verdict_line(result: RunResult) -> str:
     return line.replace("FP16", low.label) if key in ("fp16_ok", "unvalidated_as_is") else line
 
 
-def groups_of(result: RunResult) -> list[dict]:
-    groups = result.culprit_groups
-    return list(groups) if isinstance(groups, list) else []
+def groups_of(result: RunResult) -> list[CulpritGroup]:
+    return list(result.culprit_groups or [])
 
 
-def group_of_node(result: RunResult) -> dict[str, dict]:
-    return {n: g for g in groups_of(result) for n in g["nodes"]}
+def group_of_node(result: RunResult) -> dict[str, CulpritGroup]:
+    return {n: g for g in groups_of(result) for n in g.nodes}
 
 
 # ---------------------------------------------------------------- plot
@@ -256,9 +255,9 @@ def _group_starts(result: RunResult, stats: Sequence) -> dict[int, str]:
     index = {s.producer: i for i, s in reversed(list(enumerate(stats))) if s.producer}
     out = {}
     for k, g in enumerate(groups_of(result), 1):
-        first = min((index[n] for n in g["nodes"] if n in index), default=None)
+        first = min((index[n] for n in g.nodes if n in index), default=None)
         if first is not None:
-            out[first] = f"{k}: {g.get('scope') or g['nodes'][0]}"
+            out[first] = f"{k}: {g.scope or g.nodes[0]}"
     return out
 
 
@@ -457,8 +456,8 @@ def margin_lines(result: RunResult) -> list[str]:
         if err.scores:
             held = [m.text("its margin")
                     for k, m in (result.certificate.scores if result.certificate else {}).items()
-                    if k.startswith(f"{name}:") and isinstance(m.margin, (int, float))
-                    and isinstance(m.spread, (int, float))]
+                    if k.startswith(f"{name}:") and math.isfinite(m.margin)
+                    and math.isfinite(m.spread)]
             out.append(f"{name}: {who} {'passes' if err.passed else 'fails'} "
                        f"{err.scores_text}" + (f"; {'; '.join(held)}" if held else ""))
             continue
@@ -546,14 +545,14 @@ def command_rows(result: RunResult) -> list[tuple[str, str]]:
     return [(r.title, r.text) for r in render_all(result.fp32_nodes, ctx).values()]
 
 
-def fix_lines(group: Mapping) -> list[tuple[bool, str]]:
+def fix_lines(group: CulpritGroup) -> list[tuple[bool, str]]:
     """(applied by the plan?, text) for each suggested fix."""
-    return [(f["kind"] == group.get("applied_fix"), f["text"]) for f in group["fixes"]]
+    return [(f.kind == group.applied_fix, f.text) for f in group.fixes]
 
 
-def evidence_items(group: Mapping) -> list[tuple[str, str]]:
+def evidence_items(group: CulpritGroup) -> list[tuple[str, str]]:
     out = []
-    for k, v in group["evidence"].items():
+    for k, v in group.evidence.items():
         if v is None or k in ("limit",):
             continue
         if isinstance(v, float) and k in ("fraction",):
@@ -791,10 +790,9 @@ def _md_groups(result: RunResult) -> list[str]:
     out = ["## Diagnosis", ""] if groups_of(result) else []
     seen: set[tuple] = set()
     for k, g in enumerate(groups_of(result)):
-        pattern = f", pattern {md_code(g['pattern'])}" if g.get("pattern") else ""
-        out += [f"### Group {k + 1}: {md_code(g['cause'])}{pattern}", "", md_text(g["summary"]),
-                ""]
-        kind = (g.get("cause"), g.get("pattern"))
+        pattern = f", pattern {md_code(g.pattern)}" if g.pattern else ""
+        out += [f"### Group {k + 1}: {md_code(g.cause)}{pattern}", "", md_text(g.summary), ""]
+        kind = (g.cause, g.pattern)
         if kind in seen:
             continue
         seen.add(kind)
@@ -849,9 +847,10 @@ def culprit_rows(result: RunResult) -> tuple[list[str], list[tuple]]:
         unit = c.layer or c.node
         layer = "same layer" if unit in seen else (c.layer or "") if c.layer != c.node else ""
         seen.add(unit)
+        group = by_node.get(c.node)
         rows.append((c.node, c.op, *([c.module or ""] if modules else []),
                      *([layer] if layers else []), *([share] if priced else []),
-                     by_node.get(c.node, {}).get("cause", ""), c.why))
+                     group.cause if group is not None else "", c.why))
     casts = boundary_row(price) if priced else None
     if casts is not None:  # the rows add up to the plan's slowdown
         rows.append(("(boundary Casts)", "Cast", *([""] if modules else []),
@@ -998,7 +997,7 @@ def _html_groups(result: RunResult) -> list[str]:
     out = ["<h2>Diagnosis</h2>"] if groups else []
     kinds: dict[tuple, list[int]] = {}
     for k, g in enumerate(groups):
-        kinds.setdefault((g.get("cause"), g.get("pattern")), []).append(k)
+        kinds.setdefault((g.cause, g.pattern), []).append(k)
     cards = _html_cards(groups)
     for (cause, pattern), members in kinds.items():
         out.append(cards[members[0]])
@@ -1010,20 +1009,20 @@ def _html_groups(result: RunResult) -> list[str]:
     return out
 
 
-def _html_cards(groups: Sequence[Mapping]) -> list[str]:
+def _html_cards(groups: Sequence[CulpritGroup]) -> list[str]:
     out = []
     for k, g in enumerate(groups):
-        tags = f"<span class='tag cause'>{e(g['cause'])}</span>" + (
-            f"<span class='tag'>{e(g['pattern'])}</span>" if g.get("pattern") else "")
+        tags = f"<span class='tag cause'>{e(g.cause)}</span>" + (
+            f"<span class='tag'>{e(g.pattern)}</span>" if g.pattern else "")
         ev = "".join(f"<dt>{e(a)}</dt><dd>{e(b)}</dd>" for a, b in evidence_items(g))
         fixes = "".join(f"<li class='{'applied' if a else ''}'>{'✔ applied by the plan: ' if a else ''}"
                         f"{e(t)}</li>" for a, t in fix_lines(g))
-        count = len(g.get("nodes") or [])
-        where = f"{g['scope']}, " if g.get("scope") else ""
+        count = len(g.nodes)
+        where = f"{g.scope}, " if g.scope else ""
         out.append(f"<div class='card'><div>{tags}<b>Group {k + 1}</b> "
                    f"<span class='muted'>{e(where)}{e(plural(count, 'node'))} (listed under "
                    "“Every node of the plan”)</span></div>"
-                   f"<p>{e(g['summary'])}</p>" + (f"<dl class='ev'>{ev}</dl>" if ev else "")
+                   f"<p>{e(g.summary)}</p>" + (f"<dl class='ev'>{ev}</dl>" if ev else "")
                    + (f"<b>Fixes</b><ul class='fixes'>{fixes}</ul>" if fixes else "") + "</div>")
     return out
 

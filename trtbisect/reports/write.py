@@ -104,7 +104,7 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
         path = out_dir / f"{stem}.annotated.onnx"
         meta = {"trtbisect.verdict": result.verdict, "trtbisect.version": __version__,
                 "trtbisect.fp32_nodes": ",".join(result.fp32_nodes)}
-        annotated = annotate(ctx.model, result.culprit_groups,  # type: ignore[arg-type]
+        annotated = annotate(ctx.model, result.culprit_groups,
                              {c.node: c.why for c in result.culprits}, meta)
         graph_model(ctx.graph, annotated).save(path, held=ctx.input_check)
         result.files["annotated_model"] = str(path)

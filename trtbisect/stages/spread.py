@@ -42,9 +42,7 @@ from ..context import Context, JudgeOptions
 from ..judge.compare import Tolerance, worst
 from ..judge.criteria import Judgement, Score
 from ..judge.mixed import Written
-from ..result import CertificateRecord
-from ..result import OutputMargin as ResultOutputMargin
-from ..result import ScoreMargin as ResultScoreMargin
+from ..result import CertificateRecord, OutputMargin, ScoreMargin
 from ..search.minimal import Noisy
 from ..search.noise import Rise
 
@@ -55,78 +53,6 @@ AIM_ROUNDS = 2  # searches aimed inside the bound before the verdict says `fragi
 SPREAD_SHARE = 0.25  # a spread above this share of an output's bound: `fragile` at once
 AIM_SHARE = 0.2  # all aimed searches and the validation of every plan written (the first's
 AIM_FLOOR = 8  # too): at most this share of the first search's evaluations (at least this many)
-
-
-def _num(x: float) -> float | str | None:
-    if x is None:
-        return None
-    return x if math.isfinite(x) else str(x)
-
-
-@dataclass
-class OutputMargin:
-    """One output's margin under the rendered bound against the spread."""
-
-    bound: float  # the smallest bound over the samples: what the renderings write
-    worst: float  # the judge's largest max|d| over the samples
-    spread: float  # max over variations and samples of |max|d| moved|, or the noise floor
-    noise_floor: float
-    variants: dict[str, float] = field(default_factory=dict)  # each variation's worst max|d|
-    sample: int | None = None  # the user's number of the sample whose max|d| is `worst`
-    bound_sample: int | None = None  # ... and of the sample whose bound is `bound`
-
-    @property
-    def margin(self) -> float:
-        return self.bound - self.worst
-
-    @property
-    def certified(self) -> bool:
-        return self.margin > self.spread
-
-    def to_json(self) -> dict:
-        return {"bound": _num(self.bound), "worst": _num(self.worst), "margin": _num(self.margin),
-                "spread": _num(self.spread), "noise_floor": _num(self.noise_floor),
-                "certified": self.certified,
-                "variants": {k: _num(v) for k, v in self.variants.items()},
-                **({"sample": self.sample, "bound_sample": self.bound_sample}
-                   if self.sample is not None else {})}
-
-
-@dataclass
-class ScoreMargin:
-    """One criterion's score (a `--metric`, a `--check-error-stat` statistic, a hook's score)
-    clear of its threshold against how far the same variations move it.
-
-    Measured in the score's severity (criteria.Score.severity: 1 at the threshold, below 1
-    passing), the one number that follows each pass rule exactly: a metric's (1 - score) /
-    (1 - threshold), Polygraphy's statistic passing when |d| <= atol OR rel <= rtol (the
-    smaller of the two ratios), SNR's ratio of noise powers. The margin is 1 - the worst
-    severity over the samples, the spread the largest move of the severity under a variation
-    on the same sample; certified when the margin exceeds the spread."""
-
-    bound: float  # the threshold the score is held to (its own units)
-    worst: float  # the worst sample's score (its own units)
-    higher_is_better: bool
-    severity: float  # the worst severity over the samples
-    spread: float  # max over variations and samples of |severity moved|
-    sample: int | None = None  # the user's number of the worst sample (several samples)
-
-    @property
-    def margin(self) -> float:
-        return 1.0 - self.severity
-
-    @property
-    def certified(self) -> bool:
-        return self.margin > self.spread
-
-    def to_json(self) -> dict:
-        d = {"bound": _num(self.bound), "worst": _num(self.worst),
-             "severity": _num(self.severity), "margin": _num(self.margin),
-             "spread": _num(self.spread), "higher_is_better": self.higher_is_better,
-             "certified": self.certified}
-        if self.sample is not None:
-            d["sample"] = self.sample
-        return d
 
 
 def _scores(j: Judgement) -> dict[str, Score]:
@@ -209,15 +135,13 @@ class Certificate:
         return self.record().to_json()
 
     def record(self) -> CertificateRecord:
-        """The frozen record a result keeps (result.CertificateRecord): its `to_json` is
-        this certificate's, byte for byte."""
+        """The frozen record a result keeps (result.CertificateRecord), its margins the very
+        records measured here: its `to_json` is this certificate's."""
         noise = self.search_noise
         return CertificateRecord(
-            self.certified, self.aim_round,
-            {k: ResultOutputMargin.from_json(m.to_json()) for k, m in self.outputs.items()},
-            dict(self.variant_verdicts),
-            {k: ResultScoreMargin.from_json(m.to_json()) for k, m in self.scores.items()},
-            None if noise is None else Rise.from_json(noise.to_json()), self.decided)
+            self.certified, self.aim_round, dict(self.outputs), dict(self.variant_verdicts),
+            dict(self.scores), None if noise is None else Rise.from_json(noise.to_json()),
+            self.decided)
 
 
 def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequence[Judgement],
