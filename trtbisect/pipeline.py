@@ -114,11 +114,15 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
         return _finish(unjudgeable, ctx, out_dir, started, opts.output.report, marks)
     # the samples the written plan is validated on, never searched (judge/validation.py)
     ctx.hold_out(opts.sample.validation_share, opts.sample.seed, opts.judge.threads)
-    # the certificate's FP32 references under each variant: the same for every plan, so on a
-    # big graph a child computes them from now on, beside the stages (backends/ort.py)
-    ctx.variant_references = VariantReferences.start(ctx.graph, ctx.every_sample,
-                                                     opts.judge.threads)
-    children.append(ctx.variant_references)
+    # what the certificate and the validation compute of FP32 is the same for every plan: on
+    # a big graph a child computes it from now on, beside the stages (backends/ort.py)
+    held = ctx.validation
+    others = held.samples if held is not None and held.references is None else None
+    early = VariantReferences.start(ctx.graph, ctx.every_sample, opts.judge.threads, others)
+    ctx.variant_references = early
+    children.append(early)
+    if held is not None and others is not None and held.reference is not None:
+        held.reference = _early_first(early, held.reference)
     stats: dict[str, TensorStats] = {}
     fingerprint = _fingerprint(ctx, opts.judge, opts.search)
     # range facts of every weight, as the judge converts them: one pass over the weights
@@ -168,6 +172,16 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
     _settle(result, cert, ctx, opts.judge)
     _explain(result, ctx, opts, ev, constants, st.units, st.unit_of, stage, on_layerwise)
     return _finish(result, ctx, out_dir, started, opts.output.report, marks)
+
+
+def _early_first(early: VariantReferences,
+                 reference: Callable[[Sequence[Any]], list[dict[str, np.ndarray]]]
+                 ) -> Callable[[Sequence[Any]], list[dict[str, np.ndarray]]]:
+    """The validation samples' references: the early child's, else made as before."""
+    def made(samples: Sequence[Any]) -> list[dict[str, np.ndarray]]:
+        got = early.of_others(samples)
+        return got if got is not None else reference(samples)
+    return made
 
 
 def _load(model_path: str | Path, opts: Options, out_dir: Path | None,

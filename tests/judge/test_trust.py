@@ -631,3 +631,79 @@ def test_the_runs_references_started_early_and_kept_compute_the_same_bits(tmp_pa
     late = ort_backend.VariantReferences.start(g, samples, None)
     late.close()
     assert not [p for p in mp.active_children() if p.name == "trtbisect-variant"]
+
+
+def test_the_judge_sessions_runs_started_early_compute_the_same_bits(tmp_path, monkeypatch):
+    """The noise floor's nudged runs and the perturbed copies' FP32 references do not depend
+    on the plan either: computed in the early child, they are the numbers `nudge_noise` and
+    `Reference.run` compute here, bit for bit; asked for other samples, nothing is given."""
+    import trtbisect.backends.ort as ort_backend
+    from trtbisect.base import child as child_mod
+    from trtbisect.graph import Graph
+
+    m, _, inputs = _matmul(tmp_path)
+    g = Graph(m)
+    x = dict(np.load(inputs))
+    samples = [x, {"x": x["x"] * 0.5}]
+    copies = [{"x": x["x"] * 1.01}, {"x": x["x"] - 0.25}]
+    ref = ort_backend.Reference(g)
+    references = [ref.run(s) for s in samples]
+    here = [ref.run(c) for c in copies]
+    noise = ort_backend.nudge_noise(g, samples, references)
+    monkeypatch.setattr(child_mod, "CHILD_NODES", 0)
+    early = ort_backend.VariantReferences.start(g, samples, None, copies)
+    try:
+        got = early.of_others(copies)
+        assert got is not None and len(got) == len(here)
+        assert [{n: a.tobytes() for n, a in r.items()} for r in got] == \
+            [{n: a.tobytes() for n, a in r.items()} for r in here]
+        runs = early.nudged(g, samples, None)
+        assert runs is not None and ort_backend.nudge_moves(references, runs) == noise
+        assert early.of_others([dict(c) for c in copies]) is None  # other samples
+        assert early.nudged(g, list(samples), None) is None
+    finally:
+        early.close()
+
+
+def test_a_run_with_the_early_child_writes_the_same_certificate_and_validation(tmp_path,
+                                                                              monkeypatch):
+    """The same run with its plan-independent FP32 work in the early child (a graph worth a
+    child) and without one: the same certificate, margins, validation and plan, and no child
+    left behind."""
+    import multiprocessing as mp
+
+    from trtbisect.base import child as child_mod
+    from trtbisect.context import Options
+    from trtbisect.judge.compare import Tolerance
+    from trtbisect.pipeline import run
+
+    m, path, inputs = _matmul(tmp_path)
+    rel = _all_fp16_rel(m, inputs)
+    opts = Options.of(inputs=[str(inputs)], tolerance=Tolerance(rel * 100))
+    import trtbisect.backends.ort as ort_backend
+
+    plain = run(path, opts, tmp_path / "plain")
+    monkeypatch.setattr(child_mod, "CHILD_NODES", 0)
+
+    def not_here(*a, **k):
+        raise AssertionError("the nudged runs are the early child's")
+
+    given = []
+    real = ort_backend.VariantReferences.of_others
+
+    def of_others(self, samples):
+        given.append(real(self, samples))
+        return given[-1]
+
+    monkeypatch.setattr("trtbisect.backends.ort.nudge_noise", not_here)
+    monkeypatch.setattr(ort_backend.VariantReferences, "of_others", of_others)
+    early = run(path, opts, tmp_path / "early")
+    assert given and all(g is not None for g in given)  # the copies' references: the child's
+    assert plain.validation is not None and plain.validation.kind == "perturbed"
+    for r in (plain, early):
+        assert r.verdict == "fp16_ok" and r.certificate is not None
+    assert early.certificate.to_json() == plain.certificate.to_json()
+    assert early.validation.to_json() == plain.validation.to_json()
+    assert {k: v.to_json() for k, v in early.margins.items()} == \
+        {k: v.to_json() for k, v in plain.margins.items()}
+    assert not [p for p in mp.active_children() if p.name == "trtbisect-variant"]

@@ -1119,19 +1119,32 @@ def nudge_noise(graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
                 threads: int | None = None) -> dict[str, float]:
     """Per output, how far the judge's own FP32 moves when every float input is nudged by one
     FP32 ulp (up or down at random, seeded): half of `kernel_noise`."""
-    proto, arrays = _fp32_graph(graph)
-    judge = Session(proto, arrays, threads)
-    names = graph.output_names()
-    rng = np.random.default_rng(0)
+    return nudge_moves(references, _nudged_runs(Session(*_fp32_graph(graph), threads), samples,
+                                                graph.output_names()))
+
+
+def nudge_moves(references: Sequence[Mapping[str, np.ndarray]],
+                nudged: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+    """`nudge_noise` from the nudged runs' outputs (`_nudged_runs`), per sample."""
     noise: dict[str, float] = {}
-    for sample, ref in zip(samples, references):
+    for ref, got in zip(references, nudged):
+        fp32_moves(noise, ref, got)
+    return noise
+
+
+def _nudged_runs(judge: Session, samples: Sequence[Mapping[str, np.ndarray]],
+                 names: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """The FP32 judge session's outputs with every float input nudged by one ulp (seeded)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for sample in samples:
         fed = {k: np.asarray(v, np.float32) if k in judge.float_inputs else np.asarray(v)
                for k, v in sample.items()}
         nudged = {k: (np.nextafter(v, np.where(rng.random(v.shape) < 0.5, -np.inf, np.inf)
                                    .astype(np.float32)) if v.dtype == np.float32 else v)
                   for k, v in fed.items()}
-        fp32_moves(noise, ref, dict(zip(names, judge.run(nudged, names))))
-    return noise
+        out.append(dict(zip(names, judge.run(nudged, names))))
+    return out
 
 
 def fp32_moves(noise: dict[str, float], reference: Mapping[str, np.ndarray],
@@ -1207,30 +1220,37 @@ VARIANT_KEEP_BYTES = 256 << 20
 
 
 class VariantReferences:
-    """The FP32 reference's outputs under each variant, per sample: the same whatever plan is
-    certified, so computed once per run and kept (`VARIANT_KEEP_BYTES`). On a graph worth a
-    child process (base/child.py) whose weights fit `VARIANT_CHILD_BYTES`, `start` computes
-    them in a spawned child from the moment the samples are known, beside the run's stages
-    (the loads, the all-FP16 verdict, the search: one core's work here); the same sessions of
-    the same proto and weights, so the same numbers bit for bit as here. `close` ends the
-    child on every way out."""
+    """What the certificate and the validation compute of FP32 whatever the plan: the FP32
+    reference's outputs under each variant, per sample (kept for the run's later certificates,
+    `VARIANT_KEEP_BYTES`), and the FP32 judge session's runs: the nudged samples (the noise
+    floor, `nudge_noise`) and the validation's perturbed copies (`others`: their references,
+    as `Reference.run` computes them). On a graph worth a child process (base/child.py) whose
+    weights fit `VARIANT_CHILD_BYTES`, `start` computes them in a spawned child from the moment
+    the samples are known, beside the run's stages (the loads, the all-FP16 verdict, the
+    search: one core's work here); the same sessions of the same proto and weights, so the
+    same numbers bit for bit as here. `close` ends the child on every way out."""
 
     def __init__(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
-                 threads: int | None) -> None:
-        self.graph, self.samples, self.threads = graph, samples, threads
+                 threads: int | None,
+                 others: Sequence[Mapping[str, np.ndarray]] | None = None) -> None:
+        self.graph, self.samples, self.threads, self.others = graph, samples, threads, others
         self.every = variants(threads)
         self._child: _ReferenceChild | None = None
         self._kept: list[list[dict[str, np.ndarray]]] | None = None
+        self._runs: tuple[list, list] | None = None  # (nudged, others' references)
 
     @classmethod
     def start(cls, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
-              threads: int | None) -> VariantReferences:
-        refs = cls(graph, samples, threads)
+              threads: int | None,
+              others: Sequence[Mapping[str, np.ndarray]] | None = None) -> VariantReferences:
+        """`others`: samples whose FP32 references the run will want (None: none)."""
+        refs = cls(graph, samples, threads, others)
         if child_mod.worth_a_child(len(graph.names)):
             reference = _fp32_graph(graph)
             if _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES:
-                refs._child = _ReferenceChild.start(refs.every, reference, list(samples),
-                                                    graph.output_names())
+                refs._child = _ReferenceChild.start(
+                    refs.every, reference, list(samples), graph.output_names(),
+                    JudgeRuns(threads, [dict(o) for o in others or ()]))
         return refs
 
     def serves(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
@@ -1238,20 +1258,38 @@ class VariantReferences:
         """Whether these are the references a certificate of `graph` on `samples` needs."""
         return graph is self.graph and samples is self.samples and threads == self.threads
 
-    def results(self) -> list[list[dict[str, np.ndarray]]] | None:
-        """Per variant, per sample (the child's, waited for); None: neither started nor kept."""
-        if self._kept is not None:
-            return self._kept
+    def _wait(self) -> list[list[dict[str, np.ndarray]]] | None:
         if self._child is None:
             return None
         began = time.perf_counter()
-        got = self._child.results()
+        got, self._runs = self._child.everything()
         self._child = None
         log.info("the certificate's FP32 references: waited %.1f s for them",
                  time.perf_counter() - began)
-        if sum(a.nbytes for per in got for o in per for a in o.values()) <= VARIANT_KEEP_BYTES:
-            self._kept = got
+        self.keep(got)
         return got
+
+    def results(self) -> list[list[dict[str, np.ndarray]]] | None:
+        """Per variant, per sample (the child's, waited for); None: neither started nor kept."""
+        return self._kept if self._kept is not None else self._wait()
+
+    def nudged(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
+               threads: int | None) -> list | None:
+        """The nudged runs of `samples` (`nudge_moves` makes the noise floor of them); None:
+        not computed early for these."""
+        if not self.serves(graph, samples, threads):
+            return None
+        self.results()
+        return self._runs[0] if self._runs is not None else None
+
+    def of_others(self, samples: Sequence[Mapping[str, np.ndarray]]
+                  ) -> list[dict[str, np.ndarray]] | None:
+        """The FP32 references of `samples` when they are the `others` given (the same
+        object); None: not computed early."""
+        if self.others is None or samples is not self.others:
+            return None
+        self.results()
+        return self._runs[1] if self._runs is not None else None
 
     def keep(self, got: list[list[dict[str, np.ndarray]]]) -> None:
         if sum(a.nbytes for per in got for o in per for a in o.values()) <= VARIANT_KEEP_BYTES:
@@ -1360,13 +1398,42 @@ def _references(every: Sequence[Variant], reference: tuple[onnx.ModelProto, Mapp
     return out
 
 
+@dataclass(frozen=True)
+class JudgeRuns:
+    """What the FP32 judge session (optimizations off, the judge's threads) computes that no
+    plan changes: the nudged runs of every sample (`nudge_noise`) and the references of
+    other samples (the validation's perturbed copies: what `Reference.run` computes)."""
+
+    threads: int | None
+    others: list[dict[str, np.ndarray]]
+
+
+def _judge_runs(runs: JudgeRuns, reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+                samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+                ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    """The nudged outputs of `samples` and the FP32 outputs of `runs.others`, each computed as
+    `nudge_noise` and `Reference.run` compute them (the same proto, session and feeds)."""
+    judge = Session(*reference, runs.threads)
+    nudged = _nudged_runs(judge, samples, names)
+    others = [{n: as_array(v) for n, v in zip(names, judge.run(o, names))} for o in runs.others]
+    return nudged, others
+
+
+def _early(every: Sequence[Variant], reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+           samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str],
+           runs: JudgeRuns | None = None) -> tuple:
+    """`_references`, and with `runs` the judge session's (`_judge_runs`; else None)."""
+    refs = _references(every, reference, samples, names)
+    return refs, (_judge_runs(runs, reference, samples, names) if runs is not None else None)
+
+
 def _references_in_child(conn) -> None:
     """The child's side of `_ReferenceChild`: the task comes down `conn`, the outputs (or the
     error met) go back up it."""
     try:
-        every, (proto, arrays), samples, names = conn.recv()
-        answer: tuple = ("done", _references(every, (onnx.load_from_string(proto), arrays),
-                                             samples, names))
+        every, (proto, arrays), samples, names, runs = conn.recv()
+        answer: tuple = ("done", _early(every, (onnx.load_from_string(proto), arrays),
+                                        samples, names, runs))
     except TrtBisectError as exc:
         answer = ("error", str(exc))
     except BaseException as exc:  # noqa: BLE001 - the parent runs the references itself
@@ -1387,8 +1454,9 @@ class _ReferenceChild:
         self._task, self._proc, self._conn = task, proc, conn
 
     @classmethod
-    def start(cls, every: Sequence[Variant], reference, samples, names) -> _ReferenceChild:
-        task = (list(every), reference, samples, names)
+    def start(cls, every: Sequence[Variant], reference, samples, names,
+              runs: JudgeRuns | None = None) -> _ReferenceChild:
+        task = (list(every), reference, samples, names, runs)
         got = child_mod.start(_references_in_child, (), "trtbisect-variant", duplex=True,
                               why="the certificate's references")
         if got is None:
@@ -1396,12 +1464,17 @@ class _ReferenceChild:
         proc, mine = got
         try:
             mine.send((list(every), (reference[0].SerializeToString(), dict(reference[1])),
-                       [dict(s) for s in samples], list(names)))
+                       [dict(s) for s in samples], list(names), runs))
         except (OSError, EOFError):
             pass  # the child is gone already: `results` runs the references here
         return cls(task, proc, mine)
 
     def results(self) -> list[list[dict[str, np.ndarray]]]:
+        """Per variant, per sample: the FP32 reference's outputs."""
+        return self.everything()[0]
+
+    def everything(self) -> tuple:
+        """`_early`'s answer: the references, and the judge session's runs when asked."""
         answer: tuple = ("failed", "no child process")
         if self._conn is not None:
             try:
@@ -1414,7 +1487,7 @@ class _ReferenceChild:
             raise TrtBisectError(answer[1])
         if answer[0] == "failed":
             log.info("the certificate's FP32 references run here: %s", answer[1])
-            return _references(*self._task)
+            return _early(*self._task)
         return answer[1]
 
     def close(self) -> None:

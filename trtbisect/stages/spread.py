@@ -154,7 +154,13 @@ def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequen
     renderings check them all): the worst max|d| and the bound are over these, the very
     numbers the tables show (compare.py `worst`); the spread is measured on `judged`'s
     samples."""
-    from ..backends.ort import fp32_moves, judge_threads, nudge_noise, variant_runs
+    from ..backends.ort import (
+        fp32_moves,
+        judge_threads,
+        nudge_moves,
+        nudge_noise,
+        variant_runs,
+    )
 
     # the noise floor's optimized half is the optimized variation's own FP32 reference
     # against the judge's (backends/ort.kernel_noise, without two more sessions)
@@ -182,7 +188,11 @@ def certify(ctx: Context, judge: JudgeOptions, emulated: Written, judged: Sequen
             moved[o] = max(moved[o], d)
             worst_v[o][v.label] = max(worst_v[o].get(v.label, 0.0), a)
     if measured is not None:
-        nudged = nudge_noise(ctx.graph, ctx.every_sample, ctx.every_reference, judge.threads)
+        early = getattr(ctx, "variant_references", None)
+        runs = (early.nudged(ctx.graph, ctx.every_sample, judge.threads)
+                if early is not None else None)
+        nudged = (nudge_moves(ctx.every_reference, runs) if runs is not None else
+                  nudge_noise(ctx.graph, ctx.every_sample, ctx.every_reference, judge.threads))
         noise = {o: max(measured.get(o, 0.0), nudged.get(o, 0.0))
                  for o in measured.keys() | nudged.keys()}
     assert noise is not None
