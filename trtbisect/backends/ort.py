@@ -1275,12 +1275,15 @@ class VariantReferences:
 
     def nudged(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
                threads: int | None) -> list | None:
-        """The nudged runs of `samples` (`nudge_moves` makes the noise floor of them); None:
-        not computed early for these."""
+        """The nudged runs of `samples` (`nudge_moves` makes the noise floor of them, once a
+        run: given once, then let go); None: not computed early for these."""
         if not self.serves(graph, samples, threads):
             return None
         self.results()
-        return self._runs[0] if self._runs is not None else None
+        if self._runs is None:
+            return None
+        nudged, self._runs = self._runs[0], ([], self._runs[1])
+        return nudged or None
 
     def of_others(self, samples: Sequence[Mapping[str, np.ndarray]]
                   ) -> list[dict[str, np.ndarray]] | None:
