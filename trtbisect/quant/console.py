@@ -12,6 +12,7 @@ from .report import verdict_line
 
 if TYPE_CHECKING:
     from ..context import Options
+    from .cost import QuantCost
 
 
 def emit(result, as_json: bool) -> None:
@@ -30,7 +31,7 @@ def emit(result, as_json: bool) -> None:
     if result.before is not None:
         _emit_outputs(result)
     c = result.cost
-    if c and result.verdict != "reference_invalid":
+    if c is not None and result.verdict != "reference_invalid":
         _emit_cost(result, c)
     _emit_findings(result)
     _emit_files(result)
@@ -59,11 +60,10 @@ def _emit_layers(result) -> None:
             k += 1
             out.print(f"{k}. {shown(f.kind)}: {shown(name)}: fix: {shown(f.fix)}")
         for fx in result.fixes.get(name, []):
-            rel = max((e.get("rel", 0) for e in fx.get("errors", {}).values()
-                       if isinstance(e.get("rel"), (int, float))), default=None)
+            rel = fx.max_rel
             said = f" (max relative error {rel:.3g})" if rel is not None else ""
-            out.print(f"   {'[green]verified[/]' if fx['passed'] else '[yellow]tried[/]'}: "
-                      f"{shown(fx['fix'])} {'lets' if fx['passed'] else 'does not let'} "
+            out.print(f"   {'[green]verified[/]' if fx.passed else '[yellow]tried[/]'}: "
+                      f"{shown(fx.fix)} {'lets' if fx.passed else 'does not let'} "
                       f"{shown(name)} stay quantized{said}")
 
 
@@ -102,20 +102,20 @@ def _emit_outputs(result) -> None:
     out.print(t)
 
 
-def _emit_cost(result, c: dict) -> None:
+def _emit_cost(result, c: QuantCost) -> None:
     """The estimated engine times (quant/cost.py), what the file keeps in FP32 said first."""
     from ..console import out
 
     def us(x: float) -> str:
         return f"{x * 1e6:.4g} us"
-    vs = c.get("plan_vs_all_quantized")
-    if c.get("file_fp32_nodes"):
-        out.print(f"the file keeps {c['file_fp32_nodes']} float nodes in FP32 outside its "
+    vs = c.plan_vs_all_quantized
+    if c.file_fp32_nodes:
+        out.print(f"the file keeps {c.file_fp32_nodes} float nodes in FP32 outside its "
                   "quantized layers (its quantizer left them so): priced as FP32 in the "
                   "file's figures below" + _float_words(c, us))
-    out.print(f"estimated engine time on {c['title']}: all FP16 {us(c['all_fp16_s'])}, "
-              f"all quantized ({c['format'].upper()}) {us(c['all_quantized_s'])}, the plan "
-              f"{us(c['plan_s'])}" + (f" ({100 * vs:+.1f}% against all quantized)"
+    out.print(f"estimated engine time on {c.title}: all FP16 {us(c.all_fp16_s)}, "
+              f"all quantized ({c.format.upper()}) {us(c.all_quantized_s)}, the plan "
+              f"{us(c.plan_s)}" + (f" ({100 * vs:+.1f}% against all quantized)"
                                        if vs is not None and result.units else "")
               + _boundary_words(c))
 
@@ -175,20 +175,18 @@ def _faster(result, unit: str) -> str:
             + (f" (est. -{100 * x:.1f}%)" if x is not None else ""))
 
 
-def _float_words(c: dict, us) -> str:
+def _float_words(c: QuantCost, us) -> str:
     """In a file FP32 outside its quantized layers, what all-quantized would cost with FP16
     there (quant/cost.py `float_side`)."""
-    x = (c.get("float_side") or {}).get("all_quantized_fp16_elsewhere_s")
+    x = c.float_side.all_quantized_fp16_elsewhere_s
     return ("" if x is None else f"; with FP16 there (ModelOpt's high_precision_dtype='fp16') "
             f"all quantized would take {us(x)}")
 
 
-def _boundary_words(c: dict) -> str:
+def _boundary_words(c: QuantCost) -> str:
     """The plan's Q/DQ reformat kernels (quant/cost.py `Boundary`), as the cost line ends."""
-    b = (c.get("qdq_boundaries") or {}).get("plan")
-    if not b:
-        return ""
-    return f"; Q/DQ reformats {b['kernels']} kernel(s), {b['s'] * 1e6:.4g} us"
+    b = c.qdq_plan
+    return f"; Q/DQ reformats {b.kernels} kernel(s), {b.s * 1e6:.4g} us"
 
 
 def run_and_emit(model: str, opts: Options, out_dir, reference: str | None, backend: str,

@@ -389,3 +389,184 @@ def float_side(pricing: QuantPricing) -> dict:
         out["all_quantized_fp16_elsewhere_s"] = half.price(())
     return out
 
+
+
+def _opt(d: Mapping, key: str) -> dict:
+    """`key` of `d` as a one-entry dict where `d` has it (its to_json writes it back so)."""
+    return {key: d[key]} if key in d else {}
+
+
+@dataclass(frozen=True)
+class CostRow:
+    """What one unit of the plan (or the Q/DQ boundaries) adds against all-quantized."""
+    row: str
+    kind: str  # "quantized", "fp16", "qdq"
+    added_s: float
+    share: float | None  # of all-quantized's time (None: all-quantized priced 0)
+
+    def to_json(self) -> dict:
+        return {"row": self.row, "kind": self.kind, "added_s": self.added_s,
+                "share": self.share}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> CostRow:
+        return cls(d["row"], d["kind"], d["added_s"], d["share"])
+
+
+@dataclass(frozen=True)
+class QdqKernels:
+    """The standalone Q/DQ kernels of one plan: how many, and their seconds."""
+    kernels: int
+    s: float
+
+    def to_json(self) -> dict:
+        return {"kernels": self.kernels, "s": self.s}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> QdqKernels:
+        return cls(d["kernels"], d["s"])
+
+
+@dataclass(frozen=True)
+class FloatSide:
+    """`float_side`: the file's float type outside its quantized layers and, in a file FP32
+    there, all-quantized with that side in FP16."""
+    dtype: str  # "fp16" | "fp32"
+    all_quantized_fp16_elsewhere_s: float | None = None
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype,
+                **({"all_quantized_fp16_elsewhere_s": self.all_quantized_fp16_elsewhere_s}
+                   if self.all_quantized_fp16_elsewhere_s is not None else {})}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> FloatSide:
+        return cls(d["dtype"], d.get("all_quantized_fp16_elsewhere_s"))
+
+
+@dataclass(frozen=True)
+class CheaperStep:
+    """The step from the 1-minimal plan to cheaper passing plans one unit away
+    (search/cheaper.py `Descent.to_json`)."""
+    moves: list[dict]  # in order: {"added": [...], "removed": [...]}
+    cheaper_neighbours_failed: int
+    cheaper_neighbours_unjudged: int
+    evaluations: int
+    allowance: int
+    stopped_early: bool
+
+    def to_json(self) -> dict:
+        return {"moves": [dict(m) for m in self.moves],
+                "cheaper_neighbours_failed": self.cheaper_neighbours_failed,
+                "cheaper_neighbours_unjudged": self.cheaper_neighbours_unjudged,
+                "evaluations": self.evaluations, "allowance": self.allowance,
+                "stopped_early": self.stopped_early}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> CheaperStep:
+        return cls([dict(m) for m in d["moves"]], d["cheaper_neighbours_failed"],
+                   d["cheaper_neighbours_unjudged"], d["evaluations"], d["allowance"],
+                   d["stopped_early"])
+
+
+@dataclass(frozen=True)
+class CostCertificate:
+    """`--objective cost`'s certificate of the plan (search/minimal.py, counted by
+    `of_search` as precision.json's "cost" writes it): the plan's price, the removals
+    and cheaper swaps that all failed (counted), their neighbourhood, and where the cheaper
+    step moved the 1-minimal plan (`minimal_plan`, its price, the step). The FP16 road keeps
+    its search's certificate as the search's JSON (SearchResult.certificate); its
+    result.CertificateRecord is the spread certificate, `QuantResult.certified` here."""
+    objective: str
+    price_s: float
+    neighbourhood: str
+    removals_failed: int
+    swaps_failed: int
+    limit_s: float | None = None  # a plan priced within a limit (search/minimal.py)
+    minimal_plan: list[str] | None = None  # the 1-minimal plan the cheaper step left
+    minimal_price_s: float | None = None
+    cheaper: CheaperStep | None = None
+
+    @classmethod
+    def of_search(cls, cert: Mapping) -> CostCertificate:
+        """The search's certificate (its removals and swaps each a whole plan: a plan of k
+        layers would write k * k names), counted."""
+        return cls.from_json({**{k: v for k, v in cert.items() if k not in ("removals", "swaps")},
+                              "removals_failed": len(cert.get("removals", ())),
+                              "swaps_failed": len(cert.get("swaps", ()))})
+
+    def to_json(self) -> dict:
+        return {"objective": self.objective, "price_s": self.price_s,
+                **({"limit_s": self.limit_s} if self.limit_s is not None else {}),
+                "neighbourhood": self.neighbourhood,
+                **({"minimal_plan": list(self.minimal_plan),
+                    "minimal_price_s": self.minimal_price_s}
+                   if self.minimal_plan is not None else {}),
+                **({"cheaper": self.cheaper.to_json()} if self.cheaper is not None else {}),
+                "removals_failed": self.removals_failed, "swaps_failed": self.swaps_failed}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> CostCertificate:
+        step = d.get("cheaper")
+        plan = d.get("minimal_plan")
+        return cls(d["objective"], d["price_s"], d["neighbourhood"], d["removals_failed"],
+                   d["swaps_failed"], d.get("limit_s"), list(plan) if plan is not None else None,
+                   d.get("minimal_price_s"),
+                   CheaperStep.from_json(step) if step is not None else None)
+
+
+@dataclass(frozen=True)
+class QuantCost:
+    """precision.json's "cost" of a quantized run: `QuantPricing.summary` (the engines, the
+    Q/DQ kernels, each unit's row), the objective, the file's float side, the cost
+    certificate, and one all-FP16 price per model and GPU class (quant/run.py `_one_price`)."""
+    gpu: str
+    title: str
+    format: str  # "int8" | "fp8"
+    all_fp16_s: float
+    all_quantized_s: float
+    plan_s: float
+    plan_vs_all_quantized: float | None
+    plan_vs_all_fp16: float | None
+    qdq_all_quantized: QdqKernels
+    qdq_plan: QdqKernels
+    rows: list[CostRow]
+    objective: str
+    float_side: FloatSide
+    all_fp16_from: str
+    file_all_float_s: float
+    file_fp32_nodes: int
+    file_fp32_examples: list[str]
+    certificate: CostCertificate | None = None
+
+    @property
+    def qdq_row(self) -> CostRow | None:
+        """The Q/DQ boundaries' row."""
+        return next((r for r in self.rows if r.row == "Q/DQ boundaries"), None)
+
+    def to_json(self) -> dict:
+        return {"gpu": self.gpu, "title": self.title, "format": self.format,
+                "all_fp16_s": self.all_fp16_s, "all_quantized_s": self.all_quantized_s,
+                "plan_s": self.plan_s, "plan_vs_all_quantized": self.plan_vs_all_quantized,
+                "plan_vs_all_fp16": self.plan_vs_all_fp16,
+                "qdq_boundaries": {"all_quantized": self.qdq_all_quantized.to_json(),
+                                   "plan": self.qdq_plan.to_json()},
+                "rows": [r.to_json() for r in self.rows], "objective": self.objective,
+                "float_side": self.float_side.to_json(),
+                **({"certificate": self.certificate.to_json()}
+                   if self.certificate is not None else {}),
+                "all_fp16_from": self.all_fp16_from, "file_all_float_s": self.file_all_float_s,
+                "file_fp32_nodes": self.file_fp32_nodes,
+                "file_fp32_examples": list(self.file_fp32_examples)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> QuantCost:
+        q = d["qdq_boundaries"]
+        cert = d.get("certificate")
+        return cls(d["gpu"], d["title"], d["format"], d["all_fp16_s"], d["all_quantized_s"],
+                   d["plan_s"], d["plan_vs_all_quantized"], d["plan_vs_all_fp16"],
+                   QdqKernels.from_json(q["all_quantized"]), QdqKernels.from_json(q["plan"]),
+                   [CostRow.from_json(r) for r in d["rows"]], d["objective"],
+                   FloatSide.from_json(d["float_side"]), d["all_fp16_from"],
+                   d["file_all_float_s"], d["file_fp32_nodes"], list(d["file_fp32_examples"]),
+                   CostCertificate.from_json(cert) if cert is not None else None)

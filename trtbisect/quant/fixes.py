@@ -18,6 +18,7 @@ Nothing is applied to the written plan: a verified fix is reported with its meas
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -185,3 +186,32 @@ def variants(model: onnx.ModelProto, layer: Layer, findings: Sequence[Finding],
         if m is not None:
             found.append(("SmoothQuant-style scaling (alpha 0.5)", m))
     return found
+
+
+@dataclass(frozen=True)
+class FixJudged:
+    """One fix judged on a plan layer (quant/run.py `judge_fixes`, precision.json's
+    "fixes_judged"): the layer kept quantized with the fix, the rest of the plan as it is.
+    `errors`: per output OutputError.to_json() of the judged model; `error`: why ONNX Runtime
+    refused the variant (then not passed, no errors)."""
+    fix: str
+    passed: bool
+    errors: dict[str, dict] | None = None
+    error: str | None = None
+
+    @property
+    def max_rel(self) -> float | None:
+        """The largest relative error over the outputs (None: none measured)."""
+        return max((e.get("rel", 0) for e in (self.errors or {}).values()
+                    if isinstance(e.get("rel"), (int, float))), default=None)
+
+    def to_json(self) -> dict:
+        if self.errors is None:
+            return {"fix": self.fix, "passed": self.passed, "error": self.error}
+        return {"fix": self.fix, "passed": self.passed, "errors": dict(self.errors)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> FixJudged:
+        errors = d.get("errors")
+        return cls(d["fix"], d["passed"], dict(errors) if errors is not None else None,
+                   d.get("error"))

@@ -97,11 +97,11 @@ def side_of(result, name: str) -> str:
 def _added(result) -> dict[str, str]:
     """Per culprit, what it adds to the engine's estimated time against all quantized
     (quant/cost.py's rows; an FP16 node's row is named by its search unit)."""
-    rows = (result.cost or {}).get("rows") or []
+    rows = result.cost.rows if result.cost is not None else []
     half_units = [u for u in result.units if u not in set(result.plan)]
     node_of = dict(zip(half_units, result.fp32_nodes))
-    return {node_of.get(r["row"], r["row"]): cost_pct(r["share"]) for r in rows
-            if isinstance(r.get("share"), (int, float))}
+    return {node_of.get(r.row, r.row): cost_pct(r.share) for r in rows
+            if isinstance(r.share, (int, float))}
 
 
 def culprit_rows(result) -> list[tuple[str, ...]]:
@@ -127,13 +127,11 @@ def diagnosis(result) -> list[dict]:
     for name in result.plan:
         fixes = []
         for fx in result.fixes.get(name, []):
-            rels = [e.get("rel") for e in (fx.get("errors") or {}).values()
-                    if isinstance(e.get("rel"), (int, float))]
-            said = f" (max relative error {num(max(rels))})" if rels else ""
-            fixes.append((bool(fx["passed"]), f"{'verified' if fx['passed'] else 'tried'}: "
-                          f"{fx['fix']} {'lets' if fx['passed'] else 'does not let'} {name} "
-                          f"stay quantized{said}" + (f": {fx['error']}" if fx.get("error")
-                                                     else "")))
+            rel = fx.max_rel
+            said = f" (max relative error {num(rel)})" if rel is not None else ""
+            fixes.append((bool(fx.passed), f"{'verified' if fx.passed else 'tried'}: "
+                          f"{fx.fix} {'lets' if fx.passed else 'does not let'} {name} "
+                          f"stay quantized{said}" + (f": {fx.error}" if fx.error else "")))
         out.append({"name": name, "side": side_of(result, name),
                     "findings": [(f.kind, f.text, f.fix) for f in result.findings.get(name, [])],
                     "fixes": fixes})
@@ -174,20 +172,20 @@ def facts(result) -> list[str]:
     out = [f"reference: {result.reference}; judged by {result.criteria.describe()} on ONNX Runtime CPU "
            "(Q/DQ run as written" + (f"; FP16 stores emulated, {rounding_words(result)})"
                                  if result.emulated else ")")]
-    c = result.cost or {}
-    if c.get("all_quantized_s") and result.verdict != "reference_invalid":
-        vs = c.get("plan_vs_all_quantized")
-        out.append(f"estimated engine time on {c['title']}: all FP16 "
-                   f"{1e6 * c['all_fp16_s']:.4g} us, all quantized ({c['format'].upper()}) "
-                   f"{1e6 * c['all_quantized_s']:.4g} us, the plan {1e6 * c['plan_s']:.4g} us"
+    c = result.cost
+    if c is not None and c.all_quantized_s and result.verdict != "reference_invalid":
+        vs = c.plan_vs_all_quantized
+        out.append(f"estimated engine time on {c.title}: all FP16 "
+                   f"{1e6 * c.all_fp16_s:.4g} us, all quantized ({c.format.upper()}) "
+                   f"{1e6 * c.all_quantized_s:.4g} us, the plan {1e6 * c.plan_s:.4g} us"
                    + (f" ({100 * vs:+.1f}% against all quantized)"
                       if vs is not None and result.units else ""))
-        qdq = next((r for r in c.get("rows") or [] if r.get("kind") == "qdq"), None)
-        plan = (c.get("qdq_boundaries") or {}).get("plan")
-        if result.units and qdq is not None and plan:
-            out.append(f"the plan's Q/DQ reformat kernels: {plan['kernels']}, "
-                       f"{1e6 * plan['s']:.4g} us; what it changes in Q/DQ traffic (reformats, "
-                       f"fused output Qs): {cost_pct(qdq['share'])} of all quantized")
+        qdq = next((r for r in c.rows if r.kind == "qdq"), None)
+        plan = c.qdq_plan
+        if result.units and qdq is not None:
+            out.append(f"the plan's Q/DQ reformat kernels: {plan.kernels}, "
+                       f"{1e6 * plan.s:.4g} us; what it changes in Q/DQ traffic (reformats, "
+                       f"fused output Qs): {cost_pct(qdq.share)} of all quantized")
     if result.evaluations:
         out.append(f"{result.evaluations} evaluations, {result.minimality}, "
                    f"{result.seconds:.1f}s")

@@ -46,10 +46,10 @@ def worst_rel(errors) -> float:
 def tradeoff_points(result) -> tuple[list, tuple | None, tuple | None]:
     """(estimated us, worst relative error, passed) for the file as given and every plan the
     search evaluated, the written plan's point, and the all-quantized point."""
-    c = result.cost or {}
-    if not c.get("all_quantized_s") or result.before is None:
+    c = result.cost
+    if c is None or not c.all_quantized_s or result.before is None:
         return [], None, None
-    given = (1e6 * c["all_quantized_s"], worst_rel(result.before.errors), result.before.passed)
+    given = (1e6 * c.all_quantized_s, worst_rel(result.before.errors), result.before.passed)
     points = [given]
     chosen = None
     plan = set(result.units)
@@ -70,8 +70,8 @@ def tradeoff_png(result, rtol: float, default: bool, plot_tradeoff: Callable) ->
     if len(points) < 2 or given is None:
         return None
     c = result.cost
-    marks = [(1e6 * c["all_fp16_s"], "all FP16 (Q/DQ removed)"),
-             (given[0], f"all quantized ({c['format'].upper()}, the file as given)")]
+    marks = [(1e6 * c.all_fp16_s, "all FP16 (Q/DQ removed)"),
+             (given[0], f"all quantized ({c.format.upper()}, the file as given)")]
     return plot_tradeoff(points, chosen, rtol if default else 1.0, None,
-                         f"estimated engine time on {c['title']} (us)",
+                         f"estimated engine time on {c.title} (us)",
                          marks=marks)

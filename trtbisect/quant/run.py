@@ -29,11 +29,13 @@ from ..judge.validation import Validation
 from ..judge.verdict import VerdictName
 from ..outputs.quantized import QuantPlan, renderings
 from ..result import CertificateRecord, Found
-from ..search.minimal import Progress, SearchResult, find_minimal_fp32
+from ..search.minimal import Progress, SearchResult, Trial, find_minimal_fp32
 from ..search.noise import watching
 from ..stages.spread import SPREAD_SHARE
 from . import qdq
+from .cost import CostCertificate, QuantCost
 from .diagnose import SAMPLES, Finding, diagnose
+from .fixes import FixJudged
 from .judge import QuantJudge
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ class QuantResult(Found[Any, Any]):
     before: Verdict | None  # the model as given
     after: Verdict | None  # the written plan's file (one judge)
     search_after: Verdict | None = None  # the search's own verdict of the plan
-    trials: list = field(default_factory=list)
+    trials: list[Trial] = field(default_factory=list)  # every plan evaluated, priced (_scored)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     half_nodes: int = 0  # FP16 nodes the file has (candidates on the float side)
     fp32_reasons: dict[str, str] = field(default_factory=dict)
@@ -65,11 +67,13 @@ class QuantResult(Found[Any, Any]):
     fp32_ops: dict[str, str] = field(default_factory=dict)  # op of each FP32 node
     emulated: bool = False  # the file has float16 values: judged with its FP16 stores explicit
     semantics: str = "trt"  # where the FP16 side rounds: per fused TensorRT layer, or per node
-    fixes: dict[str, list[dict]] = field(default_factory=dict)  # per plan layer: fixes judged
-    cost: dict = field(default_factory=dict)  # estimated engine times (quant/cost.py)
-    certificate: dict | None = None  # --objective cost: removals, swaps, the cheaper step
+    fixes: dict[str, list[FixJudged]] = field(default_factory=dict)  # per plan layer: judged
+    cost: QuantCost | None = None  # estimated engine times (quant/cost.py); None: not priced
+    certificate: CostCertificate | None = None  # --objective cost: removals, swaps, cheaper step
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
+    # every tool's rendering of the plan (outputs/quantized.py): JSON, only written
+    # (precision.json's "renderings"), read by nothing of trtbisect's
     renderings: dict = field(default_factory=dict)
 
     certified: CertificateRecord | None = None  # the written file's margin over the spread (stages/spread.py)
@@ -88,12 +92,12 @@ class QuantResult(Found[Any, Any]):
     @property
     def minimality(self) -> str:
         """How the plan was certified, in words (the console's and the report's)."""
-        cert = self.certificate or {}
-        step = cert.get("cheaper") or {}
-        moves = len(step.get("moves") or [])
-        if moves and cert.get("minimal_price_s"):
-            saved = 1 - cert["price_s"] / cert["minimal_price_s"]
-            left = step.get("cheaper_neighbours_unjudged") or 0
+        cert = self.certificate
+        step = cert.cheaper if cert is not None else None
+        moves = len(step.moves) if step is not None else 0
+        if cert is not None and step is not None and moves and cert.minimal_price_s:
+            saved = 1 - cert.price_s / cert.minimal_price_s
+            left = step.cheaper_neighbours_unjudged
             return (f"a 1-minimal plan made {100 * saved:.1f}% cheaper in {moves} step(s) to "
                     "cheaper passing plans one unit away"
                     + (f" ({left} cheaper ones left unjudged: the step's allowance)"
@@ -148,7 +152,7 @@ class QuantResult(Found[Any, Any]):
             "fp32_node_reasons": self.fp32_reasons,
             "plan": [{**self.layer(n).to_json(), "needed": self.needed.get(n, True),
                       "findings": [f.to_json() for f in self.findings.get(n, [])],
-                      "fixes_judged": self.fixes.get(n, [])}
+                      "fixes_judged": [f.to_json() for f in self.fixes.get(n, [])]}
                      for n in self.plan],
             "culprits": [{"name": n, "side": side, "needed": self.needed.get(u, True),
                           **({"faster_by": self.faster[u]} if u in self.faster else {})}
@@ -166,7 +170,7 @@ class QuantResult(Found[Any, Any]):
                           "search": errors(self.search_after)},
             "criteria": self.criteria.describe(), "fp16_stores_emulated": self.emulated,
             "semantics": self.semantics,
-            "cost": self.cost,
+            "cost": self.cost.to_json() if self.cost is not None else {},
             "evaluations": self.evaluations,
             "one_minimal": self.one_minimal,
             "trials": [t.to_json() for t in self.trials], "renderings": self.renderings,
@@ -626,7 +630,8 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
         result.evaluations, result.trials = search.evaluations, _scored(search.trials,
                                                                        pricing, judge, journal)
         result.one_minimal, result.search = search.one_minimal, search
-        result.certificate = _certificate(search.certificate)
+        result.certificate = (CostCertificate.of_search(search.certificate)
+                              if search.certificate is not None else None)
         if search.found:
             result.units = judge.expand(search.fp32)
             result.plan = [u for u in result.units if u not in judge.half]
@@ -641,12 +646,12 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
     result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
     result.fp32_ops = {n.name: n.op_type for n in model.graph.node
                        if n.name in set(result.fp32_nodes)}
-    result.cost = {**pricing.summary(result.units), "objective": opts.search.objective,
-                   "float_side": float_side(pricing),
-                   **({"certificate": result.certificate} if result.certificate else {}),
-                   **_one_price(model, ref_model, layers, halves, samples[0], opts.judge,
-                                opts.search.gpu,
-                                pricing.all_fp16())}
+    result.cost = QuantCost.from_json({
+        **pricing.summary(result.units), "objective": opts.search.objective,
+        "float_side": float_side(pricing),
+        **({"certificate": result.certificate.to_json()} if result.certificate else {}),
+        **_one_price(model, ref_model, layers, halves, samples[0], opts.judge,
+                     opts.search.gpu, pricing.all_fp16())})
     result.renderings = renderings(result.rendered())
 
 
@@ -718,7 +723,6 @@ def _honest(result: QuantResult, search, pricing,
     whose removal passes was kept (or added by the cheaper step) for estimated engine time,
     with what it saves (`faster`). The 1-minimal plan, before the cheaper step changed it, is
     always recorded."""
-    from ..search.minimal import Trial
     from .report import worst_rel
 
     judge = result.judge
@@ -747,16 +751,6 @@ def _honest(result: QuantResult, search, pricing,
         if not result.needed[u]:
             without = pricing.price([v for v in result.units if v != u])
             result.faster[u] = (without - plan) / without if without > 0 else 0.0
-
-
-def _certificate(cert: dict | None) -> dict | None:
-    """The cost search's certificate for precision.json: its removals and swaps counted
-    (each a whole plan: a plan of k layers would write k * k names), the rest as it is."""
-    if cert is None:
-        return None
-    out = {k: v for k, v in cert.items() if k not in ("removals", "swaps")}
-    return {**out, "removals_failed": len(cert.get("removals", ())),
-            "swaps_failed": len(cert.get("swaps", ()))}
 
 
 def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
@@ -839,12 +833,12 @@ def with_names(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
-                values: dict[str, list[np.ndarray]]) -> dict[str, list[dict]]:
+                values: dict[str, list[np.ndarray]]) -> dict[str, list[FixJudged]]:
     """Each plan layer kept quantized with a fix applied (fixes.py), the rest of the plan as
     it is, judged by the run's judge: does the fix alone make the layer pass?"""
     from .fixes import variants
 
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[FixJudged]] = {}
     for name in result.plan:
         rest = frozenset(u for u in result.units if u != name)
         for what, variant in variants(model, result.layer(name), result.findings[name],
@@ -852,12 +846,10 @@ def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
             try:
                 v = judge.judge_model(judge.model_for(rest, base=variant))
             except TrtBisectError as exc:  # a variant ORT refuses: said, never fatal
-                out.setdefault(name, []).append({"fix": what, "passed": False,
-                                                 "error": str(exc)})
+                out.setdefault(name, []).append(FixJudged(what, False, error=str(exc)))
                 continue
-            out.setdefault(name, []).append({
-                "fix": what, "passed": v.passed,
-                "errors": {k: e.to_json() for k, e in v.errors.items()}})
+            out.setdefault(name, []).append(FixJudged(
+                what, v.passed, {k: e.to_json() for k, e in v.errors.items()}))
     return out
 
 
