@@ -61,7 +61,7 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
     kinds = {f.kind for f in r.findings[next(iter(p.plan))]}
     assert p.finding in kinds, [f.text for fs in r.findings.values() for f in fs]
     (layer,) = p.plan
-    verified = [f["fix"] for f in r.fixes.get(layer, []) if f["passed"]]
+    verified = [f.fix for f in r.fixes.get(layer, []) if f.passed]
     if VERIFIED[p.name] is None:
         assert verified == []
     else:
@@ -69,7 +69,7 @@ def test_planted_fault_gives_the_exact_minimal_plan_and_its_cause(make, tmp_path
     text = (tmp_path / "out" / "precision.json").read_text()
     written = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert written["verdict"] in PLANNED and set(written["unquantized_layers"]) == p.plan
-    assert written["plan"][0]["fixes_judged"] == r.fixes.get(layer, [])
+    assert written["plan"][0]["fixes_judged"] == [f.to_json() for f in r.fixes.get(layer, [])]
     assert written["one_judge"]["search_equals_check"] is True
 
 
@@ -319,7 +319,7 @@ def test_quantized_plans_are_priced_at_the_datasheet_peaks(tmp_path):
         pricing_for(p.model, analyse(p.model), {}, p.inputs, "a100", False)
     model, inputs = _files(p, tmp_path)
     r = run(model, _opts(inputs, p.rtol), tmp_path / "out")
-    assert r.cost["format"] == "fp8" and r.cost["plan_s"] > r.cost["all_quantized_s"] > 0
+    assert r.cost.format == "fp8" and r.cost.plan_s > r.cost.all_quantized_s > 0
     assert_one_line_error(invoke("run", model, "--inputs", inputs, "--gpu", "a100", "--out",
                                  tmp_path / "o"), 2, "no FP8 tensor cores")
 
@@ -481,8 +481,8 @@ def test_report_draws_every_evaluated_plan_against_its_estimated_time(tmp_path):
     r = run(model, _opts(inputs, p.rtol), tmp_path / "o2")
     points, chosen, given = tradeoff_points(r)
     assert len(points) == 1 + r.evaluations
-    assert given == (1e6 * r.cost["all_quantized_s"], worst_rel(r.before.errors), False)
-    assert chosen == (1e6 * r.cost["plan_s"], worst_rel(r.after.errors), True)
+    assert given == (1e6 * r.cost.all_quantized_s, worst_rel(r.before.errors), False)
+    assert chosen == (1e6 * r.cost.plan_s, worst_rel(r.after.errors), True)
     assert [pt[2] for pt in points[1:]] == [t.passed for t in r.trials]
 
 
@@ -619,7 +619,7 @@ def test_the_count_objective_finds_the_same_plans(make, tmp_path):
     opts = _opts(inputs, p.rtol, "count")
     r = run(model, opts, tmp_path / "out")
     cheapest = run(model, _opts(inputs, p.rtol), tmp_path / "out2")
-    assert r.one_minimal and r.units == cheapest.units and r.cost["objective"] == "count"
+    assert r.one_minimal and r.units == cheapest.units and r.cost.objective == "count"
 
 
 def _every_plan(r, p: qm.Planted) -> dict[frozenset[str], tuple[float, bool]]:
@@ -628,7 +628,7 @@ def _every_plan(r, p: qm.Planted) -> dict[frozenset[str], tuple[float, bool]]:
     from trtbisect.quant.cost import pricing_for, shape_probe
 
     j = r.judge
-    pricing = pricing_for(p.model, r.layers, j.half, p.inputs, r.cost["gpu"], r.emulated,
+    pricing = pricing_for(p.model, r.layers, j.half, p.inputs, r.cost.gpu, r.emulated,
                           shape_probe(p.model, p.inputs, 1))
     plans = [frozenset(s) for k in range(len(j.units) + 1)
              for s in itertools.combinations(j.units, k)]
@@ -648,10 +648,10 @@ def _cheaper_run(p: qm.Planted, tmp_path):
     assert c.exit_code == 0, c.output
     assert json.loads(c.stdout)["errors"]["y"]["max_abs"] == cost.after.errors["y"].max_abs
     # the cheaper step: bounded, and what it judged is in the trace
-    step = cost.certificate["cheaper"]
-    assert step["evaluations"] <= step["allowance"] == 2 * len(cost.judge.units)
+    step = cost.certificate.cheaper
+    assert step.evaluations <= step.allowance == 2 * len(cost.judge.units)
     assert cost.evaluations == len(cost.trials)
-    assert sum(t.phase == "cheaper" for t in cost.trials) == step["evaluations"]
+    assert sum(t.phase == "cheaper" for t in cost.trials) == step.evaluations
     assert count.certificate is None and all(t.phase != "cheaper" for t in count.trials)
     return count, cost
 
@@ -667,10 +667,10 @@ def test_the_cost_objective_takes_a_cheaper_superset_the_cheapest_of_all(tmp_pat
     assert cost.units == ["mm1", "mm2"] and not cost.one_minimal
     every = _every_plan(cost, p)
     best = min((price, sorted(s)) for s, (price, ok) in every.items() if ok)
-    assert best == (cost.cost["plan_s"], ["mm1", "mm2"])
-    assert cost.cost["plan_s"] == pytest.approx(2.049e-8, rel=1e-3)
-    assert cost.certificate["minimal_price_s"] == every[frozenset({"mm1"})][0] == \
-        count.cost["plan_s"] == pytest.approx(2.1353e-8, rel=1e-3)
+    assert best == (cost.cost.plan_s, ["mm1", "mm2"])
+    assert cost.cost.plan_s == pytest.approx(2.049e-8, rel=1e-3)
+    assert cost.certificate.minimal_price_s == every[frozenset({"mm1"})][0] == \
+        count.cost.plan_s == pytest.approx(2.1353e-8, rel=1e-3)
     written = json.loads((tmp_path / "cost" / "precision.json").read_text())
     assert written["cost"]["certificate"]["cheaper"]["moves"] == [
         {"added": ["mm2"], "removed": []}]
@@ -693,8 +693,8 @@ def test_the_cost_objective_on_fp16_side_ends_at_a_local_optimum(tmp_path):
     assert count.units == ["mm1", *half] and cost.units == ["mm1", "mm2", *half]
     every = _every_plan(cost, p)
     plan, minimal = frozenset(cost.units), frozenset(count.units)
-    assert every[plan][0] == cost.cost["plan_s"] == pytest.approx(2.392e-8, rel=1e-3)
-    assert every[minimal][0] == count.cost["plan_s"] == pytest.approx(2.4773e-8, rel=1e-3)
+    assert every[plan][0] == cost.cost.plan_s == pytest.approx(2.392e-8, rel=1e-3)
+    assert every[minimal][0] == count.cost.plan_s == pytest.approx(2.4773e-8, rel=1e-3)
     supersets = [(price, sorted(s)) for s, (price, ok) in every.items() if ok and minimal <= s]
     assert min(supersets) == (every[plan][0], sorted(plan))
     near = [s for s in every if len(s ^ plan) == 1 or (len(s) == len(plan)

@@ -164,9 +164,9 @@ def test_one_all_fp16_price_per_model_and_gpu_class(tmp_path):
                               validation_share=0, gpu="h100"), tmp_path / "q")
     f = fp16_run(ref, Options.of(inputs=[str(inputs)], threads=1, validation_share=0,
                                  gpu="h100"), tmp_path / "f")
-    assert q.cost["all_fp16_s"] == f.cost.all_low_s > 0 and f.cost.precision == "fp16"
-    assert q.cost["all_fp16_from"] == "the FP16 road's engine of the float model"
-    assert q.cost["file_all_float_s"] > 0 and q.cost["file_fp32_nodes"] >= 0
+    assert q.cost.all_fp16_s == f.cost.all_low_s > 0 and f.cost.precision == "fp16"
+    assert q.cost.all_fp16_from == "the FP16 road's engine of the float model"
+    assert q.cost.file_all_float_s > 0 and q.cost.file_fp32_nodes >= 0
 
 
 def test_search_samples_searches_on_the_worst_and_certifies_on_all(tmp_path):

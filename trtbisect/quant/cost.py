@@ -390,12 +390,6 @@ def float_side(pricing: QuantPricing) -> dict:
     return out
 
 
-
-def _opt(d: Mapping, key: str) -> dict:
-    """`key` of `d` as a one-entry dict where `d` has it (its to_json writes it back so)."""
-    return {key: d[key]} if key in d else {}
-
-
 @dataclass(frozen=True)
 class CostRow:
     """What one unit of the plan (or the Q/DQ boundaries) adds against all-quantized."""
