@@ -36,6 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fetch_models import MODELS, fetch  # noqa: E402
 
+from trtbisect.quant.cost import QuantCost  # noqa: E402
+
 SAMPLES = 4
 # per model: what `run` needs besides its samples (MiniLM's dynamic axes, fixed for ModelOpt)
 EXTRA = {"minilm_l3": ["--shape", "input_ids:1x64", "--shape", "attention_mask:1x64"]}
@@ -93,24 +95,24 @@ def one(name: str, fmt: str, extra: list[str], folder: Path, samples: int = SAMP
         d = json.loads(r.stdout)
     except json.JSONDecodeError:
         return f"| {name} | {fmt} | exit {r.returncode}: {r.stderr.strip()[-200:]} |"
-    c = d["cost"]
+    c = QuantCost.from_json(d["cost"])  # the quantized road's "cost", read by attribute
 
     def worst(errors: dict) -> str:
         vals = [e["rel"] for e in errors.values() if isinstance(e.get("rel"), float)]
         return f"{max(vals):.3g}" if vals else "-"
     weighted = sum(1 for la in d["layers"] if la["op"] in WEIGHTED)
-    step = (c.get("certificate") or {}).get("cheaper") or {}
+    step = c.certificate.cheaper if c.certificate is not None else None
     certified = ("" if not d["evaluations"] else " (certified)" if d["one_minimal"]
-                 else f" (1-minimal, then {len(step['moves'])} cheaper step(s), "
-                 f"{step['evaluations']} evaluations)" if step.get("moves")
+                 else f" (1-minimal, then {len(step.moves)} cheaper step(s), "
+                 f"{step.evaluations} evaluations)" if step is not None and step.moves
                  else " (not certified)")
     plan = (f"{len(d['unquantized_layers'])} layers + {len(d['fp32_nodes'])} FP32 nodes"
             if d["fp32_nodes"] else f"{len(d['unquantized_layers'])}")
     return (f"| {name} | {fmt} | {weighted} of {weighted_ops(path)} | {d['verdict']} | {plan} "
             f"of {d['quantized_layers']} | {d['evaluations']}{certified} | "
             f"{worst(d['errors_before'])} | "
-            f"{worst(d['errors_after'])} | {margin(d)} | {validated(d)} | {c['all_fp16_s'] * 1e6:.1f} | "
-            f"{c['all_quantized_s'] * 1e6:.1f} | {c['plan_s'] * 1e6:.1f} | {wall:.0f} s |")
+            f"{worst(d['errors_after'])} | {margin(d)} | {validated(d)} | {c.all_fp16_s * 1e6:.1f} | "
+            f"{c.all_quantized_s * 1e6:.1f} | {c.plan_s * 1e6:.1f} | {wall:.0f} s |")
 
 
 def main() -> None:
