@@ -72,8 +72,10 @@ class QuantResult(Found[Any, Any]):
     certificate: CostCertificate | None = None  # --objective cost: removals, swaps, cheaper step
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
-    # every tool's rendering of the plan (outputs/quantized.py): JSON, only written
-    # (precision.json's "renderings"), read by nothing of trtbisect's
+    # every tool's rendering of the plan (outputs/quantized.py `renderings`), left JSON:
+    # precision.json's "renderings" as written; read back only for its ModelOpt reproduction
+    # (quant/ptq.py `reproduce`'s dict: console.py's files line; ptq.keep_side_files moves
+    # its file into --out and rewrites its "path" in place)
     renderings: dict = field(default_factory=dict)
 
     certified: CertificateRecord | None = None  # the written file's margin over the spread (stages/spread.py)
