@@ -551,6 +551,18 @@ def test_onnx_runtime_loads_a_written_file_once_and_only_when_it_is_kept(tmp_pat
     assert passing.verdict == "fp16_ok" and "" in loaded
 
 
+def _all_fp16_matmul(tmp_path):
+    """`_matmul`'s graph, two samples, and its all-FP16 file's emulated graph."""
+    from trtbisect.graph import Graph
+    from trtbisect.judge.mixed import mixed_model
+
+    m, _, inputs = _matmul(tmp_path)
+    g = Graph(m)
+    x = dict(np.load(inputs))
+    written = mixed_model(g, frozenset())
+    return g, [x, {"x": x["x"] * 0.5}], (written.proto, written.arrays)
+
+
 def _variant_numbers(runs) -> list:
     return [(v.label, k, {n: a.tobytes() for n, a in r.items()},
              {n: a.tobytes() for n, a in e.items()}) for v, k, r, e in runs]
@@ -564,15 +576,8 @@ def test_the_references_run_in_a_child_process_compute_the_same_bits(tmp_path, m
     import multiprocessing as mp
 
     import trtbisect.backends.ort as ort_backend
-    from trtbisect.graph import Graph
-    from trtbisect.judge.mixed import mixed_model
 
-    m, _, inputs = _matmul(tmp_path)
-    g = Graph(m)
-    x = dict(np.load(inputs))
-    samples = [x, {"x": x["x"] * 0.5}]
-    written = mixed_model(g, frozenset())
-    emulated = (written.proto, written.arrays)
+    g, samples, emulated = _all_fp16_matmul(tmp_path)
     from trtbisect.base import child as child_mod
     monkeypatch.setattr(child_mod, "CHILD_NODES", 0)  # a child even for this small graph
     beside = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
@@ -602,14 +607,8 @@ def test_the_runs_references_started_early_and_kept_compute_the_same_bits(tmp_pa
     import trtbisect.backends.ort as ort_backend
     from trtbisect.base import child as child_mod
     from trtbisect.graph import Graph
-    from trtbisect.judge.mixed import mixed_model
 
-    m, _, inputs = _matmul(tmp_path)
-    g = Graph(m)
-    x = dict(np.load(inputs))
-    samples = [x, {"x": x["x"] * 0.5}]
-    written = mixed_model(g, frozenset())
-    emulated = (written.proto, written.arrays)
+    g, samples, emulated = _all_fp16_matmul(tmp_path)
     plain = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
     monkeypatch.setattr(child_mod, "CHILD_NODES", 0)  # a child even for this small graph
     early = ort_backend.VariantReferences.start(g, samples, None)
@@ -622,8 +621,9 @@ def test_the_runs_references_started_early_and_kept_compute_the_same_bits(tmp_pa
         monkeypatch.setattr(ort_backend, "_fp32_graph", lambda gr: calls.append(1) or real(gr))
         again = _variant_numbers(ort_backend.variant_runs(g, emulated, samples, None, early))
         assert again == plain and not calls  # kept: no FP32 session built again
-        other = [{"x": x["x"] * 2.0}]
-        assert not early.serves(g, other, None) and not early.serves(Graph(m), samples, None)
+        other = [{"x": samples[0]["x"] * 2.0}]
+        assert not early.serves(g, other, None)
+        assert not early.serves(Graph(g.source), samples, None)
         _variant_numbers(ort_backend.variant_runs(g, emulated, other, None, early))
         assert calls  # another sample set: its own references
     finally:
