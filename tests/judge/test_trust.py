@@ -707,3 +707,30 @@ def test_a_run_with_the_early_child_writes_the_same_certificate_and_validation(t
     assert {k: v.to_json() for k, v in early.margins.items()} == \
         {k: v.to_json() for k, v in plain.margins.items()}
     assert not [p for p in mp.active_children() if p.name == "trtbisect-variant"]
+
+
+def test_an_early_child_that_dies_is_replaced_by_the_same_runs_here(tmp_path, monkeypatch):
+    """The early child does not leave its FP32 proto and weights held here meanwhile: should
+    it die, they are built again and the same runs made here, the same bits."""
+    import trtbisect.backends.ort as ort_backend
+    from trtbisect.base import child as child_mod
+
+    g, samples, emulated = _all_fp16_matmul(tmp_path)
+    copies = [{"x": samples[0]["x"] * 1.01}]
+    plain = _variant_numbers(ort_backend.variant_runs(g, emulated, samples))
+    monkeypatch.setattr(child_mod, "CHILD_NODES", 0)
+    early = ort_backend.VariantReferences.start(g, samples, None, copies)
+    try:
+        child = early._child
+        assert child is not None and child._task[1] is None  # not held here
+        assert child._proc is not None
+        child._proc.kill()
+        got = _variant_numbers(ort_backend.variant_runs(g, emulated, samples, None, early))
+        assert got == plain
+        here = ort_backend.Reference(g).run(copies[0])
+        again = early.of_others(copies)
+        assert again is not None
+        assert {n: a.tobytes() for n, a in again[0].items()} == \
+            {n: a.tobytes() for n, a in here.items()}
+    finally:
+        early.close()

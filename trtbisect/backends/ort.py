@@ -1250,7 +1250,8 @@ class VariantReferences:
             if _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES:
                 refs._child = _ReferenceChild.start(
                     refs.every, reference, list(samples), graph.output_names(),
-                    JudgeRuns(threads, [dict(o) for o in others or ()]))
+                    JudgeRuns(threads, [dict(o) for o in others or ()]),
+                    rebuild=lambda: _fp32_graph(graph))
         return refs
 
     def serves(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
@@ -1458,8 +1459,13 @@ class _ReferenceChild:
 
     @classmethod
     def start(cls, every: Sequence[Variant], reference, samples, names,
-              runs: JudgeRuns | None = None) -> _ReferenceChild:
-        task = (list(every), reference, samples, names, runs)
+              runs: JudgeRuns | None = None,
+              rebuild: Callable[[], tuple] | None = None) -> _ReferenceChild:
+        """`rebuild`: makes `reference` again for the runs here, should the child fail (the
+        reference proto and its weights are then not held here meanwhile: a child started
+        early lives as long as the run)."""
+        task = (list(every), None if rebuild is not None else reference, samples, names, runs,
+                rebuild)
         got = child_mod.start(_references_in_child, (), "trtbisect-variant", duplex=True,
                               why="the certificate's references")
         if got is None:
@@ -1490,7 +1496,9 @@ class _ReferenceChild:
             raise TrtBisectError(answer[1])
         if answer[0] == "failed":
             log.info("the certificate's FP32 references run here: %s", answer[1])
-            return _early(*self._task)
+            every, reference, samples, names, runs, rebuild = self._task
+            return _early(every, reference if rebuild is None else rebuild(), samples, names,
+                          runs)
         return answer[1]
 
     def close(self) -> None:
