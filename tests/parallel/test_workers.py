@@ -274,15 +274,15 @@ def test_the_default_workers_estimate_counts_inference_not_session_builds(deep, 
 def test_workers_pay_off_only_when_they_save_more_than_their_start():
     """The default pool: a search under MIN_SEARCH_SECONDS never pays; a longer one pays when
     the share the other workers take is more than one worker's start."""
-    from trtbisect.stages.batch import MIN_SEARCH_SECONDS, pays_off
+    from trtbisect.stages.batch import MIN_SEARCH_SECONDS, why_not_workers
 
-    assert pays_off(MIN_SEARCH_SECONDS - 1, 2, 0.0) == ""
+    assert why_not_workers(MIN_SEARCH_SECONDS - 1, 2, 0.0) == ""
     # the 20k-node transformer under load: 48 likely evaluations of 0.8 s, a 25 s start
-    why = pays_off(48 * 0.8, 2, 25.0)
+    why = why_not_workers(48 * 0.8, 2, 25.0)
     assert why is not None and "save about 19 s" in why and "25 s to start" in why
-    assert pays_off(48 * 0.8, 2, 10.0) is None
-    assert pays_off(100.0, 4, 74.0) is None  # 75 s saved by three more workers
-    assert pays_off(100.0, 4, 75.0) is not None
+    assert why_not_workers(48 * 0.8, 2, 10.0) is None
+    assert why_not_workers(100.0, 4, 74.0) is None  # 75 s saved by three more workers
+    assert why_not_workers(100.0, 4, 75.0) is not None
 
 
 def test_the_run_tells_the_workers_what_their_start_costs(deep, tmp_path, monkeypatch):

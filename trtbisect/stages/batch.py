@@ -40,16 +40,17 @@ log = logging.getLogger(__name__)
 MIN_SEARCH_SECONDS = 30.0
 
 
-def pays_off(search_seconds: float, workers: int, start_seconds: float) -> str | None:
-    """None when `workers` workers pay for themselves on a search estimated at
-    `search_seconds` in one process, else why not (words to follow the estimate). They
-    pay when the search is long enough (`MIN_SEARCH_SECONDS`) and the time they save, the
-    share of the search the other workers take, is more than one worker's start: each
-    repeats what the run did before its first verdict (`start_seconds`: loading the model,
-    building a judge's session; a 20k-node transformer: 10-25 s), and they start side by
-    side. Both sides of the comparison slow down together on a loaded machine; the fixed
-    threshold alone did not (the 20k-node transformer's 0.46 s inference read 0.8 s under
-    load, over the threshold: two workers took 20-30 s for a search of 8 s here)."""
+def why_not_workers(search_seconds: float, workers: int, start_seconds: float) -> str | None:
+    """Why `workers` workers would not pay for themselves on a search estimated at
+    `search_seconds` in one process (words to follow the estimate; "" when it is too short
+    for any), or None when they pay. They pay when the search is long enough
+    (`MIN_SEARCH_SECONDS`) and the time they save, the share of the search the other workers
+    take, is more than one worker's start: each repeats what the run did before its first
+    verdict (`start_seconds`: loading the model, building a judge's session; a 20k-node
+    transformer: 10-57 s with the machine's load), and they start side by side. Both sides of
+    the comparison slow down together on a loaded machine; the fixed threshold alone did not
+    (the 20k-node transformer's 0.46 s inference read 0.8 s under load, over the threshold:
+    two workers took 25-37 s for a search of 10 s in the run's own process)."""
     if search_seconds < MIN_SEARCH_SECONDS:
         return ""
     saved = search_seconds * (1 - 1 / max(workers, 1))
@@ -174,9 +175,9 @@ def start_workers(ev: Evaluator, ctx: Context, judge: JudgeOptions, search: Sear
                   ) -> ParallelJudge | None:
     """The run's workers (None: judge in this process). `--workers N` asks N (1: none);
     without it, as many as the cores and memory allow, unless they would not pay for
-    themselves (`pays_off`: the search's estimate, `seconds_per_evaluation` x `evaluations`,
-    against `start_seconds`, what a worker's start repeats). The choice is said (`say`) and
-    kept for precision.json."""
+    themselves (`why_not_workers`: the search's estimate, `seconds_per_evaluation` x
+    `evaluations`, against `start_seconds`, what a worker's start repeats). The choice is said
+    (`say`) and kept for precision.json."""
     requested = search.workers
     ev.parallel_note = None
     if search.ray is None and requested == 1:
@@ -189,7 +190,8 @@ def start_workers(ev: Evaluator, ctx: Context, judge: JudgeOptions, search: Sear
         say(why)
         return None
     if search.ray is None and requested is None and seconds_per_evaluation is not None:
-        short = pays_off(seconds_per_evaluation * evaluations, plan.workers, start_seconds)
+        short = why_not_workers(seconds_per_evaluation * evaluations, plan.workers,
+                                start_seconds)
         if short is not None:
             # the count is the fewest a search of this shape takes (a guess before it runs:
             # PP-OCRv4 det was guessed at 17 s and took 55 s), so the words say what it is
