@@ -1242,17 +1242,24 @@ class VariantReferences:
     @classmethod
     def start(cls, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
               threads: int | None,
-              others: Sequence[Mapping[str, np.ndarray]] | None = None) -> VariantReferences:
-        """`others`: samples whose FP32 references the run will want (None: none)."""
+              others: Sequence[Mapping[str, np.ndarray]] | None = None,
+              judge_runs: bool = True) -> VariantReferences:
+        """`others`: samples whose FP32 references the run will want (None: none);
+        `judge_runs`: the judge session's runs too (the nudged samples, `others`)."""
         refs = cls(graph, samples, threads, others)
         if child_mod.worth_a_child(len(graph.names)):
             reference = _fp32_graph(graph)
             if _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES:
+                runs = JudgeRuns(threads, [dict(o) for o in others or ()]) if judge_runs else None
                 refs._child = _ReferenceChild.start(
-                    refs.every, reference, list(samples), graph.output_names(),
-                    JudgeRuns(threads, [dict(o) for o in others or ()]),
+                    refs.every, reference, list(samples), graph.output_names(), runs,
                     rebuild=lambda: _fp32_graph(graph))
         return refs
+
+    def beside(self) -> bool:
+        """Whether the references come from elsewhere than the caller's own sessions: a
+        child computes them, or they are kept."""
+        return self._kept is not None or self._child is not None
 
     def serves(self, graph: Graph, samples: Sequence[Mapping[str, np.ndarray]],
                threads: int | None) -> bool:
@@ -1312,49 +1319,37 @@ def variant_runs(graph: Graph, emulated: tuple[onnx.ModelProto, Mapping[str, np.
     (what Polygraphy's check of the mixed model runs), both computed under the variant. Yields
     (variant, sample index, reference outputs, emulated outputs), variant by variant in
     `variants` order, sample by sample. `references`: the run's, started or kept before (used
-    when they serve this graph and these samples). Else the FP32 references run meanwhile in a
-    spawned child process (`_ReferenceChild`: the same sessions of the same proto and
-    weights, so the same numbers bit for bit), one session at a time there and one here: on a
-    20k-node transformer each session costs seconds (ORT's optimizations on the FP32 graph
-    alone 14 s), and a session build holds the GIL (a thread would not help)."""
+    when they serve this graph and these samples); else started here, so that the FP32
+    references run in a spawned child (when the graph is worth one: `VariantReferences`) while
+    the emulated sessions run here: on a 20k-node transformer each session costs seconds
+    (ORT's optimizations on the FP32 graph alone 14 s), and a session build holds the GIL (a
+    thread would not help). With no child, both sessions run here, a variant at a time."""
     names = graph.output_names()
     every = variants(threads)
     listed = samples if isinstance(samples, Sequence) else list(samples)
+    owned = None
     mine = references if (references is not None
                           and references.serves(graph, listed, threads)) else None
-    known = mine.results() if mine is not None else None
-    if known is not None:
-        for v, fp32 in zip(every, known):
-            ran = _session_runs(v, emulated, listed, names, np.float32)
-            for k, (out, (_, emu)) in enumerate(zip(fp32, ran)):
-                yield v, k, out, emu
-        return
-    samples = list(listed)
-    reference = _fp32_graph(graph)
-    child = _ReferenceChild.start(every, reference, samples, names) \
-        if (child_mod.worth_a_child(len(graph.names))
-            and _weight_bytes(reference[1]) <= VARIANT_CHILD_BYTES) else None
+    if mine is None:
+        mine = owned = VariantReferences.start(graph, listed, threads, judge_runs=False)
     try:
-        if child is None:
+        if not mine.beside():
             kept: list[list[dict[str, np.ndarray]]] = [[] for _ in every]
+            reference = _fp32_graph(graph)
             for i, v in enumerate(every):
-                for v_, k, r, e in _variant_run(v, reference, emulated, samples, names):
+                for v_, k, r, e in _variant_run(v, reference, emulated, listed, names):
                     kept[i].append(r)
                     yield v_, k, r, e
-            if mine is not None:
-                mine.keep(kept)
+            mine.keep(kept)
             return
-        got = [[e for _, e in _session_runs(v, emulated, samples, names, np.float32)]
+        ran = [[e for _, e in _session_runs(v, emulated, listed, names, np.float32)]
                for v in every]
-        refs_all = child.results()
-        if mine is not None:
-            mine.keep(refs_all)
-        for v, refs, emus in zip(every, refs_all, got):
-            for k, (r, e) in enumerate(zip(refs, emus)):
+        for v, fp32, emus in zip(every, mine.results() or [], ran):
+            for k, (r, e) in enumerate(zip(fp32, emus)):
                 yield v, k, r, e
     finally:
-        if child is not None:
-            child.close()
+        if owned is not None:
+            owned.close()
 
 
 def _weight_bytes(arrays: Mapping[str, np.ndarray]) -> int:
