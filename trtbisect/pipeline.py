@@ -154,8 +154,8 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
                                                ev, journal)
     st = SearchStage.of(ctx, opts, stats, constants, lambda pg: _shape_probe(ctx, opts.judge, pg),
                         before=half.before, record=record, base=base,
-                        half_seconds=half.seconds,
-                        worker_start_seconds=loaded + half.building, stage=stage, progress=progress, cache=cache,
+                        half_seconds=half.seconds, worker_start_seconds=loaded + half.building,
+                        stage=stage, progress=progress, cache=cache,
                         outcome=outcome, journal=journal)
     search, summary = st.search(ev, opts.judge, opts.search, half.passed, True)
     result = st.judge(search, ev, summary)

@@ -42,7 +42,8 @@ BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into prec
 # What a verdict records beside the plan, as precision.json writes it. Each is JSON as its
 # module's `to_json()` makes it; the key names are precision.json's.
 JSON = dict[str, Any]
-Number = float | str | None  # as judge/criteria.json_number writes one: a non-finite one as a string
+# as judge/criteria.json_number writes one: a non-finite one as a string
+Number = float | str | None
 
 
 @dataclass(frozen=True)

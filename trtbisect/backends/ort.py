@@ -1383,7 +1383,8 @@ def _variant_run(v: Variant, reference: tuple[onnx.ModelProto, Mapping[str, np.n
     del ref, emu
 
 
-def _references(every: Sequence[Variant], reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
+def _references(every: Sequence[Variant],
+                reference: tuple[onnx.ModelProto, Mapping[str, np.ndarray]],
                 samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
                 ) -> list[list[dict[str, np.ndarray]]]:
     """Per variant, per sample: the FP32 reference's outputs under it, computed as

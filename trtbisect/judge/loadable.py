@@ -207,9 +207,10 @@ class LoadCheck:
     own sessions (a thread would not: a session build holds the GIL). `answer()` waits for it:
     the same string, or None, as `runtime_problem` returns; a child that dies without one is a
     failed load, said on one line (one that dies before it starts, as spawn's own failure to
-    import a main module read from stdin, is not: the load then runs here). `close()` (or leaving `with`) ends the child whatever
-    happened: nothing is left running. Where no child can be started (a daemonic worker, or
-    the system refuses one), the load runs here when its answer is asked."""
+    import a main module read from stdin, is not: the load then runs here). `close()` (or
+    leaving `with`) ends the child whatever happened: nothing is left running. Where no child
+    can be started (a daemonic worker, or the system refuses one), the load runs here when its
+    answer is asked."""
 
     def __init__(self, path: str | Path, weight_bytes: int | None = None, in_child: bool = True):
         self.path, self.weight_bytes = str(path), weight_bytes

@@ -78,7 +78,8 @@ class QuantResult(Found[Any, Any]):
     # its file into --out and rewrites its "path" in place)
     renderings: dict = field(default_factory=dict)
 
-    certified: CertificateRecord | None = None  # the written file's margin over the spread (stages/spread.py)
+    # the written file's margin over the spread (stages/spread.py)
+    certified: CertificateRecord | None = None
     validation: Validation | None = None  # the written file on unseen samples
     needed: dict[str, bool] = field(default_factory=dict)  # per plan unit: removing it fails
     faster: dict[str, float] = field(default_factory=dict)  # per unit not needed: est. saving
