@@ -533,11 +533,6 @@ class QuantCost:
     file_fp32_examples: list[str]
     certificate: CostCertificate | None = None
 
-    @property
-    def qdq_row(self) -> CostRow | None:
-        """The Q/DQ boundaries' row."""
-        return next((r for r in self.rows if r.row == "Q/DQ boundaries"), None)
-
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "title": self.title, "format": self.format,
                 "all_fp16_s": self.all_fp16_s, "all_quantized_s": self.all_quantized_s,
