@@ -202,21 +202,23 @@ def reproduce(result, judge, fp32: Path, source: Path) -> dict | None:
             "passed": v.passed, "errors": {k: e.to_json() for k, e in v.errors.items()}}
 
 
-def keep_side_files(result, judge, source: Path, out_dir: Path) -> None:
+def keep_side_files(renderings: dict, judge, source: Path, out_dir: Path) -> dict[str, str]:
     """Inside --out's generation, beside commands.sh: calib.npz (`write_calibration`) and
-    ModelOpt's file of the rendered exclusions (`reproduce`), precision.json pointing at
-    them."""
+    ModelOpt's file of the rendered exclusions (`reproduce`, the renderings'
+    "modelopt_reproduction"), copied into --out; returns what it wrote, by precision.json's
+    `files` keys (run.py records "modelopt_model" as the reproduction's path too)."""
     import onnx
 
     from ..base.files import save_model
 
+    files: dict[str, str] = {}
     samples = judge.samples if judge is not None else ()
     calib = write_calibration(out_dir, source, samples)
     if calib is not None:
-        result.files["calibration"] = str(calib)
-    rep = result.renderings.get("modelopt_reproduction")
+        files["calibration"] = str(calib)
+    rep = renderings.get("modelopt_reproduction")
     if rep and rep.get("ran") and Path(rep["path"]).parent != out_dir:
         target = out_dir / Path(rep["path"]).name
         save_model(target, onnx.load(rep["path"]))
-        rep["path"] = str(target)
-        result.files["modelopt_model"] = str(target)
+        files["modelopt_model"] = str(target)
+    return files

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, FrozenInstanceError, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -24,9 +24,10 @@ import onnx
 from ..base.escape import visible
 from ..errors import EXIT_REFERENCE_INVALID, TrtBisectError
 from ..judge import subset
-from ..judge.criteria import Verdict
+from ..judge.compare import Tolerance
+from ..judge.criteria import Criteria, Verdict
 from ..judge.validation import Validation
-from ..judge.verdict import VerdictName
+from ..judge.verdict import Findings, VerdictName
 from ..outputs.quantized import QuantPlan, renderings
 from ..result import CertificateRecord, Found
 from ..search.minimal import Progress, SearchResult, Trial, find_minimal_fp32
@@ -50,8 +51,14 @@ CHEAPER_PER_UNIT = 2  # --objective cost: new evaluations per unit the cheaper s
 class QuantResult(Found[Any, Any]):
     """The quantized road's result: what every search run finds (result.Found: the verdict,
     `fp32_nodes`: here the FP16 nodes of the file kept in FP32, the counts, the errors before
-    and after, the files; one exit table, result.VERDICT_EXIT) and the road's own fields. The
-    errors before and after are those of `before` and `after`, set with them."""
+    and after, the files; one exit table, result.VERDICT_EXIT) and the road's own fields.
+
+    Built once, by `assemble`, from the records the run's steps return (`Searched`,
+    `FileJudged`, `Certification`, ...), its verdict decided there (judge/verdict.decide over
+    all of them); then frozen: no field is assigned after `__init__` (what the writer
+    records afterwards, the paths it wrote, comes by `dataclasses.replace`). Not
+    `@dataclass(frozen=True)`: `Found` (result.py) is a plain dataclass, and a frozen one
+    cannot inherit from it; `__setattr__` holds the same rule."""
     _: KW_ONLY
     model_path: str
     layers: list[qdq.Layer]
@@ -74,8 +81,8 @@ class QuantResult(Found[Any, Any]):
     reference: str = "the model with its Q/DQ removed"
     # every tool's rendering of the plan (outputs/quantized.py `renderings`), left JSON:
     # precision.json's "renderings" as written; read back only for its ModelOpt reproduction
-    # (quant/ptq.py `reproduce`'s dict: console.py's files line; ptq.keep_side_files moves
-    # its file into --out and rewrites its "path" in place)
+    # (quant/ptq.py `reproduce`'s dict: console.py's files line; its "path" is where
+    # ptq.keep_side_files kept its file in --out, `_Generation.recorded`)
     renderings: dict = field(default_factory=dict)
 
     # the written file's margin over the spread (stages/spread.py)
@@ -86,11 +93,18 @@ class QuantResult(Found[Any, Any]):
     minimal_plan: list[str] = field(default_factory=list)  # the certified 1-minimal plan
     reasons: list[str] = field(default_factory=list)  # why even all-float fails
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_built", True)
+
     def __setattr__(self, name: str, value: object) -> None:
+        if getattr(self, "_built", False):
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: a QuantResult is "
+                                      "built once (quant/run.py `assemble`); "
+                                      "dataclasses.replace makes another")
         super().__setattr__(name, value)
-        if name in ("before", "after"):  # Found's errors are those of the verdict, always
-            errors = getattr(value, "errors", None)
-            super().__setattr__(f"errors_{name}", dict(errors) if errors is not None else {})
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
 
     @property
     def minimality(self) -> str:
@@ -122,11 +136,8 @@ class QuantResult(Found[Any, Any]):
 
     def rendered(self) -> QuantPlan:
         """The plan as the renderings take it (outputs/quantized.py): plain data."""
-        return QuantPlan(model_path=self.model_path, reference=self.reference,
-                         formats=frozenset(f for la in self.layers for f in la.formats),
-                         unquantized=tuple(self.plan),
-                         fp32_ops=tuple(sorted(set(self.fp32_ops.values()))),
-                         half=bool(self.half_nodes), plan_file=bool(self.units))
+        return _quant_plan(self.model_path, self.reference, self.layers, self.plan,
+                           self.fp32_ops, self.half_nodes, self.units)
 
     def layer(self, name: str) -> qdq.Layer:
         return next(la for la in self.layers if la.name == name)
@@ -180,6 +191,133 @@ class QuantResult(Found[Any, Any]):
             "reference_problems": self.reference_problems, "files": self.files,
             "seconds": round(self.seconds, 3),
             "layers": [la.to_json() for la in self.layers]}
+
+
+def _quant_plan(model_path: str, reference: str, layers: Sequence[qdq.Layer],
+                plan: Sequence[str], fp32_ops: dict[str, str], half_nodes: int,
+                units: Sequence[str]) -> QuantPlan:
+    return QuantPlan(model_path=model_path, reference=reference,
+                     formats=frozenset(f for la in layers for f in la.formats),
+                     unquantized=tuple(plan), fp32_ops=tuple(sorted(set(fp32_ops.values()))),
+                     half=bool(half_nodes), plan_file=bool(units))
+
+
+# What the quantized run's steps find, each a frozen record the step returns; `assemble`
+# builds the QuantResult from them in one constructor call.
+
+@dataclass(frozen=True)
+class Start:
+    """What the run starts from, before anything is judged: the model, its quantized layers,
+    the reference and its words, the samples and the criteria."""
+    model_path: str
+    layers: list[qdq.Layer]
+    reference: str
+    emulated: bool  # the file has float16 values
+    semantics: str
+    samples: int  # all of them (the search's, after the hold-out: `Searched.samples`)
+    tolerance: Tolerance
+    criteria: Criteria
+    reference_problems: list[str]  # the FP32 reference is non-finite: `reference_invalid`
+
+
+@dataclass(frozen=True)
+class Honest:
+    """Which units of the written plan accuracy needs (`_honest`): the certified 1-minimal
+    plan, per unit whether removing it fails, what a unit not needed saves, and the
+    removals judged for it (evaluations of the run, in its trace). Empty: no plan."""
+    minimal_plan: list[str] = field(default_factory=list)
+    needed: dict[str, bool] = field(default_factory=dict)
+    faster: dict[str, float] = field(default_factory=dict)
+    trials: list[Trial] = field(default_factory=list)  # the removals judged, phase "needed"
+
+
+@dataclass(frozen=True)
+class Searched:
+    """The file as given judged by the run's judge, and (where it fails) the search's
+    outcome: the verdict it proposes (`quantized_ok`, `fixed`, `no_plan`), the plan, what
+    each of its units is for, the fixes judged and the price. A run whose
+    reference is non-finite judges nothing: no judge, `reference_invalid` proposed."""
+    judge: QuantJudge | None
+    samples: int  # the search's (held-out ones aside)
+    before: Verdict | None  # the file as given
+    proposed: VerdictName
+    half_nodes: int = 0  # FP16 nodes the file has
+    search: SearchResult | None = None  # None: nothing searched (the file passes as given)
+    evaluations: int = 0
+    trials: list[Trial] = field(default_factory=list)
+    certificate: CostCertificate | None = None
+    units: list[str] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)
+    fp32_nodes: list[str] = field(default_factory=list)
+    search_after: Verdict | None = None
+    honest: Honest = field(default_factory=Honest)
+    findings: dict[str, list[Finding]] = field(default_factory=dict)  # the plan's layers'
+    fixes: dict[str, list[FixJudged]] = field(default_factory=dict)
+    fp32_reasons: dict[str, str] = field(default_factory=dict)
+    fp32_ops: dict[str, str] = field(default_factory=dict)
+    cost: QuantCost | None = None
+
+
+@dataclass(frozen=True)
+class Certification:
+    """A file's certificate and validation (`_certify`): the written plan's, or the file as
+    given's (`quantized_ok` is held to them as `fp16_ok` is); `uncertified`: what misses
+    the margin, in words."""
+    certified: CertificateRecord
+    validation: Validation
+    uncertified: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FileJudged:
+    """The plan's file judged as `check` judges it (one judge: the written file, or without
+    --out the in-memory model), and its certificate where it passes."""
+    after: Verdict
+    certification: Certification | None
+
+
+def assemble(start: Start, s: Searched, shown: dict, *, written: FileJudged | None = None,
+             given: Certification | None = None, reasons: Sequence[str] = (),
+             seconds: float = 0.0, model_path: str | None = None) -> QuantResult:
+    """The run's result, built once from what its steps found (`shown`: the renderings):
+    the verdict is the search's proposal decided by every finding at once
+    (judge/verdict.decide: the written file, its certificate and its validation; for the
+    file as given, `given`, its own certificate)."""
+    cert = written.certification if written is not None else given
+    findings = Findings(s.proposed,
+                        file_passed=written.after.passed if written is not None else None,
+                        certified=cert.certified.certified if cert is not None else None,
+                        validated=cert.validation.passed if cert is not None else None)
+    verdict = findings.verdict()
+    if cert is not None and verdict == "fragile":
+        log.warning("the plan passes by less than the spread of what the tools compute on "
+                    "%s (fragile): it is written, but not called fixed",
+                    "; ".join(cert.uncertified))
+    elif cert is not None and verdict == "unvalidated":
+        log.warning("the plan fails %s it was not searched on (unvalidated): it is written, "
+                    "but not called fixed", cert.validation.described)
+    after = written.after if written is not None else None
+    h = s.honest
+    return QuantResult(
+        verdict, s.fp32_nodes, len(s.judge.units) if s.judge is not None else 0,
+        s.evaluations + len(h.trials), 0, s.samples, start.tolerance, _errors(s.before),
+        _errors(after), one_minimal=s.search.one_minimal if s.search is not None else False,
+        search=s.search, reference_problems=start.reference_problems, seconds=seconds,
+        criteria=start.criteria, verdict_findings=findings,
+        model_path=model_path or start.model_path, layers=start.layers, plan=s.plan,
+        before=s.before, after=after, search_after=s.search_after, trials=[*s.trials, *h.trials],
+        findings=s.findings, half_nodes=s.half_nodes, fp32_reasons=s.fp32_reasons,
+        units=s.units, fp32_ops=s.fp32_ops, emulated=start.emulated, semantics=start.semantics,
+        fixes=s.fixes, cost=s.cost, certificate=s.certificate, judge=s.judge,
+        reference=start.reference, renderings=shown,
+        certified=cert.certified if cert is not None else None,
+        validation=cert.validation if cert is not None else None, needed=h.needed,
+        faster=h.faster, minimal_plan=h.minimal_plan, reasons=list(reasons))
+
+
+def _errors(v: Verdict | None) -> dict:
+    """Found's errors before and after: those of the verdicts, always."""
+    return dict(v.errors) if v is not None else {}
 
 
 def _finite(obj):
@@ -383,7 +521,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     `report`: --report's writer (quant/pages.py, handed in by quant/console.py), called
     inside --out's generation; it returns the files it wrote. `owned`: the model is
     trtbisect's own (ModelOpt's output in a temporary folder): the judged file is kept in
-    --out whatever the verdict."""
+    --out whatever the verdict. Each step returns what it found; the result is assembled
+    once from it (`assemble`, in `_write`: for a plan, once its written file is judged)."""
     from ..context import reference_problems
 
     started = time.perf_counter()
@@ -392,39 +531,53 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     model, layers, ref_model, where = _load(path, reference_path, stage)
     opts.judge.criteria.validate([o.name for o in ref_model.graph.output])
     samples, references = _samples(ref_model, opts.sample, opts.judge, path, reference_path)
-    result = QuantResult("no_plan", [], 0, 0, 0, len(samples), opts.judge.tolerance, {}, {},
-                         criteria=opts.judge.criteria, model_path=str(path), layers=layers,
-                         plan=[],
-                         before=None, after=None, reference=where, emulated=_half(model),
-                         semantics=opts.judge.semantics)
-    result.reference_problems = reference_problems(  # it reads ctx.every_reference only
-        SimpleNamespace(every_reference=references))  # type: ignore[arg-type]
-    if result.reference_problems:
-        result.verdict = "reference_invalid"
-        result.seconds = time.perf_counter() - started
-        _write(result, None, path, out_dir, keep)
-        return result
+    start = Start(str(path), layers, where, _half(model), opts.judge.semantics, len(samples),
+                  opts.judge.tolerance, opts.judge.criteria,
+                  reference_problems(  # it reads ctx.every_reference only
+                      SimpleNamespace(every_reference=references)))  # type: ignore[arg-type]
+    if start.reference_problems:
+        nothing = Searched(None, len(samples), None, "reference_invalid")
+        return _write(start, nothing, {}, [], time.perf_counter() - started, path, out_dir,
+                      keep)
     samples, references, held = _hold_out(samples, references, ref_model, opts.sample,
                                           opts.judge)
     journal = _journal(out_dir, opts.judge, opts.search.objective, opts.output.resume, path,
                        reference_path, samples)
     try:
-        _search(result, model, ref_model, samples, references, opts, progress, stage, journal)
+        searched = _search(start, model, ref_model, samples, references, opts, progress,
+                           stage, journal)
     finally:
         if journal is not None:
             journal.close()
-    if owned and result.judge is not None and reference_path is not None:
-        from .ptq import reproduce  # ModelOpt's own run of the rendered exclusions
-        result.renderings = renderings(result.rendered(), reproduce(
-            result, result.judge, Path(reference_path), path), calibrated=True)
-    if result.verdict == "no_plan":
-        result.reasons = float_side_reasons(model)
-    result.seconds = time.perf_counter() - started
-    _write(result, result.judge, path, out_dir, keep, report,
-           lambda f: _certify(result, ref_model, samples, references, held, opts.judge, f),
-           owned)
-    result.inferences = result.judge.runs if result.judge is not None else 0
-    return result
+    shown = _renderings(start, searched, reference_path if owned else None, path)
+    reasons = float_side_reasons(model) if searched.proposed == "no_plan" else []
+    judge = searched.judge
+    assert judge is not None
+
+    def certify(written: Path | onnx.ModelProto) -> Certification:
+        return _certify(judge, searched.search, ref_model, samples, references, held,
+                        opts.judge, written)
+    result = _write(start, searched, shown, reasons, time.perf_counter() - started, path,
+                    out_dir, keep, report, certify, owned)
+    return replace(result, inferences=judge.runs)
+
+
+def _renderings(start: Start, searched: Searched, reproduce_from: str | Path | None,
+                source: Path) -> dict:
+    """Every tool's rendering of the plan (outputs/quantized.py); `reproduce_from`: the FP32
+    model trtbisect quantized `source` from (--precision int8|fp8), for ModelOpt's own run of
+    the rendered exclusions beside them (quant/ptq.py `reproduce`)."""
+    if searched.judge is None:
+        return {}
+    plan = _quant_plan(start.model_path, start.reference, start.layers, searched.plan,
+                       searched.fp32_ops, searched.half_nodes, searched.units)
+    plain = renderings(plan)
+    if reproduce_from is None:
+        return plain
+    from .ptq import reproduce
+    given = SimpleNamespace(plan=searched.plan, layers=start.layers, renderings=plain)
+    return renderings(plan, reproduce(given, searched.judge, Path(reproduce_from), source),
+                      calibrated=True)
 
 
 def _hold_out(samples, references, ref_model: onnx.ModelProto, sample: SampleOptions,
@@ -450,40 +603,30 @@ def _hold_out(samples, references, ref_model: onnx.ModelProto, sample: SampleOpt
     return samples, references, held
 
 
-def _certify(result: QuantResult, ref_model: onnx.ModelProto, samples, references, held,
-             judge_opts: JudgeOptions, written: Path | onnx.ModelProto) -> VerdictName:
+def _certify(judge: QuantJudge, search: SearchResult | None, ref_model: onnx.ModelProto,
+             samples, references, held, judge_opts: JudgeOptions,
+             written: Path | onnx.ModelProto) -> Certification:
     """The written file's certificate and validation, as the FP16 road's (stages/spread.py,
-    judge/validation.py), and the verdict they allow (judge/verdict.py: the file as given,
-    `quantized_ok`, is held to them as FP16 as it is, `fp16_ok`, is)."""
+    judge/validation.py): the findings that decide the verdict they allow (`assemble`,
+    judge/verdict.py: the file as given, `quantized_ok`, is held to them as FP16 as it is,
+    `fp16_ok`, is)."""
     from ..graph import Graph
     from ..judge import validation
     from ..judge.mixed import Written
     from ..stages.spread import certify
 
-    judge = result.judge
-    assert judge is not None
     model = written if isinstance(written, onnx.ModelProto) else onnx.load(str(written))
     judged = judge.judged_model(model)
     per_sample = judge.judgements(judged)
     ctx = SimpleNamespace(graph=Graph(ref_model), every_sample=samples,
                           every_reference=references)
     cert = certify(ctx, judge_opts, Written(judged, {}), per_sample)  # type: ignore[arg-type]
-    if result.search is not None and result.search.noisy is not None:
-        cert.search_noise = result.search.noisy  # the search stopped: `fragile` at once
+    if search is not None and search.noisy is not None:
+        cert.search_noise = search.noisy  # the search stopped: `fragile` at once
         cert.decided = cert.hopeless()
-    result.certified = cert.record()
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 judge_opts.criteria.verdict)
-    result.validation = checked
-    verdict = result.settle(certified=cert.certified, validated=checked.passed)
-    if verdict == "fragile":
-        log.warning("the plan passes by less than the spread of what the tools compute on "
-                    "%s (fragile): it is written, but not called fixed",
-                    "; ".join(cert.uncertified))
-    elif verdict == "unvalidated":
-        log.warning("the plan fails %s it was not searched on (unvalidated): it is written, "
-                    "but not called fixed", checked.described)
-    return verdict
+    return Certification(cert.record(), checked, tuple(cert.uncertified))
 
 
 def float_side_reasons(model: onnx.ModelProto) -> list[str]:
@@ -585,34 +728,33 @@ def _journaled(judge: QuantJudge, journal, pressures: dict[frozenset[str], dict[
     return check
 
 
-def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelProto,
+def _search(start: Start, model: onnx.ModelProto, ref_model: onnx.ModelProto,
             samples, references, opts: Options, progress: Progress | None,
-            stage: Callable[[str], None], journal=None) -> None:
+            stage: Callable[[str], None], journal=None) -> Searched:
     """Judge the file, diagnose its layers, search the plan, judge the fixes, price it. (The
     whole options: it reads the judge, the search and the samples' subset size.)"""
     from .cost import float_side, pricing_for, shape_probe
     from .half import half_nodes
 
-    layers = result.layers
+    layers = start.layers
     halves = half_nodes(model)
-    result.half_nodes = len(halves)
     j = opts.judge
     judge = QuantJudge(model, layers, samples, references, j.criteria, j.tolerance, j.threads,
                        halves, j.semantics, j.tf32)
-    result.judge = judge
-    result.candidates, result.samples = len(judge.units), len(samples)
-    pricing = pricing_for(model, layers, judge.half, samples[0], opts.search.gpu, result.emulated,
+    pricing = pricing_for(model, layers, judge.half, samples[0], opts.search.gpu, start.emulated,
                           shape_probe(model, samples[0], opts.judge.threads))
     stage("judging the quantized model as given")
-    result.before, before = judge.measure_all(frozenset())
+    given, before = judge.measure_all(frozenset())
     stage("diagnosing the quantized layers")
     outs = [t for n in model.graph.node if n.name in set(halves)
             for t in [*n.input, *n.output] if t]
     values = activation_values(ref_model, layers, samples, opts.judge.threads, outs)
     findings = {la.name: diagnose(model, la, values, judge.weights) for la in layers}
-    if result.before.passed:
-        result.verdict = "quantized_ok"
-    else:
+    search, trials, certificate = None, [], None
+    units: list[str] = []
+    search_after, honest = None, Honest()
+    proposed: VerdictName = "quantized_ok"
+    if not given.passed:
         stage(f"searching which of {len(layers)} quantized layers to run in float"
               + (f" and which of {len(halves)} FP16 nodes to keep in FP32" if halves else ""))
         ranking = _ranking(layers, findings, _search_half(judge), values, model)
@@ -630,32 +772,34 @@ def _search(result: QuantResult, model: onnx.ModelProto, ref_model: onnx.ModelPr
                                  lambda plan: (pressures[plan], True) if plan in pressures
                                  else None, SPREAD_SHARE),
                              **(_cost_search(judge, model, pricing) if by_cost else {})))
-        result.evaluations, result.trials = search.evaluations, _scored(search.trials,
-                                                                       pricing, judge, journal)
-        result.one_minimal, result.search = search.one_minimal, search
-        result.certificate = (CostCertificate.of_search(search.certificate)
-                              if search.certificate is not None else None)
+        trials = _scored(search.trials, pricing, judge, journal)
+        certificate = (CostCertificate.of_search(search.certificate)
+                       if search.certificate is not None else None)
+        proposed = "no_plan"
         if search.found:
-            result.units = judge.expand(search.fp32)
-            result.plan = [u for u in result.units if u not in judge.half]
-            result.fp32_nodes = [judge.half[u] for u in result.units if u in judge.half]
-            result.search_after = judge.measure(frozenset(search.fp32))
-            result.verdict = "fixed"
-            _honest(result, search, pricing, check)
-    result.findings = {n: findings[n] for n in result.plan}
-    if result.plan:
+            units = judge.expand(search.fp32)
+            search_after = judge.measure(frozenset(search.fp32))
+            proposed = "fixed"
+            honest = _honest(judge, units, search, pricing, check, len(trials))
+    plan = [u for u in units if u not in judge.half]
+    fp32_nodes = [judge.half[u] for u in units if u in judge.half]
+    mine = {n: findings[n] for n in plan}
+    fixes = {}
+    if plan:
         stage("judging the fixes diagnosis names, where trtbisect can apply them")
-        result.fixes = judge_fixes(judge, model, result, values)
-    result.fp32_reasons = half_reasons(model, result.fp32_nodes, values)
-    result.fp32_ops = {n.name: n.op_type for n in model.graph.node
-                       if n.name in set(result.fp32_nodes)}
-    result.cost = QuantCost.from_json({
-        **pricing.summary(result.units), "objective": opts.search.objective,
+        fixes = judge_fixes(judge, model, layers, plan, units, mine, values)
+    cost = QuantCost.from_json({
+        **pricing.summary(units), "objective": opts.search.objective,
         "float_side": float_side(pricing),
-        **({"certificate": result.certificate.to_json()} if result.certificate else {}),
+        **({"certificate": certificate.to_json()} if certificate else {}),
         **_one_price(model, ref_model, layers, halves, samples[0], opts.judge,
                      opts.search.gpu, pricing.all_fp16())})
-    result.renderings = renderings(result.rendered())
+    return Searched(judge, len(samples), given, proposed, len(halves), search,
+                    search.evaluations if search is not None else 0, trials, certificate,
+                    units, plan, fp32_nodes, search_after, honest, mine, fixes,
+                    half_reasons(model, fp32_nodes, values),
+                    {n.name: n.op_type for n in model.graph.node if n.name in set(fp32_nodes)},
+                    cost)
 
 
 def _rounds(judge: QuantJudge, most: int | None, search_samples: int,
@@ -717,22 +861,21 @@ def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halve
             "file_fp32_examples": fp32[:5]}
 
 
-def _honest(result: QuantResult, search, pricing,
-            check: Callable[[frozenset[str]], bool]) -> None:
-    """Which units of the written plan accuracy needs: a unit is needed when the plan without
-    it fails. The certified 1-minimal plan's removals all failed (its certificate), and the
-    cheaper step judged the removals that were cheaper; a removal neither judged is judged
-    here (memoized and journaled: at most one evaluation per unit of the plan, counted). A unit
-    whose removal passes was kept (or added by the cheaper step) for estimated engine time,
-    with what it saves (`faster`). The 1-minimal plan, before the cheaper step changed it, is
-    always recorded."""
+def _honest(judge: QuantJudge, units: list[str], search: SearchResult, pricing,
+            check: Callable[[frozenset[str]], bool], judged: int) -> Honest:
+    """Which units of the written plan (`units`) accuracy needs: a unit is needed when the
+    plan without it fails. The certified 1-minimal plan's removals all failed (its
+    certificate), and the cheaper step judged the removals that were cheaper; a removal
+    neither judged is judged here (memoized and journaled: at most one evaluation per unit of
+    the plan, counted, numbered after the search's `judged` trials). A unit whose removal
+    passes was kept (or added by the cheaper step) for estimated engine time, with what it
+    saves (`faster`). The 1-minimal plan, before the cheaper step changed it, is always
+    recorded."""
     from .report import worst_rel
 
-    judge = result.judge
-    assert judge is not None
     final = frozenset(search.fp32)
     minimal = (search.certificate or {}).get("minimal_plan") or list(search.fp32)
-    result.minimal_plan = judge.expand(minimal)
+    trials: list[Trial] = []
     needed_units: set[str] = set()
     order = {u: k for k, u in enumerate(judge.units)}
     for s in sorted(final, key=order.__getitem__):
@@ -740,20 +883,21 @@ def _honest(result: QuantResult, search, pricing,
         before = judge.runs
         passed = check(rest)
         if judge.runs > before:  # judged here: an evaluation of the run, in its trace
-            result.evaluations += 1
-            result.trials.append(Trial(len(result.trials) + 1,
-                                       tuple(sorted(rest, key=order.__getitem__)), passed,
-                                       "needed", pricing.price(judge.expand(rest)),
-                                       worst_rel(judge.measure(rest).errors)))
+            trials.append(Trial(judged + len(trials) + 1,
+                                tuple(sorted(rest, key=order.__getitem__)), passed,
+                                "needed", pricing.price(judge.expand(rest)),
+                                worst_rel(judge.measure(rest).errors)))
         if not passed:
             needed_units.add(s)
     need = set(judge.expand(needed_units))
-    result.needed = {u: u in need for u in result.units}
-    plan = pricing.price(result.units)
-    for u in result.units:
-        if not result.needed[u]:
-            without = pricing.price([v for v in result.units if v != u])
-            result.faster[u] = (without - plan) / without if without > 0 else 0.0
+    needed = {u: u in need for u in units}
+    plan = pricing.price(units)
+    faster = {}
+    for u in units:
+        if not needed[u]:
+            without = pricing.price([v for v in units if v != u])
+            faster[u] = (without - plan) / without if without > 0 else 0.0
+    return Honest(judge.expand(minimal), needed, faster, trials)
 
 
 def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
@@ -835,17 +979,19 @@ def with_names(model: onnx.ModelProto) -> onnx.ModelProto:
     return with_node_names(model)
 
 
-def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
+def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, layers: Sequence[qdq.Layer],
+                plan: Sequence[str], units: Sequence[str], findings: dict[str, list[Finding]],
                 values: dict[str, list[np.ndarray]]) -> dict[str, list[FixJudged]]:
-    """Each plan layer kept quantized with a fix applied (fixes.py), the rest of the plan as
-    it is, judged by the run's judge: does the fix alone make the layer pass?"""
+    """Each plan layer kept quantized with a fix applied (fixes.py), the rest of the plan
+    (`units`) as it is, judged by the run's judge: does the fix alone make the layer pass?"""
     from .fixes import variants
 
+    by_name = {la.name: la for la in layers}
     out: dict[str, list[FixJudged]] = {}
-    for name in result.plan:
-        rest = frozenset(u for u in result.units if u != name)
-        for what, variant in variants(model, result.layer(name), result.findings[name],
-                                      values, judge.weights):
+    for name in plan:
+        rest = frozenset(u for u in units if u != name)
+        for what, variant in variants(model, by_name[name], findings[name], values,
+                                      judge.weights):
             try:
                 v = judge.judge_model(judge.model_for(rest, base=variant))
             except TrtBisectError as exc:  # a variant ORT refuses: said, never fatal
@@ -856,13 +1002,12 @@ def judge_fixes(judge: QuantJudge, model: onnx.ModelProto, result: QuantResult,
     return out
 
 
-def _declares(result: QuantResult, what: str) -> dict[str, str]:
+def _declares(plan: Sequence[str] = (), fp32_nodes: Sequence[str] = ()) -> dict[str, str]:
     """What a written quantized file computes, in its metadata: which quantized layers run in
-    float (`plan`: the run's plan; `as quantized`: none, the file as the run judged it) and
-    which FP16 nodes of the file run in FP32."""
-    plan = what == "plan"
-    return {"trtbisect.unquantized_layers": ",".join(result.plan if plan else ()),
-            "trtbisect.fp32_nodes": ",".join(result.fp32_nodes if plan else ())}
+    float (the run's plan; none for the file as the run judged it) and which FP16 nodes of
+    the file run in FP32."""
+    return {"trtbisect.unquantized_layers": ",".join(plan),
+            "trtbisect.fp32_nodes": ",".join(fp32_nodes)}
 
 
 def _sources(given: SampleOptions) -> list[Path]:
@@ -870,51 +1015,98 @@ def _sources(given: SampleOptions) -> list[Path]:
     return input_files(given)
 
 
-def _write(result: QuantResult, judge: QuantJudge | None, path: Path, out_dir: Path | None,
-           keep: Sequence[Path], report: Callable | None = None,
-           settle: Callable[[Path | onnx.ModelProto], VerdictName] | None = None,
-           owned: bool = False) -> None:
+def _write(start: Start, searched: Searched, shown: dict, reasons: list[str], seconds: float,
+           path: Path, out_dir: Path | None, keep: Sequence[Path],
+           report: Callable | None = None,
+           certify: Callable[[Path | onnx.ModelProto], Certification] | None = None,
+           owned: bool = False) -> QuantResult:
     """The plan's model (judged again from the file: one judge), commands.sh, precision.json
     and (`report`: --report) report.html, report.md and the trade-off plot, as one
-    generation of --out, by the one writer (reports/write.py `write_quantized`). Without
-    --out the in-memory model is judged."""
+    generation of --out, by the one writer (reports/write.py `write_quantized`); the result,
+    assembled once its findings are known: for a plan, once its written file is judged,
+    inside the generation, before precision.json. Without --out the in-memory model is
+    judged. `certify`: the certificate and validation of a file (`_certify`)."""
     from ..judge.loadable import InputCheck
     from ..reports.write import write_quantized
-    from .ptq import keep_side_files
 
-    def side(folder: Path) -> None:  # beside commands.sh: calib.npz, ModelOpt's own file
-        keep_side_files(result, judge, path, folder)
+    def build(**found) -> QuantResult:
+        return assemble(start, searched, shown, reasons=reasons, seconds=seconds, **found)
 
+    judge = searched.judge
     held = InputCheck(path)  # the input's own record: a copy of a file that fails the
     # checker as the input does is held to loading in ONNX Runtime (judge/loadable.py)
-    if result.verdict == "quantized_ok" and settle is not None:  # the file as given
-        settle(path)
-    if result.verdict not in ("fixed",):
-        if out_dir is not None:
-            deploys = result.verdict in ("quantized_ok", "fragile", "unvalidated")
-            kept = None
-            if deploys and owned:  # ModelOpt's file, judged: the deliverable, kept in --out
-                name = f"{path.stem}.quantized.onnx"
-                kept = ("quantized_model", name, load(path), _declares(result, "as quantized"))
-                result.model_path = str(out_dir / name)
-            write_quantized(result, out_dir, keep, held, kept, commands=deploys,
-                            report=report, side=side if deploys else None)
-        return
-    assert judge is not None
-    mixed = judge.model_for(frozenset(result.units))
+    if searched.proposed != "fixed":
+        # the file as given, held to the findings FP16 as it is is held to
+        as_given = searched.proposed == "quantized_ok"
+        given = certify(path) if as_given and certify is not None else None
+        if out_dir is None:
+            return build(given=given)
+        kept, model_path = None, None
+        if as_given and owned:  # ModelOpt's file, judged: the deliverable, kept in --out
+            name = f"{path.stem}.quantized.onnx"
+            kept = ("quantized_model", name, load(path), _declares())
+            model_path = str(out_dir / name)
+        gen = _Generation(shown, build(given=given, model_path=model_path))
+        write_quantized(gen, out_dir, keep, held, kept, commands=as_given,
+                        report=gen.pages(report), side=gen.side(judge, path) if as_given
+                        else None)
+        return gen.recorded()
+    assert judge is not None and certify is not None
+    mixed = judge.model_for(frozenset(searched.units))
     if out_dir is None:  # the search judged this very model last: its verdict, not a rerun
-        result.after = (result.search_after if result.search_after is not None
-                        else judge.judge_model(mixed))
-        if result.after.passed and settle is not None:
-            settle(mixed)
-    else:
-        def judged(file: Path) -> None:  # the file, as check judges it
-            result.after = judge.judge_model(file)
-            if result.after.passed and settle is not None:
-                settle(file)
-            result.settle(file_passed=result.after.passed)
-        write_quantized(result, out_dir, keep, held,
-                        ("mixed_qdq_model", f"{path.stem}.unquantized.onnx", mixed,
-                         _declares(result, "plan")), judged, report=report, side=side)
-    assert result.after is not None
-    result.settle(file_passed=result.after.passed)  # never `fixed` for a failing file
+        after = (searched.search_after if searched.search_after is not None
+                 else judge.judge_model(mixed))
+        return build(written=FileJudged(after, certify(mixed) if after.passed else None))
+    gen = _Generation(shown)
+
+    def judged(file: Path) -> None:  # the file, as check judges it: the result's last finding
+        after = judge.judge_model(file)
+        gen.result = build(written=FileJudged(after, certify(file) if after.passed else None))
+    write_quantized(gen, out_dir, keep, held,
+                    ("mixed_qdq_model", f"{path.stem}.unquantized.onnx", mixed,
+                     _declares(searched.plan, searched.fp32_nodes)), judged,
+                    report=gen.pages(report), side=gen.side(judge, path))
+    return gen.recorded()
+
+
+class _Generation:
+    """What reports/write.py `write_quantized` writes one generation of --out from (it reads
+    `renderings`, records the paths it writes in `files`, hands the object to `report` and
+    writes its `to_json` last): the run's result once assembled (`result`), and the paths
+    written, put into it by dataclasses.replace (`recorded`), ModelOpt's reproduction where
+    ptq.keep_side_files kept its file."""
+
+    def __init__(self, renderings: dict, result: QuantResult | None = None) -> None:
+        self.renderings = renderings  # commands.sh is its "commands_sh"
+        self.result = result
+        self.files: dict[str, str] = {}
+
+    def recorded(self) -> QuantResult:
+        assert self.result is not None, "the written file is judged before the result is read"
+        return replace(self.result, files=dict(self.files),
+                       renderings=_kept(self.result.renderings, self.files.get("modelopt_model")))
+
+    def to_json(self) -> dict:
+        return self.recorded().to_json()
+
+    def pages(self, report: Callable | None) -> Callable | None:
+        """--report's writer, given the result as recorded so far (precision.json last)."""
+        if report is None:
+            return None
+        return lambda _, folder: report(self.recorded(), folder)
+
+    def side(self, judge: QuantJudge | None, source: Path) -> Callable[[Path], None]:
+        """Beside commands.sh: calib.npz, ModelOpt's own file (quant/ptq.py)."""
+        from .ptq import keep_side_files
+
+        def side(folder: Path) -> None:
+            self.files.update(keep_side_files(self.renderings, judge, source, folder))
+        return side
+
+
+def _kept(shown: dict, moved: str | None) -> dict:
+    """The renderings, ModelOpt's reproduction at the path its file was kept at in --out."""
+    rep = shown.get("modelopt_reproduction")
+    if moved is None or not rep:
+        return shown
+    return {**shown, "modelopt_reproduction": {**rep, "path": moved}}
