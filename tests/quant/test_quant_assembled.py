@@ -89,3 +89,41 @@ def test_the_result_is_frozen_and_precision_json_is_the_returned_one(tmp_path):
     again = dataclasses.replace(r, seconds=0.0)
     assert again.seconds == 0.0 and again.verdict == r.verdict == "fixed" or \
         again.verdict == r.verdict == "fragile"
+
+
+def test_modelopts_file_is_kept_in_out_and_recorded_where_it_lies(tmp_path, monkeypatch,
+                                                                    capsys):
+    """A file trtbisect quantized (owned): ModelOpt's file of the rendered exclusions
+    (quant/ptq.py `reproduce`, faked here: ModelOpt is optional) is copied into --out, and
+    the result, precision.json and the console all name it there."""
+    from trtbisect.quant import ptq
+    from trtbisect.quant.console import emit
+    from trtbisect.quant.qdq import analyse, unquantize
+
+    p = qm.outlier()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    model, inputs, fp32 = scratch / "m.onnx", tmp_path / "m.npz", tmp_path / "fp32.onnx"
+    onnx.save(p.model, model)
+    onnx.save(unquantize(p.model, analyse(p.model)), fp32)
+    np.savez(inputs, **p.inputs)
+
+    def reproduce(given, judge, fp32_path, source):
+        out = source.parent / f"{fp32_path.stem}.modelopt.onnx"
+        onnx.save(onnx.load(str(fp32_path)), str(out))
+        return {"ran": True, "path": str(out), "exact": True, "also_unquantized": [],
+                "also_quantized": [], "passed": True, "errors": {}}
+    monkeypatch.setattr(ptq, "reproduce", reproduce)
+    r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
+                              threads=1, validation_share=0), tmp_path / "out",
+            reference_path=fp32, owned=True)
+    kept = str(tmp_path / "out" / "fp32.modelopt.onnx")
+    assert r.files["modelopt_model"] == kept == r.renderings["modelopt_reproduction"]["path"]
+    assert onnx.load(kept).graph.output[0].name == "y"
+    written = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert written["files"]["modelopt_model"] == kept
+    assert written["renderings"]["modelopt_reproduction"]["path"] == kept
+    capsys.readouterr()
+    emit(r, as_json=False)
+    said = "".join(capsys.readouterr().out.split())  # the console wraps long paths
+    assert f"ModelOptgiventheseexclusions({kept}):theplan'squantizedlayersexactly" in said

@@ -279,8 +279,9 @@ class FileJudged:
 def assemble(start: Start, s: Searched, shown: dict, *, written: FileJudged | None = None,
              given: Certification | None = None, reasons: Sequence[str] = (),
              seconds: float = 0.0, model_path: str | None = None) -> QuantResult:
-    """The run's result, built once from what its steps found (`shown`: the renderings):
-    the verdict is the search's proposal decided by every finding at once
+    """The run's result, built once from what its steps found (`shown`: the renderings),
+    when the last of them is in (the judge runs nothing after: its `runs` are the run's
+    inferences): the verdict is the search's proposal decided by every finding at once
     (judge/verdict.decide: the written file, its certificate and its validation; for the
     file as given, `given`, its own certificate)."""
     cert = written.certification if written is not None else given
@@ -299,17 +300,19 @@ def assemble(start: Start, s: Searched, shown: dict, *, written: FileJudged | No
     after = written.after if written is not None else None
     h = s.honest
     return QuantResult(
-        verdict, s.fp32_nodes, len(s.judge.units) if s.judge is not None else 0,
-        s.evaluations + len(h.trials), 0, s.samples, start.tolerance, _errors(s.before),
-        _errors(after), one_minimal=s.search.one_minimal if s.search is not None else False,
-        search=s.search, reference_problems=start.reference_problems, seconds=seconds,
-        criteria=start.criteria, verdict_findings=findings,
+        verdict=verdict, verdict_findings=findings, fp32_nodes=s.fp32_nodes,
+        candidates=len(s.judge.units) if s.judge is not None else 0,
+        evaluations=s.evaluations + len(h.trials),
+        inferences=s.judge.runs if s.judge is not None else 0, samples=s.samples,
+        tolerance=start.tolerance, errors_before=_errors(s.before), errors_after=_errors(after),
+        one_minimal=s.search.one_minimal if s.search is not None else False, search=s.search,
+        reference_problems=start.reference_problems, seconds=seconds, criteria=start.criteria,
         model_path=model_path or start.model_path, layers=start.layers, plan=s.plan,
-        before=s.before, after=after, search_after=s.search_after, trials=[*s.trials, *h.trials],
-        findings=s.findings, half_nodes=s.half_nodes, fp32_reasons=s.fp32_reasons,
-        units=s.units, fp32_ops=s.fp32_ops, emulated=start.emulated, semantics=start.semantics,
-        fixes=s.fixes, cost=s.cost, certificate=s.certificate, judge=s.judge,
-        reference=start.reference, renderings=shown,
+        before=s.before, after=after, search_after=s.search_after,
+        trials=[*s.trials, *h.trials], findings=s.findings, half_nodes=s.half_nodes,
+        fp32_reasons=s.fp32_reasons, units=s.units, fp32_ops=s.fp32_ops,
+        emulated=start.emulated, semantics=start.semantics, fixes=s.fixes, cost=s.cost,
+        certificate=s.certificate, judge=s.judge, reference=start.reference, renderings=shown,
         certified=cert.certified if cert is not None else None,
         validation=cert.validation if cert is not None else None, needed=h.needed,
         faster=h.faster, minimal_plan=h.minimal_plan, reasons=list(reasons))
@@ -557,9 +560,8 @@ def run(model_path: str | Path, opts: Options, out_dir: Path | None = None,
     def certify(written: Path | onnx.ModelProto) -> Certification:
         return _certify(judge, searched.search, ref_model, samples, references, held,
                         opts.judge, written)
-    result = _write(start, searched, shown, reasons, time.perf_counter() - started, path,
-                    out_dir, keep, report, certify, owned)
-    return replace(result, inferences=judge.runs)
+    return _write(start, searched, shown, reasons, time.perf_counter() - started, path,
+                  out_dir, keep, report, certify, owned)
 
 
 def _renderings(start: Start, searched: Searched, reproduce_from: str | Path | None,
