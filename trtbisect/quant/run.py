@@ -813,8 +813,6 @@ def _rounds(judge: QuantJudge, most: int | None, search_samples: int,
     search, until it passes everywhere: the FP16 road's rounds
     (stages/search.py). Evaluations and trials add up over rounds; the judge judges every
     sample again afterwards."""
-    from dataclasses import replace
-
     evaluations, trials = 0, []
     while True:
         left = None if most is None else max(most - evaluations, 0)
@@ -832,8 +830,7 @@ def _rounds(judge: QuantJudge, most: int | None, search_samples: int,
               f"searching again on {len(wider)} samples")
         judge.narrow(wider)
     judge.narrow(None)
-    found.evaluations, found.trials = evaluations, trials
-    return found
+    return replace(found, evaluations=evaluations, trials=trials)
 
 
 def _one_price(model: onnx.ModelProto, ref_model: onnx.ModelProto, layers, halves,
@@ -929,8 +926,6 @@ def _cost_search(judge: QuantJudge, model: onnx.ModelProto, pricing) -> dict:
 def _scored(trials, pricing, judge: QuantJudge, journal) -> list:
     """Each evaluated plan with its estimated time and worst relative error (the trade-off
     plot's points): the judge's verdict, or the journal's record of a replayed one."""
-    from dataclasses import replace
-
     from ..search.journal import plan_key
     from .report import worst_rel
 
