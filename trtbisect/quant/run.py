@@ -55,7 +55,7 @@ class QuantResult(Found[Any, Any]):
 
     Built once, by `assemble`, from the records the run's steps return (`Searched`,
     `FileJudged`, `Certification`, ...), its verdict decided there (judge/verdict.decide over
-    all of them); then frozen: no field is assigned after `__init__` (what the writer
+    all of them), Found's errors before and after those of `before` and `after`; then frozen: no field is assigned after `__init__` (what the writer
     records afterwards, the paths it wrote, comes by `dataclasses.replace`). Not
     `@dataclass(frozen=True)`: `Found` (result.py) is a plain dataclass, and a frozen one
     cannot inherit from it; `__setattr__` holds the same rule."""
@@ -94,6 +94,9 @@ class QuantResult(Found[Any, Any]):
     reasons: list[str] = field(default_factory=list)  # why even all-float fails
 
     def __post_init__(self) -> None:
+        if (self.errors_before, self.errors_after) != (_errors(self.before), _errors(self.after)):
+            raise ValueError("a QuantResult's errors before and after are those of `before` "
+                             "and `after`")
         object.__setattr__(self, "_built", True)
 
     def __setattr__(self, name: str, value: object) -> None:
