@@ -731,7 +731,8 @@ def _honest(result: QuantResult, search, pricing,
     judge = result.judge
     assert judge is not None
     final = frozenset(search.fp32)
-    minimal = (search.certificate or {}).get("minimal_plan") or list(search.fp32)
+    minimal = (search.certificate.minimal_plan if search.certificate is not None else None
+               ) or list(search.fp32)
     result.minimal_plan = judge.expand(minimal)
     needed_units: set[str] = set()
     order = {u: k for k, u in enumerate(judge.units)}
