@@ -125,6 +125,24 @@ def test_a_moved_data_dependent_shape_is_an_infinite_error_not_a_traceback(tmp_p
     assert r.verdict == "fixed" and set(r.fp32_nodes) == {"scale", "uniq"}
 
 
+def test_a_moved_shape_score_reads_back_as_its_criterion_wrote_it():
+    """A per-output criterion on an output whose shape moved: the failing score names the
+    criterion as every score does (without the output prefix), so precision.json read back
+    gives it its metric's direction, even for an output named like another metric."""
+    from trtbisect.judge import metrics
+    from trtbisect.judge.criteria import Score
+    ref, got = np.arange(5, dtype=np.float32), np.arange(4, dtype=np.float32)
+    for out in ("y", "max"):
+        j = parse_criteria(metrics=(f"{out}:cosine:0.99",)).judge({out: ref}, {out: got}, {},
+                                                                    Tolerance(0.01))
+        (s,) = j.errors[out].scores
+        assert (s.criterion, s.output, s.passed, s.higher_is_better) == \
+            ("cosine:0.99", out, False, True)
+        back = Score.from_json(s.to_json(), metrics.entries())
+        assert back.criterion == s.criterion and back.higher_is_better
+        assert math.isinf(back.severity)
+
+
 @pytest.mark.parametrize("opset", [12, 15])
 def test_a_bf16_conv_file_loads_or_says_plainly_that_nothing_loads_it(tmp_path, opset):
     """A BF16 Conv at opset 12 (judged through its opset-13 copy) and 15: onnx lists bfloat16

@@ -17,7 +17,6 @@ from trtbisect.context import Options
 from trtbisect.judge.compare import Tolerance
 from trtbisect.quant import run
 from trtbisect.quant.cost import (
-    CheaperStep,
     CostCertificate,
     CostRow,
     FloatSide,
@@ -25,8 +24,9 @@ from trtbisect.quant.cost import (
     QuantCost,
 )
 from trtbisect.quant.fixes import FixJudged
+from trtbisect.search.minimal import CheaperStep
 
-STEP = CheaperStep([{"added": ["mm2"], "removed": []}], 3, 1, 2, 6, False)
+STEP = CheaperStep(({"added": ["mm2"], "removed": []},), 3, 1, 2, 6, False)
 CERT = CostCertificate("cost", 2.0e-8, "units adjacent", 2, 1, None, ["mm1"], 2.1e-8, STEP)
 COST = QuantCost("l4", "NVIDIA L4", "int8", 3.0e-8, 1.5e-8, 2.0e-8, 0.33, -0.33,
                  QdqKernels(1, 1e-9), QdqKernels(2, 2e-9),

@@ -50,9 +50,10 @@ def test_the_cost_search_steps_to_the_cheapest_passing_plan_and_never_to_a_faili
     assert ("a", "x") in [t.fp32 for t in step if not t.passed]
     assert all("x" not in t.fp32 for t in step if t.passed)
     cert = r.certificate
-    assert cert["minimal_plan"] == ["a"] and cert["minimal_price_s"] == 8.0
-    assert [m["added"] for m in cert["cheaper"]["moves"]] == [["b"], ["c"]]
-    assert cert["cheaper"]["evaluations"] == len(step) <= 10
+    assert cert is not None and cert.cheaper is not None
+    assert cert.minimal_plan == ("a",) and cert.minimal_price_s == 8.0
+    assert [m["added"] for m in cert.cheaper.moves] == [["b"], ["c"]]
+    assert cert.cheaper.evaluations == len(step) <= 10
     assert r.evaluations == minimal.evaluations + len(step)
 
 
@@ -61,7 +62,7 @@ def test_the_cheaper_step_spends_at_most_its_allowance():
                           after=Cheaper(UNITS, price, ADJACENT, 1))
     step = [t for t in r.trials if t.phase == "cheaper"]
     assert len(step) == 1 and step[0].fp32 == ("a", "x")  # the cheapest neighbour, failed
-    assert r.fp32 == ["a"] and r.certificate["cheaper"]["cheaper_neighbours_unjudged"] > 0
+    assert r.fp32 == ["a"] and r.certificate.cheaper.cheaper_neighbours_unjudged > 0
 
 
 def test_cheaper_neighbours_come_cheapest_first_then_by_name():
@@ -77,7 +78,7 @@ def test_without_the_cheaper_step_the_cost_search_is_unchanged():
     """The FP16 road passes no `cheaper`: its result and trace are those of before."""
     a = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT)
     b = find_minimal_fp32(UNITS, check, price=price, adjacent=ADJACENT, after=None)
-    assert a.to_json() == b.to_json() and "cheaper" not in a.certificate
+    assert a.to_json() == b.to_json() and a.certificate.cheaper is None
     assert all(t.phase != "cheaper" for t in a.trials)
 
 
@@ -90,4 +91,4 @@ def test_a_budget_that_runs_out_in_the_step_keeps_the_last_passing_plan():
                           after=Cheaper(UNITS, price, ADJACENT, 10))
     assert r.evaluations == minimal.evaluations + 2 and r.stopped_early
     assert r.fp32 == ["a", "b"] and check(frozenset(r.fp32)) and price(frozenset(r.fp32)) == 7.5
-    assert r.certificate["cheaper"]["stopped_early"] is True
+    assert r.certificate.cheaper.stopped_early is True

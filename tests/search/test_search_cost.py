@@ -91,8 +91,8 @@ def test_cost_picks_the_cheaper_of_two_one_minimal_plans():
     cheap = find_minimal_fp32(nodes, check, seeds=["n5", "n8", "n9"], price=additive(prices))
     assert count.fp32 == ["n5"]
     assert cheap.fp32 == ["n8", "n9"] and cheap.one_minimal
-    assert cheap.certificate["removals"] == [["n9"], ["n8"]]
-    assert all(not check(frozenset(r)) for r in cheap.certificate["removals"])
+    assert cheap.certificate.removals == (("n9",), ("n8",))
+    assert all(not check(frozenset(r)) for r in cheap.certificate.removals)
 
 
 def test_a_cheaper_neighbour_that_also_fixes_it_is_swapped_in_and_the_trace_shows_it():
@@ -112,7 +112,7 @@ def test_a_cheaper_neighbour_that_also_fixes_it_is_swapped_in_and_the_trace_show
     swap = next(t for t in r.trials if t.phase == "swap" and t.passed)
     assert swap.fp32 == ("n21",) and swap.price == 1.0
     # the certificate: n21's cheaper neighbours... none is cheaper (all 1.0): nothing to try
-    assert r.certificate["swaps"] == [] and r.certificate["price_s"] == 1.0
+    assert r.certificate.swaps == () and r.certificate.price_s == 1.0
     assert all(t.price is not None for t in r.trials)
 
 
@@ -127,7 +127,7 @@ def test_the_certificate_lists_every_cheaper_swap_and_each_failed():
     assert set(r.fp32) == culprits and r.one_minimal
     plan = frozenset(r.fp32)
     expected = swap_neighbourhood(plan, price, {}, adj)
-    assert [set(s) for s in r.certificate["swaps"]] == [set(s) for s in expected]
+    assert [set(s) for s in r.certificate.swaps] == [set(s) for s in expected]
     for s in expected:
         assert price(s) < price(plan)
         assert any(t.fp32 == tuple(sorted(s, key=nodes.index)) and not t.passed
@@ -215,5 +215,5 @@ def test_the_swap_certificate_costs_at_most_half_the_evaluations_before_it():
     r = find_minimal_fp32(nodes, needs({"n5"}), seeds=["n5"], price=additive(prices),
                           adjacent=adj)
     assert count.evaluations == 2 and r.evaluations == 3 and r.fp32 == ["n5"]
-    assert len(r.certificate["swaps"]) == 1 and "at most 1 evaluated" in \
-        r.certificate["neighbourhood"]
+    assert len(r.certificate.swaps) == 1 and "at most 1 evaluated" in \
+        r.certificate.neighbourhood

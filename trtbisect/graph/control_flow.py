@@ -12,13 +12,20 @@ import onnx
 def subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
     """The graphs a node holds, by attribute name: If's `then_branch` / `else_branch`, Loop's
     and Scan's `body` (a GRAPHS attribute's k-th graph is `<name>.<k>`)."""
+    attributes = node.attribute
+    if not attributes:  # most nodes: a run asks this of every node some hundred times
+        return []
     out: list[tuple[str, onnx.GraphProto]] = []
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
+    for a in attributes:
+        kind = a.type
+        if kind == _GRAPH:
             out.append((a.name, a.g))
-        elif a.type == onnx.AttributeProto.GRAPHS:
+        elif kind == _GRAPHS:
             out.extend((f"{a.name}.{k}", g) for k, g in enumerate(a.graphs))
     return out
+
+
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
 def walk(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:

@@ -194,6 +194,13 @@ class Criterion:
     def name(self) -> str:
         return self.label or self.entry.name
 
+    def failed(self, output: str) -> Score:
+        """The score of an output whose shape moved (a data-dependent shape): it fails, no
+        value; written like every score of this criterion (its name without the output
+        prefix, its direction and unit), so reading it back finds its entry."""
+        return Score(self.name, output, math.inf, math.nan, False, self.entry.higher_is_better,
+                     (), self.entry.unit)
+
     def score(self, ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> Score:
         value, bound, passed, detail = self.entry.score(self.args, ref, got, rtol, atol)
         return Score(self.name, self.output, float(value), float(bound), bool(passed),
@@ -325,8 +332,7 @@ class Criteria:
             e = compare_output(r, got[name], rtol, atol, tol.ceiling_for(name))
             crits = self.for_output(name)
             if np.shape(r) != np.shape(got[name]):  # a data-dependent shape moved: it fails
-                e = replace(e, scores=tuple(Score(c.spec(), name, math.inf, math.nan, False)
-                                            for c in crits))
+                e = replace(e, scores=tuple(c.failed(name) for c in crits))
             elif crits:
                 scores = tuple(c.score(r, got[name], rtol, atol) for c in crits)
                 e = replace(e, passed=all(s.passed for s in scores), scores=scores)

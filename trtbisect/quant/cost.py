@@ -47,6 +47,7 @@ from ..search.cost import (
     node_flops,
     quantized_peak,
 )
+from ..search.minimal import CheaperStep, SearchCertificate
 from .qdq import COMMUTING, DQ, WEIGHTED, Layer, Q
 
 FLOAT_BYTES = {"fp16": 2, "fp32": 4}
@@ -439,38 +440,13 @@ class FloatSide:
 
 
 @dataclass(frozen=True)
-class CheaperStep:
-    """The step from the 1-minimal plan to cheaper passing plans one unit away
-    (search/cheaper.py `Descent.to_json`)."""
-    moves: list[dict]  # in order: {"added": [...], "removed": [...]}
-    cheaper_neighbours_failed: int
-    cheaper_neighbours_unjudged: int
-    evaluations: int
-    allowance: int
-    stopped_early: bool
-
-    def to_json(self) -> dict:
-        return {"moves": [dict(m) for m in self.moves],
-                "cheaper_neighbours_failed": self.cheaper_neighbours_failed,
-                "cheaper_neighbours_unjudged": self.cheaper_neighbours_unjudged,
-                "evaluations": self.evaluations, "allowance": self.allowance,
-                "stopped_early": self.stopped_early}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> CheaperStep:
-        return cls([dict(m) for m in d["moves"]], d["cheaper_neighbours_failed"],
-                   d["cheaper_neighbours_unjudged"], d["evaluations"], d["allowance"],
-                   d["stopped_early"])
-
-
-@dataclass(frozen=True)
 class CostCertificate:
     """`--objective cost`'s certificate of the plan (search/minimal.py, counted by
     `of_search` as precision.json's "cost" writes it): the plan's price, the removals
     and cheaper swaps that all failed (counted), their neighbourhood, and where the cheaper
-    step moved the 1-minimal plan (`minimal_plan`, its price, the step). The FP16 road keeps
-    its search's certificate as the search's JSON (SearchResult.certificate); its
-    result.CertificateRecord is the spread certificate, `QuantResult.certified` here."""
+    step moved the 1-minimal plan (`minimal_plan`, its price, the step). The search's own
+    record (search/minimal.py `SearchCertificate`) lists them; the FP16 road writes it whole to trace.json.
+    Not the spread certificate (result.CertificateRecord: `QuantResult.certified` here)."""
     objective: str
     price_s: float
     neighbourhood: str
@@ -482,12 +458,13 @@ class CostCertificate:
     cheaper: CheaperStep | None = None
 
     @classmethod
-    def of_search(cls, cert: Mapping) -> CostCertificate:
+    def of_search(cls, cert: SearchCertificate) -> CostCertificate:
         """The search's certificate (its removals and swaps each a whole plan: a plan of k
         layers would write k * k names), counted."""
-        return cls.from_json({**{k: v for k, v in cert.items() if k not in ("removals", "swaps")},
-                              "removals_failed": len(cert.get("removals", ())),
-                              "swaps_failed": len(cert.get("swaps", ()))})
+        return cls(cert.objective, cert.price_s, cert.neighbourhood, len(cert.removals),
+                   len(cert.swaps), cert.limit_s,
+                   list(cert.minimal_plan) if cert.minimal_plan is not None else None,
+                   cert.minimal_price_s, cert.cheaper)
 
     def to_json(self) -> dict:
         return {"objective": self.objective, "price_s": self.price_s,

@@ -876,7 +876,8 @@ def _honest(judge: QuantJudge, units: list[str], search: SearchResult, pricing,
     from .report import worst_rel
 
     final = frozenset(search.fp32)
-    minimal = (search.certificate or {}).get("minimal_plan") or list(search.fp32)
+    minimal = (search.certificate.minimal_plan if search.certificate is not None else None
+               ) or list(search.fp32)
     trials: list[Trial] = []
     needed_units: set[str] = set()
     order = {u: k for k, u in enumerate(judge.units)}

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .minimal import BudgetExhausted, Oracle
+from .minimal import BudgetExhausted, CheaperStep, Oracle
 
 Price = Callable[[frozenset[str]], float]
 
@@ -38,10 +38,10 @@ class Descent:
     evaluations: int = 0  # new evaluations the step made
     stopped: bool = False  # the run's --max-evals ran out during the step
 
-    def to_json(self, allowance: int) -> dict:
-        return {"moves": self.moves, "cheaper_neighbours_failed": self.tried,
-                "cheaper_neighbours_unjudged": self.untried, "evaluations": self.evaluations,
-                "allowance": allowance, "stopped_early": self.stopped}
+    def step(self, allowance: int) -> CheaperStep:
+        """The certificate's record of it."""
+        return CheaperStep(tuple(self.moves), self.tried, self.untried, self.evaluations,
+                           allowance, self.stopped)
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,9 @@ class Cheaper:
     allowance: int
 
     def __call__(self, oracle: Oracle, plan: frozenset[str]
-                 ) -> tuple[frozenset[str], dict, bool]:
+                 ) -> tuple[frozenset[str], CheaperStep, bool]:
         d = descend(oracle, plan, self.candidates, self.price, self.adjacent, self.allowance)
-        return d.plan, d.to_json(self.allowance), d.stopped
+        return d.plan, d.step(self.allowance), d.stopped
 
 
 def cheaper_neighbours(plan: frozenset[str], candidates: Sequence[str], price: Price,

@@ -50,11 +50,68 @@ Score = Callable[[frozenset[str]], "float | None"]  # an evaluated plan's error 
 # after each evaluation: (its number, its plan) -> why the search cannot tell plans apart, if
 # it cannot (search/noise.py: keeping more in FP32 made an output worse by too much)
 Watch = Callable[[int, frozenset[str]], "Noisy | None"]
-# a step after the cost certificate (cheaper.py): (oracle, plan) -> (plan, its certificate
-# entry, stopped by the budget)
-After = Callable[["Oracle", frozenset[str]], "tuple[frozenset[str], dict, bool]"]
+# a step after the cost certificate (cheaper.py): (oracle, plan) -> (plan, the step, stopped
+# by the budget)
+After = Callable[["Oracle", frozenset[str]], "tuple[frozenset[str], CheaperStep, bool]"]
 SWAP_K = 2  # cheaper neighbours tried per unit of the plan in the swap certificate
 SWAP_SHARE = 0.5  # the swap certificate evaluates at most this share of what came before it
+
+
+# ------------------------------------------------ how a cost-aware search certified its plan
+# (frozen records: written whole to trace.json, counted by the quantized road's precision.json,
+# quant/cost.py `CostCertificate.of_search`)
+
+@dataclass(frozen=True)
+class CheaperStep:
+    """The step from the 1-minimal plan to cheaper passing plans one unit away
+    (cheaper.py `descend`): its moves in order, the cheaper neighbours of the final plan it
+    judged (all failed) and left unjudged, its new evaluations and allowance."""
+    moves: tuple[Mapping[str, list[str]], ...]  # in order: {"added": [...], "removed": [...]}
+    cheaper_neighbours_failed: int
+    cheaper_neighbours_unjudged: int
+    evaluations: int
+    allowance: int
+    stopped_early: bool
+
+    def to_json(self) -> dict:
+        return {"moves": [dict(m) for m in self.moves],
+                "cheaper_neighbours_failed": self.cheaper_neighbours_failed,
+                "cheaper_neighbours_unjudged": self.cheaper_neighbours_unjudged,
+                "evaluations": self.evaluations, "allowance": self.allowance,
+                "stopped_early": self.stopped_early}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> CheaperStep:
+        return cls(tuple(dict(m) for m in d["moves"]), d["cheaper_neighbours_failed"],
+                   d["cheaper_neighbours_unjudged"], d["evaluations"], d["allowance"],
+                   d["stopped_early"])
+
+
+@dataclass(frozen=True)
+class SearchCertificate:
+    """`--objective cost`'s certificate of a plan: its price, every removal of one unit and
+    every cheaper swap evaluated (each a whole plan; all failed), their neighbourhood; a plan
+    searched within a limit (`--budget`) has `limit_s`; where a step after the certificate
+    moved the 1-minimal plan, that plan, its price and the step."""
+    objective: str
+    price_s: float
+    removals: tuple[tuple[str, ...], ...]
+    swaps: tuple[tuple[str, ...], ...]
+    neighbourhood: str
+    limit_s: float | None = None
+    minimal_plan: tuple[str, ...] | None = None
+    minimal_price_s: float | None = None
+    cheaper: CheaperStep | None = None
+
+    def to_json(self) -> dict:
+        return {"objective": self.objective, "price_s": self.price_s,
+                **({"limit_s": self.limit_s} if self.limit_s is not None else {}),
+                "removals": [list(r) for r in self.removals],
+                "swaps": [list(s) for s in self.swaps], "neighbourhood": self.neighbourhood,
+                **({"minimal_plan": list(self.minimal_plan),
+                    "minimal_price_s": self.minimal_price_s}
+                   if self.minimal_plan is not None else {}),
+                **({"cheaper": self.cheaper.to_json()} if self.cheaper is not None else {})}
 
 
 class Noisy(Protocol):
@@ -102,7 +159,7 @@ class SearchResult:
     trials: list[Trial] = field(default_factory=list)
     stopped_early: bool = False  # the evaluation budget ran out
     # cost-aware searches: how the plan was certified (removals and swaps evaluated, all failed)
-    certificate: dict | None = None
+    certificate: SearchCertificate | None = None
     over_budget: bool = False  # --budget: no plan within it passed; this is the best failing one
     noisy: Noisy | None = None  # the watch stopped the search (search/noise.py): its best pass
     # with a batch check: rounds of parallel evaluation (the critical path, in evaluation
@@ -116,7 +173,7 @@ class SearchResult:
                "evaluations": self.evaluations, "stopped_early": self.stopped_early,
                "over_budget": self.over_budget, "trials": [t.to_json() for t in self.trials]}
         if self.certificate is not None:
-            out["certificate"] = self.certificate
+            out["certificate"] = self.certificate.to_json()
         if self.noisy is not None:
             out["noisy"] = self.noisy.to_json()
         return out
@@ -601,19 +658,15 @@ def _find_cheapest(candidates: Sequence[str], check: Check | Batch, seeds: Itera
             current, stepped, stopped = after(oracle, current)
         result = _result(oracle, current, found=True, minimal=current == minimal_plan)
         result.stopped_early = bool(stepped is not None and stopped)
-        result.certificate = {
-            "objective": "cost", "price_s": price(current),
-            "removals": [list(oracle.sorted(minimal_plan - {x}))
-                         for x in oracle.sorted(minimal_plan)],
-            "swaps": [list(oracle.sorted(s)) for s in swaps],
-            "neighbourhood": f"units adjacent in the data flow and cheaper in the plan's place, "
-                             f"at most {swap_k} per unit (the most suspicious), the cheapest "
-                             f"swaps first, at most {allowance} evaluated in all ({swap_share} of "
-                             "the evaluations before the certificate)"}
-        if stepped is not None:
-            result.certificate.update(
-                minimal_plan=list(oracle.sorted(minimal_plan)),
-                minimal_price_s=price(minimal_plan), cheaper=stepped)
+        result.certificate = SearchCertificate(
+            "cost", price(current),
+            tuple(tuple(oracle.sorted(minimal_plan - {x})) for x in oracle.sorted(minimal_plan)),
+            tuple(tuple(oracle.sorted(s)) for s in swaps),
+            f"units adjacent in the data flow and cheaper in the plan's place, at most {swap_k} "
+            f"per unit (the most suspicious), the cheapest swaps first, at most {allowance} "
+            f"evaluated in all ({swap_share} of the evaluations before the certificate)",
+            minimal_plan=None if stepped is None else tuple(oracle.sorted(minimal_plan)),
+            minimal_price_s=None if stepped is None else price(minimal_plan), cheaper=stepped)
         return result
     except BudgetExhausted:
         return _stopped(oracle, cand)
@@ -669,12 +722,12 @@ def _find_within(candidates: Sequence[str], check: Check | Batch, seeds: Iterabl
                      else len(cand) ** 2)
         current, swaps = _swap(oracle, current, price, pos, adjacent, swap_k, allowance)
         result = _result(oracle, current, found=True, minimal=True)
-        result.certificate = {
-            "objective": "cost", "price_s": price(current), "limit_s": limit,
-            "removals": [list(oracle.sorted(current - {x})) for x in oracle.sorted(current)],
-            "swaps": [list(oracle.sorted(s)) for s in swaps],
-            "neighbourhood": f"units adjacent in the data flow and cheaper in the plan's place, "
-                             f"at most {swap_k} per unit, at most {allowance} evaluated"}
+        result.certificate = SearchCertificate(
+            "cost", price(current),
+            tuple(tuple(oracle.sorted(current - {x})) for x in oracle.sorted(current)),
+            tuple(tuple(oracle.sorted(s)) for s in swaps),
+            f"units adjacent in the data flow and cheaper in the plan's place, at most {swap_k} "
+            f"per unit, at most {allowance} evaluated", limit_s=limit)
         return result
     except BudgetExhausted:
         passing = [t for t in oracle.trials if t.passed and price(frozenset(t.fp32)) <= limit]
