@@ -292,7 +292,6 @@ def test_a_group_is_a_frozen_record_that_round_trips_in_its_kind_s_key_order():
     """A culprit group read by attribute, frozen; precision.json's JSON of it makes it again.
     The per-node-rounding group writes its summary last, as precision.json always has."""
     import dataclasses
-    from types import SimpleNamespace
 
     from trtbisect.diagnosis.diagnose import PER_NODE_ROUNDING, note_semantics
     from trtbisect.diagnosis.wording import Fix, RewriteAdvice
@@ -312,9 +311,8 @@ def test_a_group_is_a_frozen_record_that_round_trips_in_its_kind_s_key_order():
     with pytest.raises(dataclasses.FrozenInstanceError):
         g.summary = "x"  # type: ignore[misc]
     # note_semantics: new records, the old ones as they were; the new group's own key order
-    r = SimpleNamespace(culprit_groups=[g], culprits=[])
-    note_semantics(r, {"b": "folds in FP32", "bn": "fails only per node"}, new_group=True)
-    noted, per_node = r.culprit_groups
+    noted, per_node = note_semantics([g], [], {"b": "folds in FP32", "bn": "fails only per node"},
+                                     new_group=True)
     assert noted.summary == "a overflows. b folds in FP32." and g.summary == "a overflows."
     assert per_node.cause == PER_NODE_ROUNDING and per_node.nodes == ["b", "bn"]
     pd = per_node.to_json()
