@@ -426,7 +426,7 @@ class Coverage:
 
 @dataclass(frozen=True)
 class Partial:
-    """A verdict over a graph not wholly judged (coverage.apply_partial): the judged part's
+    """A verdict over a graph not wholly judged (coverage.partial_of): the judged part's
     verdict, and the ops not judged (coverage.record's "unjudged")."""
     judged_verdict: VerdictName
     unjudged: list[JSON]
@@ -648,11 +648,8 @@ class RunResult(Found[Culprit, TensorStats]):
     partial: Partial | None = None
     stages: list[Stage] | None = None  # pipeline._finish
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_built", True)
-
     def __setattr__(self, name: str, value: object) -> None:
-        if self.__dict__.get("_built"):
+        if name in self.__dict__:  # its constructor sets each field once
             raise FrozenInstanceError(f"cannot assign to field {name!r}: a RunResult is "
                                       "assembled once (dataclasses.replace makes another)")
         object.__setattr__(self, name, value)

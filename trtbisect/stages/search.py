@@ -1,5 +1,6 @@
 """The run's search stage: the minimal FP32 set over TensorRT's units, found on the emulator's
-judge and made the run's result.
+judge, and what the search found (`Searched`, `Aimed`: records the run's result is assembled
+from, pipeline._assemble).
 
 The first search and each search aimed inside the certificate's bound (stages/spread.py) share
 one `SearchStage`: the prior, the units and the pricing; each brings its own evaluator and
@@ -238,7 +239,7 @@ class SearchStage:
         """One aimed round and its decisions: before its search (`_aim_at`: none due, or
         `fragile` at once) and after it (no plan; the nearer plan's file fails; the spread grew
         with it), each said in `cert.decided`. Updates `aiming` (a nearer plan whose file passes
-        replaces the result); returns whether another round may follow."""
+        replaces the findings); returns whether another round may follow."""
         opts, ctx, searched, cert = self.opts, self.ctx, aiming.searched, aiming.cert
         tol, left = self._aim_at(aiming)
         if tol is None or cert is None:
