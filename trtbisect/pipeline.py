@@ -398,7 +398,7 @@ def _assemble(aimed: Aimed, settled: _Settled, explained: _Explained, record: di
         workers=searched.workers, cost=searched.cost, criteria_record=searched.criteria_record,
         judged=judged, rewrites=searched.rewrites,
         one_judge=None if written is None else written.one_judge,
-        certificate=None if cert is None else cert.record(),
+        certificate=aimed.certificate,
         # None: no file judged; {} and False: a file that fails (nothing to certify)
         margins=None if written is None else {} if cert is None else margins(cert),
         fragile=None if written is None else cert is not None and not cert.certified,

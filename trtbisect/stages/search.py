@@ -22,7 +22,14 @@ from ..judge.compare import OutputError, TensorStats, Tolerance
 from ..judge.criteria import Judgement, worst_of
 from ..judge.mixed import Written, graph_model
 from ..judge.verdict import Findings, VerdictName
-from ..result import AimedSearch, CriteriaRecord, JudgedRecord, WorkersRecord, search_verdict
+from ..result import (
+    AimedSearch,
+    CertificateRecord,
+    CriteriaRecord,
+    JudgedRecord,
+    WorkersRecord,
+    search_verdict,
+)
 from ..rewrites.driver import RewriteOutcome, RewritesRecord
 from ..search import cost
 from ..search.cost import CostRecord
@@ -194,17 +201,19 @@ class SearchStage:
             if not self._aim_round(aiming, aim_round, out_dir, layerwise):
                 break
         else:  # every round ran: none left for a plan still without the margin
-            if aiming.cert is not None and not aiming.cert.certified and not aiming.cert.decided:
-                aiming.cert.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by "
-                                       "more than the spread")
-        if aiming.cert is not None:
-            aiming.cert.aim_round = len(aiming.aims)
-        return Aimed(aiming.searched, aiming.written, aiming.cert, list(aiming.aims), aiming.ev)
+            if aiming.cert is not None and not aiming.cert.certified and not aiming.decided:
+                aiming.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by more "
+                                  "than the spread")
+        cert = aiming.cert
+        return Aimed(aiming.searched, aiming.written, aiming.aims,
+                     None if cert is None else replace(
+                         cert.record(), aim_rounds=len(aiming.aims), decided=aiming.decided),
+                     aiming.ev)
 
     def _aim_at(self, aiming: _Aiming) -> tuple[Tolerance | None, int]:
         """The tolerance the next aimed round searches under and the evaluations it may take;
         None when no round is due (certified, or no passing plan) or when the certificate
-        decides `fragile` at once (`cert.decided` says why: the spread is as large as the
+        decides `fragile` at once (`aiming.decided` says why: the spread is as large as the
         effect, no bound to aim inside, the allowance spent)."""
         cert = aiming.cert
         # the allowance pays for the validation too: of the files written so far (the first
@@ -219,18 +228,18 @@ class SearchStage:
             return None, left
         hopeless = cert.hopeless()
         if hopeless:  # the noise is as large as the effect: decide, don't chase
-            cert.decided = hopeless
+            aiming.decided = hopeless
             self.stage(f"fragile at once: {hopeless}")
             return None, left
         tol = cert.aim(aiming.judge.tolerance)
         if tol is None:
-            cert.decided = ("no output's bound can be aimed inside: what fails is a "
-                            "variation's verdict under a criterion with no bound")
+            aiming.decided = ("no output's bound can be aimed inside: what fails is a "
+                              "variation's verdict under a criterion with no bound")
             return None, left
         if left <= 0:
-            cert.decided = (f"the aimed searches used their allowance of {aiming.allowance} "
-                            "evaluations (the validation of each written plan counted) "
-                            "without a plan clear of the spread")
+            aiming.decided = (f"the aimed searches used their allowance of {aiming.allowance} "
+                              "evaluations (the validation of each written plan counted) "
+                              "without a plan clear of the spread")
             return None, left
         return tol, left
 
@@ -238,7 +247,7 @@ class SearchStage:
                    layerwise: Layerwise) -> bool:
         """One aimed round and its decisions: before its search (`_aim_at`: none due, or
         `fragile` at once) and after it (no plan; the nearer plan's file fails; the spread grew
-        with it), each said in `cert.decided`. Updates `aiming` (a nearer plan whose file passes
+        with it), each said in `aiming.decided`. Updates `aiming` (a nearer plan whose file passes
         replaces the findings); returns whether another round may follow."""
         opts, ctx, searched, cert = self.opts, self.ctx, aiming.searched, aiming.cert
         tol, left = self._aim_at(aiming)
@@ -269,9 +278,9 @@ class SearchStage:
             # of which known to fail from the looser bound: judged by nothing
             known_failing=sum(self.as_nodes(t.fp32) in carried for t in again.trials)))
         if not again.found:
-            cert.decided = (f"the aimed search used its allowance of {left} evaluations "
-                            "without a plan" if again.stopped_early else
-                            "no plan passes inside the aimed bound")
+            aiming.decided = (f"the aimed search used its allowance of {left} evaluations "
+                              "without a plan" if again.stopped_early else
+                              "no plan passes inside the aimed bound")
             aiming.searched = _count_unkept(searched, again, ev)
             return False
         if aiming.written is not None and aiming.written.staged:
@@ -281,14 +290,15 @@ class SearchStage:
         nearer_written = self.written(nearer, ev, out_dir, noise=cert.noise)  # FP32's: once
         if not nearer_written.mixed_model_passed:
             aiming.searched = _count_unkept(searched, again, ev)
-            cert.decided = "the aimed plan's written file fails its own judge"
+            aiming.decided = "the aimed plan's written file fails its own judge"
             return False
         nearer_cert = nearer_written.cert
         growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
         aiming.searched, aiming.written = nearer, nearer_written
+        aiming.decided = None if nearer_cert is None else nearer_cert.decided
         if growing and nearer_cert is not None and not nearer_cert.certified:  # chasing noise
-            nearer_cert.decided = ("the spread grew with the aimed plan: each nearer plan "
-                                   "moves what the tools compute as much as it gains")
+            aiming.decided = ("the spread grew with the aimed plan: each nearer plan moves "
+                              "what the tools compute as much as it gains")
             return False
         return True
 
@@ -321,14 +331,20 @@ class Searched:
 @dataclass(frozen=True)
 class Aimed:
     """What the aimed rounds settled on (`SearchStage.aim`): the search and its written file
-    kept (the first ones, or a nearer plan's), their certificate (its `decided` and
-    `aim_round` said), each round, and the evaluator still open."""
+    kept (the first ones, or a nearer plan's), each round, the kept file's certificate as the
+    run records it (the rounds before it and why no further one ran, `decided`), and the
+    evaluator still open."""
 
     searched: Searched
     written: WrittenFindings | None
-    cert: Certificate | None
     aims: list[AimedSearch]
+    certificate: CertificateRecord | None  # None: no file judged, or one that fails
     ev: Evaluator
+
+    @property
+    def cert(self) -> Certificate | None:
+        """The kept file's certificate as measured (stages/spread.py)."""
+        return self.written.cert if self.written is not None else None
 
 
 @dataclass
@@ -341,6 +357,13 @@ class _Aiming:
     judge: JudgeOptions  # the last round's judge options (the run's before the first)
     allowance: int  # evaluations all rounds may take together
     aims: list[AimedSearch] = field(default_factory=list)
+    # why no (further) aimed round runs for the kept file's certificate (None: not decided;
+    # its own words when the search stopped on its noise: stages/written.certify_written)
+    decided: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cert is not None:
+            self.decided = self.cert.decided
 
     @property
     def cert(self) -> Certificate | None:
