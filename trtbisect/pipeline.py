@@ -34,6 +34,7 @@ from .diagnosis.diagnose import (
     group_culprits,
     note_fused,
     note_semantics,
+    noted_culprits,
     relax_for,
 )
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
@@ -461,21 +462,23 @@ def _explain(searched: Searched, settled: _Settled, ctx: Context, opts: Options,
     plan = frozenset(nodes)
     culprits = explain(g, nodes, stats, constants, semantics.fused_layer_names(ctx.prepared),
                        low)
-    groups = diagnose_plan(g, nodes or (searched.prior_seeds if verdict == "no_plan" else []),
+    culprits, groups = diagnose_plan(g, nodes or (searched.prior_seeds if verdict == "no_plan" else []),
                            culprits, stats, constants, verdict == "fixed",
                            relax_for(opts.judge.criteria, settled.errors_before,
                                      opts.judge.tolerance, low), low)
-    note_fused(culprits, units, unit_of)
+    culprits = note_fused(culprits, units, unit_of)
     # does --rewrite do the fixes it names?
     groups = advice.advise(groups, searched.rewrites, ctx, stats)
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
-    strict = None
+    strict, notes, new_group = None, {}, False
     if opts.judge.semantics == "trt" and (nodes or opts.output.report or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
         strict = compare_with_strict(plan, verdict, ctx, opts.judge)
-        groups = note_semantics(groups, culprits, strict.notes, new_group=True)
+        notes, new_group = strict.notes, True
     elif verdict != "reference_invalid":
-        groups = note_semantics(groups, culprits, semantics_notes(nodes, g), new_group=False)
+        notes, new_group = semantics_notes(nodes, g), False
+    groups = note_semantics(groups, notes, new_group)
+    culprits = noted_culprits(culprits, notes)
     extra: dict[str, object] = {}
     if opts.output.report and verdict == "fixed" and nodes:
         stage("layer-wise comparison with the plan applied (for the report)")

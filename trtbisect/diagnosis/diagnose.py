@@ -28,7 +28,7 @@ from .wording import Fix, fixes_for, node_why, num, pct, summarize
 
 # Names others import from here (group_culprits, Fix; num and pct for the report).
 __all__ = ["CulpritGroup", "Fix", "annotate", "diagnose", "diagnose_plan", "group_culprits",
-           "note_semantics", "num", "pct"]
+           "note_semantics", "noted_culprits", "num", "pct"]
 
 
 PER_NODE_ROUNDING = "per_node_rounding_only"  # note_semantics's group: no FP32 needed
@@ -115,18 +115,17 @@ def _diagnose_group(f: Facts, group: list[str], applied: bool,
 def diagnose_plan(g: Graph, nodes: Sequence[str], culprits: Sequence[Culprit],
                   stats: Mapping[str, TensorStats], constants: Mapping[str, ConstantStats],
                   applied: bool, relax: str | None,
-                  precision: Precision = FP16) -> list[CulpritGroup]:
+                  precision: Precision = FP16) -> tuple[list[Culprit], list[CulpritGroup]]:
     """A run's culprit groups, as precision.json writes them (the pipeline's diagnosis):
     `nodes`, the plan's (`applied`: the plan applied "keep_fp32"), or with no plan the
-    layer-wise suspects (the prior's seeds, no fix marked applied). Each of `culprits`, the
-    run's own before it is assembled, takes its group's words for it (`why`)."""
+    layer-wise suspects (the prior's seeds, no fix marked applied). Returns the `culprits`,
+    each with its group's words for it (`why`), and the groups."""
     modules = {c.node: c.module for c in culprits}
     groups = diagnose(g, nodes, stats, constants, applied=applied, modules=modules,
                       relax=relax, precision=precision)
     whys = {n: w for grp in groups for n, w in grp.why.items()}
-    for c in culprits:
-        c.why = whys.get(c.node, c.why)
-    return [grp.as_written() for grp in groups]
+    return ([replace(c, why=whys.get(c.node, c.why)) for c in culprits],
+            [grp.as_written() for grp in groups])
 
 
 RTOL_REACH = 5  # beyond 5x the run's rtol, a larger --rtol is no longer an honest fix
@@ -166,42 +165,45 @@ RANGE_WORDS = ("65504", "non-finite", "flush")
 
 
 def note_fused(culprits: Sequence[Culprit], units: Mapping[str, Sequence[str]],
-               unit_of: Mapping[str, str]) -> None:
+               unit_of: Mapping[str, str]) -> list[Culprit]:
     """A node kept in FP32 only because TensorRT fuses it with a culprit into one layer says
-    so, instead of its own (small) FP16 error (in the run's culprits, before it is
-    assembled)."""
-    by_node = {c.node: c for c in culprits}
+    so, instead of its own (small) FP16 error. Returns the culprits, so noted (each in turn,
+    a later one reading the words an earlier one was given)."""
+    why = {c.node: c.why for c in culprits}
 
-    def ranged(why: str) -> bool:
-        return any(w in why for w in RANGE_WORDS)
+    def ranged(words: str) -> bool:
+        return any(w in words for w in RANGE_WORDS)
 
     for c in culprits:
         unit = units.get(unit_of.get(c.node, ""), ())
-        lead = next((n for n in unit if n in by_node and n != c.node
-                     and ranged(by_node[n].why)), None)
-        if len(unit) > 1 and lead is not None and not ranged(c.why):
-            c.why = (f"fused with {lead} into one TensorRT layer, so it runs in that layer's "
-                     "precision")
+        lead = next((n for n in unit if n in why and n != c.node and ranged(why[n])), None)
+        if len(unit) > 1 and lead is not None and not ranged(why[c.node]):
+            why[c.node] = (f"fused with {lead} into one TensorRT layer, so it runs in that "
+                           "layer's precision")
+    return [replace(c, why=why[c.node]) for c in culprits]
 
 
-def note_semantics(groups: Sequence[CulpritGroup], culprits: Sequence[Culprit],
-                   notes: Mapping[str, str], new_group: bool) -> list[CulpritGroup]:
+def note_semantics(groups: Sequence[CulpritGroup], notes: Mapping[str, str],
+                   new_group: bool) -> list[CulpritGroup]:
     """Say where the two emulation semantics disagree (docs/semantics.md): each noted node's
-    group summary and `why` get the note (new group records; the culprits, the run's own
-    before it is assembled, in place); `new_group`: the nodes (culprits only per node, not
-    in the plan) form their own group. Returns the groups."""
+    group summary gets the note (its `why`: `noted_culprits`); `new_group`: the nodes
+    (culprits only per node, not in the plan) form their own group. Returns the groups (new
+    records where noted)."""
     if not notes:
         return list(groups)
     groups = [_noted(grp, notes) for grp in groups]
-    for c in culprits:
-        if c.node in notes:
-            c.why = f"{c.why}; {notes[c.node]}"
     if new_group:
         groups.append(CulpritGroup(
             nodes=list(notes), cause=PER_NODE_ROUNDING, pattern=None, evidence={},
             summary="; ".join(f"{n} {w}" for n, w in notes.items())
             + ": no FP32 fallback needed for TensorRT.", fixes=[], applied_fix=None))
     return groups
+
+
+def noted_culprits(culprits: Sequence[Culprit], notes: Mapping[str, str]) -> list[Culprit]:
+    """`note_semantics`'s notes in the noted culprits' `why`."""
+    return [replace(c, why=f"{c.why}; {notes[c.node]}") if c.node in notes else c
+            for c in culprits]
 
 
 def _noted(grp: CulpritGroup, notes: Mapping[str, str]) -> CulpritGroup:
@@ -255,7 +257,7 @@ def _set_props(props, values: Mapping[str, str]) -> None:
 
 # ---------------------------------------------------------------- one line per culprit
 
-@dataclass
+@dataclass(frozen=True)
 class Culprit:
     node: str
     op: str
