@@ -107,8 +107,9 @@ class WrittenFindings:
     # the file leaves the search's claim of a minimal plan standing (not over the budget,
     # not failing)
     keeps_minimal: bool
-    # None: a file that fails (nothing to certify). The aimed rounds (stages/search.py) may
-    # still say on it why no nearer plan was searched (`decided`) and after how many rounds
+    # the certificate as measured (stages/spread.py); None: a file that fails (nothing to
+    # certify). Why no nearer plan was searched the aimed rounds say in their own record
+    # (stages/search.Aimed.certificate)
     cert: Certificate | None
 
     @property
