@@ -355,3 +355,29 @@ def test_the_swap_certificate_runs_on_the_prefetched_session(tmp_path, monkeypat
     phases = [t["phase"] for t in r.search.to_json()["trials"]]
     assert r.verdict == "fixed" and phases.count("swap") >= 1
     assert len(builds) == 2, builds
+
+
+def test_a_run_s_result_is_assembled_once_with_its_verdict_over_every_finding(zoo, tmp_path):
+    """The result `run` returns is built whole: no field is assigned after (a change is a new
+    result), and its verdict is the one its recorded findings decide (the written file, its
+    certificate, its validation and the graph's coverage all judged), as precision.json says."""
+    import dataclasses
+
+    from trtbisect.judge.verdict import decide
+
+    z = zoo["layernorm_overflow"]
+    model, inputs = save_zoo_model(z, tmp_path)
+    r = run(model, Options.of(semantics="strict", inputs=[str(inputs)]), tmp_path / "out")
+    f = r.verdict_findings
+    assert f is not None and r.verdict == z.expected_verdict == "fixed"
+    assert (f.file_passed, f.certified, f.covered) == (True, True, True)
+    assert f.validated is not None and f.tensorrt is None
+    assert decide(f.proposed, file_passed=f.file_passed, certified=f.certified,
+                  validated=f.validated, covered=f.covered) == r.verdict
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.verdict = "no_plan"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.files = {}
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert plan["verdict"] == r.verdict and plan["files"] == r.files
+    assert plan["certificate"] == r.certificate.to_json() and plan["fragile"] is False

@@ -409,7 +409,7 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
         result = pipeline.run(model, opts, out, progress.trial, progress.stage, progress.layerwise)
         if backend == "trt" and result.verdict in PLAN_VERDICTS:
             progress.stage("verifying the emulator's plan with TensorRT engines")
-            pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
+            result = pipeline.verify_on_tensorrt(result, opts, out, progress.stage)
     emit_run(result, as_json, None if show_all else top)
     finish(result.exit_code)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +26,30 @@ from .context import (
     run_fingerprint,
 )
 from .diagnosis import advice
-from .diagnosis.diagnose import attach as attach_diagnosis
-from .diagnosis.diagnose import explain, group_culprits, note_fused
+from .diagnosis.diagnose import (
+    Culprit,
+    CulpritGroup,
+    diagnose_plan,
+    explain,
+    group_culprits,
+    note_fused,
+    note_semantics,
+    noted_culprits,
+    relax_for,
+)
 from .errors import EXIT_REFERENCE_INVALID, EXIT_REFERENCE_UNSTABLE, TrtBisectError
 from .graph import Graph
 from .judge import degenerate, semantics, subset
 from .judge.compare import OutputError, TensorStats
 from .judge.criteria import Judgement, Verdict
-from .judge.hints import criterion_hints
+from .judge.hints import Hint, criterion_hints
 from .judge.precision import Precision
 from .judge.precision import precision as low_precision
-from .judge.verdict import TensorRT
+from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.outdir import OutputDir
 from .reports.report import write_report
 from .reports.write import write_outputs
-from .result import RunResult
+from .result import RunResult, StabilityRecord
 from .rewrites.driver import REWRITE_WEIGHT_LIMIT
 from .search import cost
 from .search.journal import Journal
@@ -49,13 +58,13 @@ from .search.prior import ConstantStats, build_prior, constant_stats
 from .stages import coverage
 from .stages.evaluator import Evaluator
 from .stages.layerwise import cached_layerwise, layerwise, layerwise_batches, summarize_layerwise
-from .stages.search import SearchStage, prefetch_nodes
-from .stages.strict import absorbed_nodes, compare_with_strict, semantics_notes
+from .stages.search import Aimed, Searched, SearchStage, prefetch_nodes
+from .stages.strict import Strict, absorbed_nodes, compare_with_strict, semantics_notes
 from .stages.written import (
     CheckResult,
     Judged,
     judge_mixed,
-    judge_written_plan,
+    margins,
     worst_of,
     write_and_judge,
 )
@@ -158,20 +167,18 @@ def _run(model_path: str | Path, opts: Options, out_dir: Path | None,
                         stage=stage, progress=progress, cache=cache,
                         outcome=outcome, journal=journal)
     search, summary = st.search(ev, opts.judge, opts.search, half.passed, True)
-    result = st.judge(search, ev, summary)
-    cert = None
-    if search.found:
-        stage("judging the written plan")
-        cert = judge_written_plan(result, ctx, opts.judge, ev, st.as_nodes(search.fp32), out_dir,
-                                  half.first)
-    result, cert, ev = st.aim(result, cert, ev, out_dir, lambda c: cached_layerwise(
+    searched = st.judge(search, ev, summary)
+    written = st.written(searched, ev, out_dir, half.first) if search.found else None
+    aimed = st.aim(searched, written, ev, out_dir, lambda c: cached_layerwise(
         c, opts.judge, opts.search, layers, fingerprint, on_layerwise))
     if journal is not None:  # the aimed searches journal theirs too
         journal.close()
-    ev.close()  # the workers, if the written plan's judge did not stop them already
-    _settle(result, cert, ctx, opts.judge)
-    _explain(result, ctx, opts, ev, constants, st.units, st.unit_of, stage, on_layerwise)
-    return _finish(result, ctx, out_dir, started, opts.output.report, marks)
+    aimed.ev.close()  # the workers, if the written plan's judge did not stop them already
+    settled = _settle(aimed, ctx, opts.judge)
+    explained = _explain(aimed.searched, settled, ctx, opts, aimed.ev, constants, st.units,
+                         st.unit_of, stage, on_layerwise)
+    return _finish(_assemble(aimed, settled, explained, record, base), ctx, out_dir, started,
+                   opts.output.report, marks)
 
 
 def _early_first(early: VariantReferences,
@@ -316,12 +323,29 @@ def _rewrite(ctx: Context, judge: JudgeOptions, stats: Mapping[str, TensorStats]
     return outcome, ctx, constants, ev
 
 
-def _settle(result: RunResult, cert, ctx: Context, judge: JudgeOptions) -> None:
+@dataclass(frozen=True)
+class _Settled:
+    """What the written plan's findings decide (`_settle`), before the graph's coverage: the
+    diagnosis and what follows it read the verdict so far."""
+
+    findings: Findings  # the search's proposal, the written file, its certificate, validation
+    verdict: VerdictName  # what they decide (judge/verdict.decide)
+    errors_before: dict[str, OutputError]  # all-FP16's, as the run reports them
+    one_minimal: bool  # the plan is still called one-minimal
+    criterion_hints: list[Hint] | None  # criteria that may fit better (judge/hints.py)
+
+
+def _settle(aimed: Aimed, ctx: Context, judge: JudgeOptions) -> _Settled:
     """The verdict the written plan's certificate allows (stages/spread.py: `fragile` where
-    no plan has the margin), and the criteria that may fit better (judge/hints.py)."""
-    was = result.verdict
-    verdict = result.settle(certified=None if cert is None else cert.certified,
-                            validated=result.validation.passed if result.validation else None)
+    no plan has the margin) and its validation, said; and the criteria that may fit better
+    (judge/hints.py)."""
+    searched, written, cert = aimed.searched, aimed.written, aimed.cert
+    validation = written.validation if written is not None else None
+    judged = Findings(searched.proposed,
+                      file_passed=None if written is None else written.passed)
+    findings = replace(judged, certified=None if cert is None else cert.certified,
+                       validated=validation.passed if validation else None)
+    was, verdict = judged.verdict(), findings.verdict()
     if verdict == "fragile" and was != verdict:
         assert cert is not None
         if cert.search_noise is not None:
@@ -335,13 +359,57 @@ def _settle(result: RunResult, cert, ctx: Context, judge: JudgeOptions) -> None:
     elif verdict == "unvalidated" and was != verdict:
         log.warning("the plan passes the samples it was searched on but fails %s "
                     "(unvalidated): it is written, but not called fixed",
-                    result.validation.described if result.validation else None)
-    if verdict != was:
-        result.one_minimal = False
-    if judge.criteria.default and result.verdict not in ("fp16_ok", "reference_invalid"):
-        hints = criterion_hints(result.errors_before, ctx.every_reference[0], judge.tolerance)
-        if hints:  # the default criterion may not be what the user means
-            result.criterion_hints = hints
+                    validation.described if validation else None)
+    before = searched.errors_before
+    if written is not None and written.errors_before is not None:
+        before = written.errors_before
+    hints = None
+    if judge.criteria.default and verdict not in ("fp16_ok", "reference_invalid"):
+        # the default criterion may not be what the user means
+        hints = criterion_hints(before, ctx.every_reference[0], judge.tolerance) or None
+    return _Settled(findings, verdict, before, searched.one_minimal and verdict == was and (
+        written is None or written.keeps_minimal), hints)
+
+
+def _assemble(aimed: Aimed, settled: _Settled, explained: _Explained, record: dict,
+              base: dict) -> RunResult:
+    """The run's result, built once from what each stage found: the search (`aimed.searched`,
+    the first one's or an aimed round's), its written file and certificate, the verdict so
+    far (`settled`), the diagnosis and what follows it (`explained`). The verdict is decided
+    here over all the findings (judge/verdict.decide), the graph's coverage last: never "FP16
+    is fine" for a graph not wholly judged (`partial`)."""
+    searched, written, cert, strict = aimed.searched, aimed.written, aimed.cert, explained.strict
+    unjudged = record["coverage"].unjudged
+    findings = replace(settled.findings, covered=not unjudged)
+    verdict = findings.verdict()
+    judged = searched.judged
+    if written is not None and written.after is not None:
+        judged = replace(judged, after=written.after)
+    return RunResult(
+        verdict, fp32_nodes=searched.fp32_nodes, evaluations=searched.evaluations,
+        inferences=searched.inferences, errors_before=settled.errors_before,
+        errors_after=searched.errors_before if written is None else written.checked,
+        culprits=explained.culprits, one_minimal=settled.one_minimal, search=searched.search,
+        stats=searched.stats, prior_seeds=searched.prior_seeds, verdict_findings=findings,
+        mixed_check=None if written is None else written.checked,
+        rewritten_model=searched.rewritten_model,
+        staged=[] if written is None else list(written.staged),
+        emulated_mixed=None if written is None else written.emulated,
+        extra=dict(explained.extra), fp32_layers=searched.fp32_layers,
+        workers=searched.workers, cost=searched.cost, criteria_record=searched.criteria_record,
+        judged=judged, rewrites=searched.rewrites,
+        one_judge=None if written is None else written.one_judge,
+        certificate=aimed.certificate,
+        # None: no file judged; {} and False: a file that fails (nothing to certify)
+        margins=None if written is None else {} if cert is None else margins(cert),
+        fragile=None if written is None else cert is not None and not cert.certified,
+        aimed_searches=aimed.aims or None,
+        validation=None if written is None else written.validation,
+        criterion_hints=settled.criterion_hints, culprit_groups=explained.groups,
+        errors_before_strict=None if strict is None else strict.errors_before,
+        strict_only_culprits=None if strict is None else strict.only_culprits,
+        stability=explained.stability,
+        partial=coverage.partial_of(settled.verdict, verdict, unjudged), **record, **base)
 
 
 def _unjudgeable(ctx: Context, record: dict, base: dict,
@@ -368,38 +436,61 @@ def _unjudgeable(ctx: Context, record: dict, base: dict,
     return None
 
 
-def _explain(result: RunResult, ctx: Context, opts: Options, ev: Evaluator,
-             constants: Mapping[str, ConstantStats], units: Mapping[str, Sequence[str]],
-             unit_of: Mapping[str, str], stage: Callable[[str], None],
-             on_layerwise: Callable[[int, int], None] | None) -> None:
-    """After the written plan's verdict: why each node, the culprit groups, what per-node
-    rounding says beside TensorRT's, and what the report and --stability ask for. (The whole
-    options: it reads every group, the samples' seed for --stability's jitter.)"""
-    g, low, stats = ctx.judged, ctx.rules.precision, result.stats
+@dataclass(frozen=True)
+class _Explained:
+    """What `_explain` found: why each node, the culprit groups, what per-node rounding says
+    beside TensorRT's, and what the report and --stability asked for."""
+
+    culprits: list[Culprit]
+    groups: list[CulpritGroup]
+    strict: Strict | None  # stages/strict.compare_with_strict, where it ran
+    extra: dict[str, object]  # "layerwise_plan": the plan's layer-wise pass (the report's)
+    stability: StabilityRecord | None
+
+
+def _explain(searched: Searched, settled: _Settled, ctx: Context, opts: Options,
+             ev: Evaluator, constants: Mapping[str, ConstantStats],
+             units: Mapping[str, Sequence[str]], unit_of: Mapping[str, str],
+             stage: Callable[[str], None],
+             on_layerwise: Callable[[int, int], None] | None) -> _Explained:
+    """After the written plan's verdict (`settled`): why each node, the culprit groups, what
+    per-node rounding says beside TensorRT's, and what the report and --stability ask for.
+    (The whole options: it reads every group, the samples' seed for --stability's jitter.)"""
+    g, low, stats = ctx.judged, ctx.rules.precision, searched.stats
     assert ctx.prepared is not None  # prepare(search=True) made it
-    plan = frozenset(result.fp32_nodes)
-    result.culprits = explain(g, result.fp32_nodes, stats, constants,
-                              semantics.fused_layer_names(ctx.prepared), low)
-    attach_diagnosis(result, g, constants, low)
-    note_fused(result, units, unit_of)
-    advice.attach(result, ctx, stats)  # does --rewrite do the fixes it names?
+    nodes, verdict = searched.fp32_nodes, settled.verdict
+    plan = frozenset(nodes)
+    culprits = explain(g, nodes, stats, constants, semantics.fused_layer_names(ctx.prepared),
+                       low)
+    culprits, groups = diagnose_plan(g, nodes or (searched.prior_seeds if verdict == "no_plan" else []),
+                           culprits, stats, constants, verdict == "fixed",
+                           relax_for(opts.judge.criteria, settled.errors_before,
+                                     opts.judge.tolerance, low), low)
+    culprits = note_fused(culprits, units, unit_of)
+    # does --rewrite do the fixes it names?
+    groups = advice.advise(groups, searched.rewrites, ctx, stats)
     # compare with per-node rounding where it can differ: culprits, or nodes TensorRT folds
-    if opts.judge.semantics == "trt" and (result.fp32_nodes or opts.output.report
-                                          or absorbed_nodes(ctx)):
+    strict, notes, new_group = None, {}, False
+    if opts.judge.semantics == "trt" and (nodes or opts.output.report or absorbed_nodes(ctx)):
         stage("all-FP16 under strict per-node rounding, for comparison")
-        compare_with_strict(result, ctx, opts.judge)
-    elif result.verdict != "reference_invalid":
-        semantics_notes(result, g)
-    if opts.output.report and result.verdict == "fixed" and result.fp32_nodes:
+        strict = compare_with_strict(plan, verdict, ctx, opts.judge)
+        notes, new_group = strict.notes, True
+    elif verdict != "reference_invalid":
+        notes, new_group = semantics_notes(nodes, g), False
+    groups = note_semantics(groups, notes, new_group)
+    culprits = noted_culprits(culprits, notes)
+    extra: dict[str, object] = {}
+    if opts.output.report and verdict == "fixed" and nodes:
         stage("layer-wise comparison with the plan applied (for the report)")
-        result.extra["layerwise_plan"] = {
+        extra["layerwise_plan"] = {
             t: s.to_json() for t, s in layerwise(ctx, opts.judge, opts.search, on_layerwise,
                                                  plan).items()}
-    if result.verdict in ("fixed", "fp16_ok") and opts.search.stability >= 2:
+    stability = None
+    if verdict in ("fixed", "fp16_ok") and opts.search.stability >= 2:
         stage(f"stability: {opts.search.stability} runs per sample")
-        result.stability = _stability(ctx, opts.judge, ev, plan, opts.search.stability,
-                                      opts.sample.seed).record()
-    coverage.apply_partial(result)  # never "FP16 is fine" for a graph not wholly judged
+        stability = _stability(ctx, opts.judge, ev, plan, opts.search.stability,
+                               opts.sample.seed).record()
+    return _Explained(culprits, groups, strict, extra, stability)
 
 
 # Weights up to this size: the all-FP16 verdict is judged on its written file first (an
@@ -484,26 +575,28 @@ def _stability(ctx: Context, judge: JudgeOptions, ev: Evaluator, plan: frozenset
 
 def _finish(result: RunResult, ctx: Context, out_dir: Path | None, started: float,
             report: bool = False, marks: Sequence[tuple[str, float]] = ()) -> RunResult:
-    """Seconds in all and per stage (the files' writing included in neither), then the files."""
+    """Seconds in all and per stage (the files' writing included in neither), then the files:
+    the result with them (a new one)."""
     now = time.perf_counter()
-    result.seconds = now - started
     # Each boundary is rounded once, as an offset from the start, so the stages add up to the
     # span they cover (never more than the total) however the milliseconds fall.
     at = [round(t - started, 3) for _, t in marks] + [round(now - started, 3)]
-    result.stages = [{"stage": msg, "seconds": round(end - begun, 3)}
-                              for (msg, _), begun, end in zip(marks, at, at[1:])]
+    result = replace(result, seconds=now - started, stages=[
+        {"stage": msg, "seconds": round(end - begun, 3)}
+        for (msg, _), begun, end in zip(marks, at, at[1:])])
     if out_dir is not None:
-        write_outputs(result, ctx, out_dir, write_report if report else None)
+        result = write_outputs(result, ctx, out_dir, write_report if report else None)
     return result
 
 
 def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
-                       say: Callable[[str], None] = log.info) -> None:
+                       say: Callable[[str], None] = log.info) -> RunResult:
     """Build the emulator's plan as TensorRT engines; refine only where TensorRT disagrees.
 
     The TensorRT report lands in precision.json under "tensorrt"; when TensorRT needs more
     FP32 nodes than the emulator did, its plan becomes the plan. Engines are judged by the
     run's criteria. `--workers N` builds on up to N visible GPUs at once (`say` tells how many).
+    Returns the result with TensorRT's findings and the files written again (a new one).
     (The whole options: `prepare` and `TrtSearchOptions.of` take them.)
     """
     from .stages.trt import TrtSearchOptions, run_trt_search
@@ -512,17 +605,18 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
     report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt",
                             TrtSearchOptions.of(opts), emulator_plan=result.fp32_nodes,
                             seeds=result.prior_seeds, say=say)
-    result.extra["tensorrt"] = report.to_json()
+    extra = {**result.extra, "tensorrt": report.to_json()}
     found = report.result.found
     changed = found and set(report.result.fp32) != set(result.fp32_nodes)
-    if changed:
-        result.fp32_nodes = list(report.result.fp32)
-        result.mixed_model = result.mixed_check = None  # they described the emulator's plan
-        result.files.pop("mixed_model", None)
-        result.staged, result.emulated_mixed = [], None
-    result.settle(tensorrt=TensorRT(found=found, changed=changed,
-                                    planned=bool(result.fp32_nodes)))
-    write_outputs(result, ctx, out_dir)
+    if changed:  # the mixed model and its check described the emulator's plan
+        result = replace(result, fp32_nodes=list(report.result.fp32), mixed_model=None,
+                         mixed_check=None, staged=[], emulated_mixed=None, extra=extra,
+                         files={k: v for k, v in result.files.items() if k != "mixed_model"})
+    else:
+        result = replace(result, extra=extra)
+    result = result.settled(tensorrt=TensorRT(found=found, changed=changed,
+                                              planned=bool(result.fp32_nodes)))
+    return write_outputs(result, ctx, out_dir)
 
 
 def judge_all_fp16(ctx: Context, judge: JudgeOptions) -> Verdict:

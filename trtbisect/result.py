@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, FrozenInstanceError, dataclass, field, replace
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from . import __version__
@@ -426,7 +426,7 @@ class Coverage:
 
 @dataclass(frozen=True)
 class Partial:
-    """A verdict over a graph not wholly judged (coverage.apply_partial): the judged part's
+    """A verdict over a graph not wholly judged (coverage.partial_of): the judged part's
     verdict, and the ops not judged (coverage.record's "unjudged")."""
     judged_verdict: VerdictName
     unjudged: list[JSON]
@@ -568,14 +568,24 @@ class Found(Generic[C, S]):
         """Record what the run found (each finding given; None: not judged) and set the
         verdict that all the findings so far decide from the search's proposal
         (judge/verdict.decide): the one place a result's verdict changes once it is built,
-        on every road. Returns the verdict."""
+        on every road that fills its result step by step (quantized; a `RunResult` is
+        built whole and makes a new one: `RunResult.settled`). Returns the verdict."""
+        self.verdict_findings = self.findings_with(
+            file_passed=file_passed, certified=certified, validated=validated, covered=covered,
+            tensorrt=tensorrt)
+        self.verdict = self.verdict_findings.verdict()
+        return self.verdict
+
+    def findings_with(self, *, file_passed: bool | None = None, certified: bool | None = None,
+                      validated: bool | None = None, covered: bool | None = None,
+                      tensorrt: TensorRT | None = None) -> Findings:
+        """The findings so far and those given (None: not judged), from the search's
+        proposal."""
         was = self.verdict_findings or Findings(self.verdict)
-        self.verdict_findings = Findings(
+        return Findings(
             was.proposed, file_passed=known(file_passed, was.file_passed),
             certified=known(certified, was.certified), validated=known(validated, was.validated),
             covered=known(covered, was.covered), tensorrt=known(tensorrt, was.tensorrt))
-        self.verdict = self.verdict_findings.verdict()
-        return self.verdict
 
     def counts_json(self) -> dict[str, object]:
         """The search's counts, as both plan files write them after the plan."""
@@ -591,6 +601,14 @@ class Found(Generic[C, S]):
 
 @dataclass
 class RunResult(Found[Culprit, TensorStats]):
+    """What `trtbisect run` found, assembled once (pipeline._assemble, or a verdict given
+    before any judgement: pipeline._unjudgeable) and never changed after: no field is
+    assigned once it is built (`__setattr__` refuses it). What comes later is a new result
+    (`dataclasses.replace`): the timings (pipeline._finish), the files the writers wrote
+    (reports/write.write_outputs) and TensorRT's own search (`settled`,
+    pipeline.verify_on_tensorrt). Not `frozen=True` because `Found`, the base it shares with
+    the quantized road's result that is still filled step by step, is not frozen (a frozen
+    dataclass cannot inherit from a mutable one)."""
     _: KW_ONLY
     model_path: str
     model_sha256: str
@@ -629,6 +647,19 @@ class RunResult(Found[Culprit, TensorStats]):
     stability: StabilityRecord | None = None  # stages/stability.Stability.record
     partial: Partial | None = None
     stages: list[Stage] | None = None  # pipeline._finish
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in self.__dict__:  # its constructor sets each field once
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: a RunResult is "
+                                      "assembled once (dataclasses.replace makes another)")
+        object.__setattr__(self, name, value)
+
+    def settled(self, *, tensorrt: TensorRT | None = None) -> RunResult:
+        """This result with a finding made after it was assembled (TensorRT's own search,
+        pipeline.verify_on_tensorrt) recorded, and the verdict all the findings decide
+        (judge/verdict.decide, as `Found.settle`): a new result."""
+        findings = self.findings_with(tensorrt=tensorrt)
+        return replace(self, verdict=findings.verdict(), verdict_findings=findings)
 
     @property
     def mixed_model_passed(self) -> bool | None:

@@ -292,7 +292,6 @@ def test_a_group_is_a_frozen_record_that_round_trips_in_its_kind_s_key_order():
     """A culprit group read by attribute, frozen; precision.json's JSON of it makes it again.
     The per-node-rounding group writes its summary last, as precision.json always has."""
     import dataclasses
-    from types import SimpleNamespace
 
     from trtbisect.diagnosis.diagnose import PER_NODE_ROUNDING, note_semantics
     from trtbisect.diagnosis.wording import Fix, RewriteAdvice
@@ -312,12 +311,28 @@ def test_a_group_is_a_frozen_record_that_round_trips_in_its_kind_s_key_order():
     with pytest.raises(dataclasses.FrozenInstanceError):
         g.summary = "x"  # type: ignore[misc]
     # note_semantics: new records, the old ones as they were; the new group's own key order
-    r = SimpleNamespace(culprit_groups=[g], culprits=[])
-    note_semantics(r, {"b": "folds in FP32", "bn": "fails only per node"}, new_group=True)
-    noted, per_node = r.culprit_groups
+    noted, per_node = note_semantics([g], {"b": "folds in FP32", "bn": "fails only per node"},
+                                     new_group=True)
     assert noted.summary == "a overflows. b folds in FP32." and g.summary == "a overflows."
     assert per_node.cause == PER_NODE_ROUNDING and per_node.nodes == ["b", "bn"]
     pd = per_node.to_json()
     assert list(pd) == ["nodes", "scope", "cause", "pattern", "evidence", "fixes",
                         "applied_fix", "summary"]
     assert list(CulpritGroup.from_json(pd).to_json().items()) == list(pd.items())
+
+
+def test_a_node_fused_with_a_range_culprit_says_so_in_a_new_culprit():
+    """note_fused: a culprit kept FP32 only because TensorRT fuses it into one layer with a
+    range culprit says so instead of its own small error; the others, and the culprits given
+    (frozen records), are as they were."""
+    from trtbisect.diagnosis.diagnose import Culprit, note_fused
+
+    given = [Culprit("a", "Pow", "output max 7e4 > 65504"), Culprit("b", "Add", "max|d| 0.01"),
+             Culprit("c", "Mul", "max|d| 0.02")]
+    units = {"u": ("a", "b"), "v": ("c",)}
+    got = note_fused(given, units, {"a": "u", "b": "u", "c": "v"})
+    assert [c.why for c in got] == [
+        "output max 7e4 > 65504",
+        "fused with a into one TensorRT layer, so it runs in that layer's precision",
+        "max|d| 0.02"]
+    assert given[1].why == "max|d| 0.01" and got[0] == given[0]

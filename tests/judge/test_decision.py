@@ -3,6 +3,8 @@ rules (stages/spread.py): what `fixed` needs, what makes it `fragile` at once.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trtbisect.judge.compare import Tolerance
@@ -94,21 +96,32 @@ def test_findings_decide_from_the_proposal_whatever_their_order():
     them: a budget plan whose file passes is then held to its certificate like any `fixed`
     one; TensorRT's own search comes last."""
     from trtbisect.judge.verdict import Findings, TensorRT
-    from trtbisect.result import RunResult
+    from trtbisect.result import Found, RunResult
 
     assert decide("over_budget", file_passed=True, certified=False) == "fragile"
     assert Findings("fixed", covered=False).verdict() == "partial"
     trt = TensorRT(found=True, changed=True, planned=True)
     assert Findings("fixed", file_passed=True, covered=False, tensorrt=trt).verdict() == "fixed"
-    r = RunResult("over_budget", fp32_nodes=["a"], candidates=1, evaluations=1, inferences=1,
-                  samples=1, tolerance=Tolerance(), errors_before={}, errors_after={},
-                  model_path="m.onnx", model_sha256="0", nodes=1, strict=False)
+    r: Found = Found("over_budget", fp32_nodes=["a"], candidates=1, evaluations=1,
+                     inferences=1, samples=1, tolerance=Tolerance(), errors_before={},
+                     errors_after={})
     assert r.settle(certified=False) == "over_budget"  # the file not judged yet
     assert r.settle(file_passed=True) == "fragile"
     assert r.settle(validated=True) == "fragile" and r.verdict_findings is not None
     assert r.verdict_findings.proposed == "over_budget"
     assert r.verdict_findings.certified is False and r.verdict_findings.file_passed is True
     assert r.settle(tensorrt=TensorRT(found=False, changed=False, planned=True)) == "no_plan"
+    # a run's result is assembled once: a finding after it (TensorRT's) makes a new one
+    run = RunResult("fixed", fp32_nodes=["a"], candidates=1, evaluations=1, inferences=1,
+                    samples=1, tolerance=Tolerance(), errors_before={}, errors_after={},
+                    model_path="m.onnx", model_sha256="0", nodes=1, strict=False,
+                    verdict_findings=Findings("fixed", file_passed=True, certified=True))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.verdict = "no_plan"  # type: ignore[misc]
+    later = run.settled(tensorrt=TensorRT(found=False, changed=False, planned=True))
+    assert later.verdict == "no_plan" and run.verdict == "fixed"
+    assert later.verdict_findings == Findings("fixed", file_passed=True, certified=True,
+                                              tensorrt=TensorRT(False, False, True))
 
 
 def test_the_certificate_records_the_margins_it_measured_one_type_for_both():

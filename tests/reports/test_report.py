@@ -4,7 +4,6 @@ one-line hint when matplotlib is missing."""
 from __future__ import annotations
 
 import base64
-import copy
 import dataclasses
 import re
 import shutil
@@ -196,8 +195,10 @@ def test_culprit_table_names_the_tensorrt_layer_when_fused(reported):
     head, _ = culprit_rows(r)
     assert r.culprits and not any(c.layer for c in r.culprits)
     assert "TensorRT layer" not in head
-    fused = copy.deepcopy(r)  # one culprit in a layer, as trt semantics would say
-    fused.culprits[0].layer = "Conv_0 + PWN(Add_1, Relu_2)"
+    # one culprit in a layer, as trt semantics would say (a culprit is a frozen record)
+    fused = dataclasses.replace(r, culprits=[
+        dataclasses.replace(r.culprits[0], layer="Conv_0 + PWN(Add_1, Relu_2)"),
+        *r.culprits[1:]])
     head, rows = culprit_rows(fused)
     col = head.index("TensorRT layer")
     assert "Conv_0 + PWN(Add_1, Relu_2)" in {row[col] for row in rows}

@@ -34,21 +34,21 @@ FIX_REWRITES: dict[str, tuple[str, ...]] = {
 }
 
 
-def attach(result: Any, ctx: Any, stats: Mapping[str, Any]) -> None:
-    """Check every culprit group's rewritable fixes against this model (pipeline, after the
-    diagnosis): the run's --rewrite record when it tried them, else the rules' own match.
-    The groups advised are new records in `result.culprit_groups`."""
-    groups: list[CulpritGroup] = result.culprit_groups or []
+def advise(groups: Sequence[CulpritGroup], record: RewritesRecord | None, ctx: Any,
+           stats: Mapping[str, Any]) -> list[CulpritGroup]:
+    """Every culprit group's rewritable fixes checked against this model (pipeline, after
+    the diagnosis): the run's --rewrite `record` when it tried them, else the rules' own
+    match. Returns the groups, advised as new records (as they were where nothing is
+    checked)."""
     wanted = {r for g in groups for f in g.fixes for r in FIX_REWRITES.get(f.kind, ())}
     if not wanted:
-        return
-    record: RewritesRecord | None = result.rewrites
+        return list(groups)
     found: tuple[list, list] | None = ([], [])
     if record is None:
         found = _find(ctx, stats, wanted)
         if found is None:
-            return
-    result.culprit_groups = [advise_group(g, record, *(found or ([], []))) for g in groups]
+            return list(groups)
+    return [advise_group(g, record, *(found or ([], []))) for g in groups]
 
 
 def _find(ctx: Any, stats: Mapping[str, Any], wanted: set[str]) -> tuple[list, list] | None:

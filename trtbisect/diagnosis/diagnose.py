@@ -3,7 +3,7 @@
 A list of node names is not an answer. detect.py reads the evidence (cause class, pattern and
 numbers) for each group of culprits connected through data flow; wording.py says, in the words
 a deployment engineer uses, what goes wrong and what to do about it. This module puts the two
-together for the pipeline: `diagnose`, `attach`, `note_semantics`, and `annotate` (Netron).
+together for the pipeline: `diagnose`, `diagnose_plan`, `note_semantics`, and `annotate` (Netron).
 
 Pure: numpy and onnx only, no runtime.
 """
@@ -18,7 +18,8 @@ import onnx
 
 from ..graph import Graph, walk, with_node_names
 from ..graph.modules import module_label
-from ..judge.compare import TensorStats
+from ..judge.compare import OutputError, TensorStats, Tolerance
+from ..judge.criteria import Criteria
 from ..judge.precision import FP16, Precision
 from ..search.prior import ConstantStats
 from .detect import detect, group_culprits, scope_of
@@ -26,8 +27,8 @@ from .facts import Evidence, Facts
 from .wording import Fix, fixes_for, node_why, num, pct, summarize
 
 # Names others import from here (group_culprits, Fix; num and pct for the report).
-__all__ = ["CulpritGroup", "Fix", "annotate", "attach", "diagnose", "group_culprits",
-           "note_semantics", "num", "pct"]
+__all__ = ["CulpritGroup", "Fix", "annotate", "diagnose", "diagnose_plan", "group_culprits",
+           "note_semantics", "noted_culprits", "num", "pct"]
 
 
 PER_NODE_ROUNDING = "per_node_rounding_only"  # note_semantics's group: no FP32 needed
@@ -111,22 +112,20 @@ def _diagnose_group(f: Facts, group: list[str], applied: bool,
         why={n: node_why(f, n, cause, ev) for n in group})
 
 
-def attach(result, g: Graph, constants: Mapping[str, ConstantStats],
-           precision: Precision = FP16) -> list[CulpritGroup]:
-    """Diagnose a pipeline RunResult in place: `culprit_groups` and each Culprit.why.
-
-    With a plan, its nodes are diagnosed and the plan applied "keep_fp32". With no plan, the
-    layer-wise suspects (the prior's seeds) are, and no fix is marked applied.
-    """
-    nodes = result.fp32_nodes or (result.prior_seeds if result.verdict == "no_plan" else [])
-    modules = {c.node: c.module for c in result.culprits}
-    groups = diagnose(g, nodes, result.stats, constants, applied=result.verdict == "fixed",
-                      modules=modules, relax=relax_words(result, precision), precision=precision)
+def diagnose_plan(g: Graph, nodes: Sequence[str], culprits: Sequence[Culprit],
+                  stats: Mapping[str, TensorStats], constants: Mapping[str, ConstantStats],
+                  applied: bool, relax: str | None,
+                  precision: Precision = FP16) -> tuple[list[Culprit], list[CulpritGroup]]:
+    """A run's culprit groups, as precision.json writes them (the pipeline's diagnosis):
+    `nodes`, the plan's (`applied`: the plan applied "keep_fp32"), or with no plan the
+    layer-wise suspects (the prior's seeds, no fix marked applied). Returns the `culprits`,
+    each with its group's words for it (`why`), and the groups."""
+    modules = {c.node: c.module for c in culprits}
+    groups = diagnose(g, nodes, stats, constants, applied=applied, modules=modules,
+                      relax=relax, precision=precision)
     whys = {n: w for grp in groups for n, w in grp.why.items()}
-    for c in result.culprits:
-        c.why = whys.get(c.node, c.why)
-    result.culprit_groups = [grp.as_written() for grp in groups]
-    return groups
+    return ([replace(c, why=whys.get(c.node, c.why)) for c in culprits],
+            [grp.as_written() for grp in groups])
 
 
 RTOL_REACH = 5  # beyond 5x the run's rtol, a larger --rtol is no longer an honest fix
@@ -137,8 +136,13 @@ def relax_words(result, precision: Precision = FP16) -> str | None:
     showed: the --rtol that lets every output pass, when it is near the run's; a task
     criterion when it is not; nothing when all FP16 turns outputs non-finite (no tolerance
     covers NaN). None: no outputs judged (the generic words)."""
-    crit = getattr(result, "criteria", None)
-    before = getattr(result, "errors_before", None) or {}
+    return relax_for(getattr(result, "criteria", None),
+                     getattr(result, "errors_before", None) or {}, result.tolerance, precision)
+
+
+def relax_for(crit: Criteria | None, before: Mapping[str, OutputError], tolerance: Tolerance,
+              precision: Precision = FP16) -> str | None:
+    """`relax_words` of the run's criteria, all-FP16's errors and tolerance."""
     if crit is not None and not crit.default:
         return f"if the outputs' error is acceptable, relax the criterion ({crit.describe()})" \
                ": the plan would need fewer FP32 nodes"
@@ -146,7 +150,7 @@ def relax_words(result, precision: Precision = FP16) -> str | None:
         return None
     if any(e.nonfinite for e in before.values()):
         return ""
-    rtol, low = result.tolerance.rtol, precision.label
+    rtol, low = tolerance.rtol, precision.label
     worst = max(before.values(), key=lambda e: e.rel)
     if worst.rel <= RTOL_REACH * max(rtol, 1e-12):
         return (f"if {pct(worst.rel)} of an output's range is acceptable (all {low}'s worst; "
@@ -160,39 +164,46 @@ def relax_words(result, precision: Precision = FP16) -> str | None:
 RANGE_WORDS = ("65504", "non-finite", "flush")
 
 
-def note_fused(result, units: Mapping[str, Sequence[str]], unit_of: Mapping[str, str]) -> None:
+def note_fused(culprits: Sequence[Culprit], units: Mapping[str, Sequence[str]],
+               unit_of: Mapping[str, str]) -> list[Culprit]:
     """A node kept in FP32 only because TensorRT fuses it with a culprit into one layer says
-    so, instead of its own (small) FP16 error."""
-    by_node = {c.node: c for c in result.culprits}
+    so, instead of its own (small) FP16 error. Returns the culprits, so noted (each in turn,
+    a later one reading the words an earlier one was given)."""
+    why = {c.node: c.why for c in culprits}
 
-    def ranged(why: str) -> bool:
-        return any(w in why for w in RANGE_WORDS)
+    def ranged(words: str) -> bool:
+        return any(w in words for w in RANGE_WORDS)
 
-    for c in result.culprits:
+    for c in culprits:
         unit = units.get(unit_of.get(c.node, ""), ())
-        lead = next((n for n in unit if n in by_node and n != c.node
-                     and ranged(by_node[n].why)), None)
-        if len(unit) > 1 and lead is not None and not ranged(c.why):
-            c.why = (f"fused with {lead} into one TensorRT layer, so it runs in that layer's "
-                     "precision")
+        lead = next((n for n in unit if n in why and n != c.node and ranged(why[n])), None)
+        if len(unit) > 1 and lead is not None and not ranged(why[c.node]):
+            why[c.node] = (f"fused with {lead} into one TensorRT layer, so it runs in that "
+                           "layer's precision")
+    return [replace(c, why=why[c.node]) for c in culprits]
 
 
-def note_semantics(result, notes: Mapping[str, str], new_group: bool) -> None:
+def note_semantics(groups: Sequence[CulpritGroup], notes: Mapping[str, str],
+                   new_group: bool) -> list[CulpritGroup]:
     """Say where the two emulation semantics disagree (docs/semantics.md): each noted node's
-    group summary and `why` get the note; `new_group`: the nodes (culprits only per node, not
-    in the plan) form their own group."""
+    group summary gets the note (its `why`: `noted_culprits`); `new_group`: the nodes
+    (culprits only per node, not in the plan) form their own group. Returns the groups (new
+    records where noted)."""
     if not notes:
-        return
-    groups = [_noted(grp, notes) for grp in result.culprit_groups or []]
-    for c in result.culprits:
-        if c.node in notes:
-            c.why = f"{c.why}; {notes[c.node]}"
+        return list(groups)
+    groups = [_noted(grp, notes) for grp in groups]
     if new_group:
         groups.append(CulpritGroup(
             nodes=list(notes), cause=PER_NODE_ROUNDING, pattern=None, evidence={},
             summary="; ".join(f"{n} {w}" for n, w in notes.items())
             + ": no FP32 fallback needed for TensorRT.", fixes=[], applied_fix=None))
-    result.culprit_groups = groups
+    return groups
+
+
+def noted_culprits(culprits: Sequence[Culprit], notes: Mapping[str, str]) -> list[Culprit]:
+    """`note_semantics`'s notes in the noted culprits' `why`."""
+    return [replace(c, why=f"{c.why}; {notes[c.node]}") if c.node in notes else c
+            for c in culprits]
 
 
 def _noted(grp: CulpritGroup, notes: Mapping[str, str]) -> CulpritGroup:
@@ -246,7 +257,7 @@ def _set_props(props, values: Mapping[str, str]) -> None:
 
 # ---------------------------------------------------------------- one line per culprit
 
-@dataclass
+@dataclass(frozen=True)
 class Culprit:
     node: str
     op: str
@@ -267,7 +278,7 @@ def explain(g: Graph, fp32_nodes: Sequence[str], stats: Mapping[str, TensorStats
             constants: Mapping[str, ConstantStats],
             layers: Mapping[str, str] | None = None,
             precision: Precision = FP16) -> list[Culprit]:
-    """A one-line reason per culprit from the layer-wise numbers (`attach` goes deeper);
+    """A one-line reason per culprit from the layer-wise numbers (`diagnose_plan` goes deeper);
     `layers`: node -> the TensorRT-style fused layer computing it."""
     out = []
     for name in fp32_nodes:

@@ -7,6 +7,7 @@ run judged is moved into place (never rewritten), and precision.json lands last.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,62 +45,68 @@ ReportWriter = Callable[[RunResult, Path], dict[str, str]]
 
 
 def write_outputs(result: RunResult, ctx: Context, out_dir: Path,
-                  report: ReportWriter | None = None) -> None:
+                  report: ReportWriter | None = None) -> RunResult:
     """Every file atomically, as one generation that replaces the last (outdir.py): the plan
     is written last, never beside an earlier run's files. The input model is only read.
-    `report`: writes report.html and report.md into the same generation (None: no report)."""
+    `report`: writes report.html and report.md into the same generation (None: no report).
+    Returns the result with what writing records (a new one; the one given is unchanged):
+    the files written (`files`), the staged files moved, the mixed model written and the
+    renderings' context."""
     with OutputDir(out_dir).generation(keep=ctx.sources) as gen:
-        _write_files(result, ctx, out_dir, report)
+        result = _write_files(result, ctx, out_dir, report)
         gen.commit(result.to_json())
+    return result
 
 
 def _write_files(result: RunResult, ctx: Context, out_dir: Path,
-                 report: ReportWriter | None = None) -> None:
+                 report: ReportWriter | None = None) -> RunResult:
     stem = ctx.path.stem
+    files = dict(result.files)  # the result's files, and each one written here after them
     if result.verdict in PLAN_VERDICTS:
         # the copy the plan was judged on, named, where it differs from the file (graph/repair.py)
         if ctx.graph.inlined or ctx.graph.repairs or not named_as_trtbisect_names(ctx.model):
             path = out_dir / f"{stem}.named.onnx"
             graph_model(ctx.graph).save(path, held=ctx.input_check)
-            result.files["named_model"] = str(path)
+            files["named_model"] = str(path)
         if result.rewritten_model is not None:
             path = out_dir / f"{stem}.rewritten.onnx"
             result.rewritten_model.save(path, held=ctx.input_check)
-            result.files["rewritten_model"] = str(path)
+            files["rewritten_model"] = str(path)
         if _builds_differently(ctx):
             path = out_dir / f"{stem}.autocast_input.onnx"
             graph_model(ctx.judged).save(path, held=ctx.input_check)
-            result.files["autocast_input"] = str(path)
+            files["autocast_input"] = str(path)
         mixed_path = out_dir / f"{stem}.mixed.onnx"
+        mixed = result.mixed_model
         if result.staged:  # the files judged in the run, moved into place
             for f in result.staged:
                 claim(out_dir / Path(f).name)  # listed in the generation before it lands
                 move_file(f, out_dir / Path(f).name)
-            result.staged = []
         else:
-            if result.mixed_model is None:
-                result.mixed_model = write_plan(ctx, result.fp32_nodes)
-            result.mixed_model.save(mixed_path, held=ctx.input_check)
-        result.files["mixed_model"] = str(mixed_path)
-        result.render_context = render_context(result, ctx, out_dir)
+            if mixed is None:
+                mixed = write_plan(ctx, result.fp32_nodes)
+            mixed.save(mixed_path, held=ctx.input_check)
+        files["mixed_model"] = str(mixed_path)
+        rc = render_context(result, ctx, out_dir, files)
+        result = replace(result, files=dict(files), staged=[], mixed_model=mixed,
+                         render_context=rc, emulated_mixed=None)
         r = result.renderings()
         if r["trtexec_layer_precisions"] is not None:
             atomic_write_text(out_dir / "layer_precisions.txt", f"{r['trtexec_layer_precisions']}\n")
-            result.files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
+            files["layer_precisions"] = str(out_dir / "layer_precisions.txt")
         atomic_write_json(out_dir / "autocast_nodes_to_exclude.json", r["autocast_nodes_to_exclude"])
-        result.files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
+        files["autocast_nodes_to_exclude"] = str(out_dir / "autocast_nodes_to_exclude.json")
         from ..outputs.render import commands_script
-        atomic_write_text(out_dir / "commands.sh",
-                          commands_script(result.fp32_nodes, result.render_context))
-        result.files["commands"] = str(out_dir / "commands.sh")
+        atomic_write_text(out_dir / "commands.sh", commands_script(result.fp32_nodes, rc))
+        files["commands"] = str(out_dir / "commands.sh")
     if result.stats:
         atomic_write_records(out_dir / "layerwise.json",
                              [s.to_json() for s in result.stats.values()])
-        result.files["layerwise"] = str(out_dir / "layerwise.json")
+        files["layerwise"] = str(out_dir / "layerwise.json")
     if result.search is not None:
-        result.files["journal"] = str(out_dir / "journal.jsonl")
+        files["journal"] = str(out_dir / "journal.jsonl")
         atomic_write_json(out_dir / "trace.json", result.search.to_json())
-        result.files["trace"] = str(out_dir / "trace.json")
+        files["trace"] = str(out_dir / "trace.json")
     if result.culprit_groups:
         path = out_dir / f"{stem}.annotated.onnx"
         meta = {"trtbisect.verdict": result.verdict, "trtbisect.version": __version__,
@@ -107,10 +114,11 @@ def _write_files(result: RunResult, ctx: Context, out_dir: Path,
         annotated = annotate(ctx.model, result.culprit_groups,
                              {c.node: c.why for c in result.culprits}, meta)
         graph_model(ctx.graph, annotated).save(path, held=ctx.input_check)
-        result.files["annotated_model"] = str(path)
-    if report is not None:
-        result.files.update(report(result, out_dir))
-    result.files["plan"] = str(out_dir / "precision.json")
+        files["annotated_model"] = str(path)
+    if report is not None:  # the pages read the files written so far
+        files.update(report(replace(result, files=dict(files)), out_dir))
+    files["plan"] = str(out_dir / "precision.json")
+    return replace(result, files=files)
 
 
 QUANT_KEYS = ("trtbisect.version", "trtbisect.verdict", "trtbisect.unquantized_layers",
@@ -195,9 +203,11 @@ def _bytes_writer(data: bytes) -> Callable[[str], object]:
     return lambda tmp: Path(tmp).write_bytes(data)
 
 
-def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderContext:
-    """What every rendering needs to reproduce this run; writes the samples (one .npz each)
-    and a Polygraphy data loader beside the plan."""
+def render_context(result: RunResult, ctx: Context, out_dir: Path,
+                   files: dict[str, str]) -> RenderContext:
+    """What every rendering needs to reproduce this run; writes the samples (one .npz each),
+    a Polygraphy data loader and the judge's own graph beside the plan, each named in
+    `files` (the run's files so far, the mixed model's among them)."""
     from ..base.files import npz_bytes
     from ..data.inputs import declared_shape
     from ..outputs.render import data_loader_script, output_bounds, relative_to, shape_ranges
@@ -212,16 +222,16 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
         if relative_to(stale, work) not in samples:  # is the samples (AutoCast, check lines)
             stale.unlink()
     atomic_write_text(out_dir / "data_loader.py", data_loader_script(samples))
-    result.files["samples"] = str(out_dir / "inputs")
-    result.files["data_loader"] = str(out_dir / "data_loader.py")
+    files["samples"] = str(out_dir / "inputs")
+    files["data_loader"] = str(out_dir / "data_loader.py")
     emulated = out_dir / f"{ctx.path.stem}.mixed.emulated.onnx"
-    if result.emulated_mixed is None:  # the plan changed since it was judged (TensorRT)
+    judged = result.emulated_mixed  # what Polygraphy's check runs: the judge's graph
+    if judged is None:  # the plan changed since it was judged (TensorRT)
         fused = ctx.prepared is not None and ctx.prepared.semantics == "trt"
-        result.emulated_mixed = Written(*emulation_of_mixed(
-            Graph.from_path(result.files["mixed_model"]), ctx.rules, fused))
-    result.emulated_mixed.save(emulated, held=ctx.input_check)
-    result.emulated_mixed = None
-    result.files["emulated_mixed_model"] = str(emulated)
+        judged = Written(*emulation_of_mixed(Graph.from_path(files["mixed_model"]), ctx.rules,
+                                             fused))
+    judged.save(emulated, held=ctx.input_check)
+    files["emulated_mixed_model"] = str(emulated)
     g = ctx.judged  # the plan names its nodes
     names: dict[int, str] = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
              onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT32: "int32",
@@ -229,9 +239,9 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
              onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool"}
     stem = ctx.path.stem
     return RenderContext(
-        model=relative_to(result.files.get("rewritten_model")
-                          or result.files.get("named_model") or ctx.path, work),
-        mixed_model=relative_to(result.files["mixed_model"], work), workdir=str(work),
+        model=relative_to(files.get("rewritten_model")
+                          or files.get("named_model") or ctx.path, work),
+        mixed_model=relative_to(files["mixed_model"], work), workdir=str(work),
         emulated_model=relative_to(emulated, work),
         tolerance=result.tolerance, criteria=result.criteria, outputs=tuple(g.output_names()),
         output_bounds=output_bounds(ctx.given_reference, result.tolerance),
@@ -242,13 +252,13 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path) -> RenderCont
         true_fp32=not ctx.rules.tf32,
         trt_version=ctx.prepared.trt_version if ctx.prepared else 11,
         judge_args=judge_args(ctx),
-        reference_model=relative_to(ctx.path, work) if "rewritten_model" in result.files else None,
+        reference_model=relative_to(ctx.path, work) if "rewritten_model" in files else None,
         output_types={n: tuple(names.get(g.types.get(t, 0), "other")
                                for t in g.node(n).output if t) for n in result.fp32_nodes},
         inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)),
         precision=ctx.rules.precision.name,
-        autocast_model=(relative_to(result.files["autocast_input"], work)
-                        if "autocast_input" in result.files else None))
+        autocast_model=(relative_to(files["autocast_input"], work)
+                        if "autocast_input" in files else None))
 
 
 def judge_args(ctx: Context) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
+from ..judge.verdict import VerdictName
 from ..result import Coverage, Partial
 
 # onnx-tensorrt's operator support matrix, docs/operators.md at commit 96e7811 (2024-06-17:
@@ -171,13 +172,12 @@ def summary(counts: list[OpCount]) -> str:
     return ", ".join(f"{c.label} x{len(c.nodes)}" for c in counts)
 
 
-def apply_partial(result) -> None:
-    """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes becomes
-    "partial": the judged part passes, the rest was never rounded. The plan is kept."""
-    counts = result.coverage.unjudged if result.coverage is not None else []
-    judged = result.verdict
-    if result.settle(covered=not counts) != judged:
-        result.partial = Partial(judged, counts)
+def partial_of(judged: VerdictName, verdict: VerdictName, unjudged: list[dict]) -> Partial | None:
+    """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes (`unjudged`:
+    coverage.record's) becomes "partial" (judge/verdict.decide, `covered` False): the
+    judged part passes, the rest was never rounded; the plan is kept. The record of it, when
+    the verdict (`verdict`) is not the judged part's (`judged`)."""
+    return Partial(judged, unjudged) if verdict != judged else None
 
 
 def partial_words(result) -> str:

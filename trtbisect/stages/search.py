@@ -1,5 +1,6 @@
 """The run's search stage: the minimal FP32 set over TensorRT's units, found on the emulator's
-judge and made the run's result.
+judge, and what the search found (`Searched`, `Aimed`: records the run's result is assembled
+from, pipeline._assemble).
 
 The first search and each search aimed inside the certificate's bound (stages/spread.py) share
 one `SearchStage`: the prior, the units and the pricing; each brings its own evaluator and
@@ -17,19 +18,21 @@ from pathlib import Path
 from ..context import Context, JudgeOptions, Options, SearchOptions
 from ..graph import Graph
 from ..judge import semantics, subset
-from ..judge.compare import TensorStats, Tolerance
+from ..judge.compare import OutputError, TensorStats, Tolerance
 from ..judge.criteria import Judgement, worst_of
-from ..judge.mixed import graph_model
+from ..judge.mixed import Written, graph_model
+from ..judge.verdict import Findings, VerdictName
 from ..result import (
     AimedSearch,
+    CertificateRecord,
     CriteriaRecord,
     JudgedRecord,
-    RunResult,
     WorkersRecord,
     search_verdict,
 )
-from ..rewrites.driver import RewriteOutcome
+from ..rewrites.driver import RewriteOutcome, RewritesRecord
 from ..search import cost
+from ..search.cost import CostRecord
 from ..search.journal import Journal
 from ..search.minimal import Progress, SearchResult, find_minimal_fp32
 from ..search.noise import watching
@@ -37,7 +40,7 @@ from ..search.prior import ConstantStats, Prior, build_prior
 from . import batch as parallel_batch
 from .evaluator import Evaluator
 from .spread import AIM_FLOOR, AIM_ROUNDS, AIM_SHARE, SPREAD_SHARE, Certificate, aimed
-from .written import judge_written_plan
+from .written import Judged, WrittenFindings, judge_written_plan
 
 Layerwise = Callable[[Context], dict[str, TensorStats]]  # the layer-wise pass, as the run caches it
 
@@ -146,57 +149,71 @@ class SearchStage:
         return (over if over is not None else search), summary
 
     def judge(self, search: SearchResult, ev: Evaluator, summary: WorkersRecord | None,
-              spent: tuple[int, int] = (0, 0)) -> RunResult:
-        """The search's plan as a result (not yet judged as a file). `spent`: evaluations
-        and inferences of earlier searches of this run."""
-        ctx, judged = self.ctx, self.rewrite_judgements
+              spent: tuple[int, int] = (0, 0)) -> Searched:
+        """The search's plan as its findings (not yet judged as a file). `spent`:
+        evaluations and inferences of earlier searches of this run."""
+        ctx, judged, opts = self.ctx, self.rewrite_judgements, self.opts
         plan = self.as_nodes(search.fp32)
-        result = RunResult(
+        found = list(search.fp32) if search.found else []
+        return Searched(
             search_verdict(search, bool(plan) or self.rewritten),
             fp32_nodes=[n for n in ctx.judged.names if n in plan] if search.found else [],
             evaluations=search.evaluations + judged + spent[0],
             inferences=ev.runs + judged * len(ctx.samples) + spent[1],
             errors_before=worst_of(self.before, _numbers(ctx, self.before)),
-            errors_after=worst_of(self.before, _numbers(ctx, self.before)),
             one_minimal=search.one_minimal and search.found, search=search,
-            stats=self.stats, prior_seeds=self.prior.seeds, **self.record, **self.base)
-        _record_search(result, ctx, self.opts.judge, self.opts.search, search, self.pricing,
-                       self.before, summary)
-        if self.outcome is not None:
-            result.rewrites = self.outcome.record()
-            if self.rewritten:
-                result.rewritten_model = graph_model(ctx.graph)
-        return result
+            stats=self.stats, prior_seeds=self.prior.seeds,
+            # what precision.json says of the search: its layers, its price, the criterion,
+            # the all-FP16 verdict, the samples it judged and the workers it ran on
+            fp32_layers=found, workers=summary,
+            cost=self.pricing.record(found, opts.search.objective, opts.search.budget,
+                                     ctx.rules.precision.name),
+            criteria_record=CriteriaRecord(opts.judge.criteria.to_json(),
+                                           opts.judge.criteria.describe()),
+            judged=JudgedRecord(  # search_samples: the user's numbers (held-out ones not among them)
+                opts.judge.criteria.verdict(self.before).to_json(),
+                None if ctx.subset is None else [ctx.kept[i] if ctx.kept else i
+                                                 for i in ctx.subset]),
+            rewrites=self.outcome.record() if self.outcome is not None else None,
+            rewritten_model=graph_model(ctx.graph) if self.rewritten else None)
 
-    def aim(self, result: RunResult, cert: Certificate | None, ev: Evaluator,
-            out_dir: Path | None, layerwise: Layerwise
-            ) -> tuple[RunResult, Certificate | None, Evaluator]:
+    def written(self, searched: Searched, ev: Evaluator, out_dir: Path | None,
+                judged: Judged | None = None,
+                noise: Mapping[str, float] | None = None) -> WrittenFindings:
+        """The searched plan's file written and judged (stages/written.py), with what the
+        search says of it: its proposal, the rewrites, the search's own noise."""
+        self.stage("judging the written plan")
+        return judge_written_plan(searched.proposed, searched.rewritten_model is not None,
+                                  searched.search.noisy, self.ctx, self.opts.judge, ev,
+                                  self.as_nodes(searched.search.fp32), out_dir, judged, noise)
+
+    def aim(self, searched: Searched, written: WrittenFindings | None, ev: Evaluator,
+            out_dir: Path | None, layerwise: Layerwise) -> Aimed:
         """While the written plan passes by less than the spread of what the tools compute,
         search again inside the bound (stages/spread.py), up to AIM_ROUNDS times; a nearer plan
-        replaces the result once its written file passes. Each round's verdicts are journaled
+        replaces the findings once its written file passes. Each round's verdicts are journaled
         under its own bound (`aimed_scope`): a resumed run replays them, and never as a verdict
-        under another bound. Returns the result, its certificate and the evaluator still open."""
+        under another bound. Returns the findings settled on and the evaluator still open."""
         # the aimed rounds together get a share of what the first search took, never more
-        aiming = _Aiming(result, cert, ev, self.opts.judge, aim_allowance(result.evaluations))
+        aiming = _Aiming(searched, written, ev, self.opts.judge,
+                         aim_allowance(searched.evaluations))
         for aim_round in range(1, AIM_ROUNDS + 1):
             if not self._aim_round(aiming, aim_round, out_dir, layerwise):
                 break
         else:  # every round ran: none left for a plan still without the margin
-            if aiming.cert is not None and not aiming.cert.certified and not aiming.cert.decided:
-                aiming.cert.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by "
-                                       "more than the spread")
-        result, cert, aims = aiming.result, aiming.cert, aiming.aims
-        if aims:
-            result.aimed_searches = aims
-        if cert is not None and (aims or cert.decided):
-            cert.aim_round = len(aims)
-            result.certificate = cert.record()
-        return result, cert, aiming.ev
+            if aiming.cert is not None and not aiming.cert.certified and not aiming.decided:
+                aiming.decided = (f"after {AIM_ROUNDS} aimed rounds no plan passes by more "
+                                  "than the spread")
+        cert = aiming.cert
+        return Aimed(aiming.searched, aiming.written, aiming.aims,
+                     None if cert is None else replace(
+                         cert.record(), aim_rounds=len(aiming.aims), decided=aiming.decided),
+                     aiming.ev)
 
     def _aim_at(self, aiming: _Aiming) -> tuple[Tolerance | None, int]:
         """The tolerance the next aimed round searches under and the evaluations it may take;
         None when no round is due (certified, or no passing plan) or when the certificate
-        decides `fragile` at once (`cert.decided` says why: the spread is as large as the
+        decides `fragile` at once (`aiming.decided` says why: the spread is as large as the
         effect, no bound to aim inside, the allowance spent)."""
         cert = aiming.cert
         # the allowance pays for the validation too: of the files written so far (the first
@@ -207,22 +224,22 @@ class SearchStage:
             held is not None and held.kind == "held_out")
         left = aiming.allowance - sum(a.evaluations for a in aiming.aims) - math.ceil(
             validation_evaluations(self.ctx) * (validated + 1))
-        if cert is None or cert.certified or aiming.result.verdict not in ("fixed", "fp16_ok"):
+        if cert is None or cert.certified or aiming.verdict not in ("fixed", "fp16_ok"):
             return None, left
         hopeless = cert.hopeless()
         if hopeless:  # the noise is as large as the effect: decide, don't chase
-            cert.decided = hopeless
+            aiming.decided = hopeless
             self.stage(f"fragile at once: {hopeless}")
             return None, left
         tol = cert.aim(aiming.judge.tolerance)
         if tol is None:
-            cert.decided = ("no output's bound can be aimed inside: what fails is a "
-                            "variation's verdict under a criterion with no bound")
+            aiming.decided = ("no output's bound can be aimed inside: what fails is a "
+                              "variation's verdict under a criterion with no bound")
             return None, left
         if left <= 0:
-            cert.decided = (f"the aimed searches used their allowance of {aiming.allowance} "
-                            "evaluations (the validation of each written plan counted) "
-                            "without a plan clear of the spread")
+            aiming.decided = (f"the aimed searches used their allowance of {aiming.allowance} "
+                              "evaluations (the validation of each written plan counted) "
+                              "without a plan clear of the spread")
             return None, left
         return tol, left
 
@@ -230,9 +247,9 @@ class SearchStage:
                    layerwise: Layerwise) -> bool:
         """One aimed round and its decisions: before its search (`_aim_at`: none due, or
         `fragile` at once) and after it (no plan; the nearer plan's file fails; the spread grew
-        with it), each said in `cert.decided`. Updates `aiming` (a nearer plan whose file passes
-        replaces the result); returns whether another round may follow."""
-        opts, ctx, result, cert = self.opts, self.ctx, aiming.result, aiming.cert
+        with it), each said in `aiming.decided`. Updates `aiming` (a nearer plan whose file passes
+        replaces the findings); returns whether another round may follow."""
+        opts, ctx, searched, cert = self.opts, self.ctx, aiming.searched, aiming.cert
         tol, left = self._aim_at(aiming)
         if tol is None or cert is None:
             return False
@@ -248,60 +265,122 @@ class SearchStage:
             self.prior = build_prior(ctx.judged, self.stats, self.constants,
                                      ctx.rules.precision)
         judged = self.rewrite_judgements
-        spent = (result.evaluations - judged, result.inferences - judged * len(ctx.samples))
+        spent = (searched.evaluations - judged,
+                 searched.inferences - judged * len(ctx.samples))
         ev = aiming.ev = aiming.ev.retarget(judge, self.stats, aimed_scope(judge))
         # what the last round learned: its plan first (grown from, not searched anew);
         # plans that failed a looser bound fail this one too (Evaluator.retarget)
         again, summary = self.search(ev, judge, search_opts, False, False,
-                                     start=list(result.fp32_layers or ()))
+                                     start=list(searched.fp32_layers))
         carried = {p for p, ok in ev.known.items() if not ok}
         aiming.aims.append(AimedSearch(
             aim_round, tol.to_json()["ceiling"], again.found, len(again.fp32), again.evaluations,
             # of which known to fail from the looser bound: judged by nothing
             known_failing=sum(self.as_nodes(t.fp32) in carried for t in again.trials)))
         if not again.found:
-            cert.decided = (f"the aimed search used its allowance of {left} evaluations "
-                            "without a plan" if again.stopped_early else
-                            "no plan passes inside the aimed bound")
-            _count_unkept(result, again, ev)
+            aiming.decided = (f"the aimed search used its allowance of {left} evaluations "
+                              "without a plan" if again.stopped_early else
+                              "no plan passes inside the aimed bound")
+            aiming.searched = _count_unkept(searched, again, ev)
             return False
-        if result.staged:  # the next judge empties the staging folder: rewrite on writing
-            result.staged, result.mixed_model = [], None
+        if aiming.written is not None and aiming.written.staged:
+            # the next judge empties the staging folder: rewritten on writing
+            aiming.written = replace(aiming.written, staged=[])
         nearer = self.judge(again, ev, summary, spent)
-        self.stage("judging the written plan")
-        nearer_cert = judge_written_plan(nearer, ctx, opts.judge, ev, self.as_nodes(again.fp32),
-                                         out_dir, noise=cert.noise)  # FP32's noise: once
-        if not nearer.mixed_model_passed:
-            nearer.staged = []
-            _count_unkept(result, again, ev)
-            cert.decided = "the aimed plan's written file fails its own judge"
+        nearer_written = self.written(nearer, ev, out_dir, noise=cert.noise)  # FP32's: once
+        if not nearer_written.mixed_model_passed:
+            aiming.searched = _count_unkept(searched, again, ev)
+            aiming.decided = "the aimed plan's written file fails its own judge"
             return False
+        nearer_cert = nearer_written.cert
         growing = nearer_cert is not None and cert.spread_grew(nearer_cert)
-        aiming.result, aiming.cert = nearer, nearer_cert
+        aiming.searched, aiming.written = nearer, nearer_written
+        aiming.decided = None if nearer_cert is None else nearer_cert.decided
         if growing and nearer_cert is not None and not nearer_cert.certified:  # chasing noise
-            nearer_cert.decided = ("the spread grew with the aimed plan: each nearer plan "
-                                   "moves what the tools compute as much as it gains")
+            aiming.decided = ("the spread grew with the aimed plan: each nearer plan moves "
+                              "what the tools compute as much as it gains")
             return False
         return True
+
+
+@dataclass(frozen=True)
+class Searched:
+    """What a search found (`SearchStage.judge`), before its plan's file is judged: the
+    search's proposal for the verdict (result.search_verdict), the plan in nodes, its counts
+    and what precision.json records of the search. The run's result is assembled from it
+    (pipeline._assemble)."""
+
+    proposed: VerdictName
+    fp32_nodes: list[str]
+    evaluations: int
+    inferences: int
+    errors_before: dict[str, OutputError]  # all-FP16's worst, over the samples searched
+    one_minimal: bool
+    search: SearchResult
+    stats: dict[str, TensorStats]
+    prior_seeds: list[str]
+    fp32_layers: list[str]  # the search's units
+    workers: WorkersRecord | None  # stages/batch.summary
+    cost: CostRecord
+    criteria_record: CriteriaRecord
+    judged: JudgedRecord  # all-FP16's verdict by the criteria and the samples searched
+    rewrites: RewritesRecord | None  # --rewrite's, when it ran
+    rewritten_model: Written | None = field(default=None, repr=False)  # a rewrite applied
+
+
+@dataclass(frozen=True)
+class Aimed:
+    """What the aimed rounds settled on (`SearchStage.aim`): the search and its written file
+    kept (the first ones, or a nearer plan's), each round, the kept file's certificate as the
+    run records it (the rounds before it and why no further one ran, `decided`), and the
+    evaluator still open."""
+
+    searched: Searched
+    written: WrittenFindings | None
+    aims: list[AimedSearch]
+    certificate: CertificateRecord | None  # None: no file judged, or one that fails
+    ev: Evaluator
+
+    @property
+    def cert(self) -> Certificate | None:
+        """The kept file's certificate as measured (stages/spread.py)."""
+        return self.written.cert if self.written is not None else None
 
 
 @dataclass
 class _Aiming:
     """What the aimed rounds of a run carry from one to the next (`SearchStage.aim`)."""
 
-    result: RunResult
-    cert: Certificate | None
+    searched: Searched
+    written: WrittenFindings | None
     ev: Evaluator
     judge: JudgeOptions  # the last round's judge options (the run's before the first)
     allowance: int  # evaluations all rounds may take together
     aims: list[AimedSearch] = field(default_factory=list)
+    # why no (further) aimed round runs for the kept file's certificate (None: not decided;
+    # its own words when the search stopped on its noise: stages/written.certify_written)
+    decided: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cert is not None:
+            self.decided = self.cert.decided
+
+    @property
+    def cert(self) -> Certificate | None:
+        return self.written.cert if self.written is not None else None
+
+    @property
+    def verdict(self) -> VerdictName:
+        """What the search's proposal is once its file is judged (judge/verdict.decide)."""
+        return Findings(self.searched.proposed, file_passed=None if self.written is None
+                        else self.written.passed).verdict()
 
 
-def _count_unkept(result: RunResult, again: SearchResult, ev: Evaluator) -> None:
+def _count_unkept(searched: Searched, again: SearchResult, ev: Evaluator) -> Searched:
     """An aimed round whose plan is not kept still cost its evaluations and inferences: the
-    run's counts say them (a kept plan's result counts them as `spent`)."""
-    result.evaluations += again.evaluations
-    result.inferences += ev.runs
+    run's counts say them (a kept plan's findings count them as `spent`)."""
+    return replace(searched, evaluations=searched.evaluations + again.evaluations,
+                   inferences=searched.inferences + ev.runs)
 
 
 def _numbers(ctx: Context, judged: Sequence[Judgement]) -> list[int] | None:
@@ -332,25 +411,6 @@ def aimed_scope(judge: JudgeOptions) -> str:
     were judged under (the capped tolerance above all), so a round's record is replayed only
     under that very bound, and an earlier round's never under a later, tighter one."""
     return "aim:" + judge.settings.digest()
-
-
-def _record_search(result: RunResult, ctx: Context, judge: JudgeOptions,
-                   search_opts: SearchOptions, search: SearchResult,
-                   pricing: cost.PlanPricing, before: Sequence[Judgement],
-                   parallel_summary: WorkersRecord | None) -> None:
-    """What precision.json says of the search: its layers, its price, the criterion, the
-    all-FP16 verdict, the samples it judged and the workers it ran on."""
-    found = list(search.fp32) if search.found else []
-    result.fp32_layers = found
-    if parallel_summary is not None:
-        result.workers = parallel_summary
-    result.cost = pricing.record(found, search_opts.objective, search_opts.budget,
-                                  ctx.rules.precision.name)
-    result.criteria_record = CriteriaRecord(judge.criteria.to_json(),
-                                            judge.criteria.describe())
-    result.judged = JudgedRecord(  # search_samples: the user's numbers (held-out ones not among them)
-        judge.criteria.verdict(before).to_json(),
-        None if ctx.subset is None else [ctx.kept[i] if ctx.kept else i for i in ctx.subset])
 
 
 def _certified_search(ctx: Context, most: int | None, search_samples: int, ev: Evaluator,

@@ -8,39 +8,49 @@ under trt and fails per node names them, so the user knows which answer depends 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from ..context import Context, JudgeOptions
-from ..diagnosis.diagnose import note_semantics
 from ..graph import Graph
 from ..judge import semantics
-from ..result import RunResult, StrictError
+from ..judge.verdict import VerdictName
+from ..result import StrictError
 from .evaluator import Evaluator
 from .written import worst_of
 
 STRICT_NARROW_LIMIT = 16  # absorbed nodes tried one by one when strict disagrees
 
 
-def compare_with_strict(result: RunResult, ctx: Context, judge: JudgeOptions) -> None:
+@dataclass(frozen=True)
+class Strict:
+    """What per-node rounding says beside TensorRT's (`compare_with_strict`): all-FP16's
+    error per output, the nodes only per-node rounding blames, and the words for them."""
+    errors_before: dict[str, StrictError]  # precision.json's "errors_before_strict"
+    only_culprits: list[str] | None = None  # "strict_only_culprits"; None: none looked for
+    notes: dict[str, str] = field(default_factory=dict)  # node -> why (note_semantics)
+
+
+def compare_with_strict(plan: frozenset[str], verdict: VerdictName, ctx: Context,
+                        judge: JudgeOptions) -> Strict:
     """Under trt semantics: all-FP16 judged per node too ("errors_before_strict"), and, when
-    the plan holds under trt but not per node, the BatchNorms / folded constants it takes."""
+    the plan (`verdict`: the run's so far) holds under trt but not per node, the BatchNorms /
+    folded constants it takes."""
     strict = Evaluator(strict_context(ctx), judge, {}, None)
-    plan = frozenset(result.fp32_nodes)
     absorbed = absorbed_nodes(ctx)
     strict.emulator.ensure(plan | set(absorbed))
     _, before, _ = strict.measure(frozenset())
-    result.errors_before_strict = {k: StrictError(v) for k, v in worst_of(before).items()}
-    if result.verdict not in ("fixed", "fp16_ok") or not absorbed \
+    errors = {k: StrictError(v) for k, v in worst_of(before).items()}
+    if verdict not in ("fixed", "fp16_ok") or not absorbed \
             or strict.measure(plan)[0] or not strict.measure(plan | set(absorbed))[0]:
-        return
+        return Strict(errors)
     needed = list(absorbed)
     if len(needed) <= STRICT_NARROW_LIMIT:
         for n in list(needed):
             if strict.measure(plan | (set(needed) - {n}))[0]:
                 needed.remove(n)
-    notes = {n: "fails only under per-node rounding: " + absorbed[n] for n in needed}
-    result.strict_only_culprits = needed
-    note_semantics(result, notes, new_group=True)
+    return Strict(errors, needed,
+                  {n: "fails only under per-node rounding: " + absorbed[n] for n in needed})
 
 
 def strict_context(ctx: Context) -> Context:
@@ -69,10 +79,11 @@ def absorbed_nodes(ctx: Context) -> dict[str, str]:
     return {n: w for n, w in out.items() if n in cands}
 
 
-def semantics_notes(result: RunResult, g: Graph) -> None:
-    """A strict run whose culprit is something TensorRT computes in FP32 at build time."""
+def semantics_notes(fp32_nodes: Sequence[str], g: Graph) -> dict[str, str]:
+    """A strict run whose culprit is something TensorRT computes in FP32 at build time:
+    node -> the note (diagnose.note_semantics)."""
     notes = {}
-    for n in result.fp32_nodes:
+    for n in fp32_nodes:
         node = g.node(n)
         consts = [t for t in node.input[1:] if t in g.initializers and t not in g.producer]
         if node.op_type == "BatchNormalization" and len(consts) == len(node.input) - 1 >= 4:
@@ -83,4 +94,4 @@ def semantics_notes(result: RunResult, g: Graph) -> None:
                                 for t in node.input if t):
             notes[n] = ("may fail only under per-node rounding (--semantics strict): TensorRT "
                         "folds this constant computation in FP32; try --semantics trt")
-    note_semantics(result, notes, new_group=False)
+    return notes

@@ -30,8 +30,10 @@ from ..judge.mixed import Written, mixed_model
 from ..judge.precision import of_type
 from ..judge.validation import Validation, unvalidated
 from ..judge.validation import judged as judged_validation
+from ..judge.verdict import VerdictName, decide
 from ..outputs.outdir import OutputDir
-from ..result import JudgedRecord, Margin, OneJudge, RunResult
+from ..result import Margin, OneJudge
+from ..search.minimal import Noisy
 from . import coverage
 from .evaluator import Evaluator
 from .spread import Certificate, certify
@@ -87,15 +89,46 @@ def write_and_judge(ctx: Context, judge: JudgeOptions, plan: frozenset[str],
                   loading if staging is not None else None)
 
 
-def judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, ev: Evaluator,
+@dataclass(frozen=True)
+class WrittenFindings:
+    """What the written plan's judge found (`judge_written_plan`): the file's verdict and
+    numbers, the search's own numbers against them, its validation and its certificate.
+    The run's result is assembled from it (pipeline._assemble); nothing here is a verdict."""
+    passed: bool  # the file passes its own judge (the finding `file_passed`)
+    checked: dict[str, OutputError]  # the file's errors (mixed_check, and errors_after)
+    after: dict | None  # the criteria's verdict of the file (JudgedRecord.after)
+    emulated: Written | None  # what Polygraphy's check runs: the judge's graph
+    one_judge: OneJudge
+    validation: Validation | None
+    staged: list[str]  # the judged files waiting in --out/.staging
+    # the written file is all-FP16 and passes: its numbers over every sample given (held-out
+    # ones too) are the table's "before", as the certificate's margin is measured on them
+    errors_before: dict[str, OutputError] | None
+    # the file leaves the search's claim of a minimal plan standing (not over the budget,
+    # not failing)
+    keeps_minimal: bool
+    # the certificate as measured (stages/spread.py); None: a file that fails (nothing to
+    # certify). Why no nearer plan was searched the aimed rounds say in their own record
+    # (stages/search.Aimed.certificate)
+    cert: Certificate | None
+
+    @property
+    def mixed_model_passed(self) -> bool:
+        return all(e.passed for e in self.checked.values())
+
+
+def judge_written_plan(proposed: VerdictName, rewritten: bool, search_noise: Noisy | None,
+                        ctx: Context, judge: JudgeOptions, ev: Evaluator,
                         plan: frozenset[str], out_dir: Path | None,
                         judged: Judged | None = None,
-                        noise: Mapping[str, float] | None = None) -> Certificate | None:
+                        noise: Mapping[str, float] | None = None) -> WrittenFindings:
     """One judge: write the plan's mixed model, judge the file as `check` does, report that.
 
     The search's own numbers for the plan must be the file's, bit for bit; a file that fails
-    makes the verdict `no_plan`, never `fixed`. `judged`: the file already written and judged
-    for this plan (the all-FP16 verdict is the file's own: no search number to compare).
+    makes the verdict `no_plan`, never `fixed` (verdict.decide, from `passed`). `proposed`:
+    the search's verdict; `rewritten`: --rewrite changed the model; `search_noise`: the
+    search stopped on its own noise. `judged`: the file already written and judged for this
+    plan (the all-FP16 verdict is the file's own: no search number to compare).
     """
     if judged is not None and judged.plan == plan and judged.ctx is ctx:
         searched = judged.checked.judgements
@@ -104,71 +137,67 @@ def judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, ev:
         ev.close()  # memory: the judge below holds the file's weights, not the search's
         judged = write_and_judge(ctx, judge, plan, out_dir)
     loading, judged.loading = judged.loading, None
+    args = (proposed, rewritten, search_noise, ctx, judge, judged, searched, plan, noise)
     if loading is None:
-        return _judge_written_plan(result, ctx, judge, judged, searched, plan, noise)
+        return _judge_written_plan(*args)
     # the file's load in ONNX Runtime runs beside the certificate; its answer comes first
     with loading:  # closed whatever happens: no child outlives the judge
         with loading.guard():
-            cert = _judge_written_plan(result, ctx, judge, judged, searched, plan, noise)
+            found = _judge_written_plan(*args)
         loading.require()
-    return cert
+    return found
 
 
-def _judge_written_plan(result: RunResult, ctx: Context, judge: JudgeOptions, judged: Judged,
+def _judge_written_plan(proposed: VerdictName, rewritten: bool, search_noise: Noisy | None,
+                        ctx: Context, judge: JudgeOptions, judged: Judged,
                         searched: Sequence[Judgement], plan: frozenset[str],
-                        noise: Mapping[str, float] | None) -> Certificate | None:
+                        noise: Mapping[str, float] | None) -> WrittenFindings:
     checked = judged.checked
-    result.staged = judged.staged
     searched_worst = worst_of(searched)
     same = len(searched) == len(checked.judgements) and all(
         same_numbers(a, b) for a, b in zip(searched, checked.judgements))
-    result.mixed_check = checked.errors
-    if checked.verdict is not None:
-        result.judged = replace(result.judged or JudgedRecord(),
-                                after=checked.verdict.to_json())
-    result.emulated_mixed = checked.emulated  # what Polygraphy's check runs: the judge's graph
-    result.errors_after = checked.errors
-    result.one_judge = OneJudge(same, {k: v.to_json() for k, v in searched_worst.items()})
     if not same:
         log.error("the search measured other numbers than `check` of the written file: "
                   "trusting the file (please report this)")
-    result.validation = checked.validation
-    if result.verdict == "over_budget":  # the best plan within --budget, known to fail
-        result.one_minimal = False  # the file decides (one judge): fits the budget, passes?
-    elif not checked.passed:
-        result.one_minimal = False
+    if proposed != "over_budget" and not checked.passed:  # over the budget: the file decides
         log.error("the written mixed model fails the tolerance: no plan is reported")
-    result.settle(file_passed=checked.passed)
-    if result.verdict == "fp16_ok" and not plan and result.rewritten_model is None:
-        # the written file is all-FP16: its numbers over every sample given (held-out ones
-        # too) are the table's, as the certificate's margin is measured on them
-        result.errors_before = checked.errors
-    return certify_written(result, ctx, judge, checked, noise)
+    # the file is all-FP16 (what the search proposed as it is) and passes
+    as_given = decide(proposed, file_passed=checked.passed) == "fp16_ok"
+    return WrittenFindings(
+        checked.passed, checked.errors,
+        checked.verdict.to_json() if checked.verdict is not None else None,
+        checked.emulated, OneJudge(same, {k: v.to_json() for k, v in searched_worst.items()}),
+        checked.validation, judged.staged,
+        checked.errors if as_given and not plan and not rewritten else None,
+        proposed != "over_budget" and checked.passed,
+        certify_written(ctx, judge, checked, noise, search_noise))
 
 
-def certify_written(result: RunResult, ctx: Context, judge: JudgeOptions, checked: CheckResult,
-                    noise: Mapping[str, float] | None = None) -> Certificate | None:
+def certify_written(ctx: Context, judge: JudgeOptions, checked: CheckResult,
+                    noise: Mapping[str, float] | None = None,
+                    search_noise: Noisy | None = None) -> Certificate | None:
     """The written plan's certificate (stages/spread.py): whether it passes by more than the
-    spread of what the tools may compute. Recorded as `certificate`, with `margins` and
-    `fragile` per output as before; None for a file that fails (nothing to certify)."""
+    spread of what the tools may compute; None for a file that fails (nothing to certify).
+    `search_noise`: the search stopped on its own noise (`fragile` at once)."""
     if not checked.passed or checked.emulated is None:
-        result.certificate = None
-        result.margins, result.fragile = {}, False
         return None
     cert = certify(ctx, judge, checked.emulated, checked.judgements, noise,
                    given=checked.given or None)
-    if result.search is not None and result.search.noisy is not None:
-        cert.search_noise = result.search.noisy  # the search stopped: `fragile` at once
+    if search_noise is not None:
+        cert.search_noise = search_noise  # the search stopped: `fragile` at once
         cert.decided = cert.hopeless()
-    result.certificate = cert.record()
-    result.margins = {
+    return cert
+
+
+def margins(cert: Certificate) -> dict[str, Margin]:
+    """The certificate's `margins` per output and per criterion's score, as precision.json
+    has written them beside the certificate."""
+    return {
         **{o: Margin(json_number(m.margin), json_number(m.spread), json_number(m.noise_floor),
                      fragile=not m.certified) for o, m in cert.outputs.items()},
         # a criterion's score against its threshold (stages/spread.py)
         **{k: Margin(json_number(m.margin), json_number(m.spread), None,
                      fragile=not m.certified) for k, m in cert.scores.items()}}
-    result.fragile = not cert.certified
-    return cert
 
 
 def write_plan(ctx: Context, fp32_nodes) -> Written:
