@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import KW_ONLY, FrozenInstanceError, dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from . import __version__
@@ -531,7 +531,7 @@ def errors_json(errors: Mapping[str, OutputError]) -> dict[str, dict]:
     return {k: v.to_json() for k, v in errors.items()}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Found(Generic[C, S]):
     """What a search run finds, whatever it plans: the verdict, the plan (`fp32_nodes`: the
     units kept FP32, ONNX nodes or PyTorch module paths), the search and its prior, the
@@ -562,20 +562,6 @@ class Found(Generic[C, S]):
     def exit_code(self) -> int:
         return VERDICT_EXIT[self.verdict]
 
-    def settle(self, *, file_passed: bool | None = None, certified: bool | None = None,
-               validated: bool | None = None, covered: bool | None = None,
-               tensorrt: TensorRT | None = None) -> VerdictName:
-        """Record what the run found (each finding given; None: not judged) and set the
-        verdict that all the findings so far decide from the search's proposal
-        (judge/verdict.decide): the one place a result's verdict changes once it is built,
-        on every road that fills its result step by step (quantized; a `RunResult` is
-        built whole and makes a new one: `RunResult.settled`). Returns the verdict."""
-        self.verdict_findings = self.findings_with(
-            file_passed=file_passed, certified=certified, validated=validated, covered=covered,
-            tensorrt=tensorrt)
-        self.verdict = self.verdict_findings.verdict()
-        return self.verdict
-
     def findings_with(self, *, file_passed: bool | None = None, certified: bool | None = None,
                       validated: bool | None = None, covered: bool | None = None,
                       tensorrt: TensorRT | None = None) -> Findings:
@@ -599,16 +585,13 @@ class Found(Generic[C, S]):
                 "culprits": [c.to_json() for c in self.culprits]}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult(Found[Culprit, TensorStats]):
     """What `trtbisect run` found, assembled once (pipeline._assemble, or a verdict given
-    before any judgement: pipeline._unjudgeable) and never changed after: no field is
-    assigned once it is built (`__setattr__` refuses it). What comes later is a new result
-    (`dataclasses.replace`): the timings (pipeline._finish), the files the writers wrote
-    (reports/write.write_outputs) and TensorRT's own search (`settled`,
-    pipeline.verify_on_tensorrt). Not `frozen=True` because `Found`, the base it shares with
-    the quantized road's result that is still filled step by step, is not frozen (a frozen
-    dataclass cannot inherit from a mutable one)."""
+    before any judgement: pipeline._unjudgeable) and never changed after (frozen, as every
+    road's result). What comes later is a new result (`dataclasses.replace`): the timings
+    (pipeline._finish), the files the writers wrote (reports/write.write_outputs) and
+    TensorRT's own search (`settled`, pipeline.verify_on_tensorrt)."""
     _: KW_ONLY
     model_path: str
     model_sha256: str
@@ -648,16 +631,10 @@ class RunResult(Found[Culprit, TensorStats]):
     partial: Partial | None = None
     stages: list[Stage] | None = None  # pipeline._finish
 
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in self.__dict__:  # its constructor sets each field once
-            raise FrozenInstanceError(f"cannot assign to field {name!r}: a RunResult is "
-                                      "assembled once (dataclasses.replace makes another)")
-        object.__setattr__(self, name, value)
-
     def settled(self, *, tensorrt: TensorRT | None = None) -> RunResult:
         """This result with a finding made after it was assembled (TensorRT's own search,
         pipeline.verify_on_tensorrt) recorded, and the verdict all the findings decide
-        (judge/verdict.decide, as `Found.settle`): a new result."""
+        (judge/verdict.decide over `Found.findings_with`): a new result."""
         findings = self.findings_with(tensorrt=tensorrt)
         return replace(self, verdict=findings.verdict(), verdict_findings=findings)
 

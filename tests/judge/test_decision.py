@@ -92,9 +92,9 @@ def test_the_file_as_given_is_held_to_what_fp16_as_it_is_is_held_to():
 
 
 def test_findings_decide_from_the_proposal_whatever_their_order():
-    """Found.settle records each finding and decides from the search's proposal over all of
-    them: a budget plan whose file passes is then held to its certificate like any `fixed`
-    one; TensorRT's own search comes last."""
+    """A result's findings (Found.findings_with) decide from the search's proposal over all
+    of them: a budget plan whose file passes is then held to its certificate like any
+    `fixed` one; TensorRT's own search comes last. Every road's result is frozen."""
     from trtbisect.judge.verdict import Findings, TensorRT
     from trtbisect.result import Found, RunResult
 
@@ -105,12 +105,18 @@ def test_findings_decide_from_the_proposal_whatever_their_order():
     r: Found = Found("over_budget", fp32_nodes=["a"], candidates=1, evaluations=1,
                      inferences=1, samples=1, tolerance=Tolerance(), errors_before={},
                      errors_after={})
-    assert r.settle(certified=False) == "over_budget"  # the file not judged yet
-    assert r.settle(file_passed=True) == "fragile"
-    assert r.settle(validated=True) == "fragile" and r.verdict_findings is not None
-    assert r.verdict_findings.proposed == "over_budget"
+    steps = []
+    for finding in [dict(certified=False), dict(file_passed=True), dict(validated=True),
+                    dict(tensorrt=TensorRT(found=False, changed=False, planned=True))]:
+        f = r.findings_with(**finding)
+        r = dataclasses.replace(r, verdict=f.verdict(), verdict_findings=f)
+        steps.append(r.verdict)
+    # the file not judged yet; then the certificate holds it; TensorRT finds nothing
+    assert steps == ["over_budget", "fragile", "fragile", "no_plan"]
+    assert r.verdict_findings is not None and r.verdict_findings.proposed == "over_budget"
     assert r.verdict_findings.certified is False and r.verdict_findings.file_passed is True
-    assert r.settle(tensorrt=TensorRT(found=False, changed=False, planned=True)) == "no_plan"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.verdict = "fixed"  # type: ignore[misc]
     # a run's result is assembled once: a finding after it (TensorRT's) makes a new one
     run = RunResult("fixed", fp32_nodes=["a"], candidates=1, evaluations=1, inferences=1,
                     samples=1, tolerance=Tolerance(), errors_before={}, errors_after={},

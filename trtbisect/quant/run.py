@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import KW_ONLY, FrozenInstanceError, dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 CHEAPER_PER_UNIT = 2  # --objective cost: new evaluations per unit the cheaper step may make
 
 
-@dataclass
+@dataclass(frozen=True)
 class QuantResult(Found[Any, Any]):
     """The quantized road's result: what every search run finds (result.Found: the verdict,
     `fp32_nodes`: here the FP16 nodes of the file kept in FP32, the counts, the errors before
@@ -55,10 +55,9 @@ class QuantResult(Found[Any, Any]):
 
     Built once, by `assemble`, from the records the run's steps return (`Searched`,
     `FileJudged`, `Certification`, ...), its verdict decided there (judge/verdict.decide over
-    all of them), Found's errors before and after those of `before` and `after`; then frozen: no field is assigned after `__init__` (what the writer
-    records afterwards, the paths it wrote, comes by `dataclasses.replace`). Not
-    `@dataclass(frozen=True)`: `Found` (result.py) is a plain dataclass, and a frozen one
-    cannot inherit from it; `__setattr__` holds the same rule."""
+    all of them), Found's errors before and after those of `before` and `after`; frozen, as
+    every road's result: what the writer records afterwards, the paths it wrote, comes by
+    `dataclasses.replace`."""
     _: KW_ONLY
     model_path: str
     layers: list[qdq.Layer]
@@ -97,17 +96,6 @@ class QuantResult(Found[Any, Any]):
         if (self.errors_before, self.errors_after) != (_errors(self.before), _errors(self.after)):
             raise ValueError("a QuantResult's errors before and after are those of `before` "
                              "and `after`")
-        object.__setattr__(self, "_built", True)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if getattr(self, "_built", False):
-            raise FrozenInstanceError(f"cannot assign to field {name!r}: a QuantResult is "
-                                      "built once (quant/run.py `assemble`); "
-                                      "dataclasses.replace makes another")
-        super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
 
     @property
     def minimality(self) -> str:

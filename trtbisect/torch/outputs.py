@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from .result import TorchResult
@@ -13,32 +14,35 @@ from .snippet import SNIPPET_FUNCTIONS
 
 
 def _finish(result: TorchResult, out_dir: Path | None, started: float) -> TorchResult:
-    result.seconds = time.perf_counter() - started
-    if out_dir is not None:
-        write_outputs(result, out_dir)
-    return result
+    """The result with its time, and with the files it wrote where it has `out_dir`: each a
+    new result (a result is never changed once built)."""
+    result = replace(result, seconds=time.perf_counter() - started)
+    return write_outputs(result, out_dir) if out_dir is not None else result
 
 
-def write_outputs(result: TorchResult, out_dir: Path) -> None:
+def write_outputs(result: TorchResult, out_dir: Path) -> TorchResult:
     """The run's files as one generation of `out_dir` (outputs/outdir.py, as `run` writes its
     own): an earlier run's files move to `.previous/`, never left beside these, and
-    torch_plan.json comes last."""
+    torch_plan.json comes last. Returns the result with the files it wrote."""
     from ..base.files import atomic_write_json, atomic_write_records, atomic_write_text
     from ..outputs.outdir import TORCH_PLAN, OutputDir
 
+    files = dict(result.files)
     with OutputDir(out_dir).generation(keep=_inputs(result.source)) as gen:
         if result.stats:
             atomic_write_records(out_dir / "torch_layerwise.json",
                                  [s.to_json() for s in result.stats.values()])
-            result.files["layerwise"] = str(out_dir / "torch_layerwise.json")
+            files["layerwise"] = str(out_dir / "torch_layerwise.json")
         if result.verdict in ("fixed", "fp16_ok"):
             atomic_write_text(out_dir / "fp32_plan.py", render_snippet(result))
-            result.files["snippet"] = str(out_dir / "fp32_plan.py")
+            files["snippet"] = str(out_dir / "fp32_plan.py")
         if result.search is not None:
             atomic_write_json(out_dir / "torch_trace.json", result.search.to_json())
-            result.files["trace"] = str(out_dir / "torch_trace.json")
-        result.files["plan"] = str(out_dir / TORCH_PLAN)
+            files["trace"] = str(out_dir / "torch_trace.json")
+        files["plan"] = str(out_dir / TORCH_PLAN)
+        result = replace(result, files=files)
         gen.commit(result.to_json(), TORCH_PLAN)
+    return result
 
 
 def _inputs(source: str) -> list[Path]:

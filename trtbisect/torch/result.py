@@ -35,7 +35,7 @@ class TorchCulprit:
         return {"module": self.module, "class": self.cls, "why": self.why}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TorchResult(Found[TorchCulprit, ModuleStats]):
     """The plan, `fp32_nodes` (the name RunResult gives it), holds module paths, as
     `named_modules()` names them (torch_plan.json's `fp32_modules`). Verdicts: fp16_ok, fixed,
