@@ -462,10 +462,10 @@ def _explain(searched: Searched, settled: _Settled, ctx: Context, opts: Options,
     plan = frozenset(nodes)
     culprits = explain(g, nodes, stats, constants, semantics.fused_layer_names(ctx.prepared),
                        low)
-    culprits, groups = diagnose_plan(g, nodes or (searched.prior_seeds if verdict == "no_plan" else []),
-                           culprits, stats, constants, verdict == "fixed",
-                           relax_for(opts.judge.criteria, settled.errors_before,
-                                     opts.judge.tolerance, low), low)
+    named = nodes or (searched.prior_seeds if verdict == "no_plan" else [])
+    culprits, groups = diagnose_plan(g, named, culprits, stats, constants, verdict == "fixed",
+                                     relax_for(opts.judge.criteria, settled.errors_before,
+                                               opts.judge.tolerance, low), low)
     culprits = note_fused(culprits, units, unit_of)
     # does --rewrite do the fixes it names?
     groups = advice.advise(groups, searched.rewrites, ctx, stats)

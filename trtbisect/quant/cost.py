@@ -445,8 +445,9 @@ class CostCertificate:
     `of_search` as precision.json's "cost" writes it): the plan's price, the removals
     and cheaper swaps that all failed (counted), their neighbourhood, and where the cheaper
     step moved the 1-minimal plan (`minimal_plan`, its price, the step). The search's own
-    record (search/minimal.py `SearchCertificate`) lists them; the FP16 road writes it whole to trace.json.
-    Not the spread certificate (result.CertificateRecord: `QuantResult.certified` here)."""
+    record (search/minimal.py `SearchCertificate`) lists them; the FP16 road writes it whole
+    to trace.json. Not the spread certificate (result.CertificateRecord:
+    `QuantResult.certified` here)."""
     objective: str
     price_s: float
     neighbourhood: str

@@ -170,7 +170,8 @@ class SearchStage:
                                      ctx.rules.precision.name),
             criteria_record=CriteriaRecord(opts.judge.criteria.to_json(),
                                            opts.judge.criteria.describe()),
-            judged=JudgedRecord(  # search_samples: the user's numbers (held-out ones not among them)
+            # search_samples: the user's numbers (held-out ones not among them)
+            judged=JudgedRecord(
                 opts.judge.criteria.verdict(self.before).to_json(),
                 None if ctx.subset is None else [ctx.kept[i] if ctx.kept else i
                                                  for i in ctx.subset]),
