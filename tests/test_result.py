@@ -17,7 +17,7 @@ import pytest
 from tests.models.control_flow_models import all_planted
 from trtbisect.context import Options
 from trtbisect.pipeline import run
-from trtbisect.result import FROM_JSON, JSON_KEY, JSON_ORDER, TYPED, RunResult, as_json
+from trtbisect.result import FROM_JSON, JSON_KEY, TYPED, RunResult, as_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def _nan(value: object) -> bool:
 def test_precision_json_keeps_the_order_a_run_sets_its_records_in(written):
     _, text = written
     keys = list(json.loads(text))
-    order = [JSON_KEY.get(k, k) for k in JSON_ORDER]
+    order = [JSON_KEY.get(k, k) for k in TYPED]
     recorded = [k for k in keys if k in order]
     assert recorded == sorted(recorded, key=order.index)
     assert keys[:keys.index("seconds") + 1][-1] == "seconds"  # records follow the plan's fields

@@ -395,7 +395,7 @@ def _assemble(aimed: Aimed, settled: _Settled, explained: _Explained, record: di
         rewritten_model=searched.rewritten_model,
         staged=[] if written is None else list(written.staged),
         emulated_mixed=None if written is None else written.emulated,
-        extra=dict(explained.extra), fp32_layers=searched.fp32_layers,
+        layerwise_plan=explained.layerwise_plan, fp32_layers=searched.fp32_layers,
         workers=searched.workers, cost=searched.cost, criteria_record=searched.criteria_record,
         judged=judged, rewrites=searched.rewrites,
         one_judge=None if written is None else written.one_judge,
@@ -444,7 +444,7 @@ class _Explained:
     culprits: list[Culprit]
     groups: list[CulpritGroup]
     strict: Strict | None  # stages/strict.compare_with_strict, where it ran
-    extra: dict[str, object]  # "layerwise_plan": the plan's layer-wise pass (the report's)
+    layerwise_plan: dict[str, TensorStats] | None  # the plan's layer-wise pass (the report's)
     stability: StabilityRecord | None
 
 
@@ -479,18 +479,16 @@ def _explain(searched: Searched, settled: _Settled, ctx: Context, opts: Options,
         notes, new_group = semantics_notes(nodes, g), False
     groups = note_semantics(groups, notes, new_group)
     culprits = noted_culprits(culprits, notes)
-    extra: dict[str, object] = {}
+    layerwise_plan = None
     if opts.output.report and verdict == "fixed" and nodes:
         stage("layer-wise comparison with the plan applied (for the report)")
-        extra["layerwise_plan"] = {
-            t: s.to_json() for t, s in layerwise(ctx, opts.judge, opts.search, on_layerwise,
-                                                 plan).items()}
+        layerwise_plan = layerwise(ctx, opts.judge, opts.search, on_layerwise, plan)
     stability = None
     if verdict in ("fixed", "fp16_ok") and opts.search.stability >= 2:
         stage(f"stability: {opts.search.stability} runs per sample")
         stability = _stability(ctx, opts.judge, ev, plan, opts.search.stability,
                                opts.sample.seed).record()
-    return _Explained(culprits, groups, strict, extra, stability)
+    return _Explained(culprits, groups, strict, layerwise_plan, stability)
 
 
 # Weights up to this size: the all-FP16 verdict is judged on its written file first (an
@@ -605,15 +603,14 @@ def verify_on_tensorrt(result: RunResult, opts: Options, out_dir: Path,
     report = run_trt_search(ctx.graph.materialize(), ctx.samples, out_dir / "trt",
                             TrtSearchOptions.of(opts), emulator_plan=result.fp32_nodes,
                             seeds=result.prior_seeds, say=say)
-    extra = {**result.extra, "tensorrt": report.to_json()}
     found = report.result.found
     changed = found and set(report.result.fp32) != set(result.fp32_nodes)
     if changed:  # the mixed model and its check described the emulator's plan
         result = replace(result, fp32_nodes=list(report.result.fp32), mixed_model=None,
-                         mixed_check=None, staged=[], emulated_mixed=None, extra=extra,
+                         mixed_check=None, staged=[], emulated_mixed=None, tensorrt=report,
                          files={k: v for k, v in result.files.items() if k != "mixed_model"})
     else:
-        result = replace(result, extra=extra)
+        result = replace(result, tensorrt=report)
     result = result.settled(tensorrt=TensorRT(found=found, changed=changed,
                                               planned=bool(result.fp32_nodes)))
     return write_outputs(result, ctx, out_dir)

@@ -29,6 +29,7 @@ from .judge.hints import Hint
 from .judge.mixed import Written
 from .judge.precision import Precision
 from .judge.semantics import Record as SemanticsRecord
+from .judge.trt_layers import TrtSearchReport
 from .judge.validation import Validation
 from .judge.verdict import Findings, TensorRT, VerdictName
 from .outputs.render import RenderContext
@@ -36,8 +37,6 @@ from .rewrites.driver import RewritesRecord
 from .search.cost import CostRecord
 from .search.minimal import SearchResult
 from .search.noise import Rise
-
-BULKY_EXTRAS = ("layerwise_plan",)  # kept for the report, not written into precision.json
 
 # What a verdict records beside the plan, as precision.json writes it. Each is JSON as its
 # module's `to_json()` makes it; the key names are precision.json's.
@@ -444,17 +443,14 @@ class Stage(TypedDict):
     seconds: float
 
 
-# precision.json's order of the typed records and of what stays in `extra` (the order a run
-# sets them in); a key of `extra` not named here follows them all.
-#   Left in `extra`, on purpose: "layerwise_plan" (bulky, the report's only, never written;
-#   BULKY_EXTRAS) and "tensorrt" (the TensorRT backend's report, written by
-#   verify_on_tensorrt and read by nothing of trtbisect's).
+# precision.json's records after the plan, in its order (the order a run sets them in); not
+# written: RunResult.layerwise_plan (bulky, the report's only). "tensorrt" (the TensorRT
+# backend's report, verify_on_tensorrt) is read back as JSON: nothing of trtbisect's reads it.
 TYPED = ("semantics", "precision", "coverage", "model_copy", "nothing_to_judge", "fp32_layers",
          "workers", "cost", "criteria_record", "judged", "rewrites", "one_judge",
          "certificate", "margins", "fragile", "aimed_searches", "validation", "criterion_hints",
          "culprit_groups", "errors_before_strict", "strict_only_culprits", "stability",
-         "partial", "stages")
-JSON_ORDER = (*TYPED, "tensorrt")  # precision.json's order: the typed records, then extra's
+         "partial", "stages", "tensorrt")
 JSON_KEY = {"criteria_record": "criteria"}  # attribute -> precision.json key, where they differ
 # how precision.json's JSON of a frozen record becomes the record again (typed_from_json)
 FROM_JSON: dict[str, Callable[[Any], object]] = {"semantics": SemanticsRecord.from_json,
@@ -602,7 +598,8 @@ class RunResult(Found[Culprit, TensorStats]):
     rewritten_model: Written | None = field(default=None, repr=False)  # FP32, rewrites applied
     staged: list[str] = field(default_factory=list)  # judged files waiting in --out/.staging
     emulated_mixed: Written | None = field(default=None, repr=False)  # the judge's own graph
-    extra: dict[str, object] = field(default_factory=dict)  # filled by diagnosis, torch, trt
+    # the plan's layer-wise pass, for --report's curve (never written into precision.json)
+    layerwise_plan: dict[str, TensorStats] | None = field(default=None, repr=False)
     render_context: RenderContext | None = field(default=None, repr=False)  # write_outputs
     model_data_sha256: str | None = None  # the external data files' (model_sha256: the file's)
     # the typed records (TYPED); None: not recorded by this run, not written
@@ -630,6 +627,7 @@ class RunResult(Found[Culprit, TensorStats]):
     stability: StabilityRecord | None = None  # stages/stability.Stability.record
     partial: Partial | None = None
     stages: list[Stage] | None = None  # pipeline._finish
+    tensorrt: TrtSearchReport | None = None  # --backend trt's own search (verify_on_tensorrt)
 
     def settled(self, *, tensorrt: TensorRT | None = None) -> RunResult:
         """This result with a finding made after it was assembled (TensorRT's own search,
@@ -674,11 +672,8 @@ class RunResult(Found[Culprit, TensorStats]):
                 if getattr(self, a) is not None}
 
     def records(self) -> dict[str, object]:
-        """The typed records and what stays in `extra`, in precision.json's order."""
-        both = {**{k: v for k, v in self.extra.items() if k not in BULKY_EXTRAS},
-                **self.typed_json()}
-        rank = {JSON_KEY.get(k, k): i for i, k in enumerate(JSON_ORDER)}
-        return dict(sorted(both.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+        """The typed records, in precision.json's order (TYPED's)."""
+        return self.typed_json()
 
     @staticmethod
     def typed_from_json(data: dict) -> dict[str, object]:

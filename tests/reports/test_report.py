@@ -163,16 +163,13 @@ def test_plan_curve_is_drawn_from_the_pipelines_plan_errors(reported):
     stats = list(r.stats.values())
     measured = plan_errors(r, stats)  # run --report measured the plan's own curve
     assert measured is not None and max(measured) < max(s.rel_err for s in stats)
-    saved = r.extra.pop("layerwise_plan")
-    assert plan_errors(r, stats) is None  # not measured: only the all-FP16 curve
-    r.extra["layerwise_plan"] = {stats[0].name: 0.5, stats[1].name: {"rel_err": 0.25},
-                                 stats[2].name: stats[2]}
-    try:
-        got = plan_errors(r, stats)
-        assert got[:3] == [0.5, 0.25, stats[2].rel_err] and all(np.isnan(v) for v in got[3:])
-        assert plot_png(r).startswith(b"\x89PNG")
-    finally:
-        r.extra["layerwise_plan"] = saved
+    assert plan_errors(dataclasses.replace(r, layerwise_plan=None), stats) is None  # only all-FP16
+    mixed = dataclasses.replace(r, layerwise_plan={stats[0].name: 0.5,
+                                                   stats[1].name: {"rel_err": 0.25},
+                                                   stats[2].name: stats[2]})
+    got = plan_errors(mixed, stats)
+    assert got[:3] == [0.5, 0.25, stats[2].rel_err] and all(np.isnan(v) for v in got[3:])
+    assert plot_png(mixed).startswith(b"\x89PNG")
 
 
 def test_every_tensor_has_a_hover_title_on_the_plot(reported):

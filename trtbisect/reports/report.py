@@ -1,6 +1,6 @@
 """report.html and report.md: the answer a deployment engineer reads, not just node names.
 
-Both are views of one RunResult (and of what diagnosis put in `result.extra`): the verdict,
+Both are views of one RunResult (its frozen records, read by attribute): the verdict,
 each culprit group with its cause, evidence and fixes, a plot of every tensor's magnitude and
 FP16 error along the graph, the search trace, the error per output before and after, and the
 commands that apply the plan. The HTML is self-contained (inline CSS, the plot as a base64
@@ -199,8 +199,8 @@ def _plot_magnitude(ax, stats: Sequence, marked: list[int], low: Precision = FP1
 
 def plan_errors(result: RunResult, stats: Sequence) -> list[float] | None:
     """Per-tensor relative error with the plan applied, aligned with `stats`, when the pipeline
-    measured it (`result.extra["layerwise_plan"]`: tensor -> TensorStats, its JSON, or a float)."""
-    plan = result.extra.get("layerwise_plan")
+    measured it (`result.layerwise_plan`: tensor -> TensorStats, its JSON, or a float)."""
+    plan: Mapping[str, object] | None = result.layerwise_plan
     if not isinstance(plan, Mapping) or not plan:
         return None
 
