@@ -16,6 +16,7 @@ from trtbisect.context import Options
 from trtbisect.judge.compare import Tolerance
 from trtbisect.judge.criteria import Criteria, Verdict
 from trtbisect.judge.validation import Validation
+from trtbisect.outputs.quantized import Reproduction
 from trtbisect.quant.run import (
     Certification,
     FileJudged,
@@ -113,14 +114,15 @@ def test_modelopts_file_is_kept_in_out_and_recorded_where_it_lies(tmp_path, monk
     def reproduce(given, judge, fp32_path, source):
         out = source.parent / f"{fp32_path.stem}.modelopt.onnx"
         onnx.save(onnx.load(str(fp32_path)), str(out))
-        return {"ran": True, "path": str(out), "exact": True, "also_unquantized": [],
-                "also_quantized": [], "passed": True, "errors": {}}
+        return Reproduction(True, path=str(out), exact=True, passed=True)
     monkeypatch.setattr(ptq, "reproduce", reproduce)
     r = run(model, Options.of(inputs=[str(inputs)], tolerance=Tolerance(p.rtol, 0.0),
                               threads=1, validation_share=0), tmp_path / "out",
             reference_path=fp32, owned=True)
     kept = str(tmp_path / "out" / "fp32.modelopt.onnx")
-    assert r.files["modelopt_model"] == kept == r.renderings["modelopt_reproduction"]["path"]
+    assert r.reproduction is not None
+    assert r.files["modelopt_model"] == kept == r.reproduction.path
+    assert r.renderings["modelopt_reproduction"]["path"] == kept
     assert onnx.load(kept).graph.output[0].name == "y"
     written = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert written["files"]["modelopt_model"] == kept

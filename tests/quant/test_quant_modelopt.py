@@ -3,6 +3,7 @@ skip without it, as in CI), and the rendered `nodes_to_exclude` applied by Model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -97,8 +98,9 @@ def test_commands_sh_runs_modelopt_as_written_and_check_judges_its_file(tmp_path
     assert c.exit_code == (0 if rep["passed"] else 4) and judged["passed"] == rep["passed"]
     assert judged["errors"]["y"]["max_abs"] == rep["errors"]["y"]["max_abs"]
     # a plan ModelOpt cannot reproduce is said so (its neighbours' rule), in words
-    from trtbisect.outputs.quantized import reproduction_lines
-    (said,) = reproduction_lines({**rep, "exact": False, "also_unquantized": ["mm2"]})
+    from trtbisect.outputs.quantized import Reproduction, reproduction_lines
+    (said,) = reproduction_lines(dataclasses.replace(Reproduction.from_json(rep), exact=False,
+                                                     also_unquantized=("mm2",)))
     assert "cannot reproduce the plan exactly" in said and "also leaves mm2 un-quantized" in said
 
 
@@ -180,13 +182,13 @@ def test_a_plan_modelopt_cannot_reproduce_is_said_so_and_its_file_judged(tmp_pat
     judge = QuantJudge(model, layers, [data], refs, Criteria(), Tolerance(0.05, 0.0), 1)
     result = SimpleNamespace(plan=["n1"], layers=layers, renderings={"quantize_mode": "int8"})
     rep = ptq.reproduce(result, judge, fp32, q)
-    assert rep["ran"] and not rep["exact"]
-    assert rep["also_unquantized"] == ["n2"] and rep["also_quantized"] == []
+    assert rep is not None and rep.ran and not rep.exact
+    assert rep.also_unquantized == ("n2",) and rep.also_quantized == ()
     (said,) = reproduction_lines(rep)
     assert "cannot reproduce the plan exactly: it also leaves n2 un-quantized (it skips " \
            "neighbours of excluded nodes)" in said
-    c = invoke("-q", "check", rep["path"], "--reference", fp32, "--inputs", tmp_path / "in.npz",
+    c = invoke("-q", "check", rep.path, "--reference", fp32, "--inputs", tmp_path / "in.npz",
                "--rtol", 0.05, "--json")
     judged = json.loads(c.stdout)
-    assert judged["passed"] == rep["passed"]
-    assert judged["errors"] == {k: {**e} for k, e in rep["errors"].items()}
+    assert judged["passed"] == rep.passed
+    assert judged["errors"] == {k: {**e} for k, e in rep.errors.items()}

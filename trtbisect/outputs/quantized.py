@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..base.escape import visible
 
@@ -51,6 +52,47 @@ class QuantPlan:
         return self.model_path.rsplit("/", 1)[-1].removesuffix(".onnx")
 
 
+@dataclass(frozen=True)
+class Reproduction:
+    """ModelOpt's own run of the rendered exclusions (quant/ptq.py `reproduce`): whether it
+    ran (`error`: its first line where it did not), the file it wrote, whether it quantizes
+    exactly the layers the plan keeps quantized (else which it also leaves un-quantized and
+    which it also quantizes), and that file judged by the run's judge (`errors`: per output,
+    as precision.json writes an error). precision.json's renderings hold its JSON
+    ("modelopt_reproduction")."""
+
+    ran: bool
+    error: str = ""
+    path: str = ""
+    exact: bool = False
+    also_unquantized: tuple[str, ...] = ()
+    also_quantized: tuple[str, ...] = ()
+    passed: bool = False
+    errors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        if not self.ran:
+            return {"ran": False, "error": self.error}
+        return {"ran": True, "path": self.path, "exact": self.exact,
+                "also_unquantized": list(self.also_unquantized),
+                "also_quantized": list(self.also_quantized), "passed": self.passed,
+                "errors": {k: dict(e) for k, e in self.errors.items()}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Reproduction:
+        if not d["ran"]:
+            return cls(False, d.get("error", ""))
+        return cls(True, "", d["path"], d["exact"], tuple(d["also_unquantized"]),
+                   tuple(d["also_quantized"]), d["passed"],
+                   {k: dict(e) for k, e in d["errors"].items()})
+
+    @classmethod
+    def of(cls, renderings: Mapping[str, Any]) -> Reproduction | None:
+        """The one a run's renderings hold, if any."""
+        rep = renderings.get("modelopt_reproduction")
+        return cls.from_json(rep) if rep else None
+
+
 def quantize_mode(formats: Iterable[str]) -> str:
     """ModelOpt's --quantize_mode for a file of these formats."""
     return "fp8" if any(f.startswith("fp8") for f in formats) else "int8"
@@ -61,7 +103,7 @@ def patterns(names: Iterable[str]) -> list[str]:
     return [re.escape(n) + "$" for n in names]
 
 
-def renderings(plan: QuantPlan, reproduction: dict | None = None,
+def renderings(plan: QuantPlan, reproduction: Reproduction | None = None,
                calibrated: bool = False) -> dict:
     """Every tool's view of the plan. `reproduction`: ModelOpt's own run of the rendered
     exclusions (quant/ptq.reproduce), said beside its line and recorded; `calibrated`:
@@ -117,30 +159,31 @@ def renderings(plan: QuantPlan, reproduction: dict | None = None,
             if plan.plan_file else None,
             "modelopt_python": python,
             "modelopt_cli": cli_line, "quantize_mode": mode,
-            **({"modelopt_reproduction": reproduction} if reproduction is not None else {}),
+            **({"modelopt_reproduction": reproduction.to_json()}
+               if reproduction is not None else {}),
             "commands_sh": "\n".join(lines) + "\n"}
 
 
-def reproduction_lines(rep: dict | None) -> list[str]:
+def reproduction_lines(rep: Reproduction | None) -> list[str]:
     """commands.sh's words on ModelOpt's own run of the line above (quant/ptq.reproduce)."""
     if rep is None:
         return []
-    if not rep.get("ran"):
-        return [f"# ModelOpt failed on this line here: {visible(rep.get('error', ''))}"]
-    name = visible(rep["path"].rsplit("/", 1)[-1])
-    judged = "passes" if rep["passed"] else "FAILS"
-    worst = max((e.get("rel", 0.0) for e in rep["errors"].values()
+    if not rep.ran:
+        return [f"# ModelOpt failed on this line here: {visible(rep.error)}"]
+    name = visible(rep.path.rsplit("/", 1)[-1])
+    judged = "passes" if rep.passed else "FAILS"
+    worst = max((e.get("rel", 0.0) for e in rep.errors.values()
                  if isinstance(e.get("rel"), (int, float))), default=None)
     said = f" (max relative error {worst:.3g})" if worst is not None else ""
-    if rep["exact"]:
+    if rep.exact:
         return [f"# tried: ModelOpt quantizes exactly the layers the plan keeps quantized; its "
                 f"file ({name}) {judged} the run's criteria{said}"]
     off = []
-    if rep["also_unquantized"]:
-        off.append(f"also leaves {', '.join(map(visible, rep['also_unquantized']))} un-quantized (it skips "
-                   "neighbours of excluded nodes)")
-    if rep["also_quantized"]:
-        off.append(f"quantizes {', '.join(map(visible, rep['also_quantized']))} besides")
+    if rep.also_unquantized:
+        off.append(f"also leaves {', '.join(map(visible, rep.also_unquantized))} un-quantized "
+                   "(it skips neighbours of excluded nodes)")
+    if rep.also_quantized:
+        off.append(f"quantizes {', '.join(map(visible, rep.also_quantized))} besides")
     return [f"# ModelOpt cannot reproduce the plan exactly: it {'; it '.join(off)}; its file "
             f"({name}) {judged} the run's criteria{said}. The plan itself is the "
             ".unquantized.onnx file below"]

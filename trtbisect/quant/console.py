@@ -153,15 +153,15 @@ def _emit_files(result) -> None:
     if "commands" in result.files:
         out.print(f"commands (ModelOpt nodes_to_exclude, trtexec, Polygraphy): "
                   f"{shown(result.files['commands'])}")
-    rep = result.renderings.get("modelopt_reproduction") or {}
-    if rep.get("ran"):
+    rep = result.reproduction
+    if rep is not None and rep.ran:
         where = shown(result.files.get("modelopt_model"))
         out.print(f"ModelOpt given these exclusions ({where}): "
-                  + ("the plan's quantized layers exactly" if rep["exact"] else
+                  + ("the plan's quantized layers exactly" if rep.exact else
                      "not the plan exactly (also un-quantized: "
-                     f"{shown(', '.join(rep['also_unquantized']) or 'none')}; also "
-                     f"quantized: {shown(', '.join(rep['also_quantized']) or 'none')})")
-                  + f", {'passes' if rep['passed'] else 'fails'} the criteria")
+                     f"{shown(', '.join(rep.also_unquantized) or 'none')}; also "
+                     f"quantized: {shown(', '.join(rep.also_quantized) or 'none')})")
+                  + f", {'passes' if rep.passed else 'fails'} the criteria")
     if "report_html" in result.files:
         out.print(f"report: {shown(result.files['report_html'])}")
     out.print(f"plan: {shown(result.files.get('plan'))}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import TrtBisectError, require
-from ..outputs.quantized import CALIB, INSTALL
+from ..outputs.quantized import CALIB, INSTALL, Reproduction
 
 if TYPE_CHECKING:
     from ..context import SampleOptions
@@ -162,7 +162,7 @@ def _savez(path: str, data: dict[str, np.ndarray]) -> None:
         np.savez(fh, **data)  # type: ignore[arg-type]
 
 
-def reproduce(result, judge, fp32: Path, source: Path) -> dict | None:
+def reproduce(result, judge, fp32: Path, source: Path) -> Reproduction | None:
     """ModelOpt's ONNX PTQ run with the rendered exclusions on the calibration data it was
     given (only where trtbisect quantized the model itself: `source`'s folder holds that
     data): the layers its file quantizes against the plan's, and that file judged by the run's
@@ -190,16 +190,16 @@ def reproduce(result, judge, fp32: Path, source: Path) -> dict | None:
                         nodes_to_exclude=patterns(result.plan), log_level="WARNING")
     except Exception as exc:  # noqa: BLE001 - ModelOpt raises what it likes: said, not fatal
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return {"ran": False, "error": first}
+        return Reproduction(False, first)
     import onnx
 
     from ..graph import with_node_names
     got = {la.name for la in qdq.analyse(with_node_names(onnx.load(str(out))))}
     meant = {la.name for la in result.layers if la.name not in set(result.plan)}
     v = judge.judge_model(out)
-    return {"ran": True, "path": str(out), "exact": got == meant,
-            "also_unquantized": sorted(meant - got), "also_quantized": sorted(got - meant),
-            "passed": v.passed, "errors": {k: e.to_json() for k, e in v.errors.items()}}
+    return Reproduction(True, "", str(out), got == meant, tuple(sorted(meant - got)),
+                        tuple(sorted(got - meant)), v.passed,
+                        {k: e.to_json() for k, e in v.errors.items()})
 
 
 def keep_side_files(renderings: dict, judge, source: Path, out_dir: Path) -> dict[str, str]:
@@ -216,9 +216,9 @@ def keep_side_files(renderings: dict, judge, source: Path, out_dir: Path) -> dic
     calib = write_calibration(out_dir, source, samples)
     if calib is not None:
         files["calibration"] = str(calib)
-    rep = renderings.get("modelopt_reproduction")
-    if rep and rep.get("ran") and Path(rep["path"]).parent != out_dir:
-        target = out_dir / Path(rep["path"]).name
-        save_model(target, onnx.load(rep["path"]))
+    rep = Reproduction.of(renderings)
+    if rep is not None and rep.ran and Path(rep.path).parent != out_dir:
+        target = out_dir / Path(rep.path).name
+        save_model(target, onnx.load(rep.path))
         files["modelopt_model"] = str(target)
     return files

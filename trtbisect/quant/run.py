@@ -28,7 +28,7 @@ from ..judge.compare import Tolerance
 from ..judge.criteria import Criteria, Verdict
 from ..judge.validation import Validation
 from ..judge.verdict import Findings, VerdictName
-from ..outputs.quantized import QuantPlan, renderings
+from ..outputs.quantized import QuantPlan, Reproduction, renderings
 from ..result import CertificateRecord, Found
 from ..search.minimal import Progress, SearchResult, Trial, find_minimal_fp32
 from ..search.noise import watching
@@ -79,9 +79,9 @@ class QuantResult(Found[Any, Any]):
     judge: QuantJudge | None = field(default=None, repr=False)  # the run's judge
     reference: str = "the model with its Q/DQ removed"
     # every tool's rendering of the plan (outputs/quantized.py `renderings`), left JSON:
-    # precision.json's "renderings" as written; read back only for its ModelOpt reproduction
-    # (quant/ptq.py `reproduce`'s dict: console.py's files line; its "path" is where
-    # ptq.keep_side_files kept its file in --out, `_Generation.recorded`)
+    # precision.json's "renderings" as written; its ModelOpt reproduction read by attribute
+    # (`reproduction`: its path is where ptq.keep_side_files kept its file in --out,
+    # `_Generation.recorded`)
     renderings: dict = field(default_factory=dict)
 
     # the written file's margin over the spread (stages/spread.py)
@@ -96,6 +96,12 @@ class QuantResult(Found[Any, Any]):
         if (self.errors_before, self.errors_after) != (_errors(self.before), _errors(self.after)):
             raise ValueError("a QuantResult's errors before and after are those of `before` "
                              "and `after`")
+
+    @property
+    def reproduction(self) -> Reproduction | None:
+        """ModelOpt's own run of the rendered exclusions (quant/ptq.py `reproduce`), from
+        the renderings that precision.json writes it in."""
+        return Reproduction.of(self.renderings)
 
     @property
     def minimality(self) -> str:
@@ -1095,7 +1101,7 @@ class _Generation:
 
 def _kept(shown: dict, moved: str | None) -> dict:
     """The renderings, ModelOpt's reproduction at the path its file was kept at in --out."""
-    rep = shown.get("modelopt_reproduction")
-    if moved is None or not rep:
+    rep = Reproduction.of(shown)
+    if moved is None or rep is None:
         return shown
-    return {**shown, "modelopt_reproduction": {**rep, "path": moved}}
+    return {**shown, "modelopt_reproduction": replace(rep, path=moved).to_json()}
