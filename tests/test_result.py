@@ -116,6 +116,7 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
     precision.json writes them by their `to_json`; no module reads them as dicts any more."""
     import dataclasses
 
+    from trtbisect.judge.criteria import Verdict
     from trtbisect.judge.precision import FP16
     from trtbisect.judge.semantics import Record as SemanticsRecord
     from trtbisect.judge.validation import Validation
@@ -139,8 +140,11 @@ def test_the_records_the_console_and_reports_read_are_frozen_and_read_by_attribu
     assert r.margins and all(isinstance(m, Margin) for m in r.margins.values())
     assert isinstance(r.validation, Validation) and data["validation"] == r.validation.to_json()
     assert isinstance(r.criteria_record, CriteriaRecord) and isinstance(r.judged, JudgedRecord)
-    assert data["judged"] == {"before": r.judged.before, "after": r.judged.after}
-    assert data["judged"]["after"]["passed_samples"] == r.judged.after["passed_samples"] >= 1
+    assert isinstance(r.judged.after, Verdict) and r.judged.shown is r.judged.after
+    assert data["judged"] == {"before": r.judged.before.to_json(),
+                              "after": r.judged.after.to_json()}
+    assert data["judged"]["after"]["passed_samples"] == sum(r.judged.after.samples) >= 1
+    assert r.judged.after.errors == {}  # written beside it: errors_after
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.one_judge.search_equals_check = False  # type: ignore[misc]
     cert = r.certificate

@@ -649,17 +649,17 @@ def emit_samples(result) -> None:
     from .judge.validation import line as validation_line
 
     judged = result.judged
-    after = judged and (judged.after or judged.before)
-    if not after:
+    after = judged.shown if judged is not None else None
+    if after is None:
         return
     which = "the plan" if judged.after is not None else "all FP16"
-    failed = [k for k, s in enumerate(after["per_sample"]) if not s["passed"]]
+    failed = [k for k, ok in enumerate(after.samples) if not ok]
     failing = ", ".join(map(str, failed[:10])) + (", ..." if len(failed) > 10 else "")
     search = judged.search_samples
     crit = result.criteria_record
-    out.print(f"judged on {after['samples']} sample(s) by "
+    out.print(f"judged on {len(after.samples)} sample(s) by "
               f"{escape(crit.description if crit is not None else '')}: "
-              f"{which} passes on {after['passed_samples']} (needs {after['required']})"
+              f"{which} passes on {sum(after.samples)} (needs {after.required})"
               + (f"; fails on sample(s) {failing}" if failed else "")
               + (f"; the search judged on {len(search)} of them" if search else "")
               + (f"; {shown(said)}" if (said := validation_line(result.validation)) else ""),

@@ -384,7 +384,7 @@ def _assemble(aimed: Aimed, settled: _Settled, explained: _Explained, record: di
     verdict = findings.verdict()
     judged = searched.judged
     if written is not None and written.after is not None:
-        judged = replace(judged, after=written.after)
+        judged = judged.with_after(written.after)
     return RunResult(
         verdict, fp32_nodes=searched.fp32_nodes, evaluations=searched.evaluations,
         inferences=searched.inferences, errors_before=settled.errors_before,

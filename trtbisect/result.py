@@ -24,7 +24,7 @@ from .errors import (
 )
 from .judge import metrics
 from .judge.compare import OutputError, TensorStats, Tolerance, from_json_float
-from .judge.criteria import Criteria, Entry, error_from_json
+from .judge.criteria import Criteria, Entry, Verdict, error_from_json
 from .judge.hints import Hint
 from .judge.mixed import Written
 from .judge.precision import Precision
@@ -236,20 +236,44 @@ class StrictError:
 
 @dataclass(frozen=True)
 class JudgedRecord:
-    """The criterion's verdicts (judge/criteria.Verdict.to_json): all-FP16 ("before"), the
-    written plan ("after"), and the samples the search judged when it judged a subset."""
-    before: JSON | None = None
+    """The criterion's verdicts over the samples (judge/criteria.Verdict): all-FP16
+    ("before"), the written plan ("after"), and the samples the search judged when it judged
+    a subset. Each verdict is kept without its per-output errors, which precision.json
+    writes beside it (errors_before, errors_after): `of` and `with_after` take them out."""
+    before: Verdict | None = None
     search_samples: list[int] | None = None
-    after: JSON | None = None
+    after: Verdict | None = None
+
+    @classmethod
+    def of(cls, before: Verdict | None, search_samples: list[int] | None = None,
+           after: Verdict | None = None) -> JudgedRecord:
+        return cls(_samples_only(before), search_samples, _samples_only(after))
+
+    def with_after(self, after: Verdict) -> JudgedRecord:
+        """This record with the written plan's verdict."""
+        return replace(self, after=_samples_only(after))
+
+    @property
+    def shown(self) -> Verdict | None:
+        """The verdict the console and the report tell: the plan's, else all-FP16's."""
+        return self.after if self.after is not None else self.before
 
     def to_json(self) -> JSON:
-        return {k: v for k, v in (("before", self.before), ("search_samples",
-                                  self.search_samples), ("after", self.after))
+        return {k: v for k, v in (("before", self.before and self.before.to_json()),
+                                  ("search_samples", self.search_samples),
+                                  ("after", self.after and self.after.to_json()))
                 if v is not None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> JudgedRecord:
-        return cls(d.get("before"), d.get("search_samples"), d.get("after"))
+        def verdict(v: Mapping[str, Any] | None) -> Verdict | None:
+            return Verdict.from_json(v, {}, metrics.entries()) if v is not None else None
+        return cls(verdict(d.get("before")), d.get("search_samples"), verdict(d.get("after")))
+
+
+def _samples_only(v: Verdict | None) -> Verdict | None:
+    """A verdict without its per-output errors (written beside it in precision.json)."""
+    return replace(v, errors={}) if v is not None and v.errors else v
 
 
 @dataclass(frozen=True)

@@ -743,20 +743,20 @@ def _criteria_facts(result: RunResult) -> list[_Fact]:
     crit = result.criteria_record
     if judged is None or crit is None:
         return []
-    after = judged.after or judged.before
-    if not after:
+    after = judged.shown
+    if after is None:
         return []
-    per = after["per_sample"]
-    failed = [k for k, x in enumerate(per) if not x["passed"]]
-    worst = sorted(range(len(per)), key=lambda k: -float(per[k]["severity"]))[:5]
+    per = after.severities
+    failed = [k for k, ok in enumerate(after.samples) if not ok]
+    worst = sorted(range(len(per)), key=lambda k: -per[k])[:5]
     search = judged.search_samples
     return [_fact(f"criterion: {crit.description}", markdown_only=True),
-            _fact(f"judged on {after['samples']} sample(s): "
+            _fact(f"judged on {len(after.samples)} sample(s): "
                   f"{'the plan' if judged.after is not None else 'all FP16'} passes on "
-                  f"{after['passed_samples']} (needs {after['required']})"
+                  f"{sum(after.samples)} (needs {after.required})"
                   + (f", fails on {', '.join(map(str, failed[:20]))}" if failed else "")
                   + "; worst (severity, 1 = at the bound): "
-                  + ", ".join(f"#{k} {float(per[k]['severity']):.3g}" for k in worst)
+                  + ", ".join(f"#{k} {per[k]:.3g}" for k in worst)
                   + (f"; the search judged on samples {', '.join(map(str, search))}"
                      if search else ""), markdown_only=True)]
 

@@ -171,8 +171,8 @@ class SearchStage:
             criteria_record=CriteriaRecord(opts.judge.criteria.to_json(),
                                            opts.judge.criteria.describe()),
             # search_samples: the user's numbers (held-out ones not among them)
-            judged=JudgedRecord(
-                opts.judge.criteria.verdict(self.before).to_json(),
+            judged=JudgedRecord.of(
+                opts.judge.criteria.verdict(self.before),
                 None if ctx.subset is None else [ctx.kept[i] if ctx.kept else i
                                                  for i in ctx.subset]),
             rewrites=self.outcome.record() if self.outcome is not None else None,

@@ -96,7 +96,7 @@ class WrittenFindings:
     The run's result is assembled from it (pipeline._assemble); nothing here is a verdict."""
     passed: bool  # the file passes its own judge (the finding `file_passed`)
     checked: dict[str, OutputError]  # the file's errors (mixed_check, and errors_after)
-    after: dict | None  # the criteria's verdict of the file (JudgedRecord.after)
+    after: Verdict | None  # the criteria's verdict of the file (JudgedRecord.after)
     emulated: Written | None  # what Polygraphy's check runs: the judge's graph
     one_judge: OneJudge
     validation: Validation | None
@@ -165,7 +165,7 @@ def _judge_written_plan(proposed: VerdictName, rewritten: bool, search_noise: No
     as_given = decide(proposed, file_passed=checked.passed) == "fp16_ok"
     return WrittenFindings(
         checked.passed, checked.errors,
-        checked.verdict.to_json() if checked.verdict is not None else None,
+        checked.verdict,
         checked.emulated, OneJudge(same, {k: v.to_json() for k, v in searched_worst.items()}),
         checked.validation, judged.staged,
         checked.errors if as_given and not plan and not rewritten else None,
