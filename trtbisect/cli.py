@@ -818,7 +818,7 @@ def check(mixed: str, reference: str, as_json: bool, **kw) -> None:
             out.print(f"  {shown(name)}: {error_cell(e)}", soft_wrap=True)
         if result.unjudged:
             out.print("  [yellow]judged in part only[/]: not rounded (run in FP32): " + shown(
-                ", ".join(f"{c['op']} x{c['count']}" for c in result.unjudged)), soft_wrap=True)
+                ", ".join(f"{c.op} x{len(c.nodes)}" for c in result.unjudged)), soft_wrap=True)
     finish(result.exit_code)
 
 

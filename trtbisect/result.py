@@ -421,29 +421,59 @@ class AimedSearch:
 
 
 @dataclass(frozen=True)
+class OpCount:
+    """An op kind and the nodes of the model that use it (trtbisect's names, graph order),
+    with why it is listed (stages/coverage.py: what the judge cannot round, what TensorRT's
+    parser would refuse) and what to do, where there is something to do. `domain`: as
+    precision.json writes it ("ai.onnx" for ONNX's default domain)."""
+
+    op: str
+    domain: str
+    nodes: tuple[str, ...]
+    why: str  # why it is listed, in a few words
+    fix: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.domain}::{self.op}" if self.domain not in ("", "ai.onnx") else self.op
+
+    def to_json(self) -> JSON:
+        d = {"op": self.op, "domain": self.domain or "ai.onnx", "count": len(self.nodes),
+             "nodes": list(self.nodes), "why": self.why}
+        if self.fix:
+            d["fix"] = self.fix
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OpCount:
+        return cls(d["op"], d["domain"], tuple(d["nodes"]), d["why"], d.get("fix", ""))
+
+
+@dataclass(frozen=True)
 class Coverage:
     """How much of the graph the judge rounds, what it cannot, and what TensorRT's parser
-    would refuse (stages/coverage.record; precision.json's "coverage"); the ops are
-    coverage.OpCount.to_json's."""
+    would refuse (stages/coverage.record; precision.json's "coverage")."""
     nodes: int
     judged: int
     judged_in_subgraphs: int
     functions_inlined: bool
-    unjudged: list[JSON]
-    tensorrt_unsupported: list[JSON]
+    unjudged: tuple[OpCount, ...]
+    tensorrt_unsupported: tuple[OpCount, ...]
     tensorrt_operator_list: str
 
     def to_json(self) -> JSON:
         return {"nodes": self.nodes, "judged": self.judged,
                 "judged_in_subgraphs": self.judged_in_subgraphs,
-                "functions_inlined": self.functions_inlined, "unjudged": self.unjudged,
-                "tensorrt_unsupported": self.tensorrt_unsupported,
+                "functions_inlined": self.functions_inlined,
+                "unjudged": [c.to_json() for c in self.unjudged],
+                "tensorrt_unsupported": [c.to_json() for c in self.tensorrt_unsupported],
                 "tensorrt_operator_list": self.tensorrt_operator_list}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Coverage:
         return cls(d["nodes"], d["judged"], d["judged_in_subgraphs"], d["functions_inlined"],
-                   list(d["unjudged"]), list(d["tensorrt_unsupported"]),
+                   tuple(OpCount.from_json(c) for c in d["unjudged"]),
+                   tuple(OpCount.from_json(c) for c in d["tensorrt_unsupported"]),
                    d["tensorrt_operator_list"])
 
 
@@ -452,14 +482,15 @@ class Partial:
     """A verdict over a graph not wholly judged (coverage.partial_of): the judged part's
     verdict, and the ops not judged (coverage.record's "unjudged")."""
     judged_verdict: VerdictName
-    unjudged: list[JSON]
+    unjudged: tuple[OpCount, ...]
 
     def to_json(self) -> JSON:
-        return {"judged_verdict": self.judged_verdict, "unjudged": self.unjudged}
+        return {"judged_verdict": self.judged_verdict,
+                "unjudged": [c.to_json() for c in self.unjudged]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Partial:
-        return cls(d["judged_verdict"], list(d["unjudged"]))
+        return cls(d["judged_verdict"], tuple(OpCount.from_json(c) for c in d["unjudged"]))
 
 
 class Stage(TypedDict):

@@ -152,7 +152,7 @@ def test_a_fixed_plan_around_a_contrib_op_is_partial(semantics, tmp_path):
     assert (tmp_path / "out" / f"{p.name}.mixed.onnx").is_file()  # the plan is still written
     checked = check_mixed(tmp_path / "out" / f"{p.name}.mixed.onnx", model,
                           Options.of(inputs=[inputs], semantics=semantics))
-    assert checked.passed and checked.exit_code == 5 and checked.unjudged[0]["op"] == "FusedMatMul"
+    assert checked.passed and checked.exit_code == 5 and checked.unjudged[0].op == "FusedMatMul"
 
 
 def test_fp16_fine_around_a_contrib_op_is_never_called_fine(tmp_path):

@@ -731,9 +731,9 @@ def _coverage_facts(result: RunResult) -> list[_Fact]:
     for ops, what in ((cov.unjudged, "not judged (run in FP32)"),
                       (cov.tensorrt_unsupported, "TensorRT's ONNX parser cannot import")):
         for c in ops:
-            fix = [_Words(f"; {c['fix']}")] if c.get("fix") else []
-            out.append(_fact(f"{what}: ", _Code(c["op"]), " (", _Code(c["domain"]),
-                             f") x{c['count']}: ", _Words(c["why"]), *fix, markdown_only=True))
+            fix = [_Words(f"; {c.fix}")] if c.fix else []
+            out.append(_fact(f"{what}: ", _Code(c.op), " (", _Code(c.domain),
+                             f") x{len(c.nodes)}: ", _Words(c.why), *fix, markdown_only=True))
     return out
 
 

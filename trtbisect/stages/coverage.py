@@ -16,13 +16,12 @@ Pure: onnx only.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 import onnx
 
 from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
 from ..judge.verdict import VerdictName
-from ..result import Coverage, Partial
+from ..result import Coverage, OpCount, Partial
 
 # onnx-tensorrt's operator support matrix, docs/operators.md at commit 96e7811 (2024-06-17:
 # "TensorRT 10.0 supports operators in the inclusive range of opset 9 to opset 20"), the newest
@@ -76,28 +75,6 @@ EXPORT_HINT = ("export the model again without ONNX Runtime's transformer optimi
                "plugin of that name")
 
 
-@dataclass(frozen=True)
-class OpCount:
-    """An op kind and the nodes of the model that use it (trtbisect's names, graph order)."""
-
-    op: str
-    domain: str
-    nodes: tuple[str, ...]
-    why: str  # why it is listed, in a few words
-    fix: str = ""  # what to do, where there is something to do
-
-    @property
-    def label(self) -> str:
-        return f"{self.domain}::{self.op}" if self.domain not in DEFAULT_DOMAINS else self.op
-
-    def to_json(self) -> dict:
-        d = {"op": self.op, "domain": self.domain or "ai.onnx", "count": len(self.nodes),
-             "nodes": list(self.nodes), "why": self.why}
-        if self.fix:
-            d["fix"] = self.fix
-        return d
-
-
 def unjudged(graph: Graph) -> list[OpCount]:
     """Nodes computing in floating point that no judgement rounds, grouped by op kind."""
     found: dict[tuple[str, str], list[str]] = defaultdict(list)
@@ -117,7 +94,7 @@ def unjudged(graph: Graph) -> list[OpCount]:
         else:
             why[key] = "its schema takes no float16: run in FP32"
         found[key].append(name)
-    return [OpCount(op, domain, tuple(nodes), why[(op, domain)])
+    return [OpCount(op, domain or DEFAULT_DOMAINS[1], tuple(nodes), why[(op, domain)])
             for (op, domain), nodes in found.items()]
 
 
@@ -153,7 +130,7 @@ def trt_unsupported(graph: Graph) -> list[OpCount]:
         else:
             continue
         found[key].append(name)
-    return [OpCount(op, domain, tuple(nodes), *info[(op, domain)])
+    return [OpCount(op, domain or DEFAULT_DOMAINS[1], tuple(nodes), *info[(op, domain)])
             for (op, domain), nodes in found.items()]
 
 
@@ -163,8 +140,7 @@ def record(graph: Graph) -> Coverage:
     rounded = graph.candidates()
     inner = sum(1 for n in rounded if graph.is_inner(n))
     return Coverage(len(graph.names), len(rounded), inner, graph.inlined,
-                    [c.to_json() for c in unjudged(graph)],
-                    [c.to_json() for c in trt_unsupported(graph)], OPERATORS_SOURCE)
+                    tuple(unjudged(graph)), tuple(trt_unsupported(graph)), OPERATORS_SOURCE)
 
 
 def summary(counts: list[OpCount]) -> str:
@@ -172,7 +148,8 @@ def summary(counts: list[OpCount]) -> str:
     return ", ".join(f"{c.label} x{len(c.nodes)}" for c in counts)
 
 
-def partial_of(judged: VerdictName, verdict: VerdictName, unjudged: list[dict]) -> Partial | None:
+def partial_of(judged: VerdictName, verdict: VerdictName,
+               unjudged: tuple[OpCount, ...]) -> Partial | None:
     """A verdict that FP16 is fine (or fixed) on a graph with unjudged nodes (`unjudged`:
     coverage.record's) becomes "partial" (judge/verdict.decide, `covered` False): the
     judged part passes, the rest was never rounded; the plan is kept. The record of it, when
@@ -187,7 +164,7 @@ def partial_words(result) -> str:
     judged = (f"FP16 meets {result.criteria.standard}"
               if part is not None and part.judged_verdict == "fp16_ok" else
               f"fixed by keeping {len(result.fp32_nodes)} of {result.candidates} nodes in FP32")
-    ops = ", ".join(f"{c['op']}" + (f" ({c['domain']})" if c["domain"] != "ai.onnx" else "")
-                    + f" x{c['count']}" for c in (part.unjudged if part is not None else []))
+    ops = ", ".join(c.op + (f" ({c.domain})" if c.domain not in DEFAULT_DOMAINS else "")
+                    + f" x{len(c.nodes)}" for c in (part.unjudged if part is not None else []))
     return (f"{judged} on the judged part only; not judged (the emulator cannot round them, "
             f"they ran in FP32): {ops}")

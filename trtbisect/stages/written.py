@@ -32,7 +32,7 @@ from ..judge.validation import Validation, unvalidated
 from ..judge.validation import judged as judged_validation
 from ..judge.verdict import VerdictName, decide
 from ..outputs.outdir import OutputDir
-from ..result import Margin, OneJudge
+from ..result import Margin, OneJudge, OpCount
 from ..search.minimal import Noisy
 from . import coverage
 from .evaluator import Evaluator
@@ -228,7 +228,7 @@ class CheckResult:
     emulated: Written | None = field(default=None, repr=False)  # the graph the judge ran
     # per sample, the tensors judge_mixed was asked to expose (the layer-wise pass's FP16 side)
     tensors: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)
-    unjudged: list[dict] = field(default_factory=list)  # coverage.unjudged of the file
+    unjudged: list[OpCount] = field(default_factory=list)  # coverage.unjudged of the file
     judgements: list[Judgement] = field(default_factory=list, repr=False)  # per sample
     verdict: Verdict | None = field(default=None, repr=False)
     validation: Validation | None = field(default=None, repr=False)  # the run's own files
@@ -244,7 +244,7 @@ class CheckResult:
     def to_json(self) -> dict:
         d = {"passed": self.passed, "samples": self.samples, "fp16_tensors": self.half_tensors,
              "errors": {k: v.to_json() for k, v in self.errors.items()},
-             "unjudged": self.unjudged}
+             "unjudged": [c.to_json() for c in self.unjudged]}
         if self.verdict is not None:
             d["judged"] = self.verdict.to_json()
         return d
@@ -332,7 +332,7 @@ def judge_mixed(mixed_path: str | Path, ctx: Context, judge: JudgeOptions,
         checked = replace(checked, overall=reported.passed)
     return CheckResult(verdict.passed, reported.errors, len(graph.half_typed), len(judged),
                        Written(mixed.proto, mixed.arrays, loaded=True), tensors,
-                       [c.to_json() for c in coverage.unjudged(graph)], judged, reported,
+                       coverage.unjudged(graph), judged, reported,
                        checked, given)
 
 
