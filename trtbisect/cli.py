@@ -632,7 +632,7 @@ def emit_both(both, as_json: bool) -> None:
         t.add_row(*(shown(c) for c in row))
     out.print(t)
     for r in both.rows():
-        out.print(f"{r['precision'].upper()} plan: {shown(r['plan'])}", soft_wrap=True)
+        out.print(f"{r.precision.upper()} plan: {shown(r.plan)}", soft_wrap=True)
 
 
 def cost_line(c: CostRecord) -> str:

@@ -29,7 +29,36 @@ VERDICT_WORDS = {"fp16_ok": "passes as is", "fixed": "fixed", "no_plan": "no pla
                  "fragile": "fragile", "unvalidated": "unvalidated"}
 
 
-@dataclass
+@dataclass(frozen=True)
+class Row:
+    """One precision's line of the side-by-side table (precisions.json's "precisions"): its
+    verdict, the plan's size, its estimated engine time (None: not priced), whether the plan
+    passes (None: no output judged with it), its worst error per output, where it is."""
+
+    precision: str
+    verdict: str
+    fp32_nodes: int
+    candidates: int
+    all_low_s: float | None
+    plan_s: float | None
+    all_fp32_s: float | None
+    slowdown: float | None
+    passed_after: bool | None
+    max_abs_after: dict[str, float]
+    evaluations: int
+    seconds: float
+    plan: str  # its precision.json
+
+    def to_json(self) -> dict[str, Any]:
+        return {"precision": self.precision, "verdict": self.verdict,
+                "fp32_nodes": self.fp32_nodes, "candidates": self.candidates,
+                "all_low_s": self.all_low_s, "plan_s": self.plan_s,
+                "all_fp32_s": self.all_fp32_s, "slowdown": self.slowdown,
+                "passed_after": self.passed_after, "max_abs_after": dict(self.max_abs_after),
+                "evaluations": self.evaluations, "seconds": self.seconds, "plan": self.plan}
+
+
+@dataclass(frozen=True)
 class Both:
     """The two runs, FP16's first."""
 
@@ -42,25 +71,21 @@ class Both:
         codes = [r.exit_code for r in self.results.values()]
         return 0 if 0 in codes else codes[0]
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[Row]:
         out = []
         for name, r in self.results.items():
-            out.append({
-                "precision": name, "verdict": r.verdict,
-                "fp32_nodes": len(r.fp32_nodes), "candidates": r.candidates,
-                **({"all_low_s": c.all_low_s, "plan_s": c.plan_s, "all_fp32_s": c.all_fp32_s,
-                    "slowdown": c.slowdown} if (c := r.cost) is not None else
-                   dict.fromkeys(("all_low_s", "plan_s", "all_fp32_s", "slowdown"))),
-                "passed_after": all(e.passed for e in r.errors_after.values())
-                if r.errors_after else None,
-                "max_abs_after": {k: e.max_abs for k, e in r.errors_after.items()},
-                "evaluations": r.evaluations, "seconds": round(r.seconds, 3),
-                "plan": str(Path(self.folders[name]) / "precision.json"),
-            })
+            c = r.cost
+            out.append(Row(
+                name, r.verdict, len(r.fp32_nodes), r.candidates,
+                c.all_low_s if c is not None else None, c.plan_s if c is not None else None,
+                c.all_fp32_s if c is not None else None, c.slowdown if c is not None else None,
+                all(e.passed for e in r.errors_after.values()) if r.errors_after else None,
+                {k: e.max_abs for k, e in r.errors_after.items()}, r.evaluations,
+                round(r.seconds, 3), str(Path(self.folders[name]) / "precision.json")))
         return out
 
     def to_json(self) -> dict:
-        return {"precisions": self.rows(),
+        return {"precisions": [row.to_json() for row in self.rows()],
                 "runs": {name: r.to_json() for name, r in self.results.items()}}
 
 
@@ -92,8 +117,8 @@ def run_both(model: str, opts: Opts, out: Path,
         folders[p.name] = out / p.name
         results[p.name] = run(model, one, folders[p.name], p.name)
     both = Both(results, folders)
-    atomic_write_text(out / "precisions.json", json.dumps({"precisions": both.rows()}, indent=2)
-                      + "\n")
+    atomic_write_text(out / "precisions.json", json.dumps(
+        {"precisions": [row.to_json() for row in both.rows()]}, indent=2) + "\n")
     atomic_write_text(out / "precisions.md", markdown(both))
     return both
 
@@ -111,11 +136,10 @@ def table(both: Both) -> list[list[str]]:
     rows = [["precision", "verdict", "FP32 nodes", "est. time", "vs all-low", "all FP32",
              "with the plan"]]
     for r in both.rows():
-        ok = r["passed_after"]
-        rows.append([r["precision"].upper(), VERDICT_WORDS.get(r["verdict"], r["verdict"]),
-                     f"{r['fp32_nodes']} of {r['candidates']}", _us(r["plan_s"]),
-                     _pct(r["slowdown"]), _us(r["all_fp32_s"]),
-                     "-" if ok is None else ("pass" if ok else "FAIL")])
+        ok = r.passed_after
+        rows.append([r.precision.upper(), VERDICT_WORDS.get(r.verdict, r.verdict),
+                     f"{r.fp32_nodes} of {r.candidates}", _us(r.plan_s), _pct(r.slowdown),
+                     _us(r.all_fp32_s), "-" if ok is None else ("pass" if ok else "FAIL")])
     return rows
 
 
@@ -126,5 +150,5 @@ def markdown(both: Both) -> str:
              "times are cost.py's roofline estimates.", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-    lines += ["", *(f"- {r['precision'].upper()}: `{r['plan']}`" for r in both.rows())]
+    lines += ["", *(f"- {r.precision.upper()}: `{r.plan}`" for r in both.rows())]
     return "\n".join(lines) + "\n"
