@@ -72,7 +72,6 @@ class Certificate:
 
     outputs: dict[str, OutputMargin]  # per output judged by the default criterion
     variant_verdicts: dict[str, bool]  # per variation: the run's criteria pass on it
-    aim_round: int = 0  # searches aimed inside the bound before this plan
     decided: str | None = None  # why no (further) aimed search: `fragile` at once
     scores: dict[str, ScoreMargin] = field(default_factory=dict)  # every criterion's score
     # the FP32 noise floor per output: the reference's alone, so one measurement serves every
@@ -136,10 +135,12 @@ class Certificate:
 
     def record(self) -> CertificateRecord:
         """The frozen record a result keeps (result.CertificateRecord), its margins the very
-        records measured here: its `to_json` is this certificate's."""
+        records measured here: its `to_json` is this certificate's. The searches aimed inside
+        the bound before this plan are the aimed rounds' to count (stages/search.py `aim`
+        records them): none here."""
         noise = self.search_noise
         return CertificateRecord(
-            self.certified, self.aim_round, dict(self.outputs), dict(self.variant_verdicts),
+            self.certified, 0, dict(self.outputs), dict(self.variant_verdicts),
             dict(self.scores), None if noise is None else Rise.from_json(noise.to_json()),
             self.decided)
 
