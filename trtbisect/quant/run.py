@@ -621,8 +621,7 @@ def _certify(judge: QuantJudge, search: SearchResult | None, ref_model: onnx.Mod
                           every_reference=references)
     cert = certify(ctx, judge_opts, Written(judged, {}), per_sample)  # type: ignore[arg-type]
     if search is not None and search.noisy is not None:
-        cert.search_noise = search.noisy  # the search stopped: `fragile` at once
-        cert.decided = cert.hopeless()
+        cert = cert.stopped_on(search.noisy)  # the search stopped: `fragile` at once
     checked = validation.judged(held, lambda pairs: judge.judgements(judged, pairs),
                                 judge_opts.criteria.verdict)
     return Certification(cert.record(), checked, tuple(cert.uncertified))

@@ -66,7 +66,7 @@ def _scores(j: Judgement) -> dict[str, Score]:
     return {k: s for k, s in out.items() if math.isfinite(s.bound)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Certificate:
     """Whether a written plan holds under the variations (module docstring)."""
 
@@ -95,6 +95,12 @@ class Certificate:
                    if self.search_noise is not None else [])
                 + [k for k, m in self.scores.items() if not m.certified]
                 + [f"the criteria under {v}" for v, ok in self.variant_verdicts.items() if not ok])
+
+    def stopped_on(self, noise: Noisy) -> Certificate:
+        """This certificate of a plan whose search stopped on its own noise (search/noise.py):
+        `fragile` at once, and why no aimed round can help."""
+        noted = replace(self, search_noise=noise)
+        return replace(noted, decided=noted.hopeless())
 
     def hopeless(self) -> str | None:
         """Why aiming inside the bound cannot help, if it cannot: on an output without the

@@ -184,8 +184,7 @@ def certify_written(ctx: Context, judge: JudgeOptions, checked: CheckResult,
     cert = certify(ctx, judge, checked.emulated, checked.judgements, noise,
                    given=checked.given or None)
     if search_noise is not None:
-        cert.search_noise = search_noise  # the search stopped: `fragile` at once
-        cert.decided = cert.hopeless()
+        cert = cert.stopped_on(search_noise)  # the search stopped: `fragile` at once
     return cert
 
 
