@@ -143,13 +143,13 @@ def bench(name: str, work: Path) -> list[dict]:
         started = time.perf_counter()
         r = run(model, opts, work / f"out_{name}_{len(rows)}")
         wall = time.perf_counter() - started
-        after = (r.judged.after or r.judged.before) if r.judged else None
+        after = r.judged.shown if r.judged else None
         rows.append({
             "case": name, "criterion": label, "samples": r.samples, "verdict": r.verdict,
             "fp32_nodes": len(r.fp32_nodes), "candidates": r.candidates,
             "fp32_flops": sum(flops.get(x, 0.0) for x in r.fp32_nodes) / total if total else 0.0,
             "evaluations": r.evaluations, "inferences": r.inferences, "wall_s": round(wall, 1),
-            "passed_samples": after["passed_samples"] if after else None,
+            "passed_samples": sum(after.samples) if after else None,
             "search_samples": len((r.judged.search_samples if r.judged else None) or [])
             or r.samples,
             "stopped_early": bool(r.search and r.search.stopped_early),

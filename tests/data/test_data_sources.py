@@ -300,7 +300,7 @@ def test_search_on_a_subset_then_certify_on_every_sample(tmp_path):
     assert set(sub.fp32_nodes) == set(full.fp32_nodes) == {"sq_a", "sqrt_a", "sq_b", "sqrt_b"}
     assert sub.verdict == "fixed" and sub.one_minimal
     assert sub.judged.search_samples == [0, 1, 15]
-    assert sub.judged.after["passed_samples"] == 20
+    assert sum(sub.judged.after.samples) == 20
     assert sub.one_judge.search_equals_check
     assert full.judged.search_samples is None
     journal = [json.loads(ln) for ln in (tmp_path / "sub" / "journal.jsonl").read_text()
@@ -319,4 +319,4 @@ def test_under_a_pass_rate_the_search_judges_every_sample(tmp_path):
                            criteria=parse_criteria(pass_rate=0.9)), tmp_path / "o")
     assert r.judged.search_samples is None
     assert set(r.fp32_nodes) == {"sq_a", "sqrt_a"}  # sample 15 may fail: 19 of 20 pass
-    assert r.judged.after["passed_samples"] == 19
+    assert sum(r.judged.after.samples) == 19
