@@ -241,25 +241,43 @@ def loop_body_dataless() -> onnx.ModelProto:
                                [_vi("y")], w), opset=17)
 
 
+DRAWS = (32, 32)  # what a discrete draw covers: two runs agree by chance at most 2^-1024
+
+
 def _random(op: str, **given) -> Callable[[], onnx.ModelProto]:
+    """The planted chain, then an op that draws random numbers. A discrete draw (Dropout's
+    mask, Bernoulli, Multinomial) covers DRAWS values at even odds, never the chain's own
+    few values, which FP32 may push to probabilities of 0 or 1: two runs of it must differ
+    whatever the machine, not with some chance."""
     def build() -> onnx.ModelProto:
         attrs = dict(given)
         nodes = _nodes(out="c")
         w = _weights()
         opset = 15
+        if op in ("Dropout", "Bernoulli", "Multinomial"):
+            w.append(nh.from_array(np.array([DRAWS[0] // 2, DRAWS[1] // 4], np.int64), "reps"))
+            # even odds: 0.5 (Bernoulli), equal logits (Multinomial); Dropout keeps the values
+            base = "c" if op == "Dropout" else "even"
+            if op != "Dropout":
+                w += [nh.from_array(np.array(0.0, np.float32), "zero"),
+                      nh.from_array(np.array(0.5, np.float32), "half")]
+                nodes += [h.make_node("Mul", ["c", "zero"], ["c0"], name="flat"),
+                          h.make_node("Add", ["c0", "half"], ["even"], name="even")]
+            nodes.append(h.make_node("Tile", [base, "reps"], ["wide"], name="wide"))
         if op == "Dropout":
             w += [nh.from_array(np.array(0.5, np.float32), "ratio"),
                   nh.from_array(np.array(attrs.pop("training")), "training")]
-            nodes.append(h.make_node("Dropout", ["c", "ratio", "training"], ["y"], name="drop",
-                                     **attrs))
+            nodes.append(h.make_node("Dropout", ["wide", "ratio", "training"], ["y"],
+                                     name="drop", **attrs))
+            return _model(h.make_graph(nodes, op, [_vi("x")], [_vi("y", DRAWS)], w), opset)
         elif op == "Bernoulli":
-            nodes += [h.make_node("Sigmoid", ["c"], ["p"], name="sig"),
-                      h.make_node("Bernoulli", ["p"], ["y"], name="draw", **attrs)]
+            nodes += [h.make_node("Bernoulli", ["wide"], ["y"], name="draw", **attrs)]
+            return _model(h.make_graph(nodes, op, [_vi("x")], [_vi("y", DRAWS)], w), opset)
         elif op == "Multinomial":
-            nodes += [h.make_node("Multinomial", ["c"], ["i"], name="draw", sample_size=3,
-                                  **attrs),
+            nodes += [h.make_node("Multinomial", ["wide"], ["i"], name="draw",
+                                  sample_size=DRAWS[1], **attrs),
                       h.make_node("Cast", ["i"], ["y"], name="tofloat", to=TP.FLOAT)]
-            return _model(h.make_graph(nodes, op, [_vi("x")], [_vi("y", (2, 3))], w), opset)
+            return _model(h.make_graph(nodes, op, [_vi("x")], [_vi("y", DRAWS)], w), opset)
         else:
             nodes += [h.make_node(op, ["c"], ["r"], name="draw", **attrs),
                       h.make_node("Add", ["c", "r"], ["y"], name="noise")]
