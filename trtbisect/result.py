@@ -638,7 +638,7 @@ class Found(Generic[C, S]):
 
 @dataclass(frozen=True)
 class RunResult(Found[Culprit, TensorStats]):
-    """What `trtbisect run` found, assembled once (pipeline._assemble, or a verdict given
+    """What `trtbisect run` found, assembled once (stages/assembly.assemble, or a verdict given
     before any judgement: pipeline._unjudgeable) and never changed after (frozen, as every
     road's result). What comes later is a new result (`dataclasses.replace`): the timings
     (pipeline._finish), the files the writers wrote (reports/write.write_outputs) and

@@ -27,7 +27,7 @@ it is (`fp16_ok`): without its margin over the spread it is `fragile`, and so on
 `Findings` holds what a run found so far; `Findings.verdict()` is `decide` over all of them,
 always from the search's proposal (never from a verdict an earlier finding already changed).
 Every road decides it once, over all its findings, when its result is assembled
-(pipeline._assemble, quant/run.py `assemble`, torch/driver.py); a result is frozen, and a
+(stages/assembly.assemble, quant/run.py `assemble`, torch/driver.py); a result is frozen, and a
 finding made after it (TensorRT's own search) makes a new one (result.py `RunResult.settled`).
 """
 

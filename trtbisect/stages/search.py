@@ -1,6 +1,6 @@
 """The run's search stage: the minimal FP32 set over TensorRT's units, found on the emulator's
 judge, and what the search found (`Searched`, `Aimed`: records the run's result is assembled
-from, pipeline._assemble).
+from, stages/assembly.assemble).
 
 The first search and each search aimed inside the certificate's bound (stages/spread.py) share
 one `SearchStage`: the prior, the units and the pricing; each brings its own evaluator and
@@ -309,7 +309,7 @@ class Searched:
     """What a search found (`SearchStage.judge`), before its plan's file is judged: the
     search's proposal for the verdict (result.search_verdict), the plan in nodes, its counts
     and what precision.json records of the search. The run's result is assembled from it
-    (pipeline._assemble)."""
+    (stages/assembly.assemble)."""
 
     proposed: VerdictName
     fp32_nodes: list[str]

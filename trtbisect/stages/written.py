@@ -93,7 +93,7 @@ def write_and_judge(ctx: Context, judge: JudgeOptions, plan: frozenset[str],
 class WrittenFindings:
     """What the written plan's judge found (`judge_written_plan`): the file's verdict and
     numbers, the search's own numbers against them, its validation and its certificate.
-    The run's result is assembled from it (pipeline._assemble); nothing here is a verdict."""
+    The run's result is assembled from it (stages/assembly.assemble); nothing here is a verdict."""
     passed: bool  # the file passes its own judge (the finding `file_passed`)
     checked: dict[str, OutputError]  # the file's errors (mixed_check, and errors_after)
     after: Verdict | None  # the criteria's verdict of the file (JudgedRecord.after)
