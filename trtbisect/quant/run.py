@@ -81,7 +81,7 @@ class QuantResult(Found[Any, Any]):
     # every tool's rendering of the plan (outputs/quantized.py `renderings`), left JSON:
     # precision.json's "renderings" as written; its ModelOpt reproduction read by attribute
     # (`reproduction`: its path is where ptq.keep_side_files kept its file in --out,
-    # `_Generation.recorded`)
+    # `_recorded`)
     renderings: dict = field(default_factory=dict)
 
     # the written file's margin over the spread (stages/spread.py)
@@ -1040,62 +1040,41 @@ def _write(start: Start, searched: Searched, shown: dict, reasons: list[str], se
             name = f"{path.stem}.quantized.onnx"
             kept = ("quantized_model", name, load(path), _declares())
             model_path = str(out_dir / name)
-        gen = _Generation(shown, build(given=given, model_path=model_path))
-        write_quantized(gen, out_dir, keep, held, kept, commands=as_given,
-                        report=gen.pages(report), side=gen.side(judge, path) if as_given
-                        else None)
-        return gen.recorded()
+        built = build(given=given, model_path=model_path)
+        commands_sh = shown.get("commands_sh", "")  # none where nothing was judged
+        return write_quantized(lambda files: _recorded(built, files), commands_sh,
+                               out_dir, keep, held, kept, commands=as_given, report=report,
+                               side=_side(judge, shown, path) if as_given else None)
     assert judge is not None and certify is not None
     mixed = judge.model_for(frozenset(searched.units))
     if out_dir is None:  # the search judged this very model last: its verdict, not a rerun
         after = (searched.search_after if searched.search_after is not None
                  else judge.judge_model(mixed))
         return build(written=FileJudged(after, certify(mixed) if after.passed else None))
-    gen = _Generation(shown)
+    judged_file: list[QuantResult] = []
 
     def judged(file: Path) -> None:  # the file, as check judges it: the result's last finding
         after = judge.judge_model(file)
-        gen.result = build(written=FileJudged(after, certify(file) if after.passed else None))
-    write_quantized(gen, out_dir, keep, held,
-                    ("mixed_qdq_model", f"{path.stem}.unquantized.onnx", mixed,
-                     _declares(searched.plan, searched.fp32_nodes)), judged,
-                    report=gen.pages(report), side=gen.side(judge, path))
-    return gen.recorded()
+        judged_file.append(build(written=FileJudged(after,
+                                                    certify(file) if after.passed else None)))
+    return write_quantized(lambda files: _recorded(judged_file[0], files),
+                           shown["commands_sh"], out_dir, keep, held,
+                           ("mixed_qdq_model", f"{path.stem}.unquantized.onnx", mixed,
+                            _declares(searched.plan, searched.fp32_nodes)), judged,
+                           report=report, side=_side(judge, shown, path))
 
 
-class _Generation:
-    """What reports/write.py `write_quantized` writes one generation of --out from (it reads
-    `renderings`, records the paths it writes in `files`, hands the object to `report` and
-    writes its `to_json` last): the run's result once assembled (`result`), and the paths
-    written, put into it by dataclasses.replace (`recorded`), ModelOpt's reproduction where
-    ptq.keep_side_files kept its file."""
+def _recorded(result: QuantResult, files: dict[str, str]) -> QuantResult:
+    """The result with the files written into --out: ModelOpt's reproduction at the path
+    its file was kept at there (ptq.keep_side_files)."""
+    return replace(result, files=dict(files),
+                   renderings=_kept(result.renderings, files.get("modelopt_model")))
 
-    def __init__(self, renderings: dict, result: QuantResult | None = None) -> None:
-        self.renderings = renderings  # commands.sh is its "commands_sh"
-        self.result = result
-        self.files: dict[str, str] = {}
 
-    def recorded(self) -> QuantResult:
-        assert self.result is not None, "the written file is judged before the result is read"
-        return replace(self.result, files=dict(self.files),
-                       renderings=_kept(self.result.renderings, self.files.get("modelopt_model")))
-
-    def to_json(self) -> dict:
-        return self.recorded().to_json()
-
-    def pages(self, report: Callable | None) -> Callable | None:
-        """--report's writer, given the result as recorded so far (precision.json last)."""
-        if report is None:
-            return None
-        return lambda _, folder: report(self.recorded(), folder)
-
-    def side(self, judge: QuantJudge | None, source: Path) -> Callable[[Path], None]:
-        """Beside commands.sh: calib.npz, ModelOpt's own file (quant/ptq.py)."""
-        from .ptq import keep_side_files
-
-        def side(folder: Path) -> None:
-            self.files.update(keep_side_files(self.renderings, judge, source, folder))
-        return side
+def _side(judge: QuantJudge | None, shown: dict, source: Path) -> Callable[[Path], dict]:
+    """Beside commands.sh: calib.npz, ModelOpt's own file (quant/ptq.py)."""
+    from .ptq import keep_side_files
+    return lambda folder: keep_side_files(shown, judge, source, folder)
 
 
 def _kept(shown: dict, moved: str | None) -> dict:

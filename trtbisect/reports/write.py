@@ -146,35 +146,39 @@ def save_quantized(path: Path, model: onnx.ModelProto, declares: dict[str, str],
     require_written_valid(path, None, held)
 
 
-def write_quantized(result: Any, out_dir: Path, keep: Sequence[Path],
-                    held: InputCheck | None = None,
+def write_quantized(result: Callable[[dict[str, str]], Any], commands_sh: str, out_dir: Path,
+                    keep: Sequence[Path], held: InputCheck | None = None,
                     model: tuple[str, str, onnx.ModelProto, dict[str, str]] | None = None,
                     judge: Callable[[Path], None] | None = None, commands: bool = False,
                     report: Callable[[Any, Path], dict[str, str]] | None = None,
-                    side: Callable[[Path], None] | None = None) -> None:
-    """The quantized road's files (quant/run.py's result), as one generation of --out that
-    replaces the last (outdir.py), as `write_outputs` writes the FP16 road's: `model` (its key
-    in `result.files`, its file name, the model, what it declares) saved by `save_quantized`,
-    then judged from the file by `judge` (one judge: what `check` says of it, inside the
-    generation, before anything claims it passed); commands.sh (`commands`, or with a model:
-    its renderings, `result.renderings["commands_sh"]`); `report`'s pages; precision.json
-    last."""
+                    side: Callable[[Path], dict[str, str]] | None = None) -> Any:
+    """The quantized road's files (quant/run.py), as one generation of --out that replaces the
+    last (outdir.py), as `write_outputs` writes the FP16 road's: `model` (its key in the
+    files, its file name, the model, what it declares) saved by `save_quantized`, then judged
+    from the file by `judge` (one judge: what `check` says of it, inside the generation,
+    before anything claims it passed); commands.sh (`commands`, or with a model: the
+    renderings' `commands_sh`) and what `side` writes beside it; `report`'s pages;
+    precision.json last. `result(files)`: the run's result with the files written so far
+    (quant/run.py builds it once the file is judged); returns the one precision.json holds."""
+    files: dict[str, str] = {}
     with OutputDir(out_dir).generation(keep=keep) as gen:
         if model is not None:
             key, name, proto, declares = model
             save_quantized(out_dir / name, proto, declares, held)
-            result.files[key] = str(out_dir / name)
+            files[key] = str(out_dir / name)
             if judge is not None:
                 judge(out_dir / name)
         if model is not None or commands:
-            atomic_write_text(out_dir / "commands.sh", result.renderings["commands_sh"])
-            result.files["commands"] = str(out_dir / "commands.sh")
+            atomic_write_text(out_dir / "commands.sh", commands_sh)
+            files["commands"] = str(out_dir / "commands.sh")
             if side is not None:  # what the commands read, beside them (quant/ptq.py)
-                side(out_dir)
-        result.files["plan"] = str(out_dir / "precision.json")
+                files.update(side(out_dir))
+        files["plan"] = str(out_dir / "precision.json")
         if report is not None:
-            result.files.update(report(result, out_dir))
-        gen.commit(result.to_json())
+            files.update(report(result(files), out_dir))
+        written = result(files)
+        gen.commit(written.to_json())
+    return written
 
 
 def _builds_differently(ctx: Context) -> bool:
