@@ -460,12 +460,16 @@ class Coverage:
     unjudged: tuple[OpCount, ...]
     tensorrt_unsupported: tuple[OpCount, ...]
     tensorrt_operator_list: str
+    # ops whose schema takes no float16 (Range): FP32 in every FP16 file and in the judge
+    # (coverage.kept_fp32); judged, and pinned to FP32 under weak typing
+    fp32_by_schema: tuple[OpCount, ...] = ()
 
     def to_json(self) -> JSON:
         return {"nodes": self.nodes, "judged": self.judged,
                 "judged_in_subgraphs": self.judged_in_subgraphs,
                 "functions_inlined": self.functions_inlined,
                 "unjudged": [c.to_json() for c in self.unjudged],
+                "fp32_by_schema": [c.to_json() for c in self.fp32_by_schema],
                 "tensorrt_unsupported": [c.to_json() for c in self.tensorrt_unsupported],
                 "tensorrt_operator_list": self.tensorrt_operator_list}
 
@@ -474,7 +478,8 @@ class Coverage:
         return cls(d["nodes"], d["judged"], d["judged_in_subgraphs"], d["functions_inlined"],
                    tuple(OpCount.from_json(c) for c in d["unjudged"]),
                    tuple(OpCount.from_json(c) for c in d["tensorrt_unsupported"]),
-                   d["tensorrt_operator_list"])
+                   d["tensorrt_operator_list"],
+                   tuple(OpCount.from_json(c) for c in d.get("fp32_by_schema", ())))
 
 
 @dataclass(frozen=True)

@@ -457,7 +457,11 @@ class TrtBackend:
         self._bytes = self.model.SerializeToString(deterministic=True)
         self._order = node_names(self.model)
         self._known = frozenset(self._order)
-        self._candidates = Graph(self.model).candidates()
+        graph = Graph(self.model)
+        self._candidates = graph.candidates()
+        # no FP16 file holds these in float16 (Range): the judge computes them in FP32, so weak
+        # typing keeps them there with every plan, as the TensorRT 10 renderings do
+        self._pinned = frozenset(graph.fp32_by_schema())
         self.shapes: dict[str, tuple[int, ...]] = {k: tuple(v) for k, v in (shapes or {}).items()}
         self.tolerance = tolerance or Tolerance()
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -594,7 +598,8 @@ class TrtBackend:
 
     def _network(self, spec: _Spec) -> tuple[trt.Builder, trt.INetworkDefinition, trt.OnnxParser,
                                               dict[str, list[str]]]:
-        """Parse the plan's model; with weak typing force the plan's layers to FP32.
+        """Parse the plan's model; with weak typing force the plan's layers to FP32 (and those
+        no FP16 file holds in float16, `_pinned`).
 
         Returns builder, network, parser (which must outlive the network) and the forced
         layers with their output types.
@@ -610,14 +615,15 @@ class TrtBackend:
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise TrtBisectError(f"TensorRT's ONNX parser rejected the model: {errors}")
         forced: dict[str, list[str]] = {}
-        for i in range(network.num_layers if spec.fp32 and not self.strong else 0):
+        pins = spec.fp32 | self._pinned
+        for i in range(network.num_layers if pins and not self.strong else 0):
             layer = network.get_layer(i)
             outputs = [layer.get_output(j) for j in range(layer.num_outputs)]
             metadata = getattr(layer, "metadata", "")  # ILayer.metadata: TensorRT 10 onwards
             if (layer.type == trt.LayerType.CONSTANT or not outputs
                     or any(not t.is_execution_tensor or t.dtype not in (trt.float32, trt.float16)
                            for t in outputs)
-                    or tl.layer_owner(metadata, layer.name, self._known) not in spec.fp32):
+                    or tl.layer_owner(metadata, layer.name, self._known) not in pins):
                 continue
             layer.precision = trt.float32
             for j in range(layer.num_outputs):

@@ -110,6 +110,18 @@ def _type_params(op_type: str, domain: str, opset: int, inputs: int) -> list[str
     return [formal[min(k, len(formal) - 1)].type_str for k in range(inputs)]
 
 
+def fp32_by_schema(node: onnx.NodeProto, opset: int) -> bool:
+    """Does onnx's schema of this default-domain op let none of its outputs be float16 (Range:
+    float, double and integers only)? Then every FP16 ONNX file computes it in FP32: the mixed
+    model keeps it so, TensorRT 11 builds what the file declares, and the judge computes it in
+    FP32 too. (A node of float data only; the caller checks that.)"""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    schema, allowed = _schema_types(node.op_type, node.domain, opset)
+    return schema is not None and not any(
+        "tensor(float16)" in allowed.get(p.type_str, {p.type_str}) for p in schema.outputs)
+
+
 def has_schema(node: onnx.NodeProto, opset: int) -> bool:
     """Does onnx know this op (its domain at this opset)?"""
     return _has_schema(node.op_type, node.domain, opset)

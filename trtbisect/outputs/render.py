@@ -109,6 +109,9 @@ class RenderContext:
     # what AutoCast converts, when not `model`: the FP32 model as TensorRT builds it (under
     # --semantics trt: folds in FP32, Constant values as weights; reports/write.py)
     autocast_model: str | None = None
+    # nodes no FP16 file holds in float16 (Graph.fp32_by_schema: Range): weak typing may still
+    # pick FP16 kernels for them, so TensorRT 10's lines pin them with the plan (`pinned`)
+    fp32_by_schema: tuple[str, ...] = ()
 
     @property
     def low(self) -> Precision:
@@ -380,10 +383,19 @@ def autocast_patterns(fp32_nodes: Sequence[str]) -> list[str]:
     return [f"^{re.escape(n)}$" for n in fp32_nodes]
 
 
+def pinned(plan: Sequence[str], ctx: RenderContext) -> list[str]:
+    """The nodes weak typing (TensorRT 10) is told to keep in FP32: the plan's, then those no
+    FP16 file holds in float16 (`RenderContext.fp32_by_schema`), which the judge computed in
+    FP32 as the mixed model and TensorRT 11 do."""
+    kept = set(plan)
+    return [*plan, *(n for n in ctx.fp32_by_schema if n not in kept)]
+
+
 def layer_precisions(fp32_nodes: Sequence[str], ctx: RenderContext | None = None) -> str:
-    """trtexec's `--layerPrecisions` value. Raises Unrenderable."""
+    """trtexec's `--layerPrecisions` value (weak typing: `pinned`). Raises Unrenderable."""
     known = ctx.node_names if ctx else ()
-    return ",".join(f"{trtexec_name(n, known)}:fp32" for n in fp32_nodes)
+    nodes = pinned(fp32_nodes, ctx) if ctx else fp32_nodes
+    return ",".join(f"{trtexec_name(n, known)}:fp32" for n in nodes)
 
 
 def _refusal(key: str, title: str, why: str, alternative: str) -> Rendering:
@@ -403,7 +415,7 @@ def _trtexec10(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     key, title = "trtexec_trt10", "TensorRT 10, trtexec (weak typing)"
     try:
         argv = trtexec_argv(ctx.model, f"{ctx.engine_stem}.{ctx.low.name}.plan",
-                            strongly_typed=False, fp32_layers=plan,
+                            strongly_typed=False, fp32_layers=pinned(plan, ctx),
                             output_types=ctx.output_types, shape_ranges=ctx.shape_ranges,
                             no_tf32=ctx.true_fp32, known_names=ctx.node_names, low=ctx.low)
         text = command_line(argv)
@@ -435,9 +447,9 @@ def _polygraphy_run(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     try:
         argv = ["polygraphy", "run", ctx.model, "--trt", "--onnxrt", ctx.low.polygraphy_flag,
                 *([] if ctx.true_fp32 else ["--tf32"])]
-        if plan:
+        if pinned(plan, ctx):
             argv += ["--precision-constraints", "obey", "--layer-precisions",
-                     *(polygraphy_word(n, "float32") for n in plan)]
+                     *(polygraphy_word(n, "float32") for n in pinned(plan, ctx))]
         argv += polygraphy_shapes(ctx.shape_ranges, profile=True)
         argv += _data_args(ctx) + polygraphy_criterion(ctx)
         text = command_line(argv)
@@ -579,7 +591,7 @@ def _tensorrt_python(plan: Sequence[str], ctx: RenderContext) -> Rendering:
         "# layer.precision); there, build the mixed ONNX (the TensorRT 11 Python snippet).",
         "import tensorrt as trt",
         "",
-        f"FP32_NODES = {json.dumps(list(plan), ensure_ascii=False)}",
+        f"FP32_NODES = {json.dumps(pinned(plan, ctx), ensure_ascii=False)}",
         "",
         "def onnx_nodes(layer):",
         '    """ONNX nodes a layer came from: its name, and the parser\'s metadata entries."""',

@@ -729,6 +729,7 @@ def _coverage_facts(result: RunResult) -> list[_Fact]:
                          + ("; model-local functions inlined" if cov.functions_inlined
                             else ""), markdown_only=True))
     for ops, what in ((cov.unjudged, "not judged (run in FP32)"),
+                      (cov.fp32_by_schema, "judged in FP32, as every FP16 file keeps it"),
                       (cov.tensorrt_unsupported, "TensorRT's ONNX parser cannot import")):
         for c in ops:
             fix = [_Words(f"; {c.fix}")] if c.fix else []

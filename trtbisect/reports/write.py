@@ -262,7 +262,8 @@ def render_context(result: RunResult, ctx: Context, out_dir: Path,
         inner_nodes=tuple(n for n in g.candidates() if g.is_inner(n)),
         precision=ctx.rules.precision.name,
         autocast_model=(relative_to(files["autocast_input"], work)
-                        if "autocast_input" in files else None))
+                        if "autocast_input" in files else None),
+        fp32_by_schema=tuple(g.fp32_by_schema()))
 
 
 def judge_args(ctx: Context) -> tuple[str, ...]:

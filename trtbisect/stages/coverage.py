@@ -3,9 +3,13 @@ fine" for a graph that was not fully judged.
 
 * `unjudged`: nodes that compute in floating point but that the emulator cannot round: ops
   outside ONNX's default domain (ONNX Runtime's com.microsoft FusedMatMul, Attention,
-  SkipLayerNormalization; custom ops) and default-domain ops whose schema has no float16 at
-  all. ONNX Runtime runs them in FP32 in every judgement, so a verdict on a graph holding them
-  is partial (`run`'s verdict "partial", exit 5; `check` exits 5 too).
+  SkipLayerNormalization; custom ops), ops onnx does not know, and ops whose schema allows
+  float16 but that the emulator has no rule for. ONNX Runtime runs them in FP32 in every
+  judgement while the engine may not, so a verdict on a graph holding them is partial (`run`'s
+  verdict "partial", exit 5; `check` exits 5 too).
+* `kept_fp32`: ops whose schema takes no float16 at all (Range, as YOLOv8's anchor grid
+  uses it). No FP16 file can type them float16, so they compute in FP32 in the file, in
+  TensorRT 11 and in the judge alike: judged, listed, and pinned under weak typing.
 * `trt_unsupported`: ops TensorRT's ONNX parser has no importer for (docs/operators.md of
   onnx-tensorrt, below as data), or a non-default-domain op it can only take as a plugin,
   reported before any search with what to do.
@@ -17,9 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import onnx
-
-from ..graph import PASS_THROUGH_OPS, Graph, has_schema, subgraphs
+from ..graph import PASS_THROUGH_OPS, Graph, fp32_by_schema, has_schema, subgraphs
 from ..judge.verdict import VerdictName
 from ..result import Coverage, OpCount, Partial
 
@@ -70,6 +72,8 @@ TRT_SUPPORTED_OPS = frozenset({
     "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor"})
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+KEPT_FP32_WHY = ("its schema takes no float16: every FP16 file computes it in FP32, as the "
+                 "judge does (TensorRT 10's lines pin it)")
 EXPORT_HINT = ("export the model again without ONNX Runtime's transformer optimizer (its "
                "com.microsoft fusions are for ONNX Runtime only), or register a TensorRT "
                "plugin of that name")
@@ -89,20 +93,25 @@ def unjudged(graph: Graph) -> list[OpCount]:
             why[key] = f"outside ONNX's default domain ({node.domain}): run in FP32"
         elif not has_schema(node, graph.opset):
             why[key] = "an op onnx does not know: run in FP32"
-        elif _has_half_output(node, graph.opset):
-            why[key] = "the emulator has no FP16 rule for it yet: run in FP32"
+        elif fp32_by_schema(node, graph.opset):
+            continue  # `fp32_by_schema`: judged as every FP16 file computes it
         else:
-            why[key] = "its schema takes no float16: run in FP32"
+            why[key] = "the emulator has no FP16 rule for it yet: run in FP32"
         found[key].append(name)
     return [OpCount(op, domain or DEFAULT_DOMAINS[1], tuple(nodes), why[(op, domain)])
             for (op, domain), nodes in found.items()]
 
 
-def _has_half_output(node: onnx.NodeProto, opset: int) -> bool:
-    schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    return any("tensor(float16)" in allowed.get(p.type_str, {p.type_str})
-               for p in schema.outputs)
+def kept_fp32(graph: Graph) -> list[OpCount]:
+    """Nodes of float data whose schema takes no float16 (Range), grouped by op kind. Judged,
+    not partial: no FP16 file can hold them in float16, so the mixed model keeps them FP32,
+    TensorRT 11 builds them as the file declares, the weak-typing renderings pin them
+    (outputs/render.py), and the judge computes them in FP32 as well."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for name in graph.fp32_by_schema():
+        found[graph.node(name).op_type].append(name)
+    return [OpCount(op, DEFAULT_DOMAINS[1], tuple(nodes), KEPT_FP32_WHY)
+            for op, nodes in found.items()]
 
 
 def trt_unsupported(graph: Graph) -> list[OpCount]:
@@ -140,7 +149,8 @@ def record(graph: Graph) -> Coverage:
     rounded = graph.candidates()
     inner = sum(1 for n in rounded if graph.is_inner(n))
     return Coverage(len(graph.names), len(rounded), inner, graph.inlined,
-                    tuple(unjudged(graph)), tuple(trt_unsupported(graph)), OPERATORS_SOURCE)
+                    tuple(unjudged(graph)), tuple(trt_unsupported(graph)), OPERATORS_SOURCE,
+                    tuple(kept_fp32(graph)))
 
 
 def summary(counts: list[OpCount]) -> str:
