@@ -59,8 +59,8 @@ __all__ = [
     "STORE_LOCATION", "Flat", "Graph", "Weights", "check_names", "check_weight_sizes",
     "constant_value", "data_flow", "external_data_hash", "external_files", "flatten",
     "fp16_signature", "fp32_by_schema", "fp32_outputs", "has_schema", "infer", "infer_types",
-    "initializer_array", "inline_functions", "load_model", "model_hash", "named_as_trtbisect_names", "node_names",
-    "node_reads", "physical_memory", "qualified_name", "structure", "subgraphs", "tensor_bytes",
+    "initializer_array", "inline_functions", "load_model", "model_hash",
+    "named_as_trtbisect_names", "node_names", "node_reads", "physical_memory", "qualified_name", "structure", "subgraphs", "tensor_bytes",
     "upcast", "walk", "walk_graphs", "with_node_names",
     "_mark_stored",  # mixed.py and backends/ort.py mark weights the store holds
 ]
