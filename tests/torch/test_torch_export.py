@@ -4,6 +4,7 @@ ONNX checked against PyTorch, culprits named by module."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,35 @@ def test_run_accepts_a_pytorch_factory_and_names_modules(tmp_path):
     assert data["culprits"] and {c["module"] for c in data["culprits"]} == {"norm (RMSNorm)"}
     assert json.loads((out / "precision.json").read_text())["culprits"][0]["module"] == \
         "norm (RMSNorm)"
+
+
+def test_run_exports_into_out_as_its_own_file_never_over_the_users(tmp_path):
+    """The export lands in --out as trtbisect's own file: listed, so a second run replaces it
+    and no run calls it foreign; a file of the user's at that name is refused (exit 2, one
+    line) and left as it was, as is a link there."""
+    out = tmp_path / "run"
+    args = ["run", f"{FILE}:overflow", "--out", str(out)]
+    for _ in range(2):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        assert "verdict: fixed" in r.output and "no trtbisect run wrote" not in r.output
+        listed = json.loads((out / ".trtbisect-manifest.json").read_text())["files"]
+        assert {"torch_models.onnx", "torch_models_inputs.npz"} <= set(listed)
+    assert "torch_models.onnx" not in os.listdir(out / ".previous")  # read by the run: kept
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "torch_models.onnx").write_text("the user's own model\n")
+    r = CliRunner().invoke(main, ["run", f"{FILE}:overflow", "--out", str(mine)])
+    assert r.exit_code == 2 and "torch_models.onnx" in r.output and "Traceback" not in r.output
+    assert (mine / "torch_models.onnx").read_text() == "the user's own model\n"
+    assert sorted(os.listdir(mine)) == ["torch_models.onnx"]  # nothing else written there
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "torch_models_inputs.npz").symlink_to(tmp_path / "elsewhere.npz")
+    r = CliRunner().invoke(main, ["run", f"{FILE}:overflow", "--out", str(linked)])
+    assert r.exit_code == 2 and not (tmp_path / "elsewhere.npz").exists()
 
 
 def test_run_rejects_input_for_an_onnx_model(tmp_path):

@@ -45,7 +45,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -240,6 +240,25 @@ class OutputDir:
             gen.warn_foreign()
 
     @contextmanager
+    def exporting(self, names: Sequence[str]) -> Iterator[None]:
+        """Hold the lock while `run FILE.py:FACTORY` writes its export (`names`: the model, its
+        external data, its inputs) into the folder before the run's generation: a name that
+        something not trtbisect's holds (the user's own file, a link) is refused, as
+        `preflight` refuses the run's files; what the export wrote is then listed as
+        trtbisect's, and stays listed while a run reads it (`Generation.begin`)."""
+        with self.locked():
+            gen = Generation(self)
+            ours = set(gen.old.files) if gen.old is not None else set()
+            for name in names:
+                if name not in ours:
+                    gen.check_free(name)
+            yield
+            listed = gen.old or Manifest([], [], False)
+            listed.files += [n for n in names if n not in listed.files
+                             and _is_file(self.path / n)]
+            listed.write(self.path)
+
+    @contextmanager
     def generation(self, keep: Iterable[str | os.PathLike] = ()) -> Iterator[Generation]:
         """Retire or clear what the folder holds (see the module's docstring), then let the
         caller write the new generation and `commit` it; a failure rolls it back."""
@@ -305,6 +324,7 @@ class Generation:
         self.old = Manifest.read(self.folder)
         self.new = Manifest([], [], False)
         self.retired: list[str] = []  # what moved to .previous in this run (for rollback)
+        self.carried: list[str] = []  # trtbisect's files this run reads, listed again (begin)
         self.began = False
 
     # ------------------------------------------------------------ what is there
@@ -363,6 +383,11 @@ class Generation:
             self._retire(old)
         elif old is not None:  # a run that failed or was killed while writing: its debris
             self._delete(self.folder, old)
+        # trtbisect's files that this run reads (`run FILE.py:FACTORY`'s export) neither retire
+        # nor go: they stay listed, so the next export may replace them
+        self.carried = [n for n in (old.files if old is not None else [])
+                        if self.is_kept(self.folder / n) and _is_file(self.folder / n)]
+        self.new.files += self.carried
         self.new.write(self.folder)
         self.began = True
 
@@ -397,8 +422,9 @@ class Generation:
     def claim(self, name: str) -> None:
         """List `name` (a path under --out) before it is written; refuse it when something
         not trtbisect's stands there. Scratch and bookkeeping paths are not listed."""
-        if name.split("/", 1)[0] in OWN or name in self.new.files:
-            return
+        if name.split("/", 1)[0] in OWN or (name in self.new.files
+                                            and not self.is_kept(self.folder / name)):
+            return  # (a listed input of this run is still refused: `check_free`)
         if not _plain(name):
             raise TrtBisectError(f"trtbisect will not write {name!r} under --out")
         self.check_free(name)
@@ -436,6 +462,8 @@ class Generation:
                 Manifest(self.old.files, self.old.folders, True).write(self.folder)
                 files.remove_file(prev_dir / MANIFEST)
                 _remove_folders(prev_dir, _parents(self.retired), remove_root=True)
+            elif self.carried:  # they are still trtbisect's: the next export may replace them
+                Manifest(self.carried, [], False).write(self.folder)
         except (OSError, TrtBisectError) as exc:  # the last good plan is still in .previous/
             log.warning("could not restore the earlier results after the failure (%s); they "
                         "are in %s", exc, self.folder / PREVIOUS)
