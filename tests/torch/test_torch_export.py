@@ -157,6 +157,31 @@ def test_run_exports_into_out_as_its_own_file_never_over_the_users(tmp_path):
     assert r.exit_code == 2 and not (tmp_path / "elsewhere.npz").exists()
 
 
+def test_the_same_tracer_warning_is_one_note_with_its_count(tmp_path):
+    """Three blocks that each make a tensor a Python bool: the tracer warns three times, the
+    export notes it once, with the count (it printed one warning per call before)."""
+    src = tmp_path / "checked.py"
+    src.write_text(
+        "import torch\n"
+        "from torch import nn\n\n\n"
+        "class Check(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        if bool(x.sum() > -1e9):  # a tensor made a Python bool: the tracer warns\n"
+        "            return x + 1\n"
+        "        return x\n\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.blocks = nn.Sequential(Check(), Check(), Check())\n\n"
+        "    def forward(self, x):\n"
+        "        return self.blocks(x)\n\n\n"
+        "def make():\n"
+        "    return Net().eval()\n")
+    r = export(f"{src}:make", ["x:2x3"], tmp_path / "checked.onnx")
+    notes = [n for n in r.warnings if n.startswith("tracer:")]
+    assert len(notes) == 1 and notes[0].endswith("(x3)"), r.warnings
+
+
 def test_run_rejects_input_for_an_onnx_model(tmp_path):
     r = CliRunner().invoke(main, ["run", str(tmp_path / "m.onnx"), "--input", "x:1x2"])
     assert r.exit_code == 2 and "--shape" in r.output

@@ -388,11 +388,14 @@ def _run_exporter(module, args: tuple, input_names: list[str], output_names: lis
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
     log.debug("%s", chatter.getvalue())
+    traced: dict[str, int] = {}  # one note per tracer message, with how often it came
     for w in caught:
-        if "Tracer" in type(w.message).__name__ and str(w.message) not in notes:
-            notes.append(f"tracer: {str(w.message).splitlines()[0]}")
+        if "Tracer" in type(w.message).__name__:
+            first = str(w.message).splitlines()[0] if str(w.message).strip() else ""
+            traced[first] = traced.get(first, 0) + 1
         else:
             log.debug("exporter warning: %s", w.message)
+    notes += [f"tracer: {m}" + (f" (x{k})" if k > 1 else "") for m, k in traced.items()]
     return model
 
 
