@@ -195,7 +195,8 @@ def input_options(f: Callable, both: bool = False) -> Callable:
         click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=1,
                      show_default=True,
                      help=f"Number of random samples when no --inputs are given (1 to "
-                          f"{MAX_SAMPLES}; all of them must fit in half of the memory)."),
+                          f"{MAX_SAMPLES}; all of them must fit in half of the memory). "
+                          "For a PyTorch FILE.py:FACTORY, 1 means its own example input."),
         click.option("--rtol", type=non_negative(), default=Tolerance.rtol, show_default=True,
                      help="Relative tolerance: max|fp16-fp32| <= rtol*max|fp32| + atol."),
         click.option("--atol", type=non_negative(), default=Tolerance.atol, show_default=True,
@@ -363,7 +364,8 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
 
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
     onnx_path, saved = _export_into(out, model, kw.pop("torch_inputs"))  # FILE.py:FACTORY
-    kw["inputs"] = kw["inputs"] or ((str(saved),) if saved else ())
+    # a factory's own example input is the sample, unless --samples N asks for N random ones
+    kw["inputs"] = kw["inputs"] or ((str(saved),) if saved and kw["samples"] == 1 else ())
     model = str(onnx_path)
     opts = make_options(kw, both=True).but(
         resume=not no_resume, report=report, stability=stability, rewrite=rewrite,

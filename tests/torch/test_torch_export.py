@@ -138,8 +138,8 @@ def test_run_exports_into_out_as_its_own_file_never_over_the_users(tmp_path):
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 0, r.output
         assert "verdict: fixed" in r.output and "no trtbisect run wrote" not in r.output
-        listed = json.loads((out / ".trtbisect-manifest.json").read_text())["files"]
-        assert {"torch_models.onnx", "torch_models_inputs.npz"} <= set(listed)
+        listed = json.loads((out / ".trtbisect-manifest.json").read_text())["exported"]
+        assert listed == ["torch_models.onnx", "torch_models_inputs.npz"]
     assert "torch_models.onnx" not in os.listdir(out / ".previous")  # read by the run: kept
 
     mine = tmp_path / "mine"
@@ -180,6 +180,20 @@ def test_the_same_tracer_warning_is_one_note_with_its_count(tmp_path):
     r = export(f"{src}:make", ["x:2x3"], tmp_path / "checked.onnx")
     notes = [n for n in r.warnings if n.startswith("tracer:")]
     assert len(notes) == 1 and notes[0].endswith("(x3)"), r.warnings
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_run_of_a_factory_judges_its_example_input_or_samples_random_ones(samples, tmp_path):
+    """`--samples N` is honoured for a PyTorch factory too (it was silently 1: the export's
+    example input); 1, the default, keeps the example input."""
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["-q", "run", f"{FILE}:overflow", "--out", str(out), "--json",
+                                  "--samples", str(samples)])
+    data = json.loads(r.stdout)  # the verdict is the model's (3 random samples: unvalidated)
+    assert data["samples"] == samples and r.exit_code in (0, 9), r.output
+    given = np.load(out / "torch_models_inputs.npz")
+    judged = np.load(out / "inputs" / "sample_000.npz")
+    assert np.array_equal(judged["x"], given["x"]) == (samples == 1)
 
 
 def test_run_rejects_input_for_an_onnx_model(tmp_path):

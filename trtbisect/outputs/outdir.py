@@ -248,14 +248,14 @@ class OutputDir:
         trtbisect's, and stays listed while a run reads it (`Generation.begin`)."""
         with self.locked():
             gen = Generation(self)
-            ours = set(gen.old.files) if gen.old is not None else set()
+            ours = {*gen.old.files, *gen.old.exported} if gen.old is not None else set()
             for name in names:
                 if name not in ours:
                     gen.check_free(name)
             yield
             listed = gen.old or Manifest([], [], False)
-            listed.files += [n for n in names if n not in listed.files
-                             and _is_file(self.path / n)]
+            listed.exported = sorted({*listed.exported,
+                                      *(n for n in names if _is_file(self.path / n))})
             listed.write(self.path)
 
     @contextmanager
@@ -279,12 +279,17 @@ class OutputDir:
 class Manifest:
     """A listing of trtbisect's files under one folder."""
 
-    def __init__(self, files_: list[str], folders: list[str], complete: bool) -> None:
+    def __init__(self, files_: list[str], folders: list[str], complete: bool,
+                 exported: Sequence[str] = ()) -> None:
         self.files, self.folders, self.complete = files_, folders, complete
+        # what `run FILE.py:FACTORY` exported here (`OutputDir.exporting`): trtbisect's, out of
+        # every generation (never retired or deleted by one), replaced by the next export
+        self.exported = list(exported)
 
     def to_json(self) -> dict:
         return {"tool": "trtbisect", "format": FORMAT, "complete": self.complete,
-                "files": self.files, "folders": self.folders}
+                "files": self.files, "folders": self.folders,
+                **({"exported": self.exported} if self.exported else {})}
 
     @classmethod
     def read(cls, folder: Path) -> Manifest | None:
@@ -298,7 +303,10 @@ class Manifest:
             names = [n for n in data["files"] if isinstance(n, str) and _plain(n)]
             folders = [n for n in data.get("folders", []) if isinstance(n, str) and _plain(n)]
             if data.get("tool") == "trtbisect":
-                return cls(names, folders, data.get("complete") is True)
+                exported = data.get("exported", [])
+                return cls(names, folders, data.get("complete") is True,
+                           [n for n in exported if isinstance(n, str) and _plain(n)]
+                           if isinstance(exported, list) else [])
             return cls(_legacy(folder, names), [], True)
         for name in PLANS:  # a run from before manifests (or a `torch` run's): its plan
             plan = _trtbisect_plan(folder / name)  # lists its files
@@ -324,7 +332,6 @@ class Generation:
         self.old = Manifest.read(self.folder)
         self.new = Manifest([], [], False)
         self.retired: list[str] = []  # what moved to .previous in this run (for rollback)
-        self.carried: list[str] = []  # trtbisect's files this run reads, listed again (begin)
         self.began = False
 
     # ------------------------------------------------------------ what is there
@@ -362,7 +369,8 @@ class Generation:
         return manifest
 
     def foreign(self) -> list[str]:
-        listed = {n.split("/", 1)[0] for n in (self.old.files if self.old else [])}
+        listed = {n.split("/", 1)[0]
+                  for n in ([*self.old.files, *self.old.exported] if self.old else [])}
         return sorted(n for n in os.listdir(self.folder)
                       if n not in OWN and n not in listed and not n.startswith(".trtbisect-"))
 
@@ -383,11 +391,8 @@ class Generation:
             self._retire(old)
         elif old is not None:  # a run that failed or was killed while writing: its debris
             self._delete(self.folder, old)
-        # trtbisect's files that this run reads (`run FILE.py:FACTORY`'s export) neither retire
-        # nor go: they stay listed, so the next export may replace them
-        self.carried = [n for n in (old.files if old is not None else [])
-                        if self.is_kept(self.folder / n) and _is_file(self.folder / n)]
-        self.new.files += self.carried
+        self.new.exported = [n for n in (old.exported if old is not None else [])
+                             if _is_file(self.folder / n)]  # the export stays trtbisect's
         self.new.write(self.folder)
         self.began = True
 
@@ -422,9 +427,8 @@ class Generation:
     def claim(self, name: str) -> None:
         """List `name` (a path under --out) before it is written; refuse it when something
         not trtbisect's stands there. Scratch and bookkeeping paths are not listed."""
-        if name.split("/", 1)[0] in OWN or (name in self.new.files
-                                            and not self.is_kept(self.folder / name)):
-            return  # (a listed input of this run is still refused: `check_free`)
+        if name.split("/", 1)[0] in OWN or name in self.new.files:
+            return
         if not _plain(name):
             raise TrtBisectError(f"trtbisect will not write {name!r} under --out")
         self.check_free(name)
@@ -459,11 +463,12 @@ class Generation:
                 for name in self.retired:
                     files.move_file(prev_dir / name, self.folder / name)
                 assert self.old is not None
-                Manifest(self.old.files, self.old.folders, True).write(self.folder)
+                Manifest(self.old.files, self.old.folders, True,
+                         self.old.exported).write(self.folder)
                 files.remove_file(prev_dir / MANIFEST)
                 _remove_folders(prev_dir, _parents(self.retired), remove_root=True)
-            elif self.carried:  # they are still trtbisect's: the next export may replace them
-                Manifest(self.carried, [], False).write(self.folder)
+            elif self.new.exported:  # still trtbisect's: the next export may replace it
+                Manifest([], [], False, self.new.exported).write(self.folder)
         except (OSError, TrtBisectError) as exc:  # the last good plan is still in .previous/
             log.warning("could not restore the earlier results after the failure (%s); they "
                         "are in %s", exc, self.folder / PREVIOUS)
