@@ -182,6 +182,24 @@ def test_the_same_tracer_warning_is_one_note_with_its_count(tmp_path):
     assert len(notes) == 1 and notes[0].endswith("(x3)"), r.warnings
 
 
+def test_an_export_that_fails_its_check_is_still_trtbisects_own(tmp_path):
+    """The export is written, then disagrees with PyTorch (a random op): exit 2, and what it
+    wrote is listed as trtbisect's, so the next attempt may replace it (it was refused)."""
+    src = tmp_path / "noisy.py"
+    src.write_text("import torch\nfrom torch import nn\n\n\n"
+                   "class Noisy(nn.Module):\n"
+                   "    def forward(self, x):\n"
+                   "        return x + 10 * torch.rand_like(x)\n\n\n"
+                   "def make():\n"
+                   "    return Noisy().eval()\n")
+    out = tmp_path / "run"
+    for _ in range(2):
+        r = CliRunner().invoke(main, ["run", f"{src}:make", "--input", "x:2x3", "--out", str(out)])
+        assert r.exit_code == 2 and "disagrees with PyTorch" in r.output, r.output
+    listed = json.loads((out / ".trtbisect-manifest.json").read_text())
+    assert listed["exported"] == ["noisy.onnx", "noisy_inputs.npz"] and not listed["complete"]
+
+
 @pytest.mark.parametrize("samples", [1, 3])
 def test_run_of_a_factory_judges_its_example_input_or_samples_random_ones(samples, tmp_path):
     """`--samples N` is honoured for a PyTorch factory too (it was silently 1: the export's

@@ -244,19 +244,23 @@ class OutputDir:
         """Hold the lock while `run FILE.py:FACTORY` writes its export (`names`: the model, its
         external data, its inputs) into the folder before the run's generation: a name that
         something not trtbisect's holds (the user's own file, a link) is refused, as
-        `preflight` refuses the run's files; what the export wrote is then listed as
-        trtbisect's, and stays listed while a run reads it (`Generation.begin`)."""
+        `preflight` refuses the run's files. What the export wrote, whether or not it then
+        passed its check against PyTorch, is listed as the manifest's `exported`: out of
+        every generation (`Generation.begin` carries it), replaced by the next export."""
         with self.locked():
             gen = Generation(self)
             ours = {*gen.old.files, *gen.old.exported} if gen.old is not None else set()
             for name in names:
                 if name not in ours:
                     gen.check_free(name)
-            yield
-            listed = gen.old or Manifest([], [], False)
-            listed.exported = sorted({*listed.exported,
-                                      *(n for n in names if _is_file(self.path / n))})
-            listed.write(self.path)
+            try:
+                yield
+            finally:
+                wrote = [n for n in names if _is_file(self.path / n)]
+                if wrote:
+                    listed = gen.old or Manifest([], [], False)
+                    listed.exported = sorted({*listed.exported, *wrote})
+                    listed.write(self.path)
 
     @contextmanager
     def generation(self, keep: Iterable[str | os.PathLike] = ()) -> Iterator[Generation]:
