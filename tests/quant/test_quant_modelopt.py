@@ -64,8 +64,8 @@ def test_precision_int8_quantizes_then_bisects_and_the_exclusions_reproduce_the_
 
 @pytest.mark.slow
 def test_commands_sh_runs_modelopt_as_written_and_check_judges_its_file(tmp_path):
-    """commands.sh's ModelOpt line, run as written from the run folder (calib.npz is there,
-    the FP32 model named by its absolute path), writes a file that `trtbisect check` judges
+    """commands.sh's ModelOpt line, run as written after the script's own `cd` to its folder
+    (calib.npz is there, the FP32 model named by its absolute path) from another folder, writes a file that `trtbisect check` judges
     as precision.json recorded ModelOpt's file of the same exclusions: the same layers
     quantized, the same errors, bit for bit."""
     p = qm.outlier()
@@ -87,8 +87,9 @@ def test_commands_sh_runs_modelopt_as_written_and_check_judges_its_file(tmp_path
     assert "tried: ModelOpt quantizes exactly the layers the plan keeps quantized" in sh
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
            f"{os.environ.get('PATH', '')}"}
-    done = subprocess.run(["sh", "-c", line], cwd=out, env=env, capture_output=True,
-                          text=True)
+    cd = next(x for x in sh.splitlines() if x.startswith("cd "))  # runs from anywhere:
+    done = subprocess.run(["sh", "-c", f"{cd}\n{line}", str(out / "commands.sh")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     written = out / "model.quant.onnx"
     assert {la.name for la in analyse(onnx.load(written))} == {"mm2"}

@@ -136,6 +136,8 @@ def renderings(plan: QuantPlan, reproduction: Reproduction | None = None,
     cli_line = shlex.join(cli)
     lines = ["#!/bin/sh", "# trtbisect: the quantized plan for other tools (precision.json has "
              "the plan and its reasons)",
+             "# Paths are relative to this folder: the script runs from here wherever it is "
+             "called from.", 'cd "$(dirname "$0")" || exit 1',
              f"# ModelOpt ONNX PTQ, the plan's {len(plan.unquantized)} layer(s) left in float "
              f"({INSTALL}); {CALIB}: "
              + ("the data ModelOpt was given" if calibrated else
