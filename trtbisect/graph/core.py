@@ -192,21 +192,23 @@ class Graph:
             return False
         return fp16_signature(node, self.opset) is not None
 
+    def float_non_candidates(self) -> list[tuple[str, onnx.NodeProto]]:
+        """(name, node) of the nodes that read or write float32 but are no FP16 candidate
+        and compute something themselves (no data mover, no If/Loop/Scan): what the judge
+        does not round (stages/coverage.py sorts them)."""
+        return [(self.names[i], self.nodes[i]) for i in self.order
+                if self.names[i] not in self.candidate_set
+                and self.nodes[i].op_type not in PASS_THROUGH_OPS
+                and not subgraphs(self.nodes[i])
+                and any(self.is_float(t) for t in [*self.nodes[i].input, *self.nodes[i].output])]
+
     def fp32_by_schema(self) -> list[str]:
         """Nodes of float data that no FP16 file can hold in float16 (schema.fp32_by_schema:
         Range). The judge computes them in FP32, as the mixed model keeps them and TensorRT 11
         builds it; under weak typing (TensorRT 10) the renderings and the TensorRT backend pin
         them to FP32 too, so they are judged, not a partial verdict's leftovers."""
-        out = []
-        for i in self.order:
-            node = self.nodes[i]
-            if (self.names[i] in self.candidate_set or node.op_type in PASS_THROUGH_OPS
-                    or subgraphs(node)
-                    or not any(self.is_float(t) for t in [*node.input, *node.output])):
-                continue
-            if fp32_by_schema(node, self.opset):
-                out.append(self.names[i])
-        return out
+        return [name for name, node in self.float_non_candidates()
+                if fp32_by_schema(node, self.opset)]
 
     def fp16_inputs(self, name: str) -> list[str]:
         """Float data inputs that the node reads in FP16 when it runs in FP16.

@@ -447,9 +447,10 @@ def _polygraphy_run(plan: Sequence[str], ctx: RenderContext) -> Rendering:
     try:
         argv = ["polygraphy", "run", ctx.model, "--trt", "--onnxrt", ctx.low.polygraphy_flag,
                 *([] if ctx.true_fp32 else ["--tf32"])]
-        if pinned(plan, ctx):
+        kept = pinned(plan, ctx)
+        if kept:
             argv += ["--precision-constraints", "obey", "--layer-precisions",
-                     *(polygraphy_word(n, "float32") for n in pinned(plan, ctx))]
+                     *(polygraphy_word(n, "float32") for n in kept)]
         argv += polygraphy_shapes(ctx.shape_ranges, profile=True)
         argv += _data_args(ctx) + polygraphy_criterion(ctx)
         text = command_line(argv)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..graph import PASS_THROUGH_OPS, Graph, fp32_by_schema, has_schema, subgraphs
+from ..graph import Graph, fp32_by_schema, has_schema
 from ..judge.verdict import VerdictName
 from ..result import Coverage, OpCount, Partial
 
@@ -83,11 +83,7 @@ def unjudged(graph: Graph) -> list[OpCount]:
     """Nodes computing in floating point that no judgement rounds, grouped by op kind."""
     found: dict[tuple[str, str], list[str]] = defaultdict(list)
     why: dict[tuple[str, str], str] = {}
-    for i in graph.order:
-        node, name = graph.nodes[i], graph.names[i]
-        if (name in graph.candidate_set or node.op_type in PASS_THROUGH_OPS or subgraphs(node)
-                or not any(graph.is_float(t) for t in [*node.input, *node.output])):
-            continue
+    for name, node in graph.float_non_candidates():
         key = (node.op_type, node.domain)
         if node.domain not in DEFAULT_DOMAINS:
             why[key] = f"outside ONNX's default domain ({node.domain}): run in FP32"
