@@ -361,9 +361,10 @@ def run(model: str, out_dir: str | None, backend: str, report: bool, as_json: bo
     """
     from . import pipeline
     from .reports.write import PLAN_VERDICTS
+    from .torch.export import resolve_model_arg
 
     out = Path(out_dir) if out_dir else Path("runs") / Path(model).stem
-    onnx_path, saved = _export_into(out, model, kw.pop("torch_inputs"))  # FILE.py:FACTORY
+    onnx_path, saved = resolve_model_arg(model, kw.pop("torch_inputs"), out)  # FILE.py:FACTORY
     # a factory's own example input is the sample, unless --samples N asks for N random ones
     kw["inputs"] = kw["inputs"] or ((str(saved),) if saved and kw["samples"] == 1 else ())
     model = str(onnx_path)
@@ -720,20 +721,6 @@ def fold_groups(groups: Sequence[CulpritGroup],
     for g in groups:
         folded.setdefault(tuple(getattr(g, k) for k in keys), [g, 0])[1] += 1
     return [(g, n) for g, n in folded.values()]
-
-
-def _export_into(out: Path, model: str, input_specs: Sequence[str]) -> tuple[Path, Path | None]:
-    """`run`'s ONNX model and saved inputs: FILE.py:FACTORY exported into --out (under its
-    lock, never over a file that is not trtbisect's, then listed as trtbisect's:
-    outdir.OutputDir.exporting); an ONNX path as it is."""
-    from .outputs.outdir import OutputDir
-    from .torch.export import is_factory_arg, resolve_model_arg
-
-    if not is_factory_arg(model):
-        return resolve_model_arg(model, input_specs, out)
-    stem = Path(model.rpartition(":")[0]).stem
-    with OutputDir(out).exporting([f"{stem}.onnx", f"{stem}.onnx.data", f"{stem}_inputs.npz"]):
-        return resolve_model_arg(model, input_specs, out)
 
 
 @main.command(epilog=COMPARE_EXIT_CODES)

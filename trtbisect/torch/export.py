@@ -342,7 +342,7 @@ def export_model(tm: TorchModel, onnx_path: str | Path, opts: ExportOptions,
         notes.append(f"the exporter dropped unused input(s) {', '.join(dropped)}")
     from ..base.files import save_model
     save_model(onnx_path, model)
-    inputs_path = onnx_path.with_name(f"{onnx_path.stem}_inputs.npz")
+    inputs_path = inputs_of(onnx_path)
     _save_samples(inputs_path, tm.samples, graph_inputs)
     errors = _check_against_torch(model, tm.samples, graph_inputs, reference, opts.tolerance)
     passed = all(e.passed for e in errors.values())
@@ -479,15 +479,21 @@ def resolve_model_arg(arg: str, input_specs: Sequence[str], out_dir: Path
 
     An ONNX path comes back as is (None for the inputs). `file.py:factory` is exported with
     the defaults (TorchScript, opset 17) to `out_dir/<file stem>.onnx`, checked against PyTorch,
-    and its inputs saved as `out_dir/<file stem>_inputs.npz`.
+    and its inputs saved as `out_dir/<file stem>_inputs.npz`, as trtbisect's own files of the
+    folder (outputs/outdir.py `OutputDir.exporting`).
     """
     if not is_factory_arg(arg):
         if input_specs:
             raise TrtBisectError("--input is for PyTorch models (FILE.py:FACTORY); for an ONNX "
                                  "model give dynamic dimensions with --shape NAME:DIMS")
         return Path(arg), None
-    stem = Path(arg.rpartition(":")[0]).stem
-    result = export(arg, input_specs, Path(out_dir) / f"{stem}.onnx")
+    from ..outputs.outdir import OutputDir
+
+    onnx_path = Path(out_dir) / f"{Path(arg.rpartition(':')[0]).stem}.onnx"
+    # under the folder's lock, never over a file that is not trtbisect's, then listed as its
+    with OutputDir(out_dir).exporting([onnx_path.name, f"{onnx_path.name}.data",
+                                       inputs_of(onnx_path).name]):
+        result = export(arg, input_specs, onnx_path)
     log.info("exported %s to %s (%s, opset %d): max |ONNX - PyTorch| %.3g", arg,
              result.onnx_path, result.exporter, result.opset, result.max_abs_err)
     for note in result.warnings:
@@ -495,6 +501,11 @@ def resolve_model_arg(arg: str, input_specs: Sequence[str], out_dir: Path
     if not result.passed:
         raise TrtBisectError(export_failure(result))
     return Path(result.onnx_path), Path(result.inputs_path)
+
+
+def inputs_of(onnx_path: Path) -> Path:
+    """Where an export saves the inputs it was checked on: `<stem>_inputs.npz` beside it."""
+    return onnx_path.with_name(f"{onnx_path.stem}_inputs.npz")
 
 
 def export_failure(result: ExportResult) -> str:
